@@ -1,0 +1,49 @@
+//! Command-line arguments.
+
+use std::path::PathBuf;
+
+use clap::{Parser, Subcommand, ValueEnum};
+
+/// Declarative agentic workflows: validate and run YAML or TOML workflow specs.
+#[derive(Debug, Parser)]
+#[command(name = "archon", version, about, max_term_width = 100)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+
+    /// When to use color in output (`NO_COLOR` is respected in `auto`).
+    #[arg(long, value_enum, default_value_t = ColorChoice::Auto, global = true)]
+    pub color: ColorChoice,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Check workflow specs and report every problem, with file, line and column.
+    Validate(ValidateArgs),
+    /// Print the JSON Schema of the workflow format.
+    Schema,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct ValidateArgs {
+    /// Spec files, or directories searched recursively for `.yaml`, `.yml` and `.toml` files.
+    #[arg(required = true, value_name = "PATH")]
+    pub paths: Vec<PathBuf>,
+
+    /// Output format.
+    #[arg(long, value_enum, default_value_t = Format::Text)]
+    pub format: Format,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Format {
+    Text,
+    Json,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum ColorChoice {
+    Auto,
+    Always,
+    Never,
+}

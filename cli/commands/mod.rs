@@ -1,0 +1,36 @@
+//! One module per subcommand, and the exit statuses they share.
+
+mod schema;
+mod validate;
+
+use std::process::ExitCode;
+
+use crate::args::{Cli, Command};
+
+/// How a command ended, mapped to the documented exit codes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Status {
+    /// 0: everything worked.
+    Success,
+    /// 1: the command failed at run time.
+    Failure,
+    /// 2: invalid spec, input or usage.
+    Invalid,
+}
+
+impl From<Status> for ExitCode {
+    fn from(status: Status) -> ExitCode {
+        ExitCode::from(match status {
+            Status::Success => 0,
+            Status::Failure => 1,
+            Status::Invalid => 2,
+        })
+    }
+}
+
+pub fn run(cli: Cli) -> anyhow::Result<Status> {
+    match cli.command {
+        Command::Validate(args) => validate::run(&args, cli.color),
+        Command::Schema => schema::run(),
+    }
+}

@@ -1,0 +1,21 @@
+//! The `archon` command line: parse arguments, run the subcommand, exit with its status.
+
+mod args;
+mod commands;
+mod output;
+mod render;
+
+use std::process::ExitCode;
+
+use clap::Parser;
+
+fn main() -> ExitCode {
+    let args = args::Cli::parse();
+    match commands::run(args) {
+        Ok(status) => status.into(),
+        Err(err) => {
+            output::error(&err);
+            commands::Status::Failure.into()
+        }
+    }
+}

@@ -1,0 +1,168 @@
+//! Rendering diagnostics for people (source snippets with carets) and for machines (JSON).
+
+use std::collections::HashSet;
+use std::path::{Path, PathBuf};
+
+use annotate_snippets::{AnnotationKind, Group, Level, Renderer, Snippet};
+use archon_engine::source::{SourceFile, Sources, Span};
+use archon_engine::validate::Validation;
+use archon_engine::{Diagnostic, Severity};
+use serde_json::{Value, json};
+
+/// Version of the JSON output format (documented in `docs/cli.md`).
+pub const JSON_VERSION: u32 = 1;
+
+/// Diagnostics from one or more validated files, deduplicated.
+#[derive(Default)]
+pub struct Report {
+    files: Vec<(PathBuf, usize, usize)>,
+    entries: Vec<(Diagnostic, Sources)>,
+}
+
+impl Report {
+    /// Adds a file's diagnostics, skipping any already reported (a sub-workflow shared by two specs).
+    pub fn add(&mut self, path: &Path, validation: &Validation, seen: &mut HashSet<(PathBuf, u32, u32, &'static str, String)>) {
+        let mut diagnostics: Vec<&Diagnostic> = validation.diagnostics.iter().collect();
+        diagnostics.sort_by_key(|d| (d.span.file, d.span.start));
+        let mut errors = 0;
+        let mut warnings = 0;
+        for d in diagnostics {
+            match d.severity {
+                Severity::Error => errors += 1,
+                Severity::Warning => warnings += 1,
+            }
+            let file = validation.sources.get(d.span.file).map(|f| f.path.clone()).unwrap_or_default();
+            if seen.insert((file, d.span.start, d.span.end, d.code, d.message.clone())) {
+                self.entries.push((d.clone(), validation.sources.clone()));
+            }
+        }
+        self.files.push((path.to_path_buf(), errors, warnings));
+    }
+
+    pub fn errors(&self) -> usize {
+        self.entries.iter().filter(|(d, _)| d.severity == Severity::Error).count()
+    }
+
+    pub fn warnings(&self) -> usize {
+        self.entries.iter().filter(|(d, _)| d.severity == Severity::Warning).count()
+    }
+}
+
+/// Human-readable output: every diagnostic with its snippet, then a summary line.
+pub fn text(report: &Report, color: bool) -> String {
+    let renderer = if color { Renderer::styled() } else { Renderer::plain() };
+    let mut out = String::new();
+    for (diagnostic, sources) in &report.entries {
+        out.push_str(&renderer.render(&groups(diagnostic, sources)));
+        out.push_str("\n\n");
+    }
+    let files = report.files.len();
+    let plural = |n: usize, what: &str| format!("{n} {what}{}", if n == 1 { "" } else { "s" });
+    let summary = match (report.errors(), report.warnings()) {
+        (0, 0) => format!("{} valid", plural(files, "file")),
+        (0, w) => format!("{} valid, {}", plural(files, "file"), plural(w, "warning")),
+        (e, w) => {
+            let invalid = report.files.iter().filter(|(_, e, _)| *e > 0).count();
+            let mut s = format!("{} of {} invalid: {}", invalid, plural(files, "file"), plural(e, "error"));
+            if w > 0 {
+                s.push_str(&format!(", {}", plural(w, "warning")));
+            }
+            s
+        }
+    };
+    out.push_str(&summary);
+    out.push('\n');
+    out
+}
+
+fn groups<'a>(d: &'a Diagnostic, sources: &'a Sources) -> Vec<Group<'a>> {
+    let level = match d.severity {
+        Severity::Error => Level::ERROR,
+        Severity::Warning => Level::WARNING,
+    };
+    let mut group = Group::with_title(level.primary_title(d.message.as_str()).id(d.code));
+    let primary = sources.get(d.span.file);
+    if let Some(file) = primary {
+        let mut snippet = snippet(file).annotation(AnnotationKind::Primary.span(clamp(file, d.span)));
+        for label in d.labels.iter().filter(|l| l.span.file == d.span.file) {
+            snippet = snippet.annotation(AnnotationKind::Context.span(clamp(file, label.span)).label(label.message.as_str()));
+        }
+        group = group.element(snippet);
+    }
+    for label in d.labels.iter().filter(|l| l.span.file != d.span.file) {
+        if let Some(file) = sources.get(label.span.file) {
+            group = group.element(snippet(file).annotation(AnnotationKind::Context.span(clamp(file, label.span)).label(label.message.as_str())));
+        }
+    }
+    for hint in &d.hints {
+        group = group.element(Level::HELP.with_name(Some("hint")).message(hint.as_str()));
+    }
+    vec![group]
+}
+
+fn snippet(file: &SourceFile) -> Snippet<'_, annotate_snippets::Annotation<'_>> {
+    Snippet::source(file.text.as_str()).path(display_path(&file.path)).line_start(1).fold(true)
+}
+
+fn clamp(file: &SourceFile, span: Span) -> std::ops::Range<usize> {
+    let len = file.text.len();
+    let start = (span.start as usize).min(len);
+    start..(span.end as usize).clamp(start, len)
+}
+
+fn display_path(path: &Path) -> String {
+    path.display().to_string()
+}
+
+/// Machine-readable output (schema in `docs/cli.md`).
+pub fn json(report: &Report) -> String {
+    let diagnostics: Vec<Value> = report
+        .entries
+        .iter()
+        .map(|(d, sources)| {
+            let mut value = location(sources, d.span);
+            let object = value.as_object_mut().expect("location is an object");
+            object.insert("code".into(), json!(d.code));
+            object.insert("severity".into(), json!(d.severity.as_str()));
+            object.insert("message".into(), json!(d.message));
+            object.insert("hints".into(), json!(d.hints));
+            let labels: Vec<Value> = d
+                .labels
+                .iter()
+                .map(|l| {
+                    let mut v = location(sources, l.span);
+                    v.as_object_mut().expect("location is an object").insert("message".into(), json!(l.message));
+                    v
+                })
+                .collect();
+            object.insert("labels".into(), json!(labels));
+            value
+        })
+        .collect();
+    let files: Vec<Value> = report
+        .files
+        .iter()
+        .map(|(path, errors, warnings)| json!({ "path": display_path(path), "valid": *errors == 0, "errors": errors, "warnings": warnings }))
+        .collect();
+    let value = json!({
+        "version": JSON_VERSION,
+        "files": files,
+        "diagnostics": diagnostics,
+        "summary": { "files": report.files.len(), "errors": report.errors(), "warnings": report.warnings() },
+    });
+    let mut text = serde_json::to_string_pretty(&value).unwrap_or_default();
+    text.push('\n');
+    text
+}
+
+/// File, 1-based line and column of the start, and the exclusive end.
+fn location(sources: &Sources, span: Span) -> Value {
+    match sources.get(span.file) {
+        Some(file) => {
+            let (line, column) = file.line_col(span.start as usize);
+            let (end_line, end_column) = file.line_col(span.end as usize);
+            json!({ "file": display_path(&file.path), "line": line, "column": column, "end_line": end_line, "end_column": end_column })
+        }
+        None => json!({ "file": null, "line": 1, "column": 1, "end_line": 1, "end_column": 1 }),
+    }
+}

@@ -1,0 +1,17 @@
+//! The Archon engine: turns workflow spec files into validated workflows (and, later, runs them).
+//!
+//! The modules follow the pipeline: [`source`] (files and spans) -> [`spec`] (the spec as written, with
+//! spans) -> [`validate`] (every problem, as [`diagnostic`]s) -> [`workflow`] (the validated model).
+//! The library never prints; rendering belongs to the CLI.
+
+pub mod diagnostic;
+pub mod source;
+pub mod spec;
+pub mod tools;
+pub mod validate;
+pub mod workflow;
+
+pub use diagnostic::{Diagnostic, Label, Severity};
+pub use source::{FileId, SourceFile, Sources, Span};
+pub use validate::{Validation, validate_file, validate_source};
+pub use workflow::Workflow;

@@ -1,0 +1,120 @@
+//! Source files, the spans that point into them and the line/column arithmetic diagnostics need.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+/// Identifies one file in a [`Sources`] set.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct FileId(pub u32);
+
+/// A byte range in one source file.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct Span {
+    pub file: FileId,
+    pub start: u32,
+    pub end: u32,
+}
+
+impl Span {
+    pub fn new(file: FileId, start: usize, end: usize) -> Self {
+        let clamp = |n: usize| u32::try_from(n).unwrap_or(u32::MAX);
+        Span { file, start: clamp(start), end: clamp(end.max(start)) }
+    }
+
+    pub fn range(self) -> std::ops::Range<usize> {
+        self.start as usize..self.end as usize
+    }
+
+    pub fn is_empty(self) -> bool {
+        self.start == self.end
+    }
+
+    /// The smallest span covering both (same file assumed).
+    pub fn join(self, other: Span) -> Span {
+        Span { file: self.file, start: self.start.min(other.start), end: self.end.max(other.end) }
+    }
+
+    /// A sub-range of this span, given as offsets relative to its start.
+    pub fn sub(self, range: std::ops::Range<usize>) -> Span {
+        let start = self.start as usize + range.start;
+        Span::new(self.file, start, start + range.len())
+    }
+}
+
+/// The format a spec file is written in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Format {
+    Yaml,
+    Toml,
+}
+
+impl Format {
+    /// Chooses the format from a file extension: `.toml` is TOML, everything else YAML.
+    pub fn from_path(path: &Path) -> Format {
+        match path.extension().and_then(|e| e.to_str()) {
+            Some(ext) if ext.eq_ignore_ascii_case("toml") => Format::Toml,
+            _ => Format::Yaml,
+        }
+    }
+}
+
+/// One loaded file: its path as the user gave it, its text and a line index.
+#[derive(Debug)]
+pub struct SourceFile {
+    pub id: FileId,
+    pub path: PathBuf,
+    pub text: String,
+    pub format: Format,
+    line_starts: Vec<usize>,
+}
+
+impl SourceFile {
+    pub fn new(id: FileId, path: PathBuf, text: String, format: Format) -> Self {
+        let line_starts = std::iter::once(0)
+            .chain(text.match_indices('\n').map(|(i, _)| i + 1))
+            .collect();
+        SourceFile { id, path, text, format, line_starts }
+    }
+
+    /// 1-based line and column (in characters) of a byte offset.
+    pub fn line_col(&self, offset: usize) -> (usize, usize) {
+        let offset = offset.min(self.text.len());
+        let line = self.line_starts.partition_point(|&s| s <= offset) - 1;
+        let start = self.line_starts[line];
+        let column = self.text.get(start..offset).map_or(offset - start, |s| s.chars().count());
+        (line + 1, column + 1)
+    }
+
+    /// The text a span covers (empty if it falls outside the file).
+    pub fn slice(&self, span: Span) -> &str {
+        self.text.get(span.range()).unwrap_or("")
+    }
+}
+
+/// Every file loaded while validating one spec (the spec and its sub-workflows).
+#[derive(Debug, Default, Clone)]
+pub struct Sources {
+    files: Vec<Arc<SourceFile>>,
+}
+
+impl Sources {
+    pub fn add(&mut self, path: PathBuf, text: String) -> Arc<SourceFile> {
+        let id = FileId(u32::try_from(self.files.len()).unwrap_or(u32::MAX));
+        let format = Format::from_path(&path);
+        let file = Arc::new(SourceFile::new(id, path, text, format));
+        self.files.push(file.clone());
+        file
+    }
+
+    pub fn get(&self, id: FileId) -> Option<&Arc<SourceFile>> {
+        self.files.get(id.0 as usize)
+    }
+
+    pub fn find(&self, path: &Path) -> Option<&Arc<SourceFile>> {
+        self.files.iter().find(|f| f.path == path)
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = &Arc<SourceFile>> {
+        self.files.iter()
+    }
+}

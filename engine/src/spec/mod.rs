@@ -1,0 +1,687 @@
+//! The spec as written: every key of the workflow format, with spans, in the shape users write it.
+//!
+//! These types are deserialized from a [`Node`] tree only after the structural check in
+//! `validate::structure` has passed, and their JSON Schema (`schemas/workflow.schema.json`) is generated
+//! from them. Nothing here checks meaning; that is `validate`'s job.
+
+mod de;
+pub mod node;
+pub mod parse;
+pub mod schema;
+mod spanned;
+mod toml;
+mod yaml;
+
+use indexmap::IndexMap;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+pub use de::from_node;
+pub use node::{Key, Node, NodeKind, PathSegment};
+pub use parse::{Limits, parse};
+pub use spanned::Spanned;
+
+/// A template string (minijinja syntax), rendered once at run time.
+pub type Template = Spanned<String>;
+/// A bare minijinja expression, as used by `if` and `foreach`.
+pub type Expression = Spanned<String>;
+/// A duration such as `30s`, `1m30s` or `500ms`.
+pub type Duration = Spanned<String>;
+/// A JSON Schema, written inline in YAML or TOML.
+pub type JsonSchemaValue = Node;
+
+/// A workflow spec file.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+#[schemars(title = "Archon workflow", description = "An Archon workflow spec (YAML or TOML)")]
+pub struct Spec {
+    /// Editor hint pointing at this schema; ignored by Archon.
+    #[serde(rename = "$schema", default, skip_serializing_if = "Option::is_none")]
+    pub schema: Option<String>,
+    /// The workflow's name: a slug such as `release-notes`. Defaults to the file name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<Spanned<String>>,
+    /// What the workflow does, for people and for LLM planners.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub description: Option<String>,
+    /// Typed parameters: one JSON Schema per input. An input without `default` is required.
+    #[serde(default, skip_serializing_if = "IndexMap::is_empty")]
+    #[schemars(schema_with = "inputs_schema")]
+    pub inputs: IndexMap<Spanned<String>, JsonSchemaValue>,
+    /// Environment variables for command tools (values are templates).
+    #[serde(default, skip_serializing_if = "IndexMap::is_empty")]
+    pub env: IndexMap<Spanned<String>, Template>,
+    /// Names of secrets, read from the environment or `.env`; usable only in tool arguments, never in prompts.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub secrets: Vec<Spanned<String>>,
+    /// LLM providers, the default one and budgets.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub llm: Option<LlmConfig>,
+    /// Tools this workflow defines.
+    #[serde(default, skip_serializing_if = "IndexMap::is_empty")]
+    pub tools: IndexMap<Spanned<String>, ToolDef>,
+    /// Named roles for LLM steps.
+    #[serde(default, skip_serializing_if = "IndexMap::is_empty")]
+    pub agents: IndexMap<Spanned<String>, AgentDef>,
+    /// Memory settings for agents.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory: Option<MemoryConfig>,
+    /// The task graph.
+    pub steps: Vec<Step>,
+    /// Interception rules.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub rules: Vec<Rule>,
+    /// The run's outputs, as templates over step results.
+    #[serde(default, skip_serializing_if = "IndexMap::is_empty")]
+    pub outputs: IndexMap<Spanned<String>, Node>,
+    /// Defaults for every step.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub defaults: Option<Defaults>,
+}
+
+/// Declares a struct that has every field of a step body (what the step does and how), after its own
+/// fields, and a `body()` view over them. Steps and fallbacks share these fields; serde's `flatten` would
+/// lose spans, so the fields are written out in each struct instead.
+macro_rules! with_step_body {
+    (
+        $(#[$meta:meta])*
+        pub struct $name:ident { $($(#[$fmeta:meta])* pub $field:ident : $ty:ty,)* }
+    ) => {
+        $(#[$meta])*
+        pub struct $name {
+            $($(#[$fmeta])* pub $field: $ty,)*
+            /// A tool to call: built-in, declared in `tools`, composite or MCP (`server.tool`).
+            #[serde(default, skip_serializing_if = "Option::is_none")]
+            pub tool: Option<Spanned<String>>,
+            /// An LLM agent goal (template): a ReAct loop over the allowed `tools`.
+            #[serde(default, skip_serializing_if = "Option::is_none")]
+            pub goal: Option<Template>,
+            /// A goal for the LLM planner, which writes sub-steps in this same format.
+            #[serde(default, skip_serializing_if = "Option::is_none")]
+            pub plan: Option<Template>,
+            /// A sub-workflow file, relative to this spec.
+            #[serde(default, skip_serializing_if = "Option::is_none")]
+            pub workflow: Option<Spanned<String>>,
+            /// Arguments for `tool` or inputs for `workflow` (strings inside are templates).
+            #[serde(rename = "with", default, skip_serializing_if = "Option::is_none")]
+            #[schemars(schema_with = "args_schema")]
+            pub args: Option<Node>,
+            /// Extra context for an LLM step (template or structured value).
+            #[serde(default, skip_serializing_if = "Option::is_none")]
+            pub context: Option<Node>,
+            /// What the final answer should look like (goes into the prompt).
+            #[serde(default, skip_serializing_if = "Option::is_none")]
+            pub expected_output: Option<Template>,
+            /// JSON Schema the step's output must match.
+            #[serde(default, skip_serializing_if = "Option::is_none")]
+            #[schemars(schema_with = "json_schema_schema")]
+            pub output_schema: Option<JsonSchemaValue>,
+            /// Tools an LLM step may call (names or globs of built-in and declared tools).
+            #[serde(default, skip_serializing_if = "Option::is_none")]
+            pub tools: Option<Vec<Spanned<String>>>,
+            /// Most ReAct iterations for an LLM step (default 10).
+            #[serde(default, skip_serializing_if = "Option::is_none")]
+            pub max_iterations: Option<Spanned<u32>>,
+            /// A named agent from `agents` to run an LLM step as.
+            #[serde(default, skip_serializing_if = "Option::is_none")]
+            pub agent: Option<Spanned<String>>,
+            /// An LLM provider from `llm.providers` for this step.
+            #[serde(default, skip_serializing_if = "Option::is_none")]
+            pub provider: Option<Spanned<String>>,
+            /// Retry policy; `attempts` counts every attempt.
+            #[serde(default, skip_serializing_if = "Option::is_none")]
+            pub retry: Option<Retry>,
+            /// Time limit for one attempt, such as `30s`.
+            #[serde(default, skip_serializing_if = "Option::is_none")]
+            pub timeout: Option<Duration>,
+            /// `fail` (default) fails the run; `continue` lets dependents decide with `if`.
+            #[serde(default, skip_serializing_if = "Option::is_none")]
+            pub on_error: Option<Spanned<OnError>>,
+        }
+
+        impl $name {
+            /// The fields that say what the step does, shared with fallbacks.
+            pub fn body(&self) -> Body<'_> {
+                Body {
+                    description: self.description.as_ref(),
+                    tool: self.tool.as_ref(),
+                    goal: self.goal.as_ref(),
+                    plan: self.plan.as_ref(),
+                    workflow: self.workflow.as_ref(),
+                    args: self.args.as_ref(),
+                    context: self.context.as_ref(),
+                    expected_output: self.expected_output.as_ref(),
+                    output_schema: self.output_schema.as_ref(),
+                    tools: self.tools.as_deref(),
+                    max_iterations: self.max_iterations.as_ref(),
+                    agent: self.agent.as_ref(),
+                    provider: self.provider.as_ref(),
+                    retry: self.retry.as_ref(),
+                    timeout: self.timeout.as_ref(),
+                    on_error: self.on_error.as_ref(),
+                }
+            }
+        }
+    };
+}
+
+with_step_body! {
+    /// One step of the task graph. Exactly one of `tool`, `goal`, `plan` or `workflow`, or only a
+    /// `description`, which makes the step unspecified: the engine falls back to `defaults.unspecified`.
+    #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+    #[serde(deny_unknown_fields)]
+    pub struct Step {
+        /// Unique identifier, used as `steps.<id>` in templates: a letter or `_`, then letters, digits, `_`.
+        pub id: Spanned<String>,
+        /// What the step does. For an unspecified step this is the goal given to the LLM (a template).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub description: Option<Template>,
+        /// Steps that must finish first, without passing data.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        pub needs: Vec<Spanned<String>>,
+        /// Run only when this expression is true. Replaces the default "all needs succeeded".
+        #[serde(rename = "if", default, skip_serializing_if = "Option::is_none")]
+        pub condition: Option<Expression>,
+        /// Run the step once per item of this expression's value; results keep input order.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub foreach: Option<Expression>,
+        /// Most items of a `foreach` running at once.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub max_parallel: Option<Spanned<u32>>,
+        /// Named values shaped from the step's result (templates over `steps.<this id>`).
+        #[serde(default, skip_serializing_if = "IndexMap::is_empty")]
+        pub outputs: IndexMap<Spanned<String>, Node>,
+        /// A step body tried after the last attempt fails.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub fallback: Option<Box<Fallback>>,
+        /// `required` pauses for a human before the step runs.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub approval: Option<Spanned<Approval>>,
+    }
+}
+
+with_step_body! {
+    /// A step body tried after the last attempt of a step fails.
+    #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+    #[serde(deny_unknown_fields)]
+    pub struct Fallback {
+        /// What the fallback does; for a fallback with no kind, the goal given to the LLM.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub description: Option<Template>,
+    }
+}
+
+/// A borrowed view of the fields a step and a fallback share.
+#[derive(Clone, Copy, Debug)]
+pub struct Body<'a> {
+    pub description: Option<&'a Template>,
+    pub tool: Option<&'a Spanned<String>>,
+    pub goal: Option<&'a Template>,
+    pub plan: Option<&'a Template>,
+    pub workflow: Option<&'a Spanned<String>>,
+    pub args: Option<&'a Node>,
+    pub context: Option<&'a Node>,
+    pub expected_output: Option<&'a Template>,
+    pub output_schema: Option<&'a JsonSchemaValue>,
+    pub tools: Option<&'a [Spanned<String>]>,
+    pub max_iterations: Option<&'a Spanned<u32>>,
+    pub agent: Option<&'a Spanned<String>>,
+    pub provider: Option<&'a Spanned<String>>,
+    pub retry: Option<&'a Retry>,
+    pub timeout: Option<&'a Duration>,
+    pub on_error: Option<&'a Spanned<OnError>>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum OnError {
+    Fail,
+    Continue,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Approval {
+    /// Pause for a human before the step runs.
+    Required,
+    /// Never ask (rules may still ask).
+    Never,
+}
+
+/// Retry policy.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Retry {
+    /// Total attempts, the first included (at least 1).
+    pub attempts: Spanned<u32>,
+    /// `fixed` or `exponential` (default).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backoff: Option<Spanned<Backoff>>,
+    /// Delay before the second attempt, such as `1s`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub delay: Option<Duration>,
+    /// Upper bound for exponential delays.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_delay: Option<Duration>,
+    /// Randomise delays (full jitter). Default true.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub jitter: Option<bool>,
+    /// What to retry on: `error`, `timeout` (default both).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub on: Option<Vec<Spanned<RetryOn>>>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Backoff {
+    Fixed,
+    Exponential,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum RetryOn {
+    Error,
+    Timeout,
+}
+
+/// LLM configuration.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct LlmConfig {
+    /// The provider LLM steps use unless they name another.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub default: Option<Spanned<String>>,
+    /// Named providers.
+    #[serde(default, skip_serializing_if = "IndexMap::is_empty")]
+    pub providers: IndexMap<Spanned<String>, ProviderDef>,
+    /// Limits for the whole run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub budget: Option<LlmBudget>,
+}
+
+/// One LLM provider.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ProviderDef {
+    /// `openai` (any OpenAI-compatible server), `anthropic`, `gemini` or `mock`.
+    pub kind: Spanned<ProviderKind>,
+    /// Model name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
+    /// API base URL (for OpenAI-compatible servers such as llama.cpp, Ollama or vLLM).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub base_url: Option<Spanned<String>>,
+    /// Environment variable holding the API key.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub api_key_env: Option<Spanned<String>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub temperature: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_tokens: Option<u32>,
+    /// Time limit for one request, such as `60s`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout: Option<Duration>,
+    /// How tools are offered to the model: `native`, `text` or `auto` (default).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_mode: Option<Spanned<ToolMode>>,
+    /// Most requests in flight at once.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_concurrency: Option<u32>,
+    /// Most requests per minute.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub requests_per_minute: Option<u32>,
+    /// The model's context window in tokens.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub context_window: Option<u32>,
+    /// Prices in USD per million tokens, overriding the built-in table.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pricing: Option<Pricing>,
+    /// For `mock`: scripted assistant turns.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub turns: Vec<MockTurn>,
+    /// For `mock`: a YAML or JSON file of scripted turns, relative to the spec.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub script: Option<Spanned<String>>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum ProviderKind {
+    Openai,
+    Anthropic,
+    Gemini,
+    Mock,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum ToolMode {
+    Native,
+    Text,
+    Auto,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Pricing {
+    pub input_per_mtok: f64,
+    pub output_per_mtok: f64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cached_input_per_mtok: Option<f64>,
+}
+
+/// One scripted assistant turn of the `mock` provider.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct MockTurn {
+    /// Use this turn only when the last user message contains this text.
+    #[serde(rename = "match", default, skip_serializing_if = "Option::is_none")]
+    pub when: Option<String>,
+    /// The assistant's text.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub text: Option<String>,
+    /// Tool calls the assistant makes.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tool_calls: Vec<MockToolCall>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct MockToolCall {
+    pub name: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub arguments: Option<Node>,
+}
+
+/// Run-wide LLM limits.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct LlmBudget {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_llm_calls: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_tokens: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_cost_usd: Option<f64>,
+}
+
+/// A tool defined by the workflow. Exactly one of `command`, `http`, `steps`, `workflow` or `mcp`.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ToolDef {
+    /// What the tool does (shown to LLMs).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub description: Option<String>,
+    /// JSON Schema of the tool's arguments (an object schema).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "json_schema_schema")]
+    pub parameters: Option<JsonSchemaValue>,
+    /// Run a program: argv as a list of templates; never a shell.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub command: Option<Spanned<Vec<Template>>>,
+    /// Make an HTTP request.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub http: Option<Spanned<HttpTool>>,
+    /// A composite tool: a small DAG of steps over the tool's arguments (`args.<name>`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub steps: Option<Spanned<Vec<Step>>>,
+    /// For a composite tool: the result, as a template over its steps.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub result: Option<Node>,
+    /// A sub-workflow used as a tool (its inputs are the arguments).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workflow: Option<Spanned<String>>,
+    /// An MCP server whose tools are called as `<name>.<tool>`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mcp: Option<Spanned<McpServer>>,
+    /// How to read a command's standard output: `text` (default), `json` or `lines`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output: Option<Spanned<OutputFormat>>,
+    /// Extra environment for a command (values are templates).
+    #[serde(default, skip_serializing_if = "IndexMap::is_empty")]
+    pub env: IndexMap<Spanned<String>, Template>,
+    /// Working directory for a command, relative to the workspace.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cwd: Option<Template>,
+    /// Standard input for a command (template).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stdin: Option<Template>,
+    /// Exit codes that count as success (default `[0]`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ok_exit_codes: Option<Vec<i32>>,
+    /// Default time limit for one call.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout: Option<Duration>,
+    /// Safe to repeat: a call in doubt after a crash may be re-run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idempotent: Option<bool>,
+    /// Calls chosen by an LLM ask for approval unless a rule allows them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sensitive: Option<bool>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct HttpTool {
+    /// HTTP method (default `GET`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub method: Option<Spanned<HttpMethod>>,
+    /// URL (template).
+    pub url: Template,
+    /// Request headers (values are templates).
+    #[serde(default, skip_serializing_if = "IndexMap::is_empty")]
+    pub headers: IndexMap<Spanned<String>, Template>,
+    /// JSON body (strings inside are templates).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub json: Option<Node>,
+    /// Raw body (template).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub body: Option<Template>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "UPPERCASE")]
+pub enum HttpMethod {
+    Get,
+    Head,
+    Post,
+    Put,
+    Patch,
+    Delete,
+    Options,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct McpServer {
+    /// Start a local server: argv.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub command: Option<Vec<Template>>,
+    /// Or connect to a server over streamable HTTP.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub url: Option<Template>,
+    /// Only expose these tools of the server.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tools: Option<Vec<Spanned<String>>>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum OutputFormat {
+    Text,
+    Json,
+    Lines,
+}
+
+/// A named role for LLM steps.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct AgentDef {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub description: Option<String>,
+    /// System instructions (template over `inputs`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub instructions: Option<Template>,
+    /// Provider from `llm.providers`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub provider: Option<Spanned<String>>,
+    /// Tools this agent may call.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tools: Vec<Spanned<String>>,
+    /// Other agents this one may delegate to.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub delegates: Vec<Spanned<String>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_iterations: Option<Spanned<u32>>,
+    /// Use long-term memory (see top-level `memory`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_mode: Option<Spanned<ToolMode>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub temperature: Option<f64>,
+}
+
+/// Memory settings.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct MemoryConfig {
+    /// Where long-term memory is stored, relative to the state directory.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub path: Option<String>,
+    /// Separate memories by namespace (template; default the workflow name).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespace: Option<Template>,
+    /// Most conversation turns kept verbatim before older ones are summarised.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub conversation_turns: Option<u32>,
+    /// Most long-term memories recalled into a prompt.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub recall: Option<u32>,
+}
+
+/// An interception rule.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Rule {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<Spanned<String>>,
+    /// When the rule is checked.
+    pub on: Spanned<Trigger>,
+    /// Which events it applies to (all when absent).
+    #[serde(rename = "match", default, skip_serializing_if = "Option::is_none")]
+    pub matcher: Option<RuleMatch>,
+    /// What to do.
+    pub action: Spanned<Action>,
+    /// Shown to the human or the LLM.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// For `ask`: how long to wait for a human.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout: Option<Duration>,
+    /// For `ask`: the decision when the timeout passes (default `deny`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub default: Option<Spanned<Decision>>,
+    /// For `redact`: argument paths or patterns to hide.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub redact: Vec<String>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Trigger {
+    BeforeRun,
+    BeforeStep,
+    BeforeTool,
+    AfterStep,
+    OnError,
+    OnPlan,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Action {
+    Allow,
+    Deny,
+    Ask,
+    Redact,
+    Log,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Decision {
+    Allow,
+    Deny,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum ChosenBy {
+    Llm,
+    Spec,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RuleMatch {
+    /// Glob over tool names.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool: Option<Spanned<String>>,
+    /// Glob over step ids.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub step: Option<Spanned<String>>,
+    /// Glob over agent names.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent: Option<Spanned<String>>,
+    /// Who chose the call.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub chosen_by: Option<Spanned<ChosenBy>>,
+    /// An expression over the event: `args`, `step`, `tool`, `agent`, `run`.
+    #[serde(rename = "if", default, skip_serializing_if = "Option::is_none")]
+    pub condition: Option<Expression>,
+}
+
+/// Defaults for every step.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Defaults {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout: Option<Duration>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry: Option<Retry>,
+    /// Most steps running at once.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_parallel: Option<Spanned<u32>>,
+    /// What a step with only a description becomes: `agent` (default) or `plan`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unspecified: Option<Spanned<Unspecified>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_iterations: Option<Spanned<u32>>,
+    /// The agent LLM steps run as unless they name one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent: Option<Spanned<String>>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Unspecified {
+    Agent,
+    Plan,
+}
+
+fn json_schema_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({ "description": "A JSON Schema", "type": ["object", "boolean"] })
+}
+
+fn inputs_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({
+        "type": "object",
+        "additionalProperties": { "description": "A JSON Schema", "type": ["object", "boolean"] }
+    })
+}
+
+fn args_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({ "type": "object", "additionalProperties": true })
+}

@@ -1,0 +1,3 @@
+//! Tools: the built-in catalog (names, argument schemas, safety flags).
+
+pub mod builtin;

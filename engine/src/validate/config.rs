@@ -1,0 +1,325 @@
+//! Checks of the workflow-level sections: name, inputs, env and secrets, LLM providers, agents, memory,
+//! defaults, rules and outputs; and of the values they share (durations, JSON Schemas, retry policies).
+
+use globset::Glob;
+
+use crate::diagnostic::{Diagnostic, codes};
+use crate::spec::{Action, Node, Retry, Spanned, Trigger};
+use crate::validate::refs::{Scope, StepTable};
+use crate::validate::tools::{glob_reason, is_glob, pointer_segments};
+use crate::validate::{Checker, suggest};
+
+impl Checker<'_> {
+    pub(super) fn check_name(&mut self) {
+        let Some(name) = &self.spec.name else { return };
+        let valid = name.value.starts_with(|c: char| c.is_ascii_lowercase() || c.is_ascii_digit())
+            && name.value.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '_');
+        if !valid {
+            let slug: String = name
+                .value
+                .to_lowercase()
+                .chars()
+                .map(|c| if c.is_ascii_alphanumeric() { c } else { '-' })
+                .collect::<String>()
+                .split('-')
+                .filter(|p| !p.is_empty())
+                .collect::<Vec<_>>()
+                .join("-");
+            self.push(
+                Diagnostic::error(codes::INVALID_NAME, name.span, format!("workflow name `{}` is not a slug", name.value))
+                    .with_hint(format!("use lowercase letters, digits, `-` and `_`, such as `{slug}`")),
+            );
+        }
+    }
+
+    pub(super) fn check_inputs(&mut self) {
+        for (name, schema) in &self.spec.inputs {
+            self.check_identifier_name(name, "input name");
+            if !self.check_json_schema(schema, "input schema") {
+                continue;
+            }
+            let Some(default) = schema.get("default") else { continue };
+            let json = schema.to_json();
+            if let Ok(validator) = jsonschema::validator_for(&json) {
+                if let Some(error) = validator.iter_errors(&default.to_json()).next() {
+                    self.push(
+                        Diagnostic::error(
+                            codes::INVALID_DEFAULT,
+                            default.span,
+                            format!("default of input `{}` does not match its schema: {}", name.value, error.masked()),
+                        )
+                        .with_hint("change the default or the schema so that they agree"),
+                    );
+                }
+            }
+        }
+    }
+
+    pub(super) fn check_env_and_secrets(&mut self) {
+        let scope = Scope::new("the environment").secrets(true);
+        for (name, value) in &self.spec.env {
+            if name.value.is_empty() || name.value.contains(['=', '\0']) {
+                self.push(Diagnostic::error(codes::INVALID_NAME, name.span, format!("`{}` is not a valid environment variable name", name.value)));
+            }
+            self.template(value, &scope);
+        }
+        for (index, secret) in self.spec.secrets.iter().enumerate() {
+            let valid = secret.value.starts_with(|c: char| c.is_ascii_alphabetic() || c == '_')
+                && secret.value.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+            if !valid {
+                self.push(
+                    Diagnostic::error(codes::INVALID_NAME, secret.span, format!("secret name `{}` is not a valid environment variable name", secret.value))
+                        .with_hint("secrets are read from the environment variable of the same name: use letters, digits and `_`"),
+                );
+            }
+            if let Some(first) = self.spec.secrets[..index].iter().find(|s| s.value == secret.value) {
+                self.push(
+                    Diagnostic::warning(codes::DUPLICATE_KEY, secret.span, format!("secret `{}` is declared twice", secret.value))
+                        .with_label(first.span, "first declared here"),
+                );
+            }
+        }
+    }
+
+    pub(super) fn check_llm(&mut self) {
+        let Some(llm) = &self.spec.llm else { return };
+        if let Some(default) = &llm.default {
+            self.check_provider_ref(default);
+        }
+        for (name, provider) in &llm.providers {
+            if let Some(timeout) = &provider.timeout {
+                self.check_duration(timeout);
+            }
+            if let Some(base_url) = &provider.base_url {
+                if !(base_url.value.starts_with("http://") || base_url.value.starts_with("https://")) {
+                    self.push(
+                        Diagnostic::error(codes::INVALID_VALUE, base_url.span, format!("`base_url` of provider `{}` must be an http:// or https:// URL", name.value))
+                            .with_hint("for example `http://127.0.0.1:8080/v1`"),
+                    );
+                }
+            }
+            let is_mock = provider.kind.value == crate::spec::ProviderKind::Mock;
+            if !is_mock && (!provider.turns.is_empty() || provider.script.is_some()) {
+                self.push(Diagnostic::warning(
+                    codes::INEFFECTIVE_FIELD,
+                    provider.kind.span,
+                    format!("`turns` and `script` apply only to `mock` providers, and `{}` is not one", name.value),
+                ));
+            }
+            if let Some(script) = &provider.script {
+                let path = self.file.path.parent().unwrap_or(std::path::Path::new("")).join(&script.value);
+                if !path.is_file() {
+                    self.push(
+                        Diagnostic::error(codes::FILE_NOT_FOUND, script.span, format!("mock script `{}` does not exist", script.value))
+                            .with_hint(format!("paths are relative to this spec's directory; looked for `{}`", path.display())),
+                    );
+                }
+            }
+        }
+    }
+
+    pub(super) fn check_provider_ref(&mut self, provider: &Spanned<String>) {
+        let providers: Vec<&str> = self
+            .spec
+            .llm
+            .iter()
+            .flat_map(|l| l.providers.keys().map(|k| k.value.as_str()))
+            .collect();
+        if !providers.contains(&provider.value.as_str()) {
+            let d = Diagnostic::error(codes::UNKNOWN_PROVIDER, provider.span, format!("unknown LLM provider `{}`", provider.value))
+                .with_hint_opt(suggest::did_you_mean(&provider.value, providers.iter().copied()));
+            let d = if providers.is_empty() {
+                d.with_hint("declare it under `llm.providers:`, for example `{ kind: openai, model: gpt-4o-mini }`")
+            } else {
+                d.with_hint(format!("providers declared: {}", suggest::list(&providers)))
+            };
+            self.push(d);
+        }
+    }
+
+    pub(super) fn check_agents(&mut self) {
+        for (name, agent) in &self.spec.agents {
+            if let Some(instructions) = &agent.instructions {
+                self.template(instructions, &Scope::new("agent instructions"));
+            }
+            if let Some(provider) = &agent.provider {
+                self.check_provider_ref(provider);
+            }
+            for tool in &agent.tools {
+                self.check_tool_pattern(tool);
+            }
+            for delegate in &agent.delegates {
+                if delegate.value == name.value {
+                    self.push(Diagnostic::error(codes::INVALID_VALUE, delegate.span, format!("agent `{}` cannot delegate to itself", name.value)));
+                } else {
+                    self.check_agent_ref(delegate);
+                }
+            }
+            if let Some(n) = &agent.max_iterations {
+                self.check_positive(n, "max_iterations");
+            }
+        }
+    }
+
+    pub(super) fn check_agent_ref(&mut self, agent: &Spanned<String>) {
+        if !self.spec.agents.contains_key(agent.value.as_str()) {
+            let names: Vec<&str> = self.spec.agents.keys().map(|k| k.value.as_str()).collect();
+            self.push(
+                Diagnostic::error(codes::UNKNOWN_AGENT, agent.span, format!("unknown agent `{}`", agent.value))
+                    .with_hint_opt(suggest::did_you_mean(&agent.value, names.iter().copied()))
+                    .with_hint("declare it under `agents:`"),
+            );
+        }
+    }
+
+    pub(super) fn check_memory(&mut self) {
+        if let Some(namespace) = self.spec.memory.as_ref().and_then(|m| m.namespace.as_ref()) {
+            self.template(namespace, &Scope::new("the memory namespace"));
+        }
+    }
+
+    pub(super) fn check_defaults(&mut self) {
+        let Some(defaults) = &self.spec.defaults else { return };
+        if let Some(timeout) = &defaults.timeout {
+            self.check_duration(timeout);
+        }
+        if let Some(retry) = &defaults.retry {
+            self.check_retry(retry);
+        }
+        if let Some(n) = &defaults.max_parallel {
+            self.check_positive(n, "max_parallel");
+        }
+        if let Some(n) = &defaults.max_iterations {
+            self.check_positive(n, "max_iterations");
+        }
+        if let Some(agent) = &defaults.agent {
+            self.check_agent_ref(agent);
+        }
+    }
+
+    pub(super) fn check_retry(&mut self, retry: &Retry) {
+        self.check_positive(&retry.attempts, "attempts");
+        for d in [&retry.delay, &retry.max_delay].into_iter().flatten() {
+            self.check_duration(d);
+        }
+    }
+
+    /// Checks a duration such as `30s`; returns whether it is valid.
+    pub(super) fn check_duration(&mut self, text: &Spanned<String>) -> bool {
+        match humantime::parse_duration(text.value.trim()) {
+            Ok(_) => true,
+            Err(_) => {
+                self.push(
+                    Diagnostic::error(codes::INVALID_DURATION, text.span, format!("invalid duration `{}`", text.value))
+                        .with_hint("write a number and a unit, such as `500ms`, `30s`, `5m` or `1h30m`"),
+                );
+                false
+            }
+        }
+    }
+
+    /// Checks that a value is a valid JSON Schema; returns whether it is.
+    pub(super) fn check_json_schema(&mut self, schema: &Node, what: &str) -> bool {
+        let json = schema.to_json();
+        let error = match jsonschema::meta::validate(&json) {
+            Err(e) => Some((e.instance_path().to_string(), e.to_string())),
+            Ok(()) => jsonschema::validator_for(&json).err().map(|e| (e.instance_path().to_string(), e.to_string())),
+        };
+        let Some((path, message)) = error else { return true };
+        let at = schema.at_path(&pointer_segments(&path)).map_or(schema.span, |n| n.span);
+        let location = if path.is_empty() { String::new() } else { format!(" at `{path}`") };
+        self.push(
+            Diagnostic::error(codes::INVALID_JSON_SCHEMA, at, format!("invalid {what}{location}: {}", first_line(&message)))
+                .with_hint("schemas follow JSON Schema draft 2020-12, for example `{ type: string, enum: [a, b] }`"),
+        );
+        false
+    }
+
+    pub(super) fn check_rules(&mut self) {
+        let steps = StepTable::new(&self.spec.steps, &self.raw_step_ids);
+        for rule in &self.spec.rules {
+            let trigger = rule.on.value;
+            if let Some(matcher) = &rule.matcher {
+                if let Some(tool) = &matcher.tool {
+                    if matches!(trigger, Trigger::BeforeRun | Trigger::OnPlan) {
+                        self.ineffective(tool.span, "`match.tool`", trigger);
+                    }
+                    self.check_tool_pattern(tool);
+                }
+                if let Some(step) = &matcher.step {
+                    if trigger == Trigger::BeforeRun {
+                        self.ineffective(step.span, "`match.step`", trigger);
+                    }
+                    let ids: Vec<&str> = steps.entries.keys().map(String::as_str).collect();
+                    self.check_name_pattern(step, &ids, "step", codes::UNKNOWN_STEP);
+                }
+                if let Some(agent) = &matcher.agent {
+                    let names: Vec<&str> = self.spec.agents.keys().map(|k| k.value.as_str()).collect();
+                    self.check_name_pattern(agent, &names, "agent", codes::UNKNOWN_AGENT);
+                }
+                if let Some(chosen_by) = &matcher.chosen_by {
+                    if trigger != Trigger::BeforeTool {
+                        self.ineffective(chosen_by.span, "`match.chosen_by`", trigger);
+                    }
+                }
+                if let Some(condition) = &matcher.condition {
+                    let scope = Scope { event: true, ..Scope::new("a rule condition") };
+                    self.expression(condition, &scope);
+                }
+            }
+            let ask = rule.action.value == Action::Ask;
+            if let Some(timeout) = &rule.timeout {
+                self.check_duration(timeout);
+                if !ask {
+                    self.push(Diagnostic::warning(codes::INEFFECTIVE_FIELD, timeout.span, "`timeout` applies only to `ask` rules"));
+                }
+            }
+            if let (Some(default), false) = (&rule.default, ask) {
+                self.push(Diagnostic::warning(codes::INEFFECTIVE_FIELD, default.span, "`default` applies only to `ask` rules"));
+            }
+            if rule.action.value == Action::Redact && rule.redact.is_empty() {
+                self.push(
+                    Diagnostic::error(codes::MISSING_KEY, rule.action.span, "a `redact` rule needs a `redact:` list")
+                        .with_hint("list the argument names or patterns to hide, such as `redact: [password, token]`"),
+                );
+            }
+        }
+    }
+
+    fn ineffective(&mut self, span: crate::source::Span, field: &str, trigger: Trigger) {
+        let name = serde_json::to_value(trigger).ok().and_then(|v| v.as_str().map(str::to_owned)).unwrap_or_default();
+        self.push(Diagnostic::warning(codes::INEFFECTIVE_FIELD, span, format!("{field} never matches on `{name}`")));
+    }
+
+    fn check_name_pattern(&mut self, pattern: &Spanned<String>, names: &[&str], what: &str, code: &'static str) {
+        if is_glob(&pattern.value) {
+            match Glob::new(&pattern.value) {
+                Err(err) => self.push(Diagnostic::error(codes::INVALID_GLOB, pattern.span, format!("invalid glob `{}`: {}", pattern.value, glob_reason(&err)))),
+                Ok(glob) => {
+                    let matcher = glob.compile_matcher();
+                    if !names.iter().any(|n| matcher.is_match(n)) {
+                        self.push(Diagnostic::warning(codes::PATTERN_MATCHES_NOTHING, pattern.span, format!("`{}` matches no {what}", pattern.value)));
+                    }
+                }
+            }
+        } else if !names.contains(&pattern.value.as_str()) && !self.raw_step_ids.contains(&pattern.value) {
+            self.push(
+                Diagnostic::error(code, pattern.span, format!("unknown {what} `{}`", pattern.value))
+                    .with_hint_opt(suggest::did_you_mean(&pattern.value, names.iter().copied())),
+            );
+        }
+    }
+
+    pub(super) fn check_workflow_outputs(&mut self) {
+        let steps = StepTable::new(&self.spec.steps, &self.raw_step_ids);
+        let scope = Scope::new("workflow outputs").steps(&steps);
+        for (name, value) in &self.spec.outputs {
+            self.check_identifier_name(name, "output name");
+            self.value(value, &scope);
+        }
+    }
+}
+
+fn first_line(s: &str) -> &str {
+    s.lines().next().unwrap_or(s).trim_end_matches('.')
+}

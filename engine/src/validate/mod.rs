@@ -1,0 +1,338 @@
+//! Validation: turns a spec file into a [`Workflow`] or tells the user everything that is wrong with it.
+//!
+//! Pipeline: read (size limit) -> parse into a [`Node`] tree -> structural check against the generated
+//! JSON Schema (unknown keys, types, enums) -> deserialize the pruned tree into [`Spec`] -> semantic
+//! checks (references, templates, kinds, graph, schemas, rules). Every stage adds to one list of
+//! diagnostics; later stages run on whatever the earlier ones left intact.
+
+mod config;
+mod graph;
+mod refs;
+mod steps;
+mod structure;
+pub mod suggest;
+pub mod templates;
+mod tools;
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use crate::diagnostic::{Diagnostic, codes};
+use crate::source::{SourceFile, Sources, Span};
+use crate::spec::{self, Limits, Node, NodeKind, Spec};
+use crate::workflow::Workflow;
+use templates::Analyzer;
+
+/// The outcome of validating one spec file.
+#[derive(Debug)]
+pub struct Validation {
+    /// The validated workflow, when there are no errors.
+    pub workflow: Option<Workflow>,
+    /// Every problem found, errors and warnings, in the order found.
+    pub diagnostics: Vec<Diagnostic>,
+    /// Every file read (for rendering diagnostics).
+    pub sources: Sources,
+}
+
+impl Validation {
+    pub fn has_errors(&self) -> bool {
+        self.diagnostics.iter().any(Diagnostic::is_error)
+    }
+}
+
+/// Validates the spec at `path` (YAML unless it ends in `.toml`) with the default limits.
+pub fn validate_file(path: &Path) -> Validation {
+    Validator::new(Limits::default()).validate_path(path)
+}
+
+/// Validates spec text as if read from `path` (sub-workflows are still resolved relative to it).
+pub fn validate_source(path: impl Into<PathBuf>, text: impl Into<String>) -> Validation {
+    Validator::new(Limits::default()).validate_text(path.into(), text.into())
+}
+
+/// Validates spec files, sharing parsed sub-workflows between them.
+#[derive(Debug)]
+pub struct Validator {
+    limits: Limits,
+    analyzer: Arc<Analyzer>,
+    sources: Sources,
+    /// Sub-workflows already checked, by canonical path.
+    loaded: HashMap<PathBuf, SubWorkflow>,
+    /// Canonical paths of the workflows being checked, outermost first (to catch recursion).
+    stack: Vec<PathBuf>,
+}
+
+/// What a caller needs to know about a sub-workflow.
+#[derive(Clone, Debug)]
+pub(crate) struct SubWorkflow {
+    /// Input names, and whether each is required (has no default).
+    pub inputs: Vec<(String, bool)>,
+}
+
+impl Validator {
+    pub fn new(limits: Limits) -> Self {
+        Validator {
+            limits,
+            analyzer: Arc::new(Analyzer::default()),
+            sources: Sources::default(),
+            loaded: HashMap::new(),
+            stack: Vec::new(),
+        }
+    }
+
+    pub fn validate_path(mut self, path: &Path) -> Validation {
+        match self.read(path) {
+            Ok(text) => self.validate_text(path.to_path_buf(), text),
+            Err(diagnostic) => Validation { workflow: None, diagnostics: vec![diagnostic], sources: self.sources },
+        }
+    }
+
+    pub fn validate_text(mut self, path: PathBuf, text: String) -> Validation {
+        let file = self.sources.add(path, text);
+        let mut diagnostics = Vec::new();
+        let spec = self.check_file(&file, &mut diagnostics);
+        let workflow = match spec {
+            Some((spec, graph)) if !diagnostics.iter().any(Diagnostic::is_error) => Some(Workflow {
+                name: workflow_name(&spec, &file.path),
+                spec: Arc::new(spec),
+                dependencies: graph.dependencies,
+                order: graph.order,
+                sources: self.sources.clone(),
+            }),
+            _ => None,
+        };
+        Validation { workflow, diagnostics, sources: self.sources }
+    }
+
+    fn read(&mut self, path: &Path) -> Result<String, Diagnostic> {
+        let metadata = match std::fs::metadata(path) {
+            Ok(m) => m,
+            Err(e) => return Err(self.unreadable(path, format!("cannot read `{}`: {}", path.display(), io_reason(&e)))),
+        };
+        if metadata.len() > self.limits.max_file_bytes as u64 {
+            let file = self.sources.add(path.to_path_buf(), String::new());
+            return Err(Diagnostic::error(
+                codes::FILE_TOO_LARGE,
+                Span::new(file.id, 0, 0),
+                format!(
+                    "spec file is {} bytes, more than the limit of {} bytes",
+                    metadata.len(),
+                    self.limits.max_file_bytes
+                ),
+            )
+            .with_hint("split the workflow into sub-workflows (`workflow:` steps)"));
+        }
+        match std::fs::read(path) {
+            Ok(bytes) => String::from_utf8(bytes)
+                .map_err(|_| self.unreadable(path, format!("`{}` is not valid UTF-8", path.display()))),
+            Err(e) => Err(self.unreadable(path, format!("cannot read `{}`: {}", path.display(), io_reason(&e)))),
+        }
+    }
+
+    fn unreadable(&mut self, path: &Path, message: String) -> Diagnostic {
+        let file = self.sources.add(path.to_path_buf(), String::new());
+        Diagnostic::error(codes::UNREADABLE_FILE, Span::new(file.id, 0, 0), message)
+    }
+
+    /// Runs every stage on one file. Returns the spec (and its graph) if it could be built at all.
+    fn check_file(&mut self, file: &Arc<SourceFile>, diagnostics: &mut Vec<Diagnostic>) -> Option<(Spec, graph::Graph)> {
+        let (root, parse_diagnostics) = spec::parse(file, &self.limits);
+        diagnostics.extend(parse_diagnostics);
+        let root = root?;
+        if !matches!(root.kind, NodeKind::Map(_)) {
+            diagnostics.push(
+                Diagnostic::error(
+                    codes::WRONG_TYPE,
+                    root.span,
+                    format!("a workflow must be a mapping of keys, found {}", root.type_name()),
+                )
+                .with_hint("start with `name:` and `steps:`"),
+            );
+            return None;
+        }
+        let step_count = count_steps(&root);
+        if step_count > self.limits.max_steps {
+            let at = root.entry("steps").map_or(root.span, |(k, _)| k.span);
+            diagnostics.push(
+                Diagnostic::error(
+                    codes::TOO_MANY_STEPS,
+                    at,
+                    format!("workflow has {step_count} steps, more than the limit of {}", self.limits.max_steps),
+                )
+                .with_hint("split the workflow into sub-workflows (`workflow:` steps)"),
+            );
+            return None;
+        }
+        let raw_step_ids = raw_step_ids(&root);
+        let pruned = structure::check(&root, diagnostics)?;
+        let spec: Spec = match spec::from_node(&pruned) {
+            Ok(spec) => spec,
+            Err(err) => {
+                diagnostics.push(Diagnostic::error(codes::INVALID_VALUE, root.span, err.message));
+                return None;
+            }
+        };
+        let canonical = canonical(&file.path);
+        self.stack.push(canonical);
+        let analyzer = self.analyzer.clone();
+        let mut checker = Checker {
+            spec: &spec,
+            file,
+            analyzer: &analyzer,
+            diagnostics: Vec::new(),
+            raw_step_ids,
+        };
+        let graph = checker.check_all(self);
+        self.stack.pop();
+        diagnostics.append(&mut checker.diagnostics);
+        Some((spec, graph))
+    }
+
+    /// Checks a sub-workflow referenced from `from` and returns what callers need, or a diagnostic for
+    /// the reference itself (missing file, recursion).
+    fn sub_workflow(&mut self, from: &SourceFile, reference: &spec::Spanned<String>, diagnostics: &mut Vec<Diagnostic>) -> Option<SubWorkflow> {
+        let base = from.path.parent().unwrap_or(Path::new(""));
+        let path = base.join(reference.as_str());
+        if !path.is_file() {
+            diagnostics.push(
+                Diagnostic::error(
+                    codes::FILE_NOT_FOUND,
+                    reference.span,
+                    format!("sub-workflow `{}` does not exist", reference.value),
+                )
+                .with_hint(format!("paths are relative to this spec's directory; looked for `{}`", path.display())),
+            );
+            return None;
+        }
+        let canonical = canonical(&path);
+        if let Some(pos) = self.stack.iter().position(|p| *p == canonical) {
+            let chain: Vec<String> = self.stack[pos..]
+                .iter()
+                .chain(std::iter::once(&canonical))
+                .map(|p| format!("`{}`", p.file_name().map_or_else(|| p.display().to_string(), |n| n.to_string_lossy().into_owned())))
+                .collect();
+            diagnostics.push(
+                Diagnostic::error(
+                    codes::RECURSIVE_WORKFLOW,
+                    reference.span,
+                    format!("sub-workflow `{}` includes itself: {}", reference.value, chain.join(" → ")),
+                )
+                .with_hint("a workflow cannot run itself, directly or through other workflows"),
+            );
+            return None;
+        }
+        if let Some(known) = self.loaded.get(&canonical) {
+            return Some(known.clone());
+        }
+        let text = match self.read(&path) {
+            Ok(text) => text,
+            Err(d) => {
+                diagnostics.push(d);
+                return None;
+            }
+        };
+        let file = self.sources.add(path, text);
+        let mut inner = Vec::new();
+        let spec = self.check_file(&file, &mut inner);
+        let valid = !inner.iter().any(Diagnostic::is_error);
+        let inputs = spec
+            .as_ref()
+            .map(|(spec, _)| {
+                spec.inputs
+                    .iter()
+                    .map(|(name, schema)| (name.value.clone(), schema.get("default").is_none()))
+                    .collect()
+            })
+            .unwrap_or_default();
+        if !valid {
+            diagnostics.push(
+                Diagnostic::error(
+                    codes::INVALID_SUBWORKFLOW,
+                    reference.span,
+                    format!("sub-workflow `{}` is not valid", reference.value),
+                )
+                .with_hint("its own errors are listed with its file name"),
+            );
+        }
+        diagnostics.extend(inner);
+        let info = SubWorkflow { inputs };
+        self.loaded.insert(canonical, info.clone());
+        Some(info)
+    }
+}
+
+/// The semantic checks for one spec, writing diagnostics as it goes.
+pub(crate) struct Checker<'a> {
+    pub spec: &'a Spec,
+    pub file: &'a SourceFile,
+    pub analyzer: &'a Analyzer,
+    pub diagnostics: Vec<Diagnostic>,
+    /// Every step id written in the file, even in steps the structural check dropped, so that a broken
+    /// step does not also produce "unknown step" errors for everything that refers to it.
+    pub raw_step_ids: Vec<String>,
+}
+
+impl Checker<'_> {
+    fn check_all(&mut self, validator: &mut Validator) -> graph::Graph {
+        self.check_name();
+        self.check_inputs();
+        self.check_env_and_secrets();
+        self.check_llm();
+        self.check_agents();
+        self.check_memory();
+        self.check_defaults();
+        self.check_tools(validator);
+        let graph = self.check_steps(validator);
+        self.check_rules();
+        self.check_workflow_outputs();
+        graph
+    }
+
+    pub(crate) fn push(&mut self, diagnostic: Diagnostic) {
+        self.diagnostics.push(diagnostic);
+    }
+}
+
+/// The workflow's name: `name`, or the file stem.
+fn workflow_name(spec: &Spec, path: &Path) -> String {
+    spec.name.as_ref().map(|n| n.value.clone()).unwrap_or_else(|| {
+        path.file_stem().map_or_else(|| "workflow".to_owned(), |s| s.to_string_lossy().into_owned())
+    })
+}
+
+fn canonical(path: &Path) -> PathBuf {
+    std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf())
+}
+
+fn io_reason(err: &std::io::Error) -> String {
+    match err.kind() {
+        std::io::ErrorKind::NotFound => "no such file".to_owned(),
+        std::io::ErrorKind::PermissionDenied => "permission denied".to_owned(),
+        _ => err.to_string().to_lowercase(),
+    }
+}
+
+/// Steps in the document, composite tool steps included, counted before any other check.
+fn count_steps(root: &Node) -> usize {
+    let top = root.get("steps").and_then(Node::as_seq).map_or(0, <[Node]>::len);
+    let composite: usize = root
+        .get("tools")
+        .and_then(Node::as_map)
+        .map(|tools| {
+            tools
+                .iter()
+                .filter_map(|(_, t)| t.get("steps").and_then(Node::as_seq))
+                .map(<[Node]>::len)
+                .sum()
+        })
+        .unwrap_or(0);
+    top + composite
+}
+
+fn raw_step_ids(root: &Node) -> Vec<String> {
+    root.get("steps")
+        .and_then(Node::as_seq)
+        .map(|steps| steps.iter().filter_map(|s| s.get("id")?.as_str().map(str::to_owned)).collect())
+        .unwrap_or_default()
+}

@@ -1,0 +1,232 @@
+//! Step checks: ids, kinds, fields that fit the kind, references, `needs`, and the step graph.
+
+use crate::diagnostic::{Diagnostic, codes};
+use crate::source::Span;
+use crate::spec::{Body, Spanned, Step};
+use crate::validate::graph::{self, Graph};
+use crate::validate::refs::{Dep, Scope, StepTable};
+use crate::validate::{Checker, Validator, suggest};
+
+/// Whether `id` can be read as `steps.<id>` in a template.
+pub fn is_identifier(id: &str) -> bool {
+    let mut chars = id.chars();
+    matches!(chars.next(), Some(c) if c.is_ascii_alphabetic() || c == '_')
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
+}
+
+/// Where a step list lives: the workflow itself, or a composite tool with parameters.
+#[derive(Clone, Copy)]
+pub struct StepListScope<'s> {
+    pub params: Option<&'s [String]>,
+    pub raw_ids: &'s [String],
+}
+
+impl Checker<'_> {
+    pub(super) fn check_steps(&mut self, validator: &mut Validator) -> Graph {
+        if self.spec.steps.is_empty() && self.raw_step_ids.is_empty() {
+            let at = Span::new(self.file.id, 0, 0);
+            self.push(
+                Diagnostic::error(codes::EMPTY_WORKFLOW, at, "workflow has no steps")
+                    .with_hint("add at least one step under `steps:`"),
+            );
+        }
+        let raw_ids = std::mem::take(&mut self.raw_step_ids);
+        let scope = StepListScope { params: None, raw_ids: &raw_ids };
+        let graph = self.check_step_list(&self.spec.steps, scope, validator);
+        self.raw_step_ids = raw_ids;
+        graph
+    }
+
+    /// Checks a list of steps (a workflow's or a composite tool's) and builds its graph.
+    pub(super) fn check_step_list(&mut self, steps: &[Step], list: StepListScope<'_>, validator: &mut Validator) -> Graph {
+        let table = StepTable::new(steps, list.raw_ids);
+        let mut all_deps = Vec::with_capacity(steps.len());
+        for (index, step) in steps.iter().enumerate() {
+            self.check_step_id(steps, index);
+            all_deps.push(self.check_step(step, &table, list, validator));
+        }
+        graph::build(steps, &all_deps, &mut self.diagnostics)
+    }
+
+    fn check_step_id(&mut self, steps: &[Step], index: usize) {
+        let id = &steps[index].id;
+        if !is_identifier(&id.value) {
+            let fixed: String = id.value.chars().map(|c| if c.is_ascii_alphanumeric() { c } else { '_' }).collect();
+            let fixed = if fixed.starts_with(|c: char| c.is_ascii_digit()) { format!("_{fixed}") } else { fixed };
+            self.push(
+                Diagnostic::error(codes::INVALID_NAME, id.span, format!("step id `{}` is not a valid identifier", id.value))
+                    .with_hint(format!("ids are read as `steps.<id>` in templates, so use letters, digits and `_`: `{fixed}`")),
+            );
+        }
+        if let Some(first) = steps[..index].iter().find(|s| s.id.value == id.value) {
+            self.push(
+                Diagnostic::error(codes::DUPLICATE_STEP, id.span, format!("duplicate step id `{}`", id.value))
+                    .with_label(first.id.span, "first used here")
+                    .with_hint("every step needs its own id; rename one of them"),
+            );
+        }
+    }
+
+    fn check_step(&mut self, step: &Step, table: &StepTable, list: StepListScope<'_>, validator: &mut Validator) -> Vec<Dep> {
+        let foreach = step.foreach.is_some();
+        let base = Scope { params: list.params, ..Scope::new("a step") }.steps(table);
+        let mut deps = Vec::new();
+
+        for need in &step.needs {
+            match table.entries.get(&need.value) {
+                Some(entry) => deps.push(Dep { step: entry.index, span: need.span }),
+                None if table.broken.contains(&need.value) => {}
+                None => {
+                    let known: Vec<&str> = table.entries.keys().map(String::as_str).collect();
+                    self.push(
+                        Diagnostic::error(codes::UNKNOWN_STEP, need.span, format!("`needs` refers to unknown step `{}`", need.value))
+                            .with_hint_opt(suggest::did_you_mean(&need.value, known.iter().copied())),
+                    );
+                }
+            }
+        }
+        if let Some(condition) = &step.condition {
+            deps.extend(self.expression(condition, &Scope { place: "an `if` condition", ..base }));
+        }
+        if let Some(expr) = &step.foreach {
+            deps.extend(self.expression(expr, &Scope { place: "a `foreach` expression", ..base }));
+        }
+        match (&step.max_parallel, foreach) {
+            (Some(n), false) => self.push(
+                Diagnostic::warning(codes::INEFFECTIVE_FIELD, n.span, "`max_parallel` has no effect without `foreach`")
+                    .with_hint("remove it, or add `foreach:`; the run-wide limit is `defaults.max_parallel`"),
+            ),
+            (Some(n), true) if n.value == 0 => self.push(
+                Diagnostic::error(codes::INVALID_VALUE, n.span, "`max_parallel` must be at least 1"),
+            ),
+            _ => {}
+        }
+        deps.extend(self.check_body(step.body(), step.id.span, &base.foreach(foreach), validator));
+        let own = Scope { own_step: Some(step.id.value.as_str()), place: "step outputs", ..base.foreach(foreach) };
+        for (name, value) in &step.outputs {
+            self.check_identifier_name(name, "output name");
+            deps.extend(self.value(value, &own));
+        }
+        if let Some(fallback) = &step.fallback {
+            deps.extend(self.check_body(fallback.body(), step.id.span, &base.foreach(foreach), validator));
+        }
+        deps
+    }
+
+    /// Checks what a step or fallback does. `anchor` is where to report a problem with the body as a whole.
+    pub(super) fn check_body(&mut self, body: Body<'_>, anchor: Span, scope: &Scope<'_>, validator: &mut Validator) -> Vec<Dep> {
+        let mut deps = Vec::new();
+        let kinds: Vec<(&str, Span)> = [
+            ("tool", body.tool.map(|t| t.span)),
+            ("goal", body.goal.map(|t| t.span)),
+            ("plan", body.plan.map(|t| t.span)),
+            ("workflow", body.workflow.map(|t| t.span)),
+        ]
+        .into_iter()
+        .filter_map(|(k, s)| s.map(|s| (k, s)))
+        .collect();
+        let prompt = Scope { place: "a prompt", ..*scope }.secrets(false);
+        let args_scope = Scope { place: "tool arguments", ..*scope }.secrets(true);
+        match kinds.as_slice() {
+            [] if body.description.is_none() => self.push(
+                Diagnostic::error(codes::MISSING_STEP_KIND, anchor, "step does not say what to do")
+                    .with_hint("add `tool:` (with `with:`), `goal:`, `plan:` or `workflow:`, or a `description:` for the LLM to act on"),
+            ),
+            [_, second, ..] => {
+                let names: Vec<&str> = kinds.iter().map(|(k, _)| *k).collect();
+                let mut d = Diagnostic::error(
+                    codes::CONFLICTING_STEP_KINDS,
+                    second.1,
+                    format!("step has more than one kind: {}", suggest::list(&names)),
+                )
+                .with_hint("a step is exactly one of `tool`, `goal`, `plan` or `workflow`; split it into several steps");
+                for (kind, span) in kinds.iter().filter(|(k, _)| *k != second.0) {
+                    d = d.with_label(*span, format!("`{kind}` given here"));
+                }
+                self.push(d);
+            }
+            _ => {}
+        }
+        let llm_step = body.goal.is_some() || body.plan.is_some() || kinds.is_empty();
+        if let Some(description) = body.description {
+            deps.extend(self.template(description, &prompt));
+        }
+        if let Some(tool) = body.tool {
+            deps.extend(self.check_tool_call(tool, body.args, &args_scope));
+        }
+        if let Some(goal) = body.goal.or(body.plan) {
+            deps.extend(self.template(goal, &prompt));
+        }
+        if let Some(workflow) = body.workflow {
+            deps.extend(self.check_workflow_call(workflow, body.args, &Scope { place: "sub-workflow inputs", ..prompt }, validator));
+        }
+        if body.args.is_some() && body.tool.is_none() && body.workflow.is_none() {
+            if let Some(args) = body.args {
+                self.push(
+                    Diagnostic::warning(codes::INEFFECTIVE_FIELD, args.span, "`with` has no effect on an LLM step")
+                        .with_hint("pass data to an LLM step in `goal` or `context`"),
+                );
+                deps.extend(self.value(args, &prompt));
+            }
+        }
+        if let Some(context) = body.context {
+            deps.extend(self.value(context, &prompt));
+        }
+        if let Some(expected) = body.expected_output {
+            deps.extend(self.template(expected, &prompt));
+        }
+        if let Some(schema) = body.output_schema {
+            self.check_json_schema(schema, "`output_schema`");
+        }
+        if !llm_step {
+            let llm_only: [(&str, Option<Span>); 6] = [
+                ("tools", body.tools.and_then(|t| t.first().map(|t| t.span))),
+                ("max_iterations", body.max_iterations.map(|m| m.span)),
+                ("agent", body.agent.map(|a| a.span)),
+                ("provider", body.provider.map(|p| p.span)),
+                ("expected_output", body.expected_output.map(|e| e.span)),
+                ("context", body.context.map(|c| c.span)),
+            ];
+            for (field, span) in llm_only.iter().filter_map(|(f, s)| s.map(|s| (*f, s))) {
+                self.push(
+                    Diagnostic::warning(codes::INEFFECTIVE_FIELD, span, format!("`{field}` has no effect on a `{}` step", kinds[0].0))
+                        .with_hint("it applies to LLM steps (`goal`, `plan` or description-only steps)"),
+                );
+            }
+        }
+        for tool in body.tools.unwrap_or_default() {
+            self.check_tool_pattern(tool);
+        }
+        if let Some(agent) = body.agent {
+            self.check_agent_ref(agent);
+        }
+        if let Some(provider) = body.provider {
+            self.check_provider_ref(provider);
+        }
+        if let Some(n) = body.max_iterations {
+            self.check_positive(n, "max_iterations");
+        }
+        if let Some(retry) = body.retry {
+            self.check_retry(retry);
+        }
+        if let Some(timeout) = body.timeout {
+            self.check_duration(timeout);
+        }
+        deps
+    }
+
+    pub(super) fn check_positive(&mut self, n: &Spanned<u32>, field: &str) {
+        if n.value == 0 {
+            self.push(Diagnostic::error(codes::INVALID_VALUE, n.span, format!("`{field}` must be at least 1")));
+        }
+    }
+
+    pub(super) fn check_identifier_name(&mut self, name: &Spanned<String>, what: &str) {
+        if !is_identifier(&name.value) {
+            self.push(
+                Diagnostic::error(codes::INVALID_NAME, name.span, format!("{what} `{}` is not a valid identifier", name.value))
+                    .with_hint("names read in templates use letters, digits and `_`, and do not start with a digit"),
+            );
+        }
+    }
+}

@@ -1,0 +1,176 @@
+//! Template and expression analysis: syntax errors and the variables a template reads, each located
+//! precisely inside the YAML or TOML string it was written in.
+
+use minijinja::Environment;
+
+use crate::diagnostic::{Diagnostic, codes};
+use crate::source::{SourceFile, Span};
+
+/// A variable path a template reads, such as `steps.fetch.output`, and where it is written.
+#[derive(Clone, Debug)]
+pub struct Reference {
+    pub segments: Vec<String>,
+    pub span: Span,
+    /// Spans of each prefix of `segments` (`steps`, `steps.fetch`, ...), same length as `segments`.
+    pub prefix_spans: Vec<Span>,
+}
+
+impl Reference {
+    pub fn root(&self) -> &str {
+        &self.segments[0]
+    }
+
+    /// The span of the first `n` segments.
+    pub fn span_of(&self, n: usize) -> Span {
+        self.prefix_spans.get(n.saturating_sub(1)).copied().unwrap_or(self.span)
+    }
+}
+
+/// Global functions minijinja provides; reading them is not a reference to workflow data.
+const GLOBALS: &[&str] = &["range", "dict", "namespace", "debug", "lipsum", "cycler", "joiner", "loop", "self", "super", "varargs", "kwargs", "caller"];
+
+/// Parses templates and expressions with one minijinja environment.
+pub struct Analyzer {
+    env: Environment<'static>,
+}
+
+impl Default for Analyzer {
+    fn default() -> Self {
+        let mut env = Environment::new();
+        env.set_undefined_behavior(minijinja::UndefinedBehavior::Strict);
+        Analyzer { env }
+    }
+}
+
+impl std::fmt::Debug for Analyzer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Analyzer")
+    }
+}
+
+/// Whether a string holds template syntax at all; plain strings need no parsing.
+pub fn is_template(text: &str) -> bool {
+    text.contains("{{") || text.contains("{%") || text.contains("{#")
+}
+
+impl Analyzer {
+    /// Analyzes a template string written at `span` in `file`.
+    pub fn template(&self, file: &SourceFile, span: Span, text: &str) -> Result<Vec<Reference>, Diagnostic> {
+        if !is_template(text) {
+            return Ok(Vec::new());
+        }
+        match self.env.template_from_str(text) {
+            Ok(template) => Ok(self.references(file, span, text, template.undeclared_variables(true))),
+            Err(err) => Err(syntax_error(codes::TEMPLATE_SYNTAX, "template", file, span, text, &err)),
+        }
+    }
+
+    /// Analyzes a bare expression (`if`, `foreach`, rule conditions).
+    pub fn expression(&self, file: &SourceFile, span: Span, text: &str) -> Result<Vec<Reference>, Diagnostic> {
+        if text.contains("{{") || text.contains("{%") {
+            let at = locate(file, span, text, text.find('{').unwrap_or(0)..text.find('{').unwrap_or(0) + 2);
+            return Err(Diagnostic::error(codes::EXPRESSION_SYNTAX, at, "expressions are written without `{{ }}`")
+                .with_hint(format!("write `{}`", text.replace("{{", "").replace("}}", "").trim())));
+        }
+        match self.env.compile_expression(text) {
+            Ok(expr) => Ok(self.references(file, span, text, expr.undeclared_variables(true))),
+            Err(err) => Err(syntax_error(codes::EXPRESSION_SYNTAX, "expression", file, span, text, &err)),
+        }
+    }
+
+    fn references(
+        &self,
+        file: &SourceFile,
+        span: Span,
+        text: &str,
+        names: std::collections::HashSet<String>,
+    ) -> Vec<Reference> {
+        let mut names: Vec<String> = names.into_iter().collect();
+        names.sort();
+        names
+            .into_iter()
+            .filter(|n| !GLOBALS.contains(&n.split('.').next().unwrap_or("")))
+            .map(|name| {
+                let segments: Vec<String> = name.split('.').map(str::to_owned).collect();
+                let prefix_spans = (1..=segments.len())
+                    .map(|n| {
+                        let prefix = segments[..n].join(".");
+                        match find_word(text, &prefix) {
+                            Some(at) => locate(file, span, text, at..at + prefix.len()),
+                            None => span,
+                        }
+                    })
+                    .collect::<Vec<_>>();
+                let whole = *prefix_spans.last().unwrap_or(&span);
+                Reference { segments, span: whole, prefix_spans }
+            })
+            .collect()
+    }
+}
+
+fn syntax_error(code: &'static str, what: &str, file: &SourceFile, span: Span, text: &str, err: &minijinja::Error) -> Diagnostic {
+    let detail = err.detail().unwrap_or("invalid syntax");
+    let at = match err.range() {
+        Some(range) if range.end <= text.len() => locate(file, span, text, range),
+        _ => span,
+    };
+    Diagnostic::error(code, at, format!("{what} syntax error: {detail}"))
+        .with_hint("templates use minijinja (Jinja2) syntax: `{{ expression }}`, `{% if ... %}`; see docs/spec.md#templates")
+}
+
+/// The first occurrence of `needle` in `text` that is not part of a longer identifier.
+fn find_word(text: &str, needle: &str) -> Option<usize> {
+    let is_ident = |c: char| c.is_alphanumeric() || c == '_';
+    let mut from = 0;
+    while let Some(pos) = text[from..].find(needle) {
+        let at = from + pos;
+        let before = text[..at].chars().next_back();
+        let after = text[at + needle.len()..].chars().next();
+        let boundary_before = !before.is_some_and(|c| is_ident(c) || c == '.');
+        let boundary_after = !after.is_some_and(is_ident);
+        if boundary_before && boundary_after {
+            return Some(at);
+        }
+        from = at + needle.len().max(1);
+    }
+    None
+}
+
+/// Maps a byte range of a string's value to the source span that wrote it. Handles plain, quoted and
+/// block scalars; falls back to searching for the text, then to the whole value.
+pub fn locate(file: &SourceFile, span: Span, value: &str, range: std::ops::Range<usize>) -> Span {
+    let raw = file.slice(span);
+    if raw == value {
+        return span.sub(range);
+    }
+    for quote in ["\"\"\"", "'''", "\"", "'"] {
+        if raw.len() >= 2 * quote.len() && raw.starts_with(quote) && raw.ends_with(quote) && &raw[quote.len()..raw.len() - quote.len()] == value {
+            return span.sub(range.start + quote.len()..range.end + quote.len());
+        }
+    }
+    if let Some(at) = locate_by_lines(raw, value, range.start) {
+        let len = value[range.clone()].find('\n').unwrap_or(range.len());
+        return span.sub(at..at + len);
+    }
+    let needle = &value[range];
+    match (raw.find(needle), raw.rfind(needle)) {
+        (Some(a), Some(b)) if a == b && !needle.is_empty() => span.sub(a..a + needle.len()),
+        _ => span,
+    }
+}
+
+/// For multi-line scalars: finds each line of the value in the raw text, in order, and maps `offset`.
+fn locate_by_lines(raw: &str, value: &str, offset: usize) -> Option<usize> {
+    let mut cursor = 0;
+    let mut line_start = 0;
+    for line in value.split('\n') {
+        let line_end = line_start + line.len();
+        let found = if line.is_empty() { cursor } else { cursor + raw.get(cursor..)?.find(line)? };
+        if offset >= line_start && offset <= line_end {
+            return Some(found + (offset - line_start));
+        }
+        cursor = found + line.len();
+        line_start = line_end + 1;
+    }
+    None
+}

@@ -1,0 +1,390 @@
+//! Tool checks: declared tools, calls to tools (names and arguments), sub-workflow calls and recursion
+//! through composite tools.
+
+use globset::Glob;
+use serde_json::Value as Json;
+
+use crate::diagnostic::{Diagnostic, codes};
+use crate::source::Span;
+use crate::spec::{Node, Spanned, ToolDef};
+use crate::tools::builtin;
+use crate::validate::refs::{Dep, Scope, StepTable};
+use crate::validate::steps::StepListScope;
+use crate::validate::templates::is_template;
+use crate::validate::{Checker, Validator, suggest};
+
+/// Whether a tool-name pattern uses glob syntax.
+pub fn is_glob(pattern: &str) -> bool {
+    pattern.contains(['*', '?', '[', '{'])
+}
+
+impl Checker<'_> {
+    /// Every tool name a step may call: built-ins, then declared tools.
+    pub(super) fn tool_names(&self) -> Vec<&str> {
+        builtin::all().iter().map(|b| b.name).chain(self.spec.tools.keys().map(|k| k.value.as_str())).collect()
+    }
+
+    pub(super) fn check_tools(&mut self, validator: &mut Validator) {
+        for (name, def) in &self.spec.tools {
+            self.check_tool_def(name, def, validator);
+        }
+        self.check_tool_recursion();
+    }
+
+    fn check_tool_def(&mut self, name: &Spanned<String>, def: &ToolDef, validator: &mut Validator) {
+        let valid_name = name.value.len() <= 64
+            && name.value.starts_with(|c: char| c.is_ascii_alphabetic())
+            && name.value.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-');
+        if !valid_name {
+            self.push(
+                Diagnostic::error(codes::INVALID_NAME, name.span, format!("tool name `{}` is not valid", name.value))
+                    .with_hint("tool names start with a letter and use letters, digits, `_` and `-` (at most 64), as LLM providers require"),
+            );
+        }
+        if builtin::get(&name.value).is_some() {
+            self.push(
+                Diagnostic::error(codes::SHADOWED_BUILTIN, name.span, format!("tool `{}` has the name of a built-in tool", name.value))
+                    .with_hint(format!("choose another name, such as `my_{}`", name.value)),
+            );
+        }
+        let kinds: Vec<(&str, Span)> = [
+            ("command", def.command.as_ref().map(|c| c.span)),
+            ("http", def.http.as_ref().map(|h| h.span)),
+            ("steps", def.steps.as_ref().map(|s| s.span)),
+            ("workflow", def.workflow.as_ref().map(|w| w.span)),
+            ("mcp", def.mcp.as_ref().map(|m| m.span)),
+        ]
+        .into_iter()
+        .filter_map(|(k, s)| s.map(|s| (k, s)))
+        .collect();
+        match kinds.as_slice() {
+            [] => self.push(
+                Diagnostic::error(codes::MISSING_TOOL_KIND, name.span, format!("tool `{}` does not say what it runs", name.value))
+                    .with_hint("add one of `command`, `http`, `steps`, `workflow` or `mcp`"),
+            ),
+            [(first, first_span), (second, span), ..] => self.push(
+                Diagnostic::error(codes::CONFLICTING_TOOL_KINDS, *span, format!("tool `{}` has both `{first}` and `{second}`", name.value))
+                    .with_label(*first_span, format!("`{first}` given here"))
+                    .with_hint("a tool is exactly one of `command`, `http`, `steps`, `workflow` or `mcp`"),
+            ),
+            _ => {}
+        }
+        let params: Vec<String> = match &def.parameters {
+            Some(schema) => {
+                self.check_json_schema(schema, "tool `parameters`");
+                if schema.get("type").and_then(Node::as_str) != Some("object") {
+                    self.push(
+                        Diagnostic::error(codes::INVALID_JSON_SCHEMA, schema.span, "tool `parameters` must be an object schema")
+                            .with_hint("write `type: object` with `properties:` for each argument"),
+                    );
+                }
+                schema
+                    .get("properties")
+                    .and_then(Node::as_map)
+                    .map(|p| p.iter().map(|(k, _)| k.name.clone()).collect())
+                    .unwrap_or_default()
+            }
+            None => Vec::new(),
+        };
+        let scope = Scope { params: Some(&params), ..Scope::new("a tool definition") }.secrets(true);
+        if let Some(command) = &def.command {
+            if command.value.is_empty() {
+                self.push(Diagnostic::error(codes::INVALID_VALUE, command.span, "`command` needs at least the program to run"));
+            }
+            for arg in &command.value {
+                self.template(arg, &scope);
+            }
+        }
+        if let Some(http) = &def.http {
+            self.template(&http.url, &scope);
+            for value in http.headers.values() {
+                self.template(value, &scope);
+            }
+            if let Some(json) = &http.json {
+                self.value(json, &scope);
+            }
+            if let Some(body) = &http.body {
+                self.template(body, &scope);
+            }
+        }
+        for value in def.env.values() {
+            self.template(value, &scope);
+        }
+        for t in [&def.cwd, &def.stdin].into_iter().flatten() {
+            self.template(t, &scope);
+        }
+        if def.command.is_none() {
+            let command_only = [
+                ("output", def.output.as_ref().map(|o| o.span)),
+                ("cwd", def.cwd.as_ref().map(|c| c.span)),
+                ("stdin", def.stdin.as_ref().map(|s| s.span)),
+                ("env", def.env.keys().next().map(|k| k.span)),
+            ];
+            for (field, span) in command_only.iter().filter_map(|(f, s)| s.map(|s| (*f, s))) {
+                self.push(Diagnostic::warning(codes::INEFFECTIVE_FIELD, span, format!("`{field}` applies only to `command` tools")));
+            }
+        }
+        if let Some(steps) = &def.steps {
+            let list = StepListScope { params: Some(&params), raw_ids: &[] };
+            self.check_step_list(&steps.value, list, validator);
+            if let Some(result) = &def.result {
+                let table = StepTable::new(&steps.value, &[]);
+                let result_scope = Scope { place: "a tool result", ..scope }.steps(&table);
+                self.value(result, &result_scope);
+            }
+        } else if let Some(result) = &def.result {
+            self.push(Diagnostic::warning(codes::INEFFECTIVE_FIELD, result.span, "`result` applies only to composite tools (`steps`)"));
+        }
+        if let Some(workflow) = &def.workflow {
+            validator.sub_workflow(self.file, workflow, &mut self.diagnostics);
+        }
+        if let Some(mcp) = &def.mcp {
+            if mcp.command.is_some() == mcp.url.is_some() {
+                self.push(
+                    Diagnostic::error(codes::INVALID_VALUE, mcp.span, "an `mcp` server needs exactly one of `command` or `url`")
+                        .with_hint("`command` starts a local server; `url` connects to one over HTTP"),
+                );
+            }
+            for t in mcp.command.iter().flatten().chain(mcp.url.iter()) {
+                self.template(t, &scope);
+            }
+        }
+        if let Some(timeout) = &def.timeout {
+            self.check_duration(timeout);
+        }
+    }
+
+    /// A composite tool may not call itself, directly or through other composite tools.
+    fn check_tool_recursion(&mut self) {
+        let names: Vec<&str> = self.spec.tools.keys().map(|k| k.value.as_str()).collect();
+        let calls: Vec<Vec<(usize, Span)>> = self
+            .spec
+            .tools
+            .values()
+            .map(|def| {
+                def.steps
+                    .iter()
+                    .flat_map(|s| s.value.iter())
+                    .flat_map(|step| step.tool.iter().chain(step.fallback.iter().flat_map(|f| f.tool.iter())))
+                    .filter_map(|t| names.iter().position(|n| *n == t.value).map(|i| (i, t.span)))
+                    .collect()
+            })
+            .collect();
+        let mut reported = vec![false; names.len()];
+        for start in 0..names.len() {
+            if reported[start] {
+                continue;
+            }
+            if let Some(path) = tool_cycle(start, &calls) {
+                for &(i, _) in &path {
+                    reported[i] = true;
+                }
+                let chain: Vec<String> = path
+                    .iter()
+                    .map(|(i, _)| format!("`{}`", names[*i]))
+                    .chain(std::iter::once(format!("`{}`", names[start])))
+                    .collect();
+                let (_, closing) = path[path.len() - 1];
+                self.push(
+                    Diagnostic::error(codes::RECURSIVE_TOOL, closing, format!("composite tool `{}` includes itself: {}", names[start], chain.join(" → ")))
+                        .with_hint("a composite tool cannot call itself, directly or through other tools"),
+                );
+            }
+        }
+    }
+
+    /// Checks a `tool:` call and its `with:` arguments; returns the dependencies of the arguments.
+    pub(super) fn check_tool_call(&mut self, tool: &Spanned<String>, args: Option<&Node>, scope: &Scope<'_>) -> Vec<Dep> {
+        let name = tool.value.as_str();
+        let schema: Option<Json> = if let Some(b) = builtin::get(name) {
+            Some(b.parameters.clone())
+        } else if let Some(def) = self.spec.tools.get(name) {
+            def.parameters.as_ref().map(Node::to_json)
+        } else if let Some(def) = name.split_once('.').and_then(|(server, _)| self.spec.tools.get(server)).filter(|d| d.mcp.is_some()) {
+            let (_, tool_name) = name.split_once('.').unwrap_or_default();
+            let exposed = def.mcp.as_ref().and_then(|m| m.tools.as_ref());
+            if let Some(exposed) = exposed.filter(|list| !list.iter().any(|t| t.value == tool_name)) {
+                let known: Vec<&str> = exposed.iter().map(|t| t.value.as_str()).collect();
+                self.push(
+                    Diagnostic::error(codes::UNKNOWN_TOOL, tool.span, format!("MCP tool `{tool_name}` is not in the server's `tools` list"))
+                        .with_hint_opt(suggest::did_you_mean(tool_name, known.iter().copied())),
+                );
+            }
+            None
+        } else {
+            let names = self.tool_names();
+            self.push(
+                Diagnostic::error(codes::UNKNOWN_TOOL, tool.span, format!("unknown tool `{name}`"))
+                    .with_hint_opt(suggest::did_you_mean(name, names.iter().copied()))
+                    .with_hint("declare it under `tools:`, or use a built-in tool (see docs/tools.md)"),
+            );
+            None
+        };
+        if let Some(schema) = &schema {
+            self.check_arguments(tool, args, schema);
+        }
+        args.map(|a| self.value(a, scope)).unwrap_or_default()
+    }
+
+    fn check_arguments(&mut self, tool: &Spanned<String>, args: Option<&Node>, schema: &Json) {
+        let Some(properties) = schema.get("properties").and_then(Json::as_object) else {
+            return;
+        };
+        let strict = !matches!(schema.get("additionalProperties"), Some(Json::Bool(true) | Json::Object(_)));
+        let entries = args.and_then(Node::as_map).unwrap_or_default();
+        for (key, value) in entries {
+            match properties.get(&key.name) {
+                Some(prop) => self.check_literal_argument(&tool.value, &key.name, value, prop),
+                None if strict => {
+                    let names: Vec<&str> = properties.keys().map(String::as_str).collect();
+                    self.push(
+                        Diagnostic::error(codes::UNKNOWN_ARGUMENT, key.span, format!("tool `{}` has no argument `{}`", tool.value, key.name))
+                            .with_hint_opt(suggest::did_you_mean(&key.name, names.iter().copied()))
+                            .with_hint(format!("its arguments are {}", suggest::list(&names))),
+                    );
+                }
+                None => {}
+            }
+        }
+        let required = schema.get("required").and_then(Json::as_array).map(Vec::as_slice).unwrap_or_default();
+        for name in required.iter().filter_map(Json::as_str) {
+            if !entries.iter().any(|(k, _)| k.name == name) {
+                self.push(
+                    Diagnostic::error(codes::MISSING_ARGUMENT, tool.span, format!("tool `{}` needs the argument `{name}`", tool.value))
+                        .with_hint(format!("add it under `with:`, for example `with: {{ {name}: ... }}`")),
+                );
+            }
+        }
+    }
+
+    /// Arguments written without templates are checked against their schema now rather than at run time.
+    fn check_literal_argument(&mut self, tool: &str, name: &str, value: &Node, schema: &Json) {
+        let mut templated = false;
+        value.for_each_str(&mut |s, _| templated |= is_template(s));
+        if templated {
+            return;
+        }
+        let Ok(validator) = jsonschema::validator_for(schema) else {
+            return;
+        };
+        let instance = value.to_json();
+        if let Some(error) = validator.iter_errors(&instance).next() {
+            let path = error.instance_path().to_string();
+            let at = value.at_path(&pointer_segments(&path)).map_or(value.span, |n| n.span);
+            let location = if path.is_empty() { format!("`{name}`") } else { format!("`{name}{}`", path.replace('/', ".")) };
+            self.push(Diagnostic::error(
+                codes::INVALID_ARGUMENT,
+                at,
+                format!("argument {location} of tool `{tool}` is invalid: {}", error.masked()),
+            ));
+        }
+    }
+
+    /// Checks a `workflow:` call: the file, recursion and the inputs passed in `with:`.
+    pub(super) fn check_workflow_call(&mut self, workflow: &Spanned<String>, args: Option<&Node>, scope: &Scope<'_>, validator: &mut Validator) -> Vec<Dep> {
+        if let Some(sub) = validator.sub_workflow(self.file, workflow, &mut self.diagnostics) {
+            let entries = args.and_then(Node::as_map).unwrap_or_default();
+            let names: Vec<&str> = sub.inputs.iter().map(|(n, _)| n.as_str()).collect();
+            for (key, _) in entries {
+                if !names.contains(&key.name.as_str()) {
+                    self.push(
+                        Diagnostic::error(codes::UNKNOWN_ARGUMENT, key.span, format!("sub-workflow `{}` has no input `{}`", workflow.value, key.name))
+                            .with_hint_opt(suggest::did_you_mean(&key.name, names.iter().copied()))
+                            .with_hint_opt((!names.is_empty()).then(|| format!("its inputs are {}", suggest::list(&names)))),
+                    );
+                }
+            }
+            for (name, required) in &sub.inputs {
+                if *required && !entries.iter().any(|(k, _)| k.name == *name) {
+                    self.push(
+                        Diagnostic::error(codes::MISSING_INPUT, workflow.span, format!("sub-workflow `{}` needs the input `{name}`", workflow.value))
+                            .with_hint(format!("pass it under `with:`, for example `with: {{ {name}: ... }}`")),
+                    );
+                }
+            }
+        }
+        args.map(|a| self.value(a, scope)).unwrap_or_default()
+    }
+
+    /// Checks a tool name or glob in an LLM step's or agent's `tools` list.
+    pub(super) fn check_tool_pattern(&mut self, pattern: &Spanned<String>) {
+        let names = self.tool_names();
+        if is_glob(&pattern.value) {
+            match Glob::new(&pattern.value) {
+                Err(err) => self.push(Diagnostic::error(codes::INVALID_GLOB, pattern.span, format!("invalid glob `{}`: {}", pattern.value, glob_reason(&err)))),
+                Ok(glob) => {
+                    let matcher = glob.compile_matcher();
+                    let mcp = self.spec.tools.iter().any(|(_, d)| d.mcp.is_some());
+                    if !mcp && !names.iter().any(|n| matcher.is_match(n)) {
+                        self.push(
+                            Diagnostic::warning(codes::PATTERN_MATCHES_NOTHING, pattern.span, format!("`{}` matches no tool", pattern.value))
+                                .with_hint(format!("tools here: {}", suggest::list(&names))),
+                        );
+                    }
+                }
+            }
+            return;
+        }
+        let mcp_tool = pattern
+            .value
+            .split_once('.')
+            .is_some_and(|(server, _)| self.spec.tools.get(server).is_some_and(|d| d.mcp.is_some()));
+        if !names.contains(&pattern.value.as_str()) && !mcp_tool {
+            self.push(
+                Diagnostic::error(codes::UNKNOWN_TOOL, pattern.span, format!("unknown tool `{}`", pattern.value))
+                    .with_hint_opt(suggest::did_you_mean(&pattern.value, names.iter().copied()))
+                    .with_hint("declare it under `tools:`, or use a built-in tool (see docs/tools.md)"),
+            );
+        }
+    }
+}
+
+/// A cycle of composite tool calls through `start`: the calls along it, each with where it is written.
+fn tool_cycle(start: usize, calls: &[Vec<(usize, Span)>]) -> Option<Vec<(usize, Span)>> {
+    let mut path: Vec<(usize, Span)> = Vec::new();
+    let mut visited = vec![false; calls.len()];
+    let mut stack = vec![(start, calls[start].iter())];
+    visited[start] = true;
+    while let Some((from, iter)) = stack.last_mut() {
+        let from = *from;
+        match iter.next() {
+            Some(&(next, span)) => {
+                if next == start {
+                    path.push((from, span));
+                    return Some(path);
+                }
+                if !visited[next] {
+                    visited[next] = true;
+                    path.push((from, span));
+                    stack.push((next, calls[next].iter()));
+                }
+            }
+            None => {
+                stack.pop();
+                path.pop();
+            }
+        }
+    }
+    None
+}
+
+pub(super) fn glob_reason(err: &globset::Error) -> String {
+    err.kind().to_string().to_lowercase()
+}
+
+/// "/a/0/b" -> [Key(a), Index(0), Key(b)]
+pub(super) fn pointer_segments(pointer: &str) -> Vec<crate::spec::PathSegment> {
+    use crate::spec::PathSegment;
+    pointer
+        .split('/')
+        .skip(1)
+        .map(|s| {
+            let s = s.replace("~1", "/").replace("~0", "~");
+            match s.parse::<usize>() {
+                Ok(i) => PathSegment::Index(i),
+                Err(_) => PathSegment::Key(s),
+            }
+        })
+        .collect()
+}
+

@@ -1,0 +1,8 @@
+//! The integration tests: one binary, one module per area.
+
+mod cli;
+mod hostile;
+mod properties;
+mod schema;
+mod validate_fixtures;
+mod workflows;
