@@ -1,1 +1,122 @@
-//! Tests: cli.
+//! The `archon` binary end to end: exit codes, directory walking, text and JSON output.
+
+use std::path::Path;
+use std::process::Command;
+
+use tempfile::TempDir;
+
+struct Output {
+    code: i32,
+    stdout: String,
+    stderr: String,
+}
+
+fn archon(dir: &Path, args: &[&str]) -> Output {
+    let output = Command::new(env!("CARGO_BIN_EXE_archon"))
+        .args(args)
+        .current_dir(dir)
+        .env("NO_COLOR", "1")
+        .output()
+        .expect("archon runs");
+    Output {
+        code: output.status.code().unwrap_or(-1),
+        stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
+    }
+}
+
+fn write(dir: &Path, name: &str, text: &str) {
+    let path = dir.join(name);
+    std::fs::create_dir_all(path.parent().expect("has a parent")).expect("mkdir");
+    std::fs::write(path, text).expect("write");
+}
+
+const VALID: &str = "name: ok\nsteps:\n  - id: a\n    tool: echo\n    with: { x: 1 }\n";
+const INVALID: &str = "name: bad\nsteps:\n  - id: a\n    tool: echo\n  - id: b\n    tool: echo\n    needs: [c]\n";
+
+#[test]
+fn valid_file_exits_zero() {
+    let dir = TempDir::new().expect("tempdir");
+    write(dir.path(), "ok.yaml", VALID);
+    let out = archon(dir.path(), &["validate", "ok.yaml"]);
+    assert_eq!(out.code, 0, "{}{}", out.stdout, out.stderr);
+    assert_eq!(out.stdout, "1 file valid\n");
+}
+
+#[test]
+fn invalid_file_exits_two_with_snippet_and_caret() {
+    let dir = TempDir::new().expect("tempdir");
+    write(dir.path(), "bad.yaml", INVALID);
+    let out = archon(dir.path(), &["validate", "bad.yaml"]);
+    assert_eq!(out.code, 2);
+    insta::assert_snapshot!(out.stdout, @r"
+    error[archon::unknown_step]: `needs` refers to unknown step `c`
+     --> bad.yaml:7:13
+      |
+    7 |     needs: [c]
+      |             ^
+
+    1 of 1 file invalid: 1 error
+    ");
+    assert!(!out.stdout.contains('\u{1b}'), "NO_COLOR output has escape codes");
+}
+
+#[test]
+fn directories_are_searched_recursively_and_hidden_entries_skipped() {
+    let dir = TempDir::new().expect("tempdir");
+    write(dir.path(), "specs/a.yaml", VALID);
+    write(dir.path(), "specs/nested/b.toml", "name = \"b\"\n[[steps]]\nid = \"x\"\ntool = \"echo\"\n");
+    write(dir.path(), "specs/nested/deeper/c.yml", INVALID);
+    write(dir.path(), "specs/.hidden/d.yaml", "not: [valid");
+    write(dir.path(), "specs/notes.txt", "ignored");
+    let out = archon(dir.path(), &["validate", "--format", "json", "specs"]);
+    assert_eq!(out.code, 2, "{}", out.stderr);
+    let report: serde_json::Value = serde_json::from_str(&out.stdout).expect("JSON output");
+    let files: Vec<&str> = report["files"].as_array().expect("files").iter().map(|f| f["path"].as_str().expect("path")).collect();
+    assert_eq!(files, ["specs/a.yaml", "specs/nested/b.toml", "specs/nested/deeper/c.yml"]);
+    assert_eq!(report["summary"]["errors"], 1);
+}
+
+#[test]
+fn json_output_has_locations_codes_and_hints() {
+    let dir = TempDir::new().expect("tempdir");
+    write(dir.path(), "bad.yaml", "name: bad\nsteps:\n  - id: a\n    tool: echo\n    nedds: [b]\n");
+    let out = archon(dir.path(), &["validate", "--format", "json", "bad.yaml"]);
+    assert_eq!(out.code, 2);
+    let report: serde_json::Value = serde_json::from_str(&out.stdout).expect("JSON output");
+    assert_eq!(report["version"], 1);
+    let d = &report["diagnostics"][0];
+    assert_eq!(d["file"], "bad.yaml");
+    assert_eq!(d["code"], "archon::unknown_key");
+    assert_eq!(d["severity"], "error");
+    assert_eq!((d["line"].as_u64(), d["column"].as_u64()), (Some(5), Some(5)));
+    assert_eq!((d["end_line"].as_u64(), d["end_column"].as_u64()), (Some(5), Some(10)));
+    assert_eq!(d["hints"][0], "did you mean `needs`?");
+    assert_eq!(report["files"][0]["valid"], false);
+}
+
+#[test]
+fn missing_file_is_a_diagnostic_not_a_crash() {
+    let dir = TempDir::new().expect("tempdir");
+    let out = archon(dir.path(), &["validate", "nope.yaml"]);
+    assert_eq!(out.code, 2);
+    assert!(out.stdout.contains("error[archon::unreadable_file]: cannot read `nope.yaml`: no such file"), "{}", out.stdout);
+}
+
+#[test]
+fn color_is_used_only_when_asked() {
+    let dir = TempDir::new().expect("tempdir");
+    write(dir.path(), "bad.yaml", INVALID);
+    let plain = archon(dir.path(), &["validate", "bad.yaml"]);
+    let colored = archon(dir.path(), &["validate", "--color", "always", "bad.yaml"]);
+    assert!(!plain.stdout.contains('\u{1b}'));
+    assert!(colored.stdout.contains('\u{1b}'));
+}
+
+#[test]
+fn usage_errors_exit_two() {
+    let dir = TempDir::new().expect("tempdir");
+    let out = archon(dir.path(), &["validate"]);
+    assert_eq!(out.code, 2);
+    assert!(out.stderr.contains("PATH"), "{}", out.stderr);
+}
