@@ -166,7 +166,7 @@ impl Validator {
         }
         let raw_step_ids = raw_step_ids(&root);
         let pruned = structure::check(&root, diagnostics)?;
-        let spec: Spec = match spec::from_node(&pruned) {
+        let spec: Spec = match spec::from_node(pruned.as_ref()) {
             Ok(spec) => spec,
             Err(err) => {
                 diagnostics.push(Diagnostic::error(codes::INVALID_VALUE, root.span, err.message));

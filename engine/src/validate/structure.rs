@@ -4,6 +4,8 @@
 //! It also returns a pruned copy of the tree, without the values it reported, so that the semantic checks
 //! can still run on everything else and the user hears about all problems at once.
 
+use std::borrow::Cow;
+
 use serde_json::{Map, Value as Json};
 
 use crate::diagnostic::{Diagnostic, codes};
@@ -11,17 +13,28 @@ use crate::spec::node::{Key, Node, NodeKind};
 use crate::spec::schema::workflow_schema;
 use crate::validate::suggest;
 
-/// Checks `root` against the workflow schema. Returns the pruned tree (None if the root itself is unusable).
-pub fn check(root: &Node, diagnostics: &mut Vec<Diagnostic>) -> Option<Node> {
+/// Checks `root` against the workflow schema. Returns the tree without the values it reported (borrowed
+/// when nothing was reported), or None if the root itself is unusable.
+pub fn check<'n>(root: &'n Node, diagnostics: &mut Vec<Diagnostic>) -> Option<Cow<'n, Node>> {
     let schema = workflow_schema();
     let defs = schema.get("$defs").and_then(Json::as_object);
-    let mut walker = Walker { defs, diagnostics };
-    walker.check(root, schema, &Context { def: "Spec", key: None })
+    let before = diagnostics.len();
+    let mut walker = Walker { defs, diagnostics, prune: false };
+    walker.check(root, schema, &Context { def: "Spec", key: None })?;
+    if diagnostics.len() == before {
+        return Some(Cow::Borrowed(root));
+    }
+    // Something was reported: walk again, this time building the pruned copy.
+    let mut again = Vec::new();
+    let mut walker = Walker { defs, diagnostics: &mut again, prune: true };
+    walker.check(root, schema, &Context { def: "Spec", key: None }).map(Cow::Owned)
 }
 
 struct Walker<'a> {
     defs: Option<&'a Map<String, Json>>,
     diagnostics: &'a mut Vec<Diagnostic>,
+    /// Build the pruned copy; the first, checking-only walk returns cheap placeholders instead.
+    prune: bool,
 }
 
 /// Where a value sits: the schema definition being checked and the key it was found under.
@@ -84,9 +97,14 @@ impl<'a> Walker<'a> {
         Some((def, Some(name)))
     }
 
+    /// The value itself, when building the pruned copy; a placeholder otherwise.
+    fn keep(&self, node: &Node) -> Node {
+        if self.prune { node.clone() } else { Node::new(node.span, NodeKind::Null) }
+    }
+
     fn check(&mut self, node: &Node, schema: &'a Json, cx: &Context<'_>) -> Option<Node> {
         let schema = match schema {
-            Json::Bool(true) => return Some(node.clone()),
+            Json::Bool(true) => return Some(self.keep(node)),
             Json::Bool(false) => {
                 self.diagnostics.push(Diagnostic::error(
                     codes::UNKNOWN_KEY,
@@ -131,16 +149,18 @@ impl<'a> Walker<'a> {
             NodeKind::Map(entries) => self.check_object(node, entries, schema, cx),
             NodeKind::Seq(items) => {
                 let Some(item_schema) = schema.get("items") else {
-                    return Some(node.clone());
+                    return Some(self.keep(node));
                 };
+                let prune = self.prune;
                 let kept: Vec<Node> = items
                     .iter()
                     .filter_map(|item| self.check(item, item_schema, &Context { def: cx.def, key: None }))
+                    .filter(|_| prune)
                     .collect();
                 Some(Node::new(node.span, NodeKind::Seq(kept)))
             }
             NodeKind::Int(i) => self.check_integer(node, *i, schema, cx),
-            _ => Some(node.clone()),
+            _ => Some(self.keep(node)),
         }
     }
 
@@ -168,7 +188,8 @@ impl<'a> Walker<'a> {
             };
             let child_cx = Context { def: cx.def, key: Some(&key.name) };
             match self.check(value, child_schema, &child_cx) {
-                Some(v) => kept.push((key.clone(), v)),
+                Some(v) if self.prune => kept.push((key.clone(), v)),
+                Some(_) => {}
                 None if required.contains(&key.name.as_str()) => broken = true,
                 None => {}
             }
@@ -213,7 +234,7 @@ impl<'a> Walker<'a> {
     fn check_enum(&mut self, node: &Node, values: &[&'a Json], cx: &Context<'_>) -> Option<Node> {
         let json = node.to_json();
         if values.iter().any(|v| **v == json) {
-            return Some(node.clone());
+            return Some(self.keep(node));
         }
         let names: Vec<&str> = values.iter().filter_map(|v| v.as_str()).collect();
         let what = match cx.def {
@@ -254,7 +275,7 @@ impl<'a> Walker<'a> {
             ));
             return None;
         }
-        Some(node.clone())
+        Some(self.keep(node))
     }
 
     fn wrong_type(&mut self, node: &Node, expected: &[&str], cx: &Context<'_>) {
