@@ -21,7 +21,12 @@ pub struct Report {
 
 impl Report {
     /// Adds a file's diagnostics, skipping any already reported (a sub-workflow shared by two specs).
-    pub fn add(&mut self, path: &Path, validation: &Validation, seen: &mut HashSet<(PathBuf, u32, u32, &'static str, String)>) {
+    pub fn add(
+        &mut self,
+        path: &Path,
+        validation: &Validation,
+        seen: &mut HashSet<(PathBuf, u32, u32, &'static str, String)>,
+    ) {
         let mut diagnostics: Vec<&Diagnostic> = validation.diagnostics.iter().collect();
         diagnostics.sort_by_key(|d| (d.span.file, d.span.start));
         let mut errors = 0;
@@ -31,7 +36,11 @@ impl Report {
                 Severity::Error => errors += 1,
                 Severity::Warning => warnings += 1,
             }
-            let file = validation.sources.get(d.span.file).map(|f| f.path.clone()).unwrap_or_default();
+            let file = validation
+                .sources
+                .get(d.span.file)
+                .map(|f| f.path.clone())
+                .unwrap_or_default();
             if seen.insert((file, d.span.start, d.span.end, d.code, d.message.clone())) {
                 self.entries.push((d.clone(), validation.sources.clone()));
             }
@@ -40,17 +49,27 @@ impl Report {
     }
 
     pub fn errors(&self) -> usize {
-        self.entries.iter().filter(|(d, _)| d.severity == Severity::Error).count()
+        self.entries
+            .iter()
+            .filter(|(d, _)| d.severity == Severity::Error)
+            .count()
     }
 
     pub fn warnings(&self) -> usize {
-        self.entries.iter().filter(|(d, _)| d.severity == Severity::Warning).count()
+        self.entries
+            .iter()
+            .filter(|(d, _)| d.severity == Severity::Warning)
+            .count()
     }
 }
 
 /// Human-readable output: every diagnostic with its snippet, then a summary line.
 pub fn text(report: &Report, color: bool) -> String {
-    let renderer = if color { Renderer::styled() } else { Renderer::plain() };
+    let renderer = if color {
+        Renderer::styled()
+    } else {
+        Renderer::plain()
+    };
     let mut out = String::new();
     for (diagnostic, sources) in &report.entries {
         out.push_str(&renderer.render(&groups(diagnostic, sources)));
@@ -63,7 +82,12 @@ pub fn text(report: &Report, color: bool) -> String {
         (0, w) => format!("{} valid, {}", plural(files, "file"), plural(w, "warning")),
         (e, w) => {
             let invalid = report.files.iter().filter(|(_, e, _)| *e > 0).count();
-            let mut s = format!("{} of {} invalid: {}", invalid, plural(files, "file"), plural(e, "error"));
+            let mut s = format!(
+                "{} of {} invalid: {}",
+                invalid,
+                plural(files, "file"),
+                plural(e, "error")
+            );
             if w > 0 {
                 s.push_str(&format!(", {}", plural(w, "warning")));
             }
@@ -83,15 +107,26 @@ fn groups<'a>(d: &'a Diagnostic, sources: &'a Sources) -> Vec<Group<'a>> {
     let mut group = Group::with_title(level.primary_title(d.message.as_str()).id(d.code));
     let primary = sources.get(d.span.file);
     if let Some(file) = primary {
-        let mut snippet = snippet(file).annotation(AnnotationKind::Primary.span(clamp(file, d.span)));
+        let mut snippet =
+            snippet(file).annotation(AnnotationKind::Primary.span(clamp(file, d.span)));
         for label in d.labels.iter().filter(|l| l.span.file == d.span.file) {
-            snippet = snippet.annotation(AnnotationKind::Context.span(clamp(file, label.span)).label(label.message.as_str()));
+            snippet = snippet.annotation(
+                AnnotationKind::Context
+                    .span(clamp(file, label.span))
+                    .label(label.message.as_str()),
+            );
         }
         group = group.element(snippet);
     }
     for label in d.labels.iter().filter(|l| l.span.file != d.span.file) {
         if let Some(file) = sources.get(label.span.file) {
-            group = group.element(snippet(file).annotation(AnnotationKind::Context.span(clamp(file, label.span)).label(label.message.as_str())));
+            group = group.element(
+                snippet(file).annotation(
+                    AnnotationKind::Context
+                        .span(clamp(file, label.span))
+                        .label(label.message.as_str()),
+                ),
+            );
         }
     }
     for hint in &d.hints {
@@ -101,7 +136,10 @@ fn groups<'a>(d: &'a Diagnostic, sources: &'a Sources) -> Vec<Group<'a>> {
 }
 
 fn snippet(file: &SourceFile) -> Snippet<'_, annotate_snippets::Annotation<'_>> {
-    Snippet::source(file.text.as_str()).path(display_path(&file.path)).line_start(1).fold(true)
+    Snippet::source(file.text.as_str())
+        .path(display_path(&file.path))
+        .line_start(1)
+        .fold(true)
 }
 
 fn clamp(file: &SourceFile, span: Span) -> std::ops::Range<usize> {
@@ -131,7 +169,9 @@ pub fn json(report: &Report) -> String {
                 .iter()
                 .map(|l| {
                     let mut v = location(sources, l.span);
-                    v.as_object_mut().expect("location is an object").insert("message".into(), json!(l.message));
+                    v.as_object_mut()
+                        .expect("location is an object")
+                        .insert("message".into(), json!(l.message));
                     v
                 })
                 .collect();

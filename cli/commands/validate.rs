@@ -23,7 +23,11 @@ pub fn run(args: &ValidateArgs, color: ColorChoice) -> anyhow::Result<Status> {
         Format::Text => render::text(&report, output::use_color(color)),
     };
     output::stdout(&text);
-    Ok(if report.errors() > 0 { Status::Invalid } else { Status::Success })
+    Ok(if report.errors() > 0 {
+        Status::Invalid
+    } else {
+        Status::Success
+    })
 }
 
 /// Expands directories into the spec files under them (sorted, hidden entries skipped).
@@ -45,7 +49,10 @@ fn walk(dir: &Path, files: &mut Vec<PathBuf>) -> anyhow::Result<()> {
         .map_err(|e| anyhow::anyhow!("cannot read directory `{}`: {e}", dir.display()))?
         .filter_map(Result::ok)
         .map(|e| e.path())
-        .filter(|p| !p.file_name().is_some_and(|n| n.to_string_lossy().starts_with('.')))
+        .filter(|p| {
+            !p.file_name()
+                .is_some_and(|n| n.to_string_lossy().starts_with('.'))
+        })
         .collect();
     entries.sort();
     for path in entries {
@@ -59,5 +66,8 @@ fn walk(dir: &Path, files: &mut Vec<PathBuf>) -> anyhow::Result<()> {
 }
 
 fn is_spec(path: &Path) -> bool {
-    matches!(path.extension().and_then(|e| e.to_str()), Some("yaml" | "yml" | "toml"))
+    matches!(
+        path.extension().and_then(|e| e.to_str()),
+        Some("yaml" | "yml" | "toml")
+    )
 }

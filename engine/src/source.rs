@@ -18,7 +18,11 @@ pub struct Span {
 impl Span {
     pub fn new(file: FileId, start: usize, end: usize) -> Self {
         let clamp = |n: usize| u32::try_from(n).unwrap_or(u32::MAX);
-        Span { file, start: clamp(start), end: clamp(end.max(start)) }
+        Span {
+            file,
+            start: clamp(start),
+            end: clamp(end.max(start)),
+        }
     }
 
     pub fn range(self) -> std::ops::Range<usize> {
@@ -31,11 +35,15 @@ impl Span {
 
     /// The smallest span covering both (same file assumed).
     pub fn join(self, other: Span) -> Span {
-        Span { file: self.file, start: self.start.min(other.start), end: self.end.max(other.end) }
+        Span {
+            file: self.file,
+            start: self.start.min(other.start),
+            end: self.end.max(other.end),
+        }
     }
 
     /// A sub-range of this span, given as offsets relative to its start.
-    pub fn sub(self, range: std::ops::Range<usize>) -> Span {
+    pub fn within(self, range: std::ops::Range<usize>) -> Span {
         let start = self.start as usize + range.start;
         Span::new(self.file, start, start + range.len())
     }
@@ -73,7 +81,13 @@ impl SourceFile {
         let line_starts = std::iter::once(0)
             .chain(text.match_indices('\n').map(|(i, _)| i + 1))
             .collect();
-        SourceFile { id, path, text, format, line_starts }
+        SourceFile {
+            id,
+            path,
+            text,
+            format,
+            line_starts,
+        }
     }
 
     /// 1-based line and column (in characters) of a byte offset.
@@ -81,7 +95,10 @@ impl SourceFile {
         let offset = offset.min(self.text.len());
         let line = self.line_starts.partition_point(|&s| s <= offset) - 1;
         let start = self.line_starts[line];
-        let column = self.text.get(start..offset).map_or(offset - start, |s| s.chars().count());
+        let column = self
+            .text
+            .get(start..offset)
+            .map_or(offset - start, |s| s.chars().count());
         (line + 1, column + 1)
     }
 

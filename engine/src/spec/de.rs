@@ -8,7 +8,10 @@ use std::fmt;
 
 use schemars::{JsonSchema, Schema, SchemaGenerator};
 use serde::de::value::StrDeserializer;
-use serde::de::{self, Deserialize, DeserializeOwned, Deserializer, IntoDeserializer, MapAccess, SeqAccess, Visitor};
+use serde::de::{
+    self, Deserialize, DeserializeOwned, Deserializer, IntoDeserializer, MapAccess, SeqAccess,
+    Visitor,
+};
 use serde::ser::{Serialize, SerializeMap, SerializeSeq, Serializer};
 
 use crate::source::{FileId, Span};
@@ -20,7 +23,10 @@ const NODE_FIELDS: &[&str] = &["file", "start", "end", "kind"];
 
 /// Deserializes a spec type from a document tree.
 pub fn from_node<T: DeserializeOwned>(node: &Node) -> Result<T, DeError> {
-    T::deserialize(NodeDeserializer { node, mode: Mode::Value })
+    T::deserialize(NodeDeserializer {
+        node,
+        mode: Mode::Value,
+    })
 }
 
 /// A deserialization failure; the structural check normally reports these first, with spans.
@@ -32,7 +38,9 @@ pub struct DeError {
 
 impl de::Error for DeError {
     fn custom<T: fmt::Display>(msg: T) -> Self {
-        DeError { message: msg.to_string() }
+        DeError {
+            message: msg.to_string(),
+        }
     }
 }
 
@@ -61,7 +69,10 @@ impl<'de> Deserializer<'de> for NodeDeserializer<'_> {
             NodeKind::Float(f) => visitor.visit_f64(*f),
             NodeKind::Str(s) => visitor.visit_str(s),
             NodeKind::Seq(items) => visitor.visit_seq(Items { iter: items.iter() }),
-            NodeKind::Map(entries) => visitor.visit_map(Entries { iter: entries.iter(), value: None }),
+            NodeKind::Map(entries) => visitor.visit_map(Entries {
+                iter: entries.iter(),
+                value: None,
+            }),
         }
     }
 
@@ -79,8 +90,12 @@ impl<'de> Deserializer<'de> for NodeDeserializer<'_> {
         visitor: V,
     ) -> Result<V::Value, DeError> {
         match (name, self.mode) {
-            (SPANNED_MAGIC, Mode::Value) => visitor.visit_map(SpanAccess::new(self.node.span, SPANNED_FIELDS, self.node)),
-            (NODE_MAGIC, Mode::Value) => visitor.visit_map(SpanAccess::new(self.node.span, NODE_FIELDS, self.node)),
+            (SPANNED_MAGIC, Mode::Value) => {
+                visitor.visit_map(SpanAccess::new(self.node.span, SPANNED_FIELDS, self.node))
+            }
+            (NODE_MAGIC, Mode::Value) => {
+                visitor.visit_map(SpanAccess::new(self.node.span, NODE_FIELDS, self.node))
+            }
             _ => {
                 let _ = fields;
                 self.deserialize_any(visitor)
@@ -95,12 +110,21 @@ impl<'de> Deserializer<'de> for NodeDeserializer<'_> {
         visitor: V,
     ) -> Result<V::Value, DeError> {
         match &self.node.kind {
-            NodeKind::Str(s) => visitor.visit_enum(IntoDeserializer::<DeError>::into_deserializer(s.as_str())),
-            _ => Err(de::Error::custom(format!("expected a string, found {}", self.node.type_name()))),
+            NodeKind::Str(s) => {
+                visitor.visit_enum(IntoDeserializer::<DeError>::into_deserializer(s.as_str()))
+            }
+            _ => Err(de::Error::custom(format!(
+                "expected a string, found {}",
+                self.node.type_name()
+            ))),
         }
     }
 
-    fn deserialize_newtype_struct<V: Visitor<'de>>(self, _name: &'static str, visitor: V) -> Result<V::Value, DeError> {
+    fn deserialize_newtype_struct<V: Visitor<'de>>(
+        self,
+        _name: &'static str,
+        visitor: V,
+    ) -> Result<V::Value, DeError> {
         visitor.visit_newtype_struct(self)
     }
 
@@ -117,10 +141,18 @@ struct Items<'a> {
 impl<'de> SeqAccess<'de> for Items<'_> {
     type Error = DeError;
 
-    fn next_element_seed<T: de::DeserializeSeed<'de>>(&mut self, seed: T) -> Result<Option<T::Value>, DeError> {
+    fn next_element_seed<T: de::DeserializeSeed<'de>>(
+        &mut self,
+        seed: T,
+    ) -> Result<Option<T::Value>, DeError> {
         self.iter
             .next()
-            .map(|node| seed.deserialize(NodeDeserializer { node, mode: Mode::Value }))
+            .map(|node| {
+                seed.deserialize(NodeDeserializer {
+                    node,
+                    mode: Mode::Value,
+                })
+            })
             .transpose()
     }
 
@@ -137,7 +169,10 @@ struct Entries<'a> {
 impl<'de> MapAccess<'de> for Entries<'_> {
     type Error = DeError;
 
-    fn next_key_seed<K: de::DeserializeSeed<'de>>(&mut self, seed: K) -> Result<Option<K::Value>, DeError> {
+    fn next_key_seed<K: de::DeserializeSeed<'de>>(
+        &mut self,
+        seed: K,
+    ) -> Result<Option<K::Value>, DeError> {
         match self.iter.next() {
             Some((key, value)) => {
                 self.value = Some(value);
@@ -147,9 +182,18 @@ impl<'de> MapAccess<'de> for Entries<'_> {
         }
     }
 
-    fn next_value_seed<V: de::DeserializeSeed<'de>>(&mut self, seed: V) -> Result<V::Value, DeError> {
-        let node = self.value.take().ok_or_else(|| de::Error::custom("value requested before key"))?;
-        seed.deserialize(NodeDeserializer { node, mode: Mode::Value })
+    fn next_value_seed<V: de::DeserializeSeed<'de>>(
+        &mut self,
+        seed: V,
+    ) -> Result<V::Value, DeError> {
+        let node = self
+            .value
+            .take()
+            .ok_or_else(|| de::Error::custom("value requested before key"))?;
+        seed.deserialize(NodeDeserializer {
+            node,
+            mode: Mode::Value,
+        })
     }
 
     fn size_hint(&self) -> Option<usize> {
@@ -176,7 +220,10 @@ impl<'de> Deserializer<'de> for KeyDeserializer<'_> {
         visitor: V,
     ) -> Result<V::Value, DeError> {
         if name == SPANNED_MAGIC {
-            visitor.visit_map(KeySpanAccess { key: self.key, field: 0 })
+            visitor.visit_map(KeySpanAccess {
+                key: self.key,
+                field: 0,
+            })
         } else {
             self.deserialize_any(visitor)
         }
@@ -188,7 +235,9 @@ impl<'de> Deserializer<'de> for KeyDeserializer<'_> {
         _variants: &'static [&'static str],
         visitor: V,
     ) -> Result<V::Value, DeError> {
-        visitor.visit_enum(IntoDeserializer::<DeError>::into_deserializer(self.key.name.as_str()))
+        visitor.visit_enum(IntoDeserializer::<DeError>::into_deserializer(
+            self.key.name.as_str(),
+        ))
     }
 
     serde::forward_to_deserialize_any! {
@@ -207,28 +256,44 @@ struct SpanAccess<'a> {
 
 impl<'a> SpanAccess<'a> {
     fn new(span: Span, fields: &'static [&'static str], node: &'a Node) -> Self {
-        SpanAccess { span, fields, node, field: 0 }
+        SpanAccess {
+            span,
+            fields,
+            node,
+            field: 0,
+        }
     }
 }
 
 impl<'de> MapAccess<'de> for SpanAccess<'_> {
     type Error = DeError;
 
-    fn next_key_seed<K: de::DeserializeSeed<'de>>(&mut self, seed: K) -> Result<Option<K::Value>, DeError> {
+    fn next_key_seed<K: de::DeserializeSeed<'de>>(
+        &mut self,
+        seed: K,
+    ) -> Result<Option<K::Value>, DeError> {
         match self.fields.get(self.field) {
-            Some(name) => seed.deserialize(StrDeserializer::<DeError>::new(name)).map(Some),
+            Some(name) => seed
+                .deserialize(StrDeserializer::<DeError>::new(name))
+                .map(Some),
             None => Ok(None),
         }
     }
 
-    fn next_value_seed<V: de::DeserializeSeed<'de>>(&mut self, seed: V) -> Result<V::Value, DeError> {
+    fn next_value_seed<V: de::DeserializeSeed<'de>>(
+        &mut self,
+        seed: V,
+    ) -> Result<V::Value, DeError> {
         let field = self.field;
         self.field += 1;
         match field {
             0 => seed.deserialize(self.span.file.0.into_deserializer()),
             1 => seed.deserialize(self.span.start.into_deserializer()),
             2 => seed.deserialize(self.span.end.into_deserializer()),
-            _ => seed.deserialize(NodeDeserializer { node: self.node, mode: Mode::Inner }),
+            _ => seed.deserialize(NodeDeserializer {
+                node: self.node,
+                mode: Mode::Inner,
+            }),
         }
     }
 }
@@ -241,14 +306,22 @@ struct KeySpanAccess<'a> {
 impl<'de> MapAccess<'de> for KeySpanAccess<'_> {
     type Error = DeError;
 
-    fn next_key_seed<K: de::DeserializeSeed<'de>>(&mut self, seed: K) -> Result<Option<K::Value>, DeError> {
+    fn next_key_seed<K: de::DeserializeSeed<'de>>(
+        &mut self,
+        seed: K,
+    ) -> Result<Option<K::Value>, DeError> {
         match SPANNED_FIELDS.get(self.field) {
-            Some(name) => seed.deserialize(StrDeserializer::<DeError>::new(name)).map(Some),
+            Some(name) => seed
+                .deserialize(StrDeserializer::<DeError>::new(name))
+                .map(Some),
             None => Ok(None),
         }
     }
 
-    fn next_value_seed<V: de::DeserializeSeed<'de>>(&mut self, seed: V) -> Result<V::Value, DeError> {
+    fn next_value_seed<V: de::DeserializeSeed<'de>>(
+        &mut self,
+        seed: V,
+    ) -> Result<V::Value, DeError> {
         let field = self.field;
         self.field += 1;
         let span = self.key.span;
@@ -277,7 +350,9 @@ impl<'de> Deserialize<'de> for Node {
                     let _ = name;
                     match map.next_key::<de::IgnoredAny>()? {
                         Some(_) => map.next_value(),
-                        _ => Err(de::Error::custom("spec values come only from spec documents")),
+                        _ => Err(de::Error::custom(
+                            "spec values come only from spec documents",
+                        )),
                     }
                 };
                 let file = FileId(next("file")?);
@@ -286,9 +361,14 @@ impl<'de> Deserialize<'de> for Node {
                 match map.next_key::<de::IgnoredAny>()? {
                     Some(_) => {
                         let KindOf(kind) = map.next_value()?;
-                        Ok(Node { span: Span { file, start, end }, kind })
+                        Ok(Node {
+                            span: Span { file, start, end },
+                            kind,
+                        })
                     }
-                    _ => Err(de::Error::custom("spec values come only from spec documents")),
+                    _ => Err(de::Error::custom(
+                        "spec values come only from spec documents",
+                    )),
                 }
             }
         }
@@ -336,7 +416,13 @@ impl<'de> Deserialize<'de> for KindOf {
                 let mut entries = Vec::with_capacity(map.size_hint().unwrap_or(0));
                 while let Some(key) = map.next_key::<super::Spanned<String>>()? {
                     let value = map.next_value::<Node>()?;
-                    entries.push((Key { name: key.value, span: key.span }, value));
+                    entries.push((
+                        Key {
+                            name: key.value,
+                            span: key.span,
+                        },
+                        value,
+                    ));
                 }
                 Ok(KindOf(NodeKind::Map(entries)))
             }

@@ -33,7 +33,10 @@ pub type JsonSchemaValue = Node;
 /// A workflow spec file.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
-#[schemars(title = "Archon workflow", description = "An Archon workflow spec (YAML or TOML)")]
+#[schemars(
+    title = "Archon workflow",
+    description = "An Archon workflow spec (YAML or TOML)"
+)]
 pub struct Spec {
     /// Editor hint pointing at this schema; ignored by Archon.
     #[serde(rename = "$schema", default, skip_serializing_if = "Option::is_none")]

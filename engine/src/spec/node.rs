@@ -70,7 +70,10 @@ impl Node {
 
     /// The entry named `name` of a mapping, with its key.
     pub fn entry(&self, name: &str) -> Option<(&Key, &Node)> {
-        self.as_map()?.iter().find(|(k, _)| k.name == name).map(|(k, v)| (k, v))
+        self.as_map()?
+            .iter()
+            .find(|(k, _)| k.name == name)
+            .map(|(k, v)| (k, v))
     }
 
     pub fn get(&self, name: &str) -> Option<&Node> {
@@ -96,19 +99,23 @@ impl Node {
             NodeKind::Float(f) => serde_json::Number::from_f64(*f).map_or(Json::Null, Json::Number),
             NodeKind::Str(s) => Json::String(s.clone()),
             NodeKind::Seq(items) => Json::Array(items.iter().map(Node::to_json).collect()),
-            NodeKind::Map(entries) => {
-                Json::Object(entries.iter().map(|(k, v)| (k.name.clone(), v.to_json())).collect())
-            }
+            NodeKind::Map(entries) => Json::Object(
+                entries
+                    .iter()
+                    .map(|(k, v)| (k.name.clone(), v.to_json()))
+                    .collect(),
+            ),
         }
     }
 
     /// Follows a JSON-pointer-like path of keys and indexes.
     pub fn at_path(&self, path: &[PathSegment]) -> Option<&Node> {
-        path.iter().try_fold(self, |node, seg| match (seg, &node.kind) {
-            (PathSegment::Key(k), NodeKind::Map(_)) => node.get(k),
-            (PathSegment::Index(i), NodeKind::Seq(items)) => items.get(*i),
-            _ => None,
-        })
+        path.iter()
+            .try_fold(self, |node, seg| match (seg, &node.kind) {
+                (PathSegment::Key(k), NodeKind::Map(_)) => node.get(k),
+                (PathSegment::Index(i), NodeKind::Seq(items)) => items.get(*i),
+                _ => None,
+            })
     }
 }
 

@@ -84,7 +84,9 @@ impl<'de, T: Deserialize<'de>> Deserialize<'de> for Spanned<T> {
                     let _ = name;
                     match map.next_key::<de::IgnoredAny>()? {
                         Some(_) => map.next_value(),
-                        _ => Err(de::Error::custom("spanned values come only from spec documents")),
+                        _ => Err(de::Error::custom(
+                            "spanned values come only from spec documents",
+                        )),
                     }
                 };
                 let file = FileId(next("file")?);
@@ -93,9 +95,14 @@ impl<'de, T: Deserialize<'de>> Deserialize<'de> for Spanned<T> {
                 match map.next_key::<de::IgnoredAny>()? {
                     Some(_) => {
                         let value = map.next_value()?;
-                        Ok(Spanned { value, span: Span { file, start, end } })
+                        Ok(Spanned {
+                            value,
+                            span: Span { file, start, end },
+                        })
                     }
-                    _ => Err(de::Error::custom("spanned values come only from spec documents")),
+                    _ => Err(de::Error::custom(
+                        "spanned values come only from spec documents",
+                    )),
                 }
             }
         }

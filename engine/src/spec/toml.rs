@@ -1,7 +1,7 @@
 //! TOML to [`Node`] through the `toml` crate's spanned document tables.
 
-use toml::de::{DeArray, DeTable, DeValue};
 use toml::Spanned;
+use toml::de::{DeArray, DeTable, DeValue};
 
 use crate::diagnostic::{Diagnostic, codes};
 use crate::source::{SourceFile, Span};
@@ -12,14 +12,24 @@ pub(super) fn parse(file: &SourceFile) -> (Option<Node>, Vec<Diagnostic>) {
     match DeTable::parse(&file.text) {
         Ok(table) => {
             let span = Span::new(file.id, table.span().start, table.span().end);
-            (Some(Node::new(span, table_kind(table.get_ref(), file))), Vec::new())
+            (
+                Some(Node::new(span, table_kind(table.get_ref(), file))),
+                Vec::new(),
+            )
         }
         Err(err) => {
-            let span = err
-                .span()
-                .map_or(Span::new(file.id, 0, 0), |r| Span::new(file.id, r.start, r.end));
+            let span = err.span().map_or(Span::new(file.id, 0, 0), |r| {
+                Span::new(file.id, r.start, r.end)
+            });
             let message = lowercase_first(err.message());
-            (None, vec![Diagnostic::error(codes::TOML_SYNTAX, widen_to_char(span, file), message)])
+            (
+                None,
+                vec![Diagnostic::error(
+                    codes::TOML_SYNTAX,
+                    widen_to_char(span, file),
+                    message,
+                )],
+            )
         }
     }
 }

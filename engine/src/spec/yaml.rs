@@ -105,7 +105,13 @@ pub(super) fn parse(file: &SourceFile, limits: &Limits) -> (Option<Node>, Vec<Di
     options.duplicate_keys = serde_saphyr::DuplicateKeyPolicy::PassThrough;
 
     if file.text.trim().is_empty() {
-        return (Some(Node::new(Span::new(file.id, 0, 0), NodeKind::Map(Vec::new()))), Vec::new());
+        return (
+            Some(Node::new(
+                Span::new(file.id, 0, 0),
+                NodeKind::Map(Vec::new()),
+            )),
+            Vec::new(),
+        );
     }
     match serde_saphyr::from_str_with_options::<Spanned<Raw>>(&file.text, options) {
         Ok(raw) => {
@@ -154,9 +160,12 @@ fn convert(raw: Spanned<Raw>, file: &SourceFile, diagnostics: &mut Vec<Diagnosti
         Raw::Int(i) => NodeKind::Int(i),
         Raw::Float(f) => NodeKind::Float(f),
         Raw::Str(s) => NodeKind::Str(s),
-        Raw::Seq(items) => {
-            NodeKind::Seq(items.into_iter().map(|i| convert(i, file, diagnostics)).collect())
-        }
+        Raw::Seq(items) => NodeKind::Seq(
+            items
+                .into_iter()
+                .map(|i| convert(i, file, diagnostics))
+                .collect(),
+        ),
         Raw::Map(entries) => {
             let mut out: Vec<(Key, Node)> = Vec::with_capacity(entries.len());
             for (k, v) in entries {
@@ -166,11 +175,17 @@ fn convert(raw: Spanned<Raw>, file: &SourceFile, diagnostics: &mut Vec<Diagnosti
                     diagnostics.push(Diagnostic::error(
                         codes::WRONG_TYPE,
                         key_node.span,
-                        format!("mapping keys must be strings, found {}", key_node.type_name()),
+                        format!(
+                            "mapping keys must be strings, found {}",
+                            key_node.type_name()
+                        ),
                     ));
                     continue;
                 };
-                let key = Key { name, span: key_node.span };
+                let key = Key {
+                    name,
+                    span: key_node.span,
+                };
                 if let Some((first, _)) = out.iter().find(|(k, _)| k.name == key.name) {
                     diagnostics.push(duplicate_key(&key, first.span));
                     continue;
@@ -181,7 +196,9 @@ fn convert(raw: Spanned<Raw>, file: &SourceFile, diagnostics: &mut Vec<Diagnosti
         }
     };
     let span = match &kind {
-        NodeKind::Seq(items) if span.is_empty() || items.len() > 1 => cover(span, items.iter().map(|n| n.span)),
+        NodeKind::Seq(items) if span.is_empty() || items.len() > 1 => {
+            cover(span, items.iter().map(|n| n.span))
+        }
         NodeKind::Map(entries) if span.is_empty() || entries.len() > 1 => {
             cover(span, entries.iter().flat_map(|(k, v)| [k.span, v.span]))
         }
@@ -192,7 +209,11 @@ fn convert(raw: Spanned<Raw>, file: &SourceFile, diagnostics: &mut Vec<Diagnosti
 
 /// Widens a collection's span to cover its children (block collections start out empty).
 fn cover(span: Span, mut children: impl Iterator<Item = Span>) -> Span {
-    let first = if span.is_empty() { children.next() } else { Some(span) };
+    let first = if span.is_empty() {
+        children.next()
+    } else {
+        Some(span)
+    };
     match first {
         Some(first) => children.fold(first, Span::join),
         None => span,
@@ -210,9 +231,13 @@ fn key_name(node: &Node) -> Option<String> {
 }
 
 pub(super) fn duplicate_key(key: &Key, first: Span) -> Diagnostic {
-    Diagnostic::error(codes::DUPLICATE_KEY, key.span, format!("duplicate key `{}`", key.name))
-        .with_label(first, "first defined here")
-        .with_hint("each key may appear once in a mapping; remove or rename one of them")
+    Diagnostic::error(
+        codes::DUPLICATE_KEY,
+        key.span,
+        format!("duplicate key `{}`", key.name),
+    )
+    .with_label(first, "first defined here")
+    .with_hint("each key may appear once in a mapping; remove or rename one of them")
 }
 
 fn error_to_diagnostic(err: &YamlError, file: &SourceFile, limits: &Limits) -> Diagnostic {
@@ -221,7 +246,10 @@ fn error_to_diagnostic(err: &YamlError, file: &SourceFile, limits: &Limits) -> D
         .map_or(Span::new(file.id, 0, 0), |loc| span_of(&loc, file));
     let span = widen_to_char(span, file);
     match err {
-        YamlError::Budget { breach: BudgetBreach::Depth { depth }, .. } => Diagnostic::error(
+        YamlError::Budget {
+            breach: BudgetBreach::Depth { depth },
+            ..
+        } => Diagnostic::error(
             codes::NESTING_TOO_DEEP,
             span,
             format!("values are nested more than {depth} levels deep"),
@@ -235,17 +263,27 @@ fn error_to_diagnostic(err: &YamlError, file: &SourceFile, limits: &Limits) -> D
         YamlError::Budget { breach, .. } => Diagnostic::error(
             codes::YAML_SYNTAX,
             span,
-            format!("YAML document exceeds a parser budget: {}", budget_text(breach)),
+            format!(
+                "YAML document exceeds a parser budget: {}",
+                budget_text(breach)
+            ),
         ),
         other => {
             let message = other.without_snippet().to_string();
-            Diagnostic::error(codes::YAML_SYNTAX, span, lowercase_first(&strip_location(&message)))
+            Diagnostic::error(
+                codes::YAML_SYNTAX,
+                span,
+                lowercase_first(&strip_location(&message)),
+            )
         }
     }
 }
 
 fn is_alias_breach(breach: &BudgetBreach) -> bool {
-    matches!(breach, BudgetBreach::Aliases { .. } | BudgetBreach::Anchors { .. })
+    matches!(
+        breach,
+        BudgetBreach::Aliases { .. } | BudgetBreach::Anchors { .. }
+    )
 }
 
 fn alias_budget(span: Span, limits: &Limits) -> Diagnostic {
@@ -271,7 +309,9 @@ fn strip_location(message: &str) -> String {
 pub(super) fn lowercase_first(s: &str) -> String {
     let mut chars = s.trim().trim_end_matches('.').chars();
     match chars.next() {
-        Some(c) if !s.starts_with("YAML") && !s.starts_with("TOML") => c.to_lowercase().chain(chars).collect(),
+        Some(c) if !s.starts_with("YAML") && !s.starts_with("TOML") => {
+            c.to_lowercase().chain(chars).collect()
+        }
         Some(c) => std::iter::once(c).chain(chars).collect(),
         None => String::new(),
     }

@@ -128,14 +128,20 @@ fn catalog() -> Vec<Builtin> {
         Builtin {
             name: "json",
             description: "Query or transform JSON with a jq filter",
-            parameters: object(json!({ "input": {}, "query": { "type": "string" } }), &["query"]),
+            parameters: object(
+                json!({ "input": {}, "query": { "type": "string" } }),
+                &["query"],
+            ),
             sensitive: false,
             read_only: true,
         },
         Builtin {
             name: "calculator",
             description: "Evaluate an arithmetic expression",
-            parameters: object(json!({ "expression": { "type": "string" } }), &["expression"]),
+            parameters: object(
+                json!({ "expression": { "type": "string" } }),
+                &["expression"],
+            ),
             sensitive: false,
             read_only: true,
         },

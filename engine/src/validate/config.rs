@@ -12,8 +12,13 @@ use crate::validate::{Checker, suggest};
 impl Checker<'_> {
     pub(super) fn check_name(&mut self) {
         let Some(name) = &self.spec.name else { return };
-        let valid = name.value.starts_with(|c: char| c.is_ascii_lowercase() || c.is_ascii_digit())
-            && name.value.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '_');
+        let valid = name
+            .value
+            .starts_with(|c: char| c.is_ascii_lowercase() || c.is_ascii_digit())
+            && name
+                .value
+                .chars()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '_');
         if !valid {
             let slug: String = name
                 .value
@@ -26,8 +31,14 @@ impl Checker<'_> {
                 .collect::<Vec<_>>()
                 .join("-");
             self.push(
-                Diagnostic::error(codes::INVALID_NAME, name.span, format!("workflow name `{}` is not a slug", name.value))
-                    .with_hint(format!("use lowercase letters, digits, `-` and `_`, such as `{slug}`")),
+                Diagnostic::error(
+                    codes::INVALID_NAME,
+                    name.span,
+                    format!("workflow name `{}` is not a slug", name.value),
+                )
+                .with_hint(format!(
+                    "use lowercase letters, digits, `-` and `_`, such as `{slug}`"
+                )),
             );
         }
     }
@@ -38,19 +49,25 @@ impl Checker<'_> {
             if !self.check_json_schema(schema, "input schema") {
                 continue;
             }
-            let Some(default) = schema.get("default") else { continue };
+            let Some(default) = schema.get("default") else {
+                continue;
+            };
             let json = schema.to_json();
-            if let Ok(validator) = jsonschema::validator_for(&json) {
-                if let Some(error) = validator.iter_errors(&default.to_json()).next() {
-                    self.push(
-                        Diagnostic::error(
-                            codes::INVALID_DEFAULT,
-                            default.span,
-                            format!("default of input `{}` does not match its schema: {}", name.value, error.masked()),
-                        )
-                        .with_hint("change the default or the schema so that they agree"),
-                    );
-                }
+            if let Ok(validator) = jsonschema::validator_for(&json)
+                && let Some(error) = validator.iter_errors(&default.to_json()).next()
+            {
+                self.push(
+                    Diagnostic::error(
+                        codes::INVALID_DEFAULT,
+                        default.span,
+                        format!(
+                            "default of input `{}` does not match its schema: {}",
+                            name.value,
+                            error.masked()
+                        ),
+                    )
+                    .with_hint("change the default or the schema so that they agree"),
+                );
             }
         }
     }
@@ -59,23 +76,39 @@ impl Checker<'_> {
         let scope = Scope::new("the environment").secrets(true);
         for (name, value) in &self.spec.env {
             if name.value.is_empty() || name.value.contains(['=', '\0']) {
-                self.push(Diagnostic::error(codes::INVALID_NAME, name.span, format!("`{}` is not a valid environment variable name", name.value)));
+                self.push(Diagnostic::error(
+                    codes::INVALID_NAME,
+                    name.span,
+                    format!("`{}` is not a valid environment variable name", name.value),
+                ));
             }
             self.template(value, &scope);
         }
         for (index, secret) in self.spec.secrets.iter().enumerate() {
-            let valid = secret.value.starts_with(|c: char| c.is_ascii_alphabetic() || c == '_')
-                && secret.value.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+            let valid = secret
+                .value
+                .starts_with(|c: char| c.is_ascii_alphabetic() || c == '_')
+                && secret
+                    .value
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '_');
             if !valid {
                 self.push(
                     Diagnostic::error(codes::INVALID_NAME, secret.span, format!("secret name `{}` is not a valid environment variable name", secret.value))
                         .with_hint("secrets are read from the environment variable of the same name: use letters, digits and `_`"),
                 );
             }
-            if let Some(first) = self.spec.secrets[..index].iter().find(|s| s.value == secret.value) {
+            if let Some(first) = self.spec.secrets[..index]
+                .iter()
+                .find(|s| s.value == secret.value)
+            {
                 self.push(
-                    Diagnostic::warning(codes::DUPLICATE_KEY, secret.span, format!("secret `{}` is declared twice", secret.value))
-                        .with_label(first.span, "first declared here"),
+                    Diagnostic::warning(
+                        codes::DUPLICATE_KEY,
+                        secret.span,
+                        format!("secret `{}` is declared twice", secret.value),
+                    )
+                    .with_label(first.span, "first declared here"),
                 );
             }
         }
@@ -90,28 +123,51 @@ impl Checker<'_> {
             if let Some(timeout) = &provider.timeout {
                 self.check_duration(timeout);
             }
-            if let Some(base_url) = &provider.base_url {
-                if !(base_url.value.starts_with("http://") || base_url.value.starts_with("https://")) {
-                    self.push(
-                        Diagnostic::error(codes::INVALID_VALUE, base_url.span, format!("`base_url` of provider `{}` must be an http:// or https:// URL", name.value))
-                            .with_hint("for example `http://127.0.0.1:8080/v1`"),
-                    );
-                }
+            if let Some(base_url) = &provider.base_url
+                && !(base_url.value.starts_with("http://")
+                    || base_url.value.starts_with("https://"))
+            {
+                self.push(
+                    Diagnostic::error(
+                        codes::INVALID_VALUE,
+                        base_url.span,
+                        format!(
+                            "`base_url` of provider `{}` must be an http:// or https:// URL",
+                            name.value
+                        ),
+                    )
+                    .with_hint("for example `http://127.0.0.1:8080/v1`"),
+                );
             }
             let is_mock = provider.kind.value == crate::spec::ProviderKind::Mock;
             if !is_mock && (!provider.turns.is_empty() || provider.script.is_some()) {
                 self.push(Diagnostic::warning(
                     codes::INEFFECTIVE_FIELD,
                     provider.kind.span,
-                    format!("`turns` and `script` apply only to `mock` providers, and `{}` is not one", name.value),
+                    format!(
+                        "`turns` and `script` apply only to `mock` providers, and `{}` is not one",
+                        name.value
+                    ),
                 ));
             }
             if let Some(script) = &provider.script {
-                let path = self.file.path.parent().unwrap_or(std::path::Path::new("")).join(&script.value);
+                let path = self
+                    .file
+                    .path
+                    .parent()
+                    .unwrap_or(std::path::Path::new(""))
+                    .join(&script.value);
                 if !path.is_file() {
                     self.push(
-                        Diagnostic::error(codes::FILE_NOT_FOUND, script.span, format!("mock script `{}` does not exist", script.value))
-                            .with_hint(format!("paths are relative to this spec's directory; looked for `{}`", path.display())),
+                        Diagnostic::error(
+                            codes::FILE_NOT_FOUND,
+                            script.span,
+                            format!("mock script `{}` does not exist", script.value),
+                        )
+                        .with_hint(format!(
+                            "paths are relative to this spec's directory; looked for `{}`",
+                            path.display()
+                        )),
                     );
                 }
             }
@@ -126,8 +182,15 @@ impl Checker<'_> {
             .flat_map(|l| l.providers.keys().map(|k| k.value.as_str()))
             .collect();
         if !providers.contains(&provider.value.as_str()) {
-            let d = Diagnostic::error(codes::UNKNOWN_PROVIDER, provider.span, format!("unknown LLM provider `{}`", provider.value))
-                .with_hint_opt(suggest::did_you_mean(&provider.value, providers.iter().copied()));
+            let d = Diagnostic::error(
+                codes::UNKNOWN_PROVIDER,
+                provider.span,
+                format!("unknown LLM provider `{}`", provider.value),
+            )
+            .with_hint_opt(suggest::did_you_mean(
+                &provider.value,
+                providers.iter().copied(),
+            ));
             let d = if providers.is_empty() {
                 d.with_hint("declare it under `llm.providers:`, for example `{ kind: openai, model: gpt-4o-mini }`")
             } else {
@@ -150,7 +213,11 @@ impl Checker<'_> {
             }
             for delegate in &agent.delegates {
                 if delegate.value == name.value {
-                    self.push(Diagnostic::error(codes::INVALID_VALUE, delegate.span, format!("agent `{}` cannot delegate to itself", name.value)));
+                    self.push(Diagnostic::error(
+                        codes::INVALID_VALUE,
+                        delegate.span,
+                        format!("agent `{}` cannot delegate to itself", name.value),
+                    ));
                 } else {
                     self.check_agent_ref(delegate);
                 }
@@ -165,9 +232,13 @@ impl Checker<'_> {
         if !self.spec.agents.contains_key(agent.value.as_str()) {
             let names: Vec<&str> = self.spec.agents.keys().map(|k| k.value.as_str()).collect();
             self.push(
-                Diagnostic::error(codes::UNKNOWN_AGENT, agent.span, format!("unknown agent `{}`", agent.value))
-                    .with_hint_opt(suggest::did_you_mean(&agent.value, names.iter().copied()))
-                    .with_hint("declare it under `agents:`"),
+                Diagnostic::error(
+                    codes::UNKNOWN_AGENT,
+                    agent.span,
+                    format!("unknown agent `{}`", agent.value),
+                )
+                .with_hint_opt(suggest::did_you_mean(&agent.value, names.iter().copied()))
+                .with_hint("declare it under `agents:`"),
             );
         }
     }
@@ -179,7 +250,9 @@ impl Checker<'_> {
     }
 
     pub(super) fn check_defaults(&mut self) {
-        let Some(defaults) = &self.spec.defaults else { return };
+        let Some(defaults) = &self.spec.defaults else {
+            return;
+        };
         if let Some(timeout) = &defaults.timeout {
             self.check_duration(timeout);
         }
@@ -210,8 +283,14 @@ impl Checker<'_> {
             Ok(_) => true,
             Err(_) => {
                 self.push(
-                    Diagnostic::error(codes::INVALID_DURATION, text.span, format!("invalid duration `{}`", text.value))
-                        .with_hint("write a number and a unit, such as `500ms`, `30s`, `5m` or `1h30m`"),
+                    Diagnostic::error(
+                        codes::INVALID_DURATION,
+                        text.span,
+                        format!("invalid duration `{}`", text.value),
+                    )
+                    .with_hint(
+                        "write a number and a unit, such as `500ms`, `30s`, `5m` or `1h30m`",
+                    ),
                 );
                 false
             }
@@ -223,11 +302,21 @@ impl Checker<'_> {
         let json = schema.to_json();
         let error = match jsonschema::meta::validate(&json) {
             Err(e) => Some((e.instance_path().to_string(), e.to_string())),
-            Ok(()) => jsonschema::validator_for(&json).err().map(|e| (e.instance_path().to_string(), e.to_string())),
+            Ok(()) => jsonschema::validator_for(&json)
+                .err()
+                .map(|e| (e.instance_path().to_string(), e.to_string())),
         };
-        let Some((path, message)) = error else { return true };
-        let at = schema.at_path(&pointer_segments(&path)).map_or(schema.span, |n| n.span);
-        let location = if path.is_empty() { String::new() } else { format!(" at `{path}`") };
+        let Some((path, message)) = error else {
+            return true;
+        };
+        let at = schema
+            .at_path(&pointer_segments(&path))
+            .map_or(schema.span, |n| n.span);
+        let location = if path.is_empty() {
+            String::new()
+        } else {
+            format!(" at `{path}`")
+        };
         self.push(
             Diagnostic::error(codes::INVALID_JSON_SCHEMA, at, format!("invalid {what}{location}: {}", first_line(&message)))
                 .with_hint("schemas follow JSON Schema draft 2020-12, for example `{ type: string, enum: [a, b] }`"),
@@ -254,16 +343,20 @@ impl Checker<'_> {
                     self.check_name_pattern(step, &ids, "step", codes::UNKNOWN_STEP);
                 }
                 if let Some(agent) = &matcher.agent {
-                    let names: Vec<&str> = self.spec.agents.keys().map(|k| k.value.as_str()).collect();
+                    let names: Vec<&str> =
+                        self.spec.agents.keys().map(|k| k.value.as_str()).collect();
                     self.check_name_pattern(agent, &names, "agent", codes::UNKNOWN_AGENT);
                 }
-                if let Some(chosen_by) = &matcher.chosen_by {
-                    if trigger != Trigger::BeforeTool {
-                        self.ineffective(chosen_by.span, "`match.chosen_by`", trigger);
-                    }
+                if let Some(chosen_by) = &matcher.chosen_by
+                    && trigger != Trigger::BeforeTool
+                {
+                    self.ineffective(chosen_by.span, "`match.chosen_by`", trigger);
                 }
                 if let Some(condition) = &matcher.condition {
-                    let scope = Scope { event: true, ..Scope::new("a rule condition") };
+                    let scope = Scope {
+                        event: true,
+                        ..Scope::new("a rule condition")
+                    };
                     self.expression(condition, &scope);
                 }
             }
@@ -271,11 +364,19 @@ impl Checker<'_> {
             if let Some(timeout) = &rule.timeout {
                 self.check_duration(timeout);
                 if !ask {
-                    self.push(Diagnostic::warning(codes::INEFFECTIVE_FIELD, timeout.span, "`timeout` applies only to `ask` rules"));
+                    self.push(Diagnostic::warning(
+                        codes::INEFFECTIVE_FIELD,
+                        timeout.span,
+                        "`timeout` applies only to `ask` rules",
+                    ));
                 }
             }
             if let (Some(default), false) = (&rule.default, ask) {
-                self.push(Diagnostic::warning(codes::INEFFECTIVE_FIELD, default.span, "`default` applies only to `ask` rules"));
+                self.push(Diagnostic::warning(
+                    codes::INEFFECTIVE_FIELD,
+                    default.span,
+                    "`default` applies only to `ask` rules",
+                ));
             }
             if rule.action.value == Action::Redact && rule.redact.is_empty() {
                 self.push(
@@ -287,25 +388,52 @@ impl Checker<'_> {
     }
 
     fn ineffective(&mut self, span: crate::source::Span, field: &str, trigger: Trigger) {
-        let name = serde_json::to_value(trigger).ok().and_then(|v| v.as_str().map(str::to_owned)).unwrap_or_default();
-        self.push(Diagnostic::warning(codes::INEFFECTIVE_FIELD, span, format!("{field} never matches on `{name}`")));
+        let name = serde_json::to_value(trigger)
+            .ok()
+            .and_then(|v| v.as_str().map(str::to_owned))
+            .unwrap_or_default();
+        self.push(Diagnostic::warning(
+            codes::INEFFECTIVE_FIELD,
+            span,
+            format!("{field} never matches on `{name}`"),
+        ));
     }
 
-    fn check_name_pattern(&mut self, pattern: &Spanned<String>, names: &[&str], what: &str, code: &'static str) {
+    fn check_name_pattern(
+        &mut self,
+        pattern: &Spanned<String>,
+        names: &[&str],
+        what: &str,
+        code: &'static str,
+    ) {
         if is_glob(&pattern.value) {
             match Glob::new(&pattern.value) {
-                Err(err) => self.push(Diagnostic::error(codes::INVALID_GLOB, pattern.span, format!("invalid glob `{}`: {}", pattern.value, glob_reason(&err)))),
+                Err(err) => self.push(Diagnostic::error(
+                    codes::INVALID_GLOB,
+                    pattern.span,
+                    format!("invalid glob `{}`: {}", pattern.value, glob_reason(&err)),
+                )),
                 Ok(glob) => {
                     let matcher = glob.compile_matcher();
                     if !names.iter().any(|n| matcher.is_match(n)) {
-                        self.push(Diagnostic::warning(codes::PATTERN_MATCHES_NOTHING, pattern.span, format!("`{}` matches no {what}", pattern.value)));
+                        self.push(Diagnostic::warning(
+                            codes::PATTERN_MATCHES_NOTHING,
+                            pattern.span,
+                            format!("`{}` matches no {what}", pattern.value),
+                        ));
                     }
                 }
             }
-        } else if !names.contains(&pattern.value.as_str()) && !self.raw_step_ids.contains(&pattern.value) {
+        } else if !names.contains(&pattern.value.as_str())
+            && !self.raw_step_ids.contains(&pattern.value)
+        {
             self.push(
-                Diagnostic::error(code, pattern.span, format!("unknown {what} `{}`", pattern.value))
-                    .with_hint_opt(suggest::did_you_mean(&pattern.value, names.iter().copied())),
+                Diagnostic::error(
+                    code,
+                    pattern.span,
+                    format!("unknown {what} `{}`", pattern.value),
+                )
+                .with_hint_opt(suggest::did_you_mean(&pattern.value, names.iter().copied())),
             );
         }
     }

@@ -19,7 +19,8 @@ pub struct Graph {
 
 /// Builds the graph from each step's dependencies and reports every cycle.
 pub fn build(steps: &[Step], deps: &[Vec<Dep>], diagnostics: &mut Vec<Diagnostic>) -> Graph {
-    let mut graph: DiGraph<usize, ()> = DiGraph::with_capacity(steps.len(), deps.iter().map(Vec::len).sum());
+    let mut graph: DiGraph<usize, ()> =
+        DiGraph::with_capacity(steps.len(), deps.iter().map(Vec::len).sum());
     let nodes: Vec<NodeIndex> = (0..steps.len()).map(|i| graph.add_node(i)).collect();
     let mut dependencies = Vec::with_capacity(steps.len());
     for (step, step_deps) in deps.iter().enumerate() {
@@ -50,32 +51,58 @@ pub fn build(steps: &[Step], deps: &[Vec<Dep>], diagnostics: &mut Vec<Diagnostic
     let order = if cyclic {
         Vec::new()
     } else {
-        toposort(&graph, None).map(|o| o.into_iter().map(|n| graph[n]).collect()).unwrap_or_default()
+        toposort(&graph, None)
+            .map(|o| o.into_iter().map(|n| graph[n]).collect())
+            .unwrap_or_default()
     };
-    Graph { dependencies, order }
+    Graph {
+        dependencies,
+        order,
+    }
 }
 
 /// Finds one cycle inside a strongly connected component, starting at its first step in document order,
 /// and reports it: `a` → `b` → `a` reads "a depends on b, which depends on a".
-fn cycle_diagnostic(steps: &[Step], deps: &[Vec<Dep>], dependencies: &[Vec<usize>], component: &[usize]) -> Diagnostic {
+fn cycle_diagnostic(
+    steps: &[Step],
+    deps: &[Vec<Dep>],
+    dependencies: &[Vec<usize>],
+    component: &[usize],
+) -> Diagnostic {
     let start = component[0];
     let path = find_cycle(start, dependencies, component).unwrap_or_else(|| vec![start, start]);
-    let names: Vec<String> = path.iter().map(|&i| format!("`{}`", steps[i].id.value)).collect();
+    let names: Vec<String> = path
+        .iter()
+        .map(|&i| format!("`{}`", steps[i].id.value))
+        .collect();
     let edge_span = |from: usize, to: usize| {
-        deps[from].iter().find(|d| d.step == to).map_or(steps[from].id.span, |d| d.span)
+        deps[from]
+            .iter()
+            .find(|d| d.step == to)
+            .map_or(steps[from].id.span, |d| d.span)
     };
     let last = path.len() - 2;
     let closing = edge_span(path[last], path[last + 1]);
     let mut d = Diagnostic::error(codes::CYCLE, closing, format!("dependency cycle: {}", names.join(" → ")))
         .with_hint("`a` → `b` means step `a` depends on step `b` (through `needs` or a `steps.b` reference); remove one of these dependencies");
     for w in path.windows(2).take(last) {
-        d = d.with_label(edge_span(w[0], w[1]), format!("`{}` depends on `{}` here", steps[w[0]].id.value, steps[w[1]].id.value));
+        d = d.with_label(
+            edge_span(w[0], w[1]),
+            format!(
+                "`{}` depends on `{}` here",
+                steps[w[0]].id.value, steps[w[1]].id.value
+            ),
+        );
     }
     d
 }
 
 /// A path `start -> ... -> start` following "depends on" edges, staying inside `component`.
-fn find_cycle(start: usize, dependencies: &[Vec<usize>], component: &[usize]) -> Option<Vec<usize>> {
+fn find_cycle(
+    start: usize,
+    dependencies: &[Vec<usize>],
+    component: &[usize],
+) -> Option<Vec<usize>> {
     let mut path = vec![start];
     let mut visited = vec![false; dependencies.len()];
     let mut stack: Vec<std::slice::Iter<'_, usize>> = vec![dependencies[start].iter()];

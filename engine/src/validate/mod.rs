@@ -84,7 +84,11 @@ impl Validator {
     pub fn validate_path(mut self, path: &Path) -> Validation {
         match self.read(path) {
             Ok(text) => self.validate_text(path.to_path_buf(), text),
-            Err(diagnostic) => Validation { workflow: None, diagnostics: vec![diagnostic], sources: self.sources },
+            Err(diagnostic) => Validation {
+                workflow: None,
+                diagnostics: vec![diagnostic],
+                sources: self.sources,
+            },
         }
     }
 
@@ -93,22 +97,33 @@ impl Validator {
         let mut diagnostics = Vec::new();
         let spec = self.check_file(&file, &mut diagnostics);
         let workflow = match spec {
-            Some((spec, graph)) if !diagnostics.iter().any(Diagnostic::is_error) => Some(Workflow {
-                name: workflow_name(&spec, &file.path),
-                spec: Arc::new(spec),
-                dependencies: graph.dependencies,
-                order: graph.order,
-                sources: self.sources.clone(),
-            }),
+            Some((spec, graph)) if !diagnostics.iter().any(Diagnostic::is_error) => {
+                Some(Workflow {
+                    name: workflow_name(&spec, &file.path),
+                    spec: Arc::new(spec),
+                    dependencies: graph.dependencies,
+                    order: graph.order,
+                    sources: self.sources.clone(),
+                })
+            }
             _ => None,
         };
-        Validation { workflow, diagnostics, sources: self.sources }
+        Validation {
+            workflow,
+            diagnostics,
+            sources: self.sources,
+        }
     }
 
     fn read(&mut self, path: &Path) -> Result<String, Diagnostic> {
         let metadata = match std::fs::metadata(path) {
             Ok(m) => m,
-            Err(e) => return Err(self.unreadable(path, format!("cannot read `{}`: {}", path.display(), io_reason(&e)))),
+            Err(e) => {
+                return Err(self.unreadable(
+                    path,
+                    format!("cannot read `{}`: {}", path.display(), io_reason(&e)),
+                ));
+            }
         };
         if metadata.len() > self.limits.max_file_bytes as u64 {
             let file = self.sources.add(path.to_path_buf(), String::new());
@@ -124,9 +139,13 @@ impl Validator {
             .with_hint("split the workflow into sub-workflows (`workflow:` steps)"));
         }
         match std::fs::read(path) {
-            Ok(bytes) => String::from_utf8(bytes)
-                .map_err(|_| self.unreadable(path, format!("`{}` is not valid UTF-8", path.display()))),
-            Err(e) => Err(self.unreadable(path, format!("cannot read `{}`: {}", path.display(), io_reason(&e)))),
+            Ok(bytes) => String::from_utf8(bytes).map_err(|_| {
+                self.unreadable(path, format!("`{}` is not valid UTF-8", path.display()))
+            }),
+            Err(e) => Err(self.unreadable(
+                path,
+                format!("cannot read `{}`: {}", path.display(), io_reason(&e)),
+            )),
         }
     }
 
@@ -136,7 +155,11 @@ impl Validator {
     }
 
     /// Runs every stage on one file. Returns the spec (and its graph) if it could be built at all.
-    fn check_file(&mut self, file: &Arc<SourceFile>, diagnostics: &mut Vec<Diagnostic>) -> Option<(Spec, graph::Graph)> {
+    fn check_file(
+        &mut self,
+        file: &Arc<SourceFile>,
+        diagnostics: &mut Vec<Diagnostic>,
+    ) -> Option<(Spec, graph::Graph)> {
         let (root, parse_diagnostics) = spec::parse(file, &self.limits);
         diagnostics.extend(parse_diagnostics);
         let root = root?;
@@ -145,7 +168,10 @@ impl Validator {
                 Diagnostic::error(
                     codes::WRONG_TYPE,
                     root.span,
-                    format!("a workflow must be a mapping of keys, found {}", root.type_name()),
+                    format!(
+                        "a workflow must be a mapping of keys, found {}",
+                        root.type_name()
+                    ),
                 )
                 .with_hint("start with `name:` and `steps:`"),
             );
@@ -158,7 +184,10 @@ impl Validator {
                 Diagnostic::error(
                     codes::TOO_MANY_STEPS,
                     at,
-                    format!("workflow has {step_count} steps, more than the limit of {}", self.limits.max_steps),
+                    format!(
+                        "workflow has {step_count} steps, more than the limit of {}",
+                        self.limits.max_steps
+                    ),
                 )
                 .with_hint("split the workflow into sub-workflows (`workflow:` steps)"),
             );
@@ -169,7 +198,11 @@ impl Validator {
         let spec: Spec = match spec::from_node(pruned.as_ref()) {
             Ok(spec) => spec,
             Err(err) => {
-                diagnostics.push(Diagnostic::error(codes::INVALID_VALUE, root.span, err.message));
+                diagnostics.push(Diagnostic::error(
+                    codes::INVALID_VALUE,
+                    root.span,
+                    err.message,
+                ));
                 return None;
             }
         };
@@ -191,7 +224,12 @@ impl Validator {
 
     /// Checks a sub-workflow referenced from `from` and returns what callers need, or a diagnostic for
     /// the reference itself (missing file, recursion).
-    fn sub_workflow(&mut self, from: &SourceFile, reference: &spec::Spanned<String>, diagnostics: &mut Vec<Diagnostic>) -> Option<SubWorkflow> {
+    fn sub_workflow(
+        &mut self,
+        from: &SourceFile,
+        reference: &spec::Spanned<String>,
+        diagnostics: &mut Vec<Diagnostic>,
+    ) -> Option<SubWorkflow> {
         let base = from.path.parent().unwrap_or(Path::new(""));
         let path = base.join(reference.as_str());
         if !path.is_file() {
@@ -201,7 +239,10 @@ impl Validator {
                     reference.span,
                     format!("sub-workflow `{}` does not exist", reference.value),
                 )
-                .with_hint(format!("paths are relative to this spec's directory; looked for `{}`", path.display())),
+                .with_hint(format!(
+                    "paths are relative to this spec's directory; looked for `{}`",
+                    path.display()
+                )),
             );
             return None;
         }
@@ -210,13 +251,25 @@ impl Validator {
             let chain: Vec<String> = self.stack[pos..]
                 .iter()
                 .chain(std::iter::once(&canonical))
-                .map(|p| format!("`{}`", p.file_name().map_or_else(|| p.display().to_string(), |n| n.to_string_lossy().into_owned())))
+                .map(|p| {
+                    format!(
+                        "`{}`",
+                        p.file_name().map_or_else(
+                            || p.display().to_string(),
+                            |n| n.to_string_lossy().into_owned()
+                        )
+                    )
+                })
                 .collect();
             diagnostics.push(
                 Diagnostic::error(
                     codes::RECURSIVE_WORKFLOW,
                     reference.span,
-                    format!("sub-workflow `{}` includes itself: {}", reference.value, chain.join(" → ")),
+                    format!(
+                        "sub-workflow `{}` includes itself: {}",
+                        reference.value,
+                        chain.join(" → ")
+                    ),
                 )
                 .with_hint("a workflow cannot run itself, directly or through other workflows"),
             );
@@ -296,9 +349,15 @@ impl Checker<'_> {
 
 /// The workflow's name: `name`, or the file stem.
 fn workflow_name(spec: &Spec, path: &Path) -> String {
-    spec.name.as_ref().map(|n| n.value.clone()).unwrap_or_else(|| {
-        path.file_stem().map_or_else(|| "workflow".to_owned(), |s| s.to_string_lossy().into_owned())
-    })
+    spec.name
+        .as_ref()
+        .map(|n| n.value.clone())
+        .unwrap_or_else(|| {
+            path.file_stem().map_or_else(
+                || "workflow".to_owned(),
+                |s| s.to_string_lossy().into_owned(),
+            )
+        })
 }
 
 fn canonical(path: &Path) -> PathBuf {
@@ -315,7 +374,10 @@ fn io_reason(err: &std::io::Error) -> String {
 
 /// Steps in the document, composite tool steps included, counted before any other check.
 fn count_steps(root: &Node) -> usize {
-    let top = root.get("steps").and_then(Node::as_seq).map_or(0, <[Node]>::len);
+    let top = root
+        .get("steps")
+        .and_then(Node::as_seq)
+        .map_or(0, <[Node]>::len);
     let composite: usize = root
         .get("tools")
         .and_then(Node::as_map)
@@ -333,6 +395,11 @@ fn count_steps(root: &Node) -> usize {
 fn raw_step_ids(root: &Node) -> Vec<String> {
     root.get("steps")
         .and_then(Node::as_seq)
-        .map(|steps| steps.iter().filter_map(|s| s.get("id")?.as_str().map(str::to_owned)).collect())
+        .map(|steps| {
+            steps
+                .iter()
+                .filter_map(|s| s.get("id")?.as_str().map(str::to_owned))
+                .collect()
+        })
         .unwrap_or_default()
 }

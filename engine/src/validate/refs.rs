@@ -5,12 +5,20 @@ use indexmap::IndexMap;
 use crate::diagnostic::{Diagnostic, codes};
 use crate::source::Span;
 use crate::spec::{Node, Spanned, Step};
+use crate::validate::Checker;
 use crate::validate::suggest;
 use crate::validate::templates::Reference;
-use crate::validate::Checker;
 
 /// Fields of a step result that templates may read as `steps.<id>.<field>`.
-pub const STEP_FIELDS: &[&str] = &["output", "outputs", "status", "text", "error", "attempts", "exit_code"];
+pub const STEP_FIELDS: &[&str] = &[
+    "output",
+    "outputs",
+    "status",
+    "text",
+    "error",
+    "attempts",
+    "exit_code",
+];
 /// Fields of `run`.
 pub const RUN_FIELDS: &[&str] = &["id", "workflow", "started_at", "workdir"];
 /// What a rule condition (`match.if`) may read.
@@ -35,12 +43,18 @@ impl StepTable {
     pub fn new(steps: &[Step], raw_ids: &[String]) -> Self {
         let mut entries = IndexMap::new();
         for (index, step) in steps.iter().enumerate() {
-            entries.entry(step.id.value.clone()).or_insert_with(|| StepEntry {
-                index,
-                outputs: step.outputs.keys().map(|k| k.value.clone()).collect(),
-            });
+            entries
+                .entry(step.id.value.clone())
+                .or_insert_with(|| StepEntry {
+                    index,
+                    outputs: step.outputs.keys().map(|k| k.value.clone()).collect(),
+                });
         }
-        let broken = raw_ids.iter().filter(|id| !entries.contains_key(*id)).cloned().collect();
+        let broken = raw_ids
+            .iter()
+            .filter(|id| !entries.contains_key(*id))
+            .cloned()
+            .collect();
         StepTable { entries, broken }
     }
 }
@@ -73,15 +87,29 @@ pub struct Scope<'s> {
 
 impl<'s> Scope<'s> {
     pub fn new(place: &'static str) -> Self {
-        Scope { steps: None, own_step: None, foreach: false, secrets: false, params: None, event: false, place }
+        Scope {
+            steps: None,
+            own_step: None,
+            foreach: false,
+            secrets: false,
+            params: None,
+            event: false,
+            place,
+        }
     }
 
     pub fn steps(self, steps: &'s StepTable) -> Self {
-        Scope { steps: Some(steps), ..self }
+        Scope {
+            steps: Some(steps),
+            ..self
+        }
     }
 
     pub fn secrets(self, allowed: bool) -> Self {
-        Scope { secrets: allowed, ..self }
+        Scope {
+            secrets: allowed,
+            ..self
+        }
     }
 
     pub fn foreach(self, foreach: bool) -> Self {
@@ -141,11 +169,16 @@ impl Checker<'_> {
     pub fn value(&mut self, node: &Node, scope: &Scope<'_>) -> Vec<Dep> {
         let mut strings = Vec::new();
         node.for_each_str(&mut |s, span| strings.push((s, span)));
-        strings.into_iter().flat_map(|(s, span)| self.template_at(s, span, scope)).collect()
+        strings
+            .into_iter()
+            .flat_map(|(s, span)| self.template_at(s, span, scope))
+            .collect()
     }
 
     fn references(&mut self, refs: &[Reference], scope: &Scope<'_>) -> Vec<Dep> {
-        refs.iter().filter_map(|r| self.reference(r, scope)).collect()
+        refs.iter()
+            .filter_map(|r| self.reference(r, scope))
+            .collect()
     }
 
     fn reference(&mut self, r: &Reference, scope: &Scope<'_>) -> Option<Dep> {
@@ -160,11 +193,18 @@ impl Checker<'_> {
             "inputs" => {
                 let name = seg(1)?;
                 if !self.spec.inputs.contains_key(name) {
-                    let known: Vec<&str> = self.spec.inputs.keys().map(|k| k.value.as_str()).collect();
+                    let known: Vec<&str> =
+                        self.spec.inputs.keys().map(|k| k.value.as_str()).collect();
                     self.push(
-                        Diagnostic::error(codes::UNKNOWN_INPUT, r.span_of(2), format!("unknown input `{name}`"))
-                            .with_hint_opt(suggest::did_you_mean(name, known.iter().copied()))
-                            .with_hint(format!("declare it under `inputs:`, for example `{name}: {{ type: string }}`")),
+                        Diagnostic::error(
+                            codes::UNKNOWN_INPUT,
+                            r.span_of(2),
+                            format!("unknown input `{name}`"),
+                        )
+                        .with_hint_opt(suggest::did_you_mean(name, known.iter().copied()))
+                        .with_hint(format!(
+                            "declare it under `inputs:`, for example `{name}: {{ type: string }}`"
+                        )),
                     );
                 }
                 None
@@ -180,7 +220,8 @@ impl Checker<'_> {
             "secrets" => {
                 let name = seg(1)?;
                 if !self.spec.secrets.iter().any(|s| s.value == name) {
-                    let known: Vec<&str> = self.spec.secrets.iter().map(|s| s.value.as_str()).collect();
+                    let known: Vec<&str> =
+                        self.spec.secrets.iter().map(|s| s.value.as_str()).collect();
                     self.push(
                         Diagnostic::error(codes::UNKNOWN_SECRET, r.span_of(2), format!("unknown secret `{name}`"))
                             .with_hint_opt(suggest::did_you_mean(name, known.iter().copied()))
@@ -194,9 +235,13 @@ impl Checker<'_> {
                 let field = seg(1)?;
                 if !RUN_FIELDS.contains(&field) {
                     self.push(
-                        Diagnostic::error(codes::UNKNOWN_VARIABLE, r.span_of(2), format!("`run` has no field `{field}`"))
-                            .with_hint_opt(suggest::did_you_mean(field, RUN_FIELDS.iter().copied()))
-                            .with_hint(format!("`run` has {}", suggest::list(RUN_FIELDS))),
+                        Diagnostic::error(
+                            codes::UNKNOWN_VARIABLE,
+                            r.span_of(2),
+                            format!("`run` has no field `{field}`"),
+                        )
+                        .with_hint_opt(suggest::did_you_mean(field, RUN_FIELDS.iter().copied()))
+                        .with_hint(format!("`run` has {}", suggest::list(RUN_FIELDS))),
                     );
                 }
                 None
@@ -208,7 +253,9 @@ impl Checker<'_> {
                         r.span_of(1),
                         format!("`{}` is only defined in a step with `foreach`", r.root()),
                     )
-                    .with_hint("add `foreach:` to this step, or read the value from `steps.<id>.output`"),
+                    .with_hint(
+                        "add `foreach:` to this step, or read the value from `steps.<id>.output`",
+                    ),
                 );
                 None
             }
@@ -232,8 +279,12 @@ impl Checker<'_> {
     fn step_reference(&mut self, r: &Reference, scope: &Scope<'_>) -> Option<Dep> {
         let Some(table) = scope.steps else {
             self.push(
-                Diagnostic::error(codes::UNKNOWN_VARIABLE, r.span_of(1), format!("step results cannot be read in {}", scope.place))
-                    .with_hint("pass the value in as an input or argument instead"),
+                Diagnostic::error(
+                    codes::UNKNOWN_VARIABLE,
+                    r.span_of(1),
+                    format!("step results cannot be read in {}", scope.place),
+                )
+                .with_hint("pass the value in as an input or argument instead"),
             );
             return None;
         };
@@ -248,9 +299,17 @@ impl Checker<'_> {
             if !table.broken.contains(id) {
                 let known: Vec<&str> = table.entries.keys().map(String::as_str).collect();
                 self.push(
-                    Diagnostic::error(codes::UNKNOWN_STEP, r.span_of(2), format!("unknown step `{id}`"))
-                        .with_hint_opt(suggest::did_you_mean(id, known.iter().copied()))
-                        .with_hint_opt(known.is_empty().then(|| "there are no steps to refer to here".to_owned())),
+                    Diagnostic::error(
+                        codes::UNKNOWN_STEP,
+                        r.span_of(2),
+                        format!("unknown step `{id}`"),
+                    )
+                    .with_hint_opt(suggest::did_you_mean(id, known.iter().copied()))
+                    .with_hint_opt(
+                        known
+                            .is_empty()
+                            .then(|| "there are no steps to refer to here".to_owned()),
+                    ),
                 );
             }
             return None;
@@ -258,40 +317,59 @@ impl Checker<'_> {
         if let Some(field) = r.segments.get(2) {
             if !STEP_FIELDS.contains(&field.as_str()) {
                 self.push(
-                    Diagnostic::error(codes::UNKNOWN_STEP_FIELD, r.span_of(3), format!("step results have no field `{field}`"))
-                        .with_hint_opt(suggest::did_you_mean(field, STEP_FIELDS.iter().copied()))
-                        .with_hint(format!("a step result has {}", suggest::list(STEP_FIELDS))),
+                    Diagnostic::error(
+                        codes::UNKNOWN_STEP_FIELD,
+                        r.span_of(3),
+                        format!("step results have no field `{field}`"),
+                    )
+                    .with_hint_opt(suggest::did_you_mean(field, STEP_FIELDS.iter().copied()))
+                    .with_hint(format!("a step result has {}", suggest::list(STEP_FIELDS))),
                 );
-            } else if field == "outputs" {
-                if let Some(name) = r.segments.get(3) {
-                    if !entry.outputs.contains(name) {
-                        let known: Vec<&str> = entry.outputs.iter().map(String::as_str).collect();
-                        let d = Diagnostic::error(codes::UNKNOWN_OUTPUT, r.span_of(4), format!("step `{id}` has no output named `{name}`"))
-                            .with_hint_opt(suggest::did_you_mean(name, known.iter().copied()));
-                        let d = if known.is_empty() {
-                            d.with_hint(format!("declare it under `outputs:` of step `{id}`, or read `steps.{id}.output`"))
-                        } else {
-                            d.with_hint(format!("step `{id}` declares {}", suggest::list(&known)))
-                        };
-                        self.push(d);
-                    }
-                }
+            } else if field == "outputs"
+                && let Some(name) = r.segments.get(3)
+                && !entry.outputs.contains(name)
+            {
+                let known: Vec<&str> = entry.outputs.iter().map(String::as_str).collect();
+                let d = Diagnostic::error(
+                    codes::UNKNOWN_OUTPUT,
+                    r.span_of(4),
+                    format!("step `{id}` has no output named `{name}`"),
+                )
+                .with_hint_opt(suggest::did_you_mean(name, known.iter().copied()));
+                let d = if known.is_empty() {
+                    d.with_hint(format!(
+                        "declare it under `outputs:` of step `{id}`, or read `steps.{id}.output`"
+                    ))
+                } else {
+                    d.with_hint(format!("step `{id}` declares {}", suggest::list(&known)))
+                };
+                self.push(d);
             }
         }
         if scope.own_step == Some(id.as_str()) {
             return None;
         }
-        Some(Dep { step: entry.index, span: r.span_of(2) })
+        Some(Dep {
+            step: entry.index,
+            span: r.span_of(2),
+        })
     }
 
     pub fn unknown_parameter(&mut self, name: &str, span: Span, params: &[String]) {
         let known: Vec<&str> = params.iter().map(String::as_str).collect();
-        let d = Diagnostic::error(codes::UNKNOWN_PARAMETER, span, format!("unknown parameter `{name}`"))
-            .with_hint_opt(suggest::did_you_mean(name, known.iter().copied()));
+        let d = Diagnostic::error(
+            codes::UNKNOWN_PARAMETER,
+            span,
+            format!("unknown parameter `{name}`"),
+        )
+        .with_hint_opt(suggest::did_you_mean(name, known.iter().copied()));
         let d = if known.is_empty() {
             d.with_hint("declare the tool's `parameters:` (a JSON Schema object with `properties`)")
         } else {
-            d.with_hint(format!("this tool's parameters are {}", suggest::list(&known)))
+            d.with_hint(format!(
+                "this tool's parameters are {}",
+                suggest::list(&known)
+            ))
         };
         self.push(d);
     }
@@ -299,9 +377,17 @@ impl Checker<'_> {
     fn unknown_variable(&mut self, r: &Reference, scope: &Scope<'_>) {
         let roots = scope.roots();
         let name = r.root();
-        let d = Diagnostic::error(codes::UNKNOWN_VARIABLE, r.span_of(1), format!("unknown variable `{name}`"))
-            .with_hint_opt(suggest::did_you_mean(name, roots.iter().copied()))
-            .with_hint(format!("in {}, templates can read {}", scope.place, suggest::list(&roots)));
+        let d = Diagnostic::error(
+            codes::UNKNOWN_VARIABLE,
+            r.span_of(1),
+            format!("unknown variable `{name}`"),
+        )
+        .with_hint_opt(suggest::did_you_mean(name, roots.iter().copied()))
+        .with_hint(format!(
+            "in {}, templates can read {}",
+            scope.place,
+            suggest::list(&roots)
+        ));
         self.push(d);
     }
 }

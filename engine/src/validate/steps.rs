@@ -31,14 +31,22 @@ impl Checker<'_> {
             );
         }
         let raw_ids = std::mem::take(&mut self.raw_step_ids);
-        let scope = StepListScope { params: None, raw_ids: &raw_ids };
+        let scope = StepListScope {
+            params: None,
+            raw_ids: &raw_ids,
+        };
         let graph = self.check_step_list(&self.spec.steps, scope, validator);
         self.raw_step_ids = raw_ids;
         graph
     }
 
     /// Checks a list of steps (a workflow's or a composite tool's) and builds its graph.
-    pub(super) fn check_step_list(&mut self, steps: &[Step], list: StepListScope<'_>, validator: &mut Validator) -> Graph {
+    pub(super) fn check_step_list(
+        &mut self,
+        steps: &[Step],
+        list: StepListScope<'_>,
+        validator: &mut Validator,
+    ) -> Graph {
         let table = StepTable::new(steps, list.raw_ids);
         let mut all_deps = Vec::with_capacity(steps.len());
         for (index, step) in steps.iter().enumerate() {
@@ -51,8 +59,16 @@ impl Checker<'_> {
     fn check_step_id(&mut self, steps: &[Step], index: usize) {
         let id = &steps[index].id;
         if !is_identifier(&id.value) {
-            let fixed: String = id.value.chars().map(|c| if c.is_ascii_alphanumeric() { c } else { '_' }).collect();
-            let fixed = if fixed.starts_with(|c: char| c.is_ascii_digit()) { format!("_{fixed}") } else { fixed };
+            let fixed: String = id
+                .value
+                .chars()
+                .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
+                .collect();
+            let fixed = if fixed.starts_with(|c: char| c.is_ascii_digit()) {
+                format!("_{fixed}")
+            } else {
+                fixed
+            };
             self.push(
                 Diagnostic::error(codes::INVALID_NAME, id.span, format!("step id `{}` is not a valid identifier", id.value))
                     .with_hint(format!("ids are read as `steps.<id>` in templates, so use letters, digits and `_`: `{fixed}`")),
@@ -60,61 +76,117 @@ impl Checker<'_> {
         }
         if let Some(first) = steps[..index].iter().find(|s| s.id.value == id.value) {
             self.push(
-                Diagnostic::error(codes::DUPLICATE_STEP, id.span, format!("duplicate step id `{}`", id.value))
-                    .with_label(first.id.span, "first used here")
-                    .with_hint("every step needs its own id; rename one of them"),
+                Diagnostic::error(
+                    codes::DUPLICATE_STEP,
+                    id.span,
+                    format!("duplicate step id `{}`", id.value),
+                )
+                .with_label(first.id.span, "first used here")
+                .with_hint("every step needs its own id; rename one of them"),
             );
         }
     }
 
-    fn check_step(&mut self, step: &Step, table: &StepTable, list: StepListScope<'_>, validator: &mut Validator) -> Vec<Dep> {
+    fn check_step(
+        &mut self,
+        step: &Step,
+        table: &StepTable,
+        list: StepListScope<'_>,
+        validator: &mut Validator,
+    ) -> Vec<Dep> {
         let foreach = step.foreach.is_some();
-        let base = Scope { params: list.params, ..Scope::new("a step") }.steps(table);
+        let base = Scope {
+            params: list.params,
+            ..Scope::new("a step")
+        }
+        .steps(table);
         let mut deps = Vec::new();
 
         for need in &step.needs {
             match table.entries.get(&need.value) {
-                Some(entry) => deps.push(Dep { step: entry.index, span: need.span }),
+                Some(entry) => deps.push(Dep {
+                    step: entry.index,
+                    span: need.span,
+                }),
                 None if table.broken.contains(&need.value) => {}
                 None => {
                     let known: Vec<&str> = table.entries.keys().map(String::as_str).collect();
                     self.push(
-                        Diagnostic::error(codes::UNKNOWN_STEP, need.span, format!("`needs` refers to unknown step `{}`", need.value))
-                            .with_hint_opt(suggest::did_you_mean(&need.value, known.iter().copied())),
+                        Diagnostic::error(
+                            codes::UNKNOWN_STEP,
+                            need.span,
+                            format!("`needs` refers to unknown step `{}`", need.value),
+                        )
+                        .with_hint_opt(suggest::did_you_mean(&need.value, known.iter().copied())),
                     );
                 }
             }
         }
         if let Some(condition) = &step.condition {
-            deps.extend(self.expression(condition, &Scope { place: "an `if` condition", ..base }));
+            deps.extend(self.expression(
+                condition,
+                &Scope {
+                    place: "an `if` condition",
+                    ..base
+                },
+            ));
         }
         if let Some(expr) = &step.foreach {
-            deps.extend(self.expression(expr, &Scope { place: "a `foreach` expression", ..base }));
+            deps.extend(self.expression(
+                expr,
+                &Scope {
+                    place: "a `foreach` expression",
+                    ..base
+                },
+            ));
         }
         match (&step.max_parallel, foreach) {
             (Some(n), false) => self.push(
-                Diagnostic::warning(codes::INEFFECTIVE_FIELD, n.span, "`max_parallel` has no effect without `foreach`")
-                    .with_hint("remove it, or add `foreach:`; the run-wide limit is `defaults.max_parallel`"),
+                Diagnostic::warning(
+                    codes::INEFFECTIVE_FIELD,
+                    n.span,
+                    "`max_parallel` has no effect without `foreach`",
+                )
+                .with_hint(
+                    "remove it, or add `foreach:`; the run-wide limit is `defaults.max_parallel`",
+                ),
             ),
-            (Some(n), true) if n.value == 0 => self.push(
-                Diagnostic::error(codes::INVALID_VALUE, n.span, "`max_parallel` must be at least 1"),
-            ),
+            (Some(n), true) if n.value == 0 => self.push(Diagnostic::error(
+                codes::INVALID_VALUE,
+                n.span,
+                "`max_parallel` must be at least 1",
+            )),
             _ => {}
         }
         deps.extend(self.check_body(step.body(), step.id.span, &base.foreach(foreach), validator));
-        let own = Scope { own_step: Some(step.id.value.as_str()), place: "step outputs", ..base.foreach(foreach) };
+        let own = Scope {
+            own_step: Some(step.id.value.as_str()),
+            place: "step outputs",
+            ..base.foreach(foreach)
+        };
         for (name, value) in &step.outputs {
             self.check_identifier_name(name, "output name");
             deps.extend(self.value(value, &own));
         }
         if let Some(fallback) = &step.fallback {
-            deps.extend(self.check_body(fallback.body(), step.id.span, &base.foreach(foreach), validator));
+            deps.extend(self.check_body(
+                fallback.body(),
+                step.id.span,
+                &base.foreach(foreach),
+                validator,
+            ));
         }
         deps
     }
 
     /// Checks what a step or fallback does. `anchor` is where to report a problem with the body as a whole.
-    pub(super) fn check_body(&mut self, body: Body<'_>, anchor: Span, scope: &Scope<'_>, validator: &mut Validator) -> Vec<Dep> {
+    pub(super) fn check_body(
+        &mut self,
+        body: Body<'_>,
+        anchor: Span,
+        scope: &Scope<'_>,
+        validator: &mut Validator,
+    ) -> Vec<Dep> {
         let mut deps = Vec::new();
         let kinds: Vec<(&str, Span)> = [
             ("tool", body.tool.map(|t| t.span)),
@@ -125,8 +197,16 @@ impl Checker<'_> {
         .into_iter()
         .filter_map(|(k, s)| s.map(|s| (k, s)))
         .collect();
-        let prompt = Scope { place: "a prompt", ..*scope }.secrets(false);
-        let args_scope = Scope { place: "tool arguments", ..*scope }.secrets(true);
+        let prompt = Scope {
+            place: "a prompt",
+            ..*scope
+        }
+        .secrets(false);
+        let args_scope = Scope {
+            place: "tool arguments",
+            ..*scope
+        }
+        .secrets(true);
         match kinds.as_slice() {
             [] if body.description.is_none() => self.push(
                 Diagnostic::error(codes::MISSING_STEP_KIND, anchor, "step does not say what to do")
@@ -158,16 +238,29 @@ impl Checker<'_> {
             deps.extend(self.template(goal, &prompt));
         }
         if let Some(workflow) = body.workflow {
-            deps.extend(self.check_workflow_call(workflow, body.args, &Scope { place: "sub-workflow inputs", ..prompt }, validator));
+            deps.extend(self.check_workflow_call(
+                workflow,
+                body.args,
+                &Scope {
+                    place: "sub-workflow inputs",
+                    ..prompt
+                },
+                validator,
+            ));
         }
-        if body.args.is_some() && body.tool.is_none() && body.workflow.is_none() {
-            if let Some(args) = body.args {
-                self.push(
-                    Diagnostic::warning(codes::INEFFECTIVE_FIELD, args.span, "`with` has no effect on an LLM step")
-                        .with_hint("pass data to an LLM step in `goal` or `context`"),
-                );
-                deps.extend(self.value(args, &prompt));
-            }
+        if let Some(args) = body.args
+            && body.tool.is_none()
+            && body.workflow.is_none()
+        {
+            self.push(
+                Diagnostic::warning(
+                    codes::INEFFECTIVE_FIELD,
+                    args.span,
+                    "`with` has no effect on an LLM step",
+                )
+                .with_hint("pass data to an LLM step in `goal` or `context`"),
+            );
+            deps.extend(self.value(args, &prompt));
         }
         if let Some(context) = body.context {
             deps.extend(self.value(context, &prompt));
@@ -189,8 +282,14 @@ impl Checker<'_> {
             ];
             for (field, span) in llm_only.iter().filter_map(|(f, s)| s.map(|s| (*f, s))) {
                 self.push(
-                    Diagnostic::warning(codes::INEFFECTIVE_FIELD, span, format!("`{field}` has no effect on a `{}` step", kinds[0].0))
-                        .with_hint("it applies to LLM steps (`goal`, `plan` or description-only steps)"),
+                    Diagnostic::warning(
+                        codes::INEFFECTIVE_FIELD,
+                        span,
+                        format!("`{field}` has no effect on a `{}` step", kinds[0].0),
+                    )
+                    .with_hint(
+                        "it applies to LLM steps (`goal`, `plan` or description-only steps)",
+                    ),
                 );
             }
         }
@@ -217,7 +316,11 @@ impl Checker<'_> {
 
     pub(super) fn check_positive(&mut self, n: &Spanned<u32>, field: &str) {
         if n.value == 0 {
-            self.push(Diagnostic::error(codes::INVALID_VALUE, n.span, format!("`{field}` must be at least 1")));
+            self.push(Diagnostic::error(
+                codes::INVALID_VALUE,
+                n.span,
+                format!("`{field}` must be at least 1"),
+            ));
         }
     }
 

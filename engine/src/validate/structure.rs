@@ -19,15 +19,39 @@ pub fn check<'n>(root: &'n Node, diagnostics: &mut Vec<Diagnostic>) -> Option<Co
     let schema = workflow_schema();
     let defs = schema.get("$defs").and_then(Json::as_object);
     let before = diagnostics.len();
-    let mut walker = Walker { defs, diagnostics, prune: false };
-    walker.check(root, schema, &Context { def: "Spec", key: None })?;
+    let mut walker = Walker {
+        defs,
+        diagnostics,
+        prune: false,
+    };
+    walker.check(
+        root,
+        schema,
+        &Context {
+            def: "Spec",
+            key: None,
+        },
+    )?;
     if diagnostics.len() == before {
         return Some(Cow::Borrowed(root));
     }
     // Something was reported: walk again, this time building the pruned copy.
     let mut again = Vec::new();
-    let mut walker = Walker { defs, diagnostics: &mut again, prune: true };
-    walker.check(root, schema, &Context { def: "Spec", key: None }).map(Cow::Owned)
+    let mut walker = Walker {
+        defs,
+        diagnostics: &mut again,
+        prune: true,
+    };
+    walker
+        .check(
+            root,
+            schema,
+            &Context {
+                def: "Spec",
+                key: None,
+            },
+        )
+        .map(Cow::Owned)
 }
 
 struct Walker<'a> {
@@ -99,7 +123,11 @@ impl<'a> Walker<'a> {
 
     /// The value itself, when building the pruned copy; a placeholder otherwise.
     fn keep(&self, node: &Node) -> Node {
-        if self.prune { node.clone() } else { Node::new(node.span, NodeKind::Null) }
+        if self.prune {
+            node.clone()
+        } else {
+            Node::new(node.span, NodeKind::Null)
+        }
     }
 
     fn check(&mut self, node: &Node, schema: &'a Json, cx: &Context<'_>) -> Option<Node> {
@@ -116,13 +144,20 @@ impl<'a> Walker<'a> {
             other => other,
         };
         if let Some((def, name)) = self.resolve(schema) {
-            let cx = Context { def: name.unwrap_or(cx.def), key: cx.key };
+            let cx = Context {
+                def: name.unwrap_or(cx.def),
+                key: cx.key,
+            };
             return self.check(node, def, &cx);
         }
         if let Some(values) = enum_values(schema, self) {
             return self.check_enum(node, &values, cx);
         }
-        if let Some(branches) = schema.get("anyOf").or_else(|| schema.get("oneOf")).and_then(Json::as_array) {
+        if let Some(branches) = schema
+            .get("anyOf")
+            .or_else(|| schema.get("oneOf"))
+            .and_then(Json::as_array)
+        {
             let chosen = branches.iter().find(|b| self.accepts_type(b, node));
             return match chosen {
                 Some(branch) => self.check(node, branch, cx),
@@ -154,7 +189,16 @@ impl<'a> Walker<'a> {
                 let prune = self.prune;
                 let kept: Vec<Node> = items
                     .iter()
-                    .filter_map(|item| self.check(item, item_schema, &Context { def: cx.def, key: None }))
+                    .filter_map(|item| {
+                        self.check(
+                            item,
+                            item_schema,
+                            &Context {
+                                def: cx.def,
+                                key: None,
+                            },
+                        )
+                    })
                     .filter(|_| prune)
                     .collect();
                 Some(Node::new(node.span, NodeKind::Seq(kept)))
@@ -164,7 +208,13 @@ impl<'a> Walker<'a> {
         }
     }
 
-    fn check_object(&mut self, node: &Node, entries: &[(Key, Node)], schema: &'a Json, cx: &Context<'_>) -> Option<Node> {
+    fn check_object(
+        &mut self,
+        node: &Node,
+        entries: &[(Key, Node)],
+        schema: &'a Json,
+        cx: &Context<'_>,
+    ) -> Option<Node> {
         let properties = schema.get("properties").and_then(Json::as_object);
         let additional = schema.get("additionalProperties");
         let required: Vec<&str> = schema
@@ -186,7 +236,10 @@ impl<'a> Walker<'a> {
                     None => &Json::Bool(true),
                 },
             };
-            let child_cx = Context { def: cx.def, key: Some(&key.name) };
+            let child_cx = Context {
+                def: cx.def,
+                key: Some(&key.name),
+            };
             match self.check(value, child_schema, &child_cx) {
                 Some(v) if self.prune => kept.push((key.clone(), v)),
                 Some(_) => {}
@@ -201,7 +254,10 @@ impl<'a> Walker<'a> {
                     Diagnostic::error(
                         codes::MISSING_KEY,
                         at,
-                        format!("{} is missing the required key `{name}`", article(noun(cx.def))),
+                        format!(
+                            "{} is missing the required key `{name}`",
+                            article(noun(cx.def))
+                        ),
                     )
                     .with_hint(missing_key_hint(cx.def, name)),
                 );
@@ -211,10 +267,21 @@ impl<'a> Walker<'a> {
         (!broken).then(|| Node::new(node.span, NodeKind::Map(kept)))
     }
 
-    fn unknown_key(&mut self, key: &Key, properties: Option<&Map<String, Json>>, entries: &[(Key, Node)], cx: &Context<'_>) {
+    fn unknown_key(
+        &mut self,
+        key: &Key,
+        properties: Option<&Map<String, Json>>,
+        entries: &[(Key, Node)],
+        cx: &Context<'_>,
+    ) {
         let present = |name: &str| entries.iter().any(|(k, _)| k.name == name);
         let candidates: Vec<&str> = properties
-            .map(|p| p.keys().map(String::as_str).filter(|k| !present(k)).collect())
+            .map(|p| {
+                p.keys()
+                    .map(String::as_str)
+                    .filter(|k| !present(k))
+                    .collect()
+            })
             .unwrap_or_default();
         let mut d = Diagnostic::error(
             codes::UNKNOWN_KEY,
@@ -247,15 +314,26 @@ impl<'a> Walker<'a> {
             NodeKind::Str(s) => format!("`{s}`"),
             _ => format!("a {}", node.type_name()),
         };
-        let mut d = Diagnostic::error(enum_code(cx.def), node.span, format!("unknown {what} {shown} for {}", cx.subject()));
+        let mut d = Diagnostic::error(
+            enum_code(cx.def),
+            node.span,
+            format!("unknown {what} {shown} for {}", cx.subject()),
+        );
         if let Some(s) = node.as_str() {
             d = d.with_hint_opt(suggest::did_you_mean(s, names.iter().copied()));
         }
-        self.diagnostics.push(d.with_hint(format!("expected one of {}", suggest::list(&names))));
+        self.diagnostics
+            .push(d.with_hint(format!("expected one of {}", suggest::list(&names))));
         None
     }
 
-    fn check_integer(&mut self, node: &Node, value: i64, schema: &Json, cx: &Context<'_>) -> Option<Node> {
+    fn check_integer(
+        &mut self,
+        node: &Node,
+        value: i64,
+        schema: &Json,
+        cx: &Context<'_>,
+    ) -> Option<Node> {
         let (format_min, format_max) = match schema.get("format").and_then(Json::as_str) {
             Some("uint8") => (0, i64::from(u8::MAX)),
             Some("uint16") => (0, i64::from(u16::MAX)),
@@ -264,10 +342,22 @@ impl<'a> Walker<'a> {
             Some("int32") => (i64::from(i32::MIN), i64::from(i32::MAX)),
             _ => (i64::MIN, i64::MAX),
         };
-        let min = schema.get("minimum").and_then(Json::as_i64).unwrap_or(i64::MIN).max(format_min);
-        let max = schema.get("maximum").and_then(Json::as_i64).unwrap_or(i64::MAX).min(format_max);
+        let min = schema
+            .get("minimum")
+            .and_then(Json::as_i64)
+            .unwrap_or(i64::MIN)
+            .max(format_min);
+        let max = schema
+            .get("maximum")
+            .and_then(Json::as_i64)
+            .unwrap_or(i64::MAX)
+            .min(format_max);
         if value < min || value > max {
-            let range = if max == i64::MAX { format!("at least {min}") } else { format!("between {min} and {max}") };
+            let range = if max == i64::MAX {
+                format!("at least {min}")
+            } else {
+                format!("between {min} and {max}")
+            };
             self.diagnostics.push(Diagnostic::error(
                 codes::INVALID_VALUE,
                 node.span,
@@ -283,12 +373,20 @@ impl<'a> Walker<'a> {
         let wanted = match expected.as_slice() {
             [] => "null".to_owned(),
             [one] => article(one),
-            many => many.iter().map(|t| article(t)).collect::<Vec<_>>().join(" or "),
+            many => many
+                .iter()
+                .map(|t| article(t))
+                .collect::<Vec<_>>()
+                .join(" or "),
         };
         let mut d = Diagnostic::error(
             codes::WRONG_TYPE,
             node.span,
-            format!("{} must be {wanted}, found {}", cx.subject(), node.type_name()),
+            format!(
+                "{} must be {wanted}, found {}",
+                cx.subject(),
+                node.type_name()
+            ),
         );
         if let Some(hint) = type_hint(cx.key, &expected, node) {
             d = d.with_hint(hint);
@@ -301,7 +399,11 @@ impl<'a> Walker<'a> {
         if let Some((def, _)) = self.resolve(schema) {
             return self.types_of(def);
         }
-        if let Some(branches) = schema.get("anyOf").or_else(|| schema.get("oneOf")).and_then(Json::as_array) {
+        if let Some(branches) = schema
+            .get("anyOf")
+            .or_else(|| schema.get("oneOf"))
+            .and_then(Json::as_array)
+        {
             return branches.iter().flat_map(|b| self.types_of(b)).collect();
         }
         if let Some(values) = enum_values(schema, self) {
@@ -333,7 +435,10 @@ fn enum_values<'a>(schema: &'a Json, walker: &Walker<'a>) -> Option<Vec<&'a Json
     if let Some(value) = schema.get("const") {
         return Some(vec![value]);
     }
-    let branches = schema.get("oneOf").or_else(|| schema.get("anyOf"))?.as_array()?;
+    let branches = schema
+        .get("oneOf")
+        .or_else(|| schema.get("anyOf"))?
+        .as_array()?;
     let mut all = Vec::new();
     for branch in branches {
         all.extend(enum_values(branch, walker)?);
@@ -368,7 +473,10 @@ fn type_accepts(ty: &str, node: &Node) -> bool {
 }
 
 fn article(noun: &str) -> String {
-    let an = matches!(noun.trim_start_matches('`').chars().next(), Some('a' | 'e' | 'i' | 'o' | 'u'));
+    let an = matches!(
+        noun.trim_start_matches('`').chars().next(),
+        Some('a' | 'e' | 'i' | 'o' | 'u')
+    );
     format!("{} {noun}", if an { "an" } else { "a" })
 }
 
@@ -380,12 +488,12 @@ fn type_hint(key: Option<&str>, expected: &[&str], node: &Node) -> Option<String
             node.to_json()
         )),
         (["array"], NodeKind::Str(s)) => Some(format!("write a list: `[{s}]`")),
-        (["string"], NodeKind::Map(_)) if matches!(key, Some("if" | "foreach")) => {
-            Some("write the expression as a string; quote it if it starts with `{` or `[`".to_owned())
-        }
-        (["string"], NodeKind::Map(_)) => {
-            Some("a template that starts with `{{` must be quoted in YAML: `\"{{ ... }}\"`".to_owned())
-        }
+        (["string"], NodeKind::Map(_)) if matches!(key, Some("if" | "foreach")) => Some(
+            "write the expression as a string; quote it if it starts with `{` or `[`".to_owned(),
+        ),
+        (["string"], NodeKind::Map(_)) => Some(
+            "a template that starts with `{{` must be quoted in YAML: `\"{{ ... }}\"`".to_owned(),
+        ),
         _ => None,
     }
 }
@@ -395,8 +503,12 @@ fn missing_key_hint(def: &str, name: &str) -> String {
         ("Step", "id") => "give every step a unique `id` such as `id: fetch`".to_owned(),
         ("Spec", "steps") => "a workflow needs a `steps:` list, even if it has one step".to_owned(),
         ("Rule", "on") => "say when the rule applies, for example `on: before_tool`".to_owned(),
-        ("Rule", "action") => "say what the rule does: `allow`, `deny`, `ask`, `redact` or `log`".to_owned(),
-        ("ProviderDef", "kind") => "set `kind` to `openai`, `anthropic`, `gemini` or `mock`".to_owned(),
+        ("Rule", "action") => {
+            "say what the rule does: `allow`, `deny`, `ask`, `redact` or `log`".to_owned()
+        }
+        ("ProviderDef", "kind") => {
+            "set `kind` to `openai`, `anthropic`, `gemini` or `mock`".to_owned()
+        }
         _ => format!("add `{name}`"),
     }
 }

@@ -22,12 +22,29 @@ impl Reference {
 
     /// The span of the first `n` segments.
     pub fn span_of(&self, n: usize) -> Span {
-        self.prefix_spans.get(n.saturating_sub(1)).copied().unwrap_or(self.span)
+        self.prefix_spans
+            .get(n.saturating_sub(1))
+            .copied()
+            .unwrap_or(self.span)
     }
 }
 
 /// Global functions minijinja provides; reading them is not a reference to workflow data.
-const GLOBALS: &[&str] = &["range", "dict", "namespace", "debug", "lipsum", "cycler", "joiner", "loop", "self", "super", "varargs", "kwargs", "caller"];
+const GLOBALS: &[&str] = &[
+    "range",
+    "dict",
+    "namespace",
+    "debug",
+    "lipsum",
+    "cycler",
+    "joiner",
+    "loop",
+    "self",
+    "super",
+    "varargs",
+    "kwargs",
+    "caller",
+];
 
 /// Parses templates and expressions with one minijinja environment.
 pub struct Analyzer {
@@ -55,26 +72,64 @@ pub fn is_template(text: &str) -> bool {
 
 impl Analyzer {
     /// Analyzes a template string written at `span` in `file`.
-    pub fn template(&self, file: &SourceFile, span: Span, text: &str) -> Result<Vec<Reference>, Diagnostic> {
+    pub fn template(
+        &self,
+        file: &SourceFile,
+        span: Span,
+        text: &str,
+    ) -> Result<Vec<Reference>, Diagnostic> {
         if !is_template(text) {
             return Ok(Vec::new());
         }
         match self.env.template_from_str(text) {
-            Ok(template) => Ok(self.references(file, span, text, template.undeclared_variables(true))),
-            Err(err) => Err(syntax_error(codes::TEMPLATE_SYNTAX, "template", file, span, text, &err)),
+            Ok(template) => {
+                Ok(self.references(file, span, text, template.undeclared_variables(true)))
+            }
+            Err(err) => Err(syntax_error(
+                codes::TEMPLATE_SYNTAX,
+                "template",
+                file,
+                span,
+                text,
+                &err,
+            )),
         }
     }
 
     /// Analyzes a bare expression (`if`, `foreach`, rule conditions).
-    pub fn expression(&self, file: &SourceFile, span: Span, text: &str) -> Result<Vec<Reference>, Diagnostic> {
+    pub fn expression(
+        &self,
+        file: &SourceFile,
+        span: Span,
+        text: &str,
+    ) -> Result<Vec<Reference>, Diagnostic> {
         if text.contains("{{") || text.contains("{%") {
-            let at = locate(file, span, text, text.find('{').unwrap_or(0)..text.find('{').unwrap_or(0) + 2);
-            return Err(Diagnostic::error(codes::EXPRESSION_SYNTAX, at, "expressions are written without `{{ }}`")
-                .with_hint(format!("write `{}`", text.replace("{{", "").replace("}}", "").trim())));
+            let at = locate(
+                file,
+                span,
+                text,
+                text.find('{').unwrap_or(0)..text.find('{').unwrap_or(0) + 2,
+            );
+            return Err(Diagnostic::error(
+                codes::EXPRESSION_SYNTAX,
+                at,
+                "expressions are written without `{{ }}`",
+            )
+            .with_hint(format!(
+                "write `{}`",
+                text.replace("{{", "").replace("}}", "").trim()
+            )));
         }
         match self.env.compile_expression(text) {
             Ok(expr) => Ok(self.references(file, span, text, expr.undeclared_variables(true))),
-            Err(err) => Err(syntax_error(codes::EXPRESSION_SYNTAX, "expression", file, span, text, &err)),
+            Err(err) => Err(syntax_error(
+                codes::EXPRESSION_SYNTAX,
+                "expression",
+                file,
+                span,
+                text,
+                &err,
+            )),
         }
     }
 
@@ -102,13 +157,24 @@ impl Analyzer {
                     })
                     .collect::<Vec<_>>();
                 let whole = *prefix_spans.last().unwrap_or(&span);
-                Reference { segments, span: whole, prefix_spans }
+                Reference {
+                    segments,
+                    span: whole,
+                    prefix_spans,
+                }
             })
             .collect()
     }
 }
 
-fn syntax_error(code: &'static str, what: &str, file: &SourceFile, span: Span, text: &str, err: &minijinja::Error) -> Diagnostic {
+fn syntax_error(
+    code: &'static str,
+    what: &str,
+    file: &SourceFile,
+    span: Span,
+    text: &str,
+    err: &minijinja::Error,
+) -> Diagnostic {
     let detail = err.detail().unwrap_or("invalid syntax");
     let at = match err.range() {
         Some(range) if range.end <= text.len() => locate(file, span, text, range),
@@ -141,20 +207,24 @@ fn find_word(text: &str, needle: &str) -> Option<usize> {
 pub fn locate(file: &SourceFile, span: Span, value: &str, range: std::ops::Range<usize>) -> Span {
     let raw = file.slice(span);
     if raw == value {
-        return span.sub(range);
+        return span.within(range);
     }
     for quote in ["\"\"\"", "'''", "\"", "'"] {
-        if raw.len() >= 2 * quote.len() && raw.starts_with(quote) && raw.ends_with(quote) && &raw[quote.len()..raw.len() - quote.len()] == value {
-            return span.sub(range.start + quote.len()..range.end + quote.len());
+        if raw.len() >= 2 * quote.len()
+            && raw.starts_with(quote)
+            && raw.ends_with(quote)
+            && &raw[quote.len()..raw.len() - quote.len()] == value
+        {
+            return span.within(range.start + quote.len()..range.end + quote.len());
         }
     }
     if let Some(at) = locate_by_lines(raw, value, range.start) {
         let len = value[range.clone()].find('\n').unwrap_or(range.len());
-        return span.sub(at..at + len);
+        return span.within(at..at + len);
     }
     let needle = &value[range];
     match (raw.find(needle), raw.rfind(needle)) {
-        (Some(a), Some(b)) if a == b && !needle.is_empty() => span.sub(a..a + needle.len()),
+        (Some(a), Some(b)) if a == b && !needle.is_empty() => span.within(a..a + needle.len()),
         _ => span,
     }
 }
@@ -165,7 +235,11 @@ fn locate_by_lines(raw: &str, value: &str, offset: usize) -> Option<usize> {
     let mut line_start = 0;
     for line in value.split('\n') {
         let line_end = line_start + line.len();
-        let found = if line.is_empty() { cursor } else { cursor + raw.get(cursor..)?.find(line)? };
+        let found = if line.is_empty() {
+            cursor
+        } else {
+            cursor + raw.get(cursor..)?.find(line)?
+        };
         if offset >= line_start && offset <= line_end {
             return Some(found + (offset - line_start));
         }

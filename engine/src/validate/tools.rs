@@ -21,7 +21,11 @@ pub fn is_glob(pattern: &str) -> bool {
 impl Checker<'_> {
     /// Every tool name a step may call: built-ins, then declared tools.
     pub(super) fn tool_names(&self) -> Vec<&str> {
-        builtin::all().iter().map(|b| b.name).chain(self.spec.tools.keys().map(|k| k.value.as_str())).collect()
+        builtin::all()
+            .iter()
+            .map(|b| b.name)
+            .chain(self.spec.tools.keys().map(|k| k.value.as_str()))
+            .collect()
     }
 
     pub(super) fn check_tools(&mut self, validator: &mut Validator) {
@@ -34,7 +38,10 @@ impl Checker<'_> {
     fn check_tool_def(&mut self, name: &Spanned<String>, def: &ToolDef, validator: &mut Validator) {
         let valid_name = name.value.len() <= 64
             && name.value.starts_with(|c: char| c.is_ascii_alphabetic())
-            && name.value.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-');
+            && name
+                .value
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-');
         if !valid_name {
             self.push(
                 Diagnostic::error(codes::INVALID_NAME, name.span, format!("tool name `{}` is not valid", name.value))
@@ -43,8 +50,12 @@ impl Checker<'_> {
         }
         if builtin::get(&name.value).is_some() {
             self.push(
-                Diagnostic::error(codes::SHADOWED_BUILTIN, name.span, format!("tool `{}` has the name of a built-in tool", name.value))
-                    .with_hint(format!("choose another name, such as `my_{}`", name.value)),
+                Diagnostic::error(
+                    codes::SHADOWED_BUILTIN,
+                    name.span,
+                    format!("tool `{}` has the name of a built-in tool", name.value),
+                )
+                .with_hint(format!("choose another name, such as `my_{}`", name.value)),
             );
         }
         let kinds: Vec<(&str, Span)> = [
@@ -59,13 +70,23 @@ impl Checker<'_> {
         .collect();
         match kinds.as_slice() {
             [] => self.push(
-                Diagnostic::error(codes::MISSING_TOOL_KIND, name.span, format!("tool `{}` does not say what it runs", name.value))
-                    .with_hint("add one of `command`, `http`, `steps`, `workflow` or `mcp`"),
+                Diagnostic::error(
+                    codes::MISSING_TOOL_KIND,
+                    name.span,
+                    format!("tool `{}` does not say what it runs", name.value),
+                )
+                .with_hint("add one of `command`, `http`, `steps`, `workflow` or `mcp`"),
             ),
             [(first, first_span), (second, span), ..] => self.push(
-                Diagnostic::error(codes::CONFLICTING_TOOL_KINDS, *span, format!("tool `{}` has both `{first}` and `{second}`", name.value))
-                    .with_label(*first_span, format!("`{first}` given here"))
-                    .with_hint("a tool is exactly one of `command`, `http`, `steps`, `workflow` or `mcp`"),
+                Diagnostic::error(
+                    codes::CONFLICTING_TOOL_KINDS,
+                    *span,
+                    format!("tool `{}` has both `{first}` and `{second}`", name.value),
+                )
+                .with_label(*first_span, format!("`{first}` given here"))
+                .with_hint(
+                    "a tool is exactly one of `command`, `http`, `steps`, `workflow` or `mcp`",
+                ),
             ),
             _ => {}
         }
@@ -74,8 +95,12 @@ impl Checker<'_> {
                 self.check_json_schema(schema, "tool `parameters`");
                 if schema.get("type").and_then(Node::as_str) != Some("object") {
                     self.push(
-                        Diagnostic::error(codes::INVALID_JSON_SCHEMA, schema.span, "tool `parameters` must be an object schema")
-                            .with_hint("write `type: object` with `properties:` for each argument"),
+                        Diagnostic::error(
+                            codes::INVALID_JSON_SCHEMA,
+                            schema.span,
+                            "tool `parameters` must be an object schema",
+                        )
+                        .with_hint("write `type: object` with `properties:` for each argument"),
                     );
                 }
                 schema
@@ -86,10 +111,18 @@ impl Checker<'_> {
             }
             None => Vec::new(),
         };
-        let scope = Scope { params: Some(&params), ..Scope::new("a tool definition") }.secrets(true);
+        let scope = Scope {
+            params: Some(&params),
+            ..Scope::new("a tool definition")
+        }
+        .secrets(true);
         if let Some(command) = &def.command {
             if command.value.is_empty() {
-                self.push(Diagnostic::error(codes::INVALID_VALUE, command.span, "`command` needs at least the program to run"));
+                self.push(Diagnostic::error(
+                    codes::INVALID_VALUE,
+                    command.span,
+                    "`command` needs at least the program to run",
+                ));
             }
             for arg in &command.value {
                 self.template(arg, &scope);
@@ -121,19 +154,34 @@ impl Checker<'_> {
                 ("env", def.env.keys().next().map(|k| k.span)),
             ];
             for (field, span) in command_only.iter().filter_map(|(f, s)| s.map(|s| (*f, s))) {
-                self.push(Diagnostic::warning(codes::INEFFECTIVE_FIELD, span, format!("`{field}` applies only to `command` tools")));
+                self.push(Diagnostic::warning(
+                    codes::INEFFECTIVE_FIELD,
+                    span,
+                    format!("`{field}` applies only to `command` tools"),
+                ));
             }
         }
         if let Some(steps) = &def.steps {
-            let list = StepListScope { params: Some(&params), raw_ids: &[] };
+            let list = StepListScope {
+                params: Some(&params),
+                raw_ids: &[],
+            };
             self.check_step_list(&steps.value, list, validator);
             if let Some(result) = &def.result {
                 let table = StepTable::new(&steps.value, &[]);
-                let result_scope = Scope { place: "a tool result", ..scope }.steps(&table);
+                let result_scope = Scope {
+                    place: "a tool result",
+                    ..scope
+                }
+                .steps(&table);
                 self.value(result, &result_scope);
             }
         } else if let Some(result) = &def.result {
-            self.push(Diagnostic::warning(codes::INEFFECTIVE_FIELD, result.span, "`result` applies only to composite tools (`steps`)"));
+            self.push(Diagnostic::warning(
+                codes::INEFFECTIVE_FIELD,
+                result.span,
+                "`result` applies only to composite tools (`steps`)",
+            ));
         }
         if let Some(workflow) = &def.workflow {
             validator.sub_workflow(self.file, workflow, &mut self.diagnostics);
@@ -141,8 +189,12 @@ impl Checker<'_> {
         if let Some(mcp) = &def.mcp {
             if mcp.command.is_some() == mcp.url.is_some() {
                 self.push(
-                    Diagnostic::error(codes::INVALID_VALUE, mcp.span, "an `mcp` server needs exactly one of `command` or `url`")
-                        .with_hint("`command` starts a local server; `url` connects to one over HTTP"),
+                    Diagnostic::error(
+                        codes::INVALID_VALUE,
+                        mcp.span,
+                        "an `mcp` server needs exactly one of `command` or `url`",
+                    )
+                    .with_hint("`command` starts a local server; `url` connects to one over HTTP"),
                 );
             }
             for t in mcp.command.iter().flatten().chain(mcp.url.iter()) {
@@ -165,8 +217,17 @@ impl Checker<'_> {
                 def.steps
                     .iter()
                     .flat_map(|s| s.value.iter())
-                    .flat_map(|step| step.tool.iter().chain(step.fallback.iter().flat_map(|f| f.tool.iter())))
-                    .filter_map(|t| names.iter().position(|n| *n == t.value).map(|i| (i, t.span)))
+                    .flat_map(|step| {
+                        step.tool
+                            .iter()
+                            .chain(step.fallback.iter().flat_map(|f| f.tool.iter()))
+                    })
+                    .filter_map(|t| {
+                        names
+                            .iter()
+                            .position(|n| *n == t.value)
+                            .map(|i| (i, t.span))
+                    })
                     .collect()
             })
             .collect();
@@ -186,37 +247,65 @@ impl Checker<'_> {
                     .collect();
                 let (_, closing) = path[path.len() - 1];
                 self.push(
-                    Diagnostic::error(codes::RECURSIVE_TOOL, closing, format!("composite tool `{}` includes itself: {}", names[start], chain.join(" → ")))
-                        .with_hint("a composite tool cannot call itself, directly or through other tools"),
+                    Diagnostic::error(
+                        codes::RECURSIVE_TOOL,
+                        closing,
+                        format!(
+                            "composite tool `{}` includes itself: {}",
+                            names[start],
+                            chain.join(" → ")
+                        ),
+                    )
+                    .with_hint(
+                        "a composite tool cannot call itself, directly or through other tools",
+                    ),
                 );
             }
         }
     }
 
     /// Checks a `tool:` call and its `with:` arguments; returns the dependencies of the arguments.
-    pub(super) fn check_tool_call(&mut self, tool: &Spanned<String>, args: Option<&Node>, scope: &Scope<'_>) -> Vec<Dep> {
+    pub(super) fn check_tool_call(
+        &mut self,
+        tool: &Spanned<String>,
+        args: Option<&Node>,
+        scope: &Scope<'_>,
+    ) -> Vec<Dep> {
         let name = tool.value.as_str();
         let schema: Option<Json> = if let Some(b) = builtin::get(name) {
             Some(b.parameters.clone())
         } else if let Some(def) = self.spec.tools.get(name) {
             def.parameters.as_ref().map(Node::to_json)
-        } else if let Some(def) = name.split_once('.').and_then(|(server, _)| self.spec.tools.get(server)).filter(|d| d.mcp.is_some()) {
+        } else if let Some(def) = name
+            .split_once('.')
+            .and_then(|(server, _)| self.spec.tools.get(server))
+            .filter(|d| d.mcp.is_some())
+        {
             let (_, tool_name) = name.split_once('.').unwrap_or_default();
             let exposed = def.mcp.as_ref().and_then(|m| m.tools.as_ref());
-            if let Some(exposed) = exposed.filter(|list| !list.iter().any(|t| t.value == tool_name)) {
+            if let Some(exposed) = exposed.filter(|list| !list.iter().any(|t| t.value == tool_name))
+            {
                 let known: Vec<&str> = exposed.iter().map(|t| t.value.as_str()).collect();
                 self.push(
-                    Diagnostic::error(codes::UNKNOWN_TOOL, tool.span, format!("MCP tool `{tool_name}` is not in the server's `tools` list"))
-                        .with_hint_opt(suggest::did_you_mean(tool_name, known.iter().copied())),
+                    Diagnostic::error(
+                        codes::UNKNOWN_TOOL,
+                        tool.span,
+                        format!("MCP tool `{tool_name}` is not in the server's `tools` list"),
+                    )
+                    .with_hint_opt(suggest::did_you_mean(tool_name, known.iter().copied())),
                 );
             }
             None
         } else {
             let names = self.tool_names();
             self.push(
-                Diagnostic::error(codes::UNKNOWN_TOOL, tool.span, format!("unknown tool `{name}`"))
-                    .with_hint_opt(suggest::did_you_mean(name, names.iter().copied()))
-                    .with_hint("declare it under `tools:`, or use a built-in tool (see docs/tools.md)"),
+                Diagnostic::error(
+                    codes::UNKNOWN_TOOL,
+                    tool.span,
+                    format!("unknown tool `{name}`"),
+                )
+                .with_hint_opt(suggest::did_you_mean(name, names.iter().copied()))
+                .with_hint("declare it under `tools:`, or use a built-in tool (see docs/tools.md)"),
             );
             None
         };
@@ -230,7 +319,10 @@ impl Checker<'_> {
         let Some(properties) = schema.get("properties").and_then(Json::as_object) else {
             return;
         };
-        let strict = !matches!(schema.get("additionalProperties"), Some(Json::Bool(true) | Json::Object(_)));
+        let strict = !matches!(
+            schema.get("additionalProperties"),
+            Some(Json::Bool(true) | Json::Object(_))
+        );
         let entries = args.and_then(Node::as_map).unwrap_or_default();
         for (key, value) in entries {
             match properties.get(&key.name) {
@@ -238,20 +330,34 @@ impl Checker<'_> {
                 None if strict => {
                     let names: Vec<&str> = properties.keys().map(String::as_str).collect();
                     self.push(
-                        Diagnostic::error(codes::UNKNOWN_ARGUMENT, key.span, format!("tool `{}` has no argument `{}`", tool.value, key.name))
-                            .with_hint_opt(suggest::did_you_mean(&key.name, names.iter().copied()))
-                            .with_hint(format!("its arguments are {}", suggest::list(&names))),
+                        Diagnostic::error(
+                            codes::UNKNOWN_ARGUMENT,
+                            key.span,
+                            format!("tool `{}` has no argument `{}`", tool.value, key.name),
+                        )
+                        .with_hint_opt(suggest::did_you_mean(&key.name, names.iter().copied()))
+                        .with_hint(format!("its arguments are {}", suggest::list(&names))),
                     );
                 }
                 None => {}
             }
         }
-        let required = schema.get("required").and_then(Json::as_array).map(Vec::as_slice).unwrap_or_default();
+        let required = schema
+            .get("required")
+            .and_then(Json::as_array)
+            .map(Vec::as_slice)
+            .unwrap_or_default();
         for name in required.iter().filter_map(Json::as_str) {
             if !entries.iter().any(|(k, _)| k.name == name) {
                 self.push(
-                    Diagnostic::error(codes::MISSING_ARGUMENT, tool.span, format!("tool `{}` needs the argument `{name}`", tool.value))
-                        .with_hint(format!("add it under `with:`, for example `with: {{ {name}: ... }}`")),
+                    Diagnostic::error(
+                        codes::MISSING_ARGUMENT,
+                        tool.span,
+                        format!("tool `{}` needs the argument `{name}`", tool.value),
+                    )
+                    .with_hint(format!(
+                        "add it under `with:`, for example `with: {{ {name}: ... }}`"
+                    )),
                 );
             }
         }
@@ -270,35 +376,66 @@ impl Checker<'_> {
         let instance = value.to_json();
         if let Some(error) = validator.iter_errors(&instance).next() {
             let path = error.instance_path().to_string();
-            let at = value.at_path(&pointer_segments(&path)).map_or(value.span, |n| n.span);
-            let location = if path.is_empty() { format!("`{name}`") } else { format!("`{name}{}`", path.replace('/', ".")) };
+            let at = value
+                .at_path(&pointer_segments(&path))
+                .map_or(value.span, |n| n.span);
+            let location = if path.is_empty() {
+                format!("`{name}`")
+            } else {
+                format!("`{name}{}`", path.replace('/', "."))
+            };
             self.push(Diagnostic::error(
                 codes::INVALID_ARGUMENT,
                 at,
-                format!("argument {location} of tool `{tool}` is invalid: {}", error.masked()),
+                format!(
+                    "argument {location} of tool `{tool}` is invalid: {}",
+                    error.masked()
+                ),
             ));
         }
     }
 
     /// Checks a `workflow:` call: the file, recursion and the inputs passed in `with:`.
-    pub(super) fn check_workflow_call(&mut self, workflow: &Spanned<String>, args: Option<&Node>, scope: &Scope<'_>, validator: &mut Validator) -> Vec<Dep> {
+    pub(super) fn check_workflow_call(
+        &mut self,
+        workflow: &Spanned<String>,
+        args: Option<&Node>,
+        scope: &Scope<'_>,
+        validator: &mut Validator,
+    ) -> Vec<Dep> {
         if let Some(sub) = validator.sub_workflow(self.file, workflow, &mut self.diagnostics) {
             let entries = args.and_then(Node::as_map).unwrap_or_default();
             let names: Vec<&str> = sub.inputs.iter().map(|(n, _)| n.as_str()).collect();
             for (key, _) in entries {
                 if !names.contains(&key.name.as_str()) {
                     self.push(
-                        Diagnostic::error(codes::UNKNOWN_ARGUMENT, key.span, format!("sub-workflow `{}` has no input `{}`", workflow.value, key.name))
-                            .with_hint_opt(suggest::did_you_mean(&key.name, names.iter().copied()))
-                            .with_hint_opt((!names.is_empty()).then(|| format!("its inputs are {}", suggest::list(&names)))),
+                        Diagnostic::error(
+                            codes::UNKNOWN_ARGUMENT,
+                            key.span,
+                            format!(
+                                "sub-workflow `{}` has no input `{}`",
+                                workflow.value, key.name
+                            ),
+                        )
+                        .with_hint_opt(suggest::did_you_mean(&key.name, names.iter().copied()))
+                        .with_hint_opt(
+                            (!names.is_empty())
+                                .then(|| format!("its inputs are {}", suggest::list(&names))),
+                        ),
                     );
                 }
             }
             for (name, required) in &sub.inputs {
                 if *required && !entries.iter().any(|(k, _)| k.name == *name) {
                     self.push(
-                        Diagnostic::error(codes::MISSING_INPUT, workflow.span, format!("sub-workflow `{}` needs the input `{name}`", workflow.value))
-                            .with_hint(format!("pass it under `with:`, for example `with: {{ {name}: ... }}`")),
+                        Diagnostic::error(
+                            codes::MISSING_INPUT,
+                            workflow.span,
+                            format!("sub-workflow `{}` needs the input `{name}`", workflow.value),
+                        )
+                        .with_hint(format!(
+                            "pass it under `with:`, for example `with: {{ {name}: ... }}`"
+                        )),
                     );
                 }
             }
@@ -311,29 +448,40 @@ impl Checker<'_> {
         let names = self.tool_names();
         if is_glob(&pattern.value) {
             match Glob::new(&pattern.value) {
-                Err(err) => self.push(Diagnostic::error(codes::INVALID_GLOB, pattern.span, format!("invalid glob `{}`: {}", pattern.value, glob_reason(&err)))),
+                Err(err) => self.push(Diagnostic::error(
+                    codes::INVALID_GLOB,
+                    pattern.span,
+                    format!("invalid glob `{}`: {}", pattern.value, glob_reason(&err)),
+                )),
                 Ok(glob) => {
                     let matcher = glob.compile_matcher();
                     let mcp = self.spec.tools.iter().any(|(_, d)| d.mcp.is_some());
                     if !mcp && !names.iter().any(|n| matcher.is_match(n)) {
                         self.push(
-                            Diagnostic::warning(codes::PATTERN_MATCHES_NOTHING, pattern.span, format!("`{}` matches no tool", pattern.value))
-                                .with_hint(format!("tools here: {}", suggest::list(&names))),
+                            Diagnostic::warning(
+                                codes::PATTERN_MATCHES_NOTHING,
+                                pattern.span,
+                                format!("`{}` matches no tool", pattern.value),
+                            )
+                            .with_hint(format!("tools here: {}", suggest::list(&names))),
                         );
                     }
                 }
             }
             return;
         }
-        let mcp_tool = pattern
-            .value
-            .split_once('.')
-            .is_some_and(|(server, _)| self.spec.tools.get(server).is_some_and(|d| d.mcp.is_some()));
+        let mcp_tool = pattern.value.split_once('.').is_some_and(|(server, _)| {
+            self.spec.tools.get(server).is_some_and(|d| d.mcp.is_some())
+        });
         if !names.contains(&pattern.value.as_str()) && !mcp_tool {
             self.push(
-                Diagnostic::error(codes::UNKNOWN_TOOL, pattern.span, format!("unknown tool `{}`", pattern.value))
-                    .with_hint_opt(suggest::did_you_mean(&pattern.value, names.iter().copied()))
-                    .with_hint("declare it under `tools:`, or use a built-in tool (see docs/tools.md)"),
+                Diagnostic::error(
+                    codes::UNKNOWN_TOOL,
+                    pattern.span,
+                    format!("unknown tool `{}`", pattern.value),
+                )
+                .with_hint_opt(suggest::did_you_mean(&pattern.value, names.iter().copied()))
+                .with_hint("declare it under `tools:`, or use a built-in tool (see docs/tools.md)"),
             );
         }
     }
@@ -387,4 +535,3 @@ pub(super) fn pointer_segments(pointer: &str) -> Vec<crate::spec::PathSegment> {
         })
         .collect()
 }
-
