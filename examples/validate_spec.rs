@@ -13,18 +13,42 @@ fn main() -> ExitCode {
     };
     let validation = archon_engine::validate_file(&path);
     for d in &validation.diagnostics {
-        let file = validation.sources.get(d.span.file).expect("diagnostics point into loaded files");
+        let file = validation
+            .sources
+            .get(d.span.file)
+            .expect("diagnostics point into loaded files");
         let (line, column) = file.line_col(d.span.start as usize);
-        eprintln!("{}:{line}:{column}: {}[{}]: {}", file.path.display(), d.severity.as_str(), d.code, d.message);
+        eprintln!(
+            "{}:{line}:{column}: {}[{}]: {}",
+            file.path.display(),
+            d.severity.as_str(),
+            d.code,
+            d.message
+        );
     }
     let Some(workflow) = validation.workflow else {
         return ExitCode::from(2);
     };
-    println!("workflow `{}`: {} steps", workflow.name, workflow.spec.steps.len());
+    println!(
+        "workflow `{}`: {} steps",
+        workflow.name,
+        workflow.spec.steps.len()
+    );
     for index in &workflow.order {
         let step = &workflow.spec.steps[*index];
-        let needs: Vec<&str> = workflow.dependencies[*index].iter().map(|d| workflow.spec.steps[*d].id.value.as_str()).collect();
-        println!("  {} (after: {})", step.id.value, if needs.is_empty() { "-".to_owned() } else { needs.join(", ") });
+        let needs: Vec<&str> = workflow.dependencies[*index]
+            .iter()
+            .map(|d| workflow.spec.steps[*d].id.value.as_str())
+            .collect();
+        println!(
+            "  {} (after: {})",
+            step.id.value,
+            if needs.is_empty() {
+                "-".to_owned()
+            } else {
+                needs.join(", ")
+            }
+        );
     }
     ExitCode::SUCCESS
 }

@@ -32,7 +32,8 @@ fn write(dir: &Path, name: &str, text: &str) {
 }
 
 const VALID: &str = "name: ok\nsteps:\n  - id: a\n    tool: echo\n    with: { x: 1 }\n";
-const INVALID: &str = "name: bad\nsteps:\n  - id: a\n    tool: echo\n  - id: b\n    tool: echo\n    needs: [c]\n";
+const INVALID: &str =
+    "name: bad\nsteps:\n  - id: a\n    tool: echo\n  - id: b\n    tool: echo\n    needs: [c]\n";
 
 #[test]
 fn valid_file_exits_zero() {
@@ -58,29 +59,52 @@ fn invalid_file_exits_two_with_snippet_and_caret() {
 
     1 of 1 file invalid: 1 error
     ");
-    assert!(!out.stdout.contains('\u{1b}'), "NO_COLOR output has escape codes");
+    assert!(
+        !out.stdout.contains('\u{1b}'),
+        "NO_COLOR output has escape codes"
+    );
 }
 
 #[test]
 fn directories_are_searched_recursively_and_hidden_entries_skipped() {
     let dir = TempDir::new().expect("tempdir");
     write(dir.path(), "specs/a.yaml", VALID);
-    write(dir.path(), "specs/nested/b.toml", "name = \"b\"\n[[steps]]\nid = \"x\"\ntool = \"echo\"\n");
+    write(
+        dir.path(),
+        "specs/nested/b.toml",
+        "name = \"b\"\n[[steps]]\nid = \"x\"\ntool = \"echo\"\n",
+    );
     write(dir.path(), "specs/nested/deeper/c.yml", INVALID);
     write(dir.path(), "specs/.hidden/d.yaml", "not: [valid");
     write(dir.path(), "specs/notes.txt", "ignored");
     let out = archon(dir.path(), &["validate", "--format", "json", "specs"]);
     assert_eq!(out.code, 2, "{}", out.stderr);
     let report: serde_json::Value = serde_json::from_str(&out.stdout).expect("JSON output");
-    let files: Vec<&str> = report["files"].as_array().expect("files").iter().map(|f| f["path"].as_str().expect("path")).collect();
-    assert_eq!(files, ["specs/a.yaml", "specs/nested/b.toml", "specs/nested/deeper/c.yml"]);
+    let files: Vec<&str> = report["files"]
+        .as_array()
+        .expect("files")
+        .iter()
+        .map(|f| f["path"].as_str().expect("path"))
+        .collect();
+    assert_eq!(
+        files,
+        [
+            "specs/a.yaml",
+            "specs/nested/b.toml",
+            "specs/nested/deeper/c.yml"
+        ]
+    );
     assert_eq!(report["summary"]["errors"], 1);
 }
 
 #[test]
 fn json_output_has_locations_codes_and_hints() {
     let dir = TempDir::new().expect("tempdir");
-    write(dir.path(), "bad.yaml", "name: bad\nsteps:\n  - id: a\n    tool: echo\n    nedds: [b]\n");
+    write(
+        dir.path(),
+        "bad.yaml",
+        "name: bad\nsteps:\n  - id: a\n    tool: echo\n    nedds: [b]\n",
+    );
     let out = archon(dir.path(), &["validate", "--format", "json", "bad.yaml"]);
     assert_eq!(out.code, 2);
     let report: serde_json::Value = serde_json::from_str(&out.stdout).expect("JSON output");
@@ -89,8 +113,14 @@ fn json_output_has_locations_codes_and_hints() {
     assert_eq!(d["file"], "bad.yaml");
     assert_eq!(d["code"], "archon::unknown_key");
     assert_eq!(d["severity"], "error");
-    assert_eq!((d["line"].as_u64(), d["column"].as_u64()), (Some(5), Some(5)));
-    assert_eq!((d["end_line"].as_u64(), d["end_column"].as_u64()), (Some(5), Some(10)));
+    assert_eq!(
+        (d["line"].as_u64(), d["column"].as_u64()),
+        (Some(5), Some(5))
+    );
+    assert_eq!(
+        (d["end_line"].as_u64(), d["end_column"].as_u64()),
+        (Some(5), Some(10))
+    );
     assert_eq!(d["hints"][0], "did you mean `needs`?");
     assert_eq!(report["files"][0]["valid"], false);
 }
@@ -100,7 +130,12 @@ fn missing_file_is_a_diagnostic_not_a_crash() {
     let dir = TempDir::new().expect("tempdir");
     let out = archon(dir.path(), &["validate", "nope.yaml"]);
     assert_eq!(out.code, 2);
-    assert!(out.stdout.contains("error[archon::unreadable_file]: cannot read `nope.yaml`: no such file"), "{}", out.stdout);
+    assert!(
+        out.stdout
+            .contains("error[archon::unreadable_file]: cannot read `nope.yaml`: no such file"),
+        "{}",
+        out.stdout
+    );
 }
 
 #[test]

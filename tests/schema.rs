@@ -27,30 +27,53 @@ fn schema_command_prints_the_checked_in_schema() {
         .output()
         .expect("archon runs");
     assert!(output.status.success());
-    assert_eq!(String::from_utf8_lossy(&output.stdout), workflow_schema_text());
+    assert_eq!(
+        String::from_utf8_lossy(&output.stdout),
+        workflow_schema_text()
+    );
 }
 
 /// Editors check specs against the published schema; every example must pass it as well as `validate`.
 #[test]
 fn example_workflows_satisfy_the_published_schema() {
-    let schema: serde_json::Value = serde_json::from_str(&workflow_schema_text()).expect("schema is JSON");
+    let schema: serde_json::Value =
+        serde_json::from_str(&workflow_schema_text()).expect("schema is JSON");
     let validator = jsonschema::validator_for(&schema).expect("schema compiles");
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("workflows");
     let mut checked = 0;
-    let mut entries: Vec<_> = std::fs::read_dir(&dir).expect("workflows/ exists").filter_map(Result::ok).map(|e| e.path()).collect();
+    let mut entries: Vec<_> = std::fs::read_dir(&dir)
+        .expect("workflows/ exists")
+        .filter_map(Result::ok)
+        .map(|e| e.path())
+        .collect();
     entries.sort();
     for path in entries {
-        if !matches!(path.extension().and_then(|e| e.to_str()), Some("yaml" | "yml" | "toml")) {
+        if !matches!(
+            path.extension().and_then(|e| e.to_str()),
+            Some("yaml" | "yml" | "toml")
+        ) {
             continue;
         }
         let mut sources = Sources::default();
         let text = std::fs::read_to_string(&path).expect("readable");
         let file = sources.add(path.clone(), text);
         let (node, diagnostics) = spec::parse(&file, &Limits::default());
-        assert!(diagnostics.is_empty(), "{}: {diagnostics:?}", path.display());
+        assert!(
+            diagnostics.is_empty(),
+            "{}: {diagnostics:?}",
+            path.display()
+        );
         let instance = node.expect("parsed").to_json();
-        let errors: Vec<String> = validator.iter_errors(&instance).map(|e| format!("{} at {}", e, e.instance_path())).collect();
-        assert!(errors.is_empty(), "{} does not satisfy the schema:\n{}", path.display(), errors.join("\n"));
+        let errors: Vec<String> = validator
+            .iter_errors(&instance)
+            .map(|e| format!("{} at {}", e, e.instance_path()))
+            .collect();
+        assert!(
+            errors.is_empty(),
+            "{} does not satisfy the schema:\n{}",
+            path.display(),
+            errors.join("\n")
+        );
         checked += 1;
     }
     assert!(checked > 0, "no workflows found in {}", dir.display());
@@ -73,6 +96,12 @@ fn every_diagnostic_code_is_documented() {
     assert!(!in_code.is_empty());
     let undocumented: Vec<_> = in_code.difference(&in_docs).collect();
     let stale: Vec<_> = in_docs.difference(&in_code).collect();
-    assert!(undocumented.is_empty(), "codes missing from docs/diagnostics.md: {undocumented:?}");
-    assert!(stale.is_empty(), "docs/diagnostics.md lists codes the validator does not have: {stale:?}");
+    assert!(
+        undocumented.is_empty(),
+        "codes missing from docs/diagnostics.md: {undocumented:?}"
+    );
+    assert!(
+        stale.is_empty(),
+        "docs/diagnostics.md lists codes the validator does not have: {stale:?}"
+    );
 }
