@@ -309,9 +309,25 @@ impl Checker<'_> {
         let Some((path, message)) = error else {
             return true;
         };
-        let at = schema
-            .at_path(&pointer_segments(&path))
-            .map_or(schema.span, |n| n.span);
+        let node = schema.at_path(&pointer_segments(&path));
+        let at = node.map_or(schema.span, |n| n.span);
+        if path.ends_with("/type")
+            && let Some(name) = node.and_then(Node::as_str)
+        {
+            const TYPES: &[&str] = &[
+                "string", "number", "integer", "boolean", "object", "array", "null",
+            ];
+            self.push(
+                Diagnostic::error(
+                    codes::INVALID_JSON_SCHEMA,
+                    at,
+                    format!("unknown JSON Schema type `{name}` in {what}"),
+                )
+                .with_hint_opt(suggest::did_you_mean(name, TYPES.iter().copied()))
+                .with_hint(format!("types are {}", suggest::list(TYPES))),
+            );
+            return false;
+        }
         let location = if path.is_empty() {
             String::new()
         } else {

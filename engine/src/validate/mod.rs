@@ -215,6 +215,7 @@ impl Validator {
             analyzer: &analyzer,
             diagnostics: Vec::new(),
             raw_step_ids,
+            argument_validators: HashMap::new(),
         };
         let graph = checker.check_all(self);
         self.stack.pop();
@@ -324,6 +325,8 @@ pub(crate) struct Checker<'a> {
     /// Every step id written in the file, even in steps the structural check dropped, so that a broken
     /// step does not also produce "unknown step" errors for everything that refers to it.
     pub raw_step_ids: Vec<String>,
+    /// Compiled argument schemas, by tool and argument name, so each is compiled once per file.
+    pub argument_validators: HashMap<(String, String), Option<jsonschema::Validator>>,
 }
 
 impl Checker<'_> {

@@ -370,12 +370,20 @@ impl Checker<'_> {
         if templated {
             return;
         }
-        let Ok(validator) = jsonschema::validator_for(schema) else {
+        let key = (tool.to_owned(), name.to_owned());
+        let validator = self
+            .argument_validators
+            .entry(key)
+            .or_insert_with(|| jsonschema::validator_for(schema).ok());
+        let Some(validator) = validator else {
             return;
         };
         let instance = value.to_json();
-        if let Some(error) = validator.iter_errors(&instance).next() {
-            let path = error.instance_path().to_string();
+        let error = validator
+            .iter_errors(&instance)
+            .next()
+            .map(|e| (e.instance_path().to_string(), e.masked().to_string()));
+        if let Some((path, error)) = error {
             let at = value
                 .at_path(&pointer_segments(&path))
                 .map_or(value.span, |n| n.span);
@@ -387,10 +395,7 @@ impl Checker<'_> {
             self.push(Diagnostic::error(
                 codes::INVALID_ARGUMENT,
                 at,
-                format!(
-                    "argument {location} of tool `{tool}` is invalid: {}",
-                    error.masked()
-                ),
+                format!("argument {location} of tool `{tool}` is invalid: {error}"),
             ));
         }
     }
