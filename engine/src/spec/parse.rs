@@ -45,13 +45,16 @@ pub fn parse(file: &SourceFile, limits: &Limits) -> (Option<Node>, Vec<Diagnosti
         .with_hint("split the workflow into sub-workflows (`workflow:` steps)");
         return (None, vec![d]);
     }
-    if let Some((offset, depth)) = too_deep(&file.text, limits.max_depth) {
+    if let Some(offset) = too_deep(&file.text, limits.max_depth) {
         let d = Diagnostic::error(
             codes::NESTING_TOO_DEEP,
             Span::new(file.id, offset, offset + 1),
-            format!("values are nested more than {depth} levels deep"),
+            format!(
+                "values are nested more than {} levels deep",
+                limits.max_depth
+            ),
         )
-        .with_hint(format!("the limit is {} levels", limits.max_depth));
+        .with_hint("flatten the data, or move it into a file a tool reads");
         return (None, vec![d]);
     }
     match file.format {
@@ -63,7 +66,7 @@ pub fn parse(file: &SourceFile, limits: &Limits) -> (Option<Node>, Vec<Diagnosti
 /// A cheap pre-scan for bracket nesting beyond `max_depth` in flow (`[`, `{`) syntax, so that no parser
 /// ever recurses that deep. Brackets inside quoted strings and comments are skipped. Returns the offset
 /// of the first bracket past the limit.
-fn too_deep(text: &str, max_depth: usize) -> Option<(usize, usize)> {
+fn too_deep(text: &str, max_depth: usize) -> Option<usize> {
     let bytes = text.as_bytes();
     let mut depth = 0usize;
     let mut i = 0;
@@ -72,7 +75,7 @@ fn too_deep(text: &str, max_depth: usize) -> Option<(usize, usize)> {
             b'[' | b'{' => {
                 depth += 1;
                 if depth > max_depth {
-                    return Some((i, depth));
+                    return Some(i);
                 }
             }
             b']' | b'}' => depth = depth.saturating_sub(1),

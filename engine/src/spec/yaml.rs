@@ -245,16 +245,19 @@ fn error_to_diagnostic(err: &YamlError, file: &SourceFile, limits: &Limits) -> D
         .location()
         .map_or(Span::new(file.id, 0, 0), |loc| span_of(&loc, file));
     let span = widen_to_char(span, file);
-    match err {
+    match original(err) {
         YamlError::Budget {
-            breach: BudgetBreach::Depth { depth },
+            breach: BudgetBreach::Depth { .. },
             ..
         } => Diagnostic::error(
             codes::NESTING_TOO_DEEP,
             span,
-            format!("values are nested more than {depth} levels deep"),
+            format!(
+                "values are nested more than {} levels deep",
+                limits.max_depth
+            ),
         )
-        .with_hint(format!("the limit is {} levels", limits.max_depth)),
+        .with_hint("flatten the data, or move it into a file a tool reads"),
         YamlError::Budget { breach, .. } if is_alias_breach(breach) => alias_budget(span, limits),
         YamlError::AliasReplayLimitExceeded { .. }
         | YamlError::AliasExpansionLimitExceeded { .. }
@@ -277,6 +280,14 @@ fn error_to_diagnostic(err: &YamlError, file: &SourceFile, limits: &Limits) -> D
             )
         }
     }
+}
+
+/// The error itself, without the wrappers that add alias locations or snippets.
+fn original(mut err: &YamlError) -> &YamlError {
+    while let YamlError::AliasError { error, .. } | YamlError::WithSnippet { error, .. } = err {
+        err = error;
+    }
+    err
 }
 
 fn is_alias_breach(breach: &BudgetBreach) -> bool {

@@ -215,6 +215,11 @@ impl Validator {
             analyzer: &analyzer,
             diagnostics: Vec::new(),
             raw_step_ids,
+            raw_step_count: root
+                .get("steps")
+                .and_then(Node::as_seq)
+                .map_or(0, <[Node]>::len),
+            steps_key: root.entry("steps").map(|(k, _)| k.span),
             argument_validators: HashMap::new(),
         };
         let graph = checker.check_all(self);
@@ -325,6 +330,10 @@ pub(crate) struct Checker<'a> {
     /// Every step id written in the file, even in steps the structural check dropped, so that a broken
     /// step does not also produce "unknown step" errors for everything that refers to it.
     pub raw_step_ids: Vec<String>,
+    /// How many steps were written, even if the structural check dropped some.
+    pub raw_step_count: usize,
+    /// Where the `steps` key is written, if it is.
+    pub steps_key: Option<Span>,
     /// Compiled argument schemas, by tool and argument name, so each is compiled once per file.
     pub argument_validators: HashMap<(String, String), Option<jsonschema::Validator>>,
 }

@@ -269,6 +269,12 @@ impl Checker<'_> {
                 None
             }
             root if scope.params.is_some_and(|p| p.iter().any(|n| n == root)) => None,
+            root if scope.params.is_some()
+                && !["steps", "secrets", "item", "index"].contains(&root) =>
+            {
+                self.unknown_parameter(root, r.span_of(1), scope.params.unwrap_or_default());
+                None
+            }
             _ => {
                 self.unknown_variable(r, scope);
                 None

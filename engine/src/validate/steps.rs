@@ -23,8 +23,8 @@ pub struct StepListScope<'s> {
 
 impl Checker<'_> {
     pub(super) fn check_steps(&mut self, validator: &mut Validator) -> Graph {
-        if self.spec.steps.is_empty() && self.raw_step_ids.is_empty() {
-            let at = Span::new(self.file.id, 0, 0);
+        if self.spec.steps.is_empty() && self.raw_step_count == 0 {
+            let at = self.steps_key.unwrap_or(Span::new(self.file.id, 0, 0));
             self.push(
                 Diagnostic::error(codes::EMPTY_WORKFLOW, at, "workflow has no steps")
                     .with_hint("add at least one step under `steps:`"),
