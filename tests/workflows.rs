@@ -11,7 +11,12 @@ fn workflows() -> Vec<PathBuf> {
         .expect("workflows/ exists")
         .filter_map(Result::ok)
         .map(|e| e.path())
-        .filter(|p| matches!(p.extension().and_then(|e| e.to_str()), Some("yaml" | "yml" | "toml")))
+        .filter(|p| {
+            matches!(
+                p.extension().and_then(|e| e.to_str()),
+                Some("yaml" | "yml" | "toml")
+            )
+        })
         .collect();
     files.sort();
     files
@@ -19,15 +24,28 @@ fn workflows() -> Vec<PathBuf> {
 
 fn valid(path: &Path) -> Workflow {
     let validation = validate_file(path);
-    let messages: Vec<String> = validation.diagnostics.iter().map(|d| format!("{}: {}", d.code, d.message)).collect();
-    assert!(messages.is_empty(), "{} has diagnostics:\n{}", path.display(), messages.join("\n"));
+    let messages: Vec<String> = validation
+        .diagnostics
+        .iter()
+        .map(|d| format!("{}: {}", d.code, d.message))
+        .collect();
+    assert!(
+        messages.is_empty(),
+        "{} has diagnostics:\n{}",
+        path.display(),
+        messages.join("\n")
+    );
     validation.workflow.expect("a valid spec yields a workflow")
 }
 
 #[test]
 fn every_example_is_valid_without_warnings() {
     let files = workflows();
-    assert!(files.len() >= 8, "expected at least 8 example workflows, found {}", files.len());
+    assert!(
+        files.len() >= 8,
+        "expected at least 8 example workflows, found {}",
+        files.len()
+    );
     for path in files {
         valid(&path);
     }
@@ -38,16 +56,21 @@ fn first_difference(a: &Value, b: &Value, path: &str) -> Option<String> {
     match (a, b) {
         (Value::Object(x), Value::Object(y)) => {
             for key in x.keys().chain(y.keys()) {
-                let (l, r) = (x.get(key).unwrap_or(&Value::Null), y.get(key).unwrap_or(&Value::Null));
+                let (l, r) = (
+                    x.get(key).unwrap_or(&Value::Null),
+                    y.get(key).unwrap_or(&Value::Null),
+                );
                 if let Some(diff) = first_difference(l, r, &format!("{path}.{key}")) {
                     return Some(diff);
                 }
             }
             None
         }
-        (Value::Array(x), Value::Array(y)) if x.len() == y.len() => {
-            x.iter().zip(y).enumerate().find_map(|(i, (l, r))| first_difference(l, r, &format!("{path}[{i}]")))
-        }
+        (Value::Array(x), Value::Array(y)) if x.len() == y.len() => x
+            .iter()
+            .zip(y)
+            .enumerate()
+            .find_map(|(i, (l, r))| first_difference(l, r, &format!("{path}[{i}]"))),
         _ if a == b => None,
         _ => Some(format!("{path}: YAML has {a}, TOML has {b}")),
     }
@@ -57,20 +80,38 @@ fn first_difference(a: &Value, b: &Value, path: &str) -> Option<String> {
 fn toml_twins_validate_to_the_same_model() {
     let files = workflows();
     let mut pairs = 0;
-    for yaml in files.iter().filter(|p| p.extension().is_some_and(|e| e == "yaml")) {
+    for yaml in files
+        .iter()
+        .filter(|p| p.extension().is_some_and(|e| e == "yaml"))
+    {
         let toml = yaml.with_extension("toml");
         if !files.contains(&toml) {
             continue;
         }
         pairs += 1;
         let (a, b) = (valid(yaml), valid(&toml));
-        let (ja, jb) = (serde_json::to_value(&*a.spec).expect("serializes"), serde_json::to_value(&*b.spec).expect("serializes"));
+        let (ja, jb) = (
+            serde_json::to_value(&*a.spec).expect("serializes"),
+            serde_json::to_value(&*b.spec).expect("serializes"),
+        );
         if let Some(diff) = first_difference(&ja, &jb, "") {
             panic!("{} and its TOML twin differ at {diff}", yaml.display());
         }
-        assert!(a.spec == b.spec, "{}: specs differ although their JSON forms agree", yaml.display());
-        assert_eq!(a.dependencies, b.dependencies, "{}: dependency graphs differ", yaml.display());
+        assert!(
+            a.spec == b.spec,
+            "{}: specs differ although their JSON forms agree",
+            yaml.display()
+        );
+        assert_eq!(
+            a.dependencies,
+            b.dependencies,
+            "{}: dependency graphs differ",
+            yaml.display()
+        );
         assert_eq!(a.name, b.name);
     }
-    assert!(pairs >= 3, "expected at least 3 YAML/TOML twins, found {pairs}");
+    assert!(
+        pairs >= 3,
+        "expected at least 3 YAML/TOML twins, found {pairs}"
+    );
 }

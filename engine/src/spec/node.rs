@@ -5,13 +5,13 @@ use serde_json::Value as Json;
 use crate::source::Span;
 
 /// A value as written in a spec file.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug)]
 pub struct Node {
     pub span: Span,
     pub kind: NodeKind,
 }
 
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug)]
 pub enum NodeKind {
     Null,
     Bool(bool),
@@ -23,10 +23,31 @@ pub enum NodeKind {
 }
 
 /// A mapping key with its own span (keys are always strings in a spec).
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug)]
 pub struct Key {
     pub name: String,
     pub span: Span,
+}
+
+/// Equality is about values, not where they were written or in which order a mapping lists its keys: a
+/// YAML spec and its TOML twin compare equal.
+impl PartialEq for Node {
+    fn eq(&self, other: &Self) -> bool {
+        match (&self.kind, &other.kind) {
+            (NodeKind::Null, NodeKind::Null) => true,
+            (NodeKind::Bool(a), NodeKind::Bool(b)) => a == b,
+            (NodeKind::Int(a), NodeKind::Int(b)) => a == b,
+            (NodeKind::Float(a), NodeKind::Float(b)) => a == b,
+            (NodeKind::Str(a), NodeKind::Str(b)) => a == b,
+            (NodeKind::Seq(a), NodeKind::Seq(b)) => a == b,
+            (NodeKind::Map(a), NodeKind::Map(b)) => {
+                a.len() == b.len()
+                    && a.iter()
+                        .all(|(k, v)| b.iter().any(|(k2, v2)| k.name == k2.name && v == v2))
+            }
+            _ => false,
+        }
+    }
 }
 
 impl Node {
