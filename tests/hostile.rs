@@ -1,1 +1,188 @@
-//! Tests: hostile.
+//! Hostile input: alias bombs, deep nesting, huge files, garbage. Every case ends in a clean diagnostic,
+//! never a panic, a stack overflow or runaway memory. (Time and memory figures are measured by
+//! `scripts/bench-validate.sh`; these tests check behaviour with generous bounds.)
+
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use archon_engine::validate_source;
+use tempfile::TempDir;
+
+/// Runs `archon validate --format json` on `text` written to `name`; returns exit code, codes and time.
+fn validate_with_binary(name: &str, text: &[u8]) -> (i32, Vec<String>, Duration) {
+    let dir = TempDir::new().expect("tempdir");
+    let path = dir.path().join(name);
+    std::fs::write(&path, text).expect("write");
+    let started = Instant::now();
+    let output = Command::new(env!("CARGO_BIN_EXE_archon"))
+        .args(["validate", "--format", "json"])
+        .arg(&path)
+        .output()
+        .expect("archon runs");
+    let elapsed = started.elapsed();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let report: serde_json::Value = serde_json::from_str(&stdout).unwrap_or_else(|e| {
+        panic!(
+            "{name}: output is not JSON ({e}); stderr: {}",
+            String::from_utf8_lossy(&output.stderr)
+        )
+    });
+    let codes = report["diagnostics"]
+        .as_array()
+        .expect("diagnostics")
+        .iter()
+        .map(|d| d["code"].as_str().unwrap_or_default().to_owned())
+        .collect();
+    (output.status.code().unwrap_or(-1), codes, elapsed)
+}
+
+fn codes_in_process(name: &str, text: String) -> Vec<&'static str> {
+    validate_source(Path::new(name), text)
+        .diagnostics
+        .iter()
+        .map(|d| d.code)
+        .collect()
+}
+
+/// The classic "billion laughs": each level repeats the previous one ten times, 30 levels deep.
+fn alias_bomb(levels: usize) -> String {
+    let mut text =
+        String::from("name: laughs\nl0: &l0 [lol, lol, lol, lol, lol, lol, lol, lol, lol, lol]\n");
+    for i in 1..levels {
+        let refs = vec![format!("*l{}", i - 1); 10].join(", ");
+        text.push_str(&format!("l{i}: &l{i} [{refs}]\n"));
+    }
+    text.push_str("steps:\n  - id: a\n    tool: echo\n    with: { x: *l29 }\n");
+    text
+}
+
+#[test]
+fn alias_bomb_is_rejected_quickly() {
+    let (code, codes, elapsed) = validate_with_binary("bomb.yaml", alias_bomb(30).as_bytes());
+    assert_eq!(code, 2);
+    assert_eq!(codes, ["archon::alias_budget"]);
+    assert!(elapsed < Duration::from_secs(5), "took {elapsed:?}");
+    assert_eq!(
+        codes_in_process("bomb.yaml", alias_bomb(30)),
+        ["archon::alias_budget"]
+    );
+}
+
+#[test]
+fn hundred_thousand_nested_brackets_give_a_clean_error() {
+    let yaml = format!(
+        "name: deep\nsteps: {}{}\n",
+        "[".repeat(100_000),
+        "]".repeat(100_000)
+    );
+    let toml = format!(
+        "name = \"deep\"\nx = {}{}\n",
+        "[".repeat(100_000),
+        "]".repeat(100_000)
+    );
+    for (name, text) in [("deep.yaml", yaml), ("deep.toml", toml)] {
+        let (code, codes, _) = validate_with_binary(name, text.as_bytes());
+        assert_eq!(
+            (code, codes),
+            (2, vec!["archon::nesting_too_deep".to_owned()]),
+            "{name}"
+        );
+        assert_eq!(
+            codes_in_process(name, text),
+            ["archon::nesting_too_deep"],
+            "{name}"
+        );
+    }
+}
+
+#[test]
+fn deep_block_nesting_gives_a_clean_error() {
+    // Block sequences nest two characters at a time on one line; mappings one indentation level per line.
+    let sequences = format!(
+        "name: deep\nsteps:\n  - id: a\n    tool: echo\n    with: {{ x: 1 }}\nextra:\n  {}x\n",
+        "- ".repeat(100_000)
+    );
+    let mut mappings = String::from("name: deep\nsteps: []\nextra:\n");
+    for depth in 1..200 {
+        mappings.push_str(&" ".repeat(depth));
+        mappings.push_str("a:\n");
+    }
+    for (name, text) in [("seq.yaml", sequences), ("map.yaml", mappings)] {
+        let (code, codes, _) = validate_with_binary(name, text.as_bytes());
+        assert_eq!(code, 2, "{name}: {codes:?}");
+        assert!(
+            codes.contains(&"archon::nesting_too_deep".to_owned()),
+            "{name}: {codes:?}"
+        );
+    }
+}
+
+#[test]
+fn ten_megabyte_file_gives_a_size_error() {
+    let mut text = String::from("name: huge\nsteps:\n  - id: a\n    tool: echo\n    with: { x: \"");
+    text.push_str(&"x".repeat(10 * 1024 * 1024));
+    text.push_str("\" }\n");
+    let (code, codes, _) = validate_with_binary("huge.yaml", text.as_bytes());
+    assert_eq!(
+        (code, codes),
+        (2, vec!["archon::file_too_large".to_owned()])
+    );
+    assert_eq!(
+        codes_in_process("huge.yaml", text),
+        ["archon::file_too_large"]
+    );
+}
+
+#[test]
+fn too_many_steps_is_reported_before_anything_else() {
+    let mut text = String::from("name = \"many\"\n");
+    for i in 0..60_000 {
+        text.push_str(&format!("[[steps]]\nid = \"s{i}\"\ntool = \"echo\"\n"));
+    }
+    let (code, codes, _) = validate_with_binary("many.toml", text.as_bytes());
+    assert_eq!(
+        (code, codes),
+        (2, vec!["archon::too_many_steps".to_owned()])
+    );
+}
+
+#[test]
+fn unreadable_and_odd_files_give_diagnostics() {
+    let cases: [(&str, &[u8], &str); 6] = [
+        (
+            "latin1.yaml",
+            b"name: caf\xe9\nsteps: []\n",
+            "archon::unreadable_file",
+        ),
+        ("empty.yaml", b"", "archon::missing_key"),
+        ("scalar.yaml", b"just a string\n", "archon::wrong_type"),
+        (
+            "list.yaml",
+            b"- id: a\n  tool: echo\n",
+            "archon::wrong_type",
+        ),
+        (
+            "garbage.yaml",
+            b"\x01\x02\x03: [\x04 {{{ \x7f",
+            "archon::yaml_syntax",
+        ),
+        ("garbage.toml", b"= = = [[[ \"\n", "archon::toml_syntax"),
+    ];
+    for (name, bytes, expected) in cases {
+        let (code, codes, _) = validate_with_binary(name, bytes);
+        assert_eq!(code, 2, "{name}: {codes:?}");
+        assert!(
+            codes.iter().any(|c| c == expected),
+            "{name}: expected {expected}, got {codes:?}"
+        );
+    }
+}
+
+#[test]
+fn a_missing_file_is_unreadable() {
+    let dir = TempDir::new().expect("tempdir");
+    let validation = archon_engine::validate_file(&dir.path().join("absent.yaml"));
+    let codes: Vec<&str> = validation.diagnostics.iter().map(|d| d.code).collect();
+    assert_eq!(codes, ["archon::unreadable_file"]);
+}
