@@ -79,7 +79,12 @@ pub struct SourceFile {
 impl SourceFile {
     pub fn new(id: FileId, path: PathBuf, text: String, format: Format) -> Self {
         let line_starts = std::iter::once(0)
-            .chain(text.match_indices('\n').map(|(i, _)| i + 1))
+            .chain(
+                text.bytes()
+                    .enumerate()
+                    .filter(|(_, b)| *b == b'\n')
+                    .map(|(i, _)| i + 1),
+            )
             .collect();
         SourceFile {
             id,

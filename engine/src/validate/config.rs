@@ -300,6 +300,10 @@ impl Checker<'_> {
     /// Checks that a value is a valid JSON Schema; returns whether it is.
     pub(super) fn check_json_schema(&mut self, schema: &Node, what: &str) -> bool {
         let json = schema.to_json();
+        let key = json.to_string();
+        if self.valid_schemas.contains(&key) {
+            return true;
+        }
         let error = match jsonschema::meta::validate(&json) {
             Err(e) => Some((e.instance_path().to_string(), e.to_string())),
             Ok(()) => jsonschema::validator_for(&json)
@@ -307,6 +311,7 @@ impl Checker<'_> {
                 .map(|e| (e.instance_path().to_string(), e.to_string())),
         };
         let Some((path, message)) = error else {
+            self.valid_schemas.insert(key);
             return true;
         };
         let node = schema.at_path(&pointer_segments(&path));

@@ -221,6 +221,7 @@ impl Validator {
                 .map_or(0, <[Node]>::len),
             steps_key: root.entry("steps").map(|(k, _)| k.span),
             argument_validators: HashMap::new(),
+            valid_schemas: std::collections::HashSet::new(),
         };
         let graph = checker.check_all(self);
         self.stack.pop();
@@ -334,6 +335,8 @@ pub(crate) struct Checker<'a> {
     pub raw_step_count: usize,
     /// Where the `steps` key is written, if it is.
     pub steps_key: Option<Span>,
+    /// Embedded JSON Schemas already found valid (as JSON text), so repeated schemas are checked once.
+    pub valid_schemas: std::collections::HashSet<String>,
     /// Compiled argument schemas, by tool and argument name, so each is compiled once per file.
     pub argument_validators: HashMap<(String, String), Option<jsonschema::Validator>>,
 }

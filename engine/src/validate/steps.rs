@@ -50,13 +50,13 @@ impl Checker<'_> {
         let table = StepTable::new(steps, list.raw_ids);
         let mut all_deps = Vec::with_capacity(steps.len());
         for (index, step) in steps.iter().enumerate() {
-            self.check_step_id(steps, index);
+            self.check_step_id(steps, index, &table);
             all_deps.push(self.check_step(step, &table, list, validator));
         }
         graph::build(steps, &all_deps, &mut self.diagnostics)
     }
 
-    fn check_step_id(&mut self, steps: &[Step], index: usize) {
+    fn check_step_id(&mut self, steps: &[Step], index: usize, table: &StepTable) {
         let id = &steps[index].id;
         if !is_identifier(&id.value) {
             let fixed: String = id
@@ -74,7 +74,8 @@ impl Checker<'_> {
                     .with_hint(format!("ids are read as `steps.<id>` in templates, so use letters, digits and `_`: `{fixed}`")),
             );
         }
-        if let Some(first) = steps[..index].iter().find(|s| s.id.value == id.value) {
+        let first_index = table.entries.get(&id.value).map_or(index, |e| e.index);
+        if let Some(first) = (first_index != index).then(|| &steps[first_index]) {
             self.push(
                 Diagnostic::error(
                     codes::DUPLICATE_STEP,
