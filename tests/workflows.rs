@@ -115,3 +115,47 @@ fn toml_twins_validate_to_the_same_model() {
         "expected at least 3 YAML/TOML twins, found {pairs}"
     );
 }
+
+/// Every complete example in docs/spec.md (a yaml or toml block starting with `name`) is valid as written.
+#[test]
+fn examples_in_the_format_reference_are_valid() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/spec.md");
+    let doc = std::fs::read_to_string(&path).expect("docs/spec.md exists");
+    let mut checked = 0;
+    let mut lines = doc.lines().enumerate();
+    while let Some((line, text)) = lines.next() {
+        let lang = match text.trim() {
+            "```yaml" => "yaml",
+            "```toml" => "toml",
+            _ => continue,
+        };
+        let block: Vec<&str> = lines
+            .by_ref()
+            .map(|(_, l)| l)
+            .take_while(|l| l.trim() != "```")
+            .collect();
+        if !block.first().is_some_and(|l| l.starts_with("name")) {
+            continue;
+        }
+        let validation = archon_engine::validate_source(
+            format!("docs/spec.md:{}.{lang}", line + 1),
+            block.join("\n"),
+        );
+        let messages: Vec<String> = validation
+            .diagnostics
+            .iter()
+            .map(|d| format!("{}: {}", d.code, d.message))
+            .collect();
+        assert!(
+            messages.is_empty(),
+            "example at docs/spec.md line {} is not valid:\n{}",
+            line + 1,
+            messages.join("\n")
+        );
+        checked += 1;
+    }
+    assert!(
+        checked >= 10,
+        "only {checked} complete examples found in docs/spec.md"
+    );
+}
