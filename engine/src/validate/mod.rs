@@ -8,6 +8,7 @@
 mod config;
 mod graph;
 mod refs;
+mod shape;
 mod steps;
 mod structure;
 pub mod suggest;

@@ -6,56 +6,44 @@
 
 use std::borrow::Cow;
 
-use serde_json::{Map, Value as Json};
+use serde_json::Value as Json;
 
 use crate::diagnostic::{Diagnostic, codes};
 use crate::spec::node::{Key, Node, NodeKind};
-use crate::spec::schema::workflow_schema;
+use crate::validate::shape::{Additional, Shape, ShapeId, Shapes, Typed};
 use crate::validate::suggest;
 
 /// Checks `root` against the workflow schema. Returns the tree without the values it reported (borrowed
 /// when nothing was reported), or None if the root itself is unusable.
 pub fn check<'n>(root: &'n Node, diagnostics: &mut Vec<Diagnostic>) -> Option<Cow<'n, Node>> {
-    let schema = workflow_schema();
-    let defs = schema.get("$defs").and_then(Json::as_object);
+    let shapes = Shapes::workflow();
+    let cx = Context {
+        def: "Spec",
+        key: None,
+    };
     let before = diagnostics.len();
-    let mut walker = Walker {
-        defs,
+    Walker {
+        shapes,
         diagnostics,
         prune: false,
-    };
-    walker.check(
-        root,
-        schema,
-        &Context {
-            def: "Spec",
-            key: None,
-        },
-    )?;
+    }
+    .check(root, shapes.root, &cx)?;
     if diagnostics.len() == before {
         return Some(Cow::Borrowed(root));
     }
     // Something was reported: walk again, this time building the pruned copy.
     let mut again = Vec::new();
-    let mut walker = Walker {
-        defs,
+    Walker {
+        shapes,
         diagnostics: &mut again,
         prune: true,
-    };
-    walker
-        .check(
-            root,
-            schema,
-            &Context {
-                def: "Spec",
-                key: None,
-            },
-        )
-        .map(Cow::Owned)
+    }
+    .check(root, shapes.root, &cx)
+    .map(Cow::Owned)
 }
 
 struct Walker<'a> {
-    defs: Option<&'a Map<String, Json>>,
+    shapes: &'static Shapes,
     diagnostics: &'a mut Vec<Diagnostic>,
     /// Build the pruned copy; the first, checking-only walk returns cheap placeholders instead.
     prune: bool,
@@ -113,14 +101,7 @@ fn enum_code(def: &str) -> &'static str {
     }
 }
 
-impl<'a> Walker<'a> {
-    fn resolve(&self, schema: &'a Json) -> Option<(&'a Json, Option<&'a str>)> {
-        let reference = schema.get("$ref")?.as_str()?;
-        let name = reference.strip_prefix("#/$defs/")?;
-        let def = self.defs?.get(name)?;
-        Some((def, Some(name)))
-    }
-
+impl Walker<'_> {
     /// The value itself, when building the pruned copy; a placeholder otherwise.
     fn keep(&self, node: &Node) -> Node {
         if self.prune {
@@ -130,81 +111,69 @@ impl<'a> Walker<'a> {
         }
     }
 
-    fn check(&mut self, node: &Node, schema: &'a Json, cx: &Context<'_>) -> Option<Node> {
-        let schema = match schema {
-            Json::Bool(true) => return Some(self.keep(node)),
-            Json::Bool(false) => {
+    fn check(&mut self, node: &Node, id: ShapeId, cx: &Context<'_>) -> Option<Node> {
+        let shapes = self.shapes;
+        if let Some(values) = &shapes.enums[id] {
+            let def = match &shapes.nodes[id] {
+                Shape::Named { def, .. } => def.as_str(),
+                _ => cx.def,
+            };
+            return self.check_enum(node, values, &Context { def, key: cx.key });
+        }
+        match &shapes.nodes[id] {
+            Shape::Any => Some(self.keep(node)),
+            Shape::Never => {
                 self.diagnostics.push(Diagnostic::error(
                     codes::UNKNOWN_KEY,
                     node.span,
                     format!("{} is not allowed here", cx.subject()),
                 ));
-                return None;
+                None
             }
-            other => other,
-        };
-        if let Some((def, name)) = self.resolve(schema) {
-            let cx = Context {
-                def: name.unwrap_or(cx.def),
-                key: cx.key,
-            };
-            return self.check(node, def, &cx);
-        }
-        if let Some(values) = enum_values(schema, self) {
-            return self.check_enum(node, &values, cx);
-        }
-        if let Some(branches) = schema
-            .get("anyOf")
-            .or_else(|| schema.get("oneOf"))
-            .and_then(Json::as_array)
-        {
-            let chosen = branches.iter().find(|b| self.accepts_type(b, node));
-            return match chosen {
-                Some(branch) => self.check(node, branch, cx),
-                None => {
-                    let mut expected: Vec<&str> = Vec::new();
-                    for b in branches {
-                        for t in self.types_of(b) {
-                            if !expected.contains(&t) {
+            Shape::Named { def, inner } => self.check(node, *inner, &Context { def, key: cx.key }),
+            Shape::Enum(values) => self.check_enum(node, values, cx),
+            Shape::Union(branches) => {
+                match branches.iter().find(|b| accepts(&shapes.types[**b], node)) {
+                    Some(branch) => self.check(node, *branch, cx),
+                    None => {
+                        let mut expected: Vec<&str> = Vec::new();
+                        for t in branches.iter().flat_map(|b| &shapes.types[*b]) {
+                            if !expected.contains(t) {
                                 expected.push(t);
                             }
                         }
+                        self.wrong_type(node, &expected, cx);
+                        None
                     }
-                    self.wrong_type(node, &expected, cx);
-                    None
                 }
-            };
-        }
-        let types = self.types_of(schema);
-        if !types.is_empty() && !types.iter().any(|t| type_accepts(t, node)) {
-            self.wrong_type(node, &types, cx);
-            return None;
-        }
-        match &node.kind {
-            NodeKind::Map(entries) => self.check_object(node, entries, schema, cx),
-            NodeKind::Seq(items) => {
-                let Some(item_schema) = schema.get("items") else {
-                    return Some(self.keep(node));
-                };
-                let prune = self.prune;
-                let kept: Vec<Node> = items
-                    .iter()
-                    .filter_map(|item| {
-                        self.check(
-                            item,
-                            item_schema,
-                            &Context {
-                                def: cx.def,
-                                key: None,
-                            },
-                        )
-                    })
-                    .filter(|_| prune)
-                    .collect();
-                Some(Node::new(node.span, NodeKind::Seq(kept)))
             }
-            NodeKind::Int(i) => self.check_integer(node, *i, schema, cx),
-            _ => Some(self.keep(node)),
+            Shape::Typed(typed) => {
+                if !accepts(&typed.types, node) {
+                    self.wrong_type(node, &typed.types, cx);
+                    return None;
+                }
+                match &node.kind {
+                    NodeKind::Map(entries) => self.check_object(node, entries, typed, cx),
+                    NodeKind::Seq(items) => {
+                        let Some(item_shape) = typed.items else {
+                            return Some(self.keep(node));
+                        };
+                        let prune = self.prune;
+                        let item_cx = Context {
+                            def: cx.def,
+                            key: None,
+                        };
+                        let kept: Vec<Node> = items
+                            .iter()
+                            .filter_map(|item| self.check(item, item_shape, &item_cx))
+                            .filter(|_| prune)
+                            .collect();
+                        Some(Node::new(node.span, NodeKind::Seq(kept)))
+                    }
+                    NodeKind::Int(i) => self.check_integer(node, *i, typed, cx),
+                    _ => Some(self.keep(node)),
+                }
+            }
         }
     }
 
@@ -212,42 +181,40 @@ impl<'a> Walker<'a> {
         &mut self,
         node: &Node,
         entries: &[(Key, Node)],
-        schema: &'a Json,
+        typed: &Typed,
         cx: &Context<'_>,
     ) -> Option<Node> {
-        let properties = schema.get("properties").and_then(Json::as_object);
-        let additional = schema.get("additionalProperties");
-        let required: Vec<&str> = schema
-            .get("required")
-            .and_then(Json::as_array)
-            .map(|r| r.iter().filter_map(Json::as_str).collect())
-            .unwrap_or_default();
-        let mut kept = Vec::with_capacity(entries.len());
+        let mut kept = Vec::with_capacity(if self.prune { entries.len() } else { 0 });
         let mut broken = false;
         for (key, value) in entries {
-            let child_schema = match properties.and_then(|p| p.get(&key.name)) {
-                Some(s) => s,
-                None => match additional {
-                    Some(Json::Bool(false)) => {
-                        self.unknown_key(key, properties, entries, cx);
+            let child = match typed.properties.iter().find(|(name, _)| *name == key.name) {
+                Some((_, id)) => *id,
+                None => match typed.additional {
+                    Additional::Denied => {
+                        self.unknown_key(key, &typed.properties, entries, cx);
                         continue;
                     }
-                    Some(s) => s,
-                    None => &Json::Bool(true),
+                    Additional::Schema(id) => id,
+                    Additional::Allowed => {
+                        if self.prune {
+                            kept.push((key.clone(), value.clone()));
+                        }
+                        continue;
+                    }
                 },
             };
             let child_cx = Context {
                 def: cx.def,
                 key: Some(&key.name),
             };
-            match self.check(value, child_schema, &child_cx) {
+            match self.check(value, child, &child_cx) {
                 Some(v) if self.prune => kept.push((key.clone(), v)),
                 Some(_) => {}
-                None if required.contains(&key.name.as_str()) => broken = true,
+                None if typed.required.contains(&key.name) => broken = true,
                 None => {}
             }
         }
-        for name in &required {
+        for name in &typed.required {
             if !entries.iter().any(|(k, _)| k.name == *name) {
                 let at = entries.first().map_or(node.span, |(k, _)| k.span);
                 self.diagnostics.push(
@@ -270,19 +237,16 @@ impl<'a> Walker<'a> {
     fn unknown_key(
         &mut self,
         key: &Key,
-        properties: Option<&Map<String, Json>>,
+        properties: &[(String, ShapeId)],
         entries: &[(Key, Node)],
         cx: &Context<'_>,
     ) {
         let present = |name: &str| entries.iter().any(|(k, _)| k.name == name);
         let candidates: Vec<&str> = properties
-            .map(|p| {
-                p.keys()
-                    .map(String::as_str)
-                    .filter(|k| !present(k))
-                    .collect()
-            })
-            .unwrap_or_default();
+            .iter()
+            .map(|(name, _)| name.as_str())
+            .filter(|k| !present(k))
+            .collect();
         let mut d = Diagnostic::error(
             codes::UNKNOWN_KEY,
             key.span,
@@ -298,9 +262,9 @@ impl<'a> Walker<'a> {
         self.diagnostics.push(d);
     }
 
-    fn check_enum(&mut self, node: &Node, values: &[&'a Json], cx: &Context<'_>) -> Option<Node> {
+    fn check_enum(&mut self, node: &Node, values: &[Json], cx: &Context<'_>) -> Option<Node> {
         let json = node.to_json();
-        if values.iter().any(|v| **v == json) {
+        if values.contains(&json) {
             return Some(self.keep(node));
         }
         let names: Vec<&str> = values.iter().filter_map(|v| v.as_str()).collect();
@@ -331,27 +295,10 @@ impl<'a> Walker<'a> {
         &mut self,
         node: &Node,
         value: i64,
-        schema: &Json,
+        typed: &Typed,
         cx: &Context<'_>,
     ) -> Option<Node> {
-        let (format_min, format_max) = match schema.get("format").and_then(Json::as_str) {
-            Some("uint8") => (0, i64::from(u8::MAX)),
-            Some("uint16") => (0, i64::from(u16::MAX)),
-            Some("uint32") => (0, i64::from(u32::MAX)),
-            Some("uint64" | "uint") => (0, i64::MAX),
-            Some("int32") => (i64::from(i32::MIN), i64::from(i32::MAX)),
-            _ => (i64::MIN, i64::MAX),
-        };
-        let min = schema
-            .get("minimum")
-            .and_then(Json::as_i64)
-            .unwrap_or(i64::MIN)
-            .max(format_min);
-        let max = schema
-            .get("maximum")
-            .and_then(Json::as_i64)
-            .unwrap_or(i64::MAX)
-            .min(format_max);
+        let (min, max) = (typed.min, typed.max);
         if value < min || value > max {
             let range = if max == i64::MAX {
                 format!("at least {min}")
@@ -393,69 +340,11 @@ impl<'a> Walker<'a> {
         }
         self.diagnostics.push(d);
     }
-
-    /// The JSON types a schema admits (following `$ref` and unions), or empty for "anything".
-    fn types_of(&self, schema: &'a Json) -> Vec<&'a str> {
-        if let Some((def, _)) = self.resolve(schema) {
-            return self.types_of(def);
-        }
-        if let Some(branches) = schema
-            .get("anyOf")
-            .or_else(|| schema.get("oneOf"))
-            .and_then(Json::as_array)
-        {
-            return branches.iter().flat_map(|b| self.types_of(b)).collect();
-        }
-        if let Some(values) = enum_values(schema, self) {
-            let mut types: Vec<&str> = values.iter().map(|v| json_type(v)).collect();
-            types.dedup();
-            return types;
-        }
-        match schema.get("type") {
-            Some(Json::String(t)) => vec![t.as_str()],
-            Some(Json::Array(ts)) => ts.iter().filter_map(Json::as_str).collect(),
-            _ => Vec::new(),
-        }
-    }
-
-    fn accepts_type(&self, schema: &'a Json, node: &Node) -> bool {
-        let types = self.types_of(schema);
-        types.is_empty() || types.iter().any(|t| type_accepts(t, node))
-    }
 }
 
-/// Every allowed value when the schema is an enumeration (`enum`, `const`, or a union of them).
-fn enum_values<'a>(schema: &'a Json, walker: &Walker<'a>) -> Option<Vec<&'a Json>> {
-    if let Some((def, _)) = walker.resolve(schema) {
-        return enum_values(def, walker);
-    }
-    if let Some(values) = schema.get("enum").and_then(Json::as_array) {
-        return Some(values.iter().collect());
-    }
-    if let Some(value) = schema.get("const") {
-        return Some(vec![value]);
-    }
-    let branches = schema
-        .get("oneOf")
-        .or_else(|| schema.get("anyOf"))?
-        .as_array()?;
-    let mut all = Vec::new();
-    for branch in branches {
-        all.extend(enum_values(branch, walker)?);
-    }
-    Some(all)
-}
-
-fn json_type(value: &Json) -> &'static str {
-    match value {
-        Json::Null => "null",
-        Json::Bool(_) => "boolean",
-        Json::Number(n) if n.is_i64() || n.is_u64() => "integer",
-        Json::Number(_) => "number",
-        Json::String(_) => "string",
-        Json::Array(_) => "array",
-        Json::Object(_) => "object",
-    }
+/// Whether a value's type is among `types` (empty: any type).
+fn accepts(types: &[&str], node: &Node) -> bool {
+    types.is_empty() || types.iter().any(|t| type_accepts(t, node))
 }
 
 fn type_accepts(ty: &str, node: &Node) -> bool {

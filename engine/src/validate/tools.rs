@@ -1,6 +1,8 @@
 //! Tool checks: declared tools, calls to tools (names and arguments), sub-workflow calls and recursion
 //! through composite tools.
 
+use std::borrow::Cow;
+
 use globset::Glob;
 use serde_json::Value as Json;
 
@@ -272,10 +274,10 @@ impl Checker<'_> {
         scope: &Scope<'_>,
     ) -> Vec<Dep> {
         let name = tool.value.as_str();
-        let schema: Option<Json> = if let Some(b) = builtin::get(name) {
-            Some(b.parameters.clone())
+        let schema: Option<Cow<'_, Json>> = if let Some(b) = builtin::get(name) {
+            Some(Cow::Borrowed(&b.parameters))
         } else if let Some(def) = self.spec.tools.get(name) {
-            def.parameters.as_ref().map(Node::to_json)
+            def.parameters.as_ref().map(|p| Cow::Owned(p.to_json()))
         } else if let Some(def) = name
             .split_once('.')
             .and_then(|(server, _)| self.spec.tools.get(server))
