@@ -186,3 +186,24 @@ fn a_missing_file_is_unreadable() {
     let codes: Vec<&str> = validation.diagnostics.iter().map(|d| d.code).collect();
     assert_eq!(codes, ["archon::unreadable_file"]);
 }
+
+/// The alias budget stops bombs, not ordinary reuse: 500 steps sharing anchored settings validate.
+#[test]
+fn ordinary_anchor_reuse_is_within_the_budget() {
+    let mut text = String::from("name: shared\nsteps:\n");
+    for i in 0..500 {
+        if i == 0 {
+            text.push_str("  - id: s0\n    tool: echo\n    retry: &retry { attempts: 3, backoff: exponential, delay: 1s, on: [error, timeout] }\n");
+        } else {
+            text.push_str(&format!(
+                "  - id: s{i}\n    tool: echo\n    retry: *retry\n"
+            ));
+        }
+    }
+    let validation = validate_source(Path::new("shared.yaml"), text);
+    assert!(
+        validation.diagnostics.is_empty(),
+        "{:?}",
+        validation.diagnostics
+    );
+}

@@ -22,7 +22,7 @@ impl Default for Limits {
         Limits {
             max_file_bytes: 8 * 1024 * 1024,
             max_depth: 64,
-            max_alias_replay_events: 100_000,
+            max_alias_replay_events: 20_000,
             max_steps: 50_000,
         }
     }

@@ -90,9 +90,18 @@ impl<'de> Visitor<'de> for RawVisitor {
     }
 }
 
+/// Most YAML values (scalars, sequences and mappings) in one document.
+const MAX_YAML_NODES: usize = 2_000_000;
+
 pub(super) fn parse(file: &SourceFile, limits: &Limits) -> (Option<Node>, Vec<Diagnostic>) {
     let mut budget = Budget::default();
     budget.max_depth = limits.max_depth;
+    // The file size limit already bounds how many values a document can have; these only need to stay
+    // out of the way of large legitimate specs. Alias bombs are stopped by the replay limit below, so the
+    // alias-to-anchor ratio heuristic (which rejects one anchor reused by hundreds of steps) is off.
+    budget.max_nodes = MAX_YAML_NODES;
+    budget.max_events = 2 * MAX_YAML_NODES;
+    budget.enforce_alias_anchor_ratio = false;
     let mut alias_limits = AliasLimits::default();
     alias_limits.max_total_replayed_events = limits.max_alias_replay_events;
     let mut options = Options::default();
@@ -264,13 +273,14 @@ fn error_to_diagnostic(err: &YamlError, file: &SourceFile, limits: &Limits) -> D
         | YamlError::AliasReplayStackDepthExceeded { .. }
         | YamlError::AliasReplayCounterOverflow { .. } => alias_budget(span, limits),
         YamlError::Budget { breach, .. } => Diagnostic::error(
-            codes::YAML_SYNTAX,
+            codes::FILE_TOO_LARGE,
             span,
             format!(
-                "YAML document exceeds a parser budget: {}",
+                "YAML document is too large to read: {}",
                 budget_text(breach)
             ),
-        ),
+        )
+        .with_hint("split the workflow into sub-workflows (`workflow:` steps)"),
         other => {
             let message = other.without_snippet().to_string();
             Diagnostic::error(
@@ -306,7 +316,13 @@ fn alias_budget(span: Span, limits: &Limits) -> Diagnostic {
 }
 
 fn budget_text(breach: &BudgetBreach) -> String {
-    format!("{breach:?}").to_lowercase()
+    match breach {
+        BudgetBreach::Nodes { .. } | BudgetBreach::Events { .. } => {
+            format!("more than {MAX_YAML_NODES} values")
+        }
+        BudgetBreach::Documents { .. } => "more than one YAML document".to_owned(),
+        other => format!("{other:?}").to_lowercase(),
+    }
 }
 
 /// serde-saphyr appends " at line X column Y"; the diagnostic already carries the location.
