@@ -281,6 +281,12 @@ fn error_to_diagnostic(err: &YamlError, file: &SourceFile, limits: &Limits) -> D
             ),
         )
         .with_hint("split the workflow into sub-workflows (`workflow:` steps)"),
+        YamlError::MultipleDocuments { .. } => Diagnostic::error(
+            codes::YAML_SYNTAX,
+            span,
+            "a spec file holds one YAML document, and a second one starts here",
+        )
+        .with_hint("put each workflow in its own file, or remove the `---` separator"),
         other => {
             let message = other.without_snippet().to_string();
             Diagnostic::error(
