@@ -20,8 +20,37 @@ pub struct Cli {
 pub enum Command {
     /// Check workflow specs and report every problem, with file, line and column.
     Validate(ValidateArgs),
+    /// Show how a workflow would run: each step's kind and the waves of steps that run together.
+    Plan(PlanArgs),
     /// Print the JSON Schema of the workflow format.
     Schema,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct PlanArgs {
+    /// The workflow spec (YAML, or TOML when it ends in `.toml`).
+    #[arg(value_name = "FILE")]
+    pub file: PathBuf,
+
+    /// An input value, `name=value`, coerced by the input's declared type (repeatable).
+    #[arg(long = "input", value_name = "NAME=VALUE")]
+    pub inputs: Vec<String>,
+
+    /// A JSON or YAML file of input values (`--input` wins over it).
+    #[arg(long = "inputs", value_name = "FILE")]
+    pub inputs_file: Option<PathBuf>,
+
+    /// Output format.
+    #[arg(long, value_enum, default_value_t = PlanFormat::Text)]
+    pub format: PlanFormat,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum PlanFormat {
+    Text,
+    Dot,
+    Mermaid,
+    Json,
 }
 
 #[derive(Debug, clap::Args)]

@@ -2,6 +2,7 @@
 
 mod cli;
 mod hostile;
+mod plan;
 mod properties;
 mod schema;
 mod validate_fixtures;

@@ -1,5 +1,6 @@
 //! One module per subcommand, and the exit statuses they share.
 
+mod plan;
 mod schema;
 mod validate;
 
@@ -31,6 +32,7 @@ impl From<Status> for ExitCode {
 pub fn run(cli: Cli) -> anyhow::Result<Status> {
     match cli.command {
         Command::Validate(args) => validate::run(&args, cli.color),
+        Command::Plan(args) => plan::run(&args, cli.color),
         Command::Schema => schema::run(),
     }
 }

@@ -5,6 +5,8 @@
 //! The library never prints; rendering belongs to the CLI.
 
 pub mod diagnostic;
+pub mod inputs;
+pub mod plan;
 pub mod source;
 pub mod spec;
 pub mod tools;
