@@ -1,29 +1,10 @@
 //! The `archon` binary end to end: exit codes, directory walking, text and JSON output.
 
 use std::path::Path;
-use std::process::Command;
 
 use tempfile::TempDir;
 
-struct Output {
-    code: i32,
-    stdout: String,
-    stderr: String,
-}
-
-fn archon(dir: &Path, args: &[&str]) -> Output {
-    let output = Command::new(env!("CARGO_BIN_EXE_archon"))
-        .args(args)
-        .current_dir(dir)
-        .env("NO_COLOR", "1")
-        .output()
-        .expect("archon runs");
-    Output {
-        code: output.status.code().unwrap_or(-1),
-        stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
-        stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
-    }
-}
+use crate::support::archon;
 
 fn write(dir: &Path, name: &str, text: &str) {
     let path = dir.join(name);

@@ -5,5 +5,6 @@ mod hostile;
 mod plan;
 mod properties;
 mod schema;
+mod support;
 mod validate_fixtures;
 mod workflows;

@@ -1,27 +1,8 @@
 //! `archon plan`: waves, step kinds, the four output formats, and inputs checked before anything runs.
 
-use std::path::Path;
-use std::process::Command;
-
 use tempfile::TempDir;
 
-fn archon(dir: &Path, args: &[&str]) -> (i32, String, String) {
-    let output = Command::new(env!("CARGO_BIN_EXE_archon"))
-        .args(args)
-        .current_dir(dir)
-        .env("NO_COLOR", "1")
-        .output()
-        .expect("archon runs");
-    (
-        output.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&output.stdout).into_owned(),
-        String::from_utf8_lossy(&output.stderr).into_owned(),
-    )
-}
-
-fn root() -> &'static Path {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-}
+use crate::support::{Output, archon, root};
 
 const DIAMOND: &str = r#"name: diamond
 inputs:
@@ -62,8 +43,11 @@ fn diamond() -> TempDir {
 #[test]
 fn text_plan_shows_waves_kinds_and_dependencies() {
     let dir = diamond();
-    let (code, stdout, stderr) =
-        archon(dir.path(), &["plan", "diamond.yaml", "--input", "label=x"]);
+    let Output {
+        code,
+        stdout,
+        stderr,
+    } = archon(dir.path(), &["plan", "diamond.yaml", "--input", "label=x"]);
     assert_eq!(code, 0, "{stderr}");
     insta::assert_snapshot!(stdout, @r"
     plan for `diamond`: 5 steps in 4 waves
@@ -86,7 +70,11 @@ fn text_plan_shows_waves_kinds_and_dependencies() {
 #[test]
 fn json_plan_has_inputs_coerced_and_one_based_waves() {
     let dir = diamond();
-    let (code, stdout, stderr) = archon(
+    let Output {
+        code,
+        stdout,
+        stderr,
+    } = archon(
         dir.path(),
         &[
             "plan",
@@ -128,7 +116,7 @@ fn json_plan_has_inputs_coerced_and_one_based_waves() {
 #[test]
 fn dot_and_mermaid_have_a_node_per_step_and_an_edge_per_dependency() {
     let dir = diamond();
-    let (_, dot, _) = archon(
+    let dot = archon(
         dir.path(),
         &[
             "plan",
@@ -138,14 +126,15 @@ fn dot_and_mermaid_have_a_node_per_step_and_an_edge_per_dependency() {
             "--format",
             "dot",
         ],
-    );
+    )
+    .stdout;
     assert!(dot.starts_with("digraph \"diamond\" {"), "{dot}");
     assert!(
         dot.contains("\"start\" [label=\"start\\ntool echo\", shape=box];"),
         "{dot}"
     );
     assert_eq!(dot.matches(" -> ").count(), 5, "{dot}");
-    let (_, mermaid, _) = archon(
+    let mermaid = archon(
         dir.path(),
         &[
             "plan",
@@ -155,7 +144,8 @@ fn dot_and_mermaid_have_a_node_per_step_and_an_edge_per_dependency() {
             "--format",
             "mermaid",
         ],
-    );
+    )
+    .stdout;
     assert!(mermaid.starts_with("flowchart LR\n"));
     assert!(
         mermaid.contains("  left([\"left<br/>LLM agent\"])"),
@@ -167,7 +157,11 @@ fn dot_and_mermaid_have_a_node_per_step_and_an_edge_per_dependency() {
 #[test]
 fn every_input_problem_is_reported_and_exits_two() {
     let dir = diamond();
-    let (code, stdout, stderr) = archon(
+    let Output {
+        code,
+        stdout,
+        stderr,
+    } = archon(
         dir.path(),
         &[
             "plan",
@@ -202,7 +196,11 @@ fn inputs_files_are_read_and_command_line_values_win() {
     std::fs::write(dir.path().join("in.yaml"), "label: from-file\nn: 7\n").expect("write");
     std::fs::write(dir.path().join("in.json"), r#"{"label": "json", "n": 3}"#).expect("write");
     for (file, expected_label) in [("in.yaml", "from-file"), ("in.json", "json")] {
-        let (code, stdout, stderr) = archon(
+        let Output {
+            code,
+            stdout,
+            stderr,
+        } = archon(
             dir.path(),
             &[
                 "plan",
@@ -224,7 +222,11 @@ fn inputs_files_are_read_and_command_line_values_win() {
 
 #[test]
 fn an_invalid_spec_is_reported_like_validate_and_exits_two() {
-    let (code, stdout, stderr) = archon(root(), &["plan", "tests/fixtures/validate/cycle.yaml"]);
+    let Output {
+        code,
+        stdout,
+        stderr,
+    } = archon(root(), &["plan", "tests/fixtures/validate/cycle.yaml"]);
     assert_eq!(code, 2);
     assert!(stdout.is_empty());
     assert!(
@@ -249,7 +251,11 @@ fn every_bundled_workflow_plans() {
         if needs_repo {
             args.extend(["--input", "repo_dir=."]);
         }
-        let (code, stdout, stderr) = archon(root(), &args);
+        let Output {
+            code,
+            stdout,
+            stderr,
+        } = archon(root(), &args);
         assert_eq!(code, 0, "{}: {stderr}", path.display());
         let value: serde_json::Value = serde_json::from_str(&stdout).expect("JSON");
         assert!(!value["plan"]["steps"].as_array().expect("steps").is_empty());

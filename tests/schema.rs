@@ -7,6 +7,8 @@ use archon_engine::source::Sources;
 use archon_engine::spec::schema::workflow_schema_text;
 use archon_engine::spec::{self, Limits};
 
+use crate::support::spec_files;
+
 const REGENERATE: &str = "cargo run -- schema > schemas/workflow.schema.json";
 
 #[test]
@@ -41,19 +43,7 @@ fn example_workflows_satisfy_the_published_schema() {
     let validator = jsonschema::validator_for(&schema).expect("schema compiles");
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("workflows");
     let mut checked = 0;
-    let mut entries: Vec<_> = std::fs::read_dir(&dir)
-        .expect("workflows/ exists")
-        .filter_map(Result::ok)
-        .map(|e| e.path())
-        .collect();
-    entries.sort();
-    for path in entries {
-        if !matches!(
-            path.extension().and_then(|e| e.to_str()),
-            Some("yaml" | "yml" | "toml")
-        ) {
-            continue;
-        }
+    for path in spec_files(&dir) {
         let mut sources = Sources::default();
         let text = std::fs::read_to_string(&path).expect("readable");
         let file = sources.add(path.clone(), text);

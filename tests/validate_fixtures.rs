@@ -2,7 +2,8 @@
 //! snapshotted (carets included). Valid fixtures (`valid_*`) snapshot "no diagnostics".
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
+
+use crate::support::{archon, root, spec_files};
 
 /// Codes a small fixture file cannot show; `tests/hostile.rs` covers each of them.
 const COVERED_BY_HOSTILE_TESTS: &[&str] = &[
@@ -11,26 +12,8 @@ const COVERED_BY_HOSTILE_TESTS: &[&str] = &[
     "archon::unreadable_file",
 ];
 
-fn root() -> &'static Path {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-}
-
 fn fixtures() -> Vec<PathBuf> {
-    let dir = root().join("tests/fixtures/validate");
-    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
-        .expect("fixture directory exists")
-        .filter_map(Result::ok)
-        .map(|e| e.path())
-        .filter(|p| {
-            p.is_file()
-                && matches!(
-                    p.extension().and_then(|e| e.to_str()),
-                    Some("yaml" | "toml")
-                )
-        })
-        .collect();
-    files.sort();
-    files
+    spec_files(&root().join("tests/fixtures/validate"))
 }
 
 fn relative(path: &Path) -> String {
@@ -40,22 +23,14 @@ fn relative(path: &Path) -> String {
         .to_string()
 }
 
-fn archon(args: &[&str]) -> (i32, String) {
-    let output = Command::new(env!("CARGO_BIN_EXE_archon"))
-        .args(args)
-        .current_dir(root())
-        .env("NO_COLOR", "1")
-        .output()
-        .expect("archon runs");
-    (
-        output.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&output.stdout).into_owned(),
-    )
+fn run(args: &[&str]) -> (i32, String) {
+    let output = archon(root(), args);
+    (output.code, output.stdout)
 }
 
 /// What a fixture looks like to a user: the exit code and the rendered diagnostics.
 fn check(path: &Path) -> String {
-    let (code, stdout) = archon(&["validate", "--color", "never", &relative(path)]);
+    let (code, stdout) = run(&["validate", "--color", "never", &relative(path)]);
     format!("exit: {code}\n{stdout}")
 }
 
@@ -83,7 +58,7 @@ fn each_invalid_fixture_exits_two_with_its_code_and_location() {
     let mut invalid = 0;
     for path in fixtures() {
         let stem = stem(&path);
-        let (code, stdout) = archon(&["validate", "--format", "json", &relative(&path)]);
+        let (code, stdout) = run(&["validate", "--format", "json", &relative(&path)]);
         let report: serde_json::Value = serde_json::from_str(&stdout).expect("JSON output parses");
         let diagnostics = report["diagnostics"].as_array().expect("diagnostics array");
         if stem.starts_with("valid_") {
@@ -109,7 +84,7 @@ fn each_invalid_fixture_exits_two_with_its_code_and_location() {
             if is_warning { 0 } else { 2 },
             "{stem}: wrong exit code"
         );
-        let (_, text) = archon(&["validate", &relative(&path)]);
+        let (_, text) = run(&["validate", &relative(&path)]);
         assert!(
             text.contains(&format!("[{expected}]")),
             "{stem}: text output lacks the code:\n{text}"

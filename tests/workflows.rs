@@ -5,21 +5,10 @@ use std::path::{Path, PathBuf};
 use archon_engine::{Workflow, validate_file};
 use serde_json::Value;
 
+use crate::support::{root, spec_files};
+
 fn workflows() -> Vec<PathBuf> {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("workflows");
-    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
-        .expect("workflows/ exists")
-        .filter_map(Result::ok)
-        .map(|e| e.path())
-        .filter(|p| {
-            matches!(
-                p.extension().and_then(|e| e.to_str()),
-                Some("yaml" | "yml" | "toml")
-            )
-        })
-        .collect();
-    files.sort();
-    files
+    spec_files(&root().join("workflows"))
 }
 
 fn valid(path: &Path) -> Workflow {
@@ -119,7 +108,7 @@ fn toml_twins_validate_to_the_same_model() {
 /// Every complete example in docs/spec.md (a yaml or toml block starting with `name`) is valid as written.
 #[test]
 fn examples_in_the_format_reference_are_valid() {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/spec.md");
+    let path = root().join("docs/spec.md");
     let doc = std::fs::read_to_string(&path).expect("docs/spec.md exists");
     let mut checked = 0;
     let mut lines = doc.lines().enumerate();

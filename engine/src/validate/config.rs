@@ -1,12 +1,11 @@
 //! Checks of the workflow-level sections: name, inputs, env and secrets, LLM providers, agents, memory,
 //! defaults, rules and outputs; and of the values they share (durations, JSON Schemas, retry policies).
 
-use globset::Glob;
-
 use crate::diagnostic::{Diagnostic, codes};
 use crate::spec::{Action, Node, Retry, Spanned, Trigger};
+use crate::validate::patterns::PatternKind;
 use crate::validate::refs::{Scope, StepTable};
-use crate::validate::tools::{glob_reason, is_glob, pointer_segments};
+use crate::validate::tools::pointer_segments;
 use crate::validate::{Checker, suggest};
 
 impl Checker<'_> {
@@ -361,12 +360,20 @@ impl Checker<'_> {
                         self.ineffective(step.span, "`match.step`", trigger);
                     }
                     let ids: Vec<&str> = steps.entries.keys().map(String::as_str).collect();
-                    self.check_name_pattern(step, &ids, "step", codes::UNKNOWN_STEP);
+                    let kind = PatternKind {
+                        known_elsewhere: self.raw_step_ids.contains(&step.value),
+                        ..PatternKind::named("step", codes::UNKNOWN_STEP)
+                    };
+                    self.check_name_pattern(step, &ids, &kind);
                 }
                 if let Some(agent) = &matcher.agent {
                     let names: Vec<&str> =
                         self.spec.agents.keys().map(|k| k.value.as_str()).collect();
-                    self.check_name_pattern(agent, &names, "agent", codes::UNKNOWN_AGENT);
+                    self.check_name_pattern(
+                        agent,
+                        &names,
+                        &PatternKind::named("agent", codes::UNKNOWN_AGENT),
+                    );
                 }
                 if let Some(chosen_by) = &matcher.chosen_by
                     && trigger != Trigger::BeforeTool
@@ -418,45 +425,6 @@ impl Checker<'_> {
             span,
             format!("{field} never matches on `{name}`"),
         ));
-    }
-
-    fn check_name_pattern(
-        &mut self,
-        pattern: &Spanned<String>,
-        names: &[&str],
-        what: &str,
-        code: &'static str,
-    ) {
-        if is_glob(&pattern.value) {
-            match Glob::new(&pattern.value) {
-                Err(err) => self.push(Diagnostic::error(
-                    codes::INVALID_GLOB,
-                    pattern.span,
-                    format!("invalid glob `{}`: {}", pattern.value, glob_reason(&err)),
-                )),
-                Ok(glob) => {
-                    let matcher = glob.compile_matcher();
-                    if !names.iter().any(|n| matcher.is_match(n)) {
-                        self.push(Diagnostic::warning(
-                            codes::PATTERN_MATCHES_NOTHING,
-                            pattern.span,
-                            format!("`{}` matches no {what}", pattern.value),
-                        ));
-                    }
-                }
-            }
-        } else if !names.contains(&pattern.value.as_str())
-            && !self.raw_step_ids.contains(&pattern.value)
-        {
-            self.push(
-                Diagnostic::error(
-                    code,
-                    pattern.span,
-                    format!("unknown {what} `{}`", pattern.value),
-                )
-                .with_hint_opt(suggest::did_you_mean(&pattern.value, names.iter().copied())),
-            );
-        }
     }
 
     pub(super) fn check_workflow_outputs(&mut self) {

@@ -7,6 +7,7 @@
 
 mod config;
 mod graph;
+mod patterns;
 mod refs;
 mod shape;
 mod steps;

@@ -3,33 +3,19 @@
 
 use std::borrow::Cow;
 
-use globset::Glob;
 use serde_json::Value as Json;
 
 use crate::diagnostic::{Diagnostic, codes};
 use crate::source::Span;
-use crate::spec::{Node, Spanned, ToolDef};
+use crate::spec::{Node, Spanned, Spec, ToolDef};
 use crate::tools::builtin;
+use crate::validate::patterns::PatternKind;
 use crate::validate::refs::{Dep, Scope, StepTable};
 use crate::validate::steps::StepListScope;
 use crate::validate::templates::is_template;
 use crate::validate::{Checker, Validator, suggest};
 
-/// Whether a tool-name pattern uses glob syntax.
-pub fn is_glob(pattern: &str) -> bool {
-    pattern.contains(['*', '?', '[', '{'])
-}
-
 impl Checker<'_> {
-    /// Every tool name a step may call: built-ins, then declared tools.
-    pub(super) fn tool_names(&self) -> Vec<&str> {
-        builtin::all()
-            .iter()
-            .map(|b| b.name)
-            .chain(self.spec.tools.keys().map(|k| k.value.as_str()))
-            .collect()
-    }
-
     pub(super) fn check_tools(&mut self, validator: &mut Validator) {
         for (name, def) in &self.spec.tools {
             self.check_tool_def(name, def, validator);
@@ -299,7 +285,7 @@ impl Checker<'_> {
             }
             None
         } else {
-            let names = self.tool_names();
+            let names = tool_names(self.spec);
             self.push(
                 Diagnostic::error(
                     codes::UNKNOWN_TOOL,
@@ -450,48 +436,33 @@ impl Checker<'_> {
         args.map(|a| self.value(a, scope)).unwrap_or_default()
     }
 
-    /// Checks a tool name or glob in an LLM step's or agent's `tools` list.
+    /// Checks a tool name or glob in an LLM step's, agent's or rule's `tools`.
     pub(super) fn check_tool_pattern(&mut self, pattern: &Spanned<String>) {
-        let names = self.tool_names();
-        if is_glob(&pattern.value) {
-            match Glob::new(&pattern.value) {
-                Err(err) => self.push(Diagnostic::error(
-                    codes::INVALID_GLOB,
-                    pattern.span,
-                    format!("invalid glob `{}`: {}", pattern.value, glob_reason(&err)),
-                )),
-                Ok(glob) => {
-                    let matcher = glob.compile_matcher();
-                    let mcp = self.spec.tools.iter().any(|(_, d)| d.mcp.is_some());
-                    if !mcp && !names.iter().any(|n| matcher.is_match(n)) {
-                        self.push(
-                            Diagnostic::warning(
-                                codes::PATTERN_MATCHES_NOTHING,
-                                pattern.span,
-                                format!("`{}` matches no tool", pattern.value),
-                            )
-                            .with_hint(format!("tools here: {}", suggest::list(&names))),
-                        );
-                    }
-                }
-            }
-            return;
-        }
+        let names = tool_names(self.spec);
+        // MCP servers list their tools only when they run: `server.tool` names and globs cannot be
+        // checked against them now.
+        let mcp_servers = self.spec.tools.iter().any(|(_, d)| d.mcp.is_some());
         let mcp_tool = pattern.value.split_once('.').is_some_and(|(server, _)| {
             self.spec.tools.get(server).is_some_and(|d| d.mcp.is_some())
         });
-        if !names.contains(&pattern.value.as_str()) && !mcp_tool {
-            self.push(
-                Diagnostic::error(
-                    codes::UNKNOWN_TOOL,
-                    pattern.span,
-                    format!("unknown tool `{}`", pattern.value),
-                )
-                .with_hint_opt(suggest::did_you_mean(&pattern.value, names.iter().copied()))
-                .with_hint("declare it under `tools:`, or use a built-in tool (see docs/tools.md)"),
-            );
-        }
+        let kind = PatternKind {
+            what: "tool",
+            code: codes::UNKNOWN_TOOL,
+            known_elsewhere: mcp_tool,
+            open_ended: mcp_servers,
+            hint: Some("declare it under `tools:`, or use a built-in tool (see docs/tools.md)"),
+        };
+        self.check_name_pattern(pattern, &names, &kind);
     }
+}
+
+/// Every tool name a step may call: built-ins, then declared tools.
+fn tool_names(spec: &Spec) -> Vec<&str> {
+    builtin::all()
+        .iter()
+        .map(|b| b.name)
+        .chain(spec.tools.keys().map(|k| k.value.as_str()))
+        .collect()
 }
 
 /// A cycle of composite tool calls through `start`: the calls along it, each with where it is written.
@@ -521,10 +492,6 @@ fn tool_cycle(start: usize, calls: &[Vec<(usize, Span)>]) -> Option<Vec<(usize, 
         }
     }
     None
-}
-
-pub(super) fn glob_reason(err: &globset::Error) -> String {
-    err.kind().to_string().to_lowercase()
 }
 
 /// "/a/0/b" -> [Key(a), Index(0), Key(b)]
