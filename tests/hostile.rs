@@ -207,3 +207,17 @@ fn ordinary_anchor_reuse_is_within_the_budget() {
         validation.diagnostics
     );
 }
+
+/// Regression: a template syntax error next to a multi-byte character made the caret position fall inside
+/// the character and panicked (found by mutating fixtures).
+#[test]
+fn template_errors_next_to_multibyte_characters_do_not_panic() {
+    let text = "name: t\nsteps:\n  - id: a\n    tool: echo\n    with: { x: \"{{ row.fiéle }}: {{ 'a' if x == 'é' els }}\" }\n";
+    let codes = codes_in_process("t.yaml", text.to_owned());
+    assert_eq!(codes, ["archon::template_syntax"]);
+    let block = "name: t\nsteps:\n  - id: a\n    tool: echo\n    with:\n      x: |\n        {% for r in x %}{{ r.fiéle }}: {{ 'é' if r els 'b' }}\n        {% endfor %}\n";
+    assert_eq!(
+        codes_in_process("t.yaml", block.to_owned()),
+        ["archon::template_syntax"]
+    );
+}

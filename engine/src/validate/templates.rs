@@ -205,6 +205,7 @@ fn find_word(text: &str, needle: &str) -> Option<usize> {
 /// Maps a byte range of a string's value to the source span that wrote it. Handles plain, quoted and
 /// block scalars; falls back to searching for the text, then to the whole value.
 pub fn locate(file: &SourceFile, span: Span, value: &str, range: std::ops::Range<usize>) -> Span {
+    let range = char_range(value, range);
     let raw = file.slice(span);
     if raw == value {
         return span.within(range);
@@ -227,6 +228,20 @@ pub fn locate(file: &SourceFile, span: Span, value: &str, range: std::ops::Range
         (Some(a), Some(b)) if a == b && !needle.is_empty() => span.within(a..a + needle.len()),
         _ => span,
     }
+}
+
+/// The range clamped to the value and widened to whole characters (parsers report byte offsets that can
+/// fall inside a multi-byte character).
+fn char_range(value: &str, range: std::ops::Range<usize>) -> std::ops::Range<usize> {
+    let mut start = range.start.min(value.len());
+    while !value.is_char_boundary(start) {
+        start -= 1;
+    }
+    let mut end = range.end.clamp(start, value.len());
+    while !value.is_char_boundary(end) {
+        end += 1;
+    }
+    start..end
 }
 
 /// For multi-line scalars: finds each line of the value in the raw text, in order, and maps `offset`.
