@@ -108,11 +108,9 @@ fn toml_twins_validate_to_the_same_model() {
     );
 }
 
-/// Every complete example in docs/spec.md (a yaml or toml block starting with `name`) is valid as written.
-#[test]
-fn examples_in_the_format_reference_are_valid() {
-    let path = root().join("docs/spec.md");
-    let doc = std::fs::read_to_string(&path).expect("docs/spec.md exists");
+/// Validates every complete example (a yaml or toml block starting with `name`) in a doc; returns how many.
+fn check_doc_examples(doc_path: &str) -> usize {
+    let doc = std::fs::read_to_string(root().join(doc_path)).expect("doc exists");
     let mut checked = 0;
     let mut lines = doc.lines().enumerate();
     while let Some((line, text)) = lines.next() {
@@ -130,17 +128,51 @@ fn examples_in_the_format_reference_are_valid() {
             continue;
         }
         let validation = archon_engine::validate_source(
-            format!("docs/spec.md:{}.{lang}", line + 1),
+            format!("{doc_path}:{}.{lang}", line + 1),
             block.join("\n"),
         );
         clean(
             validation,
-            &format!("the example at docs/spec.md line {}", line + 1),
+            &format!("the example at {doc_path} line {}", line + 1),
         );
         checked += 1;
     }
+    checked
+}
+
+/// The examples in the docs are valid as written.
+#[test]
+fn examples_in_the_docs_are_valid() {
+    let in_spec = check_doc_examples("docs/spec.md");
     assert!(
-        checked >= 10,
-        "only {checked} complete examples found in docs/spec.md"
+        in_spec >= 10,
+        "only {in_spec} complete examples found in docs/spec.md"
     );
+    assert!(
+        check_doc_examples("docs/tools.md") >= 1,
+        "docs/tools.md has no complete example"
+    );
+}
+
+/// docs/tools.md describes every built-in tool and every one of its arguments.
+#[test]
+fn every_builtin_tool_and_argument_is_documented() {
+    let doc = std::fs::read_to_string(root().join("docs/tools.md")).expect("docs/tools.md exists");
+    for tool in archon_engine::tools::builtin::all() {
+        let row = doc
+            .lines()
+            .find(|l| l.starts_with(&format!("| `{}` |", tool.name)))
+            .unwrap_or_else(|| panic!("docs/tools.md has no table row for `{}`", tool.name));
+        let properties = tool.parameters["properties"]
+            .as_object()
+            .cloned()
+            .unwrap_or_default();
+        for name in properties.keys() {
+            assert!(
+                row.contains(&format!("`{name}`")),
+                "docs/tools.md does not mention `{}` argument `{name}`",
+                tool.name
+            );
+        }
+    }
 }
