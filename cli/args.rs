@@ -20,6 +20,8 @@ pub struct Cli {
 pub enum Command {
     /// Check workflow specs and report every problem, with file, line and column.
     Validate(ValidateArgs),
+    /// Run a workflow: steps start as soon as their dependencies finish, in parallel.
+    Run(RunArgs),
     /// Show how a workflow would run: each step's kind and the waves of steps that run together.
     Plan(PlanArgs),
     /// Print the JSON Schema of the workflow format.
@@ -43,6 +45,37 @@ pub struct PlanArgs {
     /// Output format.
     #[arg(long, value_enum, default_value_t = PlanFormat::Text)]
     pub format: PlanFormat,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct RunArgs {
+    /// The workflow spec (YAML, or TOML when it ends in `.toml`).
+    #[arg(value_name = "FILE")]
+    pub file: PathBuf,
+
+    /// An input value, `name=value`, coerced by the input's declared type (repeatable).
+    #[arg(long = "input", value_name = "NAME=VALUE")]
+    pub inputs: Vec<String>,
+
+    /// A JSON or YAML file of input values (`--input` wins over it).
+    #[arg(long = "inputs", value_name = "FILE")]
+    pub inputs_file: Option<PathBuf>,
+
+    /// Most steps running at once.
+    #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_parallel: u32,
+
+    /// The workspace commands run in (default: the spec's directory).
+    #[arg(long, value_name = "DIR")]
+    pub workdir: Option<PathBuf>,
+
+    /// Print the final run report as JSON on standard output.
+    #[arg(long)]
+    pub json: bool,
+
+    /// Append every run event as a JSON line to this file.
+    #[arg(long, value_name = "FILE")]
+    pub events: Option<PathBuf>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]

@@ -4,6 +4,7 @@ mod cli;
 mod hostile;
 mod plan;
 mod properties;
+mod run;
 mod schema;
 mod support;
 mod validate_fixtures;

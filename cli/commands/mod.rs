@@ -1,6 +1,8 @@
 //! One module per subcommand, and the exit statuses they share.
 
+mod load;
 mod plan;
+mod run;
 mod schema;
 mod validate;
 
@@ -17,6 +19,8 @@ pub enum Status {
     Failure,
     /// 2: invalid spec, input or usage.
     Invalid,
+    /// 130: interrupted.
+    Interrupted,
 }
 
 impl From<Status> for ExitCode {
@@ -25,6 +29,7 @@ impl From<Status> for ExitCode {
             Status::Success => 0,
             Status::Failure => 1,
             Status::Invalid => 2,
+            Status::Interrupted => 130,
         })
     }
 }
@@ -32,6 +37,7 @@ impl From<Status> for ExitCode {
 pub fn run(cli: Cli) -> anyhow::Result<Status> {
     match cli.command {
         Command::Validate(args) => validate::run(&args, cli.color),
+        Command::Run(args) => run::run(&args, cli.color),
         Command::Plan(args) => plan::run(&args, cli.color),
         Command::Schema => schema::run(),
     }

@@ -1,41 +1,22 @@
 //! `archon plan FILE`: validate a workflow and its inputs, then show its steps, their kinds and the waves
 //! of steps that can run together, as text, Graphviz DOT, Mermaid or JSON.
 
-use std::collections::HashSet;
 use std::fmt::Write as _;
 
-use archon_engine::inputs::{self, InputProblem};
 use archon_engine::plan::{Plan, StepKind};
-use archon_engine::validate::validate_file;
 use serde_json::json;
 
-use super::Status;
+use super::{Status, load};
 use crate::args::{ColorChoice, PlanArgs, PlanFormat};
 use crate::output;
-use crate::render::{self, Report};
 
 pub fn run(args: &PlanArgs, color: ColorChoice) -> anyhow::Result<Status> {
-    let validation = validate_file(&args.file);
-    if validation.has_errors() {
-        let mut report = Report::default();
-        report.add(&args.file, &validation, &mut HashSet::new());
-        output::stderr(&render::text(&report, output::use_color_stderr(color)));
-        return Ok(Status::Invalid);
-    }
-    let Some(workflow) = validation.workflow else {
-        return Ok(Status::Invalid);
-    };
-    let file_inputs = match &args.inputs_file {
-        Some(path) => match inputs::read_inputs_file(path) {
-            Ok(map) => map,
-            Err(problem) => return Ok(input_problems(&[problem])),
-        },
-        None => serde_json::Map::new(),
-    };
-    let resolved = match inputs::resolve(&workflow.spec, file_inputs, &args.inputs) {
-        Ok(resolved) => resolved,
-        Err(problems) => return Ok(input_problems(&problems)),
-    };
+    let (workflow, resolved) =
+        match load::workflow_and_inputs(&args.file, args.inputs_file.as_ref(), &args.inputs, color)
+        {
+            Ok(loaded) => loaded,
+            Err(status) => return Ok(status),
+        };
     let plan = Plan::new(&workflow);
     let text = match args.format {
         PlanFormat::Text => text(&plan),
@@ -50,18 +31,6 @@ pub fn run(args: &PlanArgs, color: ColorChoice) -> anyhow::Result<Status> {
     };
     output::stdout(&text);
     Ok(Status::Success)
-}
-
-fn input_problems(problems: &[InputProblem]) -> Status {
-    let mut text = String::new();
-    for problem in problems {
-        let _ = writeln!(text, "error: {}", problem.message);
-        if let Some(hint) = &problem.hint {
-            let _ = writeln!(text, "  hint: {hint}");
-        }
-    }
-    output::stderr(&text);
-    Status::Invalid
 }
 
 fn plural(n: usize, what: &str) -> String {

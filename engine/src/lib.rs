@@ -7,6 +7,7 @@
 pub mod diagnostic;
 pub mod inputs;
 pub mod plan;
+pub mod run;
 pub mod source;
 pub mod spec;
 pub mod tools;

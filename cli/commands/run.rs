@@ -1,0 +1,195 @@
+//! `archon run FILE`: run a workflow, showing each step as it starts and ends, then the outputs (or the
+//! whole report with `--json`). Ctrl-C cancels the running steps and exits 130.
+
+use std::fmt::Write as _;
+use std::io::Write as _;
+use std::sync::Arc;
+
+use archon_engine::run::{self, RunEvent, RunOptions, RunReport, RunStatus, StepStatus};
+use tokio_util::sync::CancellationToken;
+
+use super::{Status, load};
+use crate::args::{ColorChoice, RunArgs};
+use crate::output;
+
+pub fn run(args: &RunArgs, color: ColorChoice) -> anyhow::Result<Status> {
+    let (workflow, inputs) =
+        match load::workflow_and_inputs(&args.file, args.inputs_file.as_ref(), &args.inputs, color)
+        {
+            Ok(loaded) => loaded,
+            Err(status) => return Ok(status),
+        };
+    let unsupported = run::unsupported_steps(&workflow);
+    if !unsupported.is_empty() {
+        let mut text = String::new();
+        for u in &unsupported {
+            let _ = writeln!(
+                text,
+                "error: step `{}` cannot run in this version: {}",
+                u.step, u.reason
+            );
+        }
+        let _ = writeln!(
+            text,
+            "  hint: `archon validate` and `archon plan` accept this workflow; running it needs a later version"
+        );
+        output::stderr(&text);
+        return Ok(Status::Invalid);
+    }
+    let workdir = match &args.workdir {
+        Some(dir) => dir.clone(),
+        None => args
+            .file
+            .parent()
+            .map(std::path::Path::to_path_buf)
+            .filter(|p| !p.as_os_str().is_empty())
+            .unwrap_or_else(|| ".".into()),
+    };
+    let workdir = std::fs::canonicalize(&workdir)
+        .map_err(|e| anyhow::anyhow!("workspace `{}`: {e}", workdir.display()))?;
+    let mut events_file = match &args.events {
+        Some(path) => Some(
+            std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(path)
+                .map_err(|e| {
+                    anyhow::anyhow!("cannot open events file `{}`: {e}", path.display())
+                })?,
+        ),
+        None => None,
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    let cancel = CancellationToken::new();
+    let (sender, mut receiver) = tokio::sync::mpsc::unbounded_channel();
+    let options = RunOptions {
+        max_parallel: args.max_parallel as usize,
+        workdir,
+        run_id: run_id(),
+        cancel: cancel.clone(),
+        events: Some(sender),
+        env: std::env::vars().collect(),
+    };
+    let quiet = args.json;
+    let report = runtime.block_on(async move {
+        let watcher = cancel.clone();
+        tokio::spawn(async move {
+            if tokio::signal::ctrl_c().await.is_ok() {
+                watcher.cancel();
+            }
+        });
+        let printer = tokio::spawn(async move {
+            while let Some(event) = receiver.recv().await {
+                if let Some(file) = events_file.as_mut() {
+                    let _ =
+                        serde_json::to_writer(&mut *file, &event).map(|()| file.write_all(b"\n"));
+                }
+                if !quiet {
+                    output::stderr(&event_line(&event));
+                }
+            }
+        });
+        let report = run::run(Arc::new(workflow), inputs, options).await;
+        let _ = printer.await;
+        report
+    });
+    let report = match report {
+        Ok(report) => report,
+        Err(err) => {
+            output::stderr(&format!("error: {err}\n"));
+            return Ok(Status::Invalid);
+        }
+    };
+    if args.json {
+        let mut text = serde_json::to_string_pretty(&report)?;
+        text.push('\n');
+        output::stdout(&text);
+    } else {
+        output::stdout(&summary(&report));
+    }
+    Ok(match report.status {
+        RunStatus::Succeeded => Status::Success,
+        RunStatus::Failed => Status::Failure,
+        RunStatus::Cancelled => Status::Interrupted,
+    })
+}
+
+/// A run id: the start time in seconds (hex) and a random suffix.
+fn run_id() -> String {
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    format!("r{secs:x}{:04x}", fastrand::u16(..))
+}
+
+fn event_line(event: &RunEvent) -> String {
+    match event {
+        RunEvent::StepStarted { step } => format!("started   {step}\n"),
+        RunEvent::StepRetried {
+            step,
+            attempt,
+            error,
+            delay_ms,
+        } => {
+            format!("retrying  {step} (attempt {attempt} in {delay_ms} ms): {error}\n")
+        }
+        RunEvent::StepFinished {
+            step,
+            status,
+            duration_ms,
+            error,
+        } => match error {
+            Some(error) => format!(
+                "{:<9} {step} ({duration_ms} ms): {error}\n",
+                status.as_str()
+            ),
+            None => format!("{:<9} {step} ({duration_ms} ms)\n", status.as_str()),
+        },
+        RunEvent::StepSkipped { step, reason } => format!("skipped   {step}: {reason}\n"),
+    }
+}
+
+fn summary(report: &RunReport) -> String {
+    let count = |status: StepStatus| report.steps.values().filter(|s| s.status == status).count();
+    let mut parts = Vec::new();
+    for status in [
+        StepStatus::Succeeded,
+        StepStatus::Failed,
+        StepStatus::TimedOut,
+        StepStatus::Skipped,
+        StepStatus::Cancelled,
+    ] {
+        let n = count(status);
+        if n > 0 {
+            parts.push(format!("{n} {}", status.as_str().replace('_', " ")));
+        }
+    }
+    let status = match report.status {
+        RunStatus::Succeeded => "succeeded",
+        RunStatus::Failed => "failed",
+        RunStatus::Cancelled => "was cancelled",
+    };
+    let mut text = format!(
+        "run {} of `{}` {status} in {} ms: {}\n",
+        report.run_id,
+        report.workflow,
+        report.duration_ms,
+        parts.join(", ")
+    );
+    if let Some(error) = &report.error {
+        let _ = writeln!(text, "error: {error}");
+    }
+    if !report.outputs.is_empty() {
+        text.push_str("outputs:\n");
+        for (name, value) in &report.outputs {
+            let shown = match value {
+                serde_json::Value::String(s) => s.clone(),
+                other => other.to_string(),
+            };
+            let _ = writeln!(text, "  {name}: {shown}");
+        }
+    }
+    text
+}

@@ -1,0 +1,155 @@
+//! Rendering templates and evaluating expressions at run time, once each, over a context of plain data.
+//!
+//! A string that is exactly one `{{ expression }}` keeps the expression's JSON type (a list stays a list);
+//! any other template renders to a string. Values that come out of a render are data: nothing rendered is
+//! ever rendered again.
+
+use minijinja::{Environment, UndefinedBehavior, Value};
+use serde_json::Value as Json;
+
+use crate::spec::{Node, NodeKind};
+use crate::validate::templates::is_template;
+
+/// Most work one template may do (minijinja fuel), so a hostile template cannot spin forever.
+const FUEL: u64 = 1_000_000;
+
+/// A template or expression that failed at run time (undefined value, type error, out of fuel...).
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("{message}")]
+pub struct RenderError {
+    pub message: String,
+}
+
+impl RenderError {
+    fn new(what: &str, text: &str, err: &minijinja::Error) -> Self {
+        let detail = err
+            .detail()
+            .map_or_else(|| err.kind().to_string(), str::to_owned);
+        let shown: String = text.chars().take(80).collect();
+        RenderError {
+            message: format!("cannot render {what} `{shown}`: {detail}"),
+        }
+    }
+}
+
+/// Renders templates with strict undefined values and a fuel limit.
+#[derive(Debug)]
+pub struct Renderer {
+    env: Environment<'static>,
+}
+
+impl Default for Renderer {
+    fn default() -> Self {
+        let mut env = Environment::new();
+        env.set_undefined_behavior(UndefinedBehavior::Strict);
+        env.set_fuel(Some(FUEL));
+        Renderer { env }
+    }
+}
+
+impl Renderer {
+    /// Renders every string inside a spec value; other values pass through unchanged.
+    pub fn value(&self, node: &Node, ctx: &Value) -> Result<Json, RenderError> {
+        Ok(match &node.kind {
+            NodeKind::Str(s) => self.string(s, ctx)?,
+            NodeKind::Seq(items) => Json::Array(
+                items
+                    .iter()
+                    .map(|n| self.value(n, ctx))
+                    .collect::<Result<_, _>>()?,
+            ),
+            NodeKind::Map(entries) => Json::Object(
+                entries
+                    .iter()
+                    .map(|(k, v)| Ok((k.name.clone(), self.value(v, ctx)?)))
+                    .collect::<Result<_, RenderError>>()?,
+            ),
+            _ => node.to_json(),
+        })
+    }
+
+    /// Renders one template string. `{{ expr }}` alone keeps the expression's type.
+    pub fn string(&self, text: &str, ctx: &Value) -> Result<Json, RenderError> {
+        if !is_template(text) {
+            return Ok(Json::String(text.to_owned()));
+        }
+        if let Some(expr) = sole_expression(text) {
+            return self.expression(expr, ctx);
+        }
+        self.env
+            .render_str(text, ctx)
+            .map(Json::String)
+            .map_err(|e| RenderError::new("template", text, &e))
+    }
+
+    /// Renders a template to text (for prompts, command arguments, file contents).
+    pub fn text(&self, text: &str, ctx: &Value) -> Result<String, RenderError> {
+        Ok(match self.string(text, ctx)? {
+            Json::String(s) => s,
+            other => to_text(&other),
+        })
+    }
+
+    /// Evaluates a bare expression to a JSON value.
+    pub fn expression(&self, text: &str, ctx: &Value) -> Result<Json, RenderError> {
+        let expr = self
+            .env
+            .compile_expression(text)
+            .map_err(|e| RenderError::new("expression", text, &e))?;
+        let value = expr
+            .eval(ctx)
+            .map_err(|e| RenderError::new("expression", text, &e))?;
+        if value.is_undefined() {
+            return Err(undefined(text));
+        }
+        serde_json::to_value(&value).map_err(|e| RenderError {
+            message: format!("cannot use the value of `{text}`: {e}"),
+        })
+    }
+
+    /// Evaluates a condition: Jinja truthiness of the expression's value.
+    pub fn condition(&self, text: &str, ctx: &Value) -> Result<bool, RenderError> {
+        let expr = self
+            .env
+            .compile_expression(text)
+            .map_err(|e| RenderError::new("condition", text, &e))?;
+        let value = expr
+            .eval(ctx)
+            .map_err(|e| RenderError::new("condition", text, &e))?;
+        if value.is_undefined() {
+            return Err(undefined(text));
+        }
+        Ok(value.is_true())
+    }
+}
+
+/// Strict undefined for expressions: an expression whose value is undefined is an error, as in templates.
+fn undefined(text: &str) -> RenderError {
+    let shown: String = text.chars().take(80).collect();
+    RenderError {
+        message: format!("`{}` is undefined", shown.trim()),
+    }
+}
+
+/// The expression inside a template that is exactly `{{ expression }}` (surrounding spaces allowed).
+fn sole_expression(text: &str) -> Option<&str> {
+    let inner = text.trim().strip_prefix("{{")?.strip_suffix("}}")?;
+    let inner = inner.strip_prefix('-').unwrap_or(inner);
+    let inner = inner.strip_suffix('-').unwrap_or(inner);
+    (!inner.contains("{{") && !inner.contains("}}") && !inner.contains("{%"))
+        .then_some(inner.trim())
+}
+
+/// A template context from plain data.
+pub fn context_value(map: serde_json::Map<String, Json>) -> Value {
+    serde::Deserialize::deserialize(Json::Object(map)).unwrap_or_default()
+}
+
+/// The text form of a value, as an LLM or a command would read it: strings as they are, other values as JSON.
+pub fn to_text(value: &Json) -> String {
+    match value {
+        Json::String(s) => s.clone(),
+        Json::Null => String::new(),
+        other => other.to_string(),
+    }
+}

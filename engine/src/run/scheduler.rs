@@ -1,0 +1,674 @@
+//! The scheduler: a step starts as soon as its dependencies have finished, bounded by one semaphore; a
+//! `JoinSet` holds the running steps and a `CancellationToken` stops them all.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use indexmap::IndexMap;
+use minijinja::Value;
+use serde_json::{Map, Value as Json, json};
+use tokio::sync::Semaphore;
+use tokio::task::JoinSet;
+
+use super::render::{Renderer, context_value, to_text};
+use super::tools::{self, ToolContext, ToolError, ToolOutput};
+use super::{
+    REPORT_VERSION, RunEvent, RunOptions, RunReport, RunStatus, StepResult, StepStatus, step_ids,
+};
+use crate::spec::{Backoff, Body, OnError, Retry, RetryOn, Step};
+use crate::workflow::Workflow;
+
+/// A problem that stops a run before any step starts.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct RunError(pub String);
+
+/// Everything the step tasks share.
+struct Shared {
+    workflow: Arc<Workflow>,
+    options: RunOptions,
+    renderer: Renderer,
+    inputs: Map<String, Json>,
+    /// The process environment overlaid with the spec's rendered `env`.
+    env: Map<String, Json>,
+    secrets: Map<String, Json>,
+    tool_context: ToolContext,
+    run: Json,
+}
+
+impl Shared {
+    fn emit(&self, event: RunEvent) {
+        if let Some(events) = &self.options.events {
+            let _ = events.send(event);
+        }
+    }
+
+    /// The template context of a step: inputs, env, run, and the results of the steps it depends on.
+    fn context(&self, steps: Map<String, Json>, with_secrets: bool) -> Map<String, Json> {
+        let mut ctx = Map::new();
+        ctx.insert("inputs".into(), Json::Object(self.inputs.clone()));
+        ctx.insert("env".into(), Json::Object(self.env.clone()));
+        ctx.insert("run".into(), self.run.clone());
+        ctx.insert("steps".into(), Json::Object(steps));
+        if with_secrets {
+            ctx.insert("secrets".into(), Json::Object(self.secrets.clone()));
+        }
+        ctx
+    }
+}
+
+/// Runs a validated workflow with resolved inputs. Errors only for problems found before any step starts.
+pub async fn run(
+    workflow: Arc<Workflow>,
+    inputs: Map<String, Json>,
+    options: RunOptions,
+) -> Result<RunReport, RunError> {
+    let started = Instant::now();
+    let spec = workflow.spec.clone();
+    let mut secrets = Map::new();
+    for name in &spec.secrets {
+        match options.env.get(&name.value) {
+            Some(value) => {
+                secrets.insert(name.value.clone(), Json::String(value.clone()));
+            }
+            None => {
+                return Err(RunError(format!(
+                    "secret `{}` is not set: export it as an environment variable",
+                    name.value
+                )));
+            }
+        }
+    }
+    let run = json!({
+        "id": options.run_id,
+        "workflow": workflow.name,
+        "workdir": options.workdir.display().to_string(),
+    });
+    let mut env: Map<String, Json> = options
+        .env
+        .iter()
+        .map(|(k, v)| (k.clone(), Json::String(v.clone())))
+        .collect();
+    let renderer = Renderer::default();
+    let mut tool_env = Vec::new();
+    {
+        let mut ctx = Map::new();
+        ctx.insert("inputs".into(), Json::Object(inputs.clone()));
+        ctx.insert("env".into(), Json::Object(env.clone()));
+        ctx.insert("run".into(), run.clone());
+        ctx.insert("secrets".into(), Json::Object(secrets.clone()));
+        let ctx = context_value(ctx);
+        for (name, template) in &spec.env {
+            let value = renderer
+                .text(&template.value, &ctx)
+                .map_err(|e| RunError(format!("env `{}`: {e}", name.value)))?;
+            tool_env.push((name.value.clone(), value.clone()));
+            env.insert(name.value.clone(), Json::String(value));
+        }
+    }
+    let shared = Arc::new(Shared {
+        tool_context: ToolContext {
+            workdir: options.workdir.clone(),
+            env: tool_env,
+        },
+        workflow: workflow.clone(),
+        options,
+        renderer,
+        inputs: inputs.clone(),
+        env,
+        secrets,
+        run,
+    });
+    let results = schedule(&shared).await;
+
+    let ids = step_ids(&spec.steps);
+    let steps: IndexMap<String, StepResult> = ids.iter().cloned().zip(results).collect();
+    let failed = spec.steps.iter().any(|step| {
+        let continues = step
+            .on_error
+            .as_ref()
+            .is_some_and(|o| o.value == OnError::Continue);
+        let status = steps[step.id.value.as_str()].status;
+        matches!(status, StepStatus::Failed | StepStatus::TimedOut) && !continues
+    });
+    let cancelled = shared.options.cancel.is_cancelled();
+    let mut error = None;
+    let mut outputs = Map::new();
+    if !cancelled {
+        let views: Map<String, Json> = steps.iter().map(|(id, r)| (id.clone(), r.view())).collect();
+        let ctx = context_value(shared.context(views, false));
+        for (name, template) in &spec.outputs {
+            match shared.renderer.value(template, &ctx) {
+                Ok(value) => {
+                    outputs.insert(name.value.clone(), value);
+                }
+                Err(e) if !failed => error = Some(format!("output `{}`: {e}", name.value)),
+                Err(_) => {}
+            }
+        }
+    }
+    let status = if cancelled {
+        RunStatus::Cancelled
+    } else if failed || error.is_some() {
+        RunStatus::Failed
+    } else {
+        RunStatus::Succeeded
+    };
+    Ok(RunReport {
+        version: REPORT_VERSION,
+        run_id: shared.options.run_id.clone(),
+        workflow: workflow.name.clone(),
+        status,
+        inputs,
+        steps,
+        outputs,
+        error,
+        duration_ms: millis(started.elapsed()),
+    })
+}
+
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+/// Starts every step whose dependencies have finished, until all have ended or the run is cancelled.
+async fn schedule(shared: &Arc<Shared>) -> Vec<StepResult> {
+    let workflow = &shared.workflow;
+    let n = workflow.spec.steps.len();
+    let mut dependents = vec![Vec::new(); n];
+    for (step, deps) in workflow.dependencies.iter().enumerate() {
+        for &dep in deps {
+            dependents[dep].push(step);
+        }
+    }
+    let mut waiting: Vec<usize> = workflow.dependencies.iter().map(Vec::len).collect();
+    let mut results: Vec<Option<StepResult>> = vec![None; n];
+    let mut ready: VecDeque<usize> = (0..n).filter(|i| waiting[*i] == 0).collect();
+    let semaphore = Arc::new(Semaphore::new(shared.options.max_parallel.max(1)));
+    let mut running = JoinSet::new();
+    let mut task_step = std::collections::HashMap::new();
+    let mut cancelled = false;
+
+    let finish = |i: usize, waiting: &mut Vec<usize>, ready: &mut VecDeque<usize>| {
+        for &d in &dependents[i] {
+            waiting[d] -= 1;
+            if waiting[d] == 0 {
+                ready.push_back(d);
+            }
+        }
+    };
+
+    loop {
+        while let Some(i) = ready.pop_front() {
+            let step = &workflow.spec.steps[i];
+            if cancelled {
+                results[i] = Some(StepResult::ended(StepStatus::Cancelled, None));
+                finish(i, &mut waiting, &mut ready);
+                continue;
+            }
+            let deps: Map<String, Json> = workflow.dependencies[i]
+                .iter()
+                .filter_map(|d| {
+                    results[*d]
+                        .as_ref()
+                        .map(|r| (workflow.spec.steps[*d].id.value.clone(), r.view()))
+                })
+                .collect();
+            match decide(shared, step, i, &results, deps) {
+                Decision::Run(steps) => {
+                    let shared = shared.clone();
+                    let semaphore = semaphore.clone();
+                    let handle = running.spawn(async move {
+                        let _permit = semaphore.acquire_owned().await;
+                        execute(&shared, i, steps).await
+                    });
+                    task_step.insert(handle.id(), i);
+                }
+                Decision::Skip(reason) => {
+                    shared.emit(RunEvent::StepSkipped {
+                        step: step.id.value.clone(),
+                        reason,
+                    });
+                    results[i] = Some(StepResult::ended(StepStatus::Skipped, None));
+                    finish(i, &mut waiting, &mut ready);
+                }
+                Decision::Fail(error) => {
+                    shared.emit(RunEvent::StepFinished {
+                        step: step.id.value.clone(),
+                        status: StepStatus::Failed,
+                        duration_ms: 0,
+                        error: Some(error.clone()),
+                    });
+                    results[i] = Some(StepResult::ended(StepStatus::Failed, Some(error)));
+                    finish(i, &mut waiting, &mut ready);
+                }
+            }
+        }
+        if running.is_empty() {
+            break;
+        }
+        tokio::select! {
+            () = shared.options.cancel.cancelled(), if !cancelled => {
+                cancelled = true;
+                // Dropping the step futures kills their process groups.
+                running.abort_all();
+            }
+            Some(joined) = running.join_next_with_id() => {
+                let (i, result) = match joined {
+                    Ok((id, result)) => (task_step[&id], result),
+                    Err(err) => {
+                        let i = task_step[&err.id()];
+                        let status = if err.is_cancelled() { StepStatus::Cancelled } else { StepStatus::Failed };
+                        (i, StepResult::ended(status, (!err.is_cancelled()).then(|| "the step's task failed".to_owned())))
+                    }
+                };
+                results[i] = Some(result);
+                finish(i, &mut waiting, &mut ready);
+            }
+        }
+    }
+    results
+        .into_iter()
+        .map(|r| r.unwrap_or_else(|| StepResult::ended(StepStatus::Cancelled, None)))
+        .collect()
+}
+
+enum Decision {
+    /// Run, with the results of the dependencies as `steps`.
+    Run(Map<String, Json>),
+    Skip(String),
+    Fail(String),
+}
+
+/// `if` decides when given; otherwise a step runs when all its dependencies succeeded.
+fn decide(
+    shared: &Shared,
+    step: &Step,
+    index: usize,
+    results: &[Option<StepResult>],
+    deps: Map<String, Json>,
+) -> Decision {
+    if let Some(condition) = &step.condition {
+        let ctx = context_value(shared.context(deps.clone(), false));
+        return match shared.renderer.condition(&condition.value, &ctx) {
+            Ok(true) => Decision::Run(deps),
+            Ok(false) => Decision::Skip("its `if` condition is false".to_owned()),
+            Err(e) => Decision::Fail(format!("`if`: {e}")),
+        };
+    }
+    let spec = &shared.workflow.spec;
+    let blocked = shared.workflow.dependencies[index].iter().find(|d| {
+        results[**d]
+            .as_ref()
+            .is_none_or(|r| r.status != StepStatus::Succeeded)
+    });
+    match blocked {
+        None => Decision::Run(deps),
+        Some(&d) => {
+            let status = results[d]
+                .as_ref()
+                .map_or("did not run", |r| r.status.as_str());
+            Decision::Skip(format!("`{}` {status}", spec.steps[d].id.value))
+        }
+    }
+}
+
+/// Runs one step: its body (per item for `foreach`) with retries and fallback, then its `outputs`.
+async fn execute(shared: &Arc<Shared>, index: usize, steps: Map<String, Json>) -> StepResult {
+    let step = &shared.workflow.spec.steps[index];
+    shared.emit(RunEvent::StepStarted {
+        step: step.id.value.clone(),
+    });
+    let started = Instant::now();
+    let mut result = match &step.foreach {
+        Some(expr) => foreach(shared, step, &expr.value, &steps).await,
+        None => attempt_all(shared, step, &steps, None).await,
+    };
+    if result.status == StepStatus::Succeeded && !step.outputs.is_empty() {
+        let mut own = steps.clone();
+        own.insert(step.id.value.clone(), result.view());
+        let ctx = context_value(shared.context(own, false));
+        for (name, template) in &step.outputs {
+            match shared.renderer.value(template, &ctx) {
+                Ok(value) => {
+                    result.outputs.insert(name.value.clone(), value);
+                }
+                Err(e) => {
+                    result.status = StepStatus::Failed;
+                    result.error = Some(format!("output `{}`: {e}", name.value));
+                    break;
+                }
+            }
+        }
+    }
+    result.duration_ms = millis(started.elapsed());
+    shared.emit(RunEvent::StepFinished {
+        step: step.id.value.clone(),
+        status: result.status,
+        duration_ms: result.duration_ms,
+        error: result.error.clone(),
+    });
+    result
+}
+
+/// Runs the body once per item of the `foreach` list, at most `max_parallel` at a time, results in order.
+async fn foreach(
+    shared: &Arc<Shared>,
+    step: &Step,
+    expr: &str,
+    steps: &Map<String, Json>,
+) -> StepResult {
+    let ctx = context_value(shared.context(steps.clone(), false));
+    let items = match shared.renderer.expression(expr, &ctx) {
+        Ok(Json::Array(items)) => items,
+        Ok(other) => {
+            let kind = match other {
+                Json::Null => "null",
+                Json::Object(_) => "an object",
+                Json::String(_) => "a string",
+                _ => "a scalar",
+            };
+            return StepResult::ended(
+                StepStatus::Failed,
+                Some(format!("`foreach` must give a list, got {kind}")),
+            );
+        }
+        Err(e) => return StepResult::ended(StepStatus::Failed, Some(format!("`foreach`: {e}"))),
+    };
+    let limit = step
+        .max_parallel
+        .as_ref()
+        .map_or(shared.options.max_parallel, |m| m.value as usize)
+        .max(1);
+    let semaphore = Arc::new(Semaphore::new(limit));
+    let mut set = JoinSet::new();
+    for (position, item) in items.into_iter().enumerate() {
+        let shared = shared.clone();
+        let semaphore = semaphore.clone();
+        let steps = steps.clone();
+        let index = step_index(&shared, step);
+        set.spawn(async move {
+            let _permit = semaphore.acquire_owned().await;
+            let step = &shared.workflow.spec.steps[index];
+            (
+                position,
+                attempt_all(&shared, step, &steps, Some((item, position))).await,
+            )
+        });
+    }
+    let mut results: Vec<Option<StepResult>> = vec![None; set.len()];
+    while let Some(joined) = set.join_next().await {
+        if let Ok((position, result)) = joined {
+            results[position] = Some(result);
+        }
+    }
+    let results: Vec<StepResult> = results
+        .into_iter()
+        .map(|r| {
+            r.unwrap_or_else(|| {
+                StepResult::ended(StepStatus::Failed, Some("an item's task failed".into()))
+            })
+        })
+        .collect();
+    let failure = results
+        .iter()
+        .enumerate()
+        .find(|(_, r)| r.status != StepStatus::Succeeded);
+    let output = Json::Array(results.iter().map(|r| r.output.clone()).collect());
+    StepResult {
+        status: failure.map_or(StepStatus::Succeeded, |(_, r)| r.status),
+        text: output.to_string(),
+        output,
+        outputs: Map::new(),
+        error: failure
+            .map(|(i, r)| format!("item {i}: {}", r.error.as_deref().unwrap_or("failed"))),
+        attempts: results.iter().map(|r| r.attempts).sum(),
+        exit_code: None,
+        duration_ms: 0,
+        fallback: results.iter().any(|r| r.fallback),
+    }
+}
+
+fn step_index(shared: &Shared, step: &Step) -> usize {
+    shared
+        .workflow
+        .spec
+        .steps
+        .iter()
+        .position(|s| std::ptr::eq(s, step))
+        .unwrap_or(0)
+}
+
+/// How one body attempt failed.
+struct Failure {
+    status: StepStatus,
+    message: String,
+    exit_code: Option<i32>,
+    /// Deterministic failures (a template that does not render) are not retried.
+    retryable: bool,
+}
+
+/// Every attempt of the body, then the fallback if the last one failed.
+async fn attempt_all(
+    shared: &Shared,
+    step: &Step,
+    steps: &Map<String, Json>,
+    item: Option<(Json, usize)>,
+) -> StepResult {
+    let mut ctx = shared.context(steps.clone(), true);
+    if let Some((item, index)) = &item {
+        ctx.insert("item".into(), item.clone());
+        ctx.insert("index".into(), json!(index));
+    }
+    let ctx = context_value(ctx);
+    let defaults = shared.workflow.spec.defaults.as_ref();
+    let retry = step
+        .retry
+        .as_ref()
+        .or_else(|| defaults.and_then(|d| d.retry.as_ref()));
+    let (outcome, attempts) = with_retries(shared, step, step.body(), retry, &ctx).await;
+    let outcome = match (outcome, &step.fallback) {
+        (Err(_), Some(fallback)) => {
+            let (fallback_outcome, _) =
+                with_retries(shared, step, fallback.body(), None, &ctx).await;
+            fallback_outcome.map(|o| (o, true))
+        }
+        (outcome, _) => outcome.map(|o| (o, false)),
+    };
+    match outcome {
+        Ok((output, fallback)) => StepResult {
+            status: StepStatus::Succeeded,
+            text: if output.text.is_empty() {
+                to_text(&output.output)
+            } else {
+                output.text
+            },
+            output: output.output,
+            outputs: Map::new(),
+            error: None,
+            attempts,
+            exit_code: output.exit_code,
+            duration_ms: 0,
+            fallback,
+        },
+        Err(failure) => StepResult {
+            exit_code: failure.exit_code,
+            attempts,
+            ..StepResult::ended(failure.status, Some(failure.message))
+        },
+    }
+}
+
+async fn with_retries(
+    shared: &Shared,
+    step: &Step,
+    body: Body<'_>,
+    retry: Option<&Retry>,
+    ctx: &Value,
+) -> (Result<ToolOutput, Failure>, u32) {
+    let attempts = retry.map_or(1, |r| r.attempts.value.max(1));
+    let timeout = body
+        .timeout
+        .or_else(|| {
+            shared
+                .workflow
+                .spec
+                .defaults
+                .as_ref()
+                .and_then(|d| d.timeout.as_ref())
+        })
+        .and_then(|t| tools::duration(&t.value));
+    let mut attempt = 0;
+    loop {
+        attempt += 1;
+        let call = call_body(shared, body, ctx);
+        let outcome = match timeout {
+            Some(limit) => match tokio::time::timeout(limit, call).await {
+                Ok(outcome) => outcome,
+                Err(_) => Err(Failure {
+                    status: StepStatus::TimedOut,
+                    message: format!("timed out after {}", humantime::format_duration(limit)),
+                    exit_code: None,
+                    retryable: true,
+                }),
+            },
+            None => call.await,
+        };
+        let failure = match outcome {
+            Ok(output) => return (Ok(output), attempt),
+            Err(failure) => failure,
+        };
+        let retry_on = retry.and_then(|r| r.on.as_ref());
+        let wanted = match failure.status {
+            StepStatus::TimedOut => {
+                retry_on.is_none_or(|on| on.iter().any(|o| o.value == RetryOn::Timeout))
+            }
+            _ => retry_on.is_none_or(|on| on.iter().any(|o| o.value == RetryOn::Error)),
+        };
+        if attempt >= attempts || !failure.retryable || !wanted {
+            return (Err(failure), attempt);
+        }
+        let delay = retry.map_or(Duration::ZERO, |r| backoff(r, attempt));
+        shared.emit(RunEvent::StepRetried {
+            step: step.id.value.clone(),
+            attempt: attempt + 1,
+            error: failure.message.clone(),
+            delay_ms: millis(delay),
+        });
+        tokio::time::sleep(delay).await;
+    }
+}
+
+/// The delay before attempt `failed + 1`: fixed, or doubling from `delay` up to `max_delay`, with full
+/// jitter unless `jitter: false`.
+fn backoff(retry: &Retry, failed: u32) -> Duration {
+    let base = retry
+        .delay
+        .as_ref()
+        .and_then(|d| tools::duration(&d.value))
+        .unwrap_or(Duration::from_secs(1));
+    let max = retry
+        .max_delay
+        .as_ref()
+        .and_then(|d| tools::duration(&d.value))
+        .unwrap_or(Duration::from_secs(60));
+    let delay = match retry
+        .backoff
+        .as_ref()
+        .map_or(Backoff::Exponential, |b| b.value)
+    {
+        Backoff::Fixed => base,
+        Backoff::Exponential => base
+            .saturating_mul(2u32.saturating_pow(failed.saturating_sub(1)))
+            .min(max),
+    };
+    if retry.jitter.unwrap_or(true) {
+        delay.mul_f64(fastrand::f64())
+    } else {
+        delay
+    }
+}
+
+/// Renders the body's arguments once and calls its tool.
+async fn call_body(shared: &Shared, body: Body<'_>, ctx: &Value) -> Result<ToolOutput, Failure> {
+    let render_failure = |message: String| Failure {
+        status: StepStatus::Failed,
+        message,
+        exit_code: None,
+        retryable: false,
+    };
+    let Some(tool) = body.tool else {
+        return Err(render_failure("this step kind cannot run yet".to_owned()));
+    };
+    let args = match body.args {
+        Some(args) => shared
+            .renderer
+            .value(args, ctx)
+            .map_err(|e| render_failure(e.to_string()))?,
+        None => Json::Object(Map::new()),
+    };
+    let tool_failure = |e: ToolError| Failure {
+        status: StepStatus::Failed,
+        message: e.message,
+        exit_code: e.exit_code,
+        retryable: true,
+    };
+    match shared.workflow.spec.tools.get(tool.value.as_str()) {
+        None => tools::call(&tool.value, &args, &shared.tool_context)
+            .await
+            .map_err(tool_failure),
+        Some(def) => {
+            let Some(command) = &def.command else {
+                return Err(render_failure(format!(
+                    "tool `{}` cannot run yet",
+                    tool.value
+                )));
+            };
+            // A declared command tool reads its arguments by name and as `args`.
+            let mut tool_ctx = shared.context(Map::new(), true);
+            if let Json::Object(values) = &args {
+                for (k, v) in values {
+                    tool_ctx.insert(k.clone(), v.clone());
+                }
+            }
+            tool_ctx.insert("args".into(), args.clone());
+            let tool_ctx = context_value(tool_ctx);
+            let text = |t: &crate::spec::Template| {
+                shared
+                    .renderer
+                    .text(&t.value, &tool_ctx)
+                    .map_err(|e| render_failure(e.to_string()))
+            };
+            let argv = command
+                .value
+                .iter()
+                .map(text)
+                .collect::<Result<Vec<_>, _>>()?;
+            let mut exec = json!({ "argv": argv });
+            if let Some(cwd) = &def.cwd {
+                exec["cwd"] = Json::String(text(cwd)?);
+            }
+            if let Some(stdin) = &def.stdin {
+                exec["stdin"] = Json::String(text(stdin)?);
+            }
+            if !def.env.is_empty() {
+                let env: Map<String, Json> = def
+                    .env
+                    .iter()
+                    .map(|(k, v)| Ok((k.value.clone(), Json::String(text(v)?))))
+                    .collect::<Result<_, Failure>>()?;
+                exec["env"] = Json::Object(env);
+            }
+            if let Some(output) = &def.output {
+                exec["output"] = serde_json::to_value(output.value).unwrap_or(Json::Null);
+            }
+            if let Some(codes) = &def.ok_exit_codes {
+                exec["ok_exit_codes"] = json!(codes);
+            }
+            tools::call("exec", &exec, &shared.tool_context)
+                .await
+                .map_err(tool_failure)
+        }
+    }
+}

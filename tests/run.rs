@@ -1,0 +1,354 @@
+//! Running workflows: the scheduler (with paused time where timing matters), data flow, control flow,
+//! commands and their process groups, and `archon run` end to end.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use archon_engine::run::{self, RunOptions, RunReport, RunStatus, StepStatus};
+use archon_engine::validate_source;
+use serde_json::{Map, Value as Json, json};
+use tempfile::TempDir;
+use tokio_util::sync::CancellationToken;
+
+use crate::support::{Output, archon};
+
+fn options(workdir: &Path, max_parallel: usize) -> RunOptions {
+    RunOptions {
+        max_parallel,
+        workdir: workdir.to_path_buf(),
+        run_id: "test".to_owned(),
+        cancel: CancellationToken::new(),
+        events: None,
+        env: BTreeMap::from([
+            ("HOME_TEST".to_owned(), "/home/test".to_owned()),
+            ("API_TOKEN".to_owned(), "s3cr3t".to_owned()),
+        ]),
+    }
+}
+
+async fn run_yaml(yaml: &str, inputs: Map<String, Json>, options: RunOptions) -> RunReport {
+    let validation = validate_source("test.yaml", yaml);
+    assert!(
+        validation.diagnostics.is_empty(),
+        "{:?}",
+        validation.diagnostics
+    );
+    let workflow = validation.workflow.expect("valid");
+    assert!(run::unsupported_steps(&workflow).is_empty());
+    let inputs =
+        archon_engine::inputs::resolve(&workflow.spec, inputs, &[]).expect("inputs resolve");
+    run::run(Arc::new(workflow), inputs, options)
+        .await
+        .expect("run starts")
+}
+
+fn status(report: &RunReport, step: &str) -> StepStatus {
+    report.steps[step].status
+}
+
+#[tokio::test(start_paused = true)]
+async fn independent_steps_overlap_and_dependents_wait() {
+    let dir = TempDir::new().expect("tempdir");
+    let yaml = "name: t\nsteps:\n  - { id: a, tool: sleep, with: { duration: 1s } }\n  - { id: b, tool: sleep, with: { duration: 1s } }\n  - { id: c, tool: sleep, with: { duration: 1s }, needs: [a, b] }\n";
+    let started = tokio::time::Instant::now();
+    let report = run_yaml(yaml, Map::new(), options(dir.path(), 8)).await;
+    assert_eq!(report.status, RunStatus::Succeeded);
+    assert_eq!(
+        started.elapsed(),
+        Duration::from_secs(2),
+        "a and b overlap, c waits for both"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_concurrency_cap_is_honoured() {
+    let dir = TempDir::new().expect("tempdir");
+    let mut yaml = String::from("name: t\nsteps:\n");
+    for i in 0..6 {
+        yaml.push_str(&format!(
+            "  - {{ id: s{i}, tool: sleep, with: {{ duration: 1s }} }}\n"
+        ));
+    }
+    let started = tokio::time::Instant::now();
+    let report = run_yaml(&yaml, Map::new(), options(dir.path(), 2)).await;
+    assert_eq!(report.status, RunStatus::Succeeded);
+    assert_eq!(
+        started.elapsed(),
+        Duration::from_secs(3),
+        "6 one-second steps, 2 at a time"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn foreach_keeps_input_order_and_its_own_limit() {
+    let dir = TempDir::new().expect("tempdir");
+    let yaml = r#"name: t
+steps:
+  - id: each
+    foreach: "['3s', '1s', '2s']"
+    max_parallel: 3
+    tool: sleep
+    with: { duration: "{{ item }}" }
+  - id: shout
+    foreach: "['a', 'b', 'c']"
+    max_parallel: 1
+    tool: echo
+    with: { value: "{{ item | upper }}", position: "{{ index }}" }
+"#;
+    let started = tokio::time::Instant::now();
+    let report = run_yaml(yaml, Map::new(), options(dir.path(), 8)).await;
+    assert_eq!(started.elapsed(), Duration::from_secs(3));
+    assert_eq!(
+        report.steps["each"].output,
+        json!([{ "slept_ms": 3000 }, { "slept_ms": 1000 }, { "slept_ms": 2000 }])
+    );
+    assert_eq!(
+        report.steps["shout"].output,
+        json!([{ "value": "A", "position": 0 }, { "value": "B", "position": 1 }, { "value": "C", "position": 2 }])
+    );
+}
+
+#[tokio::test]
+async fn data_flows_with_types_and_tool_output_is_never_rendered_again() {
+    let dir = TempDir::new().expect("tempdir");
+    let yaml = r#"name: t
+inputs:
+  n: { type: integer, default: 3 }
+secrets: [API_TOKEN]
+steps:
+  - id: produce
+    tool: echo
+    with: { list: [1, 2, "{{ inputs.n }}"], trap: "{{ '{{ secrets.API_TOKEN }}' }} {{ '{% for x in y %}' }}" }
+  - id: consume
+    tool: echo
+    with: { list: "{{ steps.produce.output.list }}", trap: "{{ steps.produce.output.trap }}", home: "{{ env.HOME_TEST }}", run: "{{ run.id }}" }
+    outputs:
+      total: "{{ steps.consume.output.list | sum }}"
+outputs:
+  total: "{{ steps.consume.outputs.total }}"
+"#;
+    let report = run_yaml(yaml, Map::new(), options(dir.path(), 4)).await;
+    assert_eq!(report.status, RunStatus::Succeeded, "{report:?}");
+    let out = &report.steps["consume"].output;
+    assert_eq!(
+        out["list"],
+        json!([1, 2, 3]),
+        "a sole expression keeps its JSON type"
+    );
+    assert_eq!(
+        out["trap"], "{{ secrets.API_TOKEN }} {% for x in y %}",
+        "tool output arrives literally"
+    );
+    assert_eq!(out["home"], "/home/test");
+    assert_eq!(out["run"], "test");
+    assert_eq!(report.outputs["total"], json!(6));
+}
+
+#[tokio::test]
+async fn if_skips_propagate_and_on_error_continue_lets_dependents_decide() {
+    let dir = TempDir::new().expect("tempdir");
+    let yaml = r#"name: t
+steps:
+  - { id: off, if: "1 > 2", tool: echo, with: { x: 1 } }
+  - { id: after_off, tool: echo, with: { x: "{{ steps.off.status }}" } }
+  - { id: broken, tool: exec, with: { argv: ["false"] }, on_error: continue }
+  - { id: after_broken, tool: echo, needs: [broken], with: { x: 1 } }
+  - { id: handler, if: "steps.broken.status == 'failed'", tool: echo, with: { error: "{{ steps.broken.exit_code }}" } }
+"#;
+    let report = run_yaml(yaml, Map::new(), options(dir.path(), 4)).await;
+    assert_eq!(status(&report, "off"), StepStatus::Skipped);
+    assert_eq!(
+        status(&report, "after_off"),
+        StepStatus::Skipped,
+        "a skipped dependency skips by default"
+    );
+    assert_eq!(status(&report, "broken"), StepStatus::Failed);
+    assert_eq!(report.steps["broken"].exit_code, Some(1));
+    assert_eq!(status(&report, "after_broken"), StepStatus::Skipped);
+    assert_eq!(status(&report, "handler"), StepStatus::Succeeded);
+    assert_eq!(report.steps["handler"].output["error"], json!(1));
+    assert_eq!(
+        report.status,
+        RunStatus::Succeeded,
+        "on_error: continue does not fail the run"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn retries_count_every_attempt_then_the_fallback_runs() {
+    let dir = TempDir::new().expect("tempdir");
+    let yaml = r#"name: t
+steps:
+  - id: flaky
+    tool: sleep
+    with: { duration: 10s }
+    timeout: 1s
+    retry: { attempts: 3, backoff: fixed, delay: 2s, jitter: false }
+  - id: rescued
+    tool: sleep
+    with: { duration: 10s }
+    timeout: 1s
+    retry: { attempts: 2, delay: 1s, jitter: false, on: [error] }
+    fallback: { tool: echo, with: { rescued: true } }
+"#;
+    let started = tokio::time::Instant::now();
+    let report = run_yaml(yaml, Map::new(), options(dir.path(), 4)).await;
+    assert_eq!(status(&report, "flaky"), StepStatus::TimedOut);
+    assert_eq!(report.steps["flaky"].attempts, 3);
+    assert_eq!(
+        started.elapsed(),
+        Duration::from_secs(7),
+        "3 timeouts of 1s and 2 fixed delays of 2s"
+    );
+    assert_eq!(status(&report, "rescued"), StepStatus::Succeeded);
+    assert_eq!(
+        report.steps["rescued"].attempts, 1,
+        "timeouts are not retried when `on` is only `error`"
+    );
+    assert!(report.steps["rescued"].fallback);
+    assert_eq!(report.steps["rescued"].output, json!({ "rescued": true }));
+    assert_eq!(
+        report.status,
+        RunStatus::Failed,
+        "`flaky` failed without on_error: continue"
+    );
+}
+
+#[tokio::test]
+async fn commands_run_as_argv_with_stdin_env_and_output_modes() {
+    let dir = TempDir::new().expect("tempdir");
+    let yaml = r#"name: t
+env:
+  GREETING: "hi {{ inputs.who }}"
+inputs:
+  who: { type: string, default: "a; touch injected" }
+tools:
+  say:
+    parameters: { type: object, properties: { text: { type: string } } }
+    command: [sh, -c, 'printf "%s|%s" "$GREETING" "$1"', say, "{{ text }}"]
+steps:
+  - { id: lines, tool: exec, with: { argv: [printf, "a\nb\n"], output: lines } }
+  - { id: parsed, tool: exec, with: { argv: [cat], stdin: '{"k": [1, 2]}', output: json } }
+  - { id: literal, tool: exec, with: { argv: [echo, "{{ inputs.who }}"] } }
+  - { id: declared, tool: say, with: { text: "$(touch injected2)" } }
+  - { id: allowed, tool: exec, with: { argv: [sh, -c, "exit 3"], ok_exit_codes: [0, 3] } }
+"#;
+    let report = run_yaml(yaml, Map::new(), options(dir.path(), 4)).await;
+    assert_eq!(report.status, RunStatus::Succeeded, "{report:?}");
+    assert_eq!(report.steps["lines"].output, json!(["a", "b"]));
+    assert_eq!(report.steps["parsed"].output, json!({ "k": [1, 2] }));
+    assert_eq!(report.steps["literal"].output, "a; touch injected");
+    assert_eq!(
+        report.steps["declared"].output,
+        "hi a; touch injected|$(touch injected2)"
+    );
+    assert_eq!(report.steps["allowed"].exit_code, Some(3));
+    assert!(
+        !dir.path().join("injected").exists() && !dir.path().join("injected2").exists(),
+        "arguments are never a shell"
+    );
+}
+
+#[tokio::test]
+async fn undefined_values_are_errors_not_nulls() {
+    let dir = TempDir::new().expect("tempdir");
+    let yaml = "name: t\nsteps:\n  - { id: a, tool: echo, with: { v: 1 } }\n  - { id: b, tool: echo, with: { v: \"{{ steps.a.output.missing }}\" } }\n";
+    let report = run_yaml(yaml, Map::new(), options(dir.path(), 4)).await;
+    assert_eq!(status(&report, "b"), StepStatus::Failed);
+    let error = report.steps["b"].error.clone().unwrap_or_default();
+    assert!(error.contains("is undefined"), "{error}");
+}
+
+#[tokio::test]
+async fn invalid_arguments_fail_the_step_naming_the_argument() {
+    let dir = TempDir::new().expect("tempdir");
+    let yaml = "name: t\ninputs:\n  n: { type: integer, default: 3 }\nsteps:\n  - { id: bad, tool: exec, with: { argv: \"{{ inputs.n }}\" } }\n";
+    let report = run_yaml(yaml, Map::new(), options(dir.path(), 4)).await;
+    assert_eq!(status(&report, "bad"), StepStatus::Failed);
+    let error = report.steps["bad"].error.clone().unwrap_or_default();
+    assert!(error.contains("argument `argv`"), "{error}");
+}
+
+/// A timed-out command's background grandchild does not survive: the whole process group is killed.
+#[tokio::test]
+async fn a_timed_out_commands_grandchild_is_killed() {
+    let dir = TempDir::new().expect("tempdir");
+    let yaml = r#"name: t
+steps:
+  - id: slow
+    tool: exec
+    with: { argv: [sh, -c, "sleep 30 & echo $! > grandchild.pid; wait"] }
+    timeout: 500ms
+"#;
+    let report = run_yaml(yaml, Map::new(), options(dir.path(), 4)).await;
+    assert_eq!(status(&report, "slow"), StepStatus::TimedOut);
+    let pid =
+        std::fs::read_to_string(dir.path().join("grandchild.pid")).expect("the grandchild started");
+    let proc_dir = format!("/proc/{}", pid.trim());
+    for _ in 0..50 {
+        let alive =
+            std::fs::read_to_string(format!("{proc_dir}/stat")).is_ok_and(|s| !s.contains(") Z "));
+        if !alive {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("grandchild {} is still running", pid.trim());
+}
+
+#[test]
+fn archon_run_prints_outputs_and_exits_by_status() {
+    let dir = TempDir::new().expect("tempdir");
+    std::fs::write(dir.path().join("ok.yaml"), "name: ok\nsteps:\n  - { id: a, tool: echo, with: { v: 1 } }\noutputs:\n  v: \"{{ steps.a.output.v }}\"\n").expect("write");
+    std::fs::write(
+        dir.path().join("fails.yaml"),
+        "name: fails\nsteps:\n  - { id: a, tool: exec, with: { argv: [\"false\"] } }\n",
+    )
+    .expect("write");
+    std::fs::write(
+        dir.path().join("llm.yaml"),
+        "name: llm\nsteps:\n  - { id: a, goal: Say hi }\n",
+    )
+    .expect("write");
+
+    let Output { code, stdout, .. } =
+        archon(dir.path(), &["run", "ok.yaml", "--events", "events.jsonl"]);
+    assert_eq!(code, 0);
+    assert!(
+        stdout.contains("of `ok` succeeded") && stdout.contains("  v: 1"),
+        "{stdout}"
+    );
+    let events = std::fs::read_to_string(dir.path().join("events.jsonl")).expect("events written");
+    let kinds: Vec<String> = events
+        .lines()
+        .map(|l| {
+            serde_json::from_str::<Json>(l).expect("JSON line")["event"]
+                .as_str()
+                .unwrap_or("")
+                .to_owned()
+        })
+        .collect();
+    assert_eq!(kinds, ["step_started", "step_finished"]);
+
+    let Output { code, stdout, .. } = archon(dir.path(), &["run", "fails.yaml", "--json"]);
+    assert_eq!(code, 1);
+    let report: Json = serde_json::from_str(&stdout).expect("report is JSON");
+    assert_eq!(
+        (report["version"].as_u64(), report["status"].as_str()),
+        (Some(1), Some("failed"))
+    );
+    assert_eq!(report["steps"]["a"]["status"], "failed");
+
+    let Output { code, stderr, .. } = archon(dir.path(), &["run", "llm.yaml"]);
+    assert_eq!(code, 2);
+    assert!(
+        stderr.contains("step `a` cannot run in this version"),
+        "{stderr}"
+    );
+
+    let Output { code, stderr, .. } = archon(dir.path(), &["run", "ok.yaml", "--input", "nope=1"]);
+    assert_eq!(code, 2);
+    assert!(stderr.contains("unknown input `nope`"), "{stderr}");
+}
