@@ -352,3 +352,49 @@ fn archon_run_prints_outputs_and_exits_by_status() {
     assert_eq!(code, 2);
     assert!(stderr.contains("unknown input `nope`"), "{stderr}");
 }
+
+/// Ctrl-C (SIGINT) cancels the running steps, kills their process groups and exits 130.
+#[test]
+fn interrupting_a_run_exits_130_and_kills_commands() {
+    let dir = TempDir::new().expect("tempdir");
+    std::fs::write(
+        dir.path().join("slow.yaml"),
+        "name: slow\nsteps:\n  - { id: a, tool: exec, with: { argv: [sh, -c, \"sleep 30 & echo $! > grandchild.pid; wait\"] } }\n  - { id: b, tool: echo, needs: [a], with: { v: 1 } }\n",
+    )
+    .expect("write");
+    let child = std::process::Command::new(env!("CARGO_BIN_EXE_archon"))
+        .args(["run", "slow.yaml", "--json"])
+        .current_dir(dir.path())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("archon starts");
+    let pid_file = dir.path().join("grandchild.pid");
+    for _ in 0..200 {
+        if std::fs::read_to_string(&pid_file).is_ok_and(|p| !p.trim().is_empty()) {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let status = std::process::Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status()
+        .expect("kill runs");
+    assert!(status.success());
+    let output = child.wait_with_output().expect("archon ends");
+    assert_eq!(output.status.code(), Some(130));
+    let report: Json = serde_json::from_slice(&output.stdout).expect("report");
+    assert_eq!(report["status"], "cancelled");
+    assert_eq!(report["steps"]["a"]["status"], "cancelled");
+    assert_eq!(report["steps"]["b"]["status"], "cancelled");
+    let pid = std::fs::read_to_string(&pid_file).expect("pid written");
+    let gone = (0..50).any(|_| {
+        let alive = std::fs::read_to_string(format!("/proc/{}/stat", pid.trim()))
+            .is_ok_and(|s| !s.contains(") Z "));
+        if alive {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        !alive
+    });
+    assert!(gone, "grandchild {} survived the interrupt", pid.trim());
+}

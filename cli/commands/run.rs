@@ -74,11 +74,19 @@ pub fn run(args: &RunArgs, color: ColorChoice) -> anyhow::Result<Status> {
     };
     let quiet = args.json;
     let report = runtime.block_on(async move {
+        // Registered before any step starts, so an early Ctrl-C or SIGTERM is never missed.
+        use tokio::signal::unix::{SignalKind, signal};
+        let (mut interrupt, mut terminate) = (
+            signal(SignalKind::interrupt())?,
+            signal(SignalKind::terminate())?,
+        );
         let watcher = cancel.clone();
         tokio::spawn(async move {
-            if tokio::signal::ctrl_c().await.is_ok() {
-                watcher.cancel();
+            tokio::select! {
+                _ = interrupt.recv() => {}
+                _ = terminate.recv() => {}
             }
+            watcher.cancel();
         });
         let printer = tokio::spawn(async move {
             while let Some(event) = receiver.recv().await {
@@ -93,8 +101,8 @@ pub fn run(args: &RunArgs, color: ColorChoice) -> anyhow::Result<Status> {
         });
         let report = run::run(Arc::new(workflow), inputs, options).await;
         let _ = printer.await;
-        report
-    });
+        Ok::<_, std::io::Error>(report)
+    })?;
     let report = match report {
         Ok(report) => report,
         Err(err) => {
