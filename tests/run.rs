@@ -36,7 +36,8 @@ async fn run_yaml(yaml: &str, inputs: Map<String, Json>, options: RunOptions) ->
         validation.diagnostics
     );
     let workflow = validation.workflow.expect("valid");
-    assert!(run::unsupported_steps(&workflow).is_empty());
+    let unsupported = run::unsupported_steps(&workflow);
+    assert!(unsupported.is_empty(), "{unsupported:?}");
     let inputs =
         archon_engine::inputs::resolve(&workflow.spec, inputs, &[]).expect("inputs resolve");
     run::run(Arc::new(workflow), inputs, options)
@@ -397,4 +398,41 @@ fn interrupting_a_run_exits_130_and_kills_commands() {
         !alive
     });
     assert!(gone, "grandchild {} survived the interrupt", pid.trim());
+}
+
+#[tokio::test]
+async fn file_tools_work_inside_the_workspace_and_refuse_to_leave_it() {
+    let dir = TempDir::new().expect("tempdir");
+    let outside = TempDir::new().expect("tempdir");
+    std::fs::write(outside.path().join("secret.txt"), "do not read").expect("write");
+    std::os::unix::fs::symlink(outside.path(), dir.path().join("link")).expect("symlink");
+    let yaml = r##"name: t
+steps:
+  - { id: write, tool: write_file, with: { path: notes/a.md, content: "# A" } }
+  - { id: more, tool: write_file, needs: [write], with: { path: notes/deep/b.md, content: "# B" } }
+  - { id: append, tool: write_file, needs: [more], with: { path: notes/a.md, content: "!", append: true } }
+  - { id: list, tool: list_files, needs: [append], with: { path: notes, pattern: "**/*.md" } }
+  - { id: top, tool: list_files, needs: [append], with: { path: notes, pattern: "*.md" } }
+  - { id: read, tool: read_file, with: { path: "{{ steps.top.output[0] }}" } }
+  - { id: total, tool: calculator, with: { expression: "50 * 20 / 100" } }
+  - { id: dotdot, tool: read_file, with: { path: ../x }, on_error: continue }
+  - { id: absolute, tool: read_file, with: { path: /etc/passwd }, on_error: continue }
+  - { id: symlink, tool: read_file, with: { path: link/secret.txt }, on_error: continue }
+  - { id: symlink_write, tool: write_file, with: { path: link/new.txt, content: x }, on_error: continue }
+"##;
+    let report = run_yaml(yaml, Map::new(), options(dir.path(), 4)).await;
+    assert_eq!(
+        report.steps["list"].output,
+        json!(["notes/a.md", "notes/deep/b.md"])
+    );
+    assert_eq!(report.steps["top"].output, json!(["notes/a.md"]));
+    assert_eq!(report.steps["read"].output, "# A!");
+    assert_eq!(report.steps["total"].output, json!(10));
+    for step in ["dotdot", "absolute", "symlink", "symlink_write"] {
+        assert_eq!(status(&report, step), StepStatus::Failed, "{step}");
+        let error = report.steps[step].error.clone().unwrap_or_default();
+        assert!(error.contains("outside the workspace"), "{step}: {error}");
+    }
+    assert!(!outside.path().join("new.txt").exists());
+    assert_eq!(report.status, RunStatus::Succeeded);
 }

@@ -5,6 +5,8 @@
 //! skipped otherwise; an explicit `if` replaces that rule. A failed step fails the run unless it has
 //! `on_error: continue`; steps that do not depend on it keep running. `retry.attempts` counts every attempt.
 
+mod calculator;
+mod files;
 pub mod render;
 mod scheduler;
 pub mod tools;
@@ -159,6 +161,17 @@ pub struct RunReport {
     pub duration_ms: u64,
 }
 
+/// The built-in tools this version executes.
+pub const RUNNABLE_BUILTINS: &[&str] = &[
+    "echo",
+    "sleep",
+    "exec",
+    "read_file",
+    "write_file",
+    "list_files",
+    "calculator",
+];
+
 /// A step this version cannot execute, and why.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Unsupported {
@@ -196,9 +209,10 @@ fn unsupported_body(workflow: &Workflow, body: Body<'_>) -> Option<String> {
             });
         }
         return match builtin::get(name) {
-            Some(_) if matches!(name, "echo" | "sleep" | "exec") => None,
+            Some(_) if RUNNABLE_BUILTINS.contains(&name) => None,
             Some(_) => Some(format!(
-                "built-in tool `{name}` cannot run yet (`echo`, `sleep` and `exec` can)"
+                "built-in tool `{name}` cannot run yet (these can: {})",
+                RUNNABLE_BUILTINS.join(", ")
             )),
             None => Some(format!("tool `{name}` cannot run yet")),
         };

@@ -3,7 +3,7 @@
 //! abandoned (timeout or cancellation).
 
 use std::collections::HashMap;
-use std::path::{Component, Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Stdio;
 use std::sync::OnceLock;
 use std::time::Duration;
@@ -11,6 +11,7 @@ use std::time::Duration;
 use serde_json::{Value as Json, json};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 
+use super::{calculator, files};
 use crate::tools::builtin;
 
 /// Most bytes of a command's stdout or stderr kept; the rest is counted and dropped.
@@ -33,7 +34,7 @@ pub struct ToolError {
 }
 
 impl ToolError {
-    fn new(message: impl Into<String>) -> Self {
+    pub(super) fn new(message: impl Into<String>) -> Self {
         ToolError {
             message: message.into(),
             exit_code: None,
@@ -71,8 +72,24 @@ pub async fn call(name: &str, args: &Json, cx: &ToolContext) -> Result<ToolOutpu
             })
         }
         "exec" => exec(args, cx).await,
+        "read_file" => files::read_file(&cx.workdir, args),
+        "write_file" => files::write_file(&cx.workdir, args),
+        "list_files" => files::list_files(&cx.workdir, args),
+        "calculator" => {
+            let value = calculator::evaluate(args["expression"].as_str().unwrap_or_default())?;
+            let output = if value.fract() == 0.0 && value.abs() < 9e15 {
+                json!(value as i64)
+            } else {
+                json!(value)
+            };
+            Ok(ToolOutput {
+                text: output.to_string(),
+                output,
+                exit_code: None,
+            })
+        }
         other => Err(ToolError::new(format!(
-            "the built-in tool `{other}` cannot run in this version of archon; the tools that run are `echo`, `sleep` and `exec`"
+            "the built-in tool `{other}` cannot run in this version of archon"
         ))),
     }
 }
@@ -113,21 +130,6 @@ fn check_arguments(name: &str, args: &Json) -> Result<(), ToolError> {
     }
 }
 
-/// A relative path that stays inside the workspace (no absolute paths, no `..`).
-fn inside(workdir: &Path, relative: &str) -> Result<PathBuf, ToolError> {
-    let path = Path::new(relative);
-    if path.is_absolute()
-        || path
-            .components()
-            .any(|c| matches!(c, Component::ParentDir | Component::Prefix(_)))
-    {
-        return Err(ToolError::new(format!(
-            "path `{relative}` leaves the workspace"
-        )));
-    }
-    Ok(workdir.join(path))
-}
-
 /// Kills a command's whole process group if the call is abandoned before the command finished.
 struct GroupGuard {
     pid: Option<rustix::process::Pid>,
@@ -154,7 +156,7 @@ async fn exec(args: &Json, cx: &ToolContext) -> Result<ToolOutput, ToolError> {
         ));
     };
     let cwd = match args["cwd"].as_str() {
-        Some(dir) => inside(&cx.workdir, dir)?,
+        Some(dir) => files::confine(&cx.workdir, dir)?,
         None => cx.workdir.clone(),
     };
     let mut command = tokio::process::Command::new(program);
