@@ -124,19 +124,6 @@ impl StepResult {
             fallback: false,
         }
     }
-
-    /// What templates see as `steps.<id>`.
-    fn view(&self) -> Json {
-        serde_json::json!({
-            "output": self.output,
-            "outputs": self.outputs,
-            "status": self.status.as_str(),
-            "text": self.text,
-            "error": self.error,
-            "attempts": self.attempts,
-            "exit_code": self.exit_code,
-        })
-    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]

@@ -1,7 +1,7 @@
 //! The scheduler: a step starts as soon as its dependencies have finished, bounded by one semaphore; a
 //! `JoinSet` holds the running steps and a `CancellationToken` stops them all.
 
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -29,13 +29,15 @@ struct Shared {
     workflow: Arc<Workflow>,
     options: RunOptions,
     renderer: Renderer,
-    inputs: Map<String, Json>,
-    /// The process environment overlaid with the spec's rendered `env`.
-    env: Map<String, Json>,
-    secrets: Map<String, Json>,
+    /// `inputs`, `env` (the process environment overlaid with the spec's rendered `env`) and `run`,
+    /// converted once; every template context shares them.
+    base: Vec<(&'static str, Value)>,
+    secrets: Value,
     tool_context: ToolContext,
-    run: Json,
 }
+
+/// Results of finished steps as templates see them, by step id.
+type Steps = BTreeMap<String, Value>;
 
 impl Shared {
     fn emit(&self, event: RunEvent) {
@@ -43,18 +45,18 @@ impl Shared {
             let _ = events.send(event);
         }
     }
-
-    /// The template context of a step: inputs, env, run, and the results of the steps it depends on.
-    fn context(&self, steps: Map<String, Json>, with_secrets: bool) -> Map<String, Json> {
-        let mut ctx = Map::new();
-        ctx.insert("inputs".into(), Json::Object(self.inputs.clone()));
-        ctx.insert("env".into(), Json::Object(self.env.clone()));
-        ctx.insert("run".into(), self.run.clone());
-        ctx.insert("steps".into(), Json::Object(steps));
+    /// The template context of a step: inputs, env, run, the results of the steps it depends on, secrets
+    /// where allowed, and `extra` names (`item`, `index`, a tool's arguments).
+    fn context(&self, steps: &Steps, with_secrets: bool, extra: &[(&str, Value)]) -> Value {
+        let mut ctx: BTreeMap<&str, Value> = self.base.iter().cloned().collect();
+        ctx.insert("steps", Value::from(steps.clone()));
         if with_secrets {
-            ctx.insert("secrets".into(), Json::Object(self.secrets.clone()));
+            ctx.insert("secrets", self.secrets.clone());
         }
-        ctx
+        for (name, value) in extra {
+            ctx.insert(name, value.clone());
+        }
+        Value::from(ctx)
     }
 }
 
@@ -115,12 +117,14 @@ pub async fn run(
         workflow: workflow.clone(),
         options,
         renderer,
-        inputs: inputs.clone(),
-        env,
-        secrets,
-        run,
+        base: vec![
+            ("inputs", json_value(&Json::Object(inputs.clone()))),
+            ("env", json_value(&Json::Object(env))),
+            ("run", json_value(&run)),
+        ],
+        secrets: json_value(&Json::Object(secrets)),
     });
-    let results = schedule(&shared).await;
+    let (results, views) = schedule(&shared).await;
 
     let ids = step_ids(&spec.steps);
     let steps: IndexMap<String, StepResult> = ids.iter().cloned().zip(results).collect();
@@ -136,8 +140,8 @@ pub async fn run(
     let mut error = None;
     let mut outputs = Map::new();
     if !cancelled {
-        let views: Map<String, Json> = steps.iter().map(|(id, r)| (id.clone(), r.view())).collect();
-        let ctx = context_value(shared.context(views, false));
+        let views: Steps = ids.iter().cloned().zip(views).collect();
+        let ctx = shared.context(&views, false, &[]);
         for (name, template) in &spec.outputs {
             match shared.renderer.value(template, &ctx) {
                 Ok(value) => {
@@ -173,7 +177,7 @@ fn millis(d: Duration) -> u64 {
 }
 
 /// Starts every step whose dependencies have finished, until all have ended or the run is cancelled.
-async fn schedule(shared: &Arc<Shared>) -> Vec<StepResult> {
+async fn schedule(shared: &Arc<Shared>) -> (Vec<StepResult>, Vec<Value>) {
     let workflow = &shared.workflow;
     let n = workflow.spec.steps.len();
     let mut dependents = vec![Vec::new(); n];
@@ -184,6 +188,7 @@ async fn schedule(shared: &Arc<Shared>) -> Vec<StepResult> {
     }
     let mut waiting: Vec<usize> = workflow.dependencies.iter().map(Vec::len).collect();
     let mut results: Vec<Option<StepResult>> = vec![None; n];
+    let mut views: Vec<Value> = vec![Value::UNDEFINED; n];
     let mut ready: VecDeque<usize> = (0..n).filter(|i| waiting[*i] == 0).collect();
     let semaphore = Arc::new(Semaphore::new(shared.options.max_parallel.max(1)));
     let mut running = JoinSet::new();
@@ -203,17 +208,15 @@ async fn schedule(shared: &Arc<Shared>) -> Vec<StepResult> {
         while let Some(i) = ready.pop_front() {
             let step = &workflow.spec.steps[i];
             if cancelled {
-                results[i] = Some(StepResult::ended(StepStatus::Cancelled, None));
+                let result = StepResult::ended(StepStatus::Cancelled, None);
+                views[i] = view(&result);
+                results[i] = Some(result);
                 finish(i, &mut waiting, &mut ready);
                 continue;
             }
-            let deps: Map<String, Json> = workflow.dependencies[i]
+            let deps: Steps = workflow.dependencies[i]
                 .iter()
-                .filter_map(|d| {
-                    results[*d]
-                        .as_ref()
-                        .map(|r| (workflow.spec.steps[*d].id.value.clone(), r.view()))
-                })
+                .map(|d| (workflow.spec.steps[*d].id.value.clone(), views[*d].clone()))
                 .collect();
             match decide(shared, step, i, &results, deps) {
                 Decision::Run(steps) => {
@@ -230,7 +233,9 @@ async fn schedule(shared: &Arc<Shared>) -> Vec<StepResult> {
                         step: step.id.value.clone(),
                         reason,
                     });
-                    results[i] = Some(StepResult::ended(StepStatus::Skipped, None));
+                    let result = StepResult::ended(StepStatus::Skipped, None);
+                    views[i] = view(&result);
+                    results[i] = Some(result);
                     finish(i, &mut waiting, &mut ready);
                 }
                 Decision::Fail(error) => {
@@ -240,7 +245,9 @@ async fn schedule(shared: &Arc<Shared>) -> Vec<StepResult> {
                         duration_ms: 0,
                         error: Some(error.clone()),
                     });
-                    results[i] = Some(StepResult::ended(StepStatus::Failed, Some(error)));
+                    let result = StepResult::ended(StepStatus::Failed, Some(error));
+                    views[i] = view(&result);
+                    results[i] = Some(result);
                     finish(i, &mut waiting, &mut ready);
                 }
             }
@@ -263,20 +270,40 @@ async fn schedule(shared: &Arc<Shared>) -> Vec<StepResult> {
                         (i, StepResult::ended(status, (!err.is_cancelled()).then(|| "the step's task failed".to_owned())))
                     }
                 };
+                views[i] = view(&result);
                 results[i] = Some(result);
                 finish(i, &mut waiting, &mut ready);
             }
         }
     }
-    results
+    let results = results
         .into_iter()
         .map(|r| r.unwrap_or_else(|| StepResult::ended(StepStatus::Cancelled, None)))
-        .collect()
+        .collect();
+    (results, views)
+}
+
+/// What templates see as `steps.<id>`.
+fn view(result: &StepResult) -> Value {
+    json_value(&json!({
+        "output": result.output,
+        "outputs": result.outputs,
+        "status": result.status.as_str(),
+        "text": result.text,
+        "error": result.error,
+        "attempts": result.attempts,
+        "exit_code": result.exit_code,
+    }))
+}
+
+/// Plain data as a template value.
+fn json_value(json: &Json) -> Value {
+    serde::Deserialize::deserialize(json).unwrap_or_default()
 }
 
 enum Decision {
     /// Run, with the results of the dependencies as `steps`.
-    Run(Map<String, Json>),
+    Run(Steps),
     Skip(String),
     Fail(String),
 }
@@ -287,10 +314,10 @@ fn decide(
     step: &Step,
     index: usize,
     results: &[Option<StepResult>],
-    deps: Map<String, Json>,
+    deps: Steps,
 ) -> Decision {
     if let Some(condition) = &step.condition {
-        let ctx = context_value(shared.context(deps.clone(), false));
+        let ctx = shared.context(&deps, false, &[]);
         return match shared.renderer.condition(&condition.value, &ctx) {
             Ok(true) => Decision::Run(deps),
             Ok(false) => Decision::Skip("its `if` condition is false".to_owned()),
@@ -315,7 +342,7 @@ fn decide(
 }
 
 /// Runs one step: its body (per item for `foreach`) with retries and fallback, then its `outputs`.
-async fn execute(shared: &Arc<Shared>, index: usize, steps: Map<String, Json>) -> StepResult {
+async fn execute(shared: &Arc<Shared>, index: usize, steps: Steps) -> StepResult {
     let step = &shared.workflow.spec.steps[index];
     shared.emit(RunEvent::StepStarted {
         step: step.id.value.clone(),
@@ -327,8 +354,8 @@ async fn execute(shared: &Arc<Shared>, index: usize, steps: Map<String, Json>) -
     };
     if result.status == StepStatus::Succeeded && !step.outputs.is_empty() {
         let mut own = steps.clone();
-        own.insert(step.id.value.clone(), result.view());
-        let ctx = context_value(shared.context(own, false));
+        own.insert(step.id.value.clone(), view(&result));
+        let ctx = shared.context(&own, false, &[]);
         for (name, template) in &step.outputs {
             match shared.renderer.value(template, &ctx) {
                 Ok(value) => {
@@ -353,13 +380,8 @@ async fn execute(shared: &Arc<Shared>, index: usize, steps: Map<String, Json>) -
 }
 
 /// Runs the body once per item of the `foreach` list, at most `max_parallel` at a time, results in order.
-async fn foreach(
-    shared: &Arc<Shared>,
-    step: &Step,
-    expr: &str,
-    steps: &Map<String, Json>,
-) -> StepResult {
-    let ctx = context_value(shared.context(steps.clone(), false));
+async fn foreach(shared: &Arc<Shared>, step: &Step, expr: &str, steps: &Steps) -> StepResult {
+    let ctx = shared.context(steps, false, &[]);
     let items = match shared.renderer.expression(expr, &ctx) {
         Ok(Json::Array(items)) => items,
         Ok(other) => {
@@ -453,15 +475,14 @@ struct Failure {
 async fn attempt_all(
     shared: &Shared,
     step: &Step,
-    steps: &Map<String, Json>,
+    steps: &Steps,
     item: Option<(Json, usize)>,
 ) -> StepResult {
-    let mut ctx = shared.context(steps.clone(), true);
-    if let Some((item, index)) = &item {
-        ctx.insert("item".into(), item.clone());
-        ctx.insert("index".into(), json!(index));
-    }
-    let ctx = context_value(ctx);
+    let extra = match &item {
+        Some((item, index)) => vec![("item", json_value(item)), ("index", Value::from(*index))],
+        None => Vec::new(),
+    };
+    let ctx = shared.context(steps, true, &extra);
     let defaults = shared.workflow.spec.defaults.as_ref();
     let retry = step
         .retry
@@ -626,14 +647,15 @@ async fn call_body(shared: &Shared, body: Body<'_>, ctx: &Value) -> Result<ToolO
                 )));
             };
             // A declared command tool reads its arguments by name and as `args`.
-            let mut tool_ctx = shared.context(Map::new(), true);
-            if let Json::Object(values) = &args {
-                for (k, v) in values {
-                    tool_ctx.insert(k.clone(), v.clone());
-                }
-            }
-            tool_ctx.insert("args".into(), args.clone());
-            let tool_ctx = context_value(tool_ctx);
+            let mut extra: Vec<(&str, Value)> = match &args {
+                Json::Object(values) => values
+                    .iter()
+                    .map(|(k, v)| (k.as_str(), json_value(v)))
+                    .collect(),
+                _ => Vec::new(),
+            };
+            extra.push(("args", json_value(&args)));
+            let tool_ctx = shared.context(&Steps::new(), true, &extra);
             let text = |t: &crate::spec::Template| {
                 shared
                     .renderer

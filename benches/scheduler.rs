@@ -1,0 +1,164 @@
+//! Scheduler benchmarks (run with `cargo bench --bench scheduler`): per-step overhead of wide and long DAGs
+//! of `echo` steps in memory, 1,000 `exec true` steps against the fork+exec floor, and the makespan of eight
+//! parallel 200 ms sleeps. Figures are printed; nothing is asserted.
+#![allow(clippy::print_stdout, clippy::unwrap_used)]
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use archon_engine::Workflow;
+use archon_engine::run::{self, RunOptions, RunStatus};
+use tokio_util::sync::CancellationToken;
+
+fn workflow(yaml: &str) -> Workflow {
+    let validation = archon_engine::validate_source("bench.yaml", yaml);
+    assert!(
+        validation.diagnostics.is_empty(),
+        "{:?}",
+        validation.diagnostics.first()
+    );
+    validation.workflow.unwrap()
+}
+
+fn options(max_parallel: usize) -> RunOptions {
+    RunOptions {
+        max_parallel,
+        workdir: std::env::temp_dir(),
+        run_id: "bench".into(),
+        cancel: CancellationToken::new(),
+        events: None,
+        env: BTreeMap::new(),
+    }
+}
+
+fn time_run(
+    runtime: &tokio::runtime::Runtime,
+    workflow: &Arc<Workflow>,
+    max_parallel: usize,
+) -> Duration {
+    let started = Instant::now();
+    let report = runtime
+        .block_on(run::run(
+            workflow.clone(),
+            Default::default(),
+            options(max_parallel),
+        ))
+        .unwrap();
+    assert_eq!(report.status, RunStatus::Succeeded, "{:?}", report.error);
+    started.elapsed()
+}
+
+fn best_of(runs: usize, mut f: impl FnMut() -> Duration) -> Duration {
+    (0..runs).map(|_| f()).min().unwrap()
+}
+
+fn peak_rss_kb() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmHWM:"))
+                .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
+        })
+        .unwrap_or(0)
+}
+
+fn main() {
+    // The same runtime as `archon run`: one thread (see cli/commands/run.rs).
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+
+    // Wide: 1 -> 10,000 -> 1.
+    let mut wide =
+        String::from("name: wide\nsteps:\n  - { id: first, tool: echo, with: { v: 0 } }\n");
+    for i in 0..10_000 {
+        wide.push_str(&format!(
+            "  - {{ id: w{i}, tool: echo, needs: [first], with: {{ v: {i} }} }}\n"
+        ));
+    }
+    let ids: Vec<String> = (0..10_000).map(|i| format!("w{i}")).collect();
+    wide.push_str(&format!(
+        "  - {{ id: last, tool: echo, needs: [{}], with: {{ v: 1 }} }}\n",
+        ids.join(", ")
+    ));
+    let started = Instant::now();
+    let wide = Arc::new(workflow(&wide));
+    let validate_wide = started.elapsed();
+    let rss_before = peak_rss_kb();
+    let elapsed = best_of(5, || time_run(&runtime, &wide, 64));
+    println!(
+        "wide 1 -> 10,000 -> 1 echo: {:.1} us/step (run {:.1} ms; validation {:.0} ms); peak RSS {} MB (after validation {} MB)",
+        elapsed.as_secs_f64() * 1e6 / 10_002.0,
+        elapsed.as_secs_f64() * 1e3,
+        validate_wide.as_secs_f64() * 1e3,
+        peak_rss_kb() / 1024,
+        rss_before / 1024
+    );
+
+    // Chain of 1,000, each step reading the previous one's output.
+    let mut chain =
+        String::from("name: chain\nsteps:\n  - { id: s0, tool: echo, with: { v: 0 } }\n");
+    for i in 1..1000 {
+        chain.push_str(&format!(
+            "  - {{ id: s{i}, tool: echo, with: {{ v: \"{{{{ steps.s{}.output.v }}}}\" }} }}\n",
+            i - 1
+        ));
+    }
+    let chain = Arc::new(workflow(&chain));
+    let elapsed = best_of(5, || time_run(&runtime, &chain, 64));
+    println!(
+        "chain of 1,000 echo: {:.1} us/step",
+        elapsed.as_secs_f64() * 1e6 / 1000.0
+    );
+
+    // 1,000 `exec true` against the floor: spawning `true` 1,000 times with the same concurrency.
+    let concurrency = 16;
+    let mut execs = String::from("name: execs\nsteps:\n");
+    for i in 0..1000 {
+        execs.push_str(&format!(
+            "  - {{ id: e{i}, tool: exec, with: {{ argv: [\"true\"] }} }}\n"
+        ));
+    }
+    let execs = Arc::new(workflow(&execs));
+    let archon_exec = best_of(3, || time_run(&runtime, &execs, concurrency));
+    let floor = best_of(3, || {
+        let started = Instant::now();
+        runtime.block_on(async {
+            let semaphore = Arc::new(tokio::sync::Semaphore::new(concurrency));
+            let mut set = tokio::task::JoinSet::new();
+            for _ in 0..1000 {
+                let permit = semaphore.clone().acquire_owned().await.unwrap();
+                set.spawn(async move {
+                    let status = tokio::process::Command::new("true").status().await.unwrap();
+                    drop(permit);
+                    status
+                });
+            }
+            while set.join_next().await.is_some() {}
+        });
+        started.elapsed()
+    });
+    println!(
+        "1,000 exec `true` at {concurrency} in parallel: {:.0} us/step, floor {:.0} us/spawn, ratio {:.2}",
+        archon_exec.as_secs_f64() * 1e6 / 1000.0,
+        floor.as_secs_f64() * 1e6 / 1000.0,
+        archon_exec.as_secs_f64() / floor.as_secs_f64()
+    );
+
+    // Eight independent 200 ms sleeps.
+    let mut sleeps = String::from("name: sleeps\nsteps:\n");
+    for i in 0..8 {
+        sleeps.push_str(&format!(
+            "  - {{ id: z{i}, tool: sleep, with: {{ duration: 200ms }} }}\n"
+        ));
+    }
+    let sleeps = Arc::new(workflow(&sleeps));
+    let makespan = best_of(3, || time_run(&runtime, &sleeps, 16));
+    println!(
+        "8 parallel 200 ms sleeps: makespan {:.1} ms",
+        makespan.as_secs_f64() * 1e3
+    );
+}
