@@ -2,7 +2,7 @@
 
 use tempfile::TempDir;
 
-use crate::support::{Output, archon, root};
+use crate::support::{Output, archon, root, spec_files};
 
 const DIAMOND: &str = r#"name: diamond
 inputs:
@@ -237,8 +237,7 @@ fn an_invalid_spec_is_reported_like_validate_and_exits_two() {
 
 #[test]
 fn every_bundled_workflow_plans() {
-    for entry in std::fs::read_dir(root().join("workflows")).expect("workflows/") {
-        let path = entry.expect("entry").path();
+    for path in spec_files(&root().join("workflows")) {
         let needs_repo = std::fs::read_to_string(&path)
             .expect("readable")
             .contains("repo_dir");

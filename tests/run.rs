@@ -436,3 +436,82 @@ steps:
     assert!(!outside.path().join("new.txt").exists());
     assert_eq!(report.status, RunStatus::Succeeded);
 }
+
+#[tokio::test]
+async fn json_and_shell_tools() {
+    let dir = TempDir::new().expect("tempdir");
+    let yaml = r#"name: t
+steps:
+  - { id: data, tool: echo, with: { items: [{ n: 1, tag: a }, { n: 2, tag: b }, { n: 3, tag: a }] } }
+  - { id: sum, tool: json, with: { input: "{{ steps.data.output }}", query: "[.items[] | select(.tag == \"a\") | .n] | add" } }
+  - { id: each, tool: json, with: { input: "{{ steps.data.output }}", query: ".items[].tag" } }
+  - { id: broken, tool: json, with: { input: 1, query: ".[" }, on_error: continue }
+  - { id: piped, tool: shell, with: { command: "printf 'b\na\n' | sort | head -1" } }
+"#;
+    let report = run_yaml(yaml, Map::new(), options(dir.path(), 4)).await;
+    assert_eq!(report.steps["sum"].output, json!(4));
+    assert_eq!(report.steps["each"].output, json!(["a", "b", "a"]));
+    assert_eq!(status(&report, "broken"), StepStatus::Failed);
+    assert!(
+        report.steps["broken"]
+            .error
+            .clone()
+            .unwrap_or_default()
+            .contains("invalid jq filter")
+    );
+    assert_eq!(report.steps["piped"].output, "a");
+}
+
+fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).expect("mkdir");
+    for entry in std::fs::read_dir(from).expect("readable") {
+        let entry = entry.expect("entry");
+        let target = to.join(entry.file_name());
+        if entry.file_type().expect("type").is_dir() {
+            copy_dir(&entry.path(), &target);
+        } else {
+            std::fs::copy(entry.path(), &target).expect("copy");
+        }
+    }
+}
+
+/// Every bundled workflow this version can run does run, offline, in a copy of `workflows/`.
+#[test]
+fn runnable_bundled_workflows_succeed() {
+    let dir = TempDir::new().expect("tempdir");
+    copy_dir(&crate::support::root().join("workflows"), dir.path());
+    let mut ran = Vec::new();
+    for path in crate::support::spec_files(dir.path()) {
+        let workflow = archon_engine::validate_file(&path)
+            .workflow
+            .expect("bundled workflows are valid");
+        if !run::unsupported_steps(&workflow).is_empty() {
+            continue;
+        }
+        let name = path
+            .file_name()
+            .expect("name")
+            .to_string_lossy()
+            .into_owned();
+        let Output {
+            code,
+            stdout,
+            stderr,
+        } = archon(dir.path(), &["run", &name]);
+        assert_eq!(code, 0, "{name}:\n{stdout}\n{stderr}");
+        ran.push(name);
+    }
+    assert!(
+        ran.len() >= 4,
+        "only these bundled workflows can run: {ran:?}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(dir.path().join("notes/SUMMARY.txt")).expect("written"),
+        "5 words in 2 files"
+    );
+    let triage = std::fs::read_to_string(dir.path().join("inbox/TRIAGE.txt")).expect("written");
+    assert!(
+        triage.contains("inbox/big.txt: large") && triage.contains("inbox/note.txt: small"),
+        "{triage}"
+    );
+}

@@ -7,6 +7,7 @@
 
 mod calculator;
 mod files;
+mod jq;
 pub mod render;
 mod scheduler;
 pub mod tools;
@@ -153,10 +154,12 @@ pub const RUNNABLE_BUILTINS: &[&str] = &[
     "echo",
     "sleep",
     "exec",
+    "shell",
     "read_file",
     "write_file",
     "list_files",
     "calculator",
+    "json",
 ];
 
 /// A step this version cannot execute, and why.

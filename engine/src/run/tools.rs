@@ -11,7 +11,7 @@ use std::time::Duration;
 use serde_json::{Value as Json, json};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 
-use super::{calculator, files};
+use super::{calculator, files, jq};
 use crate::tools::builtin;
 
 /// Most bytes of a command's stdout or stderr kept; the rest is counted and dropped.
@@ -72,9 +72,26 @@ pub async fn call(name: &str, args: &Json, cx: &ToolContext) -> Result<ToolOutpu
             })
         }
         "exec" => exec(args, cx).await,
+        "shell" => {
+            // The explicit opt-in to a shell: the command line goes to `sh -c` as one argument.
+            let mut exec_args = args.clone();
+            if let Some(object) = exec_args.as_object_mut() {
+                let command = object.remove("command").unwrap_or(Json::Null);
+                object.insert("argv".into(), json!(["sh", "-c", command]));
+            }
+            exec(&exec_args, cx).await
+        }
         "read_file" => files::read_file(&cx.workdir, args),
         "write_file" => files::write_file(&cx.workdir, args),
         "list_files" => files::list_files(&cx.workdir, args),
+        "json" => {
+            let output = jq::query(&args["input"], args["query"].as_str().unwrap_or("."))?;
+            Ok(ToolOutput {
+                text: output.to_string(),
+                output,
+                exit_code: None,
+            })
+        }
         "calculator" => {
             let value = calculator::evaluate(args["expression"].as_str().unwrap_or_default())?;
             let output = if value.fract() == 0.0 && value.abs() < 9e15 {
