@@ -349,7 +349,7 @@ async fn execute(shared: &Arc<Shared>, index: usize, steps: Steps) -> StepResult
     });
     let started = Instant::now();
     let mut result = match &step.foreach {
-        Some(expr) => foreach(shared, step, &expr.value, &steps).await,
+        Some(expr) => foreach(shared, index, &expr.value, &steps).await,
         None => attempt_all(shared, step, &steps, None).await,
     };
     if result.status == StepStatus::Succeeded && !step.outputs.is_empty() {
@@ -380,7 +380,8 @@ async fn execute(shared: &Arc<Shared>, index: usize, steps: Steps) -> StepResult
 }
 
 /// Runs the body once per item of the `foreach` list, at most `max_parallel` at a time, results in order.
-async fn foreach(shared: &Arc<Shared>, step: &Step, expr: &str, steps: &Steps) -> StepResult {
+async fn foreach(shared: &Arc<Shared>, index: usize, expr: &str, steps: &Steps) -> StepResult {
+    let step = &shared.workflow.spec.steps[index];
     let ctx = shared.context(steps, false, &[]);
     let items = match shared.renderer.expression(expr, &ctx) {
         Ok(Json::Array(items)) => items,
@@ -409,7 +410,6 @@ async fn foreach(shared: &Arc<Shared>, step: &Step, expr: &str, steps: &Steps) -
         let shared = shared.clone();
         let semaphore = semaphore.clone();
         let steps = steps.clone();
-        let index = step_index(&shared, step);
         set.spawn(async move {
             let _permit = semaphore.acquire_owned().await;
             let step = &shared.workflow.spec.steps[index];
@@ -450,16 +450,6 @@ async fn foreach(shared: &Arc<Shared>, step: &Step, expr: &str, steps: &Steps) -
         duration_ms: 0,
         fallback: results.iter().any(|r| r.fallback),
     }
-}
-
-fn step_index(shared: &Shared, step: &Step) -> usize {
-    shared
-        .workflow
-        .spec
-        .steps
-        .iter()
-        .position(|s| std::ptr::eq(s, step))
-        .unwrap_or(0)
 }
 
 /// How one body attempt failed.
