@@ -28,8 +28,9 @@ pub enum Command {
     Schema,
 }
 
+/// A workflow file and its inputs, as `plan` and `run` take them.
 #[derive(Debug, clap::Args)]
-pub struct PlanArgs {
+pub struct WorkflowArgs {
     /// The workflow spec (YAML, or TOML when it ends in `.toml`).
     #[arg(value_name = "FILE")]
     pub file: PathBuf,
@@ -41,6 +42,12 @@ pub struct PlanArgs {
     /// A JSON or YAML file of input values (`--input` wins over it).
     #[arg(long = "inputs", value_name = "FILE")]
     pub inputs_file: Option<PathBuf>,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct PlanArgs {
+    #[command(flatten)]
+    pub workflow: WorkflowArgs,
 
     /// Output format.
     #[arg(long, value_enum, default_value_t = PlanFormat::Text)]
@@ -49,17 +56,8 @@ pub struct PlanArgs {
 
 #[derive(Debug, clap::Args)]
 pub struct RunArgs {
-    /// The workflow spec (YAML, or TOML when it ends in `.toml`).
-    #[arg(value_name = "FILE")]
-    pub file: PathBuf,
-
-    /// An input value, `name=value`, coerced by the input's declared type (repeatable).
-    #[arg(long = "input", value_name = "NAME=VALUE")]
-    pub inputs: Vec<String>,
-
-    /// A JSON or YAML file of input values (`--input` wins over it).
-    #[arg(long = "inputs", value_name = "FILE")]
-    pub inputs_file: Option<PathBuf>,
+    #[command(flatten)]
+    pub workflow: WorkflowArgs,
 
     /// Most steps running at once.
     #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..))]

@@ -3,7 +3,6 @@
 
 use std::collections::HashSet;
 use std::fmt::Write as _;
-use std::path::{Path, PathBuf};
 
 use archon_engine::Workflow;
 use archon_engine::inputs::{self, InputProblem};
@@ -11,17 +10,16 @@ use archon_engine::validate::validate_file;
 use serde_json::{Map, Value as Json};
 
 use super::Status;
-use crate::args::ColorChoice;
+use crate::args::{ColorChoice, WorkflowArgs};
 use crate::output;
 use crate::render::{self, Report};
 
 /// A valid workflow and its resolved inputs, or the status to exit with after the problems were shown.
 pub fn workflow_and_inputs(
-    file: &Path,
-    inputs_file: Option<&PathBuf>,
-    pairs: &[String],
+    args: &WorkflowArgs,
     color: ColorChoice,
 ) -> Result<(Workflow, Map<String, Json>), Status> {
+    let file = args.file.as_path();
     let validation = validate_file(file);
     if validation.has_errors() {
         let mut report = Report::default();
@@ -30,11 +28,12 @@ pub fn workflow_and_inputs(
         return Err(Status::Invalid);
     }
     let workflow = validation.workflow.ok_or(Status::Invalid)?;
-    let from_file = match inputs_file {
+    let from_file = match &args.inputs_file {
         Some(path) => inputs::read_inputs_file(path).map_err(|p| problems(&[p]))?,
         None => Map::new(),
     };
-    let resolved = inputs::resolve(&workflow.spec, from_file, pairs).map_err(|p| problems(&p))?;
+    let resolved =
+        inputs::resolve(&workflow.spec, from_file, &args.inputs).map_err(|p| problems(&p))?;
     Ok((workflow, resolved))
 }
 

@@ -11,12 +11,10 @@ use crate::args::{ColorChoice, PlanArgs, PlanFormat};
 use crate::output;
 
 pub fn run(args: &PlanArgs, color: ColorChoice) -> anyhow::Result<Status> {
-    let (workflow, resolved) =
-        match load::workflow_and_inputs(&args.file, args.inputs_file.as_ref(), &args.inputs, color)
-        {
-            Ok(loaded) => loaded,
-            Err(status) => return Ok(status),
-        };
+    let (workflow, resolved) = match load::workflow_and_inputs(&args.workflow, color) {
+        Ok(loaded) => loaded,
+        Err(status) => return Ok(status),
+    };
     let plan = Plan::new(&workflow);
     let text = match args.format {
         PlanFormat::Text => text(&plan),

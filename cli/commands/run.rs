@@ -13,12 +13,10 @@ use crate::args::{ColorChoice, RunArgs};
 use crate::output;
 
 pub fn run(args: &RunArgs, color: ColorChoice) -> anyhow::Result<Status> {
-    let (workflow, inputs) =
-        match load::workflow_and_inputs(&args.file, args.inputs_file.as_ref(), &args.inputs, color)
-        {
-            Ok(loaded) => loaded,
-            Err(status) => return Ok(status),
-        };
+    let (workflow, inputs) = match load::workflow_and_inputs(&args.workflow, color) {
+        Ok(loaded) => loaded,
+        Err(status) => return Ok(status),
+    };
     let unsupported = run::unsupported_steps(&workflow);
     if !unsupported.is_empty() {
         let mut text = String::new();
@@ -39,6 +37,7 @@ pub fn run(args: &RunArgs, color: ColorChoice) -> anyhow::Result<Status> {
     let workdir = match &args.workdir {
         Some(dir) => dir.clone(),
         None => args
+            .workflow
             .file
             .parent()
             .map(std::path::Path::to_path_buf)

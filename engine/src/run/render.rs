@@ -92,16 +92,7 @@ impl Renderer {
 
     /// Evaluates a bare expression to a JSON value.
     pub fn expression(&self, text: &str, ctx: &Value) -> Result<Json, RenderError> {
-        let expr = self
-            .env
-            .compile_expression(text)
-            .map_err(|e| RenderError::new("expression", text, &e))?;
-        let value = expr
-            .eval(ctx)
-            .map_err(|e| RenderError::new("expression", text, &e))?;
-        if value.is_undefined() {
-            return Err(undefined(text));
-        }
+        let value = self.evaluate("expression", text, ctx)?;
         serde_json::to_value(&value).map_err(|e| RenderError {
             message: format!("cannot use the value of `{text}`: {e}"),
         })
@@ -109,17 +100,22 @@ impl Renderer {
 
     /// Evaluates a condition: Jinja truthiness of the expression's value.
     pub fn condition(&self, text: &str, ctx: &Value) -> Result<bool, RenderError> {
+        Ok(self.evaluate("condition", text, ctx)?.is_true())
+    }
+
+    /// Compiles and evaluates an expression; an undefined result is an error, as in templates.
+    fn evaluate(&self, what: &str, text: &str, ctx: &Value) -> Result<Value, RenderError> {
         let expr = self
             .env
             .compile_expression(text)
-            .map_err(|e| RenderError::new("condition", text, &e))?;
+            .map_err(|e| RenderError::new(what, text, &e))?;
         let value = expr
             .eval(ctx)
-            .map_err(|e| RenderError::new("condition", text, &e))?;
+            .map_err(|e| RenderError::new(what, text, &e))?;
         if value.is_undefined() {
             return Err(undefined(text));
         }
-        Ok(value.is_true())
+        Ok(value)
     }
 }
 
