@@ -485,7 +485,14 @@ fn runnable_bundled_workflows_succeed() {
         let workflow = archon_engine::validate_file(&path)
             .workflow
             .expect("bundled workflows are valid");
-        if !run::unsupported_steps(&workflow).is_empty() {
+        // Workflows that call HTTP services need those services: `health_check_runs_against_a_local_server`.
+        let uses_http = workflow
+            .spec
+            .steps
+            .iter()
+            .any(|s| s.tool.as_ref().is_some_and(|t| t.value == "http"))
+            || workflow.spec.tools.values().any(|t| t.http.is_some());
+        if uses_http || !run::unsupported_steps(&workflow).is_empty() {
             continue;
         }
         let name = path
@@ -514,4 +521,105 @@ fn runnable_bundled_workflows_succeed() {
         triage.contains("inbox/big.txt: large") && triage.contains("inbox/note.txt: small"),
         "{triage}"
     );
+}
+
+/// A tiny HTTP server on 127.0.0.1 for the tests: `/health` answers JSON, `/away` redirects to a private
+/// address, anything else is 404. It serves `requests` connections, then stops.
+fn serve(requests: usize) -> u16 {
+    use std::io::{BufRead, BufReader, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let port = listener.local_addr().expect("addr").port();
+    std::thread::spawn(move || {
+        for stream in listener.incoming().take(requests) {
+            let Ok(mut stream) = stream else { continue };
+            let mut reader = BufReader::new(stream.try_clone().expect("clone"));
+            let mut request_line = String::new();
+            let _ = reader.read_line(&mut request_line);
+            let mut line = String::new();
+            while reader.read_line(&mut line).is_ok_and(|n| n > 2) {
+                line.clear();
+            }
+            let path = request_line
+                .split_whitespace()
+                .nth(1)
+                .unwrap_or("/")
+                .to_owned();
+            let response = match path.as_str() {
+                "/health" => {
+                    "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 11\r\nconnection: close\r\n\r\n{\"ok\":true}"
+                }
+                "/away" => {
+                    "HTTP/1.1 302 Found\r\nlocation: http://10.0.0.1/\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
+                }
+                _ => "HTTP/1.1 404 Not Found\r\ncontent-length: 4\r\nconnection: close\r\n\r\nnope",
+            };
+            let _ = stream.write_all(response.as_bytes());
+        }
+    });
+    port
+}
+
+#[tokio::test]
+async fn http_refuses_internal_addresses_unless_allowed() {
+    let dir = TempDir::new().expect("tempdir");
+    let port = serve(3);
+    let refused = format!(
+        r#"name: t
+steps:
+  - {{ id: loopback, tool: http, with: {{ url: "http://127.0.0.1:{port}/health" }}, on_error: continue }}
+  - {{ id: metadata, tool: http, with: {{ url: "http://169.254.169.254/latest/meta-data/" }}, on_error: continue }}
+  - {{ id: private, tool: http, with: {{ url: "http://10.0.0.1/" }}, on_error: continue }}
+  - {{ id: decimal, tool: http, with: {{ url: "http://2130706433:{port}/health" }}, on_error: continue }}
+  - {{ id: mapped, tool: http, with: {{ url: "http://[::ffff:127.0.0.1]:{port}/health" }}, on_error: continue }}
+  - {{ id: named, tool: http, with: {{ url: "http://localhost:{port}/health" }}, on_error: continue }}
+"#
+    );
+    let report = run_yaml(&refused, Map::new(), options(dir.path(), 4)).await;
+    for step in [
+        "loopback", "metadata", "private", "decimal", "mapped", "named",
+    ] {
+        assert_eq!(status(&report, step), StepStatus::Failed, "{step}");
+        let error = report.steps[step].error.clone().unwrap_or_default();
+        assert!(error.contains("internal address"), "{step}: {error}");
+    }
+    let allowed = format!(
+        r#"name: t
+network: {{ allow: ["127.0.0.1"] }}
+steps:
+  - {{ id: health, tool: http, with: {{ url: "http://127.0.0.1:{port}/health" }} }}
+  - {{ id: away, tool: http, with: {{ url: "http://127.0.0.1:{port}/away" }}, on_error: continue }}
+  - {{ id: missing, tool: http, with: {{ url: "http://127.0.0.1:{port}/missing" }}, on_error: continue }}
+"#
+    );
+    let report = run_yaml(&allowed, Map::new(), options(dir.path(), 1)).await;
+    assert_eq!(report.steps["health"].output["status"], 200, "{report:?}");
+    assert_eq!(report.steps["health"].output["json"], json!({ "ok": true }));
+    let away = report.steps["away"].error.clone().unwrap_or_default();
+    assert!(
+        away.contains("redirect refused") && away.contains("10.0.0.1"),
+        "{away}"
+    );
+    let missing = report.steps["missing"].error.clone().unwrap_or_default();
+    assert!(missing.contains("HTTP 404"), "{missing}");
+}
+
+/// The bundled health check runs against a server the test starts.
+#[test]
+fn health_check_runs_against_a_local_server() {
+    let dir = TempDir::new().expect("tempdir");
+    copy_dir(&crate::support::root().join("workflows"), dir.path());
+    for spec in ["health-check.yaml", "health-check.toml"] {
+        let port = serve(1);
+        let url = format!("base_url=http://127.0.0.1:{port}");
+        let Output {
+            code,
+            stdout,
+            stderr,
+        } = archon(dir.path(), &["run", spec, "--input", &url, "--json"]);
+        assert_eq!(code, 0, "{spec}: {stderr}");
+        let report: Json = serde_json::from_str(&stdout).expect("report");
+        assert_eq!(report["steps"]["healthy"]["status"], "succeeded", "{spec}");
+        assert_eq!(report["steps"]["unhealthy"]["status"], "skipped", "{spec}");
+        assert_eq!(report["outputs"]["status"], 200, "{spec}");
+    }
 }

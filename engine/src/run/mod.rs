@@ -7,6 +7,7 @@
 
 mod calculator;
 mod files;
+pub mod http;
 mod jq;
 pub mod render;
 mod scheduler;
@@ -160,6 +161,7 @@ pub const RUNNABLE_BUILTINS: &[&str] = &[
     "list_files",
     "calculator",
     "json",
+    "http",
 ];
 
 /// A step this version cannot execute, and why.
@@ -194,8 +196,8 @@ fn unsupported_body(workflow: &Workflow, body: Body<'_>) -> Option<String> {
     if let Some(tool) = body.tool {
         let name = tool.value.as_str();
         if let Some(def) = workflow.spec.tools.get(name) {
-            return def.command.is_none().then(|| {
-                format!("declared tool `{name}` is not a `command` tool; http, composite, workflow and MCP tools cannot run yet")
+            return (def.command.is_none() && def.http.is_none()).then(|| {
+                format!("declared tool `{name}` is neither a `command` nor an `http` tool; composite, workflow and MCP tools cannot run yet")
             });
         }
         return match builtin::get(name) {

@@ -11,6 +11,7 @@ use serde_json::{Map, Value as Json, json};
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 
+use super::http::NetworkPolicy;
 use super::render::{Renderer, context_value, to_text};
 use super::tools::{self, ToolContext, ToolError, ToolOutput};
 use super::{
@@ -113,6 +114,13 @@ pub async fn run(
         tool_context: ToolContext {
             workdir: options.workdir.clone(),
             env: tool_env,
+            network: Arc::new(NetworkPolicy::new(
+                &spec
+                    .network
+                    .iter()
+                    .flat_map(|n| n.allow.iter().map(|a| a.value.clone()))
+                    .collect::<Vec<_>>(),
+            )),
         },
         workflow: workflow.clone(),
         options,
@@ -630,13 +638,7 @@ async fn call_body(shared: &Shared, body: Body<'_>, ctx: &Value) -> Result<ToolO
             .await
             .map_err(tool_failure),
         Some(def) => {
-            let Some(command) = &def.command else {
-                return Err(render_failure(format!(
-                    "tool `{}` cannot run yet",
-                    tool.value
-                )));
-            };
-            // A declared command tool reads its arguments by name and as `args`.
+            // A declared tool reads its arguments by name and as `args`.
             let mut extra: Vec<(&str, Value)> = match &args {
                 Json::Object(values) => values
                     .iter()
@@ -652,33 +654,67 @@ async fn call_body(shared: &Shared, body: Body<'_>, ctx: &Value) -> Result<ToolO
                     .text(&t.value, &tool_ctx)
                     .map_err(|e| render_failure(e.to_string()))
             };
-            let argv = command
-                .value
-                .iter()
-                .map(text)
-                .collect::<Result<Vec<_>, _>>()?;
-            let mut exec = json!({ "argv": argv });
-            if let Some(cwd) = &def.cwd {
-                exec["cwd"] = Json::String(text(cwd)?);
-            }
-            if let Some(stdin) = &def.stdin {
-                exec["stdin"] = Json::String(text(stdin)?);
-            }
-            if !def.env.is_empty() {
-                let env: Map<String, Json> = def
-                    .env
+            let (builtin, call_args) = if let Some(command) = &def.command {
+                let argv = command
+                    .value
                     .iter()
-                    .map(|(k, v)| Ok((k.value.clone(), Json::String(text(v)?))))
-                    .collect::<Result<_, Failure>>()?;
-                exec["env"] = Json::Object(env);
-            }
-            if let Some(output) = &def.output {
-                exec["output"] = serde_json::to_value(output.value).unwrap_or(Json::Null);
-            }
-            if let Some(codes) = &def.ok_exit_codes {
-                exec["ok_exit_codes"] = json!(codes);
-            }
-            tools::call("exec", &exec, &shared.tool_context)
+                    .map(text)
+                    .collect::<Result<Vec<_>, _>>()?;
+                let mut exec = json!({ "argv": argv });
+                if let Some(cwd) = &def.cwd {
+                    exec["cwd"] = Json::String(text(cwd)?);
+                }
+                if let Some(stdin) = &def.stdin {
+                    exec["stdin"] = Json::String(text(stdin)?);
+                }
+                if !def.env.is_empty() {
+                    let env: Map<String, Json> = def
+                        .env
+                        .iter()
+                        .map(|(k, v)| Ok((k.value.clone(), Json::String(text(v)?))))
+                        .collect::<Result<_, Failure>>()?;
+                    exec["env"] = Json::Object(env);
+                }
+                if let Some(output) = &def.output {
+                    exec["output"] = serde_json::to_value(output.value).unwrap_or(Json::Null);
+                }
+                if let Some(codes) = &def.ok_exit_codes {
+                    exec["ok_exit_codes"] = json!(codes);
+                }
+                ("exec", exec)
+            } else if let Some(http) = &def.http {
+                let mut request = json!({ "url": text(&http.url)? });
+                if let Some(method) = &http.method {
+                    request["method"] = serde_json::to_value(method.value).unwrap_or(Json::Null);
+                }
+                if !http.headers.is_empty() {
+                    let headers: Map<String, Json> = http
+                        .headers
+                        .iter()
+                        .map(|(k, v)| Ok((k.value.clone(), Json::String(text(v)?))))
+                        .collect::<Result<_, Failure>>()?;
+                    request["headers"] = Json::Object(headers);
+                }
+                if let Some(body) = &http.json {
+                    request["json"] = shared
+                        .renderer
+                        .value(body, &tool_ctx)
+                        .map_err(|e| render_failure(e.to_string()))?;
+                }
+                if let Some(body) = &http.body {
+                    request["body"] = Json::String(text(body)?);
+                }
+                if let Some(timeout) = &def.timeout {
+                    request["timeout"] = Json::String(timeout.value.clone());
+                }
+                ("http", request)
+            } else {
+                return Err(render_failure(format!(
+                    "tool `{}` cannot run yet",
+                    tool.value
+                )));
+            };
+            tools::call(builtin, &call_args, &shared.tool_context)
                 .await
                 .map_err(tool_failure)
         }

@@ -11,7 +11,7 @@ use std::time::Duration;
 use serde_json::{Value as Json, json};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 
-use super::{calculator, files, jq};
+use super::{calculator, files, http, jq};
 use crate::tools::builtin;
 
 /// Most bytes of a command's stdout or stderr kept; the rest is counted and dropped.
@@ -49,6 +49,8 @@ pub struct ToolContext {
     pub workdir: PathBuf,
     /// The spec's `env`, rendered, for commands.
     pub env: Vec<(String, String)>,
+    /// What `http` may reach.
+    pub network: std::sync::Arc<http::NetworkPolicy>,
 }
 
 /// Calls a built-in tool with rendered arguments.
@@ -84,6 +86,7 @@ pub async fn call(name: &str, args: &Json, cx: &ToolContext) -> Result<ToolOutpu
         "read_file" => files::read_file(&cx.workdir, args),
         "write_file" => files::write_file(&cx.workdir, args),
         "list_files" => files::list_files(&cx.workdir, args),
+        "http" => http::request(args, &cx.network).await,
         "json" => {
             let output = jq::query(&args["input"], args["query"].as_str().unwrap_or("."))?;
             Ok(ToolOutput {

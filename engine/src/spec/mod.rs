@@ -80,6 +80,20 @@ pub struct Spec {
     /// Defaults for every step.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub defaults: Option<Defaults>,
+    /// What `http` tools may reach.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network: Option<NetworkConfig>,
+}
+
+/// Network access for `http` tools. Loopback, private, link-local and cloud metadata addresses are refused
+/// unless allowed here.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct NetworkConfig {
+    /// Host names, IP addresses or CIDR ranges (`127.0.0.1`, `10.0.0.0/8`, `intranet.example`) that may be
+    /// reached even though they resolve to such addresses.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub allow: Vec<Spanned<String>>,
 }
 
 /// Declares a struct that has every field of a step body (what the step does and how), after its own

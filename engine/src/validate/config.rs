@@ -113,6 +113,26 @@ impl Checker<'_> {
         }
     }
 
+    pub(super) fn check_network(&mut self) {
+        let Some(network) = &self.spec.network else {
+            return;
+        };
+        for entry in &network.allow {
+            if entry.value.contains('/') && crate::run::http::parse_cidr(&entry.value).is_none() {
+                self.push(
+                    Diagnostic::error(
+                        codes::INVALID_VALUE,
+                        entry.span,
+                        format!("`{}` is not a valid CIDR range", entry.value),
+                    )
+                    .with_hint(
+                        "write an address and a prefix length, such as `10.0.0.0/8` or `fd00::/8`",
+                    ),
+                );
+            }
+        }
+    }
+
     pub(super) fn check_llm(&mut self) {
         let Some(llm) = &self.spec.llm else { return };
         if let Some(default) = &llm.default {

@@ -348,6 +348,7 @@ impl Checker<'_> {
         self.check_name();
         self.check_inputs();
         self.check_env_and_secrets();
+        self.check_network();
         self.check_llm();
         self.check_agents();
         self.check_memory();
