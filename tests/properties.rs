@@ -131,3 +131,49 @@ proptest! {
         prop_assert!(validation.workflow.is_none());
     }
 }
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 32, ..ProptestConfig::default() })]
+
+    /// Random DAGs run every step exactly once, each after all of its dependencies finished.
+    #[test]
+    fn random_dags_run_every_step_once_in_dependency_order(dag in dag(), parallel in 1usize..6) {
+        use archon_engine::run::{self, RunEvent, RunOptions, RunStatus};
+        let validation = validate_source(Path::new("random.yaml"), render(&dag, &[], false));
+        let workflow = validation.workflow.expect("valid");
+        let dependencies = workflow.dependencies.clone();
+        let (sender, mut receiver) = tokio::sync::mpsc::unbounded_channel();
+        let options = RunOptions {
+            max_parallel: parallel,
+            workdir: std::env::temp_dir(),
+            run_id: "prop".into(),
+            cancel: tokio_util::sync::CancellationToken::new(),
+            events: Some(sender),
+            env: Default::default(),
+        };
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+        let report = runtime
+            .block_on(run::run(std::sync::Arc::new(workflow), Default::default(), options))
+            .expect("run starts");
+        prop_assert_eq!(report.status, RunStatus::Succeeded);
+        // One ordered log: a step's start must come after the end of every step it depends on.
+        let mut log: Vec<(bool, usize)> = Vec::new();
+        let index = |id: &str| id.trim_start_matches('s').parse::<usize>().expect("step id");
+        while let Ok(event) = receiver.try_recv() {
+            match event {
+                RunEvent::StepStarted { step } => log.push((true, index(&step))),
+                RunEvent::StepFinished { step, .. } => log.push((false, index(&step))),
+                _ => {}
+            }
+        }
+        let mut started: Vec<usize> = log.iter().filter(|(start, _)| *start).map(|(_, s)| *s).collect();
+        started.sort_unstable();
+        prop_assert_eq!(started, (0..dag.deps.len()).collect::<Vec<_>>(), "every step starts exactly once");
+        let at = |start: bool, step: usize| log.iter().position(|e| *e == (start, step)).expect("logged");
+        for (step, deps) in dependencies.iter().enumerate() {
+            for &dep in deps {
+                prop_assert!(at(false, dep) < at(true, step), "s{} started before s{} finished", step, dep);
+            }
+        }
+    }
+}
