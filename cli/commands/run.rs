@@ -74,7 +74,13 @@ pub fn run(args: &RunArgs, color: ColorChoice) -> anyhow::Result<Status> {
         events: Some(sender),
         env: std::env::vars().collect(),
     };
-    let quiet = args.json;
+    let mut display = if args.json {
+        Display::Quiet
+    } else if std::io::IsTerminal::is_terminal(&std::io::stderr()) {
+        Display::Live(Live::default())
+    } else {
+        Display::Lines
+    };
     let report = runtime.block_on(async move {
         // Registered before any step starts, so an early Ctrl-C or SIGTERM is never missed.
         use tokio::signal::unix::{SignalKind, signal};
@@ -96,13 +102,14 @@ pub fn run(args: &RunArgs, color: ColorChoice) -> anyhow::Result<Status> {
                     let _ =
                         serde_json::to_writer(&mut *file, &event).map(|()| file.write_all(b"\n"));
                 }
-                if !quiet {
-                    output::stderr(&event_line(&event));
-                }
+                display.show(&event);
             }
+            display
         });
         let report = run::run(Arc::new(workflow), inputs, options).await;
-        let _ = printer.await;
+        if let Ok(mut display) = printer.await {
+            display.finish();
+        }
         Ok::<_, std::io::Error>(report)
     })?;
     let report = match report {
@@ -132,6 +139,92 @@ fn run_id() -> String {
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs());
     format!("r{secs:x}{:04x}", fastrand::u16(..))
+}
+
+/// How progress is shown on standard error.
+enum Display {
+    /// `--json`: nothing but the report.
+    Quiet,
+    /// Not a terminal: one plain line per event.
+    Lines,
+    /// A terminal: one status line redrawn in place, with failures and retries printed above it.
+    Live(Live),
+}
+
+#[derive(Default)]
+struct Live {
+    running: Vec<String>,
+    succeeded: usize,
+    failed: usize,
+    skipped: usize,
+}
+
+impl Display {
+    fn show(&mut self, event: &RunEvent) {
+        match self {
+            Display::Quiet => {}
+            Display::Lines => output::stderr(&event_line(event)),
+            Display::Live(live) => {
+                let mut text = String::from("\r\x1b[2K");
+                match event {
+                    RunEvent::StepStarted { step } => live.running.push(step.clone()),
+                    RunEvent::StepFinished { step, status, .. } => {
+                        live.running.retain(|s| s != step);
+                        match status {
+                            StepStatus::Succeeded => live.succeeded += 1,
+                            StepStatus::Skipped => live.skipped += 1,
+                            _ => {
+                                live.failed += 1;
+                                text.push_str(&event_line(event));
+                            }
+                        }
+                    }
+                    RunEvent::StepSkipped { .. } => live.skipped += 1,
+                    RunEvent::StepRetried { .. } => text.push_str(&event_line(event)),
+                }
+                let mut status = format!(
+                    "running {} | done {} | failed {} | skipped {}",
+                    live.running.len(),
+                    live.succeeded,
+                    live.failed,
+                    live.skipped
+                );
+                if !live.running.is_empty() {
+                    let shown: Vec<&str> =
+                        live.running.iter().take(4).map(String::as_str).collect();
+                    let more = live.running.len().saturating_sub(shown.len());
+                    let _ = write!(
+                        status,
+                        " | {}{}",
+                        shown.join(", "),
+                        if more > 0 {
+                            format!(" and {more} more")
+                        } else {
+                            String::new()
+                        }
+                    );
+                }
+                let width = terminal_width();
+                text.extend(status.chars().take(width.saturating_sub(1)));
+                output::stderr(&text);
+            }
+        }
+    }
+
+    /// Clears the live status line before the summary is printed.
+    fn finish(&mut self) {
+        if let Display::Live(_) = self {
+            output::stderr("\r\x1b[2K");
+        }
+    }
+}
+
+/// The terminal's width from `COLUMNS`, or 100.
+fn terminal_width() -> usize {
+    std::env::var("COLUMNS")
+        .ok()
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(100)
 }
 
 fn event_line(event: &RunEvent) -> String {
