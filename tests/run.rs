@@ -623,3 +623,43 @@ fn health_check_runs_against_a_local_server() {
         assert_eq!(report["outputs"]["status"], 200, "{spec}");
     }
 }
+
+/// Regressions: rules and approvals are not enforced yet, so a run refuses rather than ignoring them; and
+/// `run.started_at`, which validation accepts, exists at run time.
+#[test]
+fn runs_refuse_rules_they_cannot_enforce_and_know_when_they_started() {
+    let dir = TempDir::new().expect("tempdir");
+    std::fs::write(
+        dir.path().join("ruled.yaml"),
+        "name: ruled\nsteps:\n  - { id: a, tool: write_file, with: { path: x.txt, content: x } }\nrules:\n  - { on: before_tool, match: { tool: write_file }, action: deny }\n",
+    )
+    .expect("write");
+    std::fs::write(
+        dir.path().join("approve.yaml"),
+        "name: approve\nsteps:\n  - { id: a, tool: echo, approval: required, with: { v: 1 } }\n",
+    )
+    .expect("write");
+    std::fs::write(
+        dir.path().join("when.yaml"),
+        "name: when\nsteps:\n  - { id: a, tool: echo, with: { at: \"{{ run.started_at }}\" } }\n",
+    )
+    .expect("write");
+    for spec in ["ruled.yaml", "approve.yaml"] {
+        let Output { code, stderr, .. } = archon(dir.path(), &["run", spec]);
+        assert_eq!(code, 2, "{spec}: {stderr}");
+        assert!(stderr.contains("not enforced yet"), "{spec}: {stderr}");
+    }
+    assert!(
+        !dir.path().join("x.txt").exists(),
+        "the denied write must not happen"
+    );
+    let Output { code, stdout, .. } = archon(dir.path(), &["run", "when.yaml", "--json"]);
+    assert_eq!(code, 0);
+    let report: Json = serde_json::from_str(&stdout).expect("report");
+    assert!(
+        report["steps"]["a"]["output"]["at"]
+            .as_str()
+            .is_some_and(|t| t.ends_with('Z')),
+        "{report}"
+    );
+}

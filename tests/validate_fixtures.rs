@@ -1,5 +1,8 @@
 //! One fixture per diagnostic code in `tests/fixtures/validate/`, run through the real binary and
-//! snapshotted (carets included). Valid fixtures (`valid_*`) snapshot "no diagnostics".
+//! snapshotted (carets included). A fixture is named after the code it shows: `unknown_step.yaml` shows
+//! `archon::unknown_step`; `unknown_step.needs.yaml` or `unknown_step.toml` show it another way. Valid
+//! fixtures (`valid_*`) snapshot "no diagnostics". Helper files for sub-workflows live in `sub/`, which is
+//! not validated on its own.
 
 use std::path::{Path, PathBuf};
 
@@ -7,8 +10,11 @@ use crate::support::{archon, root, spec_files};
 
 /// Codes a small fixture file cannot show; `tests/hostile.rs` covers each of them.
 const COVERED_BY_HOSTILE_TESTS: &[&str] = &[
+    // needs a file over the 8 MiB limit
     "archon::file_too_large",
+    // needs more than 50,000 steps
     "archon::too_many_steps",
+    // needs a missing, unreadable or non-UTF-8 file, which a checked-in fixture cannot be
     "archon::unreadable_file",
 ];
 
@@ -16,6 +22,7 @@ fn fixtures() -> Vec<PathBuf> {
     spec_files(&root().join("tests/fixtures/validate"))
 }
 
+/// The path as a user in the repository root would type it, so that snapshots do not hold temp paths.
 fn relative(path: &Path) -> String {
     path.strip_prefix(root())
         .expect("inside the repository")
@@ -41,53 +48,97 @@ fn stem(path: &Path) -> String {
         .into_owned()
 }
 
+/// The code a fixture shows: its file name up to the first dot, after `archon::`.
+fn code_of(path: &Path) -> String {
+    let stem = stem(path);
+    format!("archon::{}", stem.split('.').next().unwrap_or(&stem))
+}
+
+fn is_valid_fixture(path: &Path) -> bool {
+    stem(path).starts_with("valid_")
+}
+
+/// The `file:line:column` after the first ` --> ` that follows `error[code]` or `warning[code]`.
+fn text_location(text: &str, code: &str) -> Option<String> {
+    let header = text.find(&format!("[{code}]:"))?;
+    let arrow = text[header..].find("--> ")? + header + 4;
+    let end = text[arrow..].find('\n')? + arrow;
+    Some(text[arrow..end].trim().to_owned())
+}
+
 #[test]
 fn fixtures_render_as_snapshotted() {
-    for path in fixtures() {
-        let name = format!(
-            "{}_{}",
-            stem(&path),
-            path.extension().and_then(|e| e.to_str()).unwrap_or("")
-        );
+    let fixtures = fixtures();
+    assert!(!fixtures.is_empty(), "no fixtures found");
+    for path in fixtures {
+        let name = path
+            .file_name()
+            .expect("has a name")
+            .to_string_lossy()
+            .replace('.', "_");
         insta::assert_snapshot!(name, check(&path));
+    }
+}
+
+#[test]
+fn valid_fixtures_have_no_diagnostics() {
+    let valid: Vec<PathBuf> = fixtures()
+        .into_iter()
+        .filter(|p| is_valid_fixture(p))
+        .collect();
+    assert!(valid.len() >= 3, "only {} valid fixtures", valid.len());
+    for path in valid {
+        let (code, stdout) = run(&["validate", "--format", "json", &relative(&path)]);
+        let report: serde_json::Value = serde_json::from_str(&stdout).expect("JSON output parses");
+        assert_eq!(code, 0, "{}: {stdout}", relative(&path));
+        assert_eq!(
+            report["diagnostics"].as_array().map(Vec::len),
+            Some(0),
+            "{} should have no diagnostics: {stdout}",
+            relative(&path)
+        );
     }
 }
 
 #[test]
 fn each_invalid_fixture_exits_two_with_its_code_and_location() {
     let mut invalid = 0;
-    for path in fixtures() {
-        let stem = stem(&path);
-        let (code, stdout) = run(&["validate", "--format", "json", &relative(&path)]);
-        let report: serde_json::Value = serde_json::from_str(&stdout).expect("JSON output parses");
-        let diagnostics = report["diagnostics"].as_array().expect("diagnostics array");
-        if stem.starts_with("valid_") {
-            assert_eq!(code, 0, "{stem} should be valid: {stdout}");
-            assert!(
-                diagnostics.is_empty(),
-                "{stem} should have no diagnostics: {stdout}"
-            );
-            continue;
-        }
+    for path in fixtures().into_iter().filter(|p| !is_valid_fixture(p)) {
         invalid += 1;
-        let expected = format!("archon::{stem}");
-        let found = diagnostics.iter().find(|d| d["code"] == expected.as_str());
-        let found =
-            found.unwrap_or_else(|| panic!("{stem}: no `{expected}` diagnostic in {stdout}"));
-        assert!(
-            found["line"].as_u64().is_some_and(|l| l >= 1)
-                && found["column"].as_u64().is_some_and(|c| c >= 1)
-        );
-        let is_warning = found["severity"] == "warning";
+        let name = relative(&path);
+        let expected = code_of(&path);
+
+        let (code, stdout) = run(&["validate", "--format", "json", &name]);
+        let report: serde_json::Value = serde_json::from_str(&stdout)
+            .unwrap_or_else(|e| panic!("{name}: JSON output does not parse ({e}):\n{stdout}"));
+        let diagnostics = report["diagnostics"].as_array().expect("diagnostics array");
+        let found = diagnostics
+            .iter()
+            .find(|d| d["code"] == expected.as_str())
+            .unwrap_or_else(|| panic!("{name}: no `{expected}` diagnostic in {stdout}"));
+        let line = found["line"].as_u64().filter(|&l| l >= 1);
+        let column = found["column"].as_u64().filter(|&c| c >= 1);
+        let (Some(line), Some(column)) = (line, column) else {
+            panic!("{name}: `{expected}` has no line and column: {found}");
+        };
+
+        // Warning codes may be shown by a file that is otherwise valid; any error means exit 2.
+        let has_error = diagnostics.iter().any(|d| d["severity"] == "error");
+        if found["severity"] == "error" || has_error {
+            assert_eq!(code, 2, "{name}: an invalid spec exits 2");
+        } else {
+            assert_eq!(found["severity"], "warning", "{name}: {found}");
+            assert_eq!(code, 0, "{name}: warnings alone do not fail validation");
+        }
+
+        // The text output names the same code at the same place.
+        let (text_code, text) = run(&["validate", "--color", "never", &name]);
+        assert_eq!(text_code, code, "{name}: text and JSON exit codes differ");
+        let file = found["file"].as_str().expect("file");
         assert_eq!(
-            code,
-            if is_warning { 0 } else { 2 },
-            "{stem}: wrong exit code"
-        );
-        let (_, text) = run(&["validate", &relative(&path)]);
-        assert!(
-            text.contains(&format!("[{expected}]")),
-            "{stem}: text output lacks the code:\n{text}"
+            text_location(&text, &expected),
+            Some(format!("{file}:{line}:{column}")),
+            "{name}: text output does not show `[{expected}]` where the JSON says:\n{text}"
         );
     }
     assert!(invalid >= 30, "only {invalid} invalid fixtures");
@@ -101,18 +152,31 @@ fn every_code_has_a_fixture() {
         .split('"')
         .filter(|s| s.starts_with("archon::"))
         .collect();
-    let stems: Vec<String> = fixtures()
+    assert!(codes.len() >= 40, "found only {} codes", codes.len());
+    let shown: Vec<String> = fixtures()
         .iter()
-        .map(|p| format!("archon::{}", stem(p)))
+        .filter(|p| !is_valid_fixture(p))
+        .map(|p| code_of(p))
         .collect();
     let missing: Vec<&&str> = codes
         .iter()
-        .filter(|c| !stems.iter().any(|s| s == *c) && !COVERED_BY_HOSTILE_TESTS.contains(c))
+        .filter(|c| !shown.iter().any(|s| s == *c) && !COVERED_BY_HOSTILE_TESTS.contains(c))
         .collect();
     assert!(
         missing.is_empty(),
         "codes without a fixture in tests/fixtures/validate/: {missing:?}"
     );
+    let unknown: Vec<&String> = shown
+        .iter()
+        .filter(|s| !codes.contains(&s.as_str()))
+        .collect();
+    assert!(
+        unknown.is_empty(),
+        "fixtures named after codes that do not exist: {unknown:?}"
+    );
+    for code in COVERED_BY_HOSTILE_TESTS {
+        assert!(codes.contains(code), "skip-list names unknown code {code}");
+    }
 }
 
 /// Regression: `on:` in rules is YAML 1.1's boolean `true`; with YAML 1.2 booleans it stays a key.

@@ -188,6 +188,26 @@ pub fn unsupported_steps(workflow: &Workflow) -> Vec<Unsupported> {
         if let Some(fallback) = &step.fallback {
             check(fallback.body(), "its fallback: ");
         }
+        if step
+            .approval
+            .as_ref()
+            .is_some_and(|a| a.value == crate::spec::Approval::Required)
+        {
+            found.push(Unsupported {
+                step: step.id.value.clone(),
+                reason:
+                    "`approval: required` is not enforced yet, and a run must not skip the approval"
+                        .to_owned(),
+            });
+        }
+    }
+    // Running without the rules a spec declares would silently drop its protections.
+    if !workflow.spec.rules.is_empty() {
+        found.push(Unsupported {
+            step: "(rules)".to_owned(),
+            reason: "interception rules are not enforced yet, and a run must not ignore them"
+                .to_owned(),
+        });
     }
     found
 }

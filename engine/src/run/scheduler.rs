@@ -87,6 +87,7 @@ pub async fn run(
         "id": options.run_id,
         "workflow": workflow.name,
         "workdir": options.workdir.display().to_string(),
+        "started_at": humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string(),
     });
     let mut env: Map<String, Json> = options
         .env

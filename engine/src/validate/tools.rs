@@ -157,11 +157,13 @@ impl Checker<'_> {
             self.check_step_list(&steps.value, list, validator);
             if let Some(result) = &def.result {
                 let table = StepTable::new(&steps.value, &[]);
+                // The result becomes step output that prompts and reports can see: no secrets in it.
                 let result_scope = Scope {
                     place: "a tool result",
                     ..scope
                 }
-                .steps(&table);
+                .steps(&table)
+                .secrets(false);
                 self.value(result, &result_scope);
             }
         } else if let Some(result) = &def.result {
