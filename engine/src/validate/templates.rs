@@ -180,8 +180,12 @@ fn syntax_error(
         Some(range) if range.end <= text.len() => locate(file, span, text, range),
         _ => span,
     };
-    Diagnostic::error(code, at, format!("{what} syntax error: {detail}"))
-        .with_hint("templates use minijinja (Jinja2) syntax: `{{ expression }}`, `{% if ... %}`; see docs/spec.md#templates")
+    let hint = if code == codes::EXPRESSION_SYNTAX {
+        "expressions are bare minijinja (Jinja2) expressions without `{{ }}`, such as `steps.a.status == 'succeeded'`; see docs/spec.md#templates"
+    } else {
+        "templates use minijinja (Jinja2) syntax: `{{ expression }}`, `{% if ... %}`; see docs/spec.md#templates"
+    };
+    Diagnostic::error(code, at, format!("{what} syntax error: {detail}")).with_hint(hint)
 }
 
 /// The first occurrence of `needle` in `text` that is not part of a longer identifier.
