@@ -2,6 +2,7 @@
 
 mod cli;
 mod hostile;
+mod nested;
 mod plan;
 mod properties;
 mod run;

@@ -486,12 +486,15 @@ fn runnable_bundled_workflows_succeed() {
             .workflow
             .expect("bundled workflows are valid");
         // Workflows that call HTTP services need those services: `health_check_runs_against_a_local_server`.
-        let uses_http = workflow
-            .spec
-            .steps
-            .iter()
-            .any(|s| s.tool.as_ref().is_some_and(|t| t.value == "http"))
-            || workflow.spec.tools.values().any(|t| t.http.is_some());
+        let calls_http = |steps: &[archon_engine::spec::Step]| {
+            steps
+                .iter()
+                .any(|s| s.tool.as_ref().is_some_and(|t| t.value == "http"))
+        };
+        let uses_http = calls_http(&workflow.spec.steps)
+            || workflow.spec.tools.values().any(|t| {
+                t.http.is_some() || t.steps.as_ref().is_some_and(|s| calls_http(&s.value))
+            });
         if uses_http || !run::unsupported_steps(&workflow).is_empty() {
             continue;
         }
@@ -508,9 +511,28 @@ fn runnable_bundled_workflows_succeed() {
         assert_eq!(code, 0, "{name}:\n{stdout}\n{stderr}");
         ran.push(name);
     }
-    assert!(
-        ran.len() >= 4,
-        "only these bundled workflows can run: {ran:?}"
+    for expected in [
+        "hello.yaml",
+        "file-pipeline.yaml",
+        "file-pipeline.toml",
+        "triage.yaml",
+        "greet-team.yaml",
+        "word-stats.yaml",
+        "retry-fallback.yaml",
+    ] {
+        assert!(
+            ran.iter().any(|r| r == expected),
+            "{expected} did not run; these did: {ran:?}"
+        );
+    }
+    assert_eq!(
+        std::fs::read_to_string(dir.path().join("notes/RANKING.txt")).expect("written"),
+        "3 notes/one.md\n2 notes/two.md\n"
+    );
+    assert_eq!(
+        std::fs::read_to_string(dir.path().join("mirror/.attempts")).expect("written"),
+        "3\n",
+        "the flaky step succeeded on its third attempt"
     );
     assert_eq!(
         std::fs::read_to_string(dir.path().join("notes/SUMMARY.txt")).expect("written"),
@@ -523,7 +545,7 @@ fn runnable_bundled_workflows_succeed() {
     );
 }
 
-/// A tiny HTTP server on 127.0.0.1 for the tests: `/health` answers JSON, `/away` redirects to a private
+/// A tiny HTTP server on 127.0.0.1 for the tests: `/health` and `/version.json` answer JSON, `/away` redirects to a private
 /// address, anything else is 404. It serves `requests` connections, then stops.
 fn serve(requests: usize) -> u16 {
     use std::io::{BufRead, BufReader, Write};
@@ -547,6 +569,9 @@ fn serve(requests: usize) -> u16 {
             let response = match path.as_str() {
                 "/health" => {
                     "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 11\r\nconnection: close\r\n\r\n{\"ok\":true}"
+                }
+                "/version.json" => {
+                    "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 20\r\nconnection: close\r\n\r\n{\"version\": \"1.4.2\"}"
                 }
                 "/away" => {
                     "HTTP/1.1 302 Found\r\nlocation: http://10.0.0.1/\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
@@ -621,6 +646,37 @@ fn health_check_runs_against_a_local_server() {
         assert_eq!(report["steps"]["healthy"]["status"], "succeeded", "{spec}");
         assert_eq!(report["steps"]["unhealthy"]["status"], "skipped", "{spec}");
         assert_eq!(report["outputs"]["status"], 200, "{spec}");
+    }
+}
+
+/// The bundled composite tool example fetches two documents from a server the test starts.
+#[test]
+fn composite_tool_example_runs_against_a_local_server() {
+    let dir = TempDir::new().expect("tempdir");
+    copy_dir(&crate::support::root().join("workflows"), dir.path());
+    for spec in ["composite-tool.yaml", "composite-tool.toml"] {
+        let port = serve(2);
+        let url = format!("http://127.0.0.1:{port}/version.json");
+        let (ours, theirs) = (format!("ours={url}"), format!("theirs={url}"));
+        let Output {
+            code,
+            stdout,
+            stderr,
+        } = archon(
+            dir.path(),
+            &["run", spec, "--input", &ours, "--input", &theirs, "--json"],
+        );
+        assert_eq!(code, 0, "{spec}: {stdout}\n{stderr}");
+        let report: Json = serde_json::from_str(&stdout).expect("report");
+        assert_eq!(
+            report["outputs"],
+            json!({ "ours": "1.4.2", "same": true }),
+            "{spec}"
+        );
+        assert_eq!(
+            report["steps"]["ours"]["steps"]["get"]["output"]["status"], 200,
+            "{spec}: the composite tool's own steps are in the report"
+        );
     }
 }
 

@@ -1,11 +1,12 @@
 //! The validated workflow: a spec whose references, kinds and graph are known to be sound.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use crate::source::Sources;
 use crate::spec::Spec;
 
-/// A spec that passed validation, with its dependency graph resolved.
+/// A spec that passed validation, with its dependency graphs resolved and its sub-workflows loaded.
 #[derive(Debug, Clone)]
 pub struct Workflow {
     pub name: String,
@@ -14,6 +15,19 @@ pub struct Workflow {
     pub dependencies: Vec<Vec<usize>>,
     /// Step indexes in a topological order.
     pub order: Vec<usize>,
+    /// The step graph of each composite tool (`tools.<name>.steps`), by tool name.
+    pub composites: BTreeMap<String, StepGraph>,
+    /// The validated sub-workflows this spec calls (as steps or tools), by the path written in the spec.
+    pub subworkflows: BTreeMap<String, Arc<Workflow>>,
     /// Every file the workflow was read from (the spec and its sub-workflows).
     pub sources: Sources,
+}
+
+/// The dependency graph of one list of steps.
+#[derive(Debug, Clone, Default)]
+pub struct StepGraph {
+    /// For each step (by index in its list), the indexes of the steps it depends on.
+    pub dependencies: Vec<Vec<usize>>,
+    /// Step indexes in a topological order.
+    pub order: Vec<usize>,
 }

@@ -15,6 +15,7 @@ pub mod tools;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use indexmap::IndexMap;
 use serde::Serialize;
@@ -26,6 +27,9 @@ use crate::tools::builtin;
 use crate::workflow::Workflow;
 
 pub use scheduler::run;
+
+/// Most composite tools and sub-workflows nested inside each other at run time.
+pub const MAX_DEPTH: u32 = 16;
 
 /// Version of the run report format (documented in docs/run.md).
 pub const REPORT_VERSION: u32 = 1;
@@ -40,7 +44,8 @@ pub struct RunOptions {
     pub run_id: String,
     /// Cancels the run: in-flight steps are abandoned (their process groups killed).
     pub cancel: CancellationToken,
-    /// Receives progress events, if set.
+    /// Receives progress events, if set. Steps inside composite tools and sub-workflows are named
+    /// `outer/inner` (`outer[2]/inner` for a `foreach` item).
     pub events: Option<tokio::sync::mpsc::UnboundedSender<RunEvent>>,
     /// The process environment, readable as `env` in templates.
     pub env: BTreeMap<String, String>,
@@ -110,6 +115,10 @@ pub struct StepResult {
     pub duration_ms: u64,
     /// The fallback produced the result.
     pub fallback: bool,
+    /// For a composite tool or sub-workflow call, the results of its own steps (not kept for `foreach`
+    /// items).
+    #[serde(skip_serializing_if = "IndexMap::is_empty")]
+    pub steps: IndexMap<String, StepResult>,
 }
 
 impl StepResult {
@@ -124,6 +133,7 @@ impl StepResult {
             exit_code: None,
             duration_ms: 0,
             fallback: false,
+            steps: IndexMap::new(),
         }
     }
 }
@@ -171,71 +181,108 @@ pub struct Unsupported {
     pub reason: String,
 }
 
-/// The steps (and fallbacks) of a workflow that this version cannot run yet. `archon run` refuses such a
-/// workflow before starting rather than failing half-way.
+/// The steps (and fallbacks) of a workflow that this version cannot run yet, including those inside the
+/// composite tools and sub-workflows it calls (named `outer/inner`). `archon run` refuses such a workflow
+/// before starting rather than failing half-way.
 pub fn unsupported_steps(workflow: &Workflow) -> Vec<Unsupported> {
-    let mut found = Vec::new();
-    for step in &workflow.spec.steps {
-        let mut check = |body: Body<'_>, what: &str| {
-            if let Some(reason) = unsupported_body(workflow, body) {
-                found.push(Unsupported {
-                    step: step.id.value.clone(),
-                    reason: format!("{what}{reason}"),
-                });
-            }
-        };
-        check(step.body(), "");
-        if let Some(fallback) = &step.fallback {
-            check(fallback.body(), "its fallback: ");
-        }
-        if step
-            .approval
-            .as_ref()
-            .is_some_and(|a| a.value == crate::spec::Approval::Required)
-        {
-            found.push(Unsupported {
-                step: step.id.value.clone(),
-                reason:
-                    "`approval: required` is not enforced yet, and a run must not skip the approval"
-                        .to_owned(),
-            });
-        }
-    }
-    // Running without the rules a spec declares would silently drop its protections.
-    if !workflow.spec.rules.is_empty() {
-        found.push(Unsupported {
-            step: "(rules)".to_owned(),
-            reason: "interception rules are not enforced yet, and a run must not ignore them"
-                .to_owned(),
-        });
-    }
-    found
+    let mut walk = Walk {
+        found: Vec::new(),
+        seen: std::collections::HashSet::new(),
+    };
+    walk.workflow(workflow, "");
+    walk.found
 }
 
-fn unsupported_body(workflow: &Workflow, body: Body<'_>) -> Option<String> {
-    if let Some(tool) = body.tool {
-        let name = tool.value.as_str();
-        if let Some(def) = workflow.spec.tools.get(name) {
-            return (def.command.is_none() && def.http.is_none()).then(|| {
-                format!("declared tool `{name}` is neither a `command` nor an `http` tool; composite, workflow and MCP tools cannot run yet")
+struct Walk {
+    found: Vec<Unsupported>,
+    /// Composite tools (by workflow address and name) and sub-workflows already checked.
+    seen: std::collections::HashSet<(usize, String)>,
+}
+
+impl Walk {
+    fn workflow(&mut self, workflow: &Workflow, prefix: &str) {
+        // Running without the rules a spec declares would silently drop its protections.
+        if !workflow.spec.rules.is_empty() {
+            self.found.push(Unsupported {
+                step: format!("{prefix}(rules)"),
+                reason: "interception rules are not enforced yet, and a run must not ignore them"
+                    .to_owned(),
             });
         }
-        return match builtin::get(name) {
-            Some(_) if RUNNABLE_BUILTINS.contains(&name) => None,
-            Some(_) => Some(format!(
-                "built-in tool `{name}` cannot run yet (these can: {})",
-                RUNNABLE_BUILTINS.join(", ")
-            )),
-            None => Some(format!("tool `{name}` cannot run yet")),
+        self.steps(workflow, &workflow.spec.steps, prefix);
+    }
+
+    fn steps(&mut self, workflow: &Workflow, steps: &[Step], prefix: &str) {
+        for step in steps {
+            let name = format!("{prefix}{}", step.id.value);
+            self.body(workflow, step.body(), &name, "");
+            if let Some(fallback) = &step.fallback {
+                self.body(workflow, fallback.body(), &name, "its fallback: ");
+            }
+            if step
+                .approval
+                .as_ref()
+                .is_some_and(|a| a.value == crate::spec::Approval::Required)
+            {
+                self.found.push(Unsupported {
+                    step: name,
+                    reason: "`approval: required` is not enforced yet, and a run must not skip the approval"
+                        .to_owned(),
+                });
+            }
+        }
+    }
+
+    fn body(&mut self, workflow: &Workflow, body: Body<'_>, step: &str, what: &str) {
+        let mut refuse = |reason: String| {
+            self.found.push(Unsupported {
+                step: step.to_owned(),
+                reason: format!("{what}{reason}"),
+            });
         };
+        if let Some(tool) = body.tool {
+            let name = tool.value.as_str();
+            if let Some(def) = workflow.spec.tools.get(name) {
+                if def.mcp.is_some() {
+                    refuse(format!("MCP tool `{name}` cannot run yet"));
+                } else if let Some(steps) = &def.steps {
+                    let key = (std::ptr::from_ref(workflow) as usize, name.to_owned());
+                    if self.seen.insert(key) {
+                        self.steps(workflow, &steps.value, &format!("{step}/"));
+                    }
+                } else if let Some(path) = &def.workflow {
+                    self.sub_workflow(workflow, &path.value, step);
+                }
+                return;
+            }
+            match builtin::get(name) {
+                Some(_) if RUNNABLE_BUILTINS.contains(&name) => {}
+                Some(_) => refuse(format!(
+                    "built-in tool `{name}` cannot run yet (these can: {})",
+                    RUNNABLE_BUILTINS.join(", ")
+                )),
+                None => refuse(format!("tool `{name}` cannot run yet")),
+            }
+            return;
+        }
+        if let Some(path) = body.workflow {
+            self.sub_workflow(workflow, &path.value, step);
+            return;
+        }
+        refuse(
+            "LLM steps (goal, plan, description-only) cannot run yet: LLM providers are not built"
+                .to_owned(),
+        );
     }
-    if body.workflow.is_some() {
-        return Some("sub-workflows cannot run yet".to_owned());
+
+    fn sub_workflow(&mut self, workflow: &Workflow, path: &str, step: &str) {
+        if let Some(sub) = workflow.subworkflows.get(path) {
+            let key = (Arc::as_ptr(sub) as usize, String::new());
+            if self.seen.insert(key) {
+                self.workflow(sub, &format!("{step}/"));
+            }
+        }
     }
-    Some(
-        "LLM steps (goal, plan, description-only) cannot run yet: LLM providers are not built"
-            .to_owned(),
-    )
 }
 
 fn step_ids(steps: &[Step]) -> Vec<String> {

@@ -2,6 +2,8 @@
 //! `JoinSet` holds the running steps and a `CancellationToken` stops them all.
 
 use std::collections::{BTreeMap, VecDeque};
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -15,9 +17,10 @@ use super::http::NetworkPolicy;
 use super::render::{Renderer, context_value, to_text};
 use super::tools::{self, ToolContext, ToolError, ToolOutput};
 use super::{
-    REPORT_VERSION, RunEvent, RunOptions, RunReport, RunStatus, StepResult, StepStatus, step_ids,
+    MAX_DEPTH, REPORT_VERSION, RunEvent, RunOptions, RunReport, RunStatus, StepResult, StepStatus,
+    step_ids,
 };
-use crate::spec::{Backoff, Body, OnError, Retry, RetryOn, Step};
+use crate::spec::{Backoff, Body, OnError, Retry, RetryOn, Step, ToolDef};
 use crate::workflow::Workflow;
 
 /// A problem that stops a run before any step starts.
@@ -25,16 +28,23 @@ use crate::workflow::Workflow;
 #[error("{0}")]
 pub struct RunError(pub String);
 
-/// Everything the step tasks share.
+/// Everything the step tasks of one step list share.
 struct Shared {
+    /// The workflow whose tools, defaults and network policy apply.
     workflow: Arc<Workflow>,
+    /// The composite tool whose steps run here, or `None` for the workflow's own steps.
+    composite: Option<String>,
     options: RunOptions,
-    renderer: Renderer,
-    /// `inputs`, `env` (the process environment overlaid with the spec's rendered `env`) and `run`,
-    /// converted once; every template context shares them.
-    base: Vec<(&'static str, Value)>,
+    renderer: Arc<Renderer>,
+    /// `inputs`, `env` (the process environment overlaid with the spec's rendered `env`), `run` and, in a
+    /// composite tool, `args` and each argument by name, converted once; every template context shares them.
+    base: Vec<(String, Value)>,
     secrets: Value,
     tool_context: ToolContext,
+    /// How many composite tools and sub-workflows this step list runs inside.
+    depth: u32,
+    /// Put before step ids in events: empty at the top, `outer/` inside a call made by step `outer`.
+    prefix: String,
 }
 
 /// Results of finished steps as templates see them, by step id.
@@ -46,10 +56,42 @@ impl Shared {
             let _ = events.send(event);
         }
     }
+
+    /// The steps this scheduler runs.
+    fn steps(&self) -> &[Step] {
+        match &self.composite {
+            None => &self.workflow.spec.steps,
+            Some(tool) => self.workflow.spec.tools[tool.as_str()]
+                .steps
+                .as_ref()
+                .map_or(&[], |s| &s.value),
+        }
+    }
+
+    /// For each step, the steps it depends on.
+    fn dependencies(&self) -> &[Vec<usize>] {
+        match &self.composite {
+            None => &self.workflow.dependencies,
+            Some(tool) => self
+                .workflow
+                .composites
+                .get(tool)
+                .map_or(&[], |g| &g.dependencies),
+        }
+    }
+
+    /// A step's name in events.
+    fn label(&self, id: &str) -> String {
+        format!("{}{id}", self.prefix)
+    }
     /// The template context of a step: inputs, env, run, the results of the steps it depends on, secrets
     /// where allowed, and `extra` names (`item`, `index`, a tool's arguments).
     fn context(&self, steps: &Steps, with_secrets: bool, extra: &[(&str, Value)]) -> Value {
-        let mut ctx: BTreeMap<&str, Value> = self.base.iter().cloned().collect();
+        let mut ctx: BTreeMap<&str, Value> = self
+            .base
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.clone()))
+            .collect();
         ctx.insert("steps", Value::from(steps.clone()));
         if with_secrets {
             ctx.insert("secrets", self.secrets.clone());
@@ -67,117 +109,144 @@ pub async fn run(
     inputs: Map<String, Json>,
     options: RunOptions,
 ) -> Result<RunReport, RunError> {
-    let started = Instant::now();
-    let spec = workflow.spec.clone();
-    let mut secrets = Map::new();
-    for name in &spec.secrets {
-        match options.env.get(&name.value) {
-            Some(value) => {
-                secrets.insert(name.value.clone(), Json::String(value.clone()));
-            }
-            None => {
-                return Err(RunError(format!(
-                    "secret `{}` is not set: export it as an environment variable",
-                    name.value
-                )));
-            }
-        }
-    }
-    let run = json!({
-        "id": options.run_id,
-        "workflow": workflow.name,
-        "workdir": options.workdir.display().to_string(),
-        "started_at": humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string(),
-    });
-    let mut env: Map<String, Json> = options
-        .env
-        .iter()
-        .map(|(k, v)| (k.clone(), Json::String(v.clone())))
-        .collect();
-    let renderer = Renderer::default();
-    let mut tool_env = Vec::new();
-    {
-        let mut ctx = Map::new();
-        ctx.insert("inputs".into(), Json::Object(inputs.clone()));
-        ctx.insert("env".into(), Json::Object(env.clone()));
-        ctx.insert("run".into(), run.clone());
-        ctx.insert("secrets".into(), Json::Object(secrets.clone()));
-        let ctx = context_value(ctx);
-        for (name, template) in &spec.env {
-            let value = renderer
-                .text(&template.value, &ctx)
-                .map_err(|e| RunError(format!("env `{}`: {e}", name.value)))?;
-            tool_env.push((name.value.clone(), value.clone()));
-            env.insert(name.value.clone(), Json::String(value));
-        }
-    }
-    let shared = Arc::new(Shared {
-        tool_context: ToolContext {
-            workdir: options.workdir.clone(),
-            env: tool_env,
-            network: Arc::new(NetworkPolicy::new(
-                &spec
-                    .network
-                    .iter()
-                    .flat_map(|n| n.allow.iter().map(|a| a.value.clone()))
-                    .collect::<Vec<_>>(),
-            )),
-        },
-        workflow: workflow.clone(),
-        options,
-        renderer,
-        base: vec![
-            ("inputs", json_value(&Json::Object(inputs.clone()))),
-            ("env", json_value(&Json::Object(env))),
-            ("run", json_value(&run)),
-        ],
-        secrets: json_value(&Json::Object(secrets)),
-    });
-    let (results, views) = schedule(&shared).await;
+    run_workflow(workflow, inputs, options, 0, String::new()).await
+}
 
-    let ids = step_ids(&spec.steps);
-    let steps: IndexMap<String, StepResult> = ids.iter().cloned().zip(results).collect();
-    let failed = spec.steps.iter().any(|step| {
+type Boxed<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// Runs a workflow at a nesting depth: the run itself, or a sub-workflow called by step `prefix`.
+fn run_workflow(
+    workflow: Arc<Workflow>,
+    inputs: Map<String, Json>,
+    options: RunOptions,
+    depth: u32,
+    prefix: String,
+) -> Boxed<'static, Result<RunReport, RunError>> {
+    Box::pin(async move {
+        let started = Instant::now();
+        let spec = workflow.spec.clone();
+        let mut secrets = Map::new();
+        for name in &spec.secrets {
+            match options.env.get(&name.value) {
+                Some(value) => {
+                    secrets.insert(name.value.clone(), Json::String(value.clone()));
+                }
+                None => {
+                    return Err(RunError(format!(
+                        "secret `{}` is not set: export it as an environment variable",
+                        name.value
+                    )));
+                }
+            }
+        }
+        let run = json!({
+            "id": options.run_id,
+            "workflow": workflow.name,
+            "workdir": options.workdir.display().to_string(),
+            "started_at": humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string(),
+        });
+        let mut env: Map<String, Json> = options
+            .env
+            .iter()
+            .map(|(k, v)| (k.clone(), Json::String(v.clone())))
+            .collect();
+        let renderer = Arc::new(Renderer::default());
+        let mut tool_env = Vec::new();
+        {
+            let mut ctx = Map::new();
+            ctx.insert("inputs".into(), Json::Object(inputs.clone()));
+            ctx.insert("env".into(), Json::Object(env.clone()));
+            ctx.insert("run".into(), run.clone());
+            ctx.insert("secrets".into(), Json::Object(secrets.clone()));
+            let ctx = context_value(ctx);
+            for (name, template) in &spec.env {
+                let value = renderer
+                    .text(&template.value, &ctx)
+                    .map_err(|e| RunError(format!("env `{}`: {e}", name.value)))?;
+                tool_env.push((name.value.clone(), value.clone()));
+                env.insert(name.value.clone(), Json::String(value));
+            }
+        }
+        let shared = Arc::new(Shared {
+            tool_context: ToolContext {
+                workdir: options.workdir.clone(),
+                env: tool_env,
+                network: Arc::new(NetworkPolicy::new(
+                    &spec
+                        .network
+                        .iter()
+                        .flat_map(|n| n.allow.iter().map(|a| a.value.clone()))
+                        .collect::<Vec<_>>(),
+                )),
+            },
+            workflow: workflow.clone(),
+            composite: None,
+            options,
+            renderer,
+            base: vec![
+                (
+                    "inputs".to_owned(),
+                    json_value(&Json::Object(inputs.clone())),
+                ),
+                ("env".to_owned(), json_value(&Json::Object(env))),
+                ("run".to_owned(), json_value(&run)),
+            ],
+            secrets: json_value(&Json::Object(secrets)),
+            depth,
+            prefix,
+        });
+        let (results, views) = schedule(&shared).await;
+
+        let ids = step_ids(&spec.steps);
+        let steps: IndexMap<String, StepResult> = ids.iter().cloned().zip(results).collect();
+        let failed = first_failure(&spec.steps, &steps).is_some();
+        let cancelled = shared.options.cancel.is_cancelled();
+        let mut error = None;
+        let mut outputs = Map::new();
+        if !cancelled {
+            let views: Steps = ids.iter().cloned().zip(views).collect();
+            let ctx = shared.context(&views, false, &[]);
+            for (name, template) in &spec.outputs {
+                match shared.renderer.value(template, &ctx) {
+                    Ok(value) => {
+                        outputs.insert(name.value.clone(), value);
+                    }
+                    Err(e) if !failed => error = Some(format!("output `{}`: {e}", name.value)),
+                    Err(_) => {}
+                }
+            }
+        }
+        let status = if cancelled {
+            RunStatus::Cancelled
+        } else if failed || error.is_some() {
+            RunStatus::Failed
+        } else {
+            RunStatus::Succeeded
+        };
+        Ok(RunReport {
+            version: REPORT_VERSION,
+            run_id: shared.options.run_id.clone(),
+            workflow: workflow.name.clone(),
+            status,
+            inputs,
+            steps,
+            outputs,
+            error,
+            duration_ms: millis(started.elapsed()),
+        })
+    })
+}
+
+/// The first step (by index, in written order) whose failure fails its list: failed or timed out
+/// without `on_error: continue`.
+fn first_failure(steps: &[Step], results: &IndexMap<String, StepResult>) -> Option<usize> {
+    steps.iter().position(|step| {
         let continues = step
             .on_error
             .as_ref()
             .is_some_and(|o| o.value == OnError::Continue);
-        let status = steps[step.id.value.as_str()].status;
+        let status = results[step.id.value.as_str()].status;
         matches!(status, StepStatus::Failed | StepStatus::TimedOut) && !continues
-    });
-    let cancelled = shared.options.cancel.is_cancelled();
-    let mut error = None;
-    let mut outputs = Map::new();
-    if !cancelled {
-        let views: Steps = ids.iter().cloned().zip(views).collect();
-        let ctx = shared.context(&views, false, &[]);
-        for (name, template) in &spec.outputs {
-            match shared.renderer.value(template, &ctx) {
-                Ok(value) => {
-                    outputs.insert(name.value.clone(), value);
-                }
-                Err(e) if !failed => error = Some(format!("output `{}`: {e}", name.value)),
-                Err(_) => {}
-            }
-        }
-    }
-    let status = if cancelled {
-        RunStatus::Cancelled
-    } else if failed || error.is_some() {
-        RunStatus::Failed
-    } else {
-        RunStatus::Succeeded
-    };
-    Ok(RunReport {
-        version: REPORT_VERSION,
-        run_id: shared.options.run_id.clone(),
-        workflow: workflow.name.clone(),
-        status,
-        inputs,
-        steps,
-        outputs,
-        error,
-        duration_ms: millis(started.elapsed()),
     })
 }
 
@@ -187,15 +256,16 @@ fn millis(d: Duration) -> u64 {
 
 /// Starts every step whose dependencies have finished, until all have ended or the run is cancelled.
 async fn schedule(shared: &Arc<Shared>) -> (Vec<StepResult>, Vec<Value>) {
-    let workflow = &shared.workflow;
-    let n = workflow.spec.steps.len();
+    let all_steps = shared.steps();
+    let dependencies = shared.dependencies();
+    let n = all_steps.len();
     let mut dependents = vec![Vec::new(); n];
-    for (step, deps) in workflow.dependencies.iter().enumerate() {
+    for (step, deps) in dependencies.iter().enumerate() {
         for &dep in deps {
             dependents[dep].push(step);
         }
     }
-    let mut waiting: Vec<usize> = workflow.dependencies.iter().map(Vec::len).collect();
+    let mut waiting: Vec<usize> = dependencies.iter().map(Vec::len).collect();
     let mut results: Vec<Option<StepResult>> = vec![None; n];
     let mut views: Vec<Value> = vec![Value::UNDEFINED; n];
     let mut ready: VecDeque<usize> = (0..n).filter(|i| waiting[*i] == 0).collect();
@@ -215,7 +285,7 @@ async fn schedule(shared: &Arc<Shared>) -> (Vec<StepResult>, Vec<Value>) {
 
     loop {
         while let Some(i) = ready.pop_front() {
-            let step = &workflow.spec.steps[i];
+            let step = &all_steps[i];
             if cancelled {
                 let result = StepResult::ended(StepStatus::Cancelled, None);
                 views[i] = view(&result);
@@ -223,9 +293,9 @@ async fn schedule(shared: &Arc<Shared>) -> (Vec<StepResult>, Vec<Value>) {
                 finish(i, &mut waiting, &mut ready);
                 continue;
             }
-            let deps: Steps = workflow.dependencies[i]
+            let deps: Steps = dependencies[i]
                 .iter()
-                .map(|d| (workflow.spec.steps[*d].id.value.clone(), views[*d].clone()))
+                .map(|d| (all_steps[*d].id.value.clone(), views[*d].clone()))
                 .collect();
             match decide(shared, step, i, &results, deps) {
                 Decision::Run(steps) => {
@@ -239,7 +309,7 @@ async fn schedule(shared: &Arc<Shared>) -> (Vec<StepResult>, Vec<Value>) {
                 }
                 Decision::Skip(reason) => {
                     shared.emit(RunEvent::StepSkipped {
-                        step: step.id.value.clone(),
+                        step: shared.label(&step.id.value),
                         reason,
                     });
                     let result = StepResult::ended(StepStatus::Skipped, None);
@@ -249,7 +319,7 @@ async fn schedule(shared: &Arc<Shared>) -> (Vec<StepResult>, Vec<Value>) {
                 }
                 Decision::Fail(error) => {
                     shared.emit(RunEvent::StepFinished {
-                        step: step.id.value.clone(),
+                        step: shared.label(&step.id.value),
                         status: StepStatus::Failed,
                         duration_ms: 0,
                         error: Some(error.clone()),
@@ -333,8 +403,7 @@ fn decide(
             Err(e) => Decision::Fail(format!("`if`: {e}")),
         };
     }
-    let spec = &shared.workflow.spec;
-    let blocked = shared.workflow.dependencies[index].iter().find(|d| {
+    let blocked = shared.dependencies()[index].iter().find(|d| {
         results[**d]
             .as_ref()
             .is_none_or(|r| r.status != StepStatus::Succeeded)
@@ -345,21 +414,21 @@ fn decide(
             let status = results[d]
                 .as_ref()
                 .map_or("did not run", |r| r.status.as_str());
-            Decision::Skip(format!("`{}` {status}", spec.steps[d].id.value))
+            Decision::Skip(format!("`{}` {status}", shared.steps()[d].id.value))
         }
     }
 }
 
 /// Runs one step: its body (per item for `foreach`) with retries and fallback, then its `outputs`.
 async fn execute(shared: &Arc<Shared>, index: usize, steps: Steps) -> StepResult {
-    let step = &shared.workflow.spec.steps[index];
+    let step = &shared.steps()[index];
     shared.emit(RunEvent::StepStarted {
-        step: step.id.value.clone(),
+        step: shared.label(&step.id.value),
     });
     let started = Instant::now();
     let mut result = match &step.foreach {
         Some(expr) => foreach(shared, index, &expr.value, &steps).await,
-        None => attempt_all(shared, step, &steps, None).await,
+        None => attempt_all(shared, step, &steps, None, shared.label(&step.id.value)).await,
     };
     if result.status == StepStatus::Succeeded && !step.outputs.is_empty() {
         let mut own = steps.clone();
@@ -380,7 +449,7 @@ async fn execute(shared: &Arc<Shared>, index: usize, steps: Steps) -> StepResult
     }
     result.duration_ms = millis(started.elapsed());
     shared.emit(RunEvent::StepFinished {
-        step: step.id.value.clone(),
+        step: shared.label(&step.id.value),
         status: result.status,
         duration_ms: result.duration_ms,
         error: result.error.clone(),
@@ -390,7 +459,7 @@ async fn execute(shared: &Arc<Shared>, index: usize, steps: Steps) -> StepResult
 
 /// Runs the body once per item of the `foreach` list, at most `max_parallel` at a time, results in order.
 async fn foreach(shared: &Arc<Shared>, index: usize, expr: &str, steps: &Steps) -> StepResult {
-    let step = &shared.workflow.spec.steps[index];
+    let step = &shared.steps()[index];
     let ctx = shared.context(steps, false, &[]);
     let items = match shared.renderer.expression(expr, &ctx) {
         Ok(Json::Array(items)) => items,
@@ -421,10 +490,11 @@ async fn foreach(shared: &Arc<Shared>, index: usize, expr: &str, steps: &Steps) 
         let steps = steps.clone();
         set.spawn(async move {
             let _permit = semaphore.acquire_owned().await;
-            let step = &shared.workflow.spec.steps[index];
+            let step = &shared.steps()[index];
+            let label = format!("{}[{position}]", shared.label(&step.id.value));
             (
                 position,
-                attempt_all(&shared, step, &steps, Some((item, position))).await,
+                attempt_all(&shared, step, &steps, Some((item, position)), label).await,
             )
         });
     }
@@ -458,6 +528,7 @@ async fn foreach(shared: &Arc<Shared>, index: usize, expr: &str, steps: &Steps) 
         exit_code: None,
         duration_ms: 0,
         fallback: results.iter().any(|r| r.fallback),
+        steps: IndexMap::new(),
     }
 }
 
@@ -468,14 +539,47 @@ struct Failure {
     exit_code: Option<i32>,
     /// Deterministic failures (a template that does not render) are not retried.
     retryable: bool,
+    /// The results of a composite tool's or sub-workflow's steps.
+    steps: IndexMap<String, StepResult>,
 }
 
-/// Every attempt of the body, then the fallback if the last one failed.
+impl Failure {
+    /// A deterministic failure: retrying cannot help.
+    fn fixed(message: String) -> Self {
+        Failure {
+            status: StepStatus::Failed,
+            message,
+            exit_code: None,
+            retryable: false,
+            steps: IndexMap::new(),
+        }
+    }
+}
+
+/// What a successful call gave: the tool's output and, for a composite tool or sub-workflow, its steps'
+/// results.
+struct Called {
+    output: ToolOutput,
+    steps: IndexMap<String, StepResult>,
+}
+
+impl From<ToolOutput> for Called {
+    fn from(output: ToolOutput) -> Self {
+        Called {
+            output,
+            steps: IndexMap::new(),
+        }
+    }
+}
+
+/// Every attempt of the body, then the fallback if the last one failed. `label` names the step (or
+/// `foreach` item) in events.
 async fn attempt_all(
     shared: &Shared,
     step: &Step,
     steps: &Steps,
     item: Option<(Json, usize)>,
+    label: String,
 ) -> StepResult {
     let extra = match &item {
         Some((item, index)) => vec![("item", json_value(item)), ("index", Value::from(*index))],
@@ -487,17 +591,17 @@ async fn attempt_all(
         .retry
         .as_ref()
         .or_else(|| defaults.and_then(|d| d.retry.as_ref()));
-    let (outcome, attempts) = with_retries(shared, step, step.body(), retry, &ctx).await;
+    let (outcome, attempts) = with_retries(shared, &label, step.body(), retry, &ctx).await;
     let outcome = match (outcome, &step.fallback) {
         (Err(_), Some(fallback)) => {
             let (fallback_outcome, _) =
-                with_retries(shared, step, fallback.body(), None, &ctx).await;
+                with_retries(shared, &label, fallback.body(), None, &ctx).await;
             fallback_outcome.map(|o| (o, true))
         }
         (outcome, _) => outcome.map(|o| (o, false)),
     };
     match outcome {
-        Ok((output, fallback)) => StepResult {
+        Ok((Called { output, steps }, fallback)) => StepResult {
             status: StepStatus::Succeeded,
             text: if output.text.is_empty() {
                 to_text(&output.output)
@@ -511,10 +615,12 @@ async fn attempt_all(
             exit_code: output.exit_code,
             duration_ms: 0,
             fallback,
+            steps,
         },
         Err(failure) => StepResult {
             exit_code: failure.exit_code,
             attempts,
+            steps: failure.steps,
             ..StepResult::ended(failure.status, Some(failure.message))
         },
     }
@@ -522,11 +628,11 @@ async fn attempt_all(
 
 async fn with_retries(
     shared: &Shared,
-    step: &Step,
+    label: &str,
     body: Body<'_>,
     retry: Option<&Retry>,
     ctx: &Value,
-) -> (Result<ToolOutput, Failure>, u32) {
+) -> (Result<Called, Failure>, u32) {
     let attempts = retry.map_or(1, |r| r.attempts.value.max(1));
     let timeout = body
         .timeout
@@ -542,7 +648,7 @@ async fn with_retries(
     let mut attempt = 0;
     loop {
         attempt += 1;
-        let call = call_body(shared, body, ctx);
+        let call = call_body(shared, label, body, ctx);
         let outcome = match timeout {
             Some(limit) => match tokio::time::timeout(limit, call).await {
                 Ok(outcome) => outcome,
@@ -551,6 +657,7 @@ async fn with_retries(
                     message: format!("timed out after {}", humantime::format_duration(limit)),
                     exit_code: None,
                     retryable: true,
+                    steps: IndexMap::new(),
                 }),
             },
             None => call.await,
@@ -564,6 +671,7 @@ async fn with_retries(
             StepStatus::TimedOut => {
                 retry_on.is_none_or(|on| on.iter().any(|o| o.value == RetryOn::Timeout))
             }
+            StepStatus::Cancelled => false,
             _ => retry_on.is_none_or(|on| on.iter().any(|o| o.value == RetryOn::Error)),
         };
         if attempt >= attempts || !failure.retryable || !wanted {
@@ -571,7 +679,7 @@ async fn with_retries(
         }
         let delay = retry.map_or(Duration::ZERO, |r| backoff(r, attempt));
         shared.emit(RunEvent::StepRetried {
-            step: step.id.value.clone(),
+            step: label.to_owned(),
             attempt: attempt + 1,
             error: failure.message.clone(),
             delay_ms: millis(delay),
@@ -610,114 +718,307 @@ fn backoff(retry: &Retry, failed: u32) -> Duration {
     }
 }
 
-/// Renders the body's arguments once and calls its tool.
-async fn call_body(shared: &Shared, body: Body<'_>, ctx: &Value) -> Result<ToolOutput, Failure> {
-    let render_failure = |message: String| Failure {
-        status: StepStatus::Failed,
-        message,
-        exit_code: None,
-        retryable: false,
-    };
-    let Some(tool) = body.tool else {
-        return Err(render_failure("this step kind cannot run yet".to_owned()));
-    };
+/// Renders the body's arguments once and calls its tool or sub-workflow.
+async fn call_body(
+    shared: &Shared,
+    label: &str,
+    body: Body<'_>,
+    ctx: &Value,
+) -> Result<Called, Failure> {
     let args = match body.args {
         Some(args) => shared
             .renderer
             .value(args, ctx)
-            .map_err(|e| render_failure(e.to_string()))?,
+            .map_err(|e| Failure::fixed(e.to_string()))?,
         None => Json::Object(Map::new()),
     };
-    let tool_failure = |e: ToolError| Failure {
-        status: StepStatus::Failed,
-        message: e.message,
-        exit_code: e.exit_code,
-        retryable: true,
+    if let Some(path) = body.workflow {
+        return call_workflow(shared, label, &path.value, args).await;
+    }
+    let Some(tool) = body.tool else {
+        return Err(Failure::fixed("this step kind cannot run yet".to_owned()));
     };
     match shared.workflow.spec.tools.get(tool.value.as_str()) {
         None => tools::call(&tool.value, &args, &shared.tool_context)
             .await
+            .map(Called::from)
             .map_err(tool_failure),
-        Some(def) => {
-            // A declared tool reads its arguments by name and as `args`.
-            let mut extra: Vec<(&str, Value)> = match &args {
-                Json::Object(values) => values
-                    .iter()
-                    .map(|(k, v)| (k.as_str(), json_value(v)))
-                    .collect(),
-                _ => Vec::new(),
-            };
-            extra.push(("args", json_value(&args)));
-            let tool_ctx = shared.context(&Steps::new(), true, &extra);
-            let text = |t: &crate::spec::Template| {
-                shared
-                    .renderer
-                    .text(&t.value, &tool_ctx)
-                    .map_err(|e| render_failure(e.to_string()))
-            };
-            let (builtin, call_args) = if let Some(command) = &def.command {
-                let argv = command
-                    .value
-                    .iter()
-                    .map(text)
-                    .collect::<Result<Vec<_>, _>>()?;
-                let mut exec = json!({ "argv": argv });
-                if let Some(cwd) = &def.cwd {
-                    exec["cwd"] = Json::String(text(cwd)?);
-                }
-                if let Some(stdin) = &def.stdin {
-                    exec["stdin"] = Json::String(text(stdin)?);
-                }
-                if !def.env.is_empty() {
-                    let env: Map<String, Json> = def
-                        .env
-                        .iter()
-                        .map(|(k, v)| Ok((k.value.clone(), Json::String(text(v)?))))
-                        .collect::<Result<_, Failure>>()?;
-                    exec["env"] = Json::Object(env);
-                }
-                if let Some(output) = &def.output {
-                    exec["output"] = serde_json::to_value(output.value).unwrap_or(Json::Null);
-                }
-                if let Some(codes) = &def.ok_exit_codes {
-                    exec["ok_exit_codes"] = json!(codes);
-                }
-                ("exec", exec)
-            } else if let Some(http) = &def.http {
-                let mut request = json!({ "url": text(&http.url)? });
-                if let Some(method) = &http.method {
-                    request["method"] = serde_json::to_value(method.value).unwrap_or(Json::Null);
-                }
-                if !http.headers.is_empty() {
-                    let headers: Map<String, Json> = http
-                        .headers
-                        .iter()
-                        .map(|(k, v)| Ok((k.value.clone(), Json::String(text(v)?))))
-                        .collect::<Result<_, Failure>>()?;
-                    request["headers"] = Json::Object(headers);
-                }
-                if let Some(body) = &http.json {
-                    request["json"] = shared
-                        .renderer
-                        .value(body, &tool_ctx)
-                        .map_err(|e| render_failure(e.to_string()))?;
-                }
-                if let Some(body) = &http.body {
-                    request["body"] = Json::String(text(body)?);
-                }
-                if let Some(timeout) = &def.timeout {
-                    request["timeout"] = Json::String(timeout.value.clone());
-                }
-                ("http", request)
-            } else {
-                return Err(render_failure(format!(
-                    "tool `{}` cannot run yet",
-                    tool.value
-                )));
-            };
-            tools::call(builtin, &call_args, &shared.tool_context)
-                .await
-                .map_err(tool_failure)
-        }
+        Some(def) => call_declared(shared, label, &tool.value, def, args).await,
     }
+}
+
+fn tool_failure(e: ToolError) -> Failure {
+    Failure {
+        status: StepStatus::Failed,
+        message: e.message,
+        exit_code: e.exit_code,
+        retryable: true,
+        steps: IndexMap::new(),
+    }
+}
+
+/// Calls a tool the spec declares: a command, an HTTP request, a composite tool or a sub-workflow.
+async fn call_declared(
+    shared: &Shared,
+    label: &str,
+    name: &str,
+    def: &ToolDef,
+    args: Json,
+) -> Result<Called, Failure> {
+    if def.steps.is_some() {
+        return call_composite(shared, label, name, args).await;
+    }
+    if let Some(path) = &def.workflow {
+        return call_workflow(shared, label, &path.value, args).await;
+    }
+    // A declared tool reads its arguments by name and as `args`.
+    let mut extra: Vec<(&str, Value)> = match &args {
+        Json::Object(values) => values
+            .iter()
+            .map(|(k, v)| (k.as_str(), json_value(v)))
+            .collect(),
+        _ => Vec::new(),
+    };
+    extra.push(("args", json_value(&args)));
+    let tool_ctx = shared.context(&Steps::new(), true, &extra);
+    let text = |t: &crate::spec::Template| {
+        shared
+            .renderer
+            .text(&t.value, &tool_ctx)
+            .map_err(|e| Failure::fixed(e.to_string()))
+    };
+    let (builtin, call_args) = if let Some(command) = &def.command {
+        let argv = command
+            .value
+            .iter()
+            .map(text)
+            .collect::<Result<Vec<_>, _>>()?;
+        let mut exec = json!({ "argv": argv });
+        if let Some(cwd) = &def.cwd {
+            exec["cwd"] = Json::String(text(cwd)?);
+        }
+        if let Some(stdin) = &def.stdin {
+            exec["stdin"] = Json::String(text(stdin)?);
+        }
+        if !def.env.is_empty() {
+            let env: Map<String, Json> = def
+                .env
+                .iter()
+                .map(|(k, v)| Ok((k.value.clone(), Json::String(text(v)?))))
+                .collect::<Result<_, Failure>>()?;
+            exec["env"] = Json::Object(env);
+        }
+        if let Some(output) = &def.output {
+            exec["output"] = serde_json::to_value(output.value).unwrap_or(Json::Null);
+        }
+        if let Some(codes) = &def.ok_exit_codes {
+            exec["ok_exit_codes"] = json!(codes);
+        }
+        ("exec", exec)
+    } else if let Some(http) = &def.http {
+        let mut request = json!({ "url": text(&http.url)? });
+        if let Some(method) = &http.method {
+            request["method"] = serde_json::to_value(method.value).unwrap_or(Json::Null);
+        }
+        if !http.headers.is_empty() {
+            let headers: Map<String, Json> = http
+                .headers
+                .iter()
+                .map(|(k, v)| Ok((k.value.clone(), Json::String(text(v)?))))
+                .collect::<Result<_, Failure>>()?;
+            request["headers"] = Json::Object(headers);
+        }
+        if let Some(body) = &http.json {
+            request["json"] = shared
+                .renderer
+                .value(body, &tool_ctx)
+                .map_err(|e| Failure::fixed(e.to_string()))?;
+        }
+        if let Some(body) = &http.body {
+            request["body"] = Json::String(text(body)?);
+        }
+        if let Some(timeout) = &def.timeout {
+            request["timeout"] = Json::String(timeout.value.clone());
+        }
+        ("http", request)
+    } else {
+        return Err(Failure::fixed(format!("tool `{name}` cannot run yet")));
+    };
+    tools::call(builtin, &call_args, &shared.tool_context)
+        .await
+        .map(Called::from)
+        .map_err(tool_failure)
+}
+
+/// One level deeper, or the failure that stops a runaway nesting.
+fn deeper(shared: &Shared) -> Result<u32, Failure> {
+    let depth = shared.depth + 1;
+    if depth > MAX_DEPTH {
+        return Err(Failure::fixed(format!(
+            "composite tools and sub-workflows are nested more than {MAX_DEPTH} levels deep"
+        )));
+    }
+    Ok(depth)
+}
+
+/// Runs a composite tool's steps with the same scheduler, then renders its `result` (the last step's
+/// output when it has none).
+fn call_composite<'a>(
+    shared: &'a Shared,
+    label: &'a str,
+    name: &'a str,
+    args: Json,
+) -> Boxed<'a, Result<Called, Failure>> {
+    Box::pin(async move {
+        let depth = deeper(shared)?;
+        let mut base = shared.base.clone();
+        if let Json::Object(values) = &args {
+            base.extend(values.iter().map(|(k, v)| (k.clone(), json_value(v))));
+        }
+        base.push(("args".to_owned(), json_value(&args)));
+        let inner = Arc::new(Shared {
+            workflow: shared.workflow.clone(),
+            composite: Some(name.to_owned()),
+            options: shared.options.clone(),
+            renderer: shared.renderer.clone(),
+            base,
+            secrets: shared.secrets.clone(),
+            tool_context: shared.tool_context.clone(),
+            depth,
+            prefix: format!("{label}/"),
+        });
+        let (results, views) = schedule(&inner).await;
+        let steps = inner.steps();
+        let ids = step_ids(steps);
+        let results: IndexMap<String, StepResult> = ids.iter().cloned().zip(results).collect();
+        if shared.options.cancel.is_cancelled() {
+            return Err(Failure {
+                status: StepStatus::Cancelled,
+                message: "cancelled".to_owned(),
+                exit_code: None,
+                retryable: false,
+                steps: results,
+            });
+        }
+        if let Some(failed) = first_failure(steps, &results) {
+            let result = &results[failed];
+            return Err(Failure {
+                status: StepStatus::Failed,
+                message: format!(
+                    "tool `{name}`: step `{}` {}: {}",
+                    ids[failed],
+                    result.status.as_str(),
+                    result.error.as_deref().unwrap_or("failed")
+                ),
+                exit_code: result.exit_code,
+                retryable: true,
+                steps: results,
+            });
+        }
+        let def = &shared.workflow.spec.tools[name];
+        let output = match &def.result {
+            Some(template) => {
+                let views: Steps = ids.iter().cloned().zip(views).collect();
+                // The result becomes output that prompts and reports can see: no secrets in it.
+                let ctx = inner.context(&views, false, &[]);
+                match inner.renderer.value(template, &ctx) {
+                    Ok(value) => value,
+                    Err(e) => {
+                        return Err(Failure {
+                            steps: results,
+                            ..Failure::fixed(format!("tool `{name}`: `result`: {e}"))
+                        });
+                    }
+                }
+            }
+            None => results.last().map_or(Json::Null, |(_, r)| r.output.clone()),
+        };
+        Ok(Called {
+            output: ToolOutput {
+                text: to_text(&output),
+                output,
+                exit_code: None,
+            },
+            steps: results,
+        })
+    })
+}
+
+/// Runs a sub-workflow with `args` as its inputs; its output is the sub-workflow's `outputs`.
+fn call_workflow<'a>(
+    shared: &'a Shared,
+    label: &'a str,
+    path: &'a str,
+    args: Json,
+) -> Boxed<'a, Result<Called, Failure>> {
+    Box::pin(async move {
+        let depth = deeper(shared)?;
+        let Some(workflow) = shared.workflow.subworkflows.get(path) else {
+            return Err(Failure::fixed(format!(
+                "sub-workflow `{path}` was not loaded"
+            )));
+        };
+        let given = match args {
+            Json::Object(values) => values,
+            Json::Null => Map::new(),
+            _ => {
+                return Err(Failure::fixed(format!(
+                    "sub-workflow `{path}` takes an object of inputs"
+                )));
+            }
+        };
+        let inputs = crate::inputs::resolve(&workflow.spec, given, &[]).map_err(|problems| {
+            let list: Vec<String> = problems.iter().map(|p| p.message.clone()).collect();
+            Failure::fixed(format!("sub-workflow `{path}`: {}", list.join("; ")))
+        })?;
+        let report = run_workflow(
+            workflow.clone(),
+            inputs,
+            shared.options.clone(),
+            depth,
+            format!("{label}/"),
+        )
+        .await
+        .map_err(|e| Failure::fixed(format!("sub-workflow `{path}`: {e}")))?;
+        match report.status {
+            RunStatus::Succeeded => {
+                let output = Json::Object(report.outputs);
+                Ok(Called {
+                    output: ToolOutput {
+                        text: to_text(&output),
+                        output,
+                        exit_code: None,
+                    },
+                    steps: report.steps,
+                })
+            }
+            RunStatus::Cancelled => Err(Failure {
+                status: StepStatus::Cancelled,
+                message: "cancelled".to_owned(),
+                exit_code: None,
+                retryable: false,
+                steps: report.steps,
+            }),
+            RunStatus::Failed => {
+                let reason = match first_failure(&workflow.spec.steps, &report.steps) {
+                    Some(i) => {
+                        let (id, result) = report.steps.get_index(i).expect("a step of the list");
+                        format!(
+                            "step `{id}` {}: {}",
+                            result.status.as_str(),
+                            result.error.as_deref().unwrap_or("failed")
+                        )
+                    }
+                    None => report.error.clone().unwrap_or_else(|| "failed".to_owned()),
+                };
+                Err(Failure {
+                    status: StepStatus::Failed,
+                    message: format!("sub-workflow `{path}`: {reason}"),
+                    exit_code: None,
+                    retryable: true,
+                    steps: report.steps,
+                })
+            }
+        }
+    })
 }

@@ -16,14 +16,14 @@ pub mod suggest;
 pub mod templates;
 mod tools;
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use crate::diagnostic::{Diagnostic, codes};
 use crate::source::{SourceFile, Sources, Span};
 use crate::spec::{self, Limits, Node, NodeKind, Spec};
-use crate::workflow::Workflow;
+use crate::workflow::{StepGraph, Workflow};
 use templates::Analyzer;
 
 /// The outcome of validating one spec file.
@@ -70,6 +70,30 @@ pub struct Validator {
 pub(crate) struct SubWorkflow {
     /// Input names, and whether each is required (has no default).
     pub inputs: Vec<(String, bool)>,
+    /// The validated workflow, when it is valid.
+    pub workflow: Option<Arc<Workflow>>,
+}
+
+/// What checking one file produced.
+struct Checked {
+    spec: Spec,
+    graph: graph::Graph,
+    composites: BTreeMap<String, StepGraph>,
+    subworkflows: BTreeMap<String, Arc<Workflow>>,
+}
+
+impl Checked {
+    fn into_workflow(self, path: &Path, sources: Sources) -> Workflow {
+        Workflow {
+            name: workflow_name(&self.spec, path),
+            spec: Arc::new(self.spec),
+            dependencies: self.graph.dependencies,
+            order: self.graph.order,
+            composites: self.composites,
+            subworkflows: self.subworkflows,
+            sources,
+        }
+    }
 }
 
 impl Validator {
@@ -99,14 +123,8 @@ impl Validator {
         let mut diagnostics = Vec::new();
         let spec = self.check_file(&file, &mut diagnostics);
         let workflow = match spec {
-            Some((spec, graph)) if !diagnostics.iter().any(Diagnostic::is_error) => {
-                Some(Workflow {
-                    name: workflow_name(&spec, &file.path),
-                    spec: Arc::new(spec),
-                    dependencies: graph.dependencies,
-                    order: graph.order,
-                    sources: self.sources.clone(),
-                })
+            Some(checked) if !diagnostics.iter().any(Diagnostic::is_error) => {
+                Some(checked.into_workflow(&file.path, self.sources.clone()))
             }
             _ => None,
         };
@@ -161,7 +179,7 @@ impl Validator {
         &mut self,
         file: &Arc<SourceFile>,
         diagnostics: &mut Vec<Diagnostic>,
-    ) -> Option<(Spec, graph::Graph)> {
+    ) -> Option<Checked> {
         let (root, parse_diagnostics) = spec::parse(file, &self.limits);
         diagnostics.extend(parse_diagnostics);
         let root = root?;
@@ -224,11 +242,20 @@ impl Validator {
             steps_key: root.entry("steps").map(|(k, _)| k.span),
             argument_validators: HashMap::new(),
             valid_schemas: std::collections::HashSet::new(),
+            composites: BTreeMap::new(),
+            subworkflows: BTreeMap::new(),
         };
         let graph = checker.check_all(self);
         self.stack.pop();
         diagnostics.append(&mut checker.diagnostics);
-        Some((spec, graph))
+        let composites = std::mem::take(&mut checker.composites);
+        let subworkflows = std::mem::take(&mut checker.subworkflows);
+        Some(Checked {
+            spec,
+            graph,
+            composites,
+            subworkflows,
+        })
     }
 
     /// Checks a sub-workflow referenced from `from` and returns what callers need, or a diagnostic for
@@ -300,8 +327,10 @@ impl Validator {
         let valid = !inner.iter().any(Diagnostic::is_error);
         let inputs = spec
             .as_ref()
-            .map(|(spec, _)| {
-                spec.inputs
+            .map(|checked| {
+                checked
+                    .spec
+                    .inputs
                     .iter()
                     .map(|(name, schema)| (name.value.clone(), schema.get("default").is_none()))
                     .collect()
@@ -318,7 +347,10 @@ impl Validator {
             );
         }
         diagnostics.extend(inner);
-        let info = SubWorkflow { inputs };
+        let workflow = spec
+            .filter(|_| valid)
+            .map(|checked| Arc::new(checked.into_workflow(&file.path, self.sources.clone())));
+        let info = SubWorkflow { inputs, workflow };
         self.loaded.insert(canonical, info.clone());
         Some(info)
     }
@@ -341,6 +373,10 @@ pub(crate) struct Checker<'a> {
     pub valid_schemas: std::collections::HashSet<String>,
     /// Compiled argument schemas, by tool and argument name, so each is compiled once per file.
     pub argument_validators: HashMap<(String, String), Option<jsonschema::Validator>>,
+    /// The step graph of each composite tool checked so far.
+    pub composites: BTreeMap<String, StepGraph>,
+    /// The valid sub-workflows referenced so far, by the path as written.
+    pub subworkflows: BTreeMap<String, Arc<Workflow>>,
 }
 
 impl Checker<'_> {
@@ -362,6 +398,20 @@ impl Checker<'_> {
 
     pub(crate) fn push(&mut self, diagnostic: Diagnostic) {
         self.diagnostics.push(diagnostic);
+    }
+
+    /// Checks a sub-workflow reference and keeps the workflow for the run.
+    pub(crate) fn load_sub_workflow(
+        &mut self,
+        reference: &spec::Spanned<String>,
+        validator: &mut Validator,
+    ) -> Option<SubWorkflow> {
+        let sub = validator.sub_workflow(self.file, reference, &mut self.diagnostics)?;
+        if let Some(workflow) = &sub.workflow {
+            self.subworkflows
+                .insert(reference.value.clone(), workflow.clone());
+        }
+        Some(sub)
     }
 }
 

@@ -154,7 +154,14 @@ impl Checker<'_> {
                 params: Some(&params),
                 raw_ids: &[],
             };
-            self.check_step_list(&steps.value, list, validator);
+            let graph = self.check_step_list(&steps.value, list, validator);
+            self.composites.insert(
+                name.value.clone(),
+                crate::workflow::StepGraph {
+                    dependencies: graph.dependencies,
+                    order: graph.order,
+                },
+            );
             if let Some(result) = &def.result {
                 let table = StepTable::new(&steps.value, &[]);
                 // The result becomes step output that prompts and reports can see: no secrets in it.
@@ -174,7 +181,7 @@ impl Checker<'_> {
             ));
         }
         if let Some(workflow) = &def.workflow {
-            validator.sub_workflow(self.file, workflow, &mut self.diagnostics);
+            self.load_sub_workflow(workflow, validator);
         }
         if let Some(mcp) = &def.mcp {
             if mcp.command.is_some() == mcp.url.is_some() {
@@ -398,7 +405,7 @@ impl Checker<'_> {
         scope: &Scope<'_>,
         validator: &mut Validator,
     ) -> Vec<Dep> {
-        if let Some(sub) = validator.sub_workflow(self.file, workflow, &mut self.diagnostics) {
+        if let Some(sub) = self.load_sub_workflow(workflow, validator) {
             let entries = args.and_then(Node::as_map).unwrap_or_default();
             let names: Vec<&str> = sub.inputs.iter().map(|(n, _)| n.as_str()).collect();
             for (key, _) in entries {
