@@ -29,6 +29,8 @@ fn options(max_parallel: usize) -> RunOptions {
         cancel: CancellationToken::new(),
         events: None,
         env: BTreeMap::new(),
+        journal: Arc::new(archon_engine::store::MemoryJournal),
+        prior: Default::default(),
     }
 }
 

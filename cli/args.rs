@@ -24,6 +24,16 @@ pub enum Command {
     Run(RunArgs),
     /// Show how a workflow would run: each step's kind and the waves of steps that run together.
     Plan(PlanArgs),
+    /// List the runs in the state directory, newest first.
+    Runs(RunsArgs),
+    /// Show one run: its steps, attempts, outputs and (with `--events`) its event log.
+    Show(ShowArgs),
+    /// Resume an interrupted run: finished steps are reused, the rest run.
+    Resume(ResumeArgs),
+    /// Run a step of a finished run again, and everything downstream of it, as new attempts.
+    Retry(RetryArgs),
+    /// Stop a run for good: its owner is told to stop; a run nobody owns is marked cancelled.
+    Cancel(CancelArgs),
     /// Print the JSON Schema of the workflow format.
     Schema,
 }
@@ -67,6 +77,16 @@ pub struct RunArgs {
     #[arg(long, value_name = "DIR")]
     pub workdir: Option<PathBuf>,
 
+    #[command(flatten)]
+    pub output: RunOutputArgs,
+
+    #[command(flatten)]
+    pub state: StateArgs,
+}
+
+/// How a run shows its progress and result.
+#[derive(Debug, clap::Args)]
+pub struct RunOutputArgs {
     /// Print the final run report as JSON on standard output.
     #[arg(long)]
     pub json: bool,
@@ -74,6 +94,107 @@ pub struct RunArgs {
     /// Append every run event as a JSON line to this file.
     #[arg(long, value_name = "FILE")]
     pub events: Option<PathBuf>,
+}
+
+/// Where runs are kept.
+#[derive(Debug, clap::Args)]
+pub struct StateArgs {
+    /// The state directory (default: `.archon` in the current directory).
+    #[arg(long, value_name = "DIR", env = "ARCHON_STATE_DIR")]
+    pub state_dir: Option<PathBuf>,
+}
+
+impl StateArgs {
+    pub fn dir(&self) -> PathBuf {
+        self.state_dir
+            .clone()
+            .unwrap_or_else(|| PathBuf::from(".archon"))
+    }
+}
+
+#[derive(Debug, clap::Args)]
+pub struct RunsArgs {
+    /// Print the runs as a JSON array.
+    #[arg(long)]
+    pub json: bool,
+
+    #[command(flatten)]
+    pub state: StateArgs,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct ShowArgs {
+    /// The run id, as `archon runs` lists it.
+    #[arg(value_name = "RUN")]
+    pub run: String,
+
+    /// Print everything stored about the run as JSON.
+    #[arg(long)]
+    pub json: bool,
+
+    /// Print the run's event log, one JSON object per line (inside the JSON with `--json`).
+    #[arg(long)]
+    pub events: bool,
+
+    #[command(flatten)]
+    pub state: StateArgs,
+}
+
+/// What resuming or retrying a run may accept.
+#[derive(Debug, clap::Args)]
+pub struct ContinueArgs {
+    /// Run again steps whose last attempt was in flight when the run stopped, even if repeating them is
+    /// not known to be safe.
+    #[arg(long)]
+    pub rerun_in_doubt: bool,
+
+    /// Continue even though the spec changed since the run started; changed steps run again.
+    #[arg(long)]
+    pub allow_changed_spec: bool,
+
+    /// Most steps running at once (default: what the run was started with).
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_parallel: Option<u32>,
+
+    #[command(flatten)]
+    pub output: RunOutputArgs,
+
+    #[command(flatten)]
+    pub state: StateArgs,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct ResumeArgs {
+    /// The run id, as `archon runs` lists it.
+    #[arg(value_name = "RUN")]
+    pub run: String,
+
+    #[command(flatten)]
+    pub options: ContinueArgs,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct RetryArgs {
+    /// The run id, as `archon runs` lists it.
+    #[arg(value_name = "RUN")]
+    pub run: String,
+
+    /// The step to run again; every step downstream of it runs again too.
+    #[arg(long, value_name = "STEP")]
+    pub from: String,
+
+    #[command(flatten)]
+    pub options: ContinueArgs,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct CancelArgs {
+    /// The run id, as `archon runs` lists it.
+    #[arg(value_name = "RUN")]
+    pub run: String,
+
+    #[command(flatten)]
+    pub state: StateArgs,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]

@@ -1,6 +1,7 @@
 //! The integration tests: one binary, one module per area.
 
 mod cli;
+mod durable;
 mod hostile;
 mod nested;
 mod plan;

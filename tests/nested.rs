@@ -19,6 +19,8 @@ fn options(workdir: &Path) -> RunOptions {
         cancel: CancellationToken::new(),
         events: None,
         env: BTreeMap::from([("API_TOKEN".to_owned(), "s3cr3t".to_owned())]),
+        journal: Arc::new(archon_engine::store::MemoryJournal),
+        prior: Default::default(),
     }
 }
 

@@ -3,6 +3,7 @@
 
 use std::collections::BTreeSet;
 use std::path::Path;
+use std::sync::Arc;
 
 use archon_engine::validate_source;
 use proptest::prelude::*;
@@ -150,10 +151,12 @@ proptest! {
             cancel: tokio_util::sync::CancellationToken::new(),
             events: Some(sender),
             env: Default::default(),
+            journal: Arc::new(archon_engine::store::MemoryJournal),
+            prior: Default::default(),
         };
         let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
         let report = runtime
-            .block_on(run::run(std::sync::Arc::new(workflow), Default::default(), options))
+            .block_on(run::run(Arc::new(workflow), Default::default(), options))
             .expect("run starts");
         prop_assert_eq!(report.status, RunStatus::Succeeded);
         // One ordered log: a step's start must come after the end of every step it depends on.

@@ -25,6 +25,8 @@ fn options(workdir: &Path, max_parallel: usize) -> RunOptions {
             ("HOME_TEST".to_owned(), "/home/test".to_owned()),
             ("API_TOKEN".to_owned(), "s3cr3t".to_owned()),
         ]),
+        journal: Arc::new(archon_engine::store::MemoryJournal),
+        prior: Default::default(),
     }
 }
 
@@ -718,4 +720,89 @@ fn runs_refuse_rules_they_cannot_enforce_and_know_when_they_started() {
             .is_some_and(|t| t.ends_with('Z')),
         "{report}"
     );
+}
+
+/// `steps.<id>` is read lazily from the step's result (it used to be a converted copy): every field is
+/// there with its JSON type, the whole value is a map of exactly those fields, and a field that does not
+/// exist is still an error.
+#[tokio::test]
+async fn templates_see_every_field_of_a_step_result() {
+    let dir = TempDir::new().expect("tempdir");
+    let yaml = r#"name: t
+steps:
+  - id: a
+    tool: echo
+    with: { v: 1, s: "x" }
+    outputs:
+      own: "{{ steps.a.outputs }}"
+      doubled: "{{ steps.a.output.v * 2 }}"
+  - id: b
+    tool: echo
+    with:
+      all: "{{ steps.a }}"
+      keys: "{{ steps.a | list }}"
+      status: "{{ steps.a.status }}"
+      text: "{{ steps.a.text }}"
+      attempts: "{{ steps.a.attempts }}"
+      error: "{{ steps.a.error }}"
+      exit_code: "{{ steps.a.exit_code }}"
+      doubled: "{{ steps.a.outputs.doubled }}"
+      line: "{{ steps.a.status }}: {{ steps.a.output.s }} {{ steps.a.outputs.doubled }}"
+  - { id: c, tool: echo, with: { v: "{{ steps.a['no' ~ 'pe'] }}" } }
+"#;
+    let report = run_yaml(yaml, Map::new(), options(dir.path(), 4)).await;
+    assert_eq!(
+        report.steps["a"].outputs,
+        *json!({ "own": {}, "doubled": 2 })
+            .as_object()
+            .expect("an object"),
+        "a step's outputs read its result before they are added"
+    );
+    assert_eq!(
+        report.steps["b"].output,
+        json!({
+            "all": {
+                "attempts": 1,
+                "error": null,
+                "exit_code": null,
+                "output": { "s": "x", "v": 1 },
+                "outputs": { "doubled": 2, "own": {} },
+                "status": "succeeded",
+                "text": "{\"v\":1,\"s\":\"x\"}",
+            },
+            "keys": ["attempts", "error", "exit_code", "output", "outputs", "status", "text"],
+            "status": "succeeded",
+            "text": "{\"v\":1,\"s\":\"x\"}",
+            "attempts": 1,
+            "error": null,
+            "exit_code": null,
+            "doubled": 2,
+            "line": "succeeded: x 2",
+        })
+    );
+    assert_eq!(status(&report, "c"), StepStatus::Failed);
+    let error = report.steps["c"].error.clone().unwrap_or_default();
+    assert!(error.contains("is undefined"), "{error}");
+}
+
+/// Steps start only when a slot is free; cancelling the run cancels those still waiting for one, and
+/// their dependents, without starting them.
+#[tokio::test(start_paused = true)]
+async fn cancelling_a_run_cancels_the_steps_waiting_for_a_slot() {
+    let dir = TempDir::new().expect("tempdir");
+    let yaml = "name: t\nsteps:\n  - { id: a, tool: sleep, with: { duration: 10s } }\n  - { id: b, tool: sleep, with: { duration: 10s } }\n  - { id: c, tool: sleep, with: { duration: 10s } }\n  - { id: d, tool: echo, needs: [c], with: { v: 1 } }\n";
+    let options = options(dir.path(), 1);
+    let cancel = options.cancel.clone();
+    tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        cancel.cancel();
+    });
+    let started = tokio::time::Instant::now();
+    let report = run_yaml(yaml, Map::new(), options).await;
+    assert_eq!(started.elapsed(), Duration::from_secs(1));
+    assert_eq!(report.status, RunStatus::Cancelled);
+    for step in ["a", "b", "c", "d"] {
+        assert_eq!(status(&report, step), StepStatus::Cancelled, "{step}");
+        assert_eq!(report.steps[step].error, None, "{step}");
+    }
 }

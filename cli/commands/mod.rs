@@ -3,6 +3,7 @@
 mod load;
 mod plan;
 mod run;
+mod runs;
 mod schema;
 mod validate;
 
@@ -39,6 +40,11 @@ pub fn run(cli: Cli) -> anyhow::Result<Status> {
         Command::Validate(args) => validate::run(&args, cli.color),
         Command::Run(args) => run::run(&args, cli.color),
         Command::Plan(args) => plan::run(&args, cli.color),
+        Command::Runs(args) => runs::runs(&args),
+        Command::Show(args) => runs::show(&args),
+        Command::Resume(args) => runs::resume(&args, cli.color),
+        Command::Retry(args) => runs::retry(&args, cli.color),
+        Command::Cancel(args) => runs::cancel(&args),
         Command::Schema => schema::run(),
     }
 }

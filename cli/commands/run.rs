@@ -1,15 +1,23 @@
 //! `archon run FILE`: run a workflow, showing each step as it starts and ends, then the outputs (or the
 //! whole report with `--json`). Ctrl-C cancels the running steps and exits 130.
 
+use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::io::Write as _;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use archon_engine::run::{self, RunEvent, RunOptions, RunReport, RunStatus, StepStatus};
+use archon_engine::Workflow;
+use archon_engine::run::{
+    self, RunEvent, RunOptions, RunReport, RunStatus, StepResult, StepStatus,
+};
+use archon_engine::store::sqlite::SqliteStore;
+use archon_engine::store::{NewRun, StoreError};
+use serde_json::{Map, Value as Json};
 use tokio_util::sync::CancellationToken;
 
 use super::{Status, load};
-use crate::args::{ColorChoice, RunArgs};
+use crate::args::{ColorChoice, RunArgs, RunOutputArgs, StateArgs};
 use crate::output;
 
 pub fn run(args: &RunArgs, color: ColorChoice) -> anyhow::Result<Status> {
@@ -17,22 +25,8 @@ pub fn run(args: &RunArgs, color: ColorChoice) -> anyhow::Result<Status> {
         Ok(loaded) => loaded,
         Err(status) => return Ok(status),
     };
-    let unsupported = run::unsupported_steps(&workflow);
-    if !unsupported.is_empty() {
-        let mut text = String::new();
-        for u in &unsupported {
-            let _ = writeln!(
-                text,
-                "error: step `{}` cannot run in this version: {}",
-                u.step, u.reason
-            );
-        }
-        let _ = writeln!(
-            text,
-            "  hint: `archon validate` and `archon plan` accept this workflow; running it needs a later version"
-        );
-        output::stderr(&text);
-        return Ok(Status::Invalid);
+    if let Err(status) = refuse_unsupported(&workflow) {
+        return Ok(status);
     }
     let workdir = match &args.workdir {
         Some(dir) => dir.clone(),
@@ -40,12 +34,108 @@ pub fn run(args: &RunArgs, color: ColorChoice) -> anyhow::Result<Status> {
             .workflow
             .file
             .parent()
-            .map(std::path::Path::to_path_buf)
+            .map(Path::to_path_buf)
             .filter(|p| !p.as_os_str().is_empty())
             .unwrap_or_else(|| ".".into()),
     };
     let workdir = std::fs::canonicalize(&workdir)
         .map_err(|e| anyhow::anyhow!("workspace `{}`: {e}", workdir.display()))?;
+    let store = match open_store(&args.state) {
+        Ok(store) => store,
+        Err(status) => return Ok(status),
+    };
+    let id = run_id();
+    let spec_path = std::fs::canonicalize(&args.workflow.file)?;
+    let created = store.create_run(&NewRun {
+        id: id.clone(),
+        workflow: workflow.name.clone(),
+        spec_path: spec_path.display().to_string(),
+        files: spec_files(&workflow, &spec_path),
+        inputs: inputs.clone(),
+        workdir: workdir.display().to_string(),
+        max_parallel: args.max_parallel as usize,
+    });
+    if let Err(e) = created {
+        return Ok(store_error(&e));
+    }
+    execute(Execution {
+        workflow,
+        inputs,
+        store,
+        run_id: id,
+        prior: HashMap::new(),
+        max_parallel: args.max_parallel as usize,
+        workdir,
+        output: &args.output,
+    })
+}
+
+/// Refuses, with the list of steps, a workflow this version cannot run.
+pub fn refuse_unsupported(workflow: &Workflow) -> Result<(), Status> {
+    let unsupported = run::unsupported_steps(workflow);
+    if unsupported.is_empty() {
+        return Ok(());
+    }
+    let mut text = String::new();
+    for u in &unsupported {
+        let _ = writeln!(
+            text,
+            "error: step `{}` cannot run in this version: {}",
+            u.step, u.reason
+        );
+    }
+    let _ = writeln!(
+        text,
+        "  hint: `archon validate` and `archon plan` accept this workflow; running it needs a later version"
+    );
+    output::stderr(&text);
+    Err(Status::Invalid)
+}
+
+/// Opens the run store, or shows why it cannot be opened.
+pub fn open_store(state: &StateArgs) -> Result<SqliteStore, Status> {
+    SqliteStore::open(&state.dir()).map_err(|e| store_error(&e))
+}
+
+/// Shows a store problem; the command fails with status 1.
+pub fn store_error(error: &StoreError) -> Status {
+    let mut text = format!("error: {}\n", error.message);
+    if let Some(hint) = &error.hint {
+        let _ = writeln!(text, "  hint: {hint}");
+    }
+    output::stderr(&text);
+    Status::Failure
+}
+
+/// The workflow's files as a run stores them: paths relative to the spec's directory, and text.
+pub fn spec_files(workflow: &Workflow, spec_path: &Path) -> Vec<(String, String)> {
+    let base = spec_path.parent().unwrap_or(Path::new(""));
+    workflow
+        .sources
+        .iter()
+        .map(|file| {
+            let path = std::fs::canonicalize(&file.path).unwrap_or_else(|_| file.path.clone());
+            let shown = path.strip_prefix(base).unwrap_or(&path);
+            (shown.display().to_string(), file.text.clone())
+        })
+        .collect()
+}
+
+/// A run about to be carried out: new, resumed or retried.
+pub struct Execution<'a> {
+    pub workflow: Workflow,
+    pub inputs: Map<String, Json>,
+    pub store: SqliteStore,
+    pub run_id: String,
+    pub prior: HashMap<String, StepResult>,
+    pub max_parallel: usize,
+    pub workdir: PathBuf,
+    pub output: &'a RunOutputArgs,
+}
+
+/// Runs a stored run to its end (or until interrupted), recording it in the store, and prints the result.
+pub fn execute(exec: Execution<'_>) -> anyhow::Result<Status> {
+    let args = exec.output;
     let mut events_file = match &args.events {
         Some(path) => Some(
             std::fs::OpenOptions::new()
@@ -65,14 +155,20 @@ pub fn run(args: &RunArgs, color: ColorChoice) -> anyhow::Result<Status> {
         .enable_all()
         .build()?;
     let cancel = CancellationToken::new();
+    let journal = match exec.store.journal(&exec.run_id, cancel.clone()) {
+        Ok(journal) => Arc::new(journal),
+        Err(e) => return Ok(store_error(&e)),
+    };
     let (sender, mut receiver) = tokio::sync::mpsc::unbounded_channel();
     let options = RunOptions {
-        max_parallel: args.max_parallel as usize,
-        workdir,
-        run_id: run_id(),
+        max_parallel: exec.max_parallel,
+        workdir: exec.workdir,
+        run_id: exec.run_id.clone(),
         cancel: cancel.clone(),
         events: Some(sender),
         env: std::env::vars().collect(),
+        journal: journal.clone(),
+        prior: Arc::new(exec.prior),
     };
     let mut display = if args.json {
         Display::Quiet
@@ -81,6 +177,7 @@ pub fn run(args: &RunArgs, color: ColorChoice) -> anyhow::Result<Status> {
     } else {
         Display::Lines
     };
+    let (workflow, inputs) = (exec.workflow, exec.inputs);
     let report = runtime.block_on(async move {
         // Registered before any step starts, so an early Ctrl-C or SIGTERM is never missed.
         use tokio::signal::unix::{SignalKind, signal};
@@ -112,6 +209,8 @@ pub fn run(args: &RunArgs, color: ColorChoice) -> anyhow::Result<Status> {
         }
         Ok::<_, std::io::Error>(report)
     })?;
+    // Everything recorded is applied before the process exits; the run's lease is released.
+    journal.close();
     let report = match report {
         Ok(report) => report,
         Err(err) => {
@@ -124,7 +223,13 @@ pub fn run(args: &RunArgs, color: ColorChoice) -> anyhow::Result<Status> {
         text.push('\n');
         output::stdout(&text);
     } else {
-        output::stdout(&summary(&report));
+        // Ctrl-C leaves the run resumable; `archon cancel` ends it for good.
+        let resumable = report.status == RunStatus::Cancelled
+            && exec
+                .store
+                .load(&report.run_id)
+                .is_ok_and(|r| r.status == archon_engine::store::RunState::Interrupted);
+        output::stdout(&summary(&report, resumable));
     }
     Ok(match report.status {
         RunStatus::Succeeded => Status::Success,
@@ -180,6 +285,11 @@ impl Display {
                         }
                     }
                     RunEvent::StepSkipped { .. } => live.skipped += 1,
+                    RunEvent::StepReused { status, .. } => match status {
+                        StepStatus::Succeeded => live.succeeded += 1,
+                        StepStatus::Skipped => live.skipped += 1,
+                        _ => live.failed += 1,
+                    },
                     RunEvent::StepRetried { .. } => text.push_str(&event_line(event)),
                 }
                 let mut status = format!(
@@ -251,10 +361,13 @@ fn event_line(event: &RunEvent) -> String {
             None => format!("{:<9} {step} ({duration_ms} ms)\n", status.as_str()),
         },
         RunEvent::StepSkipped { step, reason } => format!("skipped   {step}: {reason}\n"),
+        RunEvent::StepReused { step, status } => {
+            format!("reused    {step} ({} earlier)\n", status.as_str())
+        }
     }
 }
 
-fn summary(report: &RunReport) -> String {
+fn summary(report: &RunReport, resumable: bool) -> String {
     let count = |status: StepStatus| report.steps.values().filter(|s| s.status == status).count();
     let mut parts = Vec::new();
     for status in [
@@ -272,6 +385,7 @@ fn summary(report: &RunReport) -> String {
     let status = match report.status {
         RunStatus::Succeeded => "succeeded",
         RunStatus::Failed => "failed",
+        RunStatus::Cancelled if resumable => "was interrupted",
         RunStatus::Cancelled => "was cancelled",
     };
     let mut text = format!(
@@ -283,6 +397,13 @@ fn summary(report: &RunReport) -> String {
     );
     if let Some(error) = &report.error {
         let _ = writeln!(text, "error: {error}");
+    }
+    if resumable {
+        let _ = writeln!(
+            text,
+            "  hint: `archon resume {}` continues it; finished steps are not run again",
+            report.run_id
+        );
     }
     if !report.outputs.is_empty() {
         text.push_str("outputs:\n");

@@ -7,9 +7,11 @@
 pub mod diagnostic;
 pub mod inputs;
 pub mod plan;
+pub mod resume;
 pub mod run;
 pub mod source;
 pub mod spec;
+pub mod store;
 pub mod tools;
 pub mod validate;
 pub mod workflow;

@@ -13,16 +13,17 @@ pub mod render;
 mod scheduler;
 pub mod tools;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
 use std::sync::Arc;
 
 use indexmap::IndexMap;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value as Json};
 use tokio_util::sync::CancellationToken;
 
 use crate::spec::{Body, Step};
+use crate::store::{Journal, MemoryJournal};
 use crate::tools::builtin;
 use crate::workflow::Workflow;
 
@@ -49,6 +50,29 @@ pub struct RunOptions {
     pub events: Option<tokio::sync::mpsc::UnboundedSender<RunEvent>>,
     /// The process environment, readable as `env` in templates.
     pub env: BTreeMap<String, String>,
+    /// Where the run records attempts, results and events as they happen ([`MemoryJournal`] keeps
+    /// nothing).
+    pub journal: Arc<dyn Journal>,
+    /// Final results of an earlier process running this run (`archon resume`), by step or `step[i]`:
+    /// those steps and items are not run again, and their results are reused as they are.
+    pub prior: Arc<HashMap<String, StepResult>>,
+}
+
+impl RunOptions {
+    /// Options for a run in `workdir` with nothing recorded: up to 16 steps at once, the process
+    /// environment, a fresh cancellation token.
+    pub fn new(workdir: PathBuf, run_id: impl Into<String>) -> Self {
+        RunOptions {
+            max_parallel: 16,
+            workdir,
+            run_id: run_id.into(),
+            cancel: CancellationToken::new(),
+            events: None,
+            env: std::env::vars().collect(),
+            journal: Arc::new(MemoryJournal),
+            prior: Arc::new(HashMap::new()),
+        }
+    }
 }
 
 /// Progress of a run, for displays and event logs.
@@ -74,9 +98,14 @@ pub enum RunEvent {
         step: String,
         reason: String,
     },
+    /// A resumed run reuses the result an earlier process recorded.
+    StepReused {
+        step: String,
+        status: StepStatus,
+    },
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum StepStatus {
     Succeeded,
@@ -99,7 +128,7 @@ impl StepStatus {
 }
 
 /// How a step ended.
-#[derive(Clone, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct StepResult {
     pub status: StepStatus,
     /// The step's output as JSON (a list, in input order, for `foreach` steps).
@@ -117,7 +146,7 @@ pub struct StepResult {
     pub fallback: bool,
     /// For a composite tool or sub-workflow call, the results of its own steps (not kept for `foreach`
     /// items).
-    #[serde(skip_serializing_if = "IndexMap::is_empty")]
+    #[serde(default, skip_serializing_if = "IndexMap::is_empty")]
     pub steps: IndexMap<String, StepResult>,
 }
 
@@ -283,8 +312,4 @@ impl Walk {
             }
         }
     }
-}
-
-fn step_ids(steps: &[Step]) -> Vec<String> {
-    steps.iter().map(|s| s.id.value.clone()).collect()
 }

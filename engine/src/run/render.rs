@@ -4,9 +4,13 @@
 //! any other template renders to a string. Values that come out of a render are data: nothing rendered is
 //! ever rendered again.
 
+use std::sync::{Arc, OnceLock};
+
+use minijinja::value::{Enumerator, Object, ObjectRepr};
 use minijinja::{Environment, UndefinedBehavior, Value};
 use serde_json::Value as Json;
 
+use super::StepResult;
 use crate::spec::{Node, NodeKind};
 use crate::validate::templates::is_template;
 
@@ -148,4 +152,94 @@ pub fn to_text(value: &Json) -> String {
         Json::Null => String::new(),
         other => other.to_string(),
     }
+}
+
+/// A finished step as templates see it (`steps.<id>`): `output`, `outputs`, `status`, `text`, `error`,
+/// `attempts` and `exit_code`, read from the step's result when a template asks for them.
+///
+/// It owns the result, so the scheduler keeps one copy of each step's result rather than the result and
+/// a converted map; the JSON values are converted to template values on first read, once.
+#[derive(Debug)]
+pub struct StepView {
+    result: StepResult,
+    output: OnceLock<Value>,
+    outputs: OnceLock<Value>,
+    text: OnceLock<Value>,
+}
+
+impl StepView {
+    pub fn new(result: StepResult) -> Arc<Self> {
+        Arc::new(StepView {
+            result,
+            output: OnceLock::new(),
+            outputs: OnceLock::new(),
+            text: OnceLock::new(),
+        })
+    }
+
+    pub fn result(&self) -> &StepResult {
+        &self.result
+    }
+
+    /// The template value (shares this view).
+    pub fn value(self: &Arc<Self>) -> Value {
+        Value::from_dyn_object(self.clone())
+    }
+
+    /// The result back, without a copy unless a template context still holds the view.
+    pub fn into_result(self: Arc<Self>) -> StepResult {
+        Arc::try_unwrap(self).map_or_else(|shared| shared.result.clone(), |view| view.result)
+    }
+}
+
+impl Object for StepView {
+    fn repr(self: &Arc<Self>) -> ObjectRepr {
+        ObjectRepr::Map
+    }
+
+    fn get_value(self: &Arc<Self>, key: &Value) -> Option<Value> {
+        let result = &self.result;
+        Some(match key.as_str()? {
+            "attempts" => Value::from(result.attempts),
+            "error" => Value::from(result.error.as_deref()),
+            "exit_code" => Value::from(result.exit_code),
+            "output" => self
+                .output
+                .get_or_init(|| json_value(&result.output))
+                .clone(),
+            "outputs" => self
+                .outputs
+                .get_or_init(|| {
+                    let outputs = result.outputs.iter();
+                    Value::from_pairs(
+                        outputs.map(|(name, value)| (name.as_str(), json_value(value))),
+                    )
+                })
+                .clone(),
+            "status" => Value::from(result.status.as_str()),
+            "text" => self
+                .text
+                .get_or_init(|| Value::from(result.text.as_str()))
+                .clone(),
+            _ => return None,
+        })
+    }
+
+    /// In key order, as a map of the same values would list them.
+    fn enumerate(self: &Arc<Self>) -> Enumerator {
+        Enumerator::Str(&[
+            "attempts",
+            "error",
+            "exit_code",
+            "output",
+            "outputs",
+            "status",
+            "text",
+        ])
+    }
+}
+
+/// Plain data as a template value.
+pub fn json_value(json: &Json) -> Value {
+    serde::Deserialize::deserialize(json).unwrap_or_default()
 }

@@ -1,5 +1,5 @@
-//! The scheduler: a step starts as soon as its dependencies have finished, bounded by one semaphore; a
-//! `JoinSet` holds the running steps and a `CancellationToken` stops them all.
+//! The scheduler: a step starts as soon as its dependencies have finished and fewer than `max_parallel`
+//! steps are running; a `JoinSet` holds the running steps and a `CancellationToken` stops them all.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::future::Future;
@@ -10,17 +10,16 @@ use std::time::{Duration, Instant};
 use indexmap::IndexMap;
 use minijinja::Value;
 use serde_json::{Map, Value as Json, json};
-use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 
 use super::http::NetworkPolicy;
-use super::render::{Renderer, context_value, to_text};
+use super::render::{Renderer, StepView, context_value, json_value, to_text};
 use super::tools::{self, ToolContext, ToolError, ToolOutput};
 use super::{
     MAX_DEPTH, REPORT_VERSION, RunEvent, RunOptions, RunReport, RunStatus, StepResult, StepStatus,
-    step_ids,
 };
 use crate::spec::{Backoff, Body, OnError, Retry, RetryOn, Step, ToolDef};
+use crate::store::{Entry, RunState};
 use crate::workflow::Workflow;
 
 /// A problem that stops a run before any step starts.
@@ -53,7 +52,28 @@ type Steps = BTreeMap<String, Value>;
 impl Shared {
     fn emit(&self, event: RunEvent) {
         if let Some(events) = &self.options.events {
-            let _ = events.send(event);
+            let _ = events.send(event.clone());
+        }
+        self.options.journal.record(Entry::Event(event));
+    }
+
+    /// Records the final result of a step or `foreach` item of the run's own steps (nested steps are
+    /// part of their caller's attempt). Cancelled steps have no final result: a resume runs them.
+    fn record_result(&self, name: &str, result: &StepResult) {
+        if self.depth == 0 && result.status != StepStatus::Cancelled {
+            self.options.journal.record(Entry::StepFinished {
+                step: name.to_owned(),
+                result: Box::new(result.clone()),
+            });
+        }
+    }
+
+    /// The result an earlier process recorded for a step or item of the run's own steps.
+    fn prior(&self, name: &str) -> Option<&StepResult> {
+        if self.depth == 0 {
+            self.options.prior.get(name)
+        } else {
+            None
         }
     }
 
@@ -195,17 +215,14 @@ fn run_workflow(
             depth,
             prefix,
         });
-        let (results, views) = schedule(&shared).await;
+        let views = schedule(&shared).await;
 
-        let ids = step_ids(&spec.steps);
-        let steps: IndexMap<String, StepResult> = ids.iter().cloned().zip(results).collect();
-        let failed = first_failure(&spec.steps, &steps).is_some();
+        let failed = first_failure(&spec.steps, |i| views[i].result().status).is_some();
         let cancelled = shared.options.cancel.is_cancelled();
         let mut error = None;
         let mut outputs = Map::new();
         if !cancelled {
-            let views: Steps = ids.iter().cloned().zip(views).collect();
-            let ctx = shared.context(&views, false, &[]);
+            let ctx = shared.context(&named(&spec.steps, &views), false, &[]);
             for (name, template) in &spec.outputs {
                 match shared.renderer.value(template, &ctx) {
                     Ok(value) => {
@@ -216,13 +233,33 @@ fn run_workflow(
                 }
             }
         }
-        let status = if cancelled {
+        let steps = results(&spec.steps, views);
+        let mut status = if cancelled {
             RunStatus::Cancelled
         } else if failed || error.is_some() {
             RunStatus::Failed
         } else {
             RunStatus::Succeeded
         };
+        if shared.depth == 0 {
+            // The run's end is on disk before it is reported.
+            let journal = &shared.options.journal;
+            journal.record(Entry::RunEnded {
+                status: match status {
+                    RunStatus::Succeeded => RunState::Succeeded,
+                    RunStatus::Failed => RunState::Failed,
+                    RunStatus::Cancelled => RunState::Interrupted,
+                },
+                outputs: outputs.clone(),
+                error: error.clone(),
+            });
+            if let Err(e) = journal.flush().wait().await {
+                error = Some(format!("the run's state could not be saved: {e}"));
+                if status == RunStatus::Succeeded {
+                    status = RunStatus::Failed;
+                }
+            }
+        }
         Ok(RunReport {
             version: REPORT_VERSION,
             run_id: shared.options.run_id.clone(),
@@ -238,16 +275,34 @@ fn run_workflow(
 }
 
 /// The first step (by index, in written order) whose failure fails its list: failed or timed out
-/// without `on_error: continue`.
-fn first_failure(steps: &[Step], results: &IndexMap<String, StepResult>) -> Option<usize> {
-    steps.iter().position(|step| {
+/// without `on_error: continue`. `status` gives the status of the step at an index.
+fn first_failure(steps: &[Step], status: impl Fn(usize) -> StepStatus) -> Option<usize> {
+    steps.iter().enumerate().position(|(i, step)| {
         let continues = step
             .on_error
             .as_ref()
             .is_some_and(|o| o.value == OnError::Continue);
-        let status = results[step.id.value.as_str()].status;
-        matches!(status, StepStatus::Failed | StepStatus::TimedOut) && !continues
+        matches!(status(i), StepStatus::Failed | StepStatus::TimedOut) && !continues
     })
+}
+
+/// The steps' views by id: `steps` in templates.
+fn named(steps: &[Step], views: &[Arc<StepView>]) -> Steps {
+    steps
+        .iter()
+        .zip(views)
+        .map(|(step, view)| (step.id.value.clone(), view.value()))
+        .collect()
+}
+
+/// The steps' results by id, in step order, for the report. Call it once no template context holds the
+/// views, or the results are copied.
+fn results(steps: &[Step], views: Vec<Arc<StepView>>) -> IndexMap<String, StepResult> {
+    steps
+        .iter()
+        .zip(views)
+        .map(|(step, view)| (step.id.value.clone(), view.into_result()))
+        .collect()
 }
 
 fn millis(d: Duration) -> u64 {
@@ -255,7 +310,11 @@ fn millis(d: Duration) -> u64 {
 }
 
 /// Starts every step whose dependencies have finished, until all have ended or the run is cancelled.
-async fn schedule(shared: &Arc<Shared>) -> (Vec<StepResult>, Vec<Value>) {
+/// Returns each step's view, in step order.
+///
+/// A step's task is spawned only when it may run (fewer than `max_parallel` running): a task waiting for
+/// its turn would hold its whole future, a few kilobytes, and a wide graph has thousands ready at once.
+async fn schedule(shared: &Arc<Shared>) -> Vec<Arc<StepView>> {
     let all_steps = shared.steps();
     let dependencies = shared.dependencies();
     let n = all_steps.len();
@@ -266,15 +325,21 @@ async fn schedule(shared: &Arc<Shared>) -> (Vec<StepResult>, Vec<Value>) {
         }
     }
     let mut waiting: Vec<usize> = dependencies.iter().map(Vec::len).collect();
-    let mut results: Vec<Option<StepResult>> = vec![None; n];
-    let mut views: Vec<Value> = vec![Value::UNDEFINED; n];
+    let mut views: Vec<Option<Arc<StepView>>> = vec![None; n];
     let mut ready: VecDeque<usize> = (0..n).filter(|i| waiting[*i] == 0).collect();
-    let semaphore = Arc::new(Semaphore::new(shared.options.max_parallel.max(1)));
+    // Steps that will run, in the order they became ready, waiting for a free slot.
+    let mut startable: VecDeque<usize> = VecDeque::new();
+    let limit = shared.options.max_parallel.max(1);
     let mut running = JoinSet::new();
     let mut task_step = std::collections::HashMap::new();
     let mut cancelled = false;
 
-    let finish = |i: usize, waiting: &mut Vec<usize>, ready: &mut VecDeque<usize>| {
+    let finish = |i: usize,
+                  result: StepResult,
+                  views: &mut Vec<Option<Arc<StepView>>>,
+                  waiting: &mut Vec<usize>,
+                  ready: &mut VecDeque<usize>| {
+        views[i] = Some(StepView::new(result));
         for &d in &dependents[i] {
             waiting[d] -= 1;
             if waiting[d] == 0 {
@@ -282,40 +347,40 @@ async fn schedule(shared: &Arc<Shared>) -> (Vec<StepResult>, Vec<Value>) {
             }
         }
     };
+    // The results of a step's dependencies, as its templates see them.
+    let deps_of = |i: usize, views: &[Option<Arc<StepView>>]| -> Steps {
+        dependencies[i]
+            .iter()
+            .filter_map(|d| Some((all_steps[*d].id.value.clone(), views[*d].as_ref()?.value())))
+            .collect()
+    };
 
     loop {
         while let Some(i) = ready.pop_front() {
             let step = &all_steps[i];
             if cancelled {
                 let result = StepResult::ended(StepStatus::Cancelled, None);
-                views[i] = view(&result);
-                results[i] = Some(result);
-                finish(i, &mut waiting, &mut ready);
+                finish(i, result, &mut views, &mut waiting, &mut ready);
                 continue;
             }
-            let deps: Steps = dependencies[i]
-                .iter()
-                .map(|d| (all_steps[*d].id.value.clone(), views[*d].clone()))
-                .collect();
-            match decide(shared, step, i, &results, deps) {
-                Decision::Run(steps) => {
-                    let shared = shared.clone();
-                    let semaphore = semaphore.clone();
-                    let handle = running.spawn(async move {
-                        let _permit = semaphore.acquire_owned().await;
-                        execute(&shared, i, steps).await
-                    });
-                    task_step.insert(handle.id(), i);
-                }
+            if let Some(prior) = shared.prior(&step.id.value) {
+                shared.emit(RunEvent::StepReused {
+                    step: step.id.value.clone(),
+                    status: prior.status,
+                });
+                finish(i, prior.clone(), &mut views, &mut waiting, &mut ready);
+                continue;
+            }
+            match decide(shared, step, i, &views, || deps_of(i, &views)) {
+                Decision::Run => startable.push_back(i),
                 Decision::Skip(reason) => {
                     shared.emit(RunEvent::StepSkipped {
                         step: shared.label(&step.id.value),
                         reason,
                     });
                     let result = StepResult::ended(StepStatus::Skipped, None);
-                    views[i] = view(&result);
-                    results[i] = Some(result);
-                    finish(i, &mut waiting, &mut ready);
+                    shared.record_result(&step.id.value, &result);
+                    finish(i, result, &mut views, &mut waiting, &mut ready);
                 }
                 Decision::Fail(error) => {
                     shared.emit(RunEvent::StepFinished {
@@ -325,11 +390,21 @@ async fn schedule(shared: &Arc<Shared>) -> (Vec<StepResult>, Vec<Value>) {
                         error: Some(error.clone()),
                     });
                     let result = StepResult::ended(StepStatus::Failed, Some(error));
-                    views[i] = view(&result);
-                    results[i] = Some(result);
-                    finish(i, &mut waiting, &mut ready);
+                    shared.record_result(&step.id.value, &result);
+                    finish(i, result, &mut views, &mut waiting, &mut ready);
                 }
             }
+        }
+        while running.len() < limit
+            && let Some(i) = startable.pop_front()
+        {
+            let steps = deps_of(i, &views);
+            let shared = shared.clone();
+            // Boxed, so that tokio's task cell (cache-line aligned) stays small and the step's future,
+            // a few kilobytes, is an ordinary allocation: aligned blocks of that size, freed between the
+            // results that outlive them, fragmented glibc's heap by about 1.6 KB per step.
+            let handle = running.spawn(Box::pin(async move { execute(&shared, i, steps).await }));
+            task_step.insert(handle.id(), i);
         }
         if running.is_empty() {
             break;
@@ -339,6 +414,11 @@ async fn schedule(shared: &Arc<Shared>) -> (Vec<StepResult>, Vec<Value>) {
                 cancelled = true;
                 // Dropping the step futures kills their process groups.
                 running.abort_all();
+                // Steps still waiting for a slot never start.
+                for i in std::mem::take(&mut startable) {
+                    let result = StepResult::ended(StepStatus::Cancelled, None);
+                    finish(i, result, &mut views, &mut waiting, &mut ready);
+                }
             }
             Some(joined) = running.join_next_with_id() => {
                 let (i, result) = match joined {
@@ -349,71 +429,50 @@ async fn schedule(shared: &Arc<Shared>) -> (Vec<StepResult>, Vec<Value>) {
                         (i, StepResult::ended(status, (!err.is_cancelled()).then(|| "the step's task failed".to_owned())))
                     }
                 };
-                views[i] = view(&result);
-                results[i] = Some(result);
-                finish(i, &mut waiting, &mut ready);
+                finish(i, result, &mut views, &mut waiting, &mut ready);
             }
         }
     }
-    let results = results
+    views
         .into_iter()
-        .map(|r| r.unwrap_or_else(|| StepResult::ended(StepStatus::Cancelled, None)))
-        .collect();
-    (results, views)
-}
-
-/// What templates see as `steps.<id>`.
-fn view(result: &StepResult) -> Value {
-    json_value(&json!({
-        "output": result.output,
-        "outputs": result.outputs,
-        "status": result.status.as_str(),
-        "text": result.text,
-        "error": result.error,
-        "attempts": result.attempts,
-        "exit_code": result.exit_code,
-    }))
-}
-
-/// Plain data as a template value.
-fn json_value(json: &Json) -> Value {
-    serde::Deserialize::deserialize(json).unwrap_or_default()
+        .map(|v| v.unwrap_or_else(|| StepView::new(StepResult::ended(StepStatus::Cancelled, None))))
+        .collect()
 }
 
 enum Decision {
-    /// Run, with the results of the dependencies as `steps`.
-    Run(Steps),
+    Run,
     Skip(String),
     Fail(String),
 }
 
-/// `if` decides when given; otherwise a step runs when all its dependencies succeeded.
+/// `if` decides when given (over the dependencies' results, `deps`); otherwise a step runs when all its
+/// dependencies succeeded.
 fn decide(
     shared: &Shared,
     step: &Step,
     index: usize,
-    results: &[Option<StepResult>],
-    deps: Steps,
+    views: &[Option<Arc<StepView>>],
+    deps: impl FnOnce() -> Steps,
 ) -> Decision {
     if let Some(condition) = &step.condition {
-        let ctx = shared.context(&deps, false, &[]);
+        let ctx = shared.context(&deps(), false, &[]);
         return match shared.renderer.condition(&condition.value, &ctx) {
-            Ok(true) => Decision::Run(deps),
+            Ok(true) => Decision::Run,
             Ok(false) => Decision::Skip("its `if` condition is false".to_owned()),
             Err(e) => Decision::Fail(format!("`if`: {e}")),
         };
     }
     let blocked = shared.dependencies()[index].iter().find(|d| {
-        results[**d]
+        views[**d]
             .as_ref()
-            .is_none_or(|r| r.status != StepStatus::Succeeded)
+            .is_none_or(|v| v.result().status != StepStatus::Succeeded)
     });
     match blocked {
-        None => Decision::Run(deps),
+        None => Decision::Run,
         Some(&d) => {
-            let status = results[d]
+            let status = views[d]
                 .as_ref()
-                .map_or("did not run", |r| r.status.as_str());
+                .map_or("did not run", |v| v.result().status.as_str());
             Decision::Skip(format!("`{}` {status}", shared.steps()[d].id.value))
         }
     }
@@ -431,23 +490,35 @@ async fn execute(shared: &Arc<Shared>, index: usize, steps: Steps) -> StepResult
         None => attempt_all(shared, step, &steps, None, shared.label(&step.id.value)).await,
     };
     if result.status == StepStatus::Succeeded && !step.outputs.is_empty() {
-        let mut own = steps.clone();
-        own.insert(step.id.value.clone(), view(&result));
-        let ctx = shared.context(&own, false, &[]);
-        for (name, template) in &step.outputs {
-            match shared.renderer.value(template, &ctx) {
-                Ok(value) => {
-                    result.outputs.insert(name.value.clone(), value);
-                }
-                Err(e) => {
-                    result.status = StepStatus::Failed;
-                    result.error = Some(format!("output `{}`: {e}", name.value));
-                    break;
+        // The outputs read the step's result as it is before they are added to it.
+        let own = StepView::new(result);
+        let mut outputs = Map::new();
+        let mut failed = None;
+        {
+            let mut steps = steps;
+            steps.insert(step.id.value.clone(), own.value());
+            let ctx = shared.context(&steps, false, &[]);
+            for (name, template) in &step.outputs {
+                match shared.renderer.value(template, &ctx) {
+                    Ok(value) => {
+                        outputs.insert(name.value.clone(), value);
+                    }
+                    Err(e) => {
+                        failed = Some(format!("output `{}`: {e}", name.value));
+                        break;
+                    }
                 }
             }
         }
+        result = own.into_result();
+        result.outputs = outputs;
+        if let Some(error) = failed {
+            result.status = StepStatus::Failed;
+            result.error = Some(error);
+        }
     }
     result.duration_ms = millis(started.elapsed());
+    shared.record_result(&step.id.value, &result);
     shared.emit(RunEvent::StepFinished {
         step: shared.label(&step.id.value),
         status: result.status,
@@ -482,26 +553,32 @@ async fn foreach(shared: &Arc<Shared>, index: usize, expr: &str, steps: &Steps) 
         .as_ref()
         .map_or(shared.options.max_parallel, |m| m.value as usize)
         .max(1);
-    let semaphore = Arc::new(Semaphore::new(limit));
+    let mut results: Vec<Option<StepResult>> = vec![None; items.len()];
+    let mut items = items.into_iter().enumerate();
+    // As for steps, an item's task is spawned only when it may run.
     let mut set = JoinSet::new();
-    for (position, item) in items.into_iter().enumerate() {
-        let shared = shared.clone();
-        let semaphore = semaphore.clone();
-        let steps = steps.clone();
-        set.spawn(async move {
-            let _permit = semaphore.acquire_owned().await;
-            let step = &shared.steps()[index];
-            let label = format!("{}[{position}]", shared.label(&step.id.value));
-            (
-                position,
-                attempt_all(&shared, step, &steps, Some((item, position)), label).await,
-            )
-        });
-    }
-    let mut results: Vec<Option<StepResult>> = vec![None; set.len()];
-    while let Some(joined) = set.join_next().await {
-        if let Ok((position, result)) = joined {
-            results[position] = Some(result);
+    loop {
+        while set.len() < limit
+            && let Some((position, item)) = items.next()
+        {
+            let shared = shared.clone();
+            let steps = steps.clone();
+            set.spawn(Box::pin(async move {
+                let step = &shared.steps()[index];
+                let label = format!("{}[{position}]", shared.label(&step.id.value));
+                if let Some(prior) = shared.prior(&label) {
+                    return (position, prior.clone());
+                }
+                let result =
+                    attempt_all(&shared, step, &steps, Some((item, position)), label.clone()).await;
+                shared.record_result(&label, &result);
+                (position, result)
+            }));
+        }
+        match set.join_next().await {
+            Some(Ok((position, result))) => results[position] = Some(result),
+            Some(Err(_)) => {}
+            None => break,
         }
     }
     let results: Vec<StepResult> = results
@@ -589,13 +666,13 @@ async fn attempt_all(
     let defaults = shared.workflow.spec.defaults.as_ref();
     let retry = step
         .retry
-        .as_ref()
+        .as_deref()
         .or_else(|| defaults.and_then(|d| d.retry.as_ref()));
-    let (outcome, attempts) = with_retries(shared, &label, step.body(), retry, &ctx).await;
+    let (outcome, attempts) = with_retries(shared, &label, step.body(), false, retry, &ctx).await;
     let outcome = match (outcome, &step.fallback) {
         (Err(_), Some(fallback)) => {
             let (fallback_outcome, _) =
-                with_retries(shared, &label, fallback.body(), None, &ctx).await;
+                with_retries(shared, &label, fallback.body(), true, None, &ctx).await;
             fallback_outcome.map(|o| (o, true))
         }
         (outcome, _) => outcome.map(|o| (o, false)),
@@ -630,6 +707,7 @@ async fn with_retries(
     shared: &Shared,
     label: &str,
     body: Body<'_>,
+    fallback: bool,
     retry: Option<&Retry>,
     ctx: &Value,
 ) -> (Result<Called, Failure>, u32) {
@@ -645,9 +723,32 @@ async fn with_retries(
                 .and_then(|d| d.timeout.as_ref())
         })
         .and_then(|t| tools::duration(&t.value));
+    // Before an attempt with side effects starts, its `running` record (and everything recorded before
+    // it) is on disk; an attempt that is safe to repeat does not wait, since a resume may repeat it.
+    let journaled = shared.depth == 0;
+    let must_persist = journaled && !crate::resume::body_is_idempotent(&shared.workflow, body);
     let mut attempt = 0;
     loop {
         attempt += 1;
+        let mut open = None;
+        if journaled {
+            shared.options.journal.record(Entry::AttemptStarted {
+                step: label.to_owned(),
+                fallback,
+            });
+            open = Some(OpenAttempt { shared, label });
+            if must_persist && let Err(e) = shared.options.journal.flush().wait().await {
+                // Without its record, a crash could repeat the side effect unnoticed: stop the run.
+                shared.options.cancel.cancel();
+                let failure = Failure::fixed(format!(
+                    "the attempt did not start because it could not be recorded: {e}"
+                ));
+                if let Some(open) = open.take() {
+                    open.end(StepStatus::Failed, Some(failure.message.clone()));
+                }
+                return (Err(failure), attempt);
+            }
+        }
         let call = call_body(shared, label, body, ctx);
         let outcome = match timeout {
             Some(limit) => match tokio::time::timeout(limit, call).await {
@@ -662,6 +763,12 @@ async fn with_retries(
             },
             None => call.await,
         };
+        if let Some(open) = open.take() {
+            match &outcome {
+                Ok(_) => open.end(StepStatus::Succeeded, None),
+                Err(f) => open.end(f.status, Some(f.message.clone())),
+            }
+        }
         let failure = match outcome {
             Ok(output) => return (Ok(output), attempt),
             Err(failure) => failure,
@@ -685,6 +792,34 @@ async fn with_retries(
             delay_ms: millis(delay),
         });
         tokio::time::sleep(delay).await;
+    }
+}
+
+/// An attempt recorded as started: it records how it ended, or, dropped before that (the run was
+/// interrupted), that it was cancelled while running.
+struct OpenAttempt<'a> {
+    shared: &'a Shared,
+    label: &'a str,
+}
+
+impl OpenAttempt<'_> {
+    fn end(self, status: StepStatus, error: Option<String>) {
+        self.shared.options.journal.record(Entry::AttemptEnded {
+            step: self.label.to_owned(),
+            status,
+            error,
+        });
+        std::mem::forget(self);
+    }
+}
+
+impl Drop for OpenAttempt<'_> {
+    fn drop(&mut self) {
+        self.shared.options.journal.record(Entry::AttemptEnded {
+            step: self.label.to_owned(),
+            status: StepStatus::Cancelled,
+            error: Some("cancelled while running".to_owned()),
+        });
     }
 }
 
@@ -739,10 +874,15 @@ async fn call_body(
         return Err(Failure::fixed("this step kind cannot run yet".to_owned()));
     };
     match shared.workflow.spec.tools.get(tool.value.as_str()) {
-        None => tools::call(&tool.value, &args, &shared.tool_context)
-            .await
-            .map(Called::from)
-            .map_err(tool_failure),
+        None => tools::call(
+            &tool.value,
+            &args,
+            &shared.tool_context,
+            spawn_watch(shared, label).as_ref().map(|w| w as _),
+        )
+        .await
+        .map(Called::from)
+        .map_err(tool_failure),
         Some(def) => call_declared(shared, label, &tool.value, def, args).await,
     }
 }
@@ -844,10 +984,27 @@ async fn call_declared(
     } else {
         return Err(Failure::fixed(format!("tool `{name}` cannot run yet")));
     };
-    tools::call(builtin, &call_args, &shared.tool_context)
-        .await
-        .map(Called::from)
-        .map_err(tool_failure)
+    tools::call(
+        builtin,
+        &call_args,
+        &shared.tool_context,
+        spawn_watch(shared, label).as_ref().map(|w| w as _),
+    )
+    .await
+    .map(Called::from)
+    .map_err(tool_failure)
+}
+
+/// For the run's own steps: records the process group of each command an attempt starts, so that a resume
+/// can find a command that outlived a crashed archon.
+fn spawn_watch<'a>(shared: &'a Shared, label: &'a str) -> Option<impl Fn(u32) + Sync + 'a> {
+    (shared.depth == 0).then_some(move |pgid: u32| {
+        shared.options.journal.record(Entry::ProcessStarted {
+            step: label.to_owned(),
+            pgid,
+            started: crate::store::process_start_time(pgid),
+        });
+    })
 }
 
 /// One level deeper, or the failure that stops a runaway nesting.
@@ -887,11 +1044,22 @@ fn call_composite<'a>(
             depth,
             prefix: format!("{label}/"),
         });
-        let (results, views) = schedule(&inner).await;
+        let views = schedule(&inner).await;
         let steps = inner.steps();
-        let ids = step_ids(steps);
-        let results: IndexMap<String, StepResult> = ids.iter().cloned().zip(results).collect();
-        if shared.options.cancel.is_cancelled() {
+        let cancelled = shared.options.cancel.is_cancelled();
+        let failed = first_failure(steps, |i| views[i].result().status);
+        let def = &shared.workflow.spec.tools[name];
+        // Rendered while the views are at hand; the results are taken out of them below.
+        let rendered = match &def.result {
+            Some(template) if !cancelled && failed.is_none() => {
+                // The result becomes output that prompts and reports can see: no secrets in it.
+                let ctx = inner.context(&named(steps, &views), false, &[]);
+                Some(inner.renderer.value(template, &ctx))
+            }
+            _ => None,
+        };
+        let results = results(steps, views);
+        if cancelled {
             return Err(Failure {
                 status: StepStatus::Cancelled,
                 message: "cancelled".to_owned(),
@@ -900,13 +1068,12 @@ fn call_composite<'a>(
                 steps: results,
             });
         }
-        if let Some(failed) = first_failure(steps, &results) {
-            let result = &results[failed];
+        if let Some(failed) = failed {
+            let (id, result) = results.get_index(failed).expect("a step of the list");
             return Err(Failure {
                 status: StepStatus::Failed,
                 message: format!(
-                    "tool `{name}`: step `{}` {}: {}",
-                    ids[failed],
+                    "tool `{name}`: step `{id}` {}: {}",
                     result.status.as_str(),
                     result.error.as_deref().unwrap_or("failed")
                 ),
@@ -915,21 +1082,13 @@ fn call_composite<'a>(
                 steps: results,
             });
         }
-        let def = &shared.workflow.spec.tools[name];
-        let output = match &def.result {
-            Some(template) => {
-                let views: Steps = ids.iter().cloned().zip(views).collect();
-                // The result becomes output that prompts and reports can see: no secrets in it.
-                let ctx = inner.context(&views, false, &[]);
-                match inner.renderer.value(template, &ctx) {
-                    Ok(value) => value,
-                    Err(e) => {
-                        return Err(Failure {
-                            steps: results,
-                            ..Failure::fixed(format!("tool `{name}`: `result`: {e}"))
-                        });
-                    }
-                }
+        let output = match rendered {
+            Some(Ok(value)) => value,
+            Some(Err(e)) => {
+                return Err(Failure {
+                    steps: results,
+                    ..Failure::fixed(format!("tool `{name}`: `result`: {e}"))
+                });
             }
             None => results.last().map_or(Json::Null, |(_, r)| r.output.clone()),
         };
@@ -1000,7 +1159,7 @@ fn call_workflow<'a>(
                 steps: report.steps,
             }),
             RunStatus::Failed => {
-                let reason = match first_failure(&workflow.spec.steps, &report.steps) {
+                let reason = match first_failure(&workflow.spec.steps, |i| report.steps[i].status) {
                     Some(i) => {
                         let (id, result) = report.steps.get_index(i).expect("a step of the list");
                         format!(

@@ -53,8 +53,16 @@ pub struct ToolContext {
     pub network: std::sync::Arc<http::NetworkPolicy>,
 }
 
+/// Told the process group id of each command a call starts, as soon as it starts.
+pub type OnSpawn<'a> = Option<&'a (dyn Fn(u32) + Sync)>;
+
 /// Calls a built-in tool with rendered arguments.
-pub async fn call(name: &str, args: &Json, cx: &ToolContext) -> Result<ToolOutput, ToolError> {
+pub async fn call(
+    name: &str,
+    args: &Json,
+    cx: &ToolContext,
+    on_spawn: OnSpawn<'_>,
+) -> Result<ToolOutput, ToolError> {
     check_arguments(name, args)?;
     match name {
         "echo" => Ok(ToolOutput {
@@ -73,7 +81,7 @@ pub async fn call(name: &str, args: &Json, cx: &ToolContext) -> Result<ToolOutpu
                 exit_code: None,
             })
         }
-        "exec" => exec(args, cx).await,
+        "exec" => exec(args, cx, on_spawn).await,
         "shell" => {
             // The explicit opt-in to a shell: the command line goes to `sh -c` as one argument.
             let mut exec_args = args.clone();
@@ -81,7 +89,7 @@ pub async fn call(name: &str, args: &Json, cx: &ToolContext) -> Result<ToolOutpu
                 let command = object.remove("command").unwrap_or(Json::Null);
                 object.insert("argv".into(), json!(["sh", "-c", command]));
             }
-            exec(&exec_args, cx).await
+            exec(&exec_args, cx, on_spawn).await
         }
         "read_file" => files::read_file(&cx.workdir, args),
         "write_file" => files::write_file(&cx.workdir, args),
@@ -163,7 +171,11 @@ impl Drop for GroupGuard {
     }
 }
 
-async fn exec(args: &Json, cx: &ToolContext) -> Result<ToolOutput, ToolError> {
+async fn exec(
+    args: &Json,
+    cx: &ToolContext,
+    on_spawn: OnSpawn<'_>,
+) -> Result<ToolOutput, ToolError> {
     let argv: Vec<String> = args["argv"]
         .as_array()
         .into_iter()
@@ -207,6 +219,9 @@ async fn exec(args: &Json, cx: &ToolContext) -> Result<ToolOutput, ToolError> {
             .id()
             .and_then(|id| rustix::process::Pid::from_raw(id as i32)),
     };
+    if let (Some(on_spawn), Some(pid)) = (on_spawn, child.id()) {
+        on_spawn(pid);
+    }
     if let (Some(input), Some(mut stdin)) = (args["stdin"].as_str(), child.stdin.take()) {
         let input = input.to_owned();
         tokio::spawn(async move {

@@ -19,8 +19,59 @@ enum Raw {
     Int(i64),
     Float(f64),
     Str(String),
-    Seq(Vec<Spanned<Raw>>),
-    Map(Vec<(Spanned<Raw>, Spanned<Raw>)>),
+    Seq(Vec<Located>),
+    Map(Vec<(Located, Located)>),
+}
+
+/// A value and where it was written. The whole document is read before it is converted into [`Node`]s,
+/// and serde-saphyr's `Spanned` (two full locations) would make that tree nearly three times the size
+/// of the `Node` tree, so only what the span needs is kept.
+struct Located {
+    value: Raw,
+    at: At,
+}
+
+/// Where a value was written: a byte range, or only a line and column if serde-saphyr has no offsets.
+#[derive(Clone, Copy)]
+enum At {
+    Bytes { start: u32, len: u32 },
+    LineCol { line: u32, column: u32 },
+}
+
+impl At {
+    fn of(loc: &serde_saphyr::Location) -> At {
+        let clamp = |n: u64| u32::try_from(n).unwrap_or(u32::MAX);
+        let span = loc.span();
+        match (span.byte_offset(), span.byte_len()) {
+            (Some(start), Some(len)) => At::Bytes {
+                start: clamp(start),
+                len: clamp(len),
+            },
+            _ => At::LineCol {
+                line: clamp(loc.line()),
+                column: clamp(loc.column()),
+            },
+        }
+    }
+
+    fn span(self, file: &SourceFile) -> Span {
+        match self {
+            At::Bytes { start, len } => {
+                Span::new(file.id, start as usize, start as usize + len as usize)
+            }
+            At::LineCol { line, column } => line_col_span(file, line.into(), column.into()),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for Located {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let spanned = Spanned::<Raw>::deserialize(deserializer)?;
+        Ok(Located {
+            at: At::of(&spanned.referenced),
+            value: spanned.value,
+        })
+    }
 }
 
 impl<'de> Deserialize<'de> for Raw {
@@ -122,7 +173,7 @@ pub(super) fn parse(file: &SourceFile, limits: &Limits) -> (Option<Node>, Vec<Di
             Vec::new(),
         );
     }
-    match serde_saphyr::from_str_with_options::<Spanned<Raw>>(&file.text, options) {
+    match serde_saphyr::from_str_with_options::<Located>(&file.text, options) {
         Ok(raw) => {
             let mut diagnostics = Vec::new();
             let node = convert(raw, file, &mut diagnostics);
@@ -133,14 +184,7 @@ pub(super) fn parse(file: &SourceFile, limits: &Limits) -> (Option<Node>, Vec<Di
 }
 
 fn span_of(loc: &serde_saphyr::Location, file: &SourceFile) -> Span {
-    let span = loc.span();
-    match (span.byte_offset(), span.byte_len()) {
-        (Some(start), Some(len)) => {
-            let start = usize::try_from(start).unwrap_or(file.text.len());
-            Span::new(file.id, start, start + usize::try_from(len).unwrap_or(0))
-        }
-        _ => line_col_span(file, loc.line(), loc.column()),
-    }
+    At::of(loc).span(file)
 }
 
 /// A zero-width span at a 1-based line and column, for errors that only carry those.
@@ -161,8 +205,8 @@ fn line_col_span(file: &SourceFile, line: u64, column: u64) -> Span {
     Span::new(file.id, at, at)
 }
 
-fn convert(raw: Spanned<Raw>, file: &SourceFile, diagnostics: &mut Vec<Diagnostic>) -> Node {
-    let span = span_of(&raw.referenced, file);
+fn convert(raw: Located, file: &SourceFile, diagnostics: &mut Vec<Diagnostic>) -> Node {
+    let span = raw.at.span(file);
     let kind = match raw.value {
         Raw::Null => NodeKind::Null,
         Raw::Bool(b) => NodeKind::Bool(b),
@@ -180,21 +224,22 @@ fn convert(raw: Spanned<Raw>, file: &SourceFile, diagnostics: &mut Vec<Diagnosti
             for (k, v) in entries {
                 let key_node = convert(k, file, diagnostics);
                 let value = convert(v, file, diagnostics);
-                let Some(name) = key_name(&key_node) else {
-                    diagnostics.push(Diagnostic::error(
-                        codes::WRONG_TYPE,
-                        key_node.span,
-                        format!(
-                            "mapping keys must be strings, found {}",
-                            key_node.type_name()
-                        ),
-                    ));
-                    continue;
+                let span = key_node.span;
+                let name = match key_name(key_node) {
+                    Ok(name) => name,
+                    Err(key_node) => {
+                        diagnostics.push(Diagnostic::error(
+                            codes::WRONG_TYPE,
+                            span,
+                            format!(
+                                "mapping keys must be strings, found {}",
+                                key_node.type_name()
+                            ),
+                        ));
+                        continue;
+                    }
                 };
-                let key = Key {
-                    name,
-                    span: key_node.span,
-                };
+                let key = Key { name, span };
                 if let Some((first, _)) = out.iter().find(|(k, _)| k.name == key.name) {
                     diagnostics.push(duplicate_key(&key, first.span));
                     continue;
@@ -229,13 +274,14 @@ fn cover(span: Span, mut children: impl Iterator<Item = Span>) -> Span {
     }
 }
 
-fn key_name(node: &Node) -> Option<String> {
-    match &node.kind {
-        NodeKind::Str(s) => Some(s.clone()),
-        NodeKind::Int(i) => Some(i.to_string()),
-        NodeKind::Bool(b) => Some(b.to_string()),
-        NodeKind::Float(f) => Some(f.to_string()),
-        _ => None,
+/// The key a scalar names (a string key keeps its allocation), or the node back if it cannot be a key.
+fn key_name(node: Node) -> Result<String, Node> {
+    match node.kind {
+        NodeKind::Str(s) => Ok(s),
+        NodeKind::Int(i) => Ok(i.to_string()),
+        NodeKind::Bool(b) => Ok(b.to_string()),
+        NodeKind::Float(f) => Ok(f.to_string()),
+        _ => Err(node),
     }
 }
 

@@ -214,8 +214,12 @@ impl Validator {
             return None;
         }
         let raw_step_ids = raw_step_ids(&root);
-        let pruned = structure::check(&root, diagnostics)?;
-        let spec: Spec = match spec::from_node(pruned.as_ref()) {
+        let raw_step_count = root
+            .get("steps")
+            .and_then(Node::as_seq)
+            .map_or(0, <[Node]>::len);
+        let steps_key = root.entry("steps").map(|(k, _)| k.span);
+        let spec: Spec = match spec::from_node(structure::check(&root, diagnostics)?.as_ref()) {
             Ok(spec) => spec,
             Err(err) => {
                 diagnostics.push(Diagnostic::error(
@@ -226,6 +230,9 @@ impl Validator {
                 return None;
             }
         };
+        // The tree (and its pruned copy, already gone) is as large as the spec: the semantic checks
+        // below need neither, and a 10,000-step file would otherwise hold both through them.
+        drop(root);
         let canonical = canonical(&file.path);
         self.stack.push(canonical);
         let analyzer = self.analyzer.clone();
@@ -235,11 +242,8 @@ impl Validator {
             analyzer: &analyzer,
             diagnostics: Vec::new(),
             raw_step_ids,
-            raw_step_count: root
-                .get("steps")
-                .and_then(Node::as_seq)
-                .map_or(0, <[Node]>::len),
-            steps_key: root.entry("steps").map(|(k, _)| k.span),
+            raw_step_count,
+            steps_key,
             argument_validators: HashMap::new(),
             valid_schemas: std::collections::HashSet::new(),
             composites: BTreeMap::new(),

@@ -1,0 +1,454 @@
+//! The stored runs: `archon runs`, `archon show`, `archon cancel`, `archon resume` and `archon retry`.
+
+use std::collections::{HashMap, HashSet};
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+
+use archon_engine::Workflow;
+use archon_engine::resume;
+use archon_engine::store::{RunState, StoredRun, spec_hash};
+use archon_engine::validate::{validate_file, validate_source};
+
+use super::Status;
+use super::run::{Execution, execute, open_store, refuse_unsupported, spec_files, store_error};
+use crate::args::{
+    CancelArgs, ColorChoice, ContinueArgs, ResumeArgs, RetryArgs, RunsArgs, ShowArgs,
+};
+use crate::output;
+use crate::render::{self, Report};
+
+pub fn runs(args: &RunsArgs) -> anyhow::Result<Status> {
+    let store = match open_store(&args.state) {
+        Ok(store) => store,
+        Err(status) => return Ok(status),
+    };
+    let runs = match store.list() {
+        Ok(runs) => runs,
+        Err(e) => return Ok(store_error(&e)),
+    };
+    if args.json {
+        let mut text = serde_json::to_string_pretty(&runs)?;
+        text.push('\n');
+        output::stdout(&text);
+        return Ok(Status::Success);
+    }
+    if runs.is_empty() {
+        output::stdout(&format!("no runs in `{}`\n", store.path().display()));
+        return Ok(Status::Success);
+    }
+    let rows: Vec<[String; 5]> = runs
+        .iter()
+        .map(|r| {
+            [
+                r.id.clone(),
+                r.workflow.clone(),
+                r.status.as_str().to_owned(),
+                timestamp(r.started_at),
+                r.duration_ms.map_or_else(|| "-".to_owned(), duration),
+            ]
+        })
+        .collect();
+    output::stdout(&table(
+        &["RUN", "WORKFLOW", "STATUS", "STARTED", "DURATION"],
+        &rows,
+    ));
+    Ok(Status::Success)
+}
+
+pub fn show(args: &ShowArgs) -> anyhow::Result<Status> {
+    let store = match open_store(&args.state) {
+        Ok(store) => store,
+        Err(status) => return Ok(status),
+    };
+    let run = match store.load(&args.run) {
+        Ok(run) => run,
+        Err(e) => return Ok(store_error(&e)),
+    };
+    let events = if args.events {
+        match store.events(&args.run) {
+            Ok(events) => Some(events),
+            Err(e) => return Ok(store_error(&e)),
+        }
+    } else {
+        None
+    };
+    if args.json {
+        let mut value = serde_json::to_value(&run)?;
+        if let (Some(events), serde_json::Value::Object(map)) = (events, &mut value) {
+            map.insert("events".to_owned(), serde_json::Value::Array(events));
+        }
+        let mut text = serde_json::to_string_pretty(&value)?;
+        text.push('\n');
+        output::stdout(&text);
+        return Ok(Status::Success);
+    }
+    if let Some(events) = events {
+        let mut text = String::new();
+        for event in events {
+            let _ = writeln!(text, "{event}");
+        }
+        output::stdout(&text);
+        return Ok(Status::Success);
+    }
+    output::stdout(&describe(&run));
+    Ok(Status::Success)
+}
+
+fn describe(run: &StoredRun) -> String {
+    let mut text = String::new();
+    let _ = writeln!(text, "run       {}", run.id);
+    let _ = writeln!(text, "workflow  {} ({})", run.workflow, run.spec_path);
+    let _ = writeln!(text, "status    {}", run.status.as_str());
+    let _ = writeln!(text, "started   {}", timestamp(run.started_at));
+    if let Some(finished) = run.finished_at {
+        let _ = writeln!(
+            text,
+            "finished  {} ({})",
+            timestamp(finished),
+            duration(finished.saturating_sub(run.started_at))
+        );
+    }
+    if let Some(owner) = &run.owner {
+        let _ = writeln!(text, "owner     process {} on `{}`", owner.pid, owner.host);
+    }
+    if let Some(error) = &run.error {
+        let _ = writeln!(text, "error     {error}");
+    }
+    let mut attempts: HashMap<&str, usize> = HashMap::new();
+    for attempt in &run.attempts {
+        *attempts.entry(resume::step_of(&attempt.step)).or_default() += 1;
+    }
+    let mut rows = Vec::new();
+    let mut seen = HashSet::new();
+    for (name, result) in &run.results {
+        if name.contains('[') {
+            continue;
+        }
+        seen.insert(name.as_str());
+        rows.push([
+            name.clone(),
+            result.status.as_str().to_owned(),
+            attempts
+                .get(name.as_str())
+                .copied()
+                .unwrap_or(0)
+                .to_string(),
+            result.error.clone().unwrap_or_default(),
+        ]);
+    }
+    for attempt in &run.attempts {
+        let step = resume::step_of(&attempt.step);
+        if seen.insert(step) {
+            rows.push([
+                step.to_owned(),
+                if attempt.status == "running" {
+                    "in doubt".to_owned()
+                } else {
+                    format!("no result ({})", attempt.status)
+                },
+                attempts.get(step).copied().unwrap_or(0).to_string(),
+                String::new(),
+            ]);
+        }
+    }
+    if !rows.is_empty() {
+        text.push('\n');
+        text.push_str(&table(&["STEP", "STATUS", "ATTEMPTS", "ERROR"], &rows));
+    }
+    if !run.outputs.is_empty() {
+        text.push_str("\noutputs:\n");
+        for (name, value) in &run.outputs {
+            let shown = match value {
+                serde_json::Value::String(s) => s.clone(),
+                other => other.to_string(),
+            };
+            let _ = writeln!(text, "  {name}: {shown}");
+        }
+    }
+    if run.status == RunState::Interrupted {
+        let _ = writeln!(
+            text,
+            "\n  hint: `archon resume {}` continues it; finished steps are not run again",
+            run.id
+        );
+    }
+    text
+}
+
+pub fn cancel(args: &CancelArgs) -> anyhow::Result<Status> {
+    let store = match open_store(&args.state) {
+        Ok(store) => store,
+        Err(status) => return Ok(status),
+    };
+    match store.cancel(&args.run) {
+        Ok(RunState::Cancelled) => {
+            output::stdout(&format!("run {} is cancelled\n", args.run));
+            Ok(Status::Success)
+        }
+        Ok(RunState::Running) => {
+            output::stdout(&format!(
+                "asked the process running {} to stop; it will record the run as cancelled\n",
+                args.run
+            ));
+            Ok(Status::Success)
+        }
+        Ok(state) => {
+            output::stderr(&format!(
+                "error: run `{}` already ended: {}\n",
+                args.run,
+                state.as_str()
+            ));
+            Ok(Status::Invalid)
+        }
+        Err(e) => Ok(store_error(&e)),
+    }
+}
+
+pub fn resume(args: &ResumeArgs, color: ColorChoice) -> anyhow::Result<Status> {
+    continue_run(&args.run, None, &args.options, color)
+}
+
+pub fn retry(args: &RetryArgs, color: ColorChoice) -> anyhow::Result<Status> {
+    continue_run(&args.run, Some(&args.from), &args.options, color)
+}
+
+/// Resumes a run (`from: None`) or runs it again from a step.
+fn continue_run(
+    id: &str,
+    from: Option<&str>,
+    options: &ContinueArgs,
+    color: ColorChoice,
+) -> anyhow::Result<Status> {
+    let store = match open_store(&options.state) {
+        Ok(store) => store,
+        Err(status) => return Ok(status),
+    };
+    let stored = match store.load(id) {
+        Ok(run) => run,
+        Err(e) => return Ok(store_error(&e)),
+    };
+    match (stored.status, from) {
+        (RunState::Running, _) => {
+            let owner = stored.owner.as_ref().map_or_else(String::new, |o| {
+                format!(" by process {} on `{}`", o.pid, o.host)
+            });
+            return Ok(refuse(
+                &format!("run `{id}` is being run{owner}"),
+                "wait for it to finish, or stop it with `archon cancel`",
+            ));
+        }
+        (RunState::Cancelled, _) => {
+            return Ok(refuse(
+                &format!("run `{id}` was cancelled"),
+                "start a new run with `archon run`",
+            ));
+        }
+        (RunState::Succeeded | RunState::Failed, None) => {
+            return Ok(refuse(
+                &format!("run `{id}` already ended: {}", stored.status.as_str()),
+                &format!(
+                    "`archon retry {id} --from STEP` runs a step and everything after it again"
+                ),
+            ));
+        }
+        _ => {}
+    }
+    let spec_path = PathBuf::from(&stored.spec_path);
+    let workflow = match current_workflow(&spec_path, color) {
+        Ok(workflow) => workflow,
+        Err(status) => return Ok(status),
+    };
+    if let Err(status) = refuse_unsupported(&workflow) {
+        return Ok(status);
+    }
+    let files = spec_files(&workflow, &spec_path);
+    let mut rerun: Vec<String> = Vec::new();
+    if spec_hash(&files) != stored.spec_hash {
+        let changed = match store.files(id) {
+            Ok(old) => changed_steps(&spec_path, &old, &workflow),
+            Err(e) => return Ok(store_error(&e)),
+        };
+        if !options.allow_changed_spec {
+            return Ok(refuse(
+                &format!(
+                    "the spec changed since run `{id}` started: {}",
+                    if changed.is_empty() {
+                        "a sub-workflow or the formatting changed".to_owned()
+                    } else {
+                        format!("changed steps: {}", quoted(&changed))
+                    }
+                ),
+                "`--allow-changed-spec` continues with the spec as it is now; changed steps run again",
+            ));
+        }
+        for step in &changed {
+            rerun.extend(resume::downstream(&workflow, step));
+        }
+    }
+    if let Some(step) = from {
+        if !workflow.spec.steps.iter().any(|s| s.id.value == step) {
+            let ids: Vec<&str> = workflow
+                .spec
+                .steps
+                .iter()
+                .map(|s| s.id.value.as_str())
+                .collect();
+            return Ok(refuse(
+                &format!("workflow `{}` has no step `{step}`", workflow.name),
+                &format!("its steps are {}", quoted(&ids)),
+            ));
+        }
+        rerun.extend(resume::downstream(&workflow, step));
+    }
+    let in_doubt = resume::in_doubt(&workflow, &stored);
+    let doubtful: Vec<&resume::InDoubt> = in_doubt
+        .iter()
+        .filter(|d| !d.idempotent && !rerun.contains(&d.step))
+        .collect();
+    if !doubtful.is_empty() && !options.rerun_in_doubt {
+        let names: Vec<String> = doubtful
+            .iter()
+            .map(|d| match d.leftover {
+                Some(pgid) => format!(
+                    "`{}` (its command is still running: process group {pgid})",
+                    d.name
+                ),
+                None => format!("`{}`", d.name),
+            })
+            .collect();
+        return Ok(refuse(
+            &format!(
+                "run `{id}` stopped while {} running, and {} may have had {} effect: {}",
+                if names.len() == 1 {
+                    "a step was"
+                } else {
+                    "steps were"
+                },
+                if names.len() == 1 { "it" } else { "they" },
+                if names.len() == 1 { "its" } else { "their" },
+                names.join(", ")
+            ),
+            "check what it did; `--rerun-in-doubt` runs it again anyway (steps that are safe to repeat are \
+             marked `idempotent: true` on their tool)",
+        ));
+    }
+    if let Err(e) = store.claim(id) {
+        return Ok(store_error(&e));
+    }
+    // A command that outlived the crashed process would race its own rerun: stop it first.
+    for d in &in_doubt {
+        if let Some(pgid) = d.leftover {
+            archon_engine::store::kill_group(pgid);
+            output::stderr(&format!(
+                "stopped process group {pgid}, left running by `{}` when the run stopped\n",
+                d.name
+            ));
+        }
+    }
+    if (!rerun.is_empty() || from.is_some())
+        && let Err(e) = store.forget_results(id, &rerun)
+    {
+        return Ok(store_error(&e));
+    }
+    if spec_hash(&files) != stored.spec_hash
+        && let Err(e) = store.replace_files(id, &files)
+    {
+        return Ok(store_error(&e));
+    }
+    let prior = stored
+        .results
+        .into_iter()
+        .filter(|(name, _)| !rerun.iter().any(|r| r == resume::step_of(name)))
+        .collect();
+    let workdir = PathBuf::from(&stored.workdir);
+    execute(Execution {
+        workflow,
+        inputs: stored.inputs,
+        store,
+        run_id: id.to_owned(),
+        prior,
+        max_parallel: options
+            .max_parallel
+            .map_or(stored.max_parallel, |m| m as usize),
+        workdir,
+        output: &options.output,
+    })
+}
+
+/// The spec as it is now on disk, validated.
+fn current_workflow(path: &Path, color: ColorChoice) -> Result<Workflow, Status> {
+    let validation = validate_file(path);
+    if validation.has_errors() {
+        let mut report = Report::default();
+        report.add(path, &validation, &mut HashSet::new());
+        output::stderr(&render::text(&report, output::use_color_stderr(color)));
+        return Err(Status::Invalid);
+    }
+    validation.workflow.ok_or(Status::Invalid)
+}
+
+/// The steps that differ between the spec a run started with (its stored main file) and `now`.
+fn changed_steps(path: &Path, old: &[(String, String)], now: &Workflow) -> Vec<String> {
+    let Some((_, text)) = old.first() else {
+        return Vec::new();
+    };
+    match validate_source(path, text.clone()).workflow {
+        Some(before) => resume::changed_steps(&before.spec, &now.spec),
+        None => vec!["(workflow)".to_owned()],
+    }
+}
+
+fn refuse(message: &str, hint: &str) -> Status {
+    output::stderr(&format!("error: {message}\n  hint: {hint}\n"));
+    Status::Invalid
+}
+
+fn quoted(names: &[impl AsRef<str>]) -> String {
+    names
+        .iter()
+        .map(|n| format!("`{}`", n.as_ref()))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// A time as RFC 3339 (UTC, seconds).
+fn timestamp(ms: u64) -> String {
+    let time = std::time::UNIX_EPOCH + std::time::Duration::from_millis(ms);
+    humantime::format_rfc3339_seconds(time).to_string()
+}
+
+fn duration(ms: u64) -> String {
+    if ms < 1000 {
+        format!("{ms} ms")
+    } else {
+        format!("{:.1} s", ms as f64 / 1000.0)
+    }
+}
+
+/// Columns padded to their widest cell.
+fn table<const N: usize>(header: &[&str; N], rows: &[[String; N]]) -> String {
+    let mut widths: Vec<usize> = header.iter().map(|h| h.len()).collect();
+    for row in rows {
+        for (width, cell) in widths.iter_mut().zip(row) {
+            *width = (*width).max(cell.chars().count());
+        }
+    }
+    let mut text = String::new();
+    let mut line = |cells: Vec<&str>| {
+        let mut out = String::new();
+        for (i, (cell, width)) in cells.iter().zip(&widths).enumerate() {
+            if i + 1 == cells.len() {
+                out.push_str(cell);
+            } else {
+                let _ = write!(out, "{cell:<width$}  ");
+            }
+        }
+        text.push_str(out.trim_end());
+        text.push('\n');
+    };
+    line(header.to_vec());
+    for row in rows {
+        line(row.iter().map(String::as_str).collect());
+    }
+    text
+}

@@ -1,0 +1,186 @@
+//! What resuming or retrying a stored run needs to know: which steps are in doubt (an attempt started
+//! and its result was never recorded), which steps are safe to repeat, what lies downstream of a step,
+//! and which steps a changed spec changed.
+
+use std::collections::{BTreeSet, HashSet};
+
+use serde_json::Value as Json;
+
+use crate::spec::{Body, Spec};
+use crate::store::StoredRun;
+use crate::tools::builtin;
+use crate::workflow::Workflow;
+
+/// A step (or `foreach` item) whose last attempt may have had its effect without its result being
+/// recorded.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct InDoubt {
+    /// As recorded: `step` or `step[i]`.
+    pub name: String,
+    /// The step id.
+    pub step: String,
+    /// Repeating it is safe: every tool it can call is read-only or declared `idempotent: true`.
+    pub idempotent: bool,
+    /// The process group of a command it started that is still running (it outlived the archon process
+    /// that started it).
+    pub leftover: Option<u32>,
+}
+
+/// The step id of a recorded name: `fetch[3]` is an item of `fetch`.
+pub fn step_of(name: &str) -> &str {
+    name.split_once('[').map_or(name, |(step, _)| step)
+}
+
+/// The steps and items of `run` that are in doubt: an attempt is recorded as started and not as failed
+/// (it was running, was cancelled mid-way, or succeeded without its result being recorded), and no final
+/// result is.
+pub fn in_doubt(workflow: &Workflow, run: &StoredRun) -> Vec<InDoubt> {
+    let mut names: Vec<&str> = Vec::new();
+    for attempt in &run.attempts {
+        let finished = run.results.contains_key(&attempt.step)
+            || run.results.contains_key(step_of(&attempt.step));
+        // A failed attempt is what retries are for; any other may have had its effect.
+        let effect_possible = matches!(
+            attempt.status.as_str(),
+            "running" | "succeeded" | "cancelled"
+        );
+        if !finished && effect_possible && !names.contains(&attempt.step.as_str()) {
+            names.push(&attempt.step);
+        }
+    }
+    names
+        .into_iter()
+        .map(|name| {
+            let step = step_of(name).to_owned();
+            let leftover = run
+                .attempts
+                .iter()
+                .filter(|a| a.step == name)
+                .filter_map(|a| Some((a.pgid?, a.pgid_started)))
+                .filter(|(pgid, started)| crate::store::leftover_group(*pgid, *started))
+                .map(|(pgid, _)| pgid)
+                .next_back();
+            InDoubt {
+                name: name.to_owned(),
+                idempotent: step_idempotent(workflow, &step),
+                step,
+                leftover,
+            }
+        })
+        .collect()
+}
+
+/// Whether every tool a step can call (its body and its fallback) is safe to repeat.
+pub fn step_idempotent(workflow: &Workflow, id: &str) -> bool {
+    let Some(step) = workflow.spec.steps.iter().find(|s| s.id.value == id) else {
+        return false;
+    };
+    let mut seen = HashSet::new();
+    body_idempotent(workflow, step.body(), &mut seen)
+        && step
+            .fallback
+            .as_ref()
+            .is_none_or(|f| body_idempotent(workflow, f.body(), &mut seen))
+}
+
+/// Whether every tool a step body can call is safe to repeat.
+pub fn body_is_idempotent(workflow: &Workflow, body: Body<'_>) -> bool {
+    body_idempotent(workflow, body, &mut HashSet::new())
+}
+
+fn body_idempotent(workflow: &Workflow, body: Body<'_>, seen: &mut HashSet<String>) -> bool {
+    if let Some(tool) = body.tool {
+        let name = tool.value.as_str();
+        return match workflow.spec.tools.get(name) {
+            Some(def) if def.idempotent == Some(true) => true,
+            Some(def) => match (&def.steps, &def.workflow) {
+                (Some(steps), _) => {
+                    !seen.insert(name.to_owned())
+                        || steps
+                            .value
+                            .iter()
+                            .all(|s| body_idempotent(workflow, s.body(), seen))
+                }
+                (None, Some(path)) => workflow_idempotent(workflow, &path.value),
+                _ => false,
+            },
+            None => builtin::get(name).is_some_and(|b| b.read_only),
+        };
+    }
+    if let Some(path) = body.workflow {
+        return workflow_idempotent(workflow, &path.value);
+    }
+    false
+}
+
+fn workflow_idempotent(workflow: &Workflow, path: &str) -> bool {
+    workflow.subworkflows.get(path).is_some_and(|sub| {
+        sub.spec
+            .steps
+            .iter()
+            .all(|s| step_idempotent(sub, &s.id.value))
+    })
+}
+
+/// `from` and every step that depends on it, directly or not, in the workflow's order.
+pub fn downstream(workflow: &Workflow, from: &str) -> Vec<String> {
+    let Some(start) = workflow.spec.steps.iter().position(|s| s.id.value == from) else {
+        return Vec::new();
+    };
+    let mut reached = BTreeSet::from([start]);
+    for &index in &workflow.order {
+        if workflow.dependencies[index]
+            .iter()
+            .any(|d| reached.contains(d))
+        {
+            reached.insert(index);
+        }
+    }
+    reached
+        .into_iter()
+        .map(|i| workflow.spec.steps[i].id.value.clone())
+        .collect()
+}
+
+/// The ids of steps added, removed or changed between two versions of a spec, and `(workflow)` when
+/// something outside the steps changed (inputs, tools, env...).
+pub fn changed_steps(before: &Spec, after: &Spec) -> Vec<String> {
+    let shape = |spec: &Spec| -> Vec<(String, Json)> {
+        spec.steps
+            .iter()
+            .map(|s| {
+                (
+                    s.id.value.clone(),
+                    serde_json::to_value(s).unwrap_or(Json::Null),
+                )
+            })
+            .collect()
+    };
+    let (old, new) = (shape(before), shape(after));
+    let mut changed = Vec::new();
+    for (id, value) in &new {
+        if old
+            .iter()
+            .find(|(o, _)| o == id)
+            .is_none_or(|(_, v)| v != value)
+        {
+            changed.push(id.clone());
+        }
+    }
+    for (id, _) in &old {
+        if !new.iter().any(|(n, _)| n == id) {
+            changed.push(id.clone());
+        }
+    }
+    let rest = |spec: &Spec| {
+        let mut value = serde_json::to_value(spec).unwrap_or(Json::Null);
+        if let Json::Object(map) = &mut value {
+            map.remove("steps");
+        }
+        value
+    };
+    if rest(before) != rest(after) {
+        changed.push("(workflow)".to_owned());
+    }
+    changed
+}

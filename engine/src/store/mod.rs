@@ -1,0 +1,290 @@
+//! Run state: what a run records as it goes (the [`Journal`]) and where runs are kept (a [`RunStore`]).
+//!
+//! The scheduler writes through a `Journal`: an attempt is recorded as running, and the record is durable,
+//! before the attempt's side effect starts; a step's result is durable before any step that depends on it
+//! starts. [`MemoryJournal`] keeps nothing (runs embedded without a store); [`sqlite::SqliteStore`] keeps
+//! everything in an embedded SQLite database. docs/durability.md says exactly what is synced when.
+
+pub mod sqlite;
+
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value as Json};
+use tokio::sync::oneshot;
+
+use crate::run::{RunEvent, StepResult};
+
+/// A problem with the run store: it cannot be opened, is damaged, or a write failed.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{message}")]
+pub struct StoreError {
+    pub message: String,
+    pub hint: Option<String>,
+}
+
+impl StoreError {
+    pub fn new(message: impl Into<String>) -> Self {
+        StoreError {
+            message: message.into(),
+            hint: None,
+        }
+    }
+
+    pub fn with_hint(mut self, hint: impl Into<String>) -> Self {
+        self.hint = Some(hint.into());
+        self
+    }
+}
+
+/// One thing a run records.
+#[derive(Clone, Debug)]
+pub enum Entry {
+    /// An attempt of a step (or of one `foreach` item, `step[i]`) is about to call its tool.
+    AttemptStarted { step: String, fallback: bool },
+    /// That attempt started a command, in process group `pgid` (its leader started at `started`, in clock
+    /// ticks since boot, to tell it from a later process with the same id).
+    ProcessStarted {
+        step: String,
+        pgid: u32,
+        started: Option<u64>,
+    },
+    /// That attempt ended.
+    AttemptEnded {
+        step: String,
+        status: crate::run::StepStatus,
+        error: Option<String>,
+    },
+    /// A step (or `foreach` item) has its final result; a resumed run reuses it.
+    StepFinished {
+        step: String,
+        result: Box<StepResult>,
+    },
+    /// A progress event, for the event log.
+    Event(RunEvent),
+    /// The run ended (or was interrupted, when `status` is `interrupted`).
+    RunEnded {
+        status: RunState,
+        outputs: Map<String, Json>,
+        error: Option<String>,
+    },
+}
+
+/// Resolves once everything recorded before it is durable (or failed to be).
+#[derive(Debug)]
+pub struct Ack(AckState);
+
+#[derive(Debug)]
+enum AckState {
+    Done,
+    Failed(StoreError),
+    Pending(oneshot::Receiver<Result<(), StoreError>>),
+}
+
+impl Ack {
+    /// Already durable, or nothing to wait for.
+    pub fn done() -> Self {
+        Ack(AckState::Done)
+    }
+
+    pub fn failed(error: StoreError) -> Self {
+        Ack(AckState::Failed(error))
+    }
+
+    pub fn pending(receiver: oneshot::Receiver<Result<(), StoreError>>) -> Self {
+        Ack(AckState::Pending(receiver))
+    }
+
+    pub async fn wait(self) -> Result<(), StoreError> {
+        match self.0 {
+            AckState::Done => Ok(()),
+            AckState::Failed(error) => Err(error),
+            AckState::Pending(receiver) => receiver
+                .await
+                .unwrap_or_else(|_| Err(StoreError::new("the run store stopped"))),
+        }
+    }
+}
+
+/// Where a run records its progress as it happens. Entries are applied in the order recorded, so when a
+/// [`Journal::flush`] resolves, everything recorded before it is durable.
+pub trait Journal: Send + Sync + fmt::Debug {
+    /// Records `entry`, without waiting.
+    fn record(&self, entry: Entry);
+    /// Resolves once everything recorded so far is durable.
+    fn flush(&self) -> Ack;
+}
+
+/// A journal that keeps nothing: a run without a store.
+#[derive(Debug, Default)]
+pub struct MemoryJournal;
+
+impl Journal for MemoryJournal {
+    fn record(&self, _entry: Entry) {}
+
+    fn flush(&self) -> Ack {
+        Ack::done()
+    }
+}
+
+/// Where a run stands, as the store knows it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RunState {
+    /// A live process owns it and is running it.
+    Running,
+    Succeeded,
+    Failed,
+    /// Stopped for good by `archon cancel`.
+    Cancelled,
+    /// Stopped by Ctrl-C, a signal or a crash: it can be resumed.
+    Interrupted,
+}
+
+impl RunState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RunState::Running => "running",
+            RunState::Succeeded => "succeeded",
+            RunState::Failed => "failed",
+            RunState::Cancelled => "cancelled",
+            RunState::Interrupted => "interrupted",
+        }
+    }
+
+    fn parse(text: &str) -> Option<Self> {
+        Some(match text {
+            "running" => RunState::Running,
+            "succeeded" => RunState::Succeeded,
+            "failed" => RunState::Failed,
+            "cancelled" => RunState::Cancelled,
+            "interrupted" => RunState::Interrupted,
+            _ => return None,
+        })
+    }
+}
+
+/// A run as `archon runs` lists it.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct RunSummary {
+    pub id: String,
+    pub workflow: String,
+    /// `running` only while its owner is alive: a run whose owner died shows as `interrupted`.
+    pub status: RunState,
+    /// Milliseconds since the Unix epoch.
+    pub started_at: u64,
+    pub finished_at: Option<u64>,
+    pub duration_ms: Option<u64>,
+}
+
+/// What a new run stores before anything runs.
+#[derive(Clone, Debug)]
+pub struct NewRun {
+    pub id: String,
+    pub workflow: String,
+    /// The spec's path, as the run was started with it (absolute).
+    pub spec_path: String,
+    /// Every file of the workflow (the spec and its sub-workflows): path and text.
+    pub files: Vec<(String, String)>,
+    pub inputs: Map<String, Json>,
+    pub workdir: String,
+    pub max_parallel: usize,
+}
+
+/// Everything the store holds about a run.
+#[derive(Clone, Debug, Serialize)]
+pub struct StoredRun {
+    pub id: String,
+    pub workflow: String,
+    pub spec_path: String,
+    pub spec_hash: String,
+    pub status: RunState,
+    pub inputs: Map<String, Json>,
+    pub workdir: String,
+    pub max_parallel: usize,
+    pub started_at: u64,
+    pub finished_at: Option<u64>,
+    pub outputs: Map<String, Json>,
+    pub error: Option<String>,
+    /// Final results of steps and `foreach` items (`step[i]`), by name.
+    pub results: indexmap::IndexMap<String, StepResult>,
+    /// Every attempt, in the order they started.
+    pub attempts: Vec<AttemptRecord>,
+    /// The process that owns the run, while it is live.
+    pub owner: Option<Owner>,
+}
+
+/// One recorded attempt.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct AttemptRecord {
+    pub step: String,
+    /// Numbered from 1 per step, across resumes and retries.
+    pub attempt: u32,
+    /// Which `retry --from` (0 for the first run of the step) made it.
+    pub generation: u32,
+    pub fallback: bool,
+    /// `running` when the attempt never ended.
+    pub status: String,
+    /// The process group of the last command the attempt started, and when its leader started.
+    pub pgid: Option<u32>,
+    #[serde(skip)]
+    pub pgid_started: Option<u64>,
+    pub error: Option<String>,
+    pub started_at: u64,
+    pub ended_at: Option<u64>,
+}
+
+/// The live process that owns a run.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Owner {
+    pub pid: u32,
+    pub host: String,
+    /// Milliseconds since the Unix epoch after which the lease has lapsed unless renewed.
+    pub lease_until: u64,
+}
+
+/// The SHA-256 of a workflow's files, in order: what `resume` compares to detect a changed spec.
+pub fn spec_hash(files: &[(String, String)]) -> String {
+    use sha2::{Digest, Sha256};
+    let mut hasher = Sha256::new();
+    for (path, text) in files {
+        hasher.update((path.len() as u64).to_le_bytes());
+        hasher.update(path.as_bytes());
+        hasher.update((text.len() as u64).to_le_bytes());
+        hasher.update(text.as_bytes());
+    }
+    hasher
+        .finalize()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// When process `pid` started, in clock ticks since boot (Linux `/proc`), or `None` when it is gone.
+pub fn process_start_time(pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The fields after the command name (which may hold spaces) start with the state; start time is the
+    // 22nd field, the 20th after the name.
+    let (_, rest) = stat.rsplit_once(')')?;
+    rest.split_whitespace().nth(19)?.parse().ok()
+}
+
+/// Whether the process group a crashed attempt started still has its leader running: the same process,
+/// not a later one with the same id.
+pub fn leftover_group(pgid: u32, started: Option<u64>) -> bool {
+    started.is_some() && process_start_time(pgid) == started
+}
+
+/// Kills a leftover process group (see [`leftover_group`]).
+pub fn kill_group(pgid: u32) {
+    if let Some(pid) = rustix::process::Pid::from_raw(pgid as i32) {
+        let _ = rustix::process::kill_process_group(pid, rustix::process::Signal::KILL);
+    }
+}
+
+/// Milliseconds since the Unix epoch.
+pub fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}

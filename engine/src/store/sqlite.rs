@@ -1,0 +1,946 @@
+//! The embedded run store: one SQLite database (WAL mode, `synchronous=FULL`) in the state directory.
+//!
+//! Queries use a connection of their own; each running run has a writer thread with another connection that
+//! applies journal entries in order, in batches (one transaction each), renews the run's lease and notices
+//! `archon cancel`. A damaged or foreign database is reported, never reset.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::sync::mpsc::{self, RecvTimeoutError};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use indexmap::IndexMap;
+use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
+use serde_json::{Map, Value as Json};
+use tokio::sync::oneshot;
+use tokio_util::sync::CancellationToken;
+
+use super::{
+    Ack, AttemptRecord, Entry, Journal, NewRun, Owner, RunState, RunSummary, StoreError, StoredRun,
+    now_ms, spec_hash,
+};
+use crate::run::StepResult;
+
+/// The database file inside the state directory.
+pub const DATABASE: &str = "state.db";
+/// Marks the database as Archon's (`PRAGMA application_id`): "ARCN".
+const APPLICATION_ID: i64 = 0x4152_434E;
+/// Step outputs whose JSON text is larger than this are stored once, by SHA-256, in `blobs`.
+pub const INLINE_OUTPUT_BYTES: usize = 64 * 1024;
+/// How long a run's lease lasts unless renewed, and how often its owner renews it.
+pub const LEASE: Duration = Duration::from_secs(15);
+const HEARTBEAT: Duration = Duration::from_secs(3);
+/// How long a connection waits for another process's write to finish.
+const BUSY_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// The schema, one migration per version (`PRAGMA user_version` is the number applied).
+const MIGRATIONS: &[&str] = &[r"
+CREATE TABLE runs (
+    id TEXT PRIMARY KEY,
+    workflow TEXT NOT NULL,
+    spec_path TEXT NOT NULL,
+    spec_hash TEXT NOT NULL,
+    status TEXT NOT NULL,
+    inputs TEXT NOT NULL,
+    workdir TEXT NOT NULL,
+    max_parallel INTEGER NOT NULL,
+    started_at INTEGER NOT NULL,
+    finished_at INTEGER,
+    outputs TEXT,
+    error TEXT,
+    generation INTEGER NOT NULL DEFAULT 0,
+    owner_pid INTEGER,
+    owner_host TEXT,
+    lease_until INTEGER,
+    cancel_requested INTEGER NOT NULL DEFAULT 0
+);
+CREATE TABLE files (
+    run_id TEXT NOT NULL REFERENCES runs(id),
+    position INTEGER NOT NULL,
+    path TEXT NOT NULL,
+    text TEXT NOT NULL,
+    PRIMARY KEY (run_id, position)
+);
+CREATE TABLE attempts (
+    run_id TEXT NOT NULL REFERENCES runs(id),
+    step TEXT NOT NULL,
+    attempt INTEGER NOT NULL,
+    generation INTEGER NOT NULL,
+    fallback INTEGER NOT NULL,
+    status TEXT NOT NULL,
+    error TEXT,
+    started_at INTEGER NOT NULL,
+    ended_at INTEGER,
+    pgid INTEGER,
+    pgid_started INTEGER,
+    PRIMARY KEY (run_id, step, attempt)
+);
+CREATE TABLE results (
+    run_id TEXT NOT NULL REFERENCES runs(id),
+    step TEXT NOT NULL,
+    generation INTEGER NOT NULL,
+    status TEXT NOT NULL,
+    result TEXT NOT NULL,
+    output_blob TEXT REFERENCES blobs(hash),
+    finished_at INTEGER NOT NULL,
+    PRIMARY KEY (run_id, step)
+);
+CREATE TABLE blobs (
+    hash TEXT PRIMARY KEY,
+    data BLOB NOT NULL
+);
+CREATE TABLE events (
+    run_id TEXT NOT NULL REFERENCES runs(id),
+    seq INTEGER NOT NULL,
+    at INTEGER NOT NULL,
+    event TEXT NOT NULL,
+    PRIMARY KEY (run_id, seq)
+);
+CREATE INDEX runs_by_start ON runs(started_at);
+"];
+
+/// Runs kept in an SQLite database under a state directory.
+#[derive(Debug)]
+pub struct SqliteStore {
+    path: PathBuf,
+    conn: Mutex<Connection>,
+}
+
+impl SqliteStore {
+    /// Opens (or creates) the store in `dir`, checking that the database is Archon's, of a known version,
+    /// and intact.
+    pub fn open(dir: &Path) -> Result<Self, StoreError> {
+        std::fs::create_dir_all(dir).map_err(|e| {
+            StoreError::new(format!(
+                "cannot create state directory `{}`: {e}",
+                dir.display()
+            ))
+        })?;
+        let path = dir.join(DATABASE);
+        let mut conn = connect(&path)?;
+        check_and_migrate(&mut conn, &path)?;
+        Ok(SqliteStore {
+            path,
+            conn: Mutex::new(conn),
+        })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    fn with<T>(
+        &self,
+        f: impl FnOnce(&mut Connection) -> rusqlite::Result<T>,
+    ) -> Result<T, StoreError> {
+        let mut conn = self
+            .conn
+            .lock()
+            .map_err(|_| StoreError::new("the run store is unusable after an earlier failure"))?;
+        f(&mut conn).map_err(|e| sql_error(&self.path, &e))
+    }
+
+    /// Records a new run, owned by this process, with its spec files and inputs.
+    pub fn create_run(&self, run: &NewRun) -> Result<(), StoreError> {
+        let hash = spec_hash(&run.files);
+        let inputs = json_text(&Json::Object(run.inputs.clone()));
+        let now = now_ms();
+        self.with(|conn| {
+            let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+            tx.execute(
+                "INSERT INTO runs (id, workflow, spec_path, spec_hash, status, inputs, workdir, max_parallel,
+                    started_at, owner_pid, owner_host, lease_until)
+                 VALUES (?1, ?2, ?3, ?4, 'running', ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
+                params![
+                    run.id,
+                    run.workflow,
+                    run.spec_path,
+                    hash,
+                    inputs,
+                    run.workdir,
+                    run.max_parallel as i64,
+                    now as i64,
+                    std::process::id(),
+                    host(),
+                    (now + LEASE.as_millis() as u64) as i64,
+                ],
+            )?;
+            for (position, (path, text)) in run.files.iter().enumerate() {
+                tx.execute(
+                    "INSERT INTO files (run_id, position, path, text) VALUES (?1, ?2, ?3, ?4)",
+                    params![run.id, position as i64, path, text],
+                )?;
+            }
+            tx.commit()
+        })
+    }
+
+    /// Takes ownership of a run that no live process owns, for resuming it. Refused while another live
+    /// process owns it.
+    pub fn claim(&self, id: &str) -> Result<(), StoreError> {
+        let me = std::process::id();
+        let outcome = self.with(|conn| {
+            let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+            let row = tx
+                .query_row(
+                    "SELECT status, owner_pid, owner_host, lease_until FROM runs WHERE id = ?1",
+                    [id],
+                    |r| Ok((r.get::<_, String>(0)?, owner_of(r.get(1)?, r.get(2)?, r.get(3)?))),
+                )
+                .optional()?;
+            let Some((status, owner)) = row else {
+                return Ok(Err(None));
+            };
+            if status == "running"
+                && let Some(owner) = owner.filter(|o| o.pid != me && is_alive(o))
+            {
+                return Ok(Err(Some(owner)));
+            }
+            tx.execute(
+                "UPDATE runs SET status = 'running', owner_pid = ?2, owner_host = ?3, lease_until = ?4,
+                    finished_at = NULL, cancel_requested = 0 WHERE id = ?1",
+                params![
+                    id,
+                    me,
+                    host(),
+                    (now_ms() + LEASE.as_millis() as u64) as i64
+                ],
+            )?;
+            tx.commit()?;
+            Ok(Ok(()))
+        })?;
+        match outcome {
+            Ok(()) => Ok(()),
+            Err(None) => Err(unknown_run(id)),
+            Err(Some(owner)) => Err(StoreError::new(format!(
+                "run `{id}` is being run by process {} on `{}`",
+                owner.pid, owner.host
+            ))
+            .with_hint("wait for it to finish, or stop it with `archon cancel`")),
+        }
+    }
+
+    /// Starts a new generation of a run (for `retry --from`): forgets the final results of `steps`, so
+    /// they run again as new attempts; earlier attempts stay.
+    pub fn forget_results(&self, id: &str, steps: &[String]) -> Result<u32, StoreError> {
+        self.with(|conn| {
+            let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+            tx.execute(
+                "UPDATE runs SET generation = generation + 1, outputs = NULL, error = NULL WHERE id = ?1",
+                [id],
+            )?;
+            for step in steps {
+                tx.execute(
+                    "DELETE FROM results WHERE run_id = ?1 AND (step = ?2 OR step LIKE ?3 ESCAPE '\\')",
+                    params![id, step, format!("{}[%", like_escape(step))],
+                )?;
+            }
+            let generation: u32 =
+                tx.query_row("SELECT generation FROM runs WHERE id = ?1", [id], |r| {
+                    r.get(0)
+                })?;
+            tx.commit()?;
+            Ok(generation)
+        })
+    }
+
+    /// Asks the run to stop for good: a live owner notices within a few seconds (and is sent SIGTERM when
+    /// it runs on this host); a run nobody owns is marked cancelled at once.
+    pub fn cancel(&self, id: &str) -> Result<RunState, StoreError> {
+        let run = self.load(id)?;
+        match run.status {
+            RunState::Succeeded | RunState::Failed | RunState::Cancelled => Ok(run.status),
+            RunState::Running => {
+                self.with(|conn| {
+                    conn.execute("UPDATE runs SET cancel_requested = 1 WHERE id = ?1", [id])
+                })?;
+                if let Some(owner) = run.owner.filter(|o| o.host == host()) {
+                    let _ = rustix::process::Pid::from_raw(owner.pid as i32).map(|pid| {
+                        rustix::process::kill_process(pid, rustix::process::Signal::TERM)
+                    });
+                }
+                Ok(RunState::Running)
+            }
+            RunState::Interrupted => {
+                self.with(|conn| {
+                    conn.execute(
+                        "UPDATE runs SET status = 'cancelled', finished_at = ?2, owner_pid = NULL,
+                            owner_host = NULL, lease_until = NULL WHERE id = ?1",
+                        params![id, now_ms() as i64],
+                    )
+                })?;
+                Ok(RunState::Cancelled)
+            }
+        }
+    }
+
+    /// The runs in the store, newest first.
+    pub fn list(&self) -> Result<Vec<RunSummary>, StoreError> {
+        self.with(|conn| {
+            let mut stmt = conn.prepare(
+                "SELECT id, workflow, status, started_at, finished_at, owner_pid, owner_host, lease_until
+                 FROM runs ORDER BY started_at DESC, id DESC",
+            )?;
+            let rows = stmt.query_map([], |r| {
+                let status: String = r.get(2)?;
+                let owner = owner_of(r.get(5)?, r.get(6)?, r.get(7)?);
+                let started_at = r.get::<_, i64>(3)? as u64;
+                let finished_at = r.get::<_, Option<i64>>(4)?.map(|t| t as u64);
+                Ok(RunSummary {
+                    id: r.get(0)?,
+                    workflow: r.get(1)?,
+                    status: effective_state(&status, owner.as_ref()),
+                    started_at,
+                    finished_at,
+                    duration_ms: finished_at.map(|f| f.saturating_sub(started_at)),
+                })
+            })?;
+            rows.collect()
+        })
+    }
+
+    /// Everything about one run.
+    pub fn load(&self, id: &str) -> Result<StoredRun, StoreError> {
+        let run = self.with(|conn| {
+            let Some(mut run) = conn
+                .query_row(
+                    "SELECT id, workflow, spec_path, spec_hash, status, inputs, workdir, max_parallel,
+                        started_at, finished_at, outputs, error, owner_pid, owner_host, lease_until
+                     FROM runs WHERE id = ?1",
+                    [id],
+                    |r| {
+                        let status: String = r.get(4)?;
+                        let owner = owner_of(r.get(12)?, r.get(13)?, r.get(14)?);
+                        Ok(StoredRun {
+                            id: r.get(0)?,
+                            workflow: r.get(1)?,
+                            spec_path: r.get(2)?,
+                            spec_hash: r.get(3)?,
+                            status: effective_state(&status, owner.as_ref()),
+                            inputs: json_object(&r.get::<_, String>(5)?),
+                            workdir: r.get(6)?,
+                            max_parallel: r.get::<_, i64>(7)? as usize,
+                            started_at: r.get::<_, i64>(8)? as u64,
+                            finished_at: r.get::<_, Option<i64>>(9)?.map(|t| t as u64),
+                            outputs: r
+                                .get::<_, Option<String>>(10)?
+                                .map(|t| json_object(&t))
+                                .unwrap_or_default(),
+                            error: r.get(11)?,
+                            results: IndexMap::new(),
+                            attempts: Vec::new(),
+                            owner: owner.filter(is_alive),
+                        })
+                    },
+                )
+                .optional()?
+            else {
+                return Ok(None);
+            };
+            let mut stmt = conn.prepare(
+                "SELECT r.step, r.result, b.data FROM results r LEFT JOIN blobs b ON b.hash = r.output_blob
+                 WHERE r.run_id = ?1 ORDER BY r.rowid",
+            )?;
+            let rows = stmt.query_map([id], |r| {
+                Ok((
+                    r.get::<_, String>(0)?,
+                    r.get::<_, String>(1)?,
+                    r.get::<_, Option<Vec<u8>>>(2)?,
+                ))
+            })?;
+            for row in rows {
+                let (step, text, blob) = row?;
+                let mut result: StepResult = serde_json::from_str(&text).map_err(|e| {
+                    rusqlite::Error::FromSqlConversionFailure(
+                        1,
+                        rusqlite::types::Type::Text,
+                        Box::new(e),
+                    )
+                })?;
+                if let Some(blob) = blob {
+                    result.output = serde_json::from_slice(&blob).map_err(|e| {
+                        rusqlite::Error::FromSqlConversionFailure(
+                            2,
+                            rusqlite::types::Type::Blob,
+                            Box::new(e),
+                        )
+                    })?;
+                }
+                run.results.insert(step, result);
+            }
+            let mut stmt = conn.prepare(
+                "SELECT step, attempt, generation, fallback, status, error, started_at, ended_at, pgid,
+                    pgid_started
+                 FROM attempts WHERE run_id = ?1 ORDER BY started_at, rowid",
+            )?;
+            run.attempts = stmt
+                .query_map([id], |r| {
+                    Ok(AttemptRecord {
+                        step: r.get(0)?,
+                        attempt: r.get(1)?,
+                        generation: r.get(2)?,
+                        fallback: r.get(3)?,
+                        status: r.get(4)?,
+                        error: r.get(5)?,
+                        started_at: r.get::<_, i64>(6)? as u64,
+                        ended_at: r.get::<_, Option<i64>>(7)?.map(|t| t as u64),
+                        pgid: r.get(8)?,
+                        pgid_started: r.get::<_, Option<i64>>(9)?.map(|t| t as u64),
+                    })
+                })?
+                .collect::<rusqlite::Result<_>>()?;
+            Ok(Some(run))
+        })?;
+        run.ok_or_else(|| unknown_run(id))
+    }
+
+    /// The spec files a run was started with: path (relative to the spec's directory) and text.
+    pub fn files(&self, id: &str) -> Result<Vec<(String, String)>, StoreError> {
+        self.with(|conn| {
+            let mut stmt =
+                conn.prepare("SELECT path, text FROM files WHERE run_id = ?1 ORDER BY position")?;
+            stmt.query_map([id], |r| Ok((r.get(0)?, r.get(1)?)))?
+                .collect()
+        })
+    }
+
+    /// Replaces the spec files of a run (resuming with `--allow-changed-spec`).
+    pub fn replace_files(&self, id: &str, files: &[(String, String)]) -> Result<(), StoreError> {
+        let hash = spec_hash(files);
+        self.with(|conn| {
+            let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+            tx.execute("DELETE FROM files WHERE run_id = ?1", [id])?;
+            for (position, (path, text)) in files.iter().enumerate() {
+                tx.execute(
+                    "INSERT INTO files (run_id, position, path, text) VALUES (?1, ?2, ?3, ?4)",
+                    params![id, position as i64, path, text],
+                )?;
+            }
+            tx.execute(
+                "UPDATE runs SET spec_hash = ?2 WHERE id = ?1",
+                params![id, hash],
+            )?;
+            tx.commit()
+        })
+    }
+
+    /// The run's event log, in order.
+    pub fn events(&self, id: &str) -> Result<Vec<Json>, StoreError> {
+        self.with(|conn| {
+            let mut stmt =
+                conn.prepare("SELECT at, event FROM events WHERE run_id = ?1 ORDER BY seq")?;
+            stmt.query_map([id], |r| {
+                let at: i64 = r.get(0)?;
+                let text: String = r.get(1)?;
+                let mut event = serde_json::from_str::<Json>(&text).unwrap_or(Json::String(text));
+                if let Json::Object(map) = &mut event {
+                    map.insert("at_ms".to_owned(), Json::from(at));
+                }
+                Ok(event)
+            })?
+            .collect()
+        })
+    }
+
+    /// Starts the journal of a run this process owns: a writer thread that applies entries in order,
+    /// renews the lease, and cancels `cancel` when `archon cancel` asks.
+    pub fn journal(
+        &self,
+        id: &str,
+        cancel: CancellationToken,
+    ) -> Result<SqliteJournal, StoreError> {
+        let conn = connect(&self.path)?;
+        let (generation, next_attempt, seq) = self.with(|c| {
+            let generation: u32 =
+                c.query_row("SELECT generation FROM runs WHERE id = ?1", [id], |r| {
+                    r.get(0)
+                })?;
+            let mut stmt = c.prepare(
+                "SELECT step, MAX(attempt) FROM attempts WHERE run_id = ?1 GROUP BY step",
+            )?;
+            let next: HashMap<String, u32> = stmt
+                .query_map([id], |r| Ok((r.get::<_, String>(0)?, r.get::<_, u32>(1)?)))?
+                .collect::<rusqlite::Result<_>>()?;
+            let seq: i64 = c.query_row(
+                "SELECT COALESCE(MAX(seq), 0) FROM events WHERE run_id = ?1",
+                [id],
+                |r| r.get(0),
+            )?;
+            Ok((generation, next, seq))
+        })?;
+        let (sender, receiver) = mpsc::channel();
+        let writer = Writer {
+            conn,
+            path: self.path.clone(),
+            run: id.to_owned(),
+            generation,
+            last_attempt: next_attempt,
+            open: HashMap::new(),
+            seq,
+            cancel,
+            broken: None,
+        };
+        let thread = std::thread::Builder::new()
+            .name("archon-journal".to_owned())
+            .spawn(move || writer.run(&receiver))
+            .map_err(|e| StoreError::new(format!("cannot start the journal writer: {e}")))?;
+        Ok(SqliteJournal {
+            sender: Mutex::new(Some(sender)),
+            thread: Mutex::new(Some(thread)),
+        })
+    }
+}
+
+/// The journal of one run, written by a thread of its own.
+#[derive(Debug)]
+pub struct SqliteJournal {
+    sender: Mutex<Option<mpsc::Sender<Message>>>,
+    thread: Mutex<Option<JoinHandle<()>>>,
+}
+
+enum Message {
+    Entry(Entry),
+    Flush(oneshot::Sender<Result<(), StoreError>>),
+}
+
+impl SqliteJournal {
+    fn send(&self, message: Message) -> bool {
+        self.sender
+            .lock()
+            .ok()
+            .and_then(|s| s.as_ref().map(|s| s.send(message).is_ok()))
+            .unwrap_or(false)
+    }
+
+    /// Stops the writer after it has applied everything sent so far, and releases the run's lease.
+    pub fn close(&self) {
+        if let Ok(mut sender) = self.sender.lock() {
+            sender.take();
+        }
+        if let Some(thread) = self.thread.lock().ok().and_then(|mut t| t.take()) {
+            let _ = thread.join();
+        }
+    }
+}
+
+impl Drop for SqliteJournal {
+    fn drop(&mut self) {
+        self.close();
+    }
+}
+
+impl Journal for SqliteJournal {
+    fn record(&self, entry: Entry) {
+        self.send(Message::Entry(entry));
+    }
+
+    fn flush(&self) -> Ack {
+        let (done, wait) = oneshot::channel();
+        if self.send(Message::Flush(done)) {
+            Ack::pending(wait)
+        } else {
+            Ack::failed(StoreError::new("the run store stopped"))
+        }
+    }
+}
+
+/// The state of a journal writer thread.
+struct Writer {
+    conn: Connection,
+    path: PathBuf,
+    run: String,
+    generation: u32,
+    /// The highest attempt number recorded per step.
+    last_attempt: HashMap<String, u32>,
+    /// The attempt of each step still running.
+    open: HashMap<String, u32>,
+    seq: i64,
+    cancel: CancellationToken,
+    /// The first write failure: every later flush reports it.
+    broken: Option<StoreError>,
+}
+
+/// Most messages applied in one transaction.
+const BATCH: usize = 8192;
+
+impl Writer {
+    fn run(mut self, receiver: &mpsc::Receiver<Message>) {
+        let mut last_heartbeat = Instant::now();
+        loop {
+            let first = match receiver.recv_timeout(HEARTBEAT) {
+                Ok(message) => Some(message),
+                Err(RecvTimeoutError::Timeout) => None,
+                Err(RecvTimeoutError::Disconnected) => break,
+            };
+            let mut batch: Vec<Message> = first.into_iter().collect();
+            while batch.len() < BATCH {
+                match receiver.try_recv() {
+                    Ok(message) => batch.push(message),
+                    Err(_) => break,
+                }
+            }
+            let heartbeat = last_heartbeat.elapsed() >= HEARTBEAT;
+            if heartbeat {
+                last_heartbeat = Instant::now();
+            }
+            self.apply(batch, heartbeat);
+        }
+        // Everything sent has been applied: give the run up.
+        let _ = self.conn.execute(
+            "UPDATE runs SET owner_pid = NULL, owner_host = NULL, lease_until = NULL
+             WHERE id = ?1 AND owner_pid = ?2",
+            params![self.run, std::process::id()],
+        );
+    }
+
+    fn apply(&mut self, batch: Vec<Message>, heartbeat: bool) {
+        let mut flushes = Vec::new();
+        let mut entries = Vec::new();
+        for message in batch {
+            match message {
+                Message::Entry(entry) => entries.push(entry),
+                Message::Flush(done) => flushes.push(done),
+            }
+        }
+        if self.broken.is_none() {
+            let outcome = self.write(&entries, heartbeat);
+            match outcome {
+                Ok(cancel_requested) => {
+                    if cancel_requested {
+                        self.cancel.cancel();
+                    }
+                }
+                Err(e) => self.broken = Some(sql_error(&self.path, &e)),
+            }
+        }
+        let outcome = match &self.broken {
+            None => Ok(()),
+            Some(e) => Err(e.clone()),
+        };
+        for done in flushes {
+            let _ = done.send(outcome.clone());
+        }
+    }
+
+    /// Applies entries in one transaction; returns whether a cancel was requested.
+    fn write(&mut self, entries: &[Entry], heartbeat: bool) -> rusqlite::Result<bool> {
+        let now = now_ms() as i64;
+        let tx = self
+            .conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)?;
+        for entry in entries {
+            match entry {
+                Entry::AttemptStarted { step, fallback } => {
+                    let attempt = self.last_attempt.entry(step.clone()).or_insert(0);
+                    *attempt += 1;
+                    self.open.insert(step.clone(), *attempt);
+                    tx.prepare_cached(
+                        "INSERT INTO attempts (run_id, step, attempt, generation, fallback, status, started_at)
+                         VALUES (?1, ?2, ?3, ?4, ?5, 'running', ?6)",
+                    )?
+                    .execute(params![self.run, step, *attempt, self.generation, fallback, now])?;
+                }
+                Entry::ProcessStarted {
+                    step,
+                    pgid,
+                    started,
+                } => {
+                    if let Some(attempt) = self.open.get(step) {
+                        tx.prepare_cached(
+                            "UPDATE attempts SET pgid = ?4, pgid_started = ?5
+                             WHERE run_id = ?1 AND step = ?2 AND attempt = ?3",
+                        )?
+                        .execute(params![
+                            self.run,
+                            step,
+                            attempt,
+                            pgid,
+                            started.map(|s| s as i64)
+                        ])?;
+                    }
+                }
+                Entry::AttemptEnded {
+                    step,
+                    status,
+                    error,
+                } => {
+                    if let Some(attempt) = self.open.remove(step) {
+                        tx.prepare_cached(
+                            "UPDATE attempts SET status = ?4, error = ?5, ended_at = ?6
+                             WHERE run_id = ?1 AND step = ?2 AND attempt = ?3",
+                        )?
+                        .execute(params![
+                            self.run,
+                            step,
+                            attempt,
+                            status.as_str(),
+                            error,
+                            now
+                        ])?;
+                    }
+                }
+                Entry::StepFinished { step, result } => {
+                    let output = json_text(&result.output);
+                    let (text, blob) = if output.len() > INLINE_OUTPUT_BYTES {
+                        let hash = spec_hash(&[(String::new(), output.clone())]);
+                        tx.prepare_cached(
+                            "INSERT OR IGNORE INTO blobs (hash, data) VALUES (?1, ?2)",
+                        )?
+                        .execute(params![hash, output.as_bytes()])?;
+                        let mut stored = (**result).clone();
+                        stored.output = Json::Null;
+                        (
+                            json_text(&serde_json::to_value(&stored).unwrap_or(Json::Null)),
+                            Some(hash),
+                        )
+                    } else {
+                        (
+                            json_text(&serde_json::to_value(&**result).unwrap_or(Json::Null)),
+                            None,
+                        )
+                    };
+                    tx.prepare_cached(
+                        "INSERT OR REPLACE INTO results (run_id, step, generation, status, result, output_blob, finished_at)
+                         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+                    )?
+                    .execute(params![
+                        self.run,
+                        step,
+                        self.generation,
+                        result.status.as_str(),
+                        text,
+                        blob,
+                        now
+                    ])?;
+                }
+                Entry::Event(event) => {
+                    self.seq += 1;
+                    let text = serde_json::to_string(event).unwrap_or_default();
+                    tx.prepare_cached(
+                        "INSERT INTO events (run_id, seq, at, event) VALUES (?1, ?2, ?3, ?4)",
+                    )?
+                    .execute(params![self.run, self.seq, now, text])?;
+                }
+                Entry::RunEnded {
+                    status,
+                    outputs,
+                    error,
+                } => {
+                    // Stopped by `archon cancel`, the run is cancelled for good, not interrupted.
+                    let cancel_requested: bool = tx.query_row(
+                        "SELECT cancel_requested FROM runs WHERE id = ?1",
+                        [&self.run],
+                        |r| r.get(0),
+                    )?;
+                    let status = match status {
+                        RunState::Interrupted if cancel_requested => RunState::Cancelled,
+                        other => *other,
+                    };
+                    let finished = (status != RunState::Interrupted).then_some(now);
+                    tx.execute(
+                        "UPDATE runs SET status = ?2, outputs = ?3, error = ?4, finished_at = ?5 WHERE id = ?1",
+                        params![
+                            self.run,
+                            status.as_str(),
+                            json_text(&Json::Object(outputs.clone())),
+                            error,
+                            finished
+                        ],
+                    )?;
+                }
+            }
+        }
+        let mut cancel_requested = false;
+        if heartbeat {
+            tx.execute(
+                "UPDATE runs SET lease_until = ?2 WHERE id = ?1 AND owner_pid = ?3",
+                params![self.run, now + LEASE.as_millis() as i64, std::process::id()],
+            )?;
+            cancel_requested = tx.query_row(
+                "SELECT cancel_requested FROM runs WHERE id = ?1",
+                [&self.run],
+                |r| r.get::<_, bool>(0),
+            )?;
+        }
+        tx.commit()?;
+        Ok(cancel_requested)
+    }
+}
+
+fn connect(path: &Path) -> Result<Connection, StoreError> {
+    let conn = Connection::open(path).map_err(|e| sql_error(path, &e))?;
+    conn.busy_timeout(BUSY_TIMEOUT)
+        .map_err(|e| sql_error(path, &e))?;
+    // WAL lets readers work while a run writes; `synchronous=FULL` syncs the log at every commit.
+    let mode: String = conn
+        .query_row("PRAGMA journal_mode = WAL", [], |r| r.get(0))
+        .map_err(|e| sql_error(path, &e))?;
+    if !mode.eq_ignore_ascii_case("wal") {
+        return Err(StoreError::new(format!(
+            "state database `{}` cannot use write-ahead logging (journal mode `{mode}`)",
+            path.display()
+        )));
+    }
+    conn.execute_batch("PRAGMA synchronous = FULL; PRAGMA foreign_keys = ON;")
+        .map_err(|e| sql_error(path, &e))?;
+    Ok(conn)
+}
+
+/// Refuses a database that is not Archon's, is newer than this version, or is damaged; brings an older
+/// one up to date.
+fn check_and_migrate(conn: &mut Connection, path: &Path) -> Result<(), StoreError> {
+    let read = |sql: &str| -> Result<i64, StoreError> {
+        conn.query_row(sql, [], |r| r.get(0))
+            .map_err(|e| sql_error(path, &e))
+    };
+    let application = read("PRAGMA application_id")?;
+    let version = read("PRAGMA user_version")?;
+    let tables = read("SELECT COUNT(*) FROM sqlite_master")?;
+    if application != APPLICATION_ID && !(application == 0 && version == 0 && tables == 0) {
+        return Err(StoreError::new(format!(
+            "`{}` is not an Archon state database",
+            path.display()
+        ))
+        .with_hint("point `--state-dir` (or `ARCHON_STATE_DIR`) at another directory; this file was not changed"));
+    }
+    let latest = MIGRATIONS.len() as i64;
+    if version > latest {
+        return Err(StoreError::new(format!(
+            "state database `{}` has schema version {version}, newer than this archon knows ({latest})",
+            path.display()
+        ))
+        .with_hint("use the archon version that wrote it, or a newer one"));
+    }
+    let check: String = conn
+        .query_row("PRAGMA quick_check", [], |r| r.get(0))
+        .map_err(|e| sql_error(path, &e))?;
+    if check != "ok" {
+        return Err(damaged(path, &check));
+    }
+    if version < latest {
+        // Another process may be creating the same store: migrate under the write lock, from the version
+        // found once holding it.
+        let tx = conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .map_err(|e| sql_error(path, &e))?;
+        let version: i64 = tx
+            .query_row("PRAGMA user_version", [], |r| r.get(0))
+            .map_err(|e| sql_error(path, &e))?;
+        for (index, migration) in MIGRATIONS.iter().enumerate().skip(version as usize) {
+            tx.execute_batch(migration)
+                .map_err(|e| sql_error(path, &e))?;
+            tx.execute_batch(&format!(
+                "PRAGMA user_version = {}; PRAGMA application_id = {APPLICATION_ID};",
+                index + 1
+            ))
+            .map_err(|e| sql_error(path, &e))?;
+        }
+        tx.commit().map_err(|e| sql_error(path, &e))?;
+    }
+    Ok(())
+}
+
+fn damaged(path: &Path, detail: &str) -> StoreError {
+    StoreError::new(format!(
+        "state database `{}` is damaged: {detail}",
+        path.display()
+    ))
+    .with_hint("nothing was changed; move the file aside to start a new store, or restore it from a backup")
+}
+
+fn sql_error(path: &Path, error: &rusqlite::Error) -> StoreError {
+    use rusqlite::ErrorCode;
+    match error.sqlite_error_code() {
+        Some(ErrorCode::DatabaseCorrupt | ErrorCode::NotADatabase) => {
+            damaged(path, &error.to_string().to_lowercase())
+        }
+        Some(ErrorCode::DatabaseBusy | ErrorCode::DatabaseLocked) => StoreError::new(format!(
+            "state database `{}` stayed locked by another process",
+            path.display()
+        )),
+        Some(ErrorCode::DiskFull) => StoreError::new(format!(
+            "cannot write state database `{}`: the disk is full",
+            path.display()
+        )),
+        _ => StoreError::new(format!(
+            "state database `{}`: {}",
+            path.display(),
+            error.to_string().to_lowercase()
+        )),
+    }
+}
+
+fn unknown_run(id: &str) -> StoreError {
+    StoreError::new(format!("no run `{id}` in the state directory"))
+        .with_hint("`archon runs` lists the runs it holds")
+}
+
+/// Escapes `%`, `_` and `\` for a `LIKE ... ESCAPE '\'` pattern.
+fn like_escape(text: &str) -> String {
+    let mut escaped = String::with_capacity(text.len());
+    for c in text.chars() {
+        if matches!(c, '%' | '_' | '\\') {
+            escaped.push('\\');
+        }
+        escaped.push(c);
+    }
+    escaped
+}
+
+fn owner_of(pid: Option<u32>, host: Option<String>, lease: Option<i64>) -> Option<Owner> {
+    Some(Owner {
+        pid: pid?,
+        host: host?,
+        lease_until: lease.unwrap_or(0) as u64,
+    })
+}
+
+/// A stored `running` run is running only while its owner lives.
+fn effective_state(status: &str, owner: Option<&Owner>) -> RunState {
+    match RunState::parse(status) {
+        Some(RunState::Running) if owner.is_some_and(is_alive) => RunState::Running,
+        Some(RunState::Running) | None => RunState::Interrupted,
+        Some(state) => state,
+    }
+}
+
+/// Whether a run's owner is alive: its process exists (on this host), and its lease has not lapsed.
+fn is_alive(owner: &Owner) -> bool {
+    if owner.lease_until < now_ms() {
+        return false;
+    }
+    if owner.host != host() {
+        return true;
+    }
+    rustix::process::Pid::from_raw(owner.pid as i32)
+        .is_some_and(|pid| rustix::process::test_kill_process(pid).is_ok() && !is_zombie(owner.pid))
+}
+
+fn is_zombie(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+        stat.rsplit_once(')')
+            .is_some_and(|(_, rest)| rest.trim_start().starts_with('Z'))
+    })
+}
+
+/// This machine's name, to tell whose process ids are checkable.
+fn host() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_owned())
+        .ok()
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "localhost".to_owned())
+}
+
+fn json_text(value: &Json) -> String {
+    serde_json::to_string(value).unwrap_or_else(|_| "null".to_owned())
+}
+
+fn json_object(text: &str) -> Map<String, Json> {
+    match serde_json::from_str(text) {
+        Ok(Json::Object(map)) => map,
+        _ => Map::new(),
+    }
+}

@@ -1,0 +1,470 @@
+//! Durable runs with real processes and real kills: the crash harness, resume and its refusals, retry from
+//! a step, cancel, a damaged store, and many processes sharing one store.
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value as Json;
+use tempfile::TempDir;
+
+use crate::support::{Output, archon};
+
+fn spawn(dir: &Path, args: &[&str]) -> Child {
+    Command::new(env!("CARGO_BIN_EXE_archon"))
+        .args(args)
+        .current_dir(dir)
+        .env("NO_COLOR", "1")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("archon starts")
+}
+
+fn kill(child: &mut Child) {
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
+fn runs(dir: &Path) -> Vec<Json> {
+    let Output {
+        code,
+        stdout,
+        stderr,
+    } = archon(dir, &["runs", "--json"]);
+    assert_eq!(code, 0, "{stderr}");
+    match serde_json::from_str(&stdout).expect("runs as JSON") {
+        Json::Array(runs) => runs,
+        other => panic!("not a list: {other}"),
+    }
+}
+
+fn show(dir: &Path, id: &str) -> Json {
+    let Output {
+        code,
+        stdout,
+        stderr,
+    } = archon(dir, &["show", id, "--json"]);
+    assert_eq!(code, 0, "{stderr}");
+    serde_json::from_str(&stdout).expect("run as JSON")
+}
+
+/// Waits until `path` exists (a step wrote it), or panics after `limit`.
+fn wait_for(path: &Path, limit: Duration) {
+    let started = Instant::now();
+    while !path.exists() {
+        assert!(
+            started.elapsed() < limit,
+            "{} never appeared",
+            path.display()
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// The crash harness's workflow: side-effecting appends (not safe to repeat) and idempotent ones, in
+/// parallel, in a chain and per `foreach` item, each writing `run step` to the ledger.
+const LEDGER: &str = r#"name: ledger
+tools:
+  append:
+    description: Appends a line to the ledger; repeating it would write the line twice
+    parameters: { type: object, properties: { line: { type: string } }, required: [line] }
+    command: [sh, -c, 'sleep 0.0$(( $$ % 4 )); printf "%s\n" "$1" >> ledger.txt', sh, "{{ line }}"]
+  touch:
+    description: Appends a line too, but is declared safe to repeat
+    idempotent: true
+    parameters: { type: object, properties: { line: { type: string } }, required: [line] }
+    command: [sh, -c, 'sleep 0.0$(( $$ % 3 )); printf "%s\n" "$1" >> ledger.txt', sh, "{{ line }}"]
+steps:
+  - { id: a, tool: append, with: { line: "{{ run.id }} a" } }
+  - { id: b, tool: append, with: { line: "{{ run.id }} b" } }
+  - { id: c, tool: touch, with: { line: "{{ run.id }} c" } }
+  - { id: d, needs: [a, b], tool: append, with: { line: "{{ run.id }} d" } }
+  - id: items
+    needs: [c]
+    foreach: "[1, 2, 3, 4]"
+    max_parallel: 2
+    tool: append
+    with: { line: "{{ run.id }} items[{{ index }}]" }
+  - { id: e, needs: [d, items], tool: touch, with: { line: "{{ run.id }} e" } }
+  - { id: f, needs: [e], tool: append, with: { line: "{{ run.id }} f" } }
+"#;
+
+const NOT_IDEMPOTENT: &[&str] = &[
+    "a", "b", "d", "items[0]", "items[1]", "items[2]", "items[3]", "f",
+];
+const IDEMPOTENT: &[&str] = &["c", "e"];
+
+/// One trial: run, SIGKILL at a random moment, resume (maybe killed again) until the run ends, then
+/// check the store and the ledger.
+fn crash_trial(trial: usize) {
+    let dir = TempDir::new().expect("tempdir");
+    std::fs::write(dir.path().join("ledger.yaml"), LEDGER).expect("write");
+    let mut child = spawn(dir.path(), &["run", "ledger.yaml"]);
+    std::thread::sleep(Duration::from_millis(fastrand::u64(0..400)));
+    kill(&mut child);
+    let mut reran_in_doubt = false;
+    let mut id = None;
+    for round in 0.. {
+        assert!(round < 30, "trial {trial}: the run never ended");
+        let Some(run) = runs(dir.path()).into_iter().next() else {
+            // Killed before the run was recorded: start again.
+            let mut child = spawn(dir.path(), &["run", "ledger.yaml"]);
+            std::thread::sleep(Duration::from_millis(fastrand::u64(0..400)));
+            kill(&mut child);
+            continue;
+        };
+        let run_id = run["id"].as_str().expect("id").to_owned();
+        id = Some(run_id.clone());
+        if run["status"] == "succeeded" {
+            break;
+        }
+        assert_eq!(run["status"], "interrupted", "trial {trial}: {run}");
+        let mut args = vec!["resume", run_id.as_str()];
+        if reran_in_doubt {
+            args.push("--rerun-in-doubt");
+        }
+        if fastrand::bool() {
+            let mut child = spawn(dir.path(), &args);
+            std::thread::sleep(Duration::from_millis(fastrand::u64(0..300)));
+            kill(&mut child);
+            continue;
+        }
+        let Output { code, stderr, .. } = archon(dir.path(), &args);
+        match code {
+            0 => break,
+            2 if stderr.contains("may have had") => {
+                assert!(!reran_in_doubt, "trial {trial}: {stderr}");
+                reran_in_doubt = true;
+            }
+            _ => panic!("trial {trial}: resume exited {code}: {stderr}"),
+        }
+    }
+    let id = id.expect("a run");
+    let run = show(dir.path(), &id);
+    assert_eq!(run["status"], "succeeded", "trial {trial}: {run}");
+    for step in NOT_IDEMPOTENT.iter().chain(IDEMPOTENT) {
+        let result = &run["results"][*step];
+        assert_eq!(
+            result["status"], "succeeded",
+            "trial {trial}: {step}: {run}"
+        );
+    }
+    let ledger = std::fs::read_to_string(dir.path().join("ledger.txt")).unwrap_or_default();
+    let mut count: HashMap<&str, usize> = HashMap::new();
+    for line in ledger.lines() {
+        let (run_id, step) = line.split_once(' ').expect("run and step");
+        assert_eq!(run_id, id, "trial {trial}");
+        *count.entry(step).or_default() += 1;
+    }
+    for step in IDEMPOTENT {
+        assert!(
+            count.get(step).copied().unwrap_or(0) >= 1,
+            "trial {trial}: {step} lost: {ledger}"
+        );
+    }
+    for step in NOT_IDEMPOTENT {
+        let n = count.get(step).copied().unwrap_or(0);
+        if reran_in_doubt {
+            assert!(n >= 1, "trial {trial}: {step} lost: {ledger}");
+        } else {
+            assert_eq!(n, 1, "trial {trial}: {step} ran {n} times: {ledger}");
+        }
+    }
+}
+
+/// The crash harness: `ARCHON_CRASH_TRIALS` trials (50 by default; `scripts/crash-harness.sh` runs 1,000).
+#[test]
+fn crash_harness_loses_nothing_and_repeats_no_side_effect_unasked() {
+    let trials = std::env::var("ARCHON_CRASH_TRIALS")
+        .ok()
+        .and_then(|t| t.parse().ok())
+        .unwrap_or(50);
+    for trial in 0..trials {
+        crash_trial(trial);
+    }
+}
+
+const SLOW: &str = r#"name: slow
+tools:
+  watch:
+    description: Waits for the `go` file; safe to repeat
+    idempotent: true
+    parameters: { type: object, properties: {} }
+    command: [sh, -c, "while [ ! -f go ]; do sleep 0.02; done"]
+steps:
+  - { id: first, tool: write_file, with: { path: first.txt, content: done } }
+  - id: wait
+    needs: [first]
+    tool: exec
+    with: { argv: [sh, -c, "touch started; while [ ! -f go ]; do sleep 0.02; done; echo ran >> effects.txt"] }
+  - { id: cheap, needs: [first], tool: watch }
+  - { id: last, needs: [wait, cheap], tool: write_file, with: { path: last.txt, content: "{{ steps.first.output.bytes }} bytes" } }
+"#;
+
+fn attempts(run: &Json, step: &str) -> Vec<Json> {
+    run["attempts"]
+        .as_array()
+        .expect("attempts")
+        .iter()
+        .filter(|a| a["step"] == step)
+        .cloned()
+        .collect()
+}
+
+#[test]
+fn resume_reuses_finished_steps_and_asks_about_steps_in_doubt() {
+    let dir = TempDir::new().expect("tempdir");
+    std::fs::write(dir.path().join("slow.yaml"), SLOW).expect("write");
+    let mut child = spawn(dir.path(), &["run", "slow.yaml"]);
+    wait_for(&dir.path().join("started"), Duration::from_secs(10));
+    // While the owner lives, nobody else may resume the run.
+    let id = runs(dir.path())[0]["id"].as_str().expect("id").to_owned();
+    let Output { code, stderr, .. } = archon(dir.path(), &["resume", &id]);
+    assert_eq!(code, 2, "{stderr}");
+    assert!(stderr.contains("is being run by process"), "{stderr}");
+    kill(&mut child);
+
+    assert_eq!(runs(dir.path())[0]["status"], "interrupted");
+    let Output { code, stderr, .. } = archon(dir.path(), &["resume", &id]);
+    assert_eq!(code, 2, "{stderr}");
+    assert!(
+        stderr.contains("`wait`") && !stderr.contains("`cheap`"),
+        "only the step that is not safe to repeat is in doubt: {stderr}"
+    );
+    assert!(stderr.contains("--rerun-in-doubt"), "{stderr}");
+    // The killed archon left its command running; the store knows its process group.
+    assert!(stderr.contains("its command is still running"), "{stderr}");
+
+    // `go` appears only once the resumed run is under way, after the leftover was stopped.
+    let go = dir.path().join("go");
+    let writer = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(300));
+        std::fs::write(go, "").expect("write");
+    });
+    let Output { code, stderr, .. } = archon(dir.path(), &["resume", &id, "--rerun-in-doubt"]);
+    writer.join().expect("joined");
+    assert_eq!(code, 0, "{stderr}");
+    assert!(stderr.contains("reused    first"), "{stderr}");
+    assert!(stderr.contains("stopped process group"), "{stderr}");
+    let run = show(dir.path(), &id);
+    assert_eq!(run["status"], "succeeded");
+    assert_eq!(
+        attempts(&run, "first").len(),
+        1,
+        "finished steps do not run again"
+    );
+    assert_eq!(attempts(&run, "wait").len(), 2);
+    assert_eq!(
+        std::fs::read_to_string(dir.path().join("effects.txt")).expect("written"),
+        "ran\n",
+        "the killed attempt never got to its effect"
+    );
+    assert_eq!(
+        std::fs::read_to_string(dir.path().join("last.txt")).expect("written"),
+        "4 bytes",
+        "the reused output flows downstream"
+    );
+}
+
+#[test]
+fn interrupting_checkpoints_the_run_and_resume_finishes_it() {
+    let dir = TempDir::new().expect("tempdir");
+    std::fs::write(dir.path().join("slow.yaml"), SLOW).expect("write");
+    let mut child = spawn(dir.path(), &["run", "slow.yaml"]);
+    wait_for(&dir.path().join("started"), Duration::from_secs(10));
+    let _ = Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status();
+    let status = child.wait().expect("exits");
+    assert_eq!(status.code(), Some(130));
+    let id = runs(dir.path())[0]["id"].as_str().expect("id").to_owned();
+    let run = show(dir.path(), &id);
+    assert_eq!(run["status"], "interrupted", "{run}");
+    assert!(run["owner"].is_null(), "the lease is released: {run}");
+    assert_eq!(
+        attempts(&run, "wait")[0]["status"],
+        "cancelled",
+        "the interrupted attempt says so"
+    );
+    std::fs::write(dir.path().join("go"), "").expect("write");
+    // A cancelled command may have had its effect: it is in doubt like a crashed one.
+    let Output { code, stderr, .. } = archon(dir.path(), &["resume", &id]);
+    assert_eq!(code, 2, "{stderr}");
+    let Output { code, stderr, .. } = archon(dir.path(), &["resume", &id, "--rerun-in-doubt"]);
+    assert_eq!(code, 0, "{stderr}");
+}
+
+#[test]
+fn retry_from_a_step_reruns_it_and_what_follows_as_new_attempts() {
+    let dir = TempDir::new().expect("tempdir");
+    let spec = r#"name: chain
+steps:
+  - { id: a, tool: exec, with: { argv: [sh, -c, "echo a >> log.txt; echo 1"], output: json } }
+  - { id: b, tool: exec, with: { argv: [sh, -c, "echo b >> log.txt; test -f fixed && echo 2"], output: json } }
+  - { id: c, tool: exec, with: { argv: [sh, -c, "echo c >> log.txt; echo $1", sh, "{{ (steps.a.output + steps.b.output) | string }}"], output: json } }
+outputs:
+  total: "{{ steps.c.output }}"
+"#;
+    std::fs::write(dir.path().join("chain.yaml"), spec).expect("write");
+    let Output { code, .. } = archon(dir.path(), &["run", "chain.yaml"]);
+    assert_eq!(code, 1);
+    let id = runs(dir.path())[0]["id"].as_str().expect("id").to_owned();
+    let Output { code, stderr, .. } = archon(dir.path(), &["resume", &id]);
+    assert_eq!(code, 2, "a finished run is not resumed: {stderr}");
+    assert!(stderr.contains("archon retry"), "{stderr}");
+    let Output { code, stderr, .. } = archon(dir.path(), &["retry", &id, "--from", "x"]);
+    assert_eq!(code, 2, "{stderr}");
+    assert!(stderr.contains("no step `x`"), "{stderr}");
+
+    std::fs::write(dir.path().join("fixed"), "").expect("write");
+    let Output {
+        code,
+        stdout,
+        stderr,
+    } = archon(dir.path(), &["retry", &id, "--from", "b", "--json"]);
+    assert_eq!(code, 0, "{stderr}");
+    let report: Json = serde_json::from_str(&stdout).expect("report");
+    assert_eq!(report["outputs"]["total"], 3);
+    assert_eq!(
+        std::fs::read_to_string(dir.path().join("log.txt")).expect("written"),
+        "a\nb\nb\nc\n",
+        "a is reused, b runs again, c runs for the first time"
+    );
+    let run = show(dir.path(), &id);
+    let b = attempts(&run, "b");
+    assert_eq!(b.len(), 2, "the first attempt stays inspectable");
+    assert_eq!(b[0]["status"], "failed");
+    assert_eq!(
+        (b[0]["generation"].clone(), b[1]["generation"].clone()),
+        (Json::from(0), Json::from(1))
+    );
+    assert_eq!(b[1]["attempt"], 2);
+}
+
+#[test]
+fn a_changed_spec_is_detected_and_named() {
+    let dir = TempDir::new().expect("tempdir");
+    std::fs::write(dir.path().join("slow.yaml"), SLOW).expect("write");
+    let mut child = spawn(dir.path(), &["run", "slow.yaml"]);
+    wait_for(&dir.path().join("started"), Duration::from_secs(10));
+    kill(&mut child);
+    let id = runs(dir.path())[0]["id"].as_str().expect("id").to_owned();
+    std::fs::write(
+        dir.path().join("slow.yaml"),
+        SLOW.replace("content: done", "content: changed"),
+    )
+    .expect("write");
+    let Output { code, stderr, .. } = archon(dir.path(), &["resume", &id, "--rerun-in-doubt"]);
+    assert_eq!(code, 2, "{stderr}");
+    assert!(stderr.contains("changed steps: `first`"), "{stderr}");
+    std::fs::write(dir.path().join("go"), "").expect("write");
+    let Output { code, stderr, .. } = archon(
+        dir.path(),
+        &["resume", &id, "--rerun-in-doubt", "--allow-changed-spec"],
+    );
+    assert_eq!(code, 0, "{stderr}");
+    assert_eq!(
+        std::fs::read_to_string(dir.path().join("last.txt")).expect("written"),
+        "7 bytes",
+        "the changed step and everything after it ran again"
+    );
+}
+
+#[test]
+fn cancel_stops_a_live_run_for_good() {
+    let dir = TempDir::new().expect("tempdir");
+    std::fs::write(dir.path().join("slow.yaml"), SLOW).expect("write");
+    let mut child = spawn(dir.path(), &["run", "slow.yaml"]);
+    wait_for(&dir.path().join("started"), Duration::from_secs(10));
+    let id = runs(dir.path())[0]["id"].as_str().expect("id").to_owned();
+    let Output { code, stdout, .. } = archon(dir.path(), &["cancel", &id]);
+    assert_eq!(code, 0);
+    assert!(stdout.contains("asked the process"), "{stdout}");
+    let status = child.wait().expect("exits");
+    assert_eq!(status.code(), Some(130));
+    assert_eq!(runs(dir.path())[0]["status"], "cancelled");
+    let Output { code, stderr, .. } = archon(dir.path(), &["resume", &id]);
+    assert_eq!(code, 2);
+    assert!(stderr.contains("was cancelled"), "{stderr}");
+}
+
+#[test]
+fn a_damaged_store_is_reported_and_left_alone() {
+    let dir = TempDir::new().expect("tempdir");
+    std::fs::write(
+        dir.path().join("hello.yaml"),
+        "name: hello\nsteps:\n  - { id: a, tool: echo, with: { text: hi } }\n",
+    )
+    .expect("write");
+    for _ in 0..20 {
+        assert_eq!(archon(dir.path(), &["run", "hello.yaml"]).code, 0);
+    }
+    let db = dir.path().join(".archon/state.db");
+    // Truncated: the file loses its second half.
+    let bytes = std::fs::read(&db).expect("read");
+    let _ = std::fs::remove_file(dir.path().join(".archon/state.db-wal"));
+    let _ = std::fs::remove_file(dir.path().join(".archon/state.db-shm"));
+    std::fs::write(&db, &bytes[..bytes.len() / 2]).expect("truncate");
+    for args in [&["runs"][..], &["run", "hello.yaml"][..]] {
+        let Output { code, stderr, .. } = archon(dir.path(), args);
+        assert_eq!(code, 1, "{args:?}: {stderr}");
+        assert!(stderr.contains("is damaged"), "{args:?}: {stderr}");
+        assert!(stderr.contains("nothing was changed"), "{stderr}");
+    }
+    assert_eq!(
+        std::fs::read(&db).expect("read").len(),
+        bytes.len() / 2,
+        "never reset"
+    );
+
+    // Not a database at all.
+    std::fs::write(&db, "these are my notes, not a database\n".repeat(200)).expect("write");
+    let Output { code, stderr, .. } = archon(dir.path(), &["runs"]);
+    assert_eq!(code, 1, "{stderr}");
+    assert!(
+        stderr.contains("damaged") || stderr.contains("not an Archon"),
+        "{stderr}"
+    );
+    assert!(
+        std::fs::read_to_string(&db)
+            .expect("read")
+            .starts_with("these are my notes")
+    );
+}
+
+#[test]
+fn fifty_processes_share_one_store() {
+    let dir = TempDir::new().expect("tempdir");
+    std::fs::write(
+        dir.path().join("hello.yaml"),
+        "name: hello\nsteps:\n  - { id: a, tool: echo, with: { text: hi } }\n  - { id: b, tool: exec, with: { argv: [\"true\"] } }\n",
+    )
+    .expect("write");
+    let children: Vec<Child> = (0..50)
+        .map(|_| {
+            Command::new(env!("CARGO_BIN_EXE_archon"))
+                .args(["run", "hello.yaml"])
+                .current_dir(dir.path())
+                .stdout(Stdio::null())
+                .stderr(Stdio::piped())
+                .spawn()
+                .expect("archon starts")
+        })
+        .collect();
+    for child in children {
+        let output = child.wait_with_output().expect("exits");
+        assert_eq!(
+            output.status.code(),
+            Some(0),
+            "{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+    let runs = runs(dir.path());
+    assert_eq!(runs.len(), 50);
+    assert!(runs.iter().all(|r| r["status"] == "succeeded"), "{runs:?}");
+    let first = show(dir.path(), runs[0]["id"].as_str().expect("id"));
+    assert_eq!(first["results"]["b"]["status"], "succeeded");
+}
