@@ -481,6 +481,7 @@ impl SqliteStore {
             seq,
             cancel,
             broken: None,
+            released: false,
         };
         let thread = std::thread::Builder::new()
             .name("archon-journal".to_owned())
@@ -560,34 +561,69 @@ struct Writer {
     cancel: CancellationToken,
     /// The first write failure: every later flush reports it.
     broken: Option<StoreError>,
+    /// The run's end was recorded, which released its lease.
+    released: bool,
 }
 
 /// Most messages applied in one transaction.
 const BATCH: usize = 8192;
+/// Longest a record that nothing waits for stays uncommitted.
+const WINDOW: Duration = Duration::from_millis(200);
 
 impl Writer {
+    /// Collects messages and commits them together: at once when something waits for them (a flush), and
+    /// otherwise when `BATCH` have gathered or the oldest has waited `WINDOW`, so that a run of steps that
+    /// are safe to repeat costs a commit per batch, not per step.
     fn run(mut self, receiver: &mpsc::Receiver<Message>) {
         let mut last_heartbeat = Instant::now();
-        loop {
-            let first = match receiver.recv_timeout(HEARTBEAT) {
-                Ok(message) => Some(message),
-                Err(RecvTimeoutError::Timeout) => None,
-                Err(RecvTimeoutError::Disconnected) => break,
+        let mut pending: Vec<Message> = Vec::new();
+        let mut oldest = Instant::now();
+        let mut open = true;
+        while open || !pending.is_empty() {
+            let wait = if pending.is_empty() {
+                HEARTBEAT
+            } else {
+                WINDOW.saturating_sub(oldest.elapsed())
             };
-            let mut batch: Vec<Message> = first.into_iter().collect();
-            while batch.len() < BATCH {
-                match receiver.try_recv() {
-                    Ok(message) => batch.push(message),
-                    Err(_) => break,
+            let mut flush = false;
+            if open {
+                match receiver.recv_timeout(wait) {
+                    Ok(message) => {
+                        if pending.is_empty() {
+                            oldest = Instant::now();
+                        }
+                        flush |= matches!(message, Message::Flush(_));
+                        pending.push(message);
+                        while pending.len() < BATCH {
+                            match receiver.try_recv() {
+                                Ok(message) => {
+                                    flush |= matches!(message, Message::Flush(_));
+                                    pending.push(message);
+                                }
+                                Err(_) => break,
+                            }
+                        }
+                    }
+                    Err(RecvTimeoutError::Timeout) => {}
+                    Err(RecvTimeoutError::Disconnected) => open = false,
                 }
             }
             let heartbeat = last_heartbeat.elapsed() >= HEARTBEAT;
-            if heartbeat {
-                last_heartbeat = Instant::now();
+            let due = flush
+                || !open
+                || pending.len() >= BATCH
+                || (!pending.is_empty() && oldest.elapsed() >= WINDOW);
+            if due || heartbeat {
+                if heartbeat {
+                    last_heartbeat = Instant::now();
+                }
+                self.apply(std::mem::take(&mut pending), heartbeat);
             }
-            self.apply(batch, heartbeat);
         }
-        // Everything sent has been applied: give the run up.
+        // Everything sent has been applied: give the run up, if its end did not.
+        if self.released {
+            return;
+        }
         let _ = self.conn.execute(
             "UPDATE runs SET owner_pid = NULL, owner_host = NULL, lease_until = NULL
              WHERE id = ?1 AND owner_pid = ?2",
@@ -739,8 +775,11 @@ impl Writer {
                         other => *other,
                     };
                     let finished = (status != RunState::Interrupted).then_some(now);
+                    // The run's end also gives it up: nothing is recorded after it.
+                    self.released = true;
                     tx.execute(
-                        "UPDATE runs SET status = ?2, outputs = ?3, error = ?4, finished_at = ?5 WHERE id = ?1",
+                        "UPDATE runs SET status = ?2, outputs = ?3, error = ?4, finished_at = ?5,
+                            owner_pid = NULL, owner_host = NULL, lease_until = NULL WHERE id = ?1",
                         params![
                             self.run,
                             status.as_str(),
@@ -785,6 +824,13 @@ fn connect(path: &Path) -> Result<Connection, StoreError> {
     }
     conn.execute_batch("PRAGMA synchronous = FULL; PRAGMA foreign_keys = ON;")
         .map_err(|e| sql_error(path, &e))?;
+    // The log is checkpointed as it grows (every 1,000 pages), not by each short-lived process on exit,
+    // which would cost every `archon` command several more syncs.
+    conn.set_db_config(
+        rusqlite::config::DbConfig::SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE,
+        true,
+    )
+    .map_err(|e| sql_error(path, &e))?;
     Ok(conn)
 }
 
