@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 
 use archon_engine::Workflow;
 use archon_engine::run::{self, RunOptions, RunStatus};
+use archon_engine::store::RunStore;
 use tokio_util::sync::CancellationToken;
 
 fn workflow(yaml: &str) -> Workflow {
@@ -121,7 +122,7 @@ fn main() {
             .unwrap();
         let started = Instant::now();
         let cancel = CancellationToken::new();
-        let journal = Arc::new(store.journal(&id, cancel.clone()).unwrap());
+        let journal = store.journal(&id, cancel.clone()).unwrap();
         let report = runtime
             .block_on(run::run(
                 workflow.clone(),

@@ -12,7 +12,7 @@ use archon_engine::run::{
     self, RunEvent, RunOptions, RunReport, RunStatus, StepResult, StepStatus,
 };
 use archon_engine::store::sqlite::SqliteStore;
-use archon_engine::store::{NewRun, StoreError};
+use archon_engine::store::{NewRun, RunStore, StoreError};
 use serde_json::{Map, Value as Json};
 use tokio_util::sync::CancellationToken;
 
@@ -92,19 +92,39 @@ pub fn refuse_unsupported(workflow: &Workflow) -> Result<(), Status> {
     Err(Status::Invalid)
 }
 
-/// Opens the run store, or shows why it cannot be opened.
-pub fn open_store(state: &StateArgs) -> Result<SqliteStore, Status> {
-    SqliteStore::open(&state.dir()).map_err(|e| store_error(&e))
+/// Opens the run store (creating it when needed), or shows why it cannot be opened.
+pub fn open_store(state: &StateArgs) -> Result<Box<dyn RunStore>, Status> {
+    match SqliteStore::open(&state.dir()) {
+        Ok(store) => Ok(Box::new(store)),
+        Err(e) => Err(store_error(&e)),
+    }
 }
 
-/// Shows a store problem; the command fails with status 1.
+/// Opens the run store for a command that only reads or changes existing runs: a missing store is not
+/// created. `Ok(None)` when there is none.
+pub fn existing_store(state: &StateArgs) -> Result<Option<Box<dyn RunStore>>, Status> {
+    if !state
+        .dir()
+        .join(archon_engine::store::sqlite::DATABASE)
+        .exists()
+    {
+        return Ok(None);
+    }
+    open_store(state).map(Some)
+}
+
+/// Shows a store problem; the command fails with status 1 (2 for a run that does not exist).
 pub fn store_error(error: &StoreError) -> Status {
     let mut text = format!("error: {}\n", error.message);
     if let Some(hint) = &error.hint {
         let _ = writeln!(text, "  hint: {hint}");
     }
     output::stderr(&text);
-    Status::Failure
+    if error.unknown_run {
+        Status::Invalid
+    } else {
+        Status::Failure
+    }
 }
 
 /// The workflow's files as a run stores them: paths relative to the spec's directory, and text.
@@ -125,7 +145,7 @@ pub fn spec_files(workflow: &Workflow, spec_path: &Path) -> Vec<(String, String)
 pub struct Execution<'a> {
     pub workflow: Workflow,
     pub inputs: Map<String, Json>,
-    pub store: SqliteStore,
+    pub store: Box<dyn RunStore>,
     pub run_id: String,
     pub prior: HashMap<String, StepResult>,
     pub max_parallel: usize,
@@ -156,7 +176,7 @@ pub fn execute(exec: Execution<'_>) -> anyhow::Result<Status> {
         .build()?;
     let cancel = CancellationToken::new();
     let journal = match exec.store.journal(&exec.run_id, cancel.clone()) {
-        Ok(journal) => Arc::new(journal),
+        Ok(journal) => journal,
         Err(e) => return Ok(store_error(&e)),
     };
     let (sender, mut receiver) = tokio::sync::mpsc::unbounded_channel();

@@ -10,7 +10,7 @@ use archon_engine::store::{RunState, StoredRun, spec_hash};
 use archon_engine::validate::{validate_file, validate_source};
 
 use super::Status;
-use super::run::{Execution, execute, open_store, refuse_unsupported, spec_files, store_error};
+use super::run::{Execution, execute, existing_store, refuse_unsupported, spec_files, store_error};
 use crate::args::{
     CancelArgs, ColorChoice, ContinueArgs, ResumeArgs, RetryArgs, RunsArgs, ShowArgs,
 };
@@ -18,13 +18,14 @@ use crate::output;
 use crate::render::{self, Report};
 
 pub fn runs(args: &RunsArgs) -> anyhow::Result<Status> {
-    let store = match open_store(&args.state) {
+    let store = match existing_store(&args.state) {
         Ok(store) => store,
         Err(status) => return Ok(status),
     };
-    let runs = match store.list() {
-        Ok(runs) => runs,
-        Err(e) => return Ok(store_error(&e)),
+    let runs = match store.as_ref().map(|s| s.list()) {
+        Some(Ok(runs)) => runs,
+        Some(Err(e)) => return Ok(store_error(&e)),
+        None => Vec::new(),
     };
     if args.json {
         let mut text = serde_json::to_string_pretty(&runs)?;
@@ -33,7 +34,7 @@ pub fn runs(args: &RunsArgs) -> anyhow::Result<Status> {
         return Ok(Status::Success);
     }
     if runs.is_empty() {
-        output::stdout(&format!("no runs in `{}`\n", store.path().display()));
+        output::stdout(&format!("no runs in `{}`\n", args.state.dir().display()));
         return Ok(Status::Success);
     }
     let rows: Vec<[String; 5]> = runs
@@ -56,8 +57,9 @@ pub fn runs(args: &RunsArgs) -> anyhow::Result<Status> {
 }
 
 pub fn show(args: &ShowArgs) -> anyhow::Result<Status> {
-    let store = match open_store(&args.state) {
-        Ok(store) => store,
+    let store = match existing_store(&args.state) {
+        Ok(Some(store)) => store,
+        Ok(None) => return Ok(no_store(&args.run, &args.state)),
         Err(status) => return Ok(status),
     };
     let run = match store.load(&args.run) {
@@ -176,8 +178,9 @@ fn describe(run: &StoredRun) -> String {
 }
 
 pub fn cancel(args: &CancelArgs) -> anyhow::Result<Status> {
-    let store = match open_store(&args.state) {
-        Ok(store) => store,
+    let store = match existing_store(&args.state) {
+        Ok(Some(store)) => store,
+        Ok(None) => return Ok(no_store(&args.run, &args.state)),
         Err(status) => return Ok(status),
     };
     match store.cancel(&args.run) {
@@ -219,8 +222,9 @@ fn continue_run(
     options: &ContinueArgs,
     color: ColorChoice,
 ) -> anyhow::Result<Status> {
-    let store = match open_store(&options.state) {
-        Ok(store) => store,
+    let store = match existing_store(&options.state) {
+        Ok(Some(store)) => store,
+        Ok(None) => return Ok(no_store(id, &options.state)),
         Err(status) => return Ok(status),
     };
     let stored = match store.load(id) {
@@ -396,6 +400,17 @@ fn changed_steps(path: &Path, old: &[(String, String)], now: &Workflow) -> Vec<S
         Some(before) => resume::changed_steps(&before.spec, &now.spec),
         None => vec!["(workflow)".to_owned()],
     }
+}
+
+/// Asked about a run where there is no store at all.
+fn no_store(id: &str, state: &crate::args::StateArgs) -> Status {
+    refuse(
+        &format!(
+            "no run `{id}`: there is no run store in `{}`",
+            state.dir().display()
+        ),
+        "run the command where the run was started, or point `--state-dir` at its state directory",
+    )
 }
 
 fn refuse(message: &str, hint: &str) -> Status {

@@ -1004,6 +1004,8 @@ fn spawn_watch<'a>(shared: &'a Shared, label: &'a str) -> Option<impl Fn(u32) + 
             pgid,
             started: crate::store::process_start_time(pgid),
         });
+        // Committed at once, without waiting for it: the command is already running.
+        drop(shared.options.journal.flush());
     })
 }
 

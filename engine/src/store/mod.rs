@@ -21,6 +21,8 @@ use crate::run::{RunEvent, StepResult};
 pub struct StoreError {
     pub message: String,
     pub hint: Option<String>,
+    /// The run asked for does not exist (a usage problem, not a store failure).
+    pub unknown_run: bool,
 }
 
 impl StoreError {
@@ -28,6 +30,7 @@ impl StoreError {
         StoreError {
             message: message.into(),
             hint: None,
+            unknown_run: false,
         }
     }
 
@@ -113,6 +116,37 @@ pub trait Journal: Send + Sync + fmt::Debug {
     fn record(&self, entry: Entry);
     /// Resolves once everything recorded so far is durable.
     fn flush(&self) -> Ack;
+    /// Applies everything recorded, then stops recording; the run's owner lets go of it.
+    fn close(&self) {}
+}
+
+/// Where runs are kept: what the CLI needs to start, list, show, resume, retry and cancel runs.
+/// [`sqlite::SqliteStore`] is the embedded implementation; a server database can implement the same.
+pub trait RunStore: Send + Sync + fmt::Debug {
+    /// Records a new run, owned by this process, with its spec files and inputs.
+    fn create_run(&self, run: &NewRun) -> Result<(), StoreError>;
+    /// Takes ownership of a run no live process owns (to resume or retry it).
+    fn claim(&self, id: &str) -> Result<(), StoreError>;
+    /// Starts a new generation of the run, forgetting the final results of `steps` (and their items).
+    fn forget_results(&self, id: &str, steps: &[String]) -> Result<u32, StoreError>;
+    /// Asks a run to stop for good; returns where it stands.
+    fn cancel(&self, id: &str) -> Result<RunState, StoreError>;
+    /// The runs, newest first.
+    fn list(&self) -> Result<Vec<RunSummary>, StoreError>;
+    /// Everything about one run.
+    fn load(&self, id: &str) -> Result<StoredRun, StoreError>;
+    /// The spec files a run was started with.
+    fn files(&self, id: &str) -> Result<Vec<(String, String)>, StoreError>;
+    /// Replaces a run's spec files (continuing with a changed spec).
+    fn replace_files(&self, id: &str, files: &[(String, String)]) -> Result<(), StoreError>;
+    /// The run's event log, in order.
+    fn events(&self, id: &str) -> Result<Vec<Json>, StoreError>;
+    /// Starts recording a run this process owns; `cancel` is cancelled when the run is asked to stop.
+    fn journal(
+        &self,
+        id: &str,
+        cancel: tokio_util::sync::CancellationToken,
+    ) -> Result<std::sync::Arc<dyn Journal>, StoreError>;
 }
 
 /// A journal that keeps nothing: a run without a store.

@@ -6,8 +6,8 @@
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
 use std::sync::mpsc::{self, RecvTimeoutError};
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -18,8 +18,8 @@ use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
 
 use super::{
-    Ack, AttemptRecord, Entry, Journal, NewRun, Owner, RunState, RunSummary, StoreError, StoredRun,
-    now_ms, spec_hash,
+    Ack, AttemptRecord, Entry, Journal, NewRun, Owner, RunState, RunStore, RunSummary, StoreError,
+    StoredRun, now_ms, spec_hash,
 };
 use crate::run::StepResult;
 
@@ -141,9 +141,11 @@ impl SqliteStore {
             .map_err(|_| StoreError::new("the run store is unusable after an earlier failure"))?;
         f(&mut conn).map_err(|e| sql_error(&self.path, &e))
     }
+}
 
+impl RunStore for SqliteStore {
     /// Records a new run, owned by this process, with its spec files and inputs.
-    pub fn create_run(&self, run: &NewRun) -> Result<(), StoreError> {
+    fn create_run(&self, run: &NewRun) -> Result<(), StoreError> {
         let hash = spec_hash(&run.files);
         let inputs = json_text(&Json::Object(run.inputs.clone()));
         let now = now_ms();
@@ -179,7 +181,7 @@ impl SqliteStore {
 
     /// Takes ownership of a run that no live process owns, for resuming it. Refused while another live
     /// process owns it.
-    pub fn claim(&self, id: &str) -> Result<(), StoreError> {
+    fn claim(&self, id: &str) -> Result<(), StoreError> {
         let me = std::process::id();
         let outcome = self.with(|conn| {
             let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
@@ -224,7 +226,7 @@ impl SqliteStore {
 
     /// Starts a new generation of a run (for `retry --from`): forgets the final results of `steps`, so
     /// they run again as new attempts; earlier attempts stay.
-    pub fn forget_results(&self, id: &str, steps: &[String]) -> Result<u32, StoreError> {
+    fn forget_results(&self, id: &str, steps: &[String]) -> Result<u32, StoreError> {
         self.with(|conn| {
             let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
             tx.execute(
@@ -248,7 +250,7 @@ impl SqliteStore {
 
     /// Asks the run to stop for good: a live owner notices within a few seconds (and is sent SIGTERM when
     /// it runs on this host); a run nobody owns is marked cancelled at once.
-    pub fn cancel(&self, id: &str) -> Result<RunState, StoreError> {
+    fn cancel(&self, id: &str) -> Result<RunState, StoreError> {
         let run = self.load(id)?;
         match run.status {
             RunState::Succeeded | RunState::Failed | RunState::Cancelled => Ok(run.status),
@@ -277,7 +279,7 @@ impl SqliteStore {
     }
 
     /// The runs in the store, newest first.
-    pub fn list(&self) -> Result<Vec<RunSummary>, StoreError> {
+    fn list(&self) -> Result<Vec<RunSummary>, StoreError> {
         self.with(|conn| {
             let mut stmt = conn.prepare(
                 "SELECT id, workflow, status, started_at, finished_at, owner_pid, owner_host, lease_until
@@ -302,7 +304,7 @@ impl SqliteStore {
     }
 
     /// Everything about one run.
-    pub fn load(&self, id: &str) -> Result<StoredRun, StoreError> {
+    fn load(&self, id: &str) -> Result<StoredRun, StoreError> {
         let run = self.with(|conn| {
             let Some(mut run) = conn
                 .query_row(
@@ -397,7 +399,7 @@ impl SqliteStore {
     }
 
     /// The spec files a run was started with: path (relative to the spec's directory) and text.
-    pub fn files(&self, id: &str) -> Result<Vec<(String, String)>, StoreError> {
+    fn files(&self, id: &str) -> Result<Vec<(String, String)>, StoreError> {
         self.with(|conn| {
             let mut stmt =
                 conn.prepare("SELECT path, text FROM files WHERE run_id = ?1 ORDER BY position")?;
@@ -407,7 +409,7 @@ impl SqliteStore {
     }
 
     /// Replaces the spec files of a run (resuming with `--allow-changed-spec`).
-    pub fn replace_files(&self, id: &str, files: &[(String, String)]) -> Result<(), StoreError> {
+    fn replace_files(&self, id: &str, files: &[(String, String)]) -> Result<(), StoreError> {
         let hash = spec_hash(files);
         self.with(|conn| {
             let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
@@ -427,7 +429,7 @@ impl SqliteStore {
     }
 
     /// The run's event log, in order.
-    pub fn events(&self, id: &str) -> Result<Vec<Json>, StoreError> {
+    fn events(&self, id: &str) -> Result<Vec<Json>, StoreError> {
         self.with(|conn| {
             let mut stmt =
                 conn.prepare("SELECT at, event FROM events WHERE run_id = ?1 ORDER BY seq")?;
@@ -446,11 +448,7 @@ impl SqliteStore {
 
     /// Starts the journal of a run this process owns: a writer thread that applies entries in order,
     /// renews the lease, and cancels `cancel` when `archon cancel` asks.
-    pub fn journal(
-        &self,
-        id: &str,
-        cancel: CancellationToken,
-    ) -> Result<SqliteJournal, StoreError> {
+    fn journal(&self, id: &str, cancel: CancellationToken) -> Result<Arc<dyn Journal>, StoreError> {
         let conn = connect(&self.path)?;
         let (generation, next_attempt, seq) = self.with(|c| {
             let generation: u32 =
@@ -487,10 +485,10 @@ impl SqliteStore {
             .name("archon-journal".to_owned())
             .spawn(move || writer.run(&receiver))
             .map_err(|e| StoreError::new(format!("cannot start the journal writer: {e}")))?;
-        Ok(SqliteJournal {
+        Ok(Arc::new(SqliteJournal {
             sender: Mutex::new(Some(sender)),
             thread: Mutex::new(Some(thread)),
-        })
+        }))
     }
 }
 
@@ -514,27 +512,27 @@ impl SqliteJournal {
             .and_then(|s| s.as_ref().map(|s| s.send(message).is_ok()))
             .unwrap_or(false)
     }
-
-    /// Stops the writer after it has applied everything sent so far, and releases the run's lease.
-    pub fn close(&self) {
-        if let Ok(mut sender) = self.sender.lock() {
-            sender.take();
-        }
-        if let Some(thread) = self.thread.lock().ok().and_then(|mut t| t.take()) {
-            let _ = thread.join();
-        }
-    }
 }
 
 impl Drop for SqliteJournal {
     fn drop(&mut self) {
-        self.close();
+        Journal::close(self);
     }
 }
 
 impl Journal for SqliteJournal {
     fn record(&self, entry: Entry) {
         self.send(Message::Entry(entry));
+    }
+
+    /// Stops the writer after it has applied everything sent so far, and releases the run's lease.
+    fn close(&self) {
+        if let Ok(mut sender) = self.sender.lock() {
+            sender.take();
+        }
+        if let Some(thread) = self.thread.lock().ok().and_then(|mut t| t.take()) {
+            let _ = thread.join();
+        }
     }
 
     fn flush(&self) -> Ack {
@@ -919,8 +917,11 @@ fn sql_error(path: &Path, error: &rusqlite::Error) -> StoreError {
 }
 
 fn unknown_run(id: &str) -> StoreError {
-    StoreError::new(format!("no run `{id}` in the state directory"))
-        .with_hint("`archon runs` lists the runs it holds")
+    StoreError {
+        unknown_run: true,
+        ..StoreError::new(format!("no run `{id}` in the state directory"))
+            .with_hint("`archon runs` lists the runs it holds")
+    }
 }
 
 /// Escapes `%`, `_` and `\` for a `LIKE ... ESCAPE '\'` pattern.
