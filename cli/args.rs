@@ -34,6 +34,10 @@ pub enum Command {
     Retry(RetryArgs),
     /// Stop a run for good: its owner is told to stop; a run nobody owns is marked cancelled.
     Cancel(CancelArgs),
+    /// Work with LLM providers.
+    #[command(subcommand)]
+    Llm(LlmCommand),
+
     /// Print the JSON Schema of the workflow format.
     Schema,
 }
@@ -227,4 +231,26 @@ pub enum ColorChoice {
     Auto,
     Always,
     Never,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum LlmCommand {
+    /// Send one tiny request to a provider and print the model, latency and usage.
+    Ping(LlmPingArgs),
+}
+
+#[derive(Debug, clap::Args)]
+pub struct LlmPingArgs {
+    /// A provider of the spec (default: its `llm.default`), or without `--spec` a kind configured from the
+    /// environment: `openai` (default), `anthropic` or `gemini`.
+    #[arg(value_name = "PROVIDER")]
+    pub provider: Option<String>,
+
+    /// Take the provider from this workflow spec's `llm.providers`.
+    #[arg(long, value_name = "FILE")]
+    pub spec: Option<PathBuf>,
+
+    /// The model to ask (overrides the spec and `ARCHON_<KIND>_MODEL`).
+    #[arg(long)]
+    pub model: Option<String>,
 }

@@ -362,7 +362,7 @@ fn a_changed_spec_is_detected_and_named() {
     .expect("write");
     let Output { code, stderr, .. } = archon(dir.path(), &["resume", &id, "--rerun-in-doubt"]);
     assert_eq!(code, 2, "{stderr}");
-    assert!(stderr.contains("changed steps: `first`"), "{stderr}");
+    assert!(stderr.contains("changed: `first`"), "{stderr}");
     std::fs::write(dir.path().join("go"), "").expect("write");
     let Output { code, stderr, .. } = archon(
         dir.path(),
@@ -440,6 +440,27 @@ fn a_damaged_store_is_reported_and_left_alone() {
             .expect("read")
             .starts_with("these are my notes")
     );
+
+    // Someone else's SQLite database: refused, and not even switched to write-ahead logging.
+    std::fs::remove_file(&db).expect("remove");
+    let foreign = rusqlite::Connection::open(&db).expect("opens");
+    foreign
+        .execute_batch("CREATE TABLE notes (text TEXT); INSERT INTO notes VALUES ('mine');")
+        .expect("written");
+    drop(foreign);
+    let before = std::fs::read(&db).expect("read");
+    let Output { code, stderr, .. } = archon(dir.path(), &["runs"]);
+    assert_eq!(code, 1, "{stderr}");
+    assert!(
+        stderr.contains("is not an Archon state database"),
+        "{stderr}"
+    );
+    assert_eq!(
+        std::fs::read(&db).expect("read"),
+        before,
+        "left exactly as it was"
+    );
+    assert!(!dir.path().join(".archon/state.db-wal").exists());
 }
 
 #[test]
@@ -514,4 +535,58 @@ steps:
         before.as_str().map_or(0, str::len)
     );
     assert_eq!(show(dir.path(), &id)["results"]["big"]["output"], before);
+}
+
+#[test]
+fn secret_values_reach_neither_the_store_nor_the_report() {
+    let dir = TempDir::new().expect("tempdir");
+    let spec = r#"name: secretive
+secrets: [DEPLOY_TOKEN]
+steps:
+  - { id: leak, tool: exec, with: { argv: [sh, -c, "echo token=$0; echo also $0 >&2; exit 3", "{{ secrets.DEPLOY_TOKEN }}"] }, on_error: continue }
+  - { id: shout, tool: echo, with: { said: "{{ steps.leak.error }}" } }
+outputs:
+  error: "{{ steps.leak.error }}"
+"#;
+    std::fs::write(dir.path().join("secretive.yaml"), spec).expect("write");
+    let output = Command::new(env!("CARGO_BIN_EXE_archon"))
+        .args([
+            "run",
+            "secretive.yaml",
+            "--json",
+            "--events",
+            "events.jsonl",
+        ])
+        .current_dir(dir.path())
+        .env("DEPLOY_TOKEN", "tok-9f8e7d6c")
+        .output()
+        .expect("runs");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert_eq!(output.status.code(), Some(0), "{stdout}");
+    assert!(
+        stdout.contains("also ***"),
+        "the report shows where the secret was: {stdout}"
+    );
+    let id = runs(dir.path())[0]["id"].as_str().expect("id").to_owned();
+    let stored = archon(dir.path(), &["show", &id, "--json", "--events"]).stdout;
+    let events = std::fs::read_to_string(dir.path().join("events.jsonl")).expect("events");
+    for (what, text) in [
+        ("report", stdout.as_ref()),
+        ("store", stored.as_str()),
+        ("events", events.as_str()),
+    ] {
+        assert!(
+            !text.contains("tok-9f8e7d6c"),
+            "the secret reached the {what}: {text}"
+        );
+    }
+    let db = std::fs::read(dir.path().join(".archon/state.db")).expect("db");
+    let wal = std::fs::read(dir.path().join(".archon/state.db-wal")).unwrap_or_default();
+    let needle = b"tok-9f8e7d6c";
+    assert!(
+        !db.windows(needle.len())
+            .chain(wal.windows(needle.len()))
+            .any(|w| w == needle),
+        "the secret is in the database file"
+    );
 }

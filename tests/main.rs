@@ -3,6 +3,10 @@
 mod cli;
 mod durable;
 mod hostile;
+mod llm;
+mod llm_anthropic;
+mod llm_gemini;
+mod llm_openai;
 mod nested;
 mod plan;
 mod properties;

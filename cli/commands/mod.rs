@@ -1,5 +1,6 @@
 //! One module per subcommand, and the exit statuses they share.
 
+mod llm;
 mod load;
 mod plan;
 mod run;
@@ -9,7 +10,7 @@ mod validate;
 
 use std::process::ExitCode;
 
-use crate::args::{Cli, Command};
+use crate::args::{Cli, Command, LlmCommand};
 
 /// How a command ended, mapped to the documented exit codes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -45,6 +46,7 @@ pub fn run(cli: Cli) -> anyhow::Result<Status> {
         Command::Resume(args) => runs::resume(&args, cli.color),
         Command::Retry(args) => runs::retry(&args, cli.color),
         Command::Cancel(args) => runs::cancel(&args),
+        Command::Llm(LlmCommand::Ping(args)) => llm::ping(&args),
         Command::Schema => schema::run(),
     }
 }

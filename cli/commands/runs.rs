@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 
 use archon_engine::Workflow;
 use archon_engine::resume;
-use archon_engine::store::{RunState, StoredRun, spec_hash};
+use archon_engine::store::{RunState, RunStore, StoredRun, spec_hash};
 use archon_engine::validate::{validate_file, validate_source};
 
 use super::Status;
@@ -197,7 +197,7 @@ pub fn cancel(args: &CancelArgs) -> anyhow::Result<Status> {
         }
         Ok(state) => {
             output::stderr(&format!(
-                "error: run `{}` already ended: {}\n",
+                "error: run `{}` already ended: `{}`\n",
                 args.run,
                 state.as_str()
             ));
@@ -234,7 +234,7 @@ fn continue_run(
     match (stored.status, from) {
         (RunState::Running, _) => {
             let owner = stored.owner.as_ref().map_or_else(String::new, |o| {
-                format!(" by process {} on `{}`", o.pid, o.host)
+                format!(" by process `{}` on `{}`", o.pid, o.host)
             });
             return Ok(refuse(
                 &format!("run `{id}` is being run{owner}"),
@@ -249,7 +249,7 @@ fn continue_run(
         }
         (RunState::Succeeded | RunState::Failed, None) => {
             return Ok(refuse(
-                &format!("run `{id}` already ended: {}", stored.status.as_str()),
+                &format!("run `{id}` already ended: `{}`", stored.status.as_str()),
                 &format!(
                     "`archon retry {id} --from STEP` runs a step and everything after it again"
                 ),
@@ -257,36 +257,112 @@ fn continue_run(
         }
         _ => {}
     }
-    let spec_path = PathBuf::from(&stored.spec_path);
-    let workflow = match current_workflow(&spec_path, color) {
-        Ok(workflow) => workflow,
-        Err(status) => return Ok(status),
+    // Claim the run, then decide from what the store holds now: nothing can change it in between.
+    let allowed: &[RunState] = if from.is_some() {
+        &[RunState::Interrupted, RunState::Succeeded, RunState::Failed]
+    } else {
+        &[RunState::Interrupted]
     };
-    if let Err(status) = refuse_unsupported(&workflow) {
-        return Ok(status);
+    let previous = match store.claim(id, allowed) {
+        Ok(state) => state,
+        Err(e) => return Ok(store_error(&e)),
+    };
+    let outcome = prepare(&*store, id, from, options, color);
+    let (workflow, stored, prior, rerun) = match outcome {
+        Ok(prepared) => prepared,
+        Err(status) => {
+            if let Err(e) = store.release(id, previous) {
+                return Ok(store_error(&e));
+            }
+            return Ok(status);
+        }
+    };
+    let files = spec_files(&workflow, Path::new(&stored.spec_path));
+    if (!rerun.is_empty() || from.is_some())
+        && let Err(e) = store.forget_results(id, &rerun)
+    {
+        return Ok(store_error(&e));
     }
+    if spec_hash(&files) != stored.spec_hash
+        && let Err(e) = store.replace_files(id, &files)
+    {
+        return Ok(store_error(&e));
+    }
+    // A command that outlived the crashed process would race its own rerun: stop it first.
+    for d in resume::in_doubt(&workflow, &stored) {
+        if let Some(pgid) = d.leftover {
+            archon_engine::store::kill_group(pgid);
+            output::stderr(&format!(
+                "stopped process group `{pgid}`, left running by `{}` when the run stopped\n",
+                d.name
+            ));
+        }
+    }
+    let workdir = PathBuf::from(&stored.workdir);
+    execute(Execution {
+        workflow,
+        inputs: stored.inputs,
+        store,
+        run_id: id.to_owned(),
+        prior,
+        max_parallel: options
+            .max_parallel
+            .map_or(stored.max_parallel, |m| m as usize),
+        workdir,
+        output: &options.output,
+    })
+}
+
+type Prepared = (
+    Workflow,
+    StoredRun,
+    HashMap<String, archon_engine::run::StepResult>,
+    Vec<String>,
+);
+
+/// Everything a claimed run needs to continue, or the refusal (already shown).
+fn prepare(
+    store: &dyn RunStore,
+    id: &str,
+    from: Option<&str>,
+    options: &ContinueArgs,
+    color: ColorChoice,
+) -> Result<Prepared, Status> {
+    let stored = store.load(id).map_err(|e| store_error(&e))?;
+    let spec_path = PathBuf::from(&stored.spec_path);
+    let workflow = current_workflow(&spec_path, color)?;
+    refuse_unsupported(&workflow)?;
     let files = spec_files(&workflow, &spec_path);
     let mut rerun: Vec<String> = Vec::new();
     if spec_hash(&files) != stored.spec_hash {
-        let changed = match store.files(id) {
-            Ok(old) => changed_steps(&spec_path, &old, &workflow),
-            Err(e) => return Ok(store_error(&e)),
-        };
+        let old = store.files(id).map_err(|e| store_error(&e))?;
+        let changed = changed_steps(&spec_path, &old, &workflow);
         if !options.allow_changed_spec {
-            return Ok(refuse(
+            return Err(refuse(
                 &format!(
                     "the spec changed since run `{id}` started: {}",
                     if changed.is_empty() {
                         "a sub-workflow or the formatting changed".to_owned()
                     } else {
-                        format!("changed steps: {}", quoted(&changed))
+                        format!("changed: {}", quoted(&changed))
                     }
                 ),
                 "`--allow-changed-spec` continues with the spec as it is now; changed steps run again",
             ));
         }
-        for step in &changed {
-            rerun.extend(resume::downstream(&workflow, step));
+        // A change outside the steps (tools, inputs, a sub-workflow) may affect any step: all run again.
+        let steps: Vec<&str> = workflow
+            .spec
+            .steps
+            .iter()
+            .map(|s| s.id.value.as_str())
+            .collect();
+        if changed.is_empty() || changed.iter().any(|c| !steps.contains(&c.as_str())) {
+            rerun.extend(steps.iter().map(|s| (*s).to_owned()));
+        } else {
+            for step in &changed {
+                rerun.extend(resume::downstream(&workflow, step));
+            }
         }
     }
     if let Some(step) = from {
@@ -297,7 +373,7 @@ fn continue_run(
                 .iter()
                 .map(|s| s.id.value.as_str())
                 .collect();
-            return Ok(refuse(
+            return Err(refuse(
                 &format!("workflow `{}` has no step `{step}`", workflow.name),
                 &format!("its steps are {}", quoted(&ids)),
             ));
@@ -314,13 +390,13 @@ fn continue_run(
             .iter()
             .map(|d| match d.leftover {
                 Some(pgid) => format!(
-                    "`{}` (its command is still running: process group {pgid})",
+                    "`{}` (its command is still running: process group `{pgid}`)",
                     d.name
                 ),
                 None => format!("`{}`", d.name),
             })
             .collect();
-        return Ok(refuse(
+        return Err(refuse(
             &format!(
                 "run `{id}` stopped while {} running, and {} may have had {} effect: {}",
                 if names.len() == 1 {
@@ -336,47 +412,13 @@ fn continue_run(
              marked `idempotent: true` on their tool)",
         ));
     }
-    if let Err(e) = store.claim(id) {
-        return Ok(store_error(&e));
-    }
-    // A command that outlived the crashed process would race its own rerun: stop it first.
-    for d in &in_doubt {
-        if let Some(pgid) = d.leftover {
-            archon_engine::store::kill_group(pgid);
-            output::stderr(&format!(
-                "stopped process group {pgid}, left running by `{}` when the run stopped\n",
-                d.name
-            ));
-        }
-    }
-    if (!rerun.is_empty() || from.is_some())
-        && let Err(e) = store.forget_results(id, &rerun)
-    {
-        return Ok(store_error(&e));
-    }
-    if spec_hash(&files) != stored.spec_hash
-        && let Err(e) = store.replace_files(id, &files)
-    {
-        return Ok(store_error(&e));
-    }
     let prior = stored
         .results
-        .into_iter()
+        .iter()
         .filter(|(name, _)| !rerun.iter().any(|r| r == resume::step_of(name)))
+        .map(|(name, result)| (name.clone(), result.clone()))
         .collect();
-    let workdir = PathBuf::from(&stored.workdir);
-    execute(Execution {
-        workflow,
-        inputs: stored.inputs,
-        store,
-        run_id: id.to_owned(),
-        prior,
-        max_parallel: options
-            .max_parallel
-            .map_or(stored.max_parallel, |m| m as usize),
-        workdir,
-        output: &options.output,
-    })
+    Ok((workflow, stored, prior, rerun))
 }
 
 /// The spec as it is now on disk, validated.

@@ -6,6 +6,7 @@
 
 pub mod diagnostic;
 pub mod inputs;
+pub mod llm;
 pub mod plan;
 pub mod resume;
 pub mod run;

@@ -35,17 +35,27 @@ pub fn step_of(name: &str) -> &str {
 /// (it was running, was cancelled mid-way, or succeeded without its result being recorded), and no final
 /// result is.
 pub fn in_doubt(workflow: &Workflow, run: &StoredRun) -> Vec<InDoubt> {
+    // The last attempt of each name in the run's current generation (`retry --from` starts a new one, and
+    // the steps it reruns have no result yet without being in doubt).
+    let mut last: Vec<(&str, &str)> = Vec::new();
+    for attempt in run
+        .attempts
+        .iter()
+        .filter(|a| a.generation == run.generation)
+    {
+        match last.iter_mut().find(|(name, _)| *name == attempt.step) {
+            Some(entry) => entry.1 = &attempt.status,
+            None => last.push((&attempt.step, &attempt.status)),
+        }
+    }
     let mut names: Vec<&str> = Vec::new();
-    for attempt in &run.attempts {
-        let finished = run.results.contains_key(&attempt.step)
-            || run.results.contains_key(step_of(&attempt.step));
-        // A failed attempt is what retries are for; any other may have had its effect.
-        let effect_possible = matches!(
-            attempt.status.as_str(),
-            "running" | "succeeded" | "cancelled"
-        );
-        if !finished && effect_possible && !names.contains(&attempt.step.as_str()) {
-            names.push(&attempt.step);
+    for (name, status) in last {
+        let finished = run.results.contains_key(name) || run.results.contains_key(step_of(name));
+        // A failed attempt is what retries are for; a running, cancelled, timed-out or succeeded one (whose
+        // result was not recorded) may have had its effect.
+        let effect_possible = matches!(status, "running" | "succeeded" | "cancelled" | "timed_out");
+        if !finished && effect_possible {
+            names.push(name);
         }
     }
     names
@@ -96,10 +106,12 @@ fn body_idempotent(workflow: &Workflow, body: Body<'_>, seen: &mut HashSet<Strin
             Some(def) => match (&def.steps, &def.workflow) {
                 (Some(steps), _) => {
                     !seen.insert(name.to_owned())
-                        || steps
-                            .value
-                            .iter()
-                            .all(|s| body_idempotent(workflow, s.body(), seen))
+                        || steps.value.iter().all(|s| {
+                            body_idempotent(workflow, s.body(), seen)
+                                && s.fallback
+                                    .as_ref()
+                                    .is_none_or(|f| body_idempotent(workflow, f.body(), seen))
+                        })
                 }
                 (None, Some(path)) => workflow_idempotent(workflow, &path.value),
                 _ => false,

@@ -9,6 +9,7 @@ mod calculator;
 mod files;
 pub mod http;
 mod jq;
+pub mod redact;
 pub mod render;
 mod scheduler;
 pub mod tools;

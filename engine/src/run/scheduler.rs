@@ -13,6 +13,7 @@ use serde_json::{Map, Value as Json, json};
 use tokio::task::JoinSet;
 
 use super::http::NetworkPolicy;
+use super::redact::Redactor;
 use super::render::{Renderer, StepView, context_value, json_value, to_text};
 use super::tools::{self, ToolContext, ToolError, ToolOutput};
 use super::{
@@ -44,13 +45,16 @@ struct Shared {
     depth: u32,
     /// Put before step ids in events: empty at the top, `outer/` inside a call made by step `outer`.
     prefix: String,
+    /// Secret values to keep out of events, the journal and the report.
+    redactor: Arc<Redactor>,
 }
 
 /// Results of finished steps as templates see them, by step id.
 type Steps = BTreeMap<String, Value>;
 
 impl Shared {
-    fn emit(&self, event: RunEvent) {
+    fn emit(&self, mut event: RunEvent) {
+        self.redactor.event(&mut event);
         if let Some(events) = &self.options.events {
             let _ = events.send(event.clone());
         }
@@ -61,9 +65,11 @@ impl Shared {
     /// part of their caller's attempt). Cancelled steps have no final result: a resume runs them.
     fn record_result(&self, name: &str, result: &StepResult) {
         if self.depth == 0 && result.status != StepStatus::Cancelled {
+            let mut result = Box::new(result.clone());
+            self.redactor.result(&mut result);
             self.options.journal.record(Entry::StepFinished {
                 step: name.to_owned(),
-                result: Box::new(result.clone()),
+                result,
             });
         }
     }
@@ -129,7 +135,15 @@ pub async fn run(
     inputs: Map<String, Json>,
     options: RunOptions,
 ) -> Result<RunReport, RunError> {
-    run_workflow(workflow, inputs, options, 0, String::new()).await
+    run_workflow(
+        workflow,
+        inputs,
+        options,
+        0,
+        String::new(),
+        Arc::new(Redactor::default()),
+    )
+    .await
 }
 
 type Boxed<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
@@ -141,6 +155,7 @@ fn run_workflow(
     options: RunOptions,
     depth: u32,
     prefix: String,
+    outer: Arc<Redactor>,
 ) -> Boxed<'static, Result<RunReport, RunError>> {
     Box::pin(async move {
         let started = Instant::now();
@@ -211,6 +226,13 @@ fn run_workflow(
                 ("env".to_owned(), json_value(&Json::Object(env))),
                 ("run".to_owned(), json_value(&run)),
             ],
+            redactor: Arc::new(
+                outer.with(&Redactor::new(
+                    secrets
+                        .values()
+                        .filter_map(|v| v.as_str().map(str::to_owned)),
+                )),
+            ),
             secrets: json_value(&Json::Object(secrets)),
             depth,
             prefix,
@@ -250,8 +272,14 @@ fn run_workflow(
                     RunStatus::Failed => RunState::Failed,
                     RunStatus::Cancelled => RunState::Interrupted,
                 },
-                outputs: outputs.clone(),
-                error: error.clone(),
+                outputs: {
+                    let mut outputs = outputs.clone();
+                    shared.redactor.map(&mut outputs);
+                    outputs
+                },
+                error: error
+                    .as_deref()
+                    .map(|e| shared.redactor.text(e).into_owned()),
             });
             if let Err(e) = journal.flush().wait().await {
                 error = Some(format!("the run's state could not be saved: {e}"));
@@ -259,6 +287,14 @@ fn run_workflow(
                     status = RunStatus::Failed;
                 }
             }
+        }
+        let (mut steps, mut outputs, mut error) = (steps, outputs, error);
+        if shared.depth == 0 {
+            // What leaves the run carries no secret value; nested reports are still data flowing to
+            // their caller.
+            steps.values_mut().for_each(|r| shared.redactor.result(r));
+            shared.redactor.map(&mut outputs);
+            shared.redactor.option(&mut error);
         }
         Ok(RunReport {
             version: REPORT_VERSION,
@@ -358,7 +394,13 @@ async fn schedule(shared: &Arc<Shared>) -> Vec<Arc<StepView>> {
     loop {
         while let Some(i) = ready.pop_front() {
             let step = &all_steps[i];
-            if cancelled {
+            // The token, not only the flag: a step may finish (cancelled) before this loop sees the cancel.
+            let upstream_cancelled = dependencies[i].iter().any(|d| {
+                views[*d]
+                    .as_ref()
+                    .is_some_and(|v| v.result().status == StepStatus::Cancelled)
+            });
+            if cancelled || shared.options.cancel.is_cancelled() || upstream_cancelled {
                 let result = StepResult::ended(StepStatus::Cancelled, None);
                 finish(i, result, &mut views, &mut waiting, &mut ready);
                 continue;
@@ -410,6 +452,7 @@ async fn schedule(shared: &Arc<Shared>) -> Vec<Arc<StepView>> {
             break;
         }
         tokio::select! {
+            biased;
             () = shared.options.cancel.cancelled(), if !cancelled => {
                 cancelled = true;
                 // Dropping the step futures kills their process groups.
@@ -670,7 +713,8 @@ async fn attempt_all(
         .or_else(|| defaults.and_then(|d| d.retry.as_ref()));
     let (outcome, attempts) = with_retries(shared, &label, step.body(), false, retry, &ctx).await;
     let outcome = match (outcome, &step.fallback) {
-        (Err(_), Some(fallback)) => {
+        // A cancelled run starts nothing new, fallbacks included.
+        (Err(failure), Some(fallback)) if failure.status != StepStatus::Cancelled => {
             let (fallback_outcome, _) =
                 with_retries(shared, &label, fallback.body(), true, None, &ctx).await;
             fallback_outcome.map(|o| (o, true))
@@ -803,7 +847,8 @@ struct OpenAttempt<'a> {
 }
 
 impl OpenAttempt<'_> {
-    fn end(self, status: StepStatus, error: Option<String>) {
+    fn end(self, status: StepStatus, mut error: Option<String>) {
+        self.shared.redactor.option(&mut error);
         self.shared.options.journal.record(Entry::AttemptEnded {
             step: self.label.to_owned(),
             status,
@@ -1045,6 +1090,7 @@ fn call_composite<'a>(
             tool_context: shared.tool_context.clone(),
             depth,
             prefix: format!("{label}/"),
+            redactor: shared.redactor.clone(),
         });
         let views = schedule(&inner).await;
         let steps = inner.steps();
@@ -1138,6 +1184,7 @@ fn call_workflow<'a>(
             shared.options.clone(),
             depth,
             format!("{label}/"),
+            shared.redactor.clone(),
         )
         .await
         .map_err(|e| Failure::fixed(format!("sub-workflow `{path}`: {e}")))?;

@@ -125,8 +125,12 @@ pub trait Journal: Send + Sync + fmt::Debug {
 pub trait RunStore: Send + Sync + fmt::Debug {
     /// Records a new run, owned by this process, with its spec files and inputs.
     fn create_run(&self, run: &NewRun) -> Result<(), StoreError>;
-    /// Takes ownership of a run no live process owns (to resume or retry it).
-    fn claim(&self, id: &str) -> Result<(), StoreError>;
+    /// Takes ownership of a run no live process owns, when it is in one of the `allowed` states (to
+    /// resume or retry it); returns the state it was in. Decide what to do with the run after claiming it,
+    /// from a fresh [`RunStore::load`], so that no other process can change it in between.
+    fn claim(&self, id: &str, allowed: &[RunState]) -> Result<RunState, StoreError>;
+    /// Gives up a claimed run without running it, leaving it in `status`.
+    fn release(&self, id: &str, status: RunState) -> Result<(), StoreError>;
     /// Starts a new generation of the run, forgetting the final results of `steps` (and their items).
     fn forget_results(&self, id: &str, steps: &[String]) -> Result<u32, StoreError>;
     /// Asks a run to stop for good; returns where it stands.
@@ -238,6 +242,8 @@ pub struct StoredRun {
     pub max_parallel: usize,
     pub started_at: u64,
     pub finished_at: Option<u64>,
+    /// How many times `retry --from` started the run again.
+    pub generation: u32,
     pub outputs: Map<String, Json>,
     pub error: Option<String>,
     /// Final results of steps and `foreach` items (`step[i]`), by name.
@@ -275,6 +281,10 @@ pub struct Owner {
     pub host: String,
     /// Milliseconds since the Unix epoch after which the lease has lapsed unless renewed.
     pub lease_until: u64,
+    /// When the owner process started (clock ticks since boot), to tell it from a later process with
+    /// the same id.
+    #[serde(skip)]
+    pub started: Option<u64>,
 }
 
 /// The SHA-256 of a workflow's files, in order: what `resume` compares to detect a changed spec.

@@ -53,6 +53,8 @@ CREATE TABLE runs (
     generation INTEGER NOT NULL DEFAULT 0,
     owner_pid INTEGER,
     owner_host TEXT,
+    owner_started INTEGER,
+    owner_token TEXT,
     lease_until INTEGER,
     cancel_requested INTEGER NOT NULL DEFAULT 0
 );
@@ -106,6 +108,9 @@ CREATE INDEX runs_by_start ON runs(started_at);
 pub struct SqliteStore {
     path: PathBuf,
     conn: Mutex<Connection>,
+    /// The ownership tokens of the runs this process owns, by run id. Every write of a run's journal
+    /// checks that the run still carries its token, so a process that lost a run stops writing to it.
+    tokens: Mutex<HashMap<String, String>>,
 }
 
 impl SqliteStore {
@@ -119,11 +124,18 @@ impl SqliteStore {
             ))
         })?;
         let path = dir.join(DATABASE);
-        let mut conn = connect(&path)?;
-        check_and_migrate(&mut conn, &path)?;
+        // The file is checked before anything is set on it: a file that is not a sound Archon database
+        // is left exactly as it is.
+        let mut conn = Connection::open(&path).map_err(|e| sql_error(&path, &e))?;
+        conn.busy_timeout(BUSY_TIMEOUT)
+            .map_err(|e| sql_error(&path, &e))?;
+        check(&conn, &path)?;
+        configure(&conn, &path)?;
+        migrate(&mut conn, &path)?;
         Ok(SqliteStore {
             path,
             conn: Mutex::new(conn),
+            tokens: Mutex::new(HashMap::new()),
         })
     }
 
@@ -141,6 +153,24 @@ impl SqliteStore {
             .map_err(|_| StoreError::new("the run store is unusable after an earlier failure"))?;
         f(&mut conn).map_err(|e| sql_error(&self.path, &e))
     }
+
+    /// A fresh ownership token for run `id`, remembered for its journal.
+    fn new_token(&self, id: &str) -> String {
+        let token = format!(
+            "{}-{}-{:016x}",
+            std::process::id(),
+            now_ms(),
+            fastrand::u64(..)
+        );
+        if let Ok(mut tokens) = self.tokens.lock() {
+            tokens.insert(id.to_owned(), token.clone());
+        }
+        token
+    }
+
+    fn forget_token(&self, id: &str) -> Option<String> {
+        self.tokens.lock().ok().and_then(|mut t| t.remove(id))
+    }
 }
 
 impl RunStore for SqliteStore {
@@ -149,12 +179,13 @@ impl RunStore for SqliteStore {
         let hash = spec_hash(&run.files);
         let inputs = json_text(&Json::Object(run.inputs.clone()));
         let now = now_ms();
+        let token = self.new_token(&run.id);
         self.with(|conn| {
             let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
             tx.execute(
                 "INSERT INTO runs (id, workflow, spec_path, spec_hash, status, inputs, workdir, max_parallel,
-                    started_at, owner_pid, owner_host, lease_until)
-                 VALUES (?1, ?2, ?3, ?4, 'running', ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
+                    started_at, owner_pid, owner_host, lease_until, owner_started, owner_token)
+                 VALUES (?1, ?2, ?3, ?4, 'running', ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)",
                 params![
                     run.id,
                     run.workflow,
@@ -167,6 +198,8 @@ impl RunStore for SqliteStore {
                     std::process::id(),
                     host(),
                     (now + LEASE.as_millis() as u64) as i64,
+                    my_start_time(),
+                    token,
                 ],
             )?;
             for (position, (path, text)) in run.files.iter().enumerate() {
@@ -179,49 +212,78 @@ impl RunStore for SqliteStore {
         })
     }
 
-    /// Takes ownership of a run that no live process owns, for resuming it. Refused while another live
-    /// process owns it.
-    fn claim(&self, id: &str) -> Result<(), StoreError> {
-        let me = std::process::id();
+    fn claim(&self, id: &str, allowed: &[RunState]) -> Result<RunState, StoreError> {
+        let token = self.new_token(id);
         let outcome = self.with(|conn| {
             let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
             let row = tx
                 .query_row(
-                    "SELECT status, owner_pid, owner_host, lease_until FROM runs WHERE id = ?1",
+                    "SELECT status, owner_pid, owner_host, lease_until, owner_started FROM runs WHERE id = ?1",
                     [id],
-                    |r| Ok((r.get::<_, String>(0)?, owner_of(r.get(1)?, r.get(2)?, r.get(3)?))),
+                    |r| {
+                        Ok((
+                            r.get::<_, String>(0)?,
+                            owner_of(r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?),
+                        ))
+                    },
                 )
                 .optional()?;
             let Some((status, owner)) = row else {
-                return Ok(Err(None));
+                return Ok(Err(Claim::Unknown));
             };
-            if status == "running"
-                && let Some(owner) = owner.filter(|o| o.pid != me && is_alive(o))
-            {
-                return Ok(Err(Some(owner)));
+            if let Some(owner) = owner.filter(is_alive) {
+                return Ok(Err(Claim::Owned(owner)));
+            }
+            let state = effective_state(&status, None);
+            if !allowed.contains(&state) {
+                return Ok(Err(Claim::State(state)));
             }
             tx.execute(
                 "UPDATE runs SET status = 'running', owner_pid = ?2, owner_host = ?3, lease_until = ?4,
-                    finished_at = NULL, cancel_requested = 0 WHERE id = ?1",
+                    owner_started = ?5, owner_token = ?6, finished_at = NULL, cancel_requested = 0
+                 WHERE id = ?1",
                 params![
                     id,
-                    me,
+                    std::process::id(),
                     host(),
-                    (now_ms() + LEASE.as_millis() as u64) as i64
+                    (now_ms() + LEASE.as_millis() as u64) as i64,
+                    my_start_time(),
+                    token,
                 ],
             )?;
             tx.commit()?;
-            Ok(Ok(()))
+            Ok(Ok(state))
         })?;
         match outcome {
-            Ok(()) => Ok(()),
-            Err(None) => Err(unknown_run(id)),
-            Err(Some(owner)) => Err(StoreError::new(format!(
-                "run `{id}` is being run by process {} on `{}`",
-                owner.pid, owner.host
-            ))
-            .with_hint("wait for it to finish, or stop it with `archon cancel`")),
+            Ok(state) => Ok(state),
+            Err(claim) => {
+                self.forget_token(id);
+                Err(match claim {
+                    Claim::Unknown => unknown_run(id),
+                    Claim::Owned(owner) => StoreError::new(format!(
+                        "run `{id}` is being run by process `{}` on `{}`",
+                        owner.pid, owner.host
+                    ))
+                    .with_hint("wait for it to finish, or stop it with `archon cancel`"),
+                    Claim::State(state) => {
+                        StoreError::new(format!("run `{id}` is `{}`", state.as_str()))
+                    }
+                })
+            }
         }
+    }
+
+    fn release(&self, id: &str, status: RunState) -> Result<(), StoreError> {
+        let token = self.forget_token(id);
+        self.with(|conn| {
+            conn.execute(
+                "UPDATE runs SET status = ?2, owner_pid = NULL, owner_host = NULL, lease_until = NULL,
+                    owner_started = NULL, owner_token = NULL
+                 WHERE id = ?1 AND owner_token = ?3",
+                params![id, status.as_str(), token],
+            )
+            .map(drop)
+        })
     }
 
     /// Starts a new generation of a run (for `retry --from`): forgets the final results of `steps`, so
@@ -235,8 +297,9 @@ impl RunStore for SqliteStore {
             )?;
             for step in steps {
                 tx.execute(
-                    "DELETE FROM results WHERE run_id = ?1 AND (step = ?2 OR step LIKE ?3 ESCAPE '\\')",
-                    params![id, step, format!("{}[%", like_escape(step))],
+                    "DELETE FROM results WHERE run_id = ?1
+                        AND (step = ?2 OR substr(step, 1, length(?2) + 1) = ?2 || '[')",
+                    params![id, step],
                 )?;
             }
             let generation: u32 =
@@ -266,14 +329,31 @@ impl RunStore for SqliteStore {
                 Ok(RunState::Running)
             }
             RunState::Interrupted => {
-                self.with(|conn| {
-                    conn.execute(
+                // Only if nobody took the run over since it was read.
+                let changed = self.with(|conn| {
+                    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+                    let owner = tx.query_row(
+                        "SELECT owner_pid, owner_host, lease_until, owner_started FROM runs WHERE id = ?1",
+                        [id],
+                        |r| Ok(owner_of(r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)),
+                    )?;
+                    if owner.as_ref().is_some_and(is_alive) {
+                        return Ok(false);
+                    }
+                    tx.execute(
                         "UPDATE runs SET status = 'cancelled', finished_at = ?2, owner_pid = NULL,
-                            owner_host = NULL, lease_until = NULL WHERE id = ?1",
+                            owner_host = NULL, lease_until = NULL, owner_started = NULL, owner_token = NULL
+                         WHERE id = ?1",
                         params![id, now_ms() as i64],
-                    )
+                    )?;
+                    tx.commit()?;
+                    Ok(true)
                 })?;
-                Ok(RunState::Cancelled)
+                if changed {
+                    Ok(RunState::Cancelled)
+                } else {
+                    self.cancel(id)
+                }
             }
         }
     }
@@ -282,12 +362,13 @@ impl RunStore for SqliteStore {
     fn list(&self) -> Result<Vec<RunSummary>, StoreError> {
         self.with(|conn| {
             let mut stmt = conn.prepare(
-                "SELECT id, workflow, status, started_at, finished_at, owner_pid, owner_host, lease_until
+                "SELECT id, workflow, status, started_at, finished_at, owner_pid, owner_host, lease_until,
+                    owner_started
                  FROM runs ORDER BY started_at DESC, id DESC",
             )?;
             let rows = stmt.query_map([], |r| {
                 let status: String = r.get(2)?;
-                let owner = owner_of(r.get(5)?, r.get(6)?, r.get(7)?);
+                let owner = owner_of(r.get(5)?, r.get(6)?, r.get(7)?, r.get(8)?);
                 let started_at = r.get::<_, i64>(3)? as u64;
                 let finished_at = r.get::<_, Option<i64>>(4)?.map(|t| t as u64);
                 Ok(RunSummary {
@@ -309,12 +390,13 @@ impl RunStore for SqliteStore {
             let Some(mut run) = conn
                 .query_row(
                     "SELECT id, workflow, spec_path, spec_hash, status, inputs, workdir, max_parallel,
-                        started_at, finished_at, outputs, error, owner_pid, owner_host, lease_until
+                        started_at, finished_at, outputs, error, owner_pid, owner_host, lease_until,
+                        owner_started, generation
                      FROM runs WHERE id = ?1",
                     [id],
                     |r| {
                         let status: String = r.get(4)?;
-                        let owner = owner_of(r.get(12)?, r.get(13)?, r.get(14)?);
+                        let owner = owner_of(r.get(12)?, r.get(13)?, r.get(14)?, r.get(15)?);
                         Ok(StoredRun {
                             id: r.get(0)?,
                             workflow: r.get(1)?,
@@ -326,6 +408,7 @@ impl RunStore for SqliteStore {
                             max_parallel: r.get::<_, i64>(7)? as usize,
                             started_at: r.get::<_, i64>(8)? as u64,
                             finished_at: r.get::<_, Option<i64>>(9)?.map(|t| t as u64),
+                            generation: r.get(16)?,
                             outputs: r
                                 .get::<_, Option<String>>(10)?
                                 .map(|t| json_object(&t))
@@ -449,6 +532,15 @@ impl RunStore for SqliteStore {
     /// Starts the journal of a run this process owns: a writer thread that applies entries in order,
     /// renews the lease, and cancels `cancel` when `archon cancel` asks.
     fn journal(&self, id: &str, cancel: CancellationToken) -> Result<Arc<dyn Journal>, StoreError> {
+        let token = self
+            .tokens
+            .lock()
+            .ok()
+            .and_then(|t| t.get(id).cloned())
+            .ok_or_else(|| {
+                StoreError::new(format!("this process does not own run `{id}`"))
+                    .with_hint("a run is recorded by the process that created or claimed it")
+            })?;
         let conn = connect(&self.path)?;
         let (generation, next_attempt, seq) = self.with(|c| {
             let generation: u32 =
@@ -473,6 +565,7 @@ impl RunStore for SqliteStore {
             conn,
             path: self.path.clone(),
             run: id.to_owned(),
+            token,
             generation,
             last_attempt: next_attempt,
             open: HashMap::new(),
@@ -550,6 +643,8 @@ struct Writer {
     conn: Connection,
     path: PathBuf,
     run: String,
+    /// The run's ownership token: every transaction first checks the run still carries it.
+    token: String,
     generation: u32,
     /// The highest attempt number recorded per step.
     last_attempt: HashMap<String, u32>,
@@ -623,9 +718,10 @@ impl Writer {
             return;
         }
         let _ = self.conn.execute(
-            "UPDATE runs SET owner_pid = NULL, owner_host = NULL, lease_until = NULL
-             WHERE id = ?1 AND owner_pid = ?2",
-            params![self.run, std::process::id()],
+            "UPDATE runs SET owner_pid = NULL, owner_host = NULL, lease_until = NULL, owner_started = NULL,
+                owner_token = NULL
+             WHERE id = ?1 AND owner_token = ?2",
+            params![self.run, self.token],
         );
     }
 
@@ -641,12 +737,24 @@ impl Writer {
         if self.broken.is_none() {
             let outcome = self.write(&entries, heartbeat);
             match outcome {
-                Ok(cancel_requested) => {
+                Ok(Some(cancel_requested)) => {
                     if cancel_requested {
                         self.cancel.cancel();
                     }
                 }
-                Err(e) => self.broken = Some(sql_error(&self.path, &e)),
+                Ok(None) => {
+                    // Another process took the run over: stop, and write nothing more.
+                    self.broken = Some(StoreError::new(format!(
+                        "run `{}` was taken over by another process; this one stopped recording it",
+                        self.run
+                    )));
+                    self.released = true;
+                    self.cancel.cancel();
+                }
+                Err(e) => {
+                    self.broken = Some(sql_error(&self.path, &e));
+                    self.cancel.cancel();
+                }
             }
         }
         let outcome = match &self.broken {
@@ -658,12 +766,21 @@ impl Writer {
         }
     }
 
-    /// Applies entries in one transaction; returns whether a cancel was requested.
-    fn write(&mut self, entries: &[Entry], heartbeat: bool) -> rusqlite::Result<bool> {
+    /// Applies entries in one transaction; returns whether a cancel was requested, or `None` when the run
+    /// no longer carries this process's token.
+    fn write(&mut self, entries: &[Entry], heartbeat: bool) -> rusqlite::Result<Option<bool>> {
         let now = now_ms() as i64;
         let tx = self
             .conn
             .transaction_with_behavior(TransactionBehavior::Immediate)?;
+        let owner: Option<String> = tx.query_row(
+            "SELECT owner_token FROM runs WHERE id = ?1",
+            [&self.run],
+            |r| r.get(0),
+        )?;
+        if owner.as_deref() != Some(self.token.as_str()) {
+            return Ok(None);
+        }
         for entry in entries {
             match entry {
                 Entry::AttemptStarted { step, fallback } => {
@@ -777,7 +894,9 @@ impl Writer {
                     self.released = true;
                     tx.execute(
                         "UPDATE runs SET status = ?2, outputs = ?3, error = ?4, finished_at = ?5,
-                            owner_pid = NULL, owner_host = NULL, lease_until = NULL WHERE id = ?1",
+                            owner_pid = NULL, owner_host = NULL, lease_until = NULL, owner_started = NULL,
+                            owner_token = NULL
+                         WHERE id = ?1",
                         params![
                             self.run,
                             status.as_str(),
@@ -792,8 +911,8 @@ impl Writer {
         let mut cancel_requested = false;
         if heartbeat {
             tx.execute(
-                "UPDATE runs SET lease_until = ?2 WHERE id = ?1 AND owner_pid = ?3",
-                params![self.run, now + LEASE.as_millis() as i64, std::process::id()],
+                "UPDATE runs SET lease_until = ?2 WHERE id = ?1 AND owner_token = ?3",
+                params![self.run, now + LEASE.as_millis() as i64, self.token],
             )?;
             cancel_requested = tx.query_row(
                 "SELECT cancel_requested FROM runs WHERE id = ?1",
@@ -802,7 +921,7 @@ impl Writer {
             )?;
         }
         tx.commit()?;
-        Ok(cancel_requested)
+        Ok(Some(cancel_requested))
     }
 }
 
@@ -810,6 +929,12 @@ fn connect(path: &Path) -> Result<Connection, StoreError> {
     let conn = Connection::open(path).map_err(|e| sql_error(path, &e))?;
     conn.busy_timeout(BUSY_TIMEOUT)
         .map_err(|e| sql_error(path, &e))?;
+    configure(&conn, path)?;
+    Ok(conn)
+}
+
+/// Write-ahead logging, full syncs, foreign keys, no checkpoint on close.
+fn configure(conn: &Connection, path: &Path) -> Result<(), StoreError> {
     // WAL lets readers work while a run writes; `synchronous=FULL` syncs the log at every commit.
     let mode: String = conn
         .query_row("PRAGMA journal_mode = WAL", [], |r| r.get(0))
@@ -829,12 +954,11 @@ fn connect(path: &Path) -> Result<Connection, StoreError> {
         true,
     )
     .map_err(|e| sql_error(path, &e))?;
-    Ok(conn)
+    Ok(())
 }
 
-/// Refuses a database that is not Archon's, is newer than this version, or is damaged; brings an older
-/// one up to date.
-fn check_and_migrate(conn: &mut Connection, path: &Path) -> Result<(), StoreError> {
+/// Refuses a database that is not Archon's, is newer than this version, or is damaged.
+fn check(conn: &Connection, path: &Path) -> Result<(), StoreError> {
     let read = |sql: &str| -> Result<i64, StoreError> {
         conn.query_row(sql, [], |r| r.get(0))
             .map_err(|e| sql_error(path, &e))
@@ -852,7 +976,7 @@ fn check_and_migrate(conn: &mut Connection, path: &Path) -> Result<(), StoreErro
     let latest = MIGRATIONS.len() as i64;
     if version > latest {
         return Err(StoreError::new(format!(
-            "state database `{}` has schema version {version}, newer than this archon knows ({latest})",
+            "state database `{}` has schema version `{version}`, newer than this archon knows (`{latest}`)",
             path.display()
         ))
         .with_hint("use the archon version that wrote it, or a newer one"));
@@ -863,6 +987,15 @@ fn check_and_migrate(conn: &mut Connection, path: &Path) -> Result<(), StoreErro
     if check != "ok" {
         return Err(damaged(path, &check));
     }
+    Ok(())
+}
+
+/// Brings the schema up to date.
+fn migrate(conn: &mut Connection, path: &Path) -> Result<(), StoreError> {
+    let latest = MIGRATIONS.len() as i64;
+    let version: i64 = conn
+        .query_row("PRAGMA user_version", [], |r| r.get(0))
+        .map_err(|e| sql_error(path, &e))?;
     if version < latest {
         // Another process may be creating the same store: migrate under the write lock, from the version
         // found once holding it.
@@ -924,23 +1057,17 @@ fn unknown_run(id: &str) -> StoreError {
     }
 }
 
-/// Escapes `%`, `_` and `\` for a `LIKE ... ESCAPE '\'` pattern.
-fn like_escape(text: &str) -> String {
-    let mut escaped = String::with_capacity(text.len());
-    for c in text.chars() {
-        if matches!(c, '%' | '_' | '\\') {
-            escaped.push('\\');
-        }
-        escaped.push(c);
-    }
-    escaped
-}
-
-fn owner_of(pid: Option<u32>, host: Option<String>, lease: Option<i64>) -> Option<Owner> {
+fn owner_of(
+    pid: Option<u32>,
+    host: Option<String>,
+    lease: Option<i64>,
+    started: Option<i64>,
+) -> Option<Owner> {
     Some(Owner {
         pid: pid?,
         host: host?,
         lease_until: lease.unwrap_or(0) as u64,
+        started: started.map(|s| s as u64),
     })
 }
 
@@ -953,16 +1080,32 @@ fn effective_state(status: &str, owner: Option<&Owner>) -> RunState {
     }
 }
 
-/// Whether a run's owner is alive: its process exists (on this host), and its lease has not lapsed.
+/// Whether a run's owner is alive. On this host: its process exists and is the same process (same start
+/// time), whatever its lease says (a stopped process is alive). On another host, whose processes cannot be
+/// checked: its lease has not lapsed.
 fn is_alive(owner: &Owner) -> bool {
-    if owner.lease_until < now_ms() {
-        return false;
-    }
     if owner.host != host() {
-        return true;
+        return owner.lease_until >= now_ms();
     }
-    rustix::process::Pid::from_raw(owner.pid as i32)
-        .is_some_and(|pid| rustix::process::test_kill_process(pid).is_ok() && !is_zombie(owner.pid))
+    let exists = rustix::process::Pid::from_raw(owner.pid as i32).is_some_and(|pid| {
+        rustix::process::test_kill_process(pid).is_ok() && !is_zombie(owner.pid)
+    });
+    exists
+        && owner
+            .started
+            .is_none_or(|started| super::process_start_time(owner.pid) == Some(started))
+}
+
+/// This process's start time, which with its pid identifies it.
+fn my_start_time() -> Option<i64> {
+    super::process_start_time(std::process::id()).map(|t| t as i64)
+}
+
+/// Why a claim was refused.
+enum Claim {
+    Unknown,
+    Owned(Owner),
+    State(RunState),
 }
 
 fn is_zombie(pid: u32) -> bool {

@@ -1,0 +1,249 @@
+//! What every HTTP provider shares: one reqwest client (rustls) with connect and total timeouts, retries
+//! with exponential backoff and full jitter on 429, 5xx, 529 and connection problems (honouring
+//! `Retry-After`), never on other 4xx; a concurrency limit and a request rate limit per provider.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use backon::{ExponentialBuilder, Retryable};
+use serde_json::Value as Json;
+use tokio::sync::{Mutex, Semaphore};
+
+use super::{LlmError, provider_message};
+
+/// How a provider's requests are made.
+#[derive(Clone, Debug)]
+pub struct Settings {
+    pub connect_timeout: Duration,
+    /// Limit for one whole request (connect, send, wait, read).
+    pub timeout: Duration,
+    /// Attempts after the first.
+    pub retries: usize,
+    /// First backoff delay; doubled each retry up to `max_delay`, each delay drawn at random below it.
+    pub base_delay: Duration,
+    pub max_delay: Duration,
+    /// Longest `Retry-After` honoured; a provider asking for more fails the call instead.
+    pub max_retry_after: Duration,
+    pub max_concurrency: usize,
+    pub requests_per_minute: Option<u32>,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Settings {
+            connect_timeout: Duration::from_secs(10),
+            timeout: Duration::from_secs(120),
+            retries: 4,
+            base_delay: Duration::from_millis(500),
+            max_delay: Duration::from_secs(30),
+            max_retry_after: Duration::from_secs(120),
+            max_concurrency: 8,
+            requests_per_minute: None,
+        }
+    }
+}
+
+/// The HTTP side of one provider.
+#[derive(Debug)]
+pub struct Client {
+    /// The provider's name, for messages.
+    name: String,
+    http: reqwest::Client,
+    settings: Settings,
+    in_flight: Arc<Semaphore>,
+    /// When the next request may start, under the rate limit.
+    next_slot: Mutex<Instant>,
+}
+
+/// A successful response: the body as JSON and the provider's request id, if it sent one.
+#[derive(Debug)]
+pub struct Reply {
+    pub body: Json,
+    pub request_id: Option<String>,
+}
+
+impl Client {
+    pub fn new(name: impl Into<String>, settings: Settings) -> Result<Self, LlmError> {
+        let name = name.into();
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let http = reqwest::Client::builder()
+            .connect_timeout(settings.connect_timeout)
+            .timeout(settings.timeout)
+            .build()
+            .map_err(|e| {
+                LlmError::fatal(format!(
+                    "provider `{name}`: cannot build an HTTP client: {e}"
+                ))
+            })?;
+        Ok(Client {
+            in_flight: Arc::new(Semaphore::new(settings.max_concurrency.max(1))),
+            next_slot: Mutex::new(Instant::now()),
+            name,
+            http,
+            settings,
+        })
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// POSTs `body` as JSON with `headers`, retrying what is worth retrying.
+    pub async fn post(
+        &self,
+        url: &str,
+        headers: &[(&str, String)],
+        body: &Json,
+    ) -> Result<Reply, LlmError> {
+        let settings = &self.settings;
+        let backoff = ExponentialBuilder::default()
+            .with_min_delay(settings.base_delay)
+            .with_max_delay(settings.max_delay)
+            .with_max_times(settings.retries);
+        let attempt = || async { self.attempt(url, headers, body).await };
+        attempt
+            .retry(backoff)
+            .sleep(tokio::time::sleep)
+            .when(|e: &LlmError| {
+                e.retryable
+                    && e.retry_after
+                        .is_none_or(|wait| wait <= self.settings.max_retry_after)
+            })
+            // Full jitter: a delay drawn between zero and the exponential delay; `Retry-After` wins.
+            .adjust(|e: &LlmError, delay| match e.retry_after {
+                Some(wait) => Some(wait),
+                None => delay.map(|d| d.mul_f64(fastrand::f64())),
+            })
+            .await
+    }
+
+    async fn attempt(
+        &self,
+        url: &str,
+        headers: &[(&str, String)],
+        body: &Json,
+    ) -> Result<Reply, LlmError> {
+        let _permit = self
+            .in_flight
+            .acquire()
+            .await
+            .map_err(|_| LlmError::fatal(format!("provider `{}` is shut down", self.name)))?;
+        self.wait_for_rate().await;
+        let mut request = self.http.post(url).json(body);
+        for (name, value) in headers {
+            request = request.header(*name, value);
+        }
+        let response = request.send().await.map_err(|e| self.transport_error(&e))?;
+        let status = response.status();
+        let request_id = ["x-request-id", "request-id", "x-goog-request-id"]
+            .iter()
+            .find_map(|h| response.headers().get(*h)?.to_str().ok().map(str::to_owned));
+        let retry_after = retry_after(response.headers());
+        let text = response
+            .text()
+            .await
+            .map_err(|e| self.transport_error(&e))?;
+        if !status.is_success() {
+            let code = status.as_u16();
+            let retryable = code == 429 || code == 408 || code >= 500;
+            return Err(LlmError {
+                message: format!(
+                    "provider `{}`: HTTP {code}: {}",
+                    self.name,
+                    provider_message(&text)
+                ),
+                status: Some(code),
+                retryable,
+                retry_after: if retryable { retry_after } else { None },
+            });
+        }
+        let body = serde_json::from_str(&text).map_err(|e| LlmError {
+            message: format!(
+                "provider `{}`: the response is not valid JSON ({e}): `{}`",
+                self.name,
+                text.chars().take(120).collect::<String>()
+            ),
+            status: Some(status.as_u16()),
+            // A truncated body is a transport accident; a well-delivered non-JSON body will not improve.
+            retryable: text.is_empty() || e.is_eof(),
+            retry_after: None,
+        })?;
+        Ok(Reply { body, request_id })
+    }
+
+    /// Waits until the rate limit allows another request.
+    async fn wait_for_rate(&self) {
+        let Some(per_minute) = self.settings.requests_per_minute.filter(|r| *r > 0) else {
+            return;
+        };
+        let spacing = Duration::from_secs(60) / per_minute;
+        let start = {
+            let mut next = self.next_slot.lock().await;
+            let now = Instant::now();
+            let start = (*next).max(now);
+            *next = start + spacing;
+            start
+        };
+        tokio::time::sleep_until(start.into()).await;
+    }
+
+    fn transport_error(&self, e: &reqwest::Error) -> LlmError {
+        let what = if e.is_timeout() {
+            format!(
+                "no answer within {}",
+                humantime::format_duration(self.settings.timeout)
+            )
+        } else if e.is_connect() {
+            "cannot connect".to_owned()
+        } else if e.is_body() || e.is_decode() {
+            "the response was cut off".to_owned()
+        } else {
+            "the request failed".to_owned()
+        };
+        // The URL may carry a key (Gemini's `?key=`): never show it.
+        let detail = std::error::Error::source(e).map(|s| s.to_string().to_lowercase());
+        LlmError {
+            message: match detail {
+                Some(detail) => format!("provider `{}`: {what}: {detail}", self.name),
+                None => format!("provider `{}`: {what}", self.name),
+            },
+            status: None,
+            retryable: true,
+            retry_after: None,
+        }
+    }
+}
+
+/// `Retry-After` as seconds or an HTTP date.
+fn retry_after(headers: &reqwest::header::HeaderMap) -> Option<Duration> {
+    let value = headers
+        .get(reqwest::header::RETRY_AFTER)?
+        .to_str()
+        .ok()?
+        .trim();
+    if let Ok(seconds) = value.parse::<f64>() {
+        return (seconds.is_finite() && seconds >= 0.0).then(|| Duration::from_secs_f64(seconds));
+    }
+    let when = httpdate_parse(value)?;
+    Some(
+        when.duration_since(std::time::SystemTime::now())
+            .unwrap_or(Duration::ZERO),
+    )
+}
+
+fn httpdate_parse(value: &str) -> Option<std::time::SystemTime> {
+    humantime::parse_rfc3339_weak(value).ok().or_else(|| {
+        // IMF-fixdate, as HTTP sends it: `Sun, 06 Nov 1994 08:49:37 GMT`.
+        let parts: Vec<&str> = value.split_whitespace().collect();
+        let [_, day, month, year, time, "GMT"] = parts.as_slice() else {
+            return None;
+        };
+        let month = [
+            "Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec",
+        ]
+        .iter()
+        .position(|m| m == month)?
+            + 1;
+        humantime::parse_rfc3339(&format!("{year}-{month:02}-{day:0>2}T{time}Z")).ok()
+    })
+}

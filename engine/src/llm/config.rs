@@ -1,0 +1,176 @@
+//! Providers built from the spec's `llm.providers` and the environment users already have.
+//!
+//! For a provider of kind `openai`, `anthropic` or `gemini` (`KIND` below, upper case):
+//! - the API key comes from the variable named by `api_key_env`, else `ARCHON_KIND_API_KEY`, else the usual
+//!   variable (`OPENAI_API_KEY`, `ANTHROPIC_API_KEY`, `GEMINI_API_KEY` or `GOOGLE_API_KEY`);
+//! - the base URL from `ARCHON_KIND_BASE_URL`, else `base_url`, else `OPENAI_BASE_URL` /
+//!   `ANTHROPIC_BASE_URL` / `GEMINI_BASE_URL`, else the provider's public API;
+//! - the model from `ARCHON_KIND_MODEL`, else `model`.
+//!
+//! An OpenAI-compatible server on another base URL may need no key (llama.cpp, Ollama); the public APIs do.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::client::Settings;
+use super::mock::{Mock, ScriptedCall, Turn};
+use super::{
+    ApiKey, ChatRequest, LlmError, Message, Provider, ToolSpec, anthropic, gemini, openai,
+};
+use crate::spec::{ProviderDef, ProviderKind};
+
+/// A provider with the model and sampling options its spec entry sets.
+#[derive(Clone, Debug)]
+pub struct Configured {
+    pub name: String,
+    pub kind: ProviderKind,
+    pub provider: Arc<dyn Provider>,
+    pub model: String,
+    pub temperature: Option<f64>,
+    pub max_tokens: Option<u32>,
+}
+
+impl Configured {
+    /// A request to this provider's model with its options.
+    pub fn request(&self, messages: Vec<Message>, tools: Vec<ToolSpec>) -> ChatRequest {
+        ChatRequest {
+            model: self.model.clone(),
+            messages,
+            tools,
+            temperature: self.temperature,
+            max_tokens: self.max_tokens,
+            ..ChatRequest::default()
+        }
+    }
+}
+
+/// Builds the provider `name` declared as `def` in a spec read from `spec_dir`, reading `env`.
+pub fn build(
+    name: &str,
+    def: &ProviderDef,
+    spec_dir: &Path,
+    env: &BTreeMap<String, String>,
+) -> Result<Configured, LlmError> {
+    let kind = def.kind.value;
+    let var = |key: &str| env.get(key).filter(|v| !v.is_empty()).cloned();
+    let mut settings = Settings::default();
+    if let Some(timeout) = def
+        .timeout
+        .as_ref()
+        .and_then(|t| humantime::parse_duration(&t.value).ok())
+    {
+        settings.timeout = timeout;
+    }
+    if let Some(limit) = def.max_concurrency {
+        settings.max_concurrency = limit.max(1) as usize;
+    }
+    settings.requests_per_minute = def.requests_per_minute;
+    let endpoint = |prefix: &str, key_vars: &[&str], base_var: &str, public: &str| {
+        let key = def
+            .api_key_env
+            .as_ref()
+            .and_then(|v| var(&v.value))
+            .or_else(|| var(&format!("ARCHON_{prefix}_API_KEY")))
+            .or_else(|| key_vars.iter().find_map(|v| var(v)))
+            .map(ApiKey::new);
+        let base_url = var(&format!("ARCHON_{prefix}_BASE_URL"))
+            .or_else(|| def.base_url.as_ref().map(|b| b.value.clone()))
+            .or_else(|| var(base_var))
+            .unwrap_or_else(|| public.to_owned());
+        let model = var(&format!("ARCHON_{prefix}_MODEL"))
+            .or_else(|| def.model.clone())
+            .ok_or_else(|| {
+                LlmError::fatal(format!(
+                    "provider `{name}` has no model: set `model` in the spec or `ARCHON_{prefix}_MODEL`"
+                ))
+            })?;
+        if key.is_none() && base_url.trim_end_matches('/') == public {
+            let wanted = def
+                .api_key_env
+                .as_ref()
+                .map_or_else(|| key_vars[0].to_owned(), |v| v.value.clone());
+            return Err(LlmError::fatal(format!(
+                "provider `{name}` has no API key: set `{wanted}`"
+            )));
+        }
+        Ok((key, base_url, model))
+    };
+    let (provider, model): (Arc<dyn Provider>, String) = match kind {
+        ProviderKind::Mock => (
+            Arc::new(Mock::new(name, mock_turns(def, spec_dir)?)),
+            def.model.clone().unwrap_or_else(|| "mock".to_owned()),
+        ),
+        ProviderKind::Openai => {
+            let (key, base, model) = endpoint(
+                "OPENAI",
+                &["OPENAI_API_KEY"],
+                "OPENAI_BASE_URL",
+                openai::DEFAULT_BASE_URL,
+            )?;
+            (
+                Arc::new(openai::OpenAi::new(name, base, key, settings)?),
+                model,
+            )
+        }
+        ProviderKind::Anthropic => {
+            let (key, base, model) = endpoint(
+                "ANTHROPIC",
+                &["ANTHROPIC_API_KEY"],
+                "ANTHROPIC_BASE_URL",
+                anthropic::DEFAULT_BASE_URL,
+            )?;
+            (
+                Arc::new(anthropic::Anthropic::new(name, base, key, settings)?),
+                model,
+            )
+        }
+        ProviderKind::Gemini => {
+            let (key, base, model) = endpoint(
+                "GEMINI",
+                &["GEMINI_API_KEY", "GOOGLE_API_KEY"],
+                "GEMINI_BASE_URL",
+                gemini::DEFAULT_BASE_URL,
+            )?;
+            (
+                Arc::new(gemini::Gemini::new(name, base, key, settings)?),
+                model,
+            )
+        }
+    };
+    Ok(Configured {
+        name: name.to_owned(),
+        kind,
+        provider,
+        model,
+        temperature: def.temperature,
+        max_tokens: def.max_tokens,
+    })
+}
+
+/// The scripted turns of a `mock` provider: `script` (relative to the spec) or `turns`.
+fn mock_turns(def: &ProviderDef, spec_dir: &Path) -> Result<Vec<Turn>, LlmError> {
+    if let Some(script) = &def.script {
+        return Mock::read_script(&spec_dir.join(&script.value));
+    }
+    Ok(def
+        .turns
+        .iter()
+        .map(|t| Turn {
+            when: t.when.clone(),
+            text: t.text.clone(),
+            tool_calls: t
+                .tool_calls
+                .iter()
+                .map(|c| ScriptedCall {
+                    name: c.name.clone(),
+                    arguments: c.arguments.as_ref().map(crate::spec::Node::to_json),
+                })
+                .collect(),
+        })
+        .collect())
+}
+
+/// A short timeout for `archon llm ping`.
+pub const PING_TIMEOUT: Duration = Duration::from_secs(30);

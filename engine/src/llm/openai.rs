@@ -1,0 +1,252 @@
+//! The OpenAI Chat Completions adapter. It also serves every OpenAI-compatible server (llama.cpp, Ollama,
+//! vLLM) through `base_url`, and so tolerates their quirks: an empty or unknown `finish_reason`, no
+//! `usage`, tool arguments as a JSON string or as an object, content as a string or a list of parts,
+//! reasoning in `reasoning_content`, tool calls without an id.
+
+use serde_json::{Map, Value as Json, json};
+
+use super::client::{Client, Settings};
+use super::{
+    ApiKey, BoxFuture, ChatRequest, ChatResponse, FinishReason, LlmError, Message, Part, Provider,
+    Role, ToolCall, ToolChoice, Usage, arguments_from_text, arguments_to_text,
+};
+
+/// The public OpenAI API, used unless `base_url` (or `OPENAI_BASE_URL`) says otherwise.
+pub const DEFAULT_BASE_URL: &str = "https://api.openai.com/v1";
+
+/// A Chat Completions endpoint.
+#[derive(Debug)]
+pub struct OpenAi {
+    client: Client,
+    base_url: String,
+    key: Option<ApiKey>,
+}
+
+impl OpenAi {
+    pub fn new(
+        name: impl Into<String>,
+        base_url: impl Into<String>,
+        key: Option<ApiKey>,
+        settings: Settings,
+    ) -> Result<Self, LlmError> {
+        Ok(OpenAi {
+            client: Client::new(name, settings)?,
+            base_url: base_url.into().trim_end_matches('/').to_owned(),
+            key,
+        })
+    }
+}
+
+impl Provider for OpenAi {
+    fn name(&self) -> &str {
+        self.client.name()
+    }
+
+    fn complete<'a>(
+        &'a self,
+        request: &'a ChatRequest,
+    ) -> BoxFuture<'a, Result<ChatResponse, LlmError>> {
+        Box::pin(async move {
+            let body = request_body(request);
+            let mut headers = Vec::new();
+            if let Some(key) = &self.key {
+                headers.push(("authorization", format!("Bearer {}", key.expose())));
+            }
+            let url = format!("{}/chat/completions", self.base_url);
+            let reply = self.client.post(&url, &headers, &body).await?;
+            parse_response(self.name(), &reply.body, reply.request_id)
+        })
+    }
+}
+
+/// The Chat Completions request for `request`.
+pub fn request_body(request: &ChatRequest) -> Json {
+    let mut messages = Vec::with_capacity(request.messages.len());
+    for message in &request.messages {
+        match message.role {
+            Role::System => messages.push(json!({ "role": "system", "content": message.text() })),
+            Role::User => messages.push(json!({ "role": "user", "content": message.text() })),
+            Role::Assistant => {
+                let calls: Vec<Json> = message
+                    .parts
+                    .iter()
+                    .filter_map(|p| match p {
+                        Part::ToolCall(call) => Some(json!({
+                            "id": call.id,
+                            "type": "function",
+                            "function": { "name": call.name, "arguments": arguments_to_text(&call.arguments) },
+                        })),
+                        _ => None,
+                    })
+                    .collect();
+                let text = message.text();
+                let mut out = json!({
+                    "role": "assistant",
+                    "content": if text.is_empty() && !calls.is_empty() { Json::Null } else { Json::String(text) },
+                });
+                if !calls.is_empty() {
+                    out["tool_calls"] = Json::Array(calls);
+                }
+                messages.push(out);
+            }
+            // One `tool` message per result.
+            Role::Tool => {
+                for part in &message.parts {
+                    if let Part::ToolResult(result) = part {
+                        messages.push(json!({
+                            "role": "tool",
+                            "tool_call_id": result.id,
+                            "content": result.content,
+                        }));
+                    }
+                }
+            }
+        }
+    }
+    let mut body = Map::new();
+    body.insert("model".into(), Json::String(request.model.clone()));
+    body.insert("messages".into(), Json::Array(messages));
+    if !request.tools.is_empty() {
+        let tools = request
+            .tools
+            .iter()
+            .map(|t| {
+                json!({
+                    "type": "function",
+                    "function": { "name": t.name, "description": t.description, "parameters": t.parameters },
+                })
+            })
+            .collect();
+        body.insert("tools".into(), Json::Array(tools));
+        body.insert(
+            "tool_choice".into(),
+            match &request.tool_choice {
+                ToolChoice::Auto => json!("auto"),
+                ToolChoice::None => json!("none"),
+                ToolChoice::Required => json!("required"),
+                ToolChoice::Tool(name) => {
+                    json!({ "type": "function", "function": { "name": name } })
+                }
+            },
+        );
+    }
+    if let Some(t) = request.temperature {
+        body.insert("temperature".into(), json!(t));
+    }
+    if let Some(m) = request.max_tokens {
+        body.insert("max_tokens".into(), json!(m));
+    }
+    if !request.stop.is_empty() {
+        body.insert("stop".into(), json!(request.stop));
+    }
+    if let Some(schema) = &request.output_schema {
+        body.insert(
+            "response_format".into(),
+            json!({ "type": "json_schema", "json_schema": { "name": "output", "schema": schema } }),
+        );
+    }
+    Json::Object(body)
+}
+
+/// Reads a Chat Completions response.
+pub fn parse_response(
+    provider: &str,
+    body: &Json,
+    request_id: Option<String>,
+) -> Result<ChatResponse, LlmError> {
+    let bad = |what: &str| LlmError::fatal(format!("provider `{provider}`: {what}"));
+    if let Some(message) = body.pointer("/error/message").and_then(Json::as_str) {
+        return Err(bad(&format!("the response is an error: {message}")));
+    }
+    let choice = body
+        .get("choices")
+        .and_then(Json::as_array)
+        .and_then(|c| c.first())
+        .ok_or_else(|| bad("the response has no `choices`"))?;
+    let message = choice.get("message").unwrap_or(&Json::Null);
+    let mut parts = Vec::new();
+    for key in ["reasoning_content", "reasoning"] {
+        if let Some(text) = message
+            .get(key)
+            .and_then(Json::as_str)
+            .filter(|t| !t.is_empty())
+        {
+            parts.push(Part::Reasoning {
+                text: text.to_owned(),
+                signature: None,
+            });
+            break;
+        }
+    }
+    match message.get("content") {
+        Some(Json::String(text)) if !text.is_empty() => parts.push(Part::Text(text.clone())),
+        Some(Json::Array(items)) => {
+            let text: String = items
+                .iter()
+                .filter_map(|i| i.get("text").and_then(Json::as_str))
+                .collect();
+            if !text.is_empty() {
+                parts.push(Part::Text(text));
+            }
+        }
+        _ => {}
+    }
+    let calls = message.get("tool_calls").and_then(Json::as_array);
+    for (index, call) in calls.into_iter().flatten().enumerate() {
+        let function = call.get("function").unwrap_or(&Json::Null);
+        let name = function
+            .get("name")
+            .and_then(Json::as_str)
+            .unwrap_or_default();
+        let arguments = match function.get("arguments") {
+            Some(Json::String(text)) => arguments_from_text(text),
+            Some(Json::Null) | None => Json::Object(Map::new()),
+            Some(other) => other.clone(),
+        };
+        let id = call
+            .get("id")
+            .and_then(Json::as_str)
+            .filter(|id| !id.is_empty())
+            .map_or_else(|| format!("call_{index}"), str::to_owned);
+        parts.push(Part::ToolCall(ToolCall {
+            id,
+            name: name.to_owned(),
+            arguments,
+            signature: None,
+        }));
+    }
+    let has_calls = parts.iter().any(|p| matches!(p, Part::ToolCall(_)));
+    let finish_reason = match choice.get("finish_reason").and_then(Json::as_str) {
+        Some("stop") => FinishReason::Stop,
+        Some("tool_calls" | "function_call") => FinishReason::ToolCalls,
+        Some("length") => FinishReason::Length,
+        Some("content_filter") => FinishReason::ContentFilter,
+        // Empty or unknown: what the message holds says more.
+        _ if has_calls => FinishReason::ToolCalls,
+        Some(other) if !other.is_empty() => FinishReason::Other(other.to_owned()),
+        _ => FinishReason::Stop,
+    };
+    let usage = body.get("usage").filter(|u| u.is_object());
+    let count = |pointer: &str| {
+        usage
+            .and_then(|u| u.pointer(pointer))
+            .and_then(Json::as_u64)
+            .unwrap_or(0)
+    };
+    Ok(ChatResponse {
+        message: Message::assistant(parts),
+        usage: Usage {
+            input_tokens: count("/prompt_tokens"),
+            output_tokens: count("/completion_tokens"),
+            cached_input_tokens: count("/prompt_tokens_details/cached_tokens"),
+        },
+        usage_reported: usage.is_some(),
+        finish_reason,
+        model: body
+            .get("model")
+            .and_then(Json::as_str)
+            .unwrap_or_default()
+            .to_owned(),
+        request_id: request_id.or_else(|| body.get("id").and_then(Json::as_str).map(str::to_owned)),
+    })
+}
