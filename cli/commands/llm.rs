@@ -4,8 +4,8 @@
 use std::path::Path;
 use std::time::Instant;
 
-use archon_engine::llm::config::{self, Configured};
 use archon_engine::llm::Message;
+use archon_engine::llm::config::{self, Configured};
 use archon_engine::source::{FileId, Span};
 use archon_engine::spec::{ProviderDef, ProviderKind, Spanned};
 use archon_engine::validate::validate_file;

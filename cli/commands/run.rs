@@ -229,15 +229,22 @@ pub fn execute(exec: Execution<'_>) -> anyhow::Result<Status> {
         }
         Ok::<_, std::io::Error>(report)
     })?;
-    // Everything recorded is applied before the process exits; the run's lease is released.
-    journal.close();
     let report = match report {
         Ok(report) => report,
         Err(err) => {
+            // Nothing ran: the run ends failed, not resumable.
+            journal.record(archon_engine::store::Entry::RunEnded {
+                status: archon_engine::store::RunState::Failed,
+                outputs: Map::new(),
+                error: Some(err.to_string()),
+            });
+            journal.close();
             output::stderr(&format!("error: {err}\n"));
             return Ok(Status::Invalid);
         }
     };
+    // Everything recorded is applied before the process exits; the run's lease is released.
+    journal.close();
     if args.json {
         let mut text = serde_json::to_string_pretty(&report)?;
         text.push('\n');
@@ -263,7 +270,7 @@ fn run_id() -> String {
     let secs = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs());
-    format!("r{secs:x}{:04x}", fastrand::u16(..))
+    format!("r{secs:x}{:08x}", fastrand::u32(..))
 }
 
 /// How progress is shown on standard error.

@@ -1040,12 +1040,14 @@ async fn call_declared(
     .map_err(tool_failure)
 }
 
-/// For the run's own steps: records the process group of each command an attempt starts, so that a resume
-/// can find a command that outlived a crashed archon.
+/// Records the process group of each command an attempt starts, so that a resume can find a command that
+/// outlived a crashed archon. Commands inside composite tools and sub-workflows count for the run's own
+/// step that called them (`outer` of `outer/inner`).
 fn spawn_watch<'a>(shared: &'a Shared, label: &'a str) -> Option<impl Fn(u32) + Sync + 'a> {
-    (shared.depth == 0).then_some(move |pgid: u32| {
+    let step = label.split('/').next().unwrap_or(label);
+    Some(move |pgid: u32| {
         shared.options.journal.record(Entry::ProcessStarted {
-            step: label.to_owned(),
+            step: step.to_owned(),
             pgid,
             started: crate::store::process_start_time(pgid),
         });

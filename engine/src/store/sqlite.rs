@@ -387,6 +387,8 @@ impl RunStore for SqliteStore {
     /// Everything about one run.
     fn load(&self, id: &str) -> Result<StoredRun, StoreError> {
         let run = self.with(|conn| {
+            // One read transaction: a consistent snapshot even while the run's writer commits.
+            let conn = conn.transaction()?;
             let Some(mut run) = conn
                 .query_row(
                     "SELECT id, workflow, spec_path, spec_hash, status, inputs, workdir, max_parallel,
