@@ -1,5 +1,6 @@
 //! The integration tests: one binary, one module per area.
 
+mod agent;
 mod cli;
 mod durable;
 mod hostile;

@@ -289,7 +289,7 @@ fn unsupported_steps_inside_tools_and_sub_workflows_are_found() {
     let dir = TempDir::new().expect("tempdir");
     std::fs::write(
         dir.path().join("parent.yaml"),
-        "name: parent\ntools:\n  think:\n    parameters: { type: object, properties: {} }\n    steps:\n      - { id: ask, goal: say hello }\nsteps:\n  - { id: a, tool: think }\n  - { id: b, workflow: child.yaml }\n",
+        "name: parent\ntools:\n  think:\n    parameters: { type: object, properties: {} }\n    steps:\n      - { id: ask, plan: say hello }\nsteps:\n  - { id: a, tool: think }\n  - { id: b, workflow: child.yaml }\n",
     )
     .expect("write");
     std::fs::write(

@@ -312,7 +312,7 @@ fn archon_run_prints_outputs_and_exits_by_status() {
     .expect("write");
     std::fs::write(
         dir.path().join("llm.yaml"),
-        "name: llm\nsteps:\n  - { id: a, goal: Say hi }\n",
+        "name: llm\nsteps:\n  - { id: a, plan: Say hi }\n",
     )
     .expect("write");
 
@@ -349,6 +349,20 @@ fn archon_run_prints_outputs_and_exits_by_status() {
     assert!(
         stderr.contains("step `a` cannot run in this version"),
         "{stderr}"
+    );
+
+    // An agent step with no provider to ask fails, saying what to configure.
+    std::fs::write(
+        dir.path().join("agent.yaml"),
+        "name: agent\nsteps:\n  - { id: a, goal: Say hi }\n",
+    )
+    .expect("write");
+    let Output { code, stdout, .. } = archon(dir.path(), &["run", "agent.yaml", "--json"]);
+    assert_eq!(code, 1);
+    let report: Json = serde_json::from_str(&stdout).expect("report is JSON");
+    assert_eq!(
+        report["steps"]["a"]["error"],
+        "no LLM provider is configured: add one under `llm.providers`"
     );
 
     let Output { code, stderr, .. } = archon(dir.path(), &["run", "ok.yaml", "--input", "nope=1"]);
@@ -521,6 +535,7 @@ fn runnable_bundled_workflows_succeed() {
         "greet-team.yaml",
         "word-stats.yaml",
         "retry-fallback.yaml",
+        "agent-calculator.yaml",
     ] {
         assert!(
             ran.iter().any(|r| r == expected),

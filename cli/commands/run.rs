@@ -265,12 +265,17 @@ pub fn execute(exec: Execution<'_>) -> anyhow::Result<Status> {
     })
 }
 
-/// A run id: the start time in seconds (hex) and a random suffix.
+/// A run id: the start time in seconds, the process id and a random suffix, in hex.
 fn run_id() -> String {
     let secs = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs());
-    format!("r{secs:x}{:08x}", fastrand::u32(..))
+    // The process id keeps ids apart between processes started in the same second.
+    format!(
+        "r{secs:x}{:x}{:06x}",
+        std::process::id(),
+        fastrand::u32(..0x0100_0000)
+    )
 }
 
 /// How progress is shown on standard error.
@@ -312,6 +317,10 @@ impl Display {
                         }
                     }
                     RunEvent::StepSkipped { .. } => live.skipped += 1,
+                    RunEvent::AgentAction { .. } => text.push_str(&event_line(event)),
+                    RunEvent::LlmCall { .. }
+                    | RunEvent::AgentThought { .. }
+                    | RunEvent::AgentObservation { .. } => {}
                     RunEvent::StepReused { status, .. } => match status {
                         StepStatus::Succeeded => live.succeeded += 1,
                         StepStatus::Skipped => live.skipped += 1,
@@ -388,9 +397,48 @@ fn event_line(event: &RunEvent) -> String {
             None => format!("{:<9} {step} ({duration_ms} ms)\n", status.as_str()),
         },
         RunEvent::StepSkipped { step, reason } => format!("skipped   {step}: {reason}\n"),
+        RunEvent::LlmCall {
+            step,
+            provider,
+            model,
+            input_tokens,
+            output_tokens,
+            cost_usd,
+            duration_ms,
+        } => {
+            let cost = cost_usd.map_or_else(String::new, |c| format!(", ${c:.4}"));
+            format!(
+                "llm       {step}: `{provider}` ({model}) {input_tokens} in, {output_tokens} out{cost}, {duration_ms} ms\n"
+            )
+        }
+        RunEvent::AgentThought { step, text, .. } => {
+            format!("thought   {step}: {}\n", one_line(text))
+        }
+        RunEvent::AgentAction {
+            step,
+            tool,
+            arguments,
+            ..
+        } => format!(
+            "action    {step}: {tool} {}\n",
+            one_line(&arguments.to_string())
+        ),
+        RunEvent::AgentObservation {
+            step, tool, text, ..
+        } => format!("observed  {step}: {tool} -> {}\n", one_line(text)),
         RunEvent::StepReused { step, status } => {
             format!("reused    {step} ({} earlier)\n", status.as_str())
         }
+    }
+}
+
+/// Text on one line, cut at 160 characters.
+fn one_line(text: &str) -> String {
+    let flat: String = text.split_whitespace().collect::<Vec<_>>().join(" ");
+    if flat.chars().count() > 160 {
+        format!("{}...", flat.chars().take(160).collect::<String>())
+    } else {
+        flat
     }
 }
 
@@ -424,6 +472,18 @@ fn summary(report: &RunReport, resumable: bool) -> String {
     );
     if let Some(error) = &report.error {
         let _ = writeln!(text, "error: {error}");
+    }
+    if let Some(llm) = &report.llm {
+        let cost = if llm.unpriced_calls == llm.calls {
+            String::new()
+        } else {
+            format!(", ${:.4}", llm.cost_usd)
+        };
+        let _ = writeln!(
+            text,
+            "llm: {} calls, {} tokens in, {} out{cost}",
+            llm.calls, llm.input_tokens, llm.output_tokens
+        );
     }
     if resumable {
         let _ = writeln!(

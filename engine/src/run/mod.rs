@@ -104,6 +104,74 @@ pub enum RunEvent {
         step: String,
         status: StepStatus,
     },
+    /// An agent step called its model.
+    LlmCall {
+        step: String,
+        provider: String,
+        model: String,
+        input_tokens: u64,
+        output_tokens: u64,
+        /// `None` when the model's price is unknown.
+        cost_usd: Option<f64>,
+        duration_ms: u64,
+    },
+    /// What the model said before acting (its text or reasoning).
+    AgentThought {
+        step: String,
+        iteration: u32,
+        text: String,
+    },
+    /// A tool call the model asked for.
+    AgentAction {
+        step: String,
+        iteration: u32,
+        tool: String,
+        arguments: Json,
+    },
+    /// What the tool call returned, as the model reads it (cut when long).
+    AgentObservation {
+        step: String,
+        iteration: u32,
+        tool: String,
+        text: String,
+        error: bool,
+    },
+}
+
+/// What LLM calls used: per step, and for the whole run.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct LlmUsage {
+    pub calls: u64,
+    pub input_tokens: u64,
+    pub output_tokens: u64,
+    pub cached_input_tokens: u64,
+    /// The cost of the calls whose model has a known price, in USD.
+    pub cost_usd: f64,
+    /// Calls whose model has no known price (not in `cost_usd`).
+    pub unpriced_calls: u64,
+}
+
+impl LlmUsage {
+    /// One call's usage and cost.
+    pub fn one(usage: &crate::llm::Usage, cost: Option<f64>) -> Self {
+        LlmUsage {
+            calls: 1,
+            input_tokens: usage.input_tokens,
+            output_tokens: usage.output_tokens,
+            cached_input_tokens: usage.cached_input_tokens,
+            cost_usd: cost.unwrap_or(0.0),
+            unpriced_calls: u64::from(cost.is_none()),
+        }
+    }
+
+    pub fn add(&mut self, other: &LlmUsage) {
+        self.calls += other.calls;
+        self.input_tokens += other.input_tokens;
+        self.output_tokens += other.output_tokens;
+        self.cached_input_tokens += other.cached_input_tokens;
+        self.cost_usd += other.cost_usd;
+        self.unpriced_calls += other.unpriced_calls;
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -149,6 +217,9 @@ pub struct StepResult {
     /// items).
     #[serde(default, skip_serializing_if = "IndexMap::is_empty")]
     pub steps: IndexMap<String, StepResult>,
+    /// What the step's LLM calls used (agent steps).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub llm: Option<LlmUsage>,
 }
 
 impl StepResult {
@@ -164,6 +235,7 @@ impl StepResult {
             duration_ms: 0,
             fallback: false,
             steps: IndexMap::new(),
+            llm: None,
         }
     }
 }
@@ -188,6 +260,9 @@ pub struct RunReport {
     pub outputs: Map<String, Json>,
     pub error: Option<String>,
     pub duration_ms: u64,
+    /// What the run's LLM calls used, when it made any.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub llm: Option<LlmUsage>,
 }
 
 /// The built-in tools this version executes.
@@ -299,10 +374,16 @@ impl Walk {
             self.sub_workflow(workflow, &path.value, step);
             return;
         }
-        refuse(
-            "LLM steps (goal, plan, description-only) cannot run yet: LLM providers are not built"
-                .to_owned(),
-        );
+        let plans = workflow
+            .spec
+            .defaults
+            .as_ref()
+            .and_then(|d| d.unspecified.as_ref())
+            .is_some_and(|u| u.value == crate::spec::Unspecified::Plan);
+        if body.goal.is_some() || (body.plan.is_none() && !plans) {
+            return;
+        }
+        refuse("planner steps (`plan`, or unspecified steps with `defaults.unspecified: plan`) cannot run yet".to_owned());
     }
 
     fn sub_workflow(&mut self, workflow: &Workflow, path: &str, step: &str) {

@@ -113,7 +113,13 @@ impl Redactor {
             RunEvent::StepRetried { error, .. } => self.string(error),
             RunEvent::StepFinished { error, .. } => self.option(error),
             RunEvent::StepSkipped { reason, .. } => self.string(reason),
-            RunEvent::StepStarted { .. } | RunEvent::StepReused { .. } => {}
+            RunEvent::AgentThought { text, .. } | RunEvent::AgentObservation { text, .. } => {
+                self.string(text);
+            }
+            RunEvent::AgentAction { arguments, .. } => self.json(arguments),
+            RunEvent::StepStarted { .. }
+            | RunEvent::StepReused { .. }
+            | RunEvent::LlmCall { .. } => {}
         }
     }
 }

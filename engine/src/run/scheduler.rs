@@ -1,6 +1,8 @@
 //! The scheduler: a step starts as soon as its dependencies have finished and fewer than `max_parallel`
 //! steps are running; a `JoinSet` holds the running steps and a `CancellationToken` stops them all.
 
+mod agent;
+
 use std::collections::{BTreeMap, VecDeque};
 use std::future::Future;
 use std::pin::Pin;
@@ -12,6 +14,7 @@ use minijinja::Value;
 use serde_json::{Map, Value as Json, json};
 use tokio::task::JoinSet;
 
+use super::LlmUsage;
 use super::http::NetworkPolicy;
 use super::redact::Redactor;
 use super::render::{Renderer, StepView, context_value, json_value, to_text};
@@ -47,6 +50,8 @@ struct Shared {
     prefix: String,
     /// Secret values to keep out of events, the journal and the report.
     redactor: Arc<Redactor>,
+    /// The workflow's LLM providers and the run's LLM usage.
+    llm: Arc<agent::LlmContext>,
 }
 
 /// Results of finished steps as templates see them, by step id.
@@ -142,6 +147,7 @@ pub async fn run(
         0,
         String::new(),
         Arc::new(Redactor::default()),
+        Arc::new(agent::LlmContext::default()),
     )
     .await
 }
@@ -156,6 +162,7 @@ fn run_workflow(
     depth: u32,
     prefix: String,
     outer: Arc<Redactor>,
+    llm: Arc<agent::LlmContext>,
 ) -> Boxed<'static, Result<RunReport, RunError>> {
     Box::pin(async move {
         let started = Instant::now();
@@ -226,6 +233,7 @@ fn run_workflow(
                 ("env".to_owned(), json_value(&Json::Object(env))),
                 ("run".to_owned(), json_value(&run)),
             ],
+            llm,
             redactor: Arc::new(
                 outer.with(&Redactor::new(
                     secrets
@@ -306,6 +314,10 @@ fn run_workflow(
             outputs,
             error,
             duration_ms: millis(started.elapsed()),
+            llm: (shared.depth == 0)
+                .then(|| shared.llm.totals.lock().ok().map(|t| t.clone()))
+                .flatten()
+                .filter(|t| t.calls > 0),
         })
     })
 }
@@ -649,6 +661,14 @@ async fn foreach(shared: &Arc<Shared>, index: usize, expr: &str, steps: &Steps) 
         duration_ms: 0,
         fallback: results.iter().any(|r| r.fallback),
         steps: IndexMap::new(),
+        llm: results.iter().filter_map(|r| r.llm.as_ref()).fold(
+            None,
+            |sum: Option<LlmUsage>, u| {
+                let mut sum = sum.unwrap_or_default();
+                sum.add(u);
+                Some(sum)
+            },
+        ),
     }
 }
 
@@ -661,6 +681,8 @@ struct Failure {
     retryable: bool,
     /// The results of a composite tool's or sub-workflow's steps.
     steps: IndexMap<String, StepResult>,
+    /// What an agent step's LLM calls used before it failed (boxed: failures travel in `Result`s).
+    llm: Option<Box<LlmUsage>>,
 }
 
 impl Failure {
@@ -672,6 +694,7 @@ impl Failure {
             exit_code: None,
             retryable: false,
             steps: IndexMap::new(),
+            llm: None,
         }
     }
 }
@@ -681,6 +704,8 @@ impl Failure {
 struct Called {
     output: ToolOutput,
     steps: IndexMap<String, StepResult>,
+    /// What an agent step's LLM calls used.
+    llm: Option<LlmUsage>,
 }
 
 impl From<ToolOutput> for Called {
@@ -688,6 +713,7 @@ impl From<ToolOutput> for Called {
         Called {
             output,
             steps: IndexMap::new(),
+            llm: None,
         }
     }
 }
@@ -722,7 +748,7 @@ async fn attempt_all(
         (outcome, _) => outcome.map(|o| (o, false)),
     };
     match outcome {
-        Ok((Called { output, steps }, fallback)) => StepResult {
+        Ok((Called { output, steps, llm }, fallback)) => StepResult {
             status: StepStatus::Succeeded,
             text: if output.text.is_empty() {
                 to_text(&output.output)
@@ -737,11 +763,13 @@ async fn attempt_all(
             duration_ms: 0,
             fallback,
             steps,
+            llm,
         },
         Err(failure) => StepResult {
             exit_code: failure.exit_code,
             attempts,
             steps: failure.steps,
+            llm: failure.llm.map(|u| *u),
             ..StepResult::ended(failure.status, Some(failure.message))
         },
     }
@@ -803,6 +831,7 @@ async fn with_retries(
                     exit_code: None,
                     retryable: true,
                     steps: IndexMap::new(),
+                    llm: None,
                 }),
             },
             None => call.await,
@@ -916,7 +945,17 @@ async fn call_body(
         return call_workflow(shared, label, &path.value, args).await;
     }
     let Some(tool) = body.tool else {
-        return Err(Failure::fixed("this step kind cannot run yet".to_owned()));
+        // An agent: the goal, or the description of a step left unspecified.
+        let goal = match (body.goal, body.plan, body.description) {
+            (Some(goal), _, _) => goal,
+            (None, None, Some(description)) if !unspecified_plans(shared) => description,
+            _ => return Err(Failure::fixed("this step kind cannot run yet".to_owned())),
+        };
+        let goal = shared
+            .renderer
+            .text(&goal.value, ctx)
+            .map_err(|e| Failure::fixed(format!("`goal`: {e}")))?;
+        return agent::run(shared, label, body, goal, ctx).await;
     };
     match shared.workflow.spec.tools.get(tool.value.as_str()) {
         None => tools::call(
@@ -932,6 +971,17 @@ async fn call_body(
     }
 }
 
+/// Whether steps left unspecified go to the planner rather than to an agent.
+fn unspecified_plans(shared: &Shared) -> bool {
+    shared
+        .workflow
+        .spec
+        .defaults
+        .as_ref()
+        .and_then(|d| d.unspecified.as_ref())
+        .is_some_and(|u| u.value == crate::spec::Unspecified::Plan)
+}
+
 fn tool_failure(e: ToolError) -> Failure {
     Failure {
         status: StepStatus::Failed,
@@ -939,6 +989,7 @@ fn tool_failure(e: ToolError) -> Failure {
         exit_code: e.exit_code,
         retryable: true,
         steps: IndexMap::new(),
+        llm: None,
     }
 }
 
@@ -1093,6 +1144,7 @@ fn call_composite<'a>(
             depth,
             prefix: format!("{label}/"),
             redactor: shared.redactor.clone(),
+            llm: shared.llm.clone(),
         });
         let views = schedule(&inner).await;
         let steps = inner.steps();
@@ -1116,6 +1168,7 @@ fn call_composite<'a>(
                 exit_code: None,
                 retryable: false,
                 steps: results,
+                llm: None,
             });
         }
         if let Some(failed) = failed {
@@ -1130,6 +1183,7 @@ fn call_composite<'a>(
                 exit_code: result.exit_code,
                 retryable: true,
                 steps: results,
+                llm: None,
             });
         }
         let output = match rendered {
@@ -1149,6 +1203,7 @@ fn call_composite<'a>(
                 exit_code: None,
             },
             steps: results,
+            llm: None,
         })
     })
 }
@@ -1187,6 +1242,7 @@ fn call_workflow<'a>(
             depth,
             format!("{label}/"),
             shared.redactor.clone(),
+            Arc::new(shared.llm.nested()),
         )
         .await
         .map_err(|e| Failure::fixed(format!("sub-workflow `{path}`: {e}")))?;
@@ -1200,6 +1256,7 @@ fn call_workflow<'a>(
                         exit_code: None,
                     },
                     steps: report.steps,
+                    llm: None,
                 })
             }
             RunStatus::Cancelled => Err(Failure {
@@ -1208,6 +1265,7 @@ fn call_workflow<'a>(
                 exit_code: None,
                 retryable: false,
                 steps: report.steps,
+                llm: None,
             }),
             RunStatus::Failed => {
                 let reason = match first_failure(&workflow.spec.steps, |i| report.steps[i].status) {
@@ -1227,6 +1285,7 @@ fn call_workflow<'a>(
                     exit_code: None,
                     retryable: true,
                     steps: report.steps,
+                    llm: None,
                 })
             }
         }

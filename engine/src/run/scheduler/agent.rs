@@ -1,0 +1,541 @@
+//! Agent steps (`goal:`, and description-only steps when `defaults.unspecified` is `agent`): a ReAct loop.
+//!
+//! Each turn the model sees the goal, the context, the allowed tools with their JSON Schemas and the trail
+//! so far, and either calls tools (native tool calling) or gives its final answer. Tool calls go through the
+//! same executor as the spec's own steps; every call, thought, action and observation is an event. The loop
+//! is bounded by `max_iterations` (default 10), the run's LLM budget, and a guard against repeating the same
+//! call; a final answer must match `output_schema` when the step has one.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use minijinja::Value;
+use serde_json::Value as Json;
+
+use super::{Called, Failure, Shared, call_declared, millis, tool_failure};
+use crate::llm::config::{self, Configured};
+use crate::llm::pricing;
+use crate::llm::{ChatRequest, Message, Part, ToolChoice, ToolResult, ToolSpec};
+use crate::run::render::to_text;
+use crate::run::tools::{self, ToolOutput};
+use crate::run::{LlmUsage, RunEvent};
+use crate::spec::{AgentDef, Body, Spec};
+use crate::tools::builtin;
+
+/// Iterations of an agent step unless `max_iterations` says otherwise.
+pub const DEFAULT_MAX_ITERATIONS: u32 = 10;
+/// Most characters of a tool's output shown to the model; the rest is cut with a marker.
+const OBSERVATION_CHARS: usize = 4000;
+/// The same call (tool and arguments) this many times draws a warning; once more stops the step.
+const REPEAT_LIMIT: usize = 3;
+/// Final answers that do not match `output_schema` are sent back this many times.
+const SCHEMA_RETRIES: usize = 2;
+
+/// The providers of a run, built when first used, and what its LLM calls used in total.
+#[derive(Debug, Default)]
+pub(crate) struct LlmContext {
+    providers: Mutex<HashMap<String, Arc<Configured>>>,
+    pub totals: Arc<Mutex<LlmUsage>>,
+}
+
+impl LlmContext {
+    /// A context for a sub-workflow: its own providers, the run's totals.
+    pub fn nested(&self) -> LlmContext {
+        LlmContext {
+            providers: Mutex::new(HashMap::new()),
+            totals: self.totals.clone(),
+        }
+    }
+
+    fn provider(&self, shared: &Shared, name: &str) -> Result<Arc<Configured>, Failure> {
+        let spec = &shared.workflow.spec;
+        if let Some(found) = self
+            .providers
+            .lock()
+            .ok()
+            .and_then(|p| p.get(name).cloned())
+        {
+            return Ok(found);
+        }
+        let def = spec
+            .llm
+            .as_ref()
+            .and_then(|l| l.providers.get(name))
+            .ok_or_else(|| Failure::fixed(format!("no LLM provider `{name}`")))?;
+        let dir = shared
+            .workflow
+            .sources
+            .iter()
+            .next()
+            .and_then(|f| f.path.parent().map(std::path::Path::to_path_buf))
+            .unwrap_or_default();
+        let built = Arc::new(
+            config::build(name, def, &dir, &shared.options.env)
+                .map_err(|e| Failure::fixed(e.message))?,
+        );
+        if let Ok(mut providers) = self.providers.lock() {
+            providers.insert(name.to_owned(), built.clone());
+        }
+        Ok(built)
+    }
+}
+
+/// Runs an agent step's body: `goal` is the rendered goal.
+pub(super) async fn run(
+    shared: &Shared,
+    label: &str,
+    body: Body<'_>,
+    goal: String,
+    ctx: &Value,
+) -> Result<Called, Failure> {
+    let spec: &Spec = &shared.workflow.spec;
+    let agent: Option<&AgentDef> = body
+        .agent
+        .map(|a| a.value.as_str())
+        .or_else(|| {
+            spec.defaults
+                .as_ref()
+                .and_then(|d| d.agent.as_ref())
+                .map(|a| a.value.as_str())
+        })
+        .and_then(|name| spec.agents.get(name));
+    let provider_name = body
+        .provider
+        .map(|p| p.value.clone())
+        .or_else(|| {
+            agent
+                .and_then(|a| a.provider.as_ref())
+                .map(|p| p.value.clone())
+        })
+        .or_else(|| {
+            spec.llm
+                .as_ref()
+                .and_then(|l| l.default.as_ref())
+                .map(|d| d.value.clone())
+        })
+        .or_else(|| {
+            spec.llm
+                .as_ref()
+                .and_then(|l| l.providers.keys().next())
+                .map(|k| k.value.clone())
+        })
+        .ok_or_else(|| {
+            Failure::fixed(
+                "no LLM provider is configured: add one under `llm.providers`".to_owned(),
+            )
+        })?;
+    let configured = shared.llm.provider(shared, &provider_name)?;
+    let max_iterations = body
+        .max_iterations
+        .map(|m| m.value)
+        .or_else(|| {
+            agent
+                .and_then(|a| a.max_iterations.as_ref())
+                .map(|m| m.value)
+        })
+        .or_else(|| {
+            spec.defaults
+                .as_ref()
+                .and_then(|d| d.max_iterations.as_ref())
+                .map(|m| m.value)
+        })
+        .unwrap_or(DEFAULT_MAX_ITERATIONS)
+        .max(1);
+    let patterns: Vec<&str> = match body.tools {
+        Some(tools) => tools.iter().map(|t| t.value.as_str()).collect(),
+        None => agent
+            .map(|a| a.tools.iter().map(|t| t.value.as_str()).collect())
+            .unwrap_or_default(),
+    };
+    let tools = offered_tools(spec, &patterns);
+    let schema = body.output_schema.map(crate::spec::Node::to_json);
+
+    let mut system = String::from(
+        "You are an agent completing one step of a workflow. Use the tools when they help; when you are done, \
+         answer with the final result only.",
+    );
+    if let Some(instructions) = agent.and_then(|a| a.instructions.as_ref()) {
+        let text = shared
+            .renderer
+            .text(&instructions.value, ctx)
+            .map_err(|e| Failure::fixed(format!("agent instructions: {e}")))?;
+        system = format!("{text}\n\n{system}");
+    }
+    if let Some(expected) = body.expected_output {
+        let text = shared
+            .renderer
+            .text(&expected.value, ctx)
+            .map_err(|e| Failure::fixed(format!("`expected_output`: {e}")))?;
+        system.push_str(&format!("\n\nExpected output: {text}"));
+    }
+    if let Some(schema) = &schema {
+        system.push_str(&format!(
+            "\n\nThe final answer must be JSON matching this schema: {schema}"
+        ));
+    }
+    let mut user = goal;
+    if let Some(context) = body.context {
+        let value = shared
+            .renderer
+            .value(context, ctx)
+            .map_err(|e| Failure::fixed(format!("`context`: {e}")))?;
+        user.push_str(&format!("\n\nContext:\n{}", to_text(&value)));
+    }
+    let mut messages = vec![Message::system(system), Message::user(user)];
+    let mut usage = LlmUsage::default();
+    let mut seen_calls: HashMap<String, usize> = HashMap::new();
+    let mut schema_retries = 0;
+    let validator = match &schema {
+        Some(s) => Some(jsonschema::validator_for(s).map_err(|e| {
+            Failure::fixed(format!("`output_schema` is not a valid JSON Schema: {e}"))
+        })?),
+        None => None,
+    };
+
+    for iteration in 1..=max_iterations {
+        let mut request = configured.request(messages.clone(), tools.clone());
+        request.output_schema.clone_from(&schema);
+        if let Some(t) = agent.and_then(|a| a.temperature) {
+            request.temperature = Some(t);
+        }
+        let response = complete(shared, label, &configured, &request, &mut usage).await?;
+        let calls: Vec<_> = response.tool_calls().cloned().collect();
+        let text = response.text();
+        if calls.is_empty() {
+            // A final answer.
+            let Some(validator) = &validator else {
+                return Ok(answer(Json::String(text), usage));
+            };
+            match parse_json(&text) {
+                Some(value) if validator.is_valid(&value) => return Ok(answer(value, usage)),
+                parsed => {
+                    if schema_retries >= SCHEMA_RETRIES {
+                        return Err(Failure::fixed(format!(
+                            "the final answer does not match `output_schema` after {SCHEMA_RETRIES} corrections"
+                        ))
+                        .with_llm(usage));
+                    }
+                    schema_retries += 1;
+                    let problem = match &parsed {
+                        None => "it is not JSON".to_owned(),
+                        Some(value) => validator
+                            .iter_errors(value)
+                            .next()
+                            .map(|e| format!("at `{}`: {e}", e.instance_path()))
+                            .unwrap_or_else(|| "it does not match".to_owned()),
+                    };
+                    messages.push(response.message.clone());
+                    messages.push(Message::user(format!(
+                        "Your answer does not match the required JSON Schema ({problem}). Answer again with JSON only."
+                    )));
+                    continue;
+                }
+            }
+        }
+        for part in &response.message.parts {
+            let thought = match part {
+                Part::Reasoning { text, .. } | Part::Text(text) if !text.trim().is_empty() => text,
+                _ => continue,
+            };
+            shared.emit(RunEvent::AgentThought {
+                step: label.to_owned(),
+                iteration,
+                text: truncate(thought, OBSERVATION_CHARS),
+            });
+        }
+        messages.push(response.message.clone());
+        let mut results = Vec::with_capacity(calls.len());
+        for call in &calls {
+            let key = format!("{}:{}", call.name, call.arguments);
+            let repeats = {
+                let n = seen_calls.entry(key).or_default();
+                *n += 1;
+                *n
+            };
+            if repeats > REPEAT_LIMIT {
+                return Err(Failure::fixed(format!(
+                    "stuck: the agent called `{}` with the same arguments {repeats} times",
+                    call.name
+                ))
+                .with_llm(usage));
+            }
+            shared.emit(RunEvent::AgentAction {
+                step: label.to_owned(),
+                iteration,
+                tool: call.name.clone(),
+                arguments: call.arguments.clone(),
+            });
+            let (content, is_error) = if repeats == REPEAT_LIMIT {
+                (
+                    format!(
+                        "You already made this exact call {REPEAT_LIMIT} times. Do not repeat it: change your approach or give your final answer."
+                    ),
+                    true,
+                )
+            } else {
+                observe(shared, label, &tools, &call.name, &call.arguments).await
+            };
+            shared.emit(RunEvent::AgentObservation {
+                step: label.to_owned(),
+                iteration,
+                tool: call.name.clone(),
+                text: content.clone(),
+                error: is_error,
+            });
+            results.push(Part::ToolResult(ToolResult {
+                id: call.id.clone(),
+                name: call.name.clone(),
+                content,
+                is_error,
+            }));
+        }
+        messages.push(Message {
+            role: crate::llm::Role::Tool,
+            parts: results,
+        });
+    }
+    // Out of iterations: one last turn without tools for the best answer so far.
+    messages.push(Message::user(
+        "You have reached the iteration limit. Give your best final answer now, without calling tools.".to_owned(),
+    ));
+    let mut request = configured.request(messages, tools);
+    request.tool_choice = ToolChoice::None;
+    let response = complete(shared, label, &configured, &request, &mut usage).await?;
+    let best: String = response.text().chars().take(500).collect();
+    Err(Failure::fixed(format!(
+        "incomplete: no final answer within {max_iterations} iterations; best answer: {best}"
+    ))
+    .with_llm(usage))
+}
+
+/// One model call, within the run's budget, counted and reported.
+async fn complete(
+    shared: &Shared,
+    label: &str,
+    configured: &Configured,
+    request: &ChatRequest,
+    usage: &mut LlmUsage,
+) -> Result<crate::llm::ChatResponse, Failure> {
+    if let Some(exceeded) = over_budget(shared) {
+        return Err(
+            Failure::fixed(format!("LLM budget exceeded: {exceeded}")).with_llm(usage.clone())
+        );
+    }
+    let started = Instant::now();
+    let response = configured
+        .provider
+        .complete(request)
+        .await
+        .map_err(|e| Failure::fixed(e.message).with_llm(usage.clone()))?;
+    let pricing_config = shared
+        .workflow
+        .spec
+        .llm
+        .as_ref()
+        .and_then(|l| l.providers.get(configured.name.as_str()))
+        .and_then(|p| p.pricing.as_ref());
+    let cost = pricing::price_of(&configured.model, pricing_config)
+        .map(|p| pricing::cost(&response.usage, &p));
+    let call = LlmUsage::one(&response.usage, cost);
+    usage.add(&call);
+    if let Ok(mut totals) = shared.llm.totals.lock() {
+        totals.add(&call);
+    }
+    shared.emit(RunEvent::LlmCall {
+        step: label.to_owned(),
+        provider: configured.name.clone(),
+        model: if response.model.is_empty() {
+            configured.model.clone()
+        } else {
+            response.model.clone()
+        },
+        input_tokens: response.usage.input_tokens,
+        output_tokens: response.usage.output_tokens,
+        cost_usd: cost,
+        duration_ms: millis(started.elapsed()),
+    });
+    Ok(response)
+}
+
+/// Which of `llm.budget` the run has used up, if any.
+fn over_budget(shared: &Shared) -> Option<String> {
+    let budget = shared.workflow.spec.llm.as_ref()?.budget.as_ref()?;
+    let totals = shared.llm.totals.lock().ok()?.clone();
+    if let Some(max) = budget.max_llm_calls
+        && totals.calls >= max
+    {
+        return Some(format!("`max_llm_calls` is `{max}`"));
+    }
+    if let Some(max) = budget.max_tokens
+        && totals.input_tokens + totals.output_tokens >= max
+    {
+        return Some(format!(
+            "`max_tokens` is `{max}` and the run used `{}`",
+            totals.input_tokens + totals.output_tokens
+        ));
+    }
+    if let Some(max) = budget.max_cost_usd
+        && totals.cost_usd >= max
+    {
+        return Some(format!(
+            "`max_cost_usd` is `{max}` and the run spent `{:.4}`",
+            totals.cost_usd
+        ));
+    }
+    None
+}
+
+/// Runs one tool call the model asked for; returns the observation and whether it is an error.
+async fn observe(
+    shared: &Shared,
+    label: &str,
+    tools: &[ToolSpec],
+    name: &str,
+    arguments: &Json,
+) -> (String, bool) {
+    let Some(spec) = tools.iter().find(|t| t.name == name) else {
+        let names: Vec<String> = tools.iter().map(|t| format!("`{}`", t.name)).collect();
+        return (
+            format!(
+                "unknown tool `{name}`; the tools are {}",
+                if names.is_empty() {
+                    "none".to_owned()
+                } else {
+                    names.join(", ")
+                }
+            ),
+            true,
+        );
+    };
+    if let Ok(validator) = jsonschema::validator_for(&spec.parameters)
+        && let Some(error) = validator.iter_errors(arguments).next()
+    {
+        let path = error.instance_path().to_string();
+        let at = if path.is_empty() {
+            "the arguments".to_owned()
+        } else {
+            format!("`{path}`")
+        };
+        return (
+            format!("invalid arguments for `{name}` at {at}: {error}"),
+            true,
+        );
+    }
+    let call_label = format!("{label}/{name}");
+    let outcome = match shared.workflow.spec.tools.get(name) {
+        Some(def) => call_declared(shared, &call_label, name, def, arguments.clone()).await,
+        None => tools::call(name, arguments, &shared.tool_context, None)
+            .await
+            .map(Called::from)
+            .map_err(tool_failure),
+    };
+    match outcome {
+        Ok(called) => {
+            let ToolOutput { output, text, .. } = called.output;
+            let shown = if text.is_empty() {
+                to_text(&output)
+            } else {
+                text
+            };
+            (
+                truncate(&shared.redactor.text(&shown), OBSERVATION_CHARS),
+                false,
+            )
+        }
+        Err(failure) => (
+            format!("error: {}", shared.redactor.text(&failure.message)),
+            true,
+        ),
+    }
+}
+
+/// The tools an agent may call: built-ins and declared tools whose names match `patterns` (globs). Tools
+/// that need a person's approval when an LLM chooses them (sensitive ones) are left out, since this version
+/// cannot ask for approval.
+fn offered_tools(spec: &Spec, patterns: &[&str]) -> Vec<ToolSpec> {
+    let globs: Vec<globset::GlobMatcher> = patterns
+        .iter()
+        .filter_map(|p| globset::Glob::new(p).ok().map(|g| g.compile_matcher()))
+        .collect();
+    let wanted = |name: &str| globs.iter().any(|g| g.is_match(name));
+    let mut offered = Vec::new();
+    for b in builtin::all() {
+        if wanted(b.name) && !b.sensitive {
+            offered.push(ToolSpec {
+                name: b.name.to_owned(),
+                description: b.description.to_owned(),
+                parameters: b.parameters.clone(),
+            });
+        }
+    }
+    for (name, def) in &spec.tools {
+        if wanted(&name.value) && def.sensitive != Some(true) && def.mcp.is_none() {
+            offered.push(ToolSpec {
+                name: name.value.clone(),
+                description: def.description.clone().unwrap_or_default(),
+                parameters: def.parameters.as_ref().map_or_else(
+                    || serde_json::json!({ "type": "object" }),
+                    crate::spec::Node::to_json,
+                ),
+            });
+        }
+    }
+    offered
+}
+
+fn answer(output: Json, usage: LlmUsage) -> Called {
+    Called {
+        output: ToolOutput {
+            text: to_text(&output),
+            output,
+            exit_code: None,
+        },
+        steps: indexmap::IndexMap::new(),
+        llm: Some(usage),
+    }
+}
+
+/// JSON in an answer: the whole text, or inside a fenced block, or the outermost object or list in prose.
+fn parse_json(text: &str) -> Option<Json> {
+    let trimmed = text.trim();
+    if let Ok(value) = serde_json::from_str(trimmed) {
+        return Some(value);
+    }
+    let unfenced = trimmed
+        .strip_prefix("```json")
+        .or_else(|| trimmed.strip_prefix("```"))
+        .and_then(|t| t.strip_suffix("```"))
+        .map(str::trim);
+    if let Some(value) = unfenced.and_then(|t| serde_json::from_str(t).ok()) {
+        return Some(value);
+    }
+    for (open, close) in [('{', '}'), ('[', ']')] {
+        if let (Some(start), Some(end)) = (trimmed.find(open), trimmed.rfind(close))
+            && start < end
+            && let Ok(value) = serde_json::from_str(&trimmed[start..=end])
+        {
+            return Some(value);
+        }
+    }
+    None
+}
+
+fn truncate(text: &str, limit: usize) -> String {
+    if text.chars().count() <= limit {
+        return text.to_owned();
+    }
+    let kept: String = text.chars().take(limit).collect();
+    format!(
+        "{kept}\n[... cut: {} more characters]",
+        text.chars().count() - limit
+    )
+}
+
+impl Failure {
+    /// The same failure, carrying what the step's LLM calls used.
+    pub(super) fn with_llm(mut self, usage: LlmUsage) -> Self {
+        self.llm = Some(Box::new(usage));
+        self
+    }
+}

@@ -1,0 +1,180 @@
+//! Agent steps against the scripted `mock` provider: the ReAct loop, its recoveries and its bounds.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::Arc;
+
+use archon_engine::run::{self, RunEvent, RunOptions, RunReport, StepStatus};
+use archon_engine::store::MemoryJournal;
+use serde_json::{Map, json};
+use tempfile::TempDir;
+use tokio_util::sync::CancellationToken;
+
+/// Runs `yaml` (validated from a file in `dir`) and returns the report and its events.
+async fn run_agent(dir: &Path, yaml: &str) -> (RunReport, Vec<RunEvent>) {
+    std::fs::write(dir.join("agent.yaml"), yaml).expect("write");
+    let validation = archon_engine::validate_file(&dir.join("agent.yaml"));
+    assert!(!validation.has_errors(), "{:?}", validation.diagnostics);
+    let workflow = validation.workflow.expect("valid");
+    let unsupported = run::unsupported_steps(&workflow);
+    assert!(unsupported.is_empty(), "{unsupported:?}");
+    let (sender, mut receiver) = tokio::sync::mpsc::unbounded_channel();
+    let options = RunOptions {
+        max_parallel: 4,
+        workdir: dir.to_path_buf(),
+        run_id: "agent".into(),
+        cancel: CancellationToken::new(),
+        events: Some(sender),
+        env: BTreeMap::new(),
+        journal: Arc::new(MemoryJournal),
+        prior: Default::default(),
+    };
+    let report = run::run(Arc::new(workflow), Map::new(), options)
+        .await
+        .expect("run starts");
+    let mut events = Vec::new();
+    while let Ok(event) = receiver.try_recv() {
+        events.push(event);
+    }
+    (report, events)
+}
+
+fn spec(turns: &str, step: &str) -> String {
+    format!(
+        "name: agent\nllm:\n  providers:\n    scripted:\n      kind: mock\n      turns:\n{turns}\nsteps:\n{step}\n"
+    )
+}
+
+const CALCULATE: &str = "  - id: answer\n    goal: calculate 20% of 50\n    tools: [calculator]\n";
+
+#[tokio::test]
+async fn calculate_twenty_percent_of_fifty_in_two_iterations() {
+    let dir = TempDir::new().expect("tempdir");
+    let turns = "        - tool_calls: [{ name: calculator, arguments: { expression: \"50 * 20 / 100\" } }]\n        - text: \"10\"";
+    let (report, events) = run_agent(dir.path(), &spec(turns, CALCULATE)).await;
+    let answer = &report.steps["answer"];
+    assert_eq!(answer.status, StepStatus::Succeeded, "{answer:?}");
+    assert_eq!(answer.output, json!("10"));
+    let llm = answer.llm.as_ref().expect("usage");
+    assert_eq!(llm.calls, 2);
+    assert_eq!(report.llm.as_ref().map(|l| l.calls), Some(2));
+    let observed: Vec<&str> = events
+        .iter()
+        .filter_map(|e| match e {
+            RunEvent::AgentObservation {
+                tool, text, error, ..
+            } if !error => Some((tool.as_str(), text.as_str())),
+            _ => None,
+        })
+        .map(|(_, text)| text)
+        .collect();
+    assert_eq!(
+        observed,
+        ["10"],
+        "the calculator's result is the observation"
+    );
+    assert_eq!(
+        events
+            .iter()
+            .filter(|e| matches!(e, RunEvent::LlmCall { .. }))
+            .count(),
+        2
+    );
+}
+
+#[tokio::test]
+async fn an_unknown_tool_and_invalid_arguments_are_observations_the_model_recovers_from() {
+    let dir = TempDir::new().expect("tempdir");
+    let turns = "        - tool_calls: [{ name: calc, arguments: { expression: \"1\" } }]\n        - tool_calls: [{ name: calculator, arguments: { expr: \"50 * 0.2\" } }]\n        - tool_calls: [{ name: calculator, arguments: { expression: \"50 * 0.2\" } }]\n        - text: \"10\"";
+    let (report, events) = run_agent(dir.path(), &spec(turns, CALCULATE)).await;
+    assert_eq!(report.steps["answer"].status, StepStatus::Succeeded);
+    let errors: Vec<String> = events
+        .iter()
+        .filter_map(|e| match e {
+            RunEvent::AgentObservation {
+                text, error: true, ..
+            } => Some(text.clone()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(errors.len(), 2, "{errors:?}");
+    assert_eq!(errors[0], "unknown tool `calc`; the tools are `calculator`");
+    assert!(
+        errors[1].starts_with("invalid arguments for `calculator` at"),
+        "{}",
+        errors[1]
+    );
+}
+
+#[tokio::test]
+async fn the_same_call_over_and_over_ends_stuck() {
+    let dir = TempDir::new().expect("tempdir");
+    let same =
+        "        - tool_calls: [{ name: calculator, arguments: { expression: \"1 + 1\" } }]\n";
+    let (report, events) = run_agent(dir.path(), &spec(&same.repeat(6), CALCULATE)).await;
+    let answer = &report.steps["answer"];
+    assert_eq!(answer.status, StepStatus::Failed);
+    let error = answer.error.as_deref().unwrap_or_default();
+    assert!(
+        error.starts_with("stuck: the agent called `calculator` with the same arguments 4 times"),
+        "{error}"
+    );
+    assert!(
+        events.iter().any(|e| matches!(e, RunEvent::AgentObservation { text, .. } if text.contains("already made this exact call"))),
+        "a warning comes first"
+    );
+}
+
+#[tokio::test]
+async fn the_iteration_limit_asks_for_a_best_answer_and_says_incomplete() {
+    let dir = TempDir::new().expect("tempdir");
+    let turns = "        - tool_calls: [{ name: calculator, arguments: { expression: \"1\" } }]\n        - tool_calls: [{ name: calculator, arguments: { expression: \"2\" } }]\n        - text: \"probably 10\"";
+    let step = "  - id: answer\n    goal: calculate 20% of 50\n    tools: [calculator]\n    max_iterations: 2\n";
+    let (report, _) = run_agent(dir.path(), &spec(turns, step)).await;
+    let answer = &report.steps["answer"];
+    assert_eq!(answer.status, StepStatus::Failed);
+    assert_eq!(
+        answer.error.as_deref(),
+        Some("incomplete: no final answer within 2 iterations; best answer: probably 10")
+    );
+    assert_eq!(answer.llm.as_ref().map(|l| l.calls), Some(3));
+}
+
+#[tokio::test]
+async fn an_answer_that_misses_the_output_schema_is_sent_back() {
+    let dir = TempDir::new().expect("tempdir");
+    let turns = "        - text: \"It is 10.\"\n        - text: '{\"value\": \"ten\"}'\n        - text: \"```json\\n{\\\"value\\\": 10}\\n```\"";
+    let step = "  - id: answer\n    goal: calculate 20% of 50\n    output_schema: { type: object, properties: { value: { type: number } }, required: [value] }\n";
+    let (report, _) = run_agent(dir.path(), &spec(turns, step)).await;
+    let answer = &report.steps["answer"];
+    assert_eq!(answer.status, StepStatus::Succeeded, "{answer:?}");
+    assert_eq!(answer.output, json!({ "value": 10 }));
+    assert_eq!(answer.llm.as_ref().map(|l| l.calls), Some(3));
+}
+
+#[tokio::test]
+async fn the_llm_budget_stops_the_step_with_a_clear_error() {
+    let dir = TempDir::new().expect("tempdir");
+    let turns = "        - tool_calls: [{ name: calculator, arguments: { expression: \"50 * 0.2\" } }]\n        - text: \"10\"\n  budget: { max_llm_calls: 1 }";
+    let (report, _) = run_agent(dir.path(), &spec(turns, CALCULATE)).await;
+    let answer = &report.steps["answer"];
+    assert_eq!(answer.status, StepStatus::Failed);
+    assert_eq!(
+        answer.error.as_deref(),
+        Some("LLM budget exceeded: `max_llm_calls` is `1`")
+    );
+}
+
+#[tokio::test]
+async fn tools_that_need_approval_are_not_offered() {
+    let dir = TempDir::new().expect("tempdir");
+    let turns = "        - tool_calls: [{ name: write_file, arguments: { path: x.txt, content: x } }]\n        - text: \"done\"";
+    let step = "  - id: answer\n    goal: write x\n    tools: [write_file, calculator]\n";
+    let (report, events) = run_agent(dir.path(), &spec(turns, step)).await;
+    assert_eq!(report.steps["answer"].status, StepStatus::Succeeded);
+    assert!(
+        !dir.path().join("x.txt").exists(),
+        "the write never happened"
+    );
+    assert!(events.iter().any(|e| matches!(e, RunEvent::AgentObservation { text, error: true, .. } if text.starts_with("unknown tool `write_file`"))));
+}
