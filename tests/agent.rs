@@ -178,3 +178,13 @@ async fn tools_that_need_approval_are_not_offered() {
     );
     assert!(events.iter().any(|e| matches!(e, RunEvent::AgentObservation { text, error: true, .. } if text.starts_with("unknown tool `write_file`"))));
 }
+
+#[tokio::test]
+async fn an_agent_may_read_over_http_but_not_change_things() {
+    let dir = TempDir::new().expect("tempdir");
+    let turns = "        - tool_calls: [{ name: http, arguments: { url: \"http://127.0.0.1:9/x\", method: POST, json: { a: 1 } } }]\n        - text: \"gave up\"";
+    let step = "  - id: answer\n    goal: post something\n    tools: [http]\n";
+    let (report, events) = run_agent(dir.path(), &spec(turns, step)).await;
+    assert_eq!(report.steps["answer"].status, StepStatus::Succeeded);
+    assert!(events.iter().any(|e| matches!(e, RunEvent::AgentObservation { text, error: true, .. } if text.starts_with("`http` with method `POST` needs a person's approval"))), "{events:?}");
+}

@@ -422,6 +422,22 @@ async fn observe(
             true,
         );
     }
+    // `http` is sensitive for methods that change things: those would need a person's approval.
+    if name == "http" {
+        let method = arguments
+            .get("method")
+            .and_then(Json::as_str)
+            .unwrap_or("GET")
+            .to_ascii_uppercase();
+        if !matches!(method.as_str(), "GET" | "HEAD" | "OPTIONS") {
+            return (
+                format!(
+                    "`http` with method `{method}` needs a person's approval, which this run cannot ask for; only GET, HEAD and OPTIONS are allowed"
+                ),
+                true,
+            );
+        }
+    }
     let call_label = format!("{label}/{name}");
     let outcome = match shared.workflow.spec.tools.get(name) {
         Some(def) => call_declared(shared, &call_label, name, def, arguments.clone()).await,
