@@ -492,11 +492,18 @@ fn summary(report: &RunReport, resumable: bool) -> String {
             report.run_id
         );
     }
-    if !report.outputs.is_empty() {
+    text.push_str(&outputs_text(&report.outputs));
+    text
+}
+
+/// `outputs:` and one `  name: value` line per output (strings as they are), or nothing.
+pub fn outputs_text(outputs: &Map<String, Json>) -> String {
+    let mut text = String::new();
+    if !outputs.is_empty() {
         text.push_str("outputs:\n");
-        for (name, value) in &report.outputs {
+        for (name, value) in outputs {
             let shown = match value {
-                serde_json::Value::String(s) => s.clone(),
+                Json::String(s) => s.clone(),
                 other => other.to_string(),
             };
             let _ = writeln!(text, "  {name}: {shown}");

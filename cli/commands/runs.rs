@@ -10,7 +10,9 @@ use archon_engine::store::{RunState, RunStore, StoredRun, spec_hash};
 use archon_engine::validate::{validate_file, validate_source};
 
 use super::Status;
-use super::run::{Execution, execute, existing_store, refuse_unsupported, spec_files, store_error};
+use super::run::{
+    Execution, execute, existing_store, outputs_text, refuse_unsupported, spec_files, store_error,
+};
 use crate::args::{
     CancelArgs, ColorChoice, ContinueArgs, ResumeArgs, RetryArgs, RunsArgs, ShowArgs,
 };
@@ -158,14 +160,8 @@ fn describe(run: &StoredRun) -> String {
         text.push_str(&table(&["STEP", "STATUS", "ATTEMPTS", "ERROR"], &rows));
     }
     if !run.outputs.is_empty() {
-        text.push_str("\noutputs:\n");
-        for (name, value) in &run.outputs {
-            let shown = match value {
-                serde_json::Value::String(s) => s.clone(),
-                other => other.to_string(),
-            };
-            let _ = writeln!(text, "  {name}: {shown}");
-        }
+        text.push('\n');
+        text.push_str(&outputs_text(&run.outputs));
     }
     if run.status == RunState::Interrupted {
         let _ = writeln!(

@@ -8,7 +8,7 @@
 
 use serde_json::{Map, Value as Json, json};
 
-use super::client::{Client, Settings};
+use super::client::{Endpoint, Settings};
 use super::{
     ApiKey, BoxFuture, ChatRequest, ChatResponse, FinishReason, LlmError, Message, Part, Provider,
     Role, ToolCall, ToolChoice, Usage, arguments_from_text,
@@ -29,11 +29,7 @@ pub const OUTPUT_TOOL: &str = "output";
 
 /// A Messages endpoint.
 #[derive(Debug)]
-pub struct Anthropic {
-    client: Client,
-    base_url: String,
-    key: Option<ApiKey>,
-}
+pub struct Anthropic(Endpoint);
 
 impl Anthropic {
     pub fn new(
@@ -42,17 +38,13 @@ impl Anthropic {
         key: Option<ApiKey>,
         settings: Settings,
     ) -> Result<Self, LlmError> {
-        Ok(Anthropic {
-            client: Client::new(name, settings)?,
-            base_url: base_url.into().trim_end_matches('/').to_owned(),
-            key,
-        })
+        Endpoint::new(name, base_url, key, settings).map(Anthropic)
     }
 }
 
 impl Provider for Anthropic {
     fn name(&self) -> &str {
-        self.client.name()
+        self.0.client.name()
     }
 
     fn complete<'a>(
@@ -62,11 +54,11 @@ impl Provider for Anthropic {
         Box::pin(async move {
             let body = request_body(request);
             let mut headers = vec![("anthropic-version", API_VERSION.to_owned())];
-            if let Some(key) = &self.key {
+            if let Some(key) = &self.0.key {
                 headers.push(("x-api-key", key.expose().to_owned()));
             }
-            let url = format!("{}/v1/messages", self.base_url);
-            let reply = self.client.post(&url, &headers, &body).await?;
+            let url = format!("{}/v1/messages", self.0.base_url);
+            let reply = self.0.client.post(&url, &headers, &body).await?;
             parse_response(self.name(), &reply.body, reply.request_id)
         })
     }

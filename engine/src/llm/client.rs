@@ -55,6 +55,29 @@ pub struct Client {
     next_slot: Mutex<Instant>,
 }
 
+/// What every HTTP adapter holds: its client, base URL (without a trailing `/`) and API key.
+#[derive(Debug)]
+pub struct Endpoint {
+    pub client: Client,
+    pub base_url: String,
+    pub key: Option<super::ApiKey>,
+}
+
+impl Endpoint {
+    pub fn new(
+        name: impl Into<String>,
+        base_url: impl Into<String>,
+        key: Option<super::ApiKey>,
+        settings: Settings,
+    ) -> Result<Self, LlmError> {
+        Ok(Endpoint {
+            client: Client::new(name, settings)?,
+            base_url: base_url.into().trim_end_matches('/').to_owned(),
+            key,
+        })
+    }
+}
+
 /// A successful response: the body as JSON and the provider's request id, if it sent one.
 #[derive(Debug)]
 pub struct Reply {

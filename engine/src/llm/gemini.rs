@@ -7,7 +7,7 @@
 
 use serde_json::{Map, Value as Json, json};
 
-use super::client::{Client, Settings};
+use super::client::{Endpoint, Settings};
 use super::{
     ApiKey, BoxFuture, ChatRequest, ChatResponse, FinishReason, LlmError, Message, Part, Provider,
     Role, ToolCall, ToolChoice, ToolResult, Usage, arguments_from_text,
@@ -26,11 +26,7 @@ const MAX_REF_EXPANSIONS: usize = 1000;
 
 /// A generateContent endpoint.
 #[derive(Debug)]
-pub struct Gemini {
-    client: Client,
-    base_url: String,
-    key: Option<ApiKey>,
-}
+pub struct Gemini(Endpoint);
 
 impl Gemini {
     pub fn new(
@@ -39,17 +35,13 @@ impl Gemini {
         key: Option<ApiKey>,
         settings: Settings,
     ) -> Result<Self, LlmError> {
-        Ok(Gemini {
-            client: Client::new(name, settings)?,
-            base_url: base_url.into().trim_end_matches('/').to_owned(),
-            key,
-        })
+        Endpoint::new(name, base_url, key, settings).map(Gemini)
     }
 }
 
 impl Provider for Gemini {
     fn name(&self) -> &str {
-        self.client.name()
+        self.0.client.name()
     }
 
     fn complete<'a>(
@@ -60,12 +52,12 @@ impl Provider for Gemini {
             let body = request_body(request);
             // The key goes in a header, never in the URL (`?key=`), so no error message can show it.
             let mut headers = Vec::new();
-            if let Some(key) = &self.key {
+            if let Some(key) = &self.0.key {
                 headers.push(("x-goog-api-key", key.expose().to_owned()));
             }
             let resource = model_resource(self.name(), &request.model)?;
-            let url = format!("{}/v1beta/{resource}:generateContent", self.base_url);
-            let reply = self.client.post(&url, &headers, &body).await?;
+            let url = format!("{}/v1beta/{resource}:generateContent", self.0.base_url);
+            let reply = self.0.client.post(&url, &headers, &body).await?;
             parse_response(self.name(), &reply.body, reply.request_id)
         })
     }

@@ -5,7 +5,7 @@
 
 use serde_json::{Map, Value as Json, json};
 
-use super::client::{Client, Settings};
+use super::client::{Endpoint, Settings};
 use super::{
     ApiKey, BoxFuture, ChatRequest, ChatResponse, FinishReason, LlmError, Message, Part, Provider,
     Role, ToolCall, ToolChoice, Usage, arguments_from_text, arguments_to_text,
@@ -16,11 +16,7 @@ pub const DEFAULT_BASE_URL: &str = "https://api.openai.com/v1";
 
 /// A Chat Completions endpoint.
 #[derive(Debug)]
-pub struct OpenAi {
-    client: Client,
-    base_url: String,
-    key: Option<ApiKey>,
-}
+pub struct OpenAi(Endpoint);
 
 impl OpenAi {
     pub fn new(
@@ -29,17 +25,13 @@ impl OpenAi {
         key: Option<ApiKey>,
         settings: Settings,
     ) -> Result<Self, LlmError> {
-        Ok(OpenAi {
-            client: Client::new(name, settings)?,
-            base_url: base_url.into().trim_end_matches('/').to_owned(),
-            key,
-        })
+        Endpoint::new(name, base_url, key, settings).map(OpenAi)
     }
 }
 
 impl Provider for OpenAi {
     fn name(&self) -> &str {
-        self.client.name()
+        self.0.client.name()
     }
 
     fn complete<'a>(
@@ -49,11 +41,11 @@ impl Provider for OpenAi {
         Box::pin(async move {
             let body = request_body(request);
             let mut headers = Vec::new();
-            if let Some(key) = &self.key {
+            if let Some(key) = &self.0.key {
                 headers.push(("authorization", format!("Bearer {}", key.expose())));
             }
-            let url = format!("{}/chat/completions", self.base_url);
-            let reply = self.client.post(&url, &headers, &body).await?;
+            let url = format!("{}/chat/completions", self.0.base_url);
+            let reply = self.0.client.post(&url, &headers, &body).await?;
             parse_response(self.name(), &reply.body, reply.request_id)
         })
     }
