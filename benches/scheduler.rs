@@ -33,6 +33,7 @@ fn options(max_parallel: usize) -> RunOptions {
         env: BTreeMap::new(),
         journal: Arc::new(archon_engine::store::MemoryJournal),
         prior: Default::default(),
+        cassette: None,
     }
 }
 

@@ -86,6 +86,14 @@ pub struct RunArgs {
 
     #[command(flatten)]
     pub state: StateArgs,
+
+    /// Write every LLM request and response of the run to this cassette.
+    #[arg(long, value_name = "FILE", conflicts_with = "replay")]
+    pub record: Option<PathBuf>,
+
+    /// Answer every LLM request from this cassette, with no network; a request it does not hold fails.
+    #[arg(long, value_name = "FILE")]
+    pub replay: Option<PathBuf>,
 }
 
 /// How a run shows its progress and result.

@@ -28,6 +28,7 @@ async fn run_agent(dir: &Path, yaml: &str) -> (RunReport, Vec<RunEvent>) {
         env: BTreeMap::new(),
         journal: Arc::new(MemoryJournal),
         prior: Default::default(),
+        cassette: None,
     };
     let report = run::run(Arc::new(workflow), Map::new(), options)
         .await
@@ -187,4 +188,53 @@ async fn an_agent_may_read_over_http_but_not_change_things() {
     let (report, events) = run_agent(dir.path(), &spec(turns, step)).await;
     assert_eq!(report.steps["answer"].status, StepStatus::Succeeded);
     assert!(events.iter().any(|e| matches!(e, RunEvent::AgentObservation { text, error: true, .. } if text.starts_with("`http` with method `POST` needs a person's approval"))), "{events:?}");
+}
+
+#[test]
+fn a_recorded_run_replays_offline_and_a_changed_request_fails() {
+    use crate::support::{Output, archon};
+    let dir = TempDir::new().expect("tempdir");
+    let turns = "        - tool_calls: [{ name: calculator, arguments: { expression: \"50 * 20 / 100\" } }]\n        - text: \"10\"";
+    std::fs::write(dir.path().join("agent.yaml"), spec(turns, CALCULATE)).expect("write");
+    let Output { code, stderr, .. } = archon(
+        dir.path(),
+        &["run", "agent.yaml", "--record", "calls.cassette"],
+    );
+    assert_eq!(code, 0, "{stderr}");
+    // The replay needs no provider: the scripted turns are gone, the cassette answers.
+    std::fs::write(
+        dir.path().join("agent.yaml"),
+        spec("        - text: \"this turn is never used\"", CALCULATE),
+    )
+    .expect("write");
+    let Output {
+        code,
+        stdout,
+        stderr,
+    } = archon(
+        dir.path(),
+        &["run", "agent.yaml", "--replay", "calls.cassette", "--json"],
+    );
+    assert_eq!(code, 0, "{stderr}");
+    let report: serde_json::Value = serde_json::from_str(&stdout).expect("report");
+    assert_eq!(report["steps"]["answer"]["output"], "10");
+    // A different goal is a different request: replay fails loudly.
+    std::fs::write(
+        dir.path().join("agent.yaml"),
+        spec(turns, &CALCULATE.replace("20% of 50", "30% of 50")),
+    )
+    .expect("write");
+    let Output { code, stdout, .. } = archon(
+        dir.path(),
+        &["run", "agent.yaml", "--replay", "calls.cassette", "--json"],
+    );
+    assert_eq!(code, 1);
+    let report: serde_json::Value = serde_json::from_str(&stdout).expect("report");
+    let error = report["steps"]["answer"]["error"]
+        .as_str()
+        .unwrap_or_default();
+    assert!(
+        error.contains("replay: this request was not recorded"),
+        "{error}"
+    );
 }

@@ -21,6 +21,7 @@ fn options(workdir: &Path) -> RunOptions {
         env: BTreeMap::from([("API_TOKEN".to_owned(), "s3cr3t".to_owned())]),
         journal: Arc::new(archon_engine::store::MemoryJournal),
         prior: Default::default(),
+        cassette: None,
     }
 }
 

@@ -153,6 +153,7 @@ proptest! {
             env: Default::default(),
             journal: Arc::new(archon_engine::store::MemoryJournal),
             prior: Default::default(),
+            cassette: None,
         };
         let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
         let report = runtime

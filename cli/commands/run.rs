@@ -40,6 +40,17 @@ pub fn run(args: &RunArgs, color: ColorChoice) -> anyhow::Result<Status> {
     };
     let workdir = std::fs::canonicalize(&workdir)
         .map_err(|e| anyhow::anyhow!("workspace `{}`: {e}", workdir.display()))?;
+    let cassette = match (&args.record, &args.replay) {
+        (Some(path), _) => match archon_engine::llm::cassette::Recorder::open(path) {
+            Ok(file) => Some(run::Cassette::Record(file)),
+            Err(e) => return Ok(refuse_cassette(&e.message)),
+        },
+        (None, Some(path)) => match archon_engine::llm::cassette::Replayer::read(path) {
+            Ok(exchanges) => Some(run::Cassette::Replay(Arc::new(exchanges))),
+            Err(e) => return Ok(refuse_cassette(&e.message)),
+        },
+        (None, None) => None,
+    };
     let store = match open_store(&args.state) {
         Ok(store) => store,
         Err(status) => return Ok(status),
@@ -64,10 +75,17 @@ pub fn run(args: &RunArgs, color: ColorChoice) -> anyhow::Result<Status> {
         store,
         run_id: id,
         prior: HashMap::new(),
+        cassette,
         max_parallel: args.max_parallel as usize,
         workdir,
         output: &args.output,
     })
+}
+
+/// A cassette that cannot be read or written: a usage problem.
+fn refuse_cassette(message: &str) -> Status {
+    output::stderr(&format!("error: {message}\n"));
+    Status::Invalid
 }
 
 /// Refuses, with the list of steps, a workflow this version cannot run.
@@ -148,6 +166,7 @@ pub struct Execution<'a> {
     pub store: Box<dyn RunStore>,
     pub run_id: String,
     pub prior: HashMap<String, StepResult>,
+    pub cassette: Option<run::Cassette>,
     pub max_parallel: usize,
     pub workdir: PathBuf,
     pub output: &'a RunOutputArgs,
@@ -189,6 +208,7 @@ pub fn execute(exec: Execution<'_>) -> anyhow::Result<Status> {
         env: std::env::vars().collect(),
         journal: journal.clone(),
         prior: Arc::new(exec.prior),
+        cassette: exec.cassette,
     };
     let mut display = if args.json {
         Display::Quiet

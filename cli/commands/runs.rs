@@ -301,6 +301,7 @@ fn continue_run(
         store,
         run_id: id.to_owned(),
         prior,
+        cassette: None,
         max_parallel: options
             .max_parallel
             .map_or(stored.max_parallel, |m| m as usize),

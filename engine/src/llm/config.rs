@@ -46,6 +46,20 @@ impl Configured {
     }
 }
 
+/// The model a provider asks: `ARCHON_KIND_MODEL`, else `model`, else `mock` for the mock provider.
+pub fn model(def: &ProviderDef, env: &BTreeMap<String, String>) -> Option<String> {
+    let prefix = match def.kind.value {
+        ProviderKind::Openai => "OPENAI",
+        ProviderKind::Anthropic => "ANTHROPIC",
+        ProviderKind::Gemini => "GEMINI",
+        ProviderKind::Mock => return Some(def.model.clone().unwrap_or_else(|| "mock".to_owned())),
+    };
+    env.get(&format!("ARCHON_{prefix}_MODEL"))
+        .filter(|m| !m.is_empty())
+        .cloned()
+        .or_else(|| def.model.clone())
+}
+
 /// Builds the provider `name` declared as `def` in a spec read from `spec_dir`, reading `env`.
 pub fn build(
     name: &str,

@@ -57,6 +57,17 @@ pub struct RunOptions {
     /// Final results of an earlier process running this run (`archon resume`), by step or `step[i]`:
     /// those steps and items are not run again, and their results are reused as they are.
     pub prior: Arc<HashMap<String, StepResult>>,
+    /// Record or replay the run's LLM calls.
+    pub cassette: Option<Cassette>,
+}
+
+/// What to do with the LLM calls of a run.
+#[derive(Clone, Debug)]
+pub enum Cassette {
+    /// Write every request and response to this open cassette.
+    Record(Arc<std::sync::Mutex<std::fs::File>>),
+    /// Answer from these recorded exchanges, with no network.
+    Replay(Arc<Vec<crate::llm::cassette::Exchange>>),
 }
 
 impl RunOptions {
@@ -72,6 +83,7 @@ impl RunOptions {
             env: std::env::vars().collect(),
             journal: Arc::new(MemoryJournal),
             prior: Arc::new(HashMap::new()),
+            cassette: None,
         }
     }
 }

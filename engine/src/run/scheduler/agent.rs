@@ -14,6 +14,7 @@ use minijinja::Value;
 use serde_json::Value as Json;
 
 use super::{Called, Failure, Shared, call_declared, millis, tool_failure};
+use crate::llm::cassette::{Recorder, Replayer};
 use crate::llm::config::{self, Configured};
 use crate::llm::pricing;
 use crate::llm::{ChatRequest, Message, Part, ToolChoice, ToolResult, ToolSpec};
@@ -63,6 +64,21 @@ impl LlmContext {
             .as_ref()
             .and_then(|l| l.providers.get(name))
             .ok_or_else(|| Failure::fixed(format!("no LLM provider `{name}`")))?;
+        // Replaying needs no provider at all: not even its key.
+        if let Some(crate::run::Cassette::Replay(exchanges)) = &shared.options.cassette {
+            let built = Arc::new(Configured {
+                name: name.to_owned(),
+                kind: def.kind.value,
+                provider: Arc::new(Replayer::new(name, exchanges)),
+                model: config::model(def, &shared.options.env).unwrap_or_default(),
+                temperature: def.temperature,
+                max_tokens: def.max_tokens,
+            });
+            if let Ok(mut providers) = self.providers.lock() {
+                providers.insert(name.to_owned(), built.clone());
+            }
+            return Ok(built);
+        }
         let dir = shared
             .workflow
             .sources
@@ -70,10 +86,12 @@ impl LlmContext {
             .next()
             .and_then(|f| f.path.parent().map(std::path::Path::to_path_buf))
             .unwrap_or_default();
-        let built = Arc::new(
-            config::build(name, def, &dir, &shared.options.env)
-                .map_err(|e| Failure::fixed(e.message))?,
-        );
+        let mut configured = config::build(name, def, &dir, &shared.options.env)
+            .map_err(|e| Failure::fixed(e.message))?;
+        if let Some(crate::run::Cassette::Record(file)) = &shared.options.cassette {
+            configured.provider = Arc::new(Recorder::new(configured.provider, file.clone()));
+        }
+        let built = Arc::new(configured);
         if let Ok(mut providers) = self.providers.lock() {
             providers.insert(name.to_owned(), built.clone());
         }
