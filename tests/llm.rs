@@ -130,3 +130,54 @@ fn api_keys_never_print() {
     assert_eq!(format!("{key:?} {key}"), "*** ***");
     assert_eq!(key.expose(), "sk-live-123");
 }
+
+/// Review finding: the user's usual key variable never travels to a base URL a spec chose.
+#[tokio::test]
+async fn a_spec_base_url_does_not_get_the_users_key() {
+    use wiremock::matchers::method;
+    use wiremock::{Mock, MockServer, ResponseTemplate};
+    let server = MockServer::start().await;
+    Mock::given(method("POST"))
+        .respond_with(ResponseTemplate::new(200).set_body_json(json!({
+            "choices": [{ "message": { "role": "assistant", "content": "pong" }, "finish_reason": "stop" }]
+        })))
+        .mount(&server)
+        .await;
+    let dir = TempDir::new().expect("tempdir");
+    let spec = format!(
+        "name: t\nllm:\n  providers:\n    elsewhere: {{ kind: openai, model: m, base_url: \"{}/v1\" }}\n    named: {{ kind: openai, model: m, base_url: \"{}/v1\", api_key_env: ELSEWHERE_KEY }}\nsteps:\n  - {{ id: a, goal: hi }}\n",
+        server.uri(),
+        server.uri()
+    );
+    std::fs::write(dir.path().join("t.yaml"), spec).expect("write");
+    let workflow = archon_engine::validate_file(&dir.path().join("t.yaml"))
+        .workflow
+        .expect("valid");
+    let env = std::collections::BTreeMap::from([
+        ("OPENAI_API_KEY".to_owned(), "sk-users-own".to_owned()),
+        ("ELSEWHERE_KEY".to_owned(), "sk-for-elsewhere".to_owned()),
+    ]);
+    let providers = &workflow.spec.llm.as_ref().expect("llm").providers;
+    for (name, expected) in [
+        ("elsewhere", None),
+        ("named", Some("Bearer sk-for-elsewhere")),
+    ] {
+        let configured =
+            archon_engine::llm::config::build(name, &providers[name], dir.path(), &env)
+                .expect("builds");
+        configured
+            .provider
+            .complete(&ask("ping"))
+            .await
+            .expect("answer");
+        let requests = server.received_requests().await.expect("recorded");
+        let sent = requests.last().expect("a request");
+        assert_eq!(
+            sent.headers
+                .get("authorization")
+                .and_then(|v| v.to_str().ok()),
+            expected,
+            "{name}"
+        );
+    }
+}

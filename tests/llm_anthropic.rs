@@ -348,7 +348,7 @@ async fn structured_output_goes_through_a_forced_output_tool() {
     });
     let server = sequence(vec![ResponseTemplate::new(200).set_body_json(message(
         json!([
-            { "type": "tool_use", "id": "toolu_01", "name": "output", "input": { "city": "San Francisco", "celsius": 15 } }
+            { "type": "tool_use", "id": "toolu_01", "name": "archon_final_answer", "input": { "city": "San Francisco", "celsius": 15 } }
         ]),
         "tool_use",
     ))])
@@ -366,11 +366,11 @@ async fn structured_output_goes_through_a_forced_output_tool() {
     assert_eq!(response.finish_reason, FinishReason::Stop);
 
     let sent = sent(&server, 0).await;
-    assert_eq!(sent["tools"][0]["name"], "output");
+    assert_eq!(sent["tools"][0]["name"], "archon_final_answer");
     assert_eq!(sent["tools"][0]["input_schema"], schema);
     assert_eq!(
         sent["tool_choice"],
-        json!({ "type": "tool", "name": "output" })
+        json!({ "type": "tool", "name": "archon_final_answer" })
     );
     assert_eq!(
         sent["system"], "You are terse.",
@@ -389,7 +389,7 @@ fn structured_output_leaves_other_tools_usable() {
         .iter()
         .map(|t| t["name"].clone())
         .collect();
-    assert_eq!(names, [json!("get_weather"), json!("output")]);
+    assert_eq!(names, [json!("get_weather"), json!("archon_final_answer")]);
     assert_eq!(body["tool_choice"], json!({ "type": "any" }));
 
     // Tools forbidden: only the answer tool is offered.
@@ -398,7 +398,7 @@ fn structured_output_leaves_other_tools_usable() {
     assert_eq!(body["tools"].as_array().expect("tools").len(), 1);
     assert_eq!(
         body["tool_choice"],
-        json!({ "type": "tool", "name": "output" })
+        json!({ "type": "tool", "name": "archon_final_answer" })
     );
 }
 

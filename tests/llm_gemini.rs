@@ -985,3 +985,53 @@ async fn a_truncated_body_is_an_error() {
     assert!(!err.message.contains(KEY));
     assert_eq!(served.load(Ordering::SeqCst), 3, "retried");
 }
+
+/// Review findings: what Gemini rejects is never sent.
+#[test]
+fn empty_objects_non_string_enums_and_json_mode_with_tools_are_left_out() {
+    use archon_engine::llm::gemini::{normalize_schema, request_body};
+    let schema = json!({
+        "type": "object",
+        "properties": {
+            "url": { "type": "string" },
+            "headers": { "type": "object", "additionalProperties": { "type": "string" } },
+            "level": { "type": "integer", "enum": [1, 2, 3], "description": "how loud" }
+        },
+        "required": ["url", "headers"]
+    });
+    let normalized = normalize_schema(&schema);
+    assert!(
+        normalized["properties"].get("headers").is_none(),
+        "{normalized}"
+    );
+    assert_eq!(normalized["required"], json!(["url"]));
+    assert!(normalized["properties"]["level"].get("enum").is_none());
+    assert_eq!(
+        normalized["properties"]["level"]["description"],
+        "how loud (one of: 1, 2, 3)"
+    );
+
+    let mut request = archon_engine::llm::ChatRequest {
+        model: "gemini-2.5-flash".into(),
+        messages: vec![archon_engine::llm::Message::user("hi")],
+        output_schema: Some(
+            json!({ "type": "object", "properties": { "a": { "type": "string" } } }),
+        ),
+        ..Default::default()
+    };
+    assert_eq!(
+        request_body(&request)["generationConfig"]["responseMimeType"],
+        "application/json"
+    );
+    request.tools.push(archon_engine::llm::ToolSpec {
+        name: "t".into(),
+        description: "a tool".into(),
+        parameters: json!({ "type": "object", "properties": { "x": { "type": "string" } } }),
+    });
+    let body = request_body(&request);
+    assert!(
+        body.get("generationConfig")
+            .is_none_or(|g| g.get("responseMimeType").is_none()),
+        "{body}"
+    );
+}

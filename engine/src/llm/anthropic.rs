@@ -25,7 +25,7 @@ pub const API_VERSION: &str = "2023-06-01";
 pub const DEFAULT_MAX_TOKENS: u32 = 4096;
 
 /// The tool that carries a structured answer (see [`request_body`]).
-pub const OUTPUT_TOOL: &str = "output";
+pub const OUTPUT_TOOL: &str = "archon_final_answer";
 
 /// A Messages endpoint.
 #[derive(Debug)]

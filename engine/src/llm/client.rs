@@ -133,9 +133,11 @@ impl Client {
                         .is_none_or(|wait| wait <= self.settings.max_retry_after)
             })
             // Full jitter: a delay drawn between zero and the exponential delay; `Retry-After` wins.
-            .adjust(|e: &LlmError, delay| match e.retry_after {
-                Some(wait) => Some(wait),
-                None => delay.map(|d| d.mul_f64(fastrand::f64())),
+            // `None` from the backoff means the retries are used up, whatever `Retry-After` says.
+            .adjust(|e: &LlmError, delay| match (delay, e.retry_after) {
+                (None, _) => None,
+                (Some(_), Some(wait)) => Some(wait),
+                (Some(d), None) => Some(d.mul_f64(fastrand::f64())),
             })
             .await
     }
@@ -223,7 +225,7 @@ impl Client {
         } else {
             "the request failed".to_owned()
         };
-        // The URL may carry a key (Gemini's `?key=`): never show it.
+        // Only the cause is shown, never the URL.
         let detail = std::error::Error::source(e).map(|s| s.to_string().to_lowercase());
         LlmError {
             message: match detail {
@@ -231,7 +233,8 @@ impl Client {
                 None => format!("provider `{}`: {what}", self.name),
             },
             status: None,
-            retryable: true,
+            // A request that cannot even be built (a bad header value) will not build next time either.
+            retryable: !e.is_builder(),
             retry_after: None,
         }
     }
@@ -245,7 +248,7 @@ fn retry_after(headers: &reqwest::header::HeaderMap) -> Option<Duration> {
         .ok()?
         .trim();
     if let Ok(seconds) = value.parse::<f64>() {
-        return (seconds.is_finite() && seconds >= 0.0).then(|| Duration::from_secs_f64(seconds));
+        return Duration::try_from_secs_f64(seconds).ok();
     }
     let when = httpdate_parse(value)?;
     Some(

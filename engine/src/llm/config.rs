@@ -82,17 +82,31 @@ pub fn build(
     }
     settings.requests_per_minute = def.requests_per_minute;
     let endpoint = |prefix: &str, key_vars: &[&str], base_var: &str, public: &str| {
+        let env_url = var(&format!("ARCHON_{prefix}_BASE_URL"));
+        let spec_url = def.base_url.as_ref().map(|b| b.value.clone());
+        // The user's own key variables go only where the user points (the public API or a base URL from
+        // the environment), never to a base URL a spec names: that one gets the key `api_key_env` names.
+        let spec_chosen = env_url.is_none()
+            && spec_url
+                .as_deref()
+                .is_some_and(|u| u.trim_end_matches('/') != public);
+        let base_url = env_url
+            .or(spec_url)
+            .or_else(|| var(base_var))
+            .unwrap_or_else(|| public.to_owned());
         let key = def
             .api_key_env
             .as_ref()
             .and_then(|v| var(&v.value))
-            .or_else(|| var(&format!("ARCHON_{prefix}_API_KEY")))
-            .or_else(|| key_vars.iter().find_map(|v| var(v)))
+            .or_else(|| {
+                (!spec_chosen)
+                    .then(|| {
+                        var(&format!("ARCHON_{prefix}_API_KEY"))
+                            .or_else(|| key_vars.iter().find_map(|v| var(v)))
+                    })
+                    .flatten()
+            })
             .map(ApiKey::new);
-        let base_url = var(&format!("ARCHON_{prefix}_BASE_URL"))
-            .or_else(|| def.base_url.as_ref().map(|b| b.value.clone()))
-            .or_else(|| var(base_var))
-            .unwrap_or_else(|| public.to_owned());
         let model = var(&format!("ARCHON_{prefix}_MODEL"))
             .or_else(|| def.model.clone())
             .ok_or_else(|| {

@@ -208,9 +208,18 @@ pub fn request_body(request: &ChatRequest) -> Json {
     if !request.stop.is_empty() {
         generation.insert("stopSequences".into(), json!(request.stop));
     }
-    if let Some(schema) = &request.output_schema {
+    // Gemini refuses a JSON response type together with function calling: with tools, the caller checks
+    // the answer against the schema itself.
+    if let Some(schema) = request
+        .output_schema
+        .as_ref()
+        .filter(|_| request.tools.is_empty())
+    {
         generation.insert("responseMimeType".into(), json!("application/json"));
-        generation.insert("responseSchema".into(), normalize_schema(schema));
+        let normalized = normalize_schema(schema);
+        if !is_empty_object(&normalized) {
+            generation.insert("responseSchema".into(), normalized);
+        }
     }
     if !generation.is_empty() {
         body.insert("generationConfig".into(), Json::Object(generation));
@@ -322,7 +331,58 @@ pub fn normalize_schema(schema: &Json) -> Json {
         root: schema,
         expansions: 0,
     };
-    Json::Object(normalizer.schema(schema, 0))
+    let mut out = Json::Object(normalizer.schema(schema, 0));
+    fit_gemini(&mut out);
+    out
+}
+
+/// What Gemini refuses even in the subset above: an `OBJECT` with no properties below the top (such a
+/// property is dropped, and no longer required), and an `enum` of values that are not strings (dropped;
+/// the values are listed in the description instead).
+fn fit_gemini(schema: &mut Json) {
+    let Json::Object(map) = schema else { return };
+    if let Some(Json::Array(values)) = map.get("enum")
+        && !values.iter().all(Json::is_string)
+    {
+        let listed: Vec<String> = values.iter().map(Json::to_string).collect();
+        let note = format!("one of: {}", listed.join(", "));
+        let description = match map.get("description").and_then(Json::as_str) {
+            Some(d) if !d.is_empty() => format!("{d} ({note})"),
+            _ => note,
+        };
+        map.insert("description".into(), Json::String(description));
+        map.remove("enum");
+    }
+    if let Some(Json::Object(properties)) = map.get_mut("properties") {
+        let empty: Vec<String> = properties
+            .iter()
+            .filter(|(_, p)| is_empty_object(p))
+            .map(|(name, _)| name.clone())
+            .collect();
+        for name in &empty {
+            properties.remove(name);
+        }
+        properties.values_mut().for_each(fit_gemini);
+        if let Some(Json::Array(required)) = map.get_mut("required") {
+            required.retain(|r| r.as_str().is_none_or(|r| !empty.iter().any(|e| e == r)));
+        }
+    }
+    for key in ["items", "anyOf"] {
+        match map.get_mut(key) {
+            Some(Json::Array(branches)) => branches.iter_mut().for_each(fit_gemini),
+            Some(item @ Json::Object(_)) => fit_gemini(item),
+            _ => {}
+        }
+    }
+}
+
+/// An object schema with no properties, which Gemini rejects.
+fn is_empty_object(schema: &Json) -> bool {
+    schema.get("type").and_then(Json::as_str) == Some("object")
+        && schema
+            .get("properties")
+            .and_then(Json::as_object)
+            .is_none_or(Map::is_empty)
 }
 
 /// One [`normalize_schema`] run: the root `$ref`s point into, and how many it has inlined.

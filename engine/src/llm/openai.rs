@@ -39,7 +39,15 @@ impl Provider for OpenAi {
         request: &'a ChatRequest,
     ) -> BoxFuture<'a, Result<ChatResponse, LlmError>> {
         Box::pin(async move {
-            let body = request_body(request);
+            let mut body = request_body(request);
+            // The public API wants `max_completion_tokens` (its reasoning models refuse `max_tokens`);
+            // compatible servers know only `max_tokens`.
+            if self.0.base_url == DEFAULT_BASE_URL
+                && let Some(object) = body.as_object_mut()
+                && let Some(limit) = object.remove("max_tokens")
+            {
+                object.insert("max_completion_tokens".into(), limit);
+            }
             let mut headers = Vec::new();
             if let Some(key) = &self.0.key {
                 headers.push(("authorization", format!("Bearer {}", key.expose())));
@@ -170,6 +178,10 @@ pub fn parse_response(
             break;
         }
     }
+    let refusal = message
+        .get("refusal")
+        .and_then(Json::as_str)
+        .filter(|r| !r.is_empty());
     match message.get("content") {
         Some(Json::String(text)) if !text.is_empty() => parts.push(Part::Text(text.clone())),
         Some(Json::Array(items)) => {
@@ -207,12 +219,18 @@ pub fn parse_response(
             signature: None,
         }));
     }
+    if let Some(refusal) = refusal
+        && !parts.iter().any(|p| matches!(p, Part::Text(_)))
+    {
+        parts.push(Part::Text(refusal.to_owned()));
+    }
     let has_calls = parts.iter().any(|p| matches!(p, Part::ToolCall(_)));
     let finish_reason = match choice.get("finish_reason").and_then(Json::as_str) {
         Some("stop") => FinishReason::Stop,
         Some("tool_calls" | "function_call") => FinishReason::ToolCalls,
         Some("length") => FinishReason::Length,
         Some("content_filter") => FinishReason::ContentFilter,
+        _ if refusal.is_some() => FinishReason::ContentFilter,
         // Empty or unknown: what the message holds says more.
         _ if has_calls => FinishReason::ToolCalls,
         Some(other) if !other.is_empty() => FinishReason::Other(other.to_owned()),

@@ -42,6 +42,7 @@ const TABLE: &[(&str, Price)] = &[
     ("claude-3-7-sonnet", price(3.00, 15.00, Some(0.30))),
     ("claude-sonnet-4", price(3.00, 15.00, Some(0.30))),
     ("claude-opus-4", price(15.00, 75.00, Some(1.50))),
+    ("claude-opus-4-5", price(5.00, 25.00, Some(0.50))),
     ("gemini-2.0-flash-lite", price(0.075, 0.30, None)),
     ("gemini-2.0-flash", price(0.10, 0.40, Some(0.025))),
     ("gemini-2.5-flash", price(0.30, 2.50, Some(0.075))),

@@ -177,12 +177,15 @@ impl LlmUsage {
     }
 
     pub fn add(&mut self, other: &LlmUsage) {
-        self.calls += other.calls;
-        self.input_tokens += other.input_tokens;
-        self.output_tokens += other.output_tokens;
-        self.cached_input_tokens += other.cached_input_tokens;
+        // Counts come from providers: a nonsense value must not overflow.
+        self.calls = self.calls.saturating_add(other.calls);
+        self.input_tokens = self.input_tokens.saturating_add(other.input_tokens);
+        self.output_tokens = self.output_tokens.saturating_add(other.output_tokens);
+        self.cached_input_tokens = self
+            .cached_input_tokens
+            .saturating_add(other.cached_input_tokens);
         self.cost_usd += other.cost_usd;
-        self.unpriced_calls += other.unpriced_calls;
+        self.unpriced_calls = self.unpriced_calls.saturating_add(other.unpriced_calls);
     }
 }
 

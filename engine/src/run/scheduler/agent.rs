@@ -17,7 +17,7 @@ use super::{Called, Failure, Shared, call_declared, millis, tool_failure};
 use crate::llm::cassette::{Recorder, Replayer};
 use crate::llm::config::{self, Configured};
 use crate::llm::pricing;
-use crate::llm::{ChatRequest, Message, Part, ToolChoice, ToolResult, ToolSpec};
+use crate::llm::{ChatRequest, FinishReason, Message, Part, ToolChoice, ToolResult, ToolSpec};
 use crate::run::render::to_text;
 use crate::run::tools::{self, ToolOutput};
 use crate::run::{LlmUsage, RunEvent};
@@ -221,7 +221,29 @@ pub(super) async fn run(
         let calls: Vec<_> = response.tool_calls().cloned().collect();
         let text = response.text();
         if calls.is_empty() {
-            // A final answer.
+            // A final answer, unless the model was cut off or stopped for another reason.
+            match &response.finish_reason {
+                FinishReason::Stop | FinishReason::ToolCalls => {}
+                FinishReason::Length => {
+                    return Err(Failure::fixed(
+                        "the answer was cut off at the token limit: raise `max_tokens`".to_owned(),
+                    )
+                    .with_llm(usage));
+                }
+                FinishReason::ContentFilter => {
+                    return Err(
+                        Failure::fixed("the provider filtered the answer".to_owned())
+                            .with_llm(usage),
+                    );
+                }
+                FinishReason::Other(reason) if text.trim().is_empty() => {
+                    return Err(Failure::fixed(format!(
+                        "the model stopped without an answer (`{reason}`)"
+                    ))
+                    .with_llm(usage));
+                }
+                FinishReason::Other(_) => {}
+            }
             let Some(validator) = &validator else {
                 return Ok(answer(Json::String(text), usage));
             };
@@ -265,7 +287,7 @@ pub(super) async fn run(
         messages.push(response.message.clone());
         let mut results = Vec::with_capacity(calls.len());
         for call in &calls {
-            let key = format!("{}:{}", call.name, call.arguments);
+            let key = format!("{}:{}", call.name, canonical(&call.arguments));
             let repeats = {
                 let n = seen_calls.entry(key).or_default();
                 *n += 1;
@@ -553,6 +575,26 @@ fn parse_json(text: &str) -> Option<Json> {
         }
     }
     None
+}
+
+/// JSON text with object keys sorted, so that the same arguments in another order compare equal.
+fn canonical(value: &Json) -> String {
+    match value {
+        Json::Object(map) => {
+            let mut keys: Vec<&String> = map.keys().collect();
+            keys.sort();
+            let fields: Vec<String> = keys
+                .into_iter()
+                .map(|k| format!("{}:{}", Json::String(k.clone()), canonical(&map[k])))
+                .collect();
+            format!("{{{}}}", fields.join(","))
+        }
+        Json::Array(items) => format!(
+            "[{}]",
+            items.iter().map(canonical).collect::<Vec<_>>().join(",")
+        ),
+        other => other.to_string(),
+    }
 }
 
 fn truncate(text: &str, limit: usize) -> String {
