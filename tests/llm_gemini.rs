@@ -1011,9 +1011,9 @@ fn empty_objects_non_string_enums_and_json_mode_with_tools_are_left_out() {
         "how loud (one of: 1, 2, 3)"
     );
 
-    let mut request = archon_engine::llm::ChatRequest {
+    let mut request = ChatRequest {
         model: "gemini-2.5-flash".into(),
-        messages: vec![archon_engine::llm::Message::user("hi")],
+        messages: vec![Message::user("hi")],
         output_schema: Some(
             json!({ "type": "object", "properties": { "a": { "type": "string" } } }),
         ),
@@ -1023,7 +1023,7 @@ fn empty_objects_non_string_enums_and_json_mode_with_tools_are_left_out() {
         request_body(&request)["generationConfig"]["responseMimeType"],
         "application/json"
     );
-    request.tools.push(archon_engine::llm::ToolSpec {
+    request.tools.push(ToolSpec {
         name: "t".into(),
         description: "a tool".into(),
         parameters: json!({ "type": "object", "properties": { "x": { "type": "string" } } }),
