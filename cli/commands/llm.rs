@@ -83,6 +83,9 @@ pub fn ping(args: &LlmPingArgs) -> anyhow::Result<Status> {
 
 type Problem = (String, Option<String>);
 
+/// How long a ping waits for an answer, unless the spec sets the provider's `timeout`.
+const PING_TIMEOUT: &str = "30s";
+
 fn from_spec(
     path: &Path,
     wanted: Option<&str>,
@@ -131,7 +134,15 @@ fn from_spec(
             )
         })?;
     let dir = path.parent().unwrap_or(Path::new("."));
-    config::build(&name, def, dir, env).map_err(|e| (e.message, None))
+    // A ping answers quickly or not at all.
+    let mut def = def.clone();
+    if def.timeout.is_none() {
+        def.timeout = Some(Spanned::new(
+            PING_TIMEOUT.to_owned(),
+            Span::new(FileId(0), 0, 0),
+        ));
+    }
+    config::build(&name, &def, dir, env).map_err(|e| (e.message, None))
 }
 
 fn from_environment(
@@ -158,7 +169,7 @@ fn from_environment(
         api_key_env: None,
         temperature: None,
         max_tokens: None,
-        timeout: None,
+        timeout: Some(Spanned::new(PING_TIMEOUT.to_owned(), nowhere)),
         tool_mode: None,
         max_concurrency: None,
         requests_per_minute: None,

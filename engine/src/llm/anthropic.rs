@@ -58,8 +58,12 @@ impl Provider for Anthropic {
                 headers.push(("x-api-key", key.expose().to_owned()));
             }
             let url = format!("{}/v1/messages", self.0.base_url);
-            let reply = self.0.client.post(&url, &headers, &body).await?;
-            parse_response(self.name(), &reply.body, reply.request_id)
+            self.0
+                .client
+                .post_and_read(&url, &headers, &body, |reply| {
+                    parse_response(self.name(), &reply.body, reply.request_id)
+                })
+                .await
         })
     }
 }

@@ -118,12 +118,24 @@ impl Client {
         headers: &[(&str, String)],
         body: &Json,
     ) -> Result<Reply, LlmError> {
+        self.post_and_read(url, headers, body, Ok).await
+    }
+
+    /// POSTs `body` and reads the reply with `read`, retrying what is worth retrying, including an error
+    /// `read` finds in a successful response (an overloaded provider answering 200 with an error body).
+    pub async fn post_and_read<T>(
+        &self,
+        url: &str,
+        headers: &[(&str, String)],
+        body: &Json,
+        read: impl Fn(Reply) -> Result<T, LlmError>,
+    ) -> Result<T, LlmError> {
         let settings = &self.settings;
         let backoff = ExponentialBuilder::default()
             .with_min_delay(settings.base_delay)
             .with_max_delay(settings.max_delay)
             .with_max_times(settings.retries);
-        let attempt = || async { self.attempt(url, headers, body).await };
+        let attempt = || async { read(self.attempt(url, headers, body).await?) };
         attempt
             .retry(backoff)
             .sleep(tokio::time::sleep)

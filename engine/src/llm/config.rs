@@ -12,7 +12,6 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Arc;
-use std::time::Duration;
 
 use super::client::Settings;
 use super::mock::{Mock, ScriptedCall, Turn};
@@ -199,6 +198,3 @@ fn mock_turns(def: &ProviderDef, spec_dir: &Path) -> Result<Vec<Turn>, LlmError>
         })
         .collect())
 }
-
-/// A short timeout for `archon llm ping`.
-pub const PING_TIMEOUT: Duration = Duration::from_secs(30);

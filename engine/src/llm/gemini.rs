@@ -57,8 +57,12 @@ impl Provider for Gemini {
             }
             let resource = model_resource(self.name(), &request.model)?;
             let url = format!("{}/v1beta/{resource}:generateContent", self.0.base_url);
-            let reply = self.0.client.post(&url, &headers, &body).await?;
-            parse_response(self.name(), &reply.body, reply.request_id)
+            self.0
+                .client
+                .post_and_read(&url, &headers, &body, |reply| {
+                    parse_response(self.name(), &reply.body, reply.request_id)
+                })
+                .await
         })
     }
 }

@@ -53,8 +53,12 @@ impl Provider for OpenAi {
                 headers.push(("authorization", format!("Bearer {}", key.expose())));
             }
             let url = format!("{}/chat/completions", self.0.base_url);
-            let reply = self.0.client.post(&url, &headers, &body).await?;
-            parse_response(self.name(), &reply.body, reply.request_id)
+            self.0
+                .client
+                .post_and_read(&url, &headers, &body, |reply| {
+                    parse_response(self.name(), &reply.body, reply.request_id)
+                })
+                .await
         })
     }
 }

@@ -363,11 +363,14 @@ async fn complete(
         );
     }
     let started = Instant::now();
-    let response = configured
-        .provider
-        .complete(request)
-        .await
-        .map_err(|e| Failure::fixed(e.message).with_llm(usage.clone()))?;
+    let response = configured.provider.complete(request).await.map_err(|e| {
+        // What the provider's own retries could not fix, the step's `retry` may.
+        Failure {
+            retryable: e.retryable,
+            ..Failure::fixed(e.message)
+        }
+        .with_llm(usage.clone())
+    })?;
     let pricing_config = shared
         .workflow
         .spec
