@@ -238,3 +238,23 @@ fn a_recorded_run_replays_offline_and_a_changed_request_fails() {
         "{error}"
     );
 }
+
+#[tokio::test(start_paused = true)]
+async fn the_calls_of_one_turn_run_together() {
+    let dir = TempDir::new().expect("tempdir");
+    let turns = "        - tool_calls: [{ name: sleep, arguments: { duration: 10s } }, { name: sleep, arguments: { duration: 9s } }, { name: sleep, arguments: { duration: 8s } }]\n        - text: \"rested\"";
+    let step = "  - id: answer\n    goal: rest three times\n    tools: [sleep]\n";
+    let started = tokio::time::Instant::now();
+    let (report, events) = run_agent(dir.path(), &spec(turns, step)).await;
+    assert_eq!(report.steps["answer"].status, StepStatus::Succeeded);
+    assert_eq!(
+        started.elapsed(),
+        std::time::Duration::from_secs(10),
+        "not 27 s: the calls overlap"
+    );
+    let observed = events
+        .iter()
+        .filter(|e| matches!(e, RunEvent::AgentObservation { error: false, .. }))
+        .count();
+    assert_eq!(observed, 3);
+}

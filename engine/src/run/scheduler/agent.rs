@@ -30,6 +30,8 @@ pub const DEFAULT_MAX_ITERATIONS: u32 = 10;
 const OBSERVATION_CHARS: usize = 4000;
 /// The same call (tool and arguments) this many times draws a warning; once more stops the step.
 const REPEAT_LIMIT: usize = 3;
+/// Most tool calls of one turn running at once.
+const PARALLEL_CALLS: usize = 4;
 /// Final answers that do not match `output_schema` are sent back this many times.
 const SCHEMA_RETRIES: usize = 2;
 
@@ -285,7 +287,8 @@ pub(super) async fn run(
             });
         }
         messages.push(response.message.clone());
-        let mut results = Vec::with_capacity(calls.len());
+        // Guard against loops first, in order; then run the turn's calls together, a few at a time.
+        let mut planned = Vec::with_capacity(calls.len());
         for call in &calls {
             let key = format!("{}:{}", call.name, canonical(&call.arguments));
             let repeats = {
@@ -306,29 +309,39 @@ pub(super) async fn run(
                 tool: call.name.clone(),
                 arguments: call.arguments.clone(),
             });
-            let (content, is_error) = if repeats == REPEAT_LIMIT {
-                (
-                    format!(
-                        "You already made this exact call {REPEAT_LIMIT} times. Do not repeat it: change your approach or give your final answer."
-                    ),
-                    true,
-                )
-            } else {
-                observe(shared, label, &tools, &call.name, &call.arguments).await
-            };
-            shared.emit(RunEvent::AgentObservation {
-                step: label.to_owned(),
-                iteration,
-                tool: call.name.clone(),
-                text: content.clone(),
-                error: is_error,
-            });
-            results.push(Part::ToolResult(ToolResult {
-                id: call.id.clone(),
-                name: call.name.clone(),
-                content,
-                is_error,
-            }));
+            planned.push((call, repeats == REPEAT_LIMIT));
+        }
+        let mut results = Vec::with_capacity(planned.len());
+        let offered = &tools;
+        for chunk in planned.chunks(PARALLEL_CALLS) {
+            let observations = futures_util::future::join_all(chunk.iter().map(|(call, warn)| async move {
+                if *warn {
+                    (
+                        format!(
+                            "You already made this exact call {REPEAT_LIMIT} times. Do not repeat it: change your approach or give your final answer."
+                        ),
+                        true,
+                    )
+                } else {
+                    observe(shared, label, offered, &call.name, &call.arguments).await
+                }
+            }))
+            .await;
+            for ((call, _), (content, is_error)) in chunk.iter().zip(observations) {
+                shared.emit(RunEvent::AgentObservation {
+                    step: label.to_owned(),
+                    iteration,
+                    tool: call.name.clone(),
+                    text: content.clone(),
+                    error: is_error,
+                });
+                results.push(Part::ToolResult(ToolResult {
+                    id: call.id.clone(),
+                    name: call.name.clone(),
+                    content,
+                    is_error,
+                }));
+            }
         }
         messages.push(Message {
             role: crate::llm::Role::Tool,
