@@ -258,3 +258,46 @@ async fn the_calls_of_one_turn_run_together() {
         .count();
     assert_eq!(observed, 3);
 }
+
+#[tokio::test]
+async fn text_mode_reads_and_repairs_actions_written_as_text() {
+    let dir = TempDir::new().expect("tempdir");
+    let yaml = r#"name: agent
+llm:
+  providers:
+    weak:
+      kind: mock
+      tool_mode: text
+      turns:
+        - text: "Action: calculator, please"
+        - text: "Thought: I need the calculator.\nAction: ```json\n{'tool': 'calculator', 'arguments': {'expression': '50 * 20 / 100',},}\n```"
+        - text: "Final Answer: 10"
+steps:
+  - id: answer
+    goal: calculate 20% of 50
+    tools: [calculator]
+"#;
+    let (report, events) = run_agent(dir.path(), yaml).await;
+    let answer = &report.steps["answer"];
+    assert_eq!(answer.status, StepStatus::Succeeded, "{answer:?}");
+    assert_eq!(answer.output, json!("10"));
+    let observations: Vec<(bool, String)> = events
+        .iter()
+        .filter_map(|e| match e {
+            RunEvent::AgentObservation { text, error, .. } => Some((*error, text.clone())),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(observations.len(), 2, "{observations:?}");
+    assert!(
+        observations[0].0
+            && observations[0]
+                .1
+                .starts_with("your action is not a JSON object")
+    );
+    assert_eq!(
+        observations[1],
+        (false, "10".to_owned()),
+        "the repaired action ran"
+    );
+}

@@ -169,6 +169,17 @@ pub(super) async fn run(
             .unwrap_or_default(),
     };
     let tools = offered_tools(spec, &patterns);
+    // Text mode, for models without native tool calling: the tools are described in the prompt and the
+    // model writes `Action: {json}` lines, which are read (and repaired) here.
+    let text_mode = agent
+        .and_then(|a| a.tool_mode.as_ref())
+        .or_else(|| {
+            spec.llm
+                .as_ref()
+                .and_then(|l| l.providers.get(provider_name.as_str()))
+                .and_then(|p| p.tool_mode.as_ref())
+        })
+        .is_some_and(|m| m.value == crate::spec::ToolMode::Text);
     let schema = body.output_schema.map(crate::spec::Node::to_json);
 
     let mut system = String::from(
@@ -202,6 +213,9 @@ pub(super) async fn run(
             .map_err(|e| Failure::fixed(format!("`context`: {e}")))?;
         user.push_str(&format!("\n\nContext:\n{}", to_text(&value)));
     }
+    if text_mode && !tools.is_empty() {
+        system.push_str(&text_mode_instructions(&tools));
+    }
     let mut messages = vec![Message::system(system), Message::user(user)];
     let mut usage = LlmUsage::default();
     let mut seen_calls: HashMap<String, usize> = HashMap::new();
@@ -214,12 +228,35 @@ pub(super) async fn run(
     };
 
     for iteration in 1..=max_iterations {
-        let mut request = configured.request(messages.clone(), tools.clone());
+        let offered = if text_mode { Vec::new() } else { tools.clone() };
+        let mut request = configured.request(messages.clone(), offered);
         request.output_schema.clone_from(&schema);
         if let Some(t) = agent.and_then(|a| a.temperature) {
             request.temperature = Some(t);
         }
-        let response = complete(shared, label, &configured, &request, &mut usage).await?;
+        let mut response = complete(shared, label, &configured, &request, &mut usage).await?;
+        if text_mode && !tools.is_empty() {
+            match read_text_action(&response.text(), iteration) {
+                TextTurn::Final(answer) => {
+                    response.message.parts = vec![Part::Text(answer)];
+                }
+                TextTurn::Action(call) => {
+                    response.message.parts.push(Part::ToolCall(call));
+                }
+                TextTurn::Unreadable(problem) => {
+                    shared.emit(RunEvent::AgentObservation {
+                        step: label.to_owned(),
+                        iteration,
+                        tool: String::new(),
+                        text: problem.clone(),
+                        error: true,
+                    });
+                    messages.push(Message::assistant(vec![Part::Text(response.text())]));
+                    messages.push(Message::user(format!("Observation: {problem}")));
+                    continue;
+                }
+            }
+        }
         let calls: Vec<_> = response.tool_calls().cloned().collect();
         let text = response.text();
         if calls.is_empty() {
@@ -343,16 +380,30 @@ pub(super) async fn run(
                 }));
             }
         }
-        messages.push(Message {
-            role: crate::llm::Role::Tool,
-            parts: results,
-        });
+        if text_mode {
+            // The model wrote its action as text: it reads the observation as text too.
+            messages.pop();
+            messages.push(Message::assistant(vec![Part::Text(response.text())]));
+            let observations: Vec<String> = results
+                .iter()
+                .filter_map(|p| match p {
+                    Part::ToolResult(r) => Some(format!("Observation: {}", r.content)),
+                    _ => None,
+                })
+                .collect();
+            messages.push(Message::user(observations.join("\n")));
+        } else {
+            messages.push(Message {
+                role: crate::llm::Role::Tool,
+                parts: results,
+            });
+        }
     }
     // Out of iterations: one last turn without tools for the best answer so far.
     messages.push(Message::user(
         "You have reached the iteration limit. Give your best final answer now, without calling tools.".to_owned(),
     ));
-    let mut request = configured.request(messages, tools);
+    let mut request = configured.request(messages, if text_mode { Vec::new() } else { tools });
     request.tool_choice = ToolChoice::None;
     let response = complete(shared, label, &configured, &request, &mut usage).await?;
     let best: String = response.text().chars().take(500).collect();
@@ -591,6 +642,140 @@ fn parse_json(text: &str) -> Option<Json> {
         }
     }
     None
+}
+
+/// How to call tools in text mode, appended to the system prompt.
+fn text_mode_instructions(tools: &[ToolSpec]) -> String {
+    let mut text = String::from(
+        "\n\nYou can use these tools. To call one, write a line `Action:` followed by one JSON object \
+         {\"tool\": name, \"arguments\": {...}} and stop; the result comes back as `Observation:`. You may \
+         think first on a line starting `Thought:`. When you are done, write `Final Answer:` followed by the \
+         answer.\n\nTools:",
+    );
+    for tool in tools {
+        text.push_str(&format!(
+            "\n- {}: {} Arguments (JSON Schema): {}",
+            tool.name, tool.description, tool.parameters
+        ));
+    }
+    text
+}
+
+/// What a text-mode turn says.
+enum TextTurn {
+    Final(String),
+    Action(crate::llm::ToolCall),
+    /// Neither a readable action nor a final answer: what to tell the model.
+    Unreadable(String),
+}
+
+/// Reads a text-mode turn: `Final Answer: ...`, or `Action: {json}` (also a `<tool_call>` block), with the
+/// JSON repaired where weak models break it (code fences, trailing commas, single quotes).
+fn read_text_action(text: &str, iteration: u32) -> TextTurn {
+    let action_at = text
+        .find("Action:")
+        .map(|i| i + "Action:".len())
+        .or_else(|| text.find("<tool_call>").map(|i| i + "<tool_call>".len()));
+    let final_at = text.find("Final Answer:");
+    match (action_at, final_at) {
+        (Some(a), Some(f)) if f < a => {
+            TextTurn::Final(text[f + "Final Answer:".len()..].trim().to_owned())
+        }
+        (None, Some(f)) => TextTurn::Final(text[f + "Final Answer:".len()..].trim().to_owned()),
+        (Some(a), _) => {
+            let rest = text[a..].replace("</tool_call>", "");
+            let Some(value) = repair_json(&rest) else {
+                return TextTurn::Unreadable(
+                    "your action is not a JSON object; write `Action: {\"tool\": \"name\", \"arguments\": {...}}`"
+                        .to_owned(),
+                );
+            };
+            let name = ["tool", "name", "action"]
+                .iter()
+                .find_map(|k| value.get(*k).and_then(Json::as_str));
+            let Some(name) = name else {
+                return TextTurn::Unreadable(
+                    "your action names no tool; write `Action: {\"tool\": \"name\", \"arguments\": {...}}`".to_owned(),
+                );
+            };
+            let arguments = ["arguments", "args", "input", "parameters"]
+                .iter()
+                .find_map(|k| value.get(*k).cloned())
+                .unwrap_or_else(|| Json::Object(serde_json::Map::new()));
+            TextTurn::Action(crate::llm::ToolCall {
+                id: format!("text_{iteration}"),
+                name: name.to_owned(),
+                arguments,
+                signature: None,
+            })
+        }
+        // No marker at all: the whole text is the answer.
+        (None, None) => TextTurn::Final(text.trim().to_owned()),
+    }
+}
+
+/// The first JSON object in `text`, repaired if needed: code fences dropped, the outermost braces taken,
+/// trailing commas removed, single quotes turned into double quotes.
+fn repair_json(text: &str) -> Option<Json> {
+    let start = text.find('{')?;
+    let mut depth = 0usize;
+    let mut end = None;
+    let mut quote: Option<char> = None;
+    let mut escaped = false;
+    for (i, c) in text[start..].char_indices() {
+        if let Some(q) = quote {
+            if escaped {
+                escaped = false;
+            } else if c == '\\' {
+                escaped = true;
+            } else if c == q {
+                quote = None;
+            }
+            continue;
+        }
+        match c {
+            '"' | '\'' => quote = Some(c),
+            '{' => depth += 1,
+            '}' => {
+                depth = depth.saturating_sub(1);
+                if depth == 0 {
+                    end = Some(start + i);
+                    break;
+                }
+            }
+            _ => {}
+        }
+    }
+    let candidate = &text[start..=end?];
+    if let Ok(value) = serde_json::from_str::<Json>(candidate) {
+        return value.is_object().then_some(value);
+    }
+    let mut fixed = String::with_capacity(candidate.len());
+    let mut in_double = false;
+    let mut chars = candidate.chars().peekable();
+    while let Some(c) = chars.next() {
+        match c {
+            '"' => {
+                in_double = !in_double;
+                fixed.push(c);
+            }
+            '\'' if !in_double => fixed.push('"'),
+            ',' if !in_double => {
+                // A trailing comma before a closing bracket.
+                let mut lookahead = chars.clone();
+                while lookahead.peek().is_some_and(|c| c.is_whitespace()) {
+                    lookahead.next();
+                }
+                if !matches!(lookahead.peek(), Some('}' | ']')) {
+                    fixed.push(c);
+                }
+            }
+            _ => fixed.push(c),
+        }
+    }
+    serde_json::from_str::<Json>(&fixed)
+        .ok()
+        .filter(Json::is_object)
 }
 
 /// JSON text with object keys sorted, so that the same arguments in another order compare equal.
