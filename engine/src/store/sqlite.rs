@@ -966,8 +966,14 @@ fn configure(conn: &Connection, path: &Path) -> Result<(), StoreError> {
 
 /// Refuses a database that is not Archon's, is newer than this version, or is damaged.
 fn check(conn: &Connection, path: &Path) -> Result<(), StoreError> {
+    // One read transaction: another process creating the store at the same moment is seen before or after
+    // its migration, never half-way.
+    let snapshot = conn
+        .unchecked_transaction()
+        .map_err(|e| sql_error(path, &e))?;
     let read = |sql: &str| -> Result<i64, StoreError> {
-        conn.query_row(sql, [], |r| r.get(0))
+        snapshot
+            .query_row(sql, [], |r| r.get(0))
             .map_err(|e| sql_error(path, &e))
     };
     let application = read("PRAGMA application_id")?;
