@@ -47,7 +47,7 @@ fn main() {
         .build()
         .unwrap();
     let dir = tempfile::TempDir::new().unwrap();
-    let (elapsed, sizes) = runtime.block_on(async {
+    let (elapsed, sizes, baseline) = runtime.block_on(async {
         let server = MockServer::start().await;
         Mock::given(method("POST"))
             .respond_with(Scripted(AtomicUsize::new(0)))
@@ -76,13 +76,30 @@ fn main() {
             .iter()
             .map(|r| r.body.len())
             .collect();
-        (elapsed, sizes)
+        // The model's own latency as a client sees it: the same number of plain requests to the same server
+        // (its delay, HTTP, the server's own work), without the agent.
+        let client = reqwest::Client::new();
+        let url = format!("{}/v1/chat/completions", server.uri());
+        let started = Instant::now();
+        for _ in 0..sizes.len() {
+            client
+                .post(&url)
+                .json(&json!({ "model": "bench", "messages": [] }))
+                .send()
+                .await
+                .unwrap()
+                .bytes()
+                .await
+                .unwrap();
+        }
+        (elapsed, sizes, started.elapsed())
     });
     let calls = sizes.len() as u32;
-    let overhead = elapsed.saturating_sub(DELAY * calls) / calls;
+    let overhead = elapsed.saturating_sub(baseline) / calls;
     println!(
-        "agent loop: {calls} model calls in {:.1} ms with a {} ms server delay each: {:.0} us overhead per iteration",
+        "agent loop: {calls} model calls in {:.1} ms; the same requests alone {:.1} ms ({} ms server delay each): {:.0} us agent overhead per iteration",
         elapsed.as_secs_f64() * 1e3,
+        baseline.as_secs_f64() * 1e3,
         DELAY.as_millis(),
         overhead.as_secs_f64() * 1e6
     );

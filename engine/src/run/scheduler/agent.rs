@@ -217,6 +217,16 @@ pub(super) async fn run(
         system.push_str(&text_mode_instructions(&tools));
     }
     let mut messages = vec![Message::system(system), Message::user(user)];
+    // Each tool's argument schema, compiled once for the step.
+    let validators: HashMap<String, jsonschema::Validator> = tools
+        .iter()
+        .filter_map(|t| {
+            Some((
+                t.name.clone(),
+                jsonschema::validator_for(&t.parameters).ok()?,
+            ))
+        })
+        .collect();
     let mut usage = LlmUsage::default();
     let mut seen_calls: HashMap<String, usize> = HashMap::new();
     let mut schema_retries = 0;
@@ -350,6 +360,7 @@ pub(super) async fn run(
         }
         let mut results = Vec::with_capacity(planned.len());
         let offered = &tools;
+        let compiled = &validators;
         for chunk in planned.chunks(PARALLEL_CALLS) {
             let observations = futures_util::future::join_all(chunk.iter().map(|(call, warn)| async move {
                 if *warn {
@@ -360,7 +371,7 @@ pub(super) async fn run(
                         true,
                     )
                 } else {
-                    observe(shared, label, offered, &call.name, &call.arguments).await
+                    observe(shared, label, offered, compiled, &call.name, &call.arguments).await
                 }
             }))
             .await;
@@ -498,10 +509,11 @@ async fn observe(
     shared: &Shared,
     label: &str,
     tools: &[ToolSpec],
+    validators: &HashMap<String, jsonschema::Validator>,
     name: &str,
     arguments: &Json,
 ) -> (String, bool) {
-    let Some(spec) = tools.iter().find(|t| t.name == name) else {
+    if !tools.iter().any(|t| t.name == name) {
         let names: Vec<String> = tools.iter().map(|t| format!("`{}`", t.name)).collect();
         return (
             format!(
@@ -514,8 +526,8 @@ async fn observe(
             ),
             true,
         );
-    };
-    if let Ok(validator) = jsonschema::validator_for(&spec.parameters)
+    }
+    if let Some(validator) = validators.get(name)
         && let Some(error) = validator.iter_errors(arguments).next()
     {
         let path = error.instance_path().to_string();
