@@ -6,7 +6,7 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use serde_json::Value as Json;
+use serde_json::{Value as Json, json};
 use tempfile::TempDir;
 
 use crate::support::{Output, archon};
@@ -588,5 +588,65 @@ outputs:
             .chain(wal.windows(needle.len()))
             .any(|w| w == needle),
         "the secret is in the database file"
+    );
+}
+
+/// Review finding: `foreach` items are reused by value, not by position, when the list changes between runs.
+#[test]
+fn foreach_items_are_reused_for_the_same_item_only() {
+    let dir = TempDir::new().expect("tempdir");
+    // Item `w` waits for `go` before it writes; the run is killed while it waits.
+    let spec = r#"name: items
+steps:
+  - id: each
+    foreach: "env.ITEMS | split(',')"
+    max_parallel: 1
+    tool: exec
+    with: { argv: [sh, -c, "if [ $0 = w ]; then touch started; while [ ! -f go ]; do sleep 0.02; done; fi; echo $0 >> ledger.txt; echo done-$0", "{{ item }}"] }
+"#;
+    std::fs::write(dir.path().join("items.yaml"), spec).expect("write");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_archon"))
+        .args(["run", "items.yaml"])
+        .current_dir(dir.path())
+        .env("ITEMS", "a,w")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("starts");
+    wait_for(&dir.path().join("started"), Duration::from_secs(10));
+    kill(&mut child);
+    let id = runs(dir.path())[0]["id"].as_str().expect("id").to_owned();
+    // `go` appears only once the resume has stopped the killed run's leftover command.
+    let go = dir.path().join("go");
+    let writer = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(300));
+        std::fs::write(go, "").expect("write");
+    });
+    // The list changed order and grew: `a` is reused where it now is, `w` and `c` run.
+    let output = Command::new(env!("CARGO_BIN_EXE_archon"))
+        .args(["resume", &id, "--rerun-in-doubt", "--json"])
+        .current_dir(dir.path())
+        .env("ITEMS", "w,a,c")
+        .output()
+        .expect("resumes");
+    writer.join().expect("joined");
+    assert_eq!(
+        output.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let report: Json = serde_json::from_slice(&output.stdout).expect("report");
+    assert_eq!(
+        report["steps"]["each"]["output"],
+        json!(["done-w", "done-a", "done-c"])
+    );
+    let ledger = std::fs::read_to_string(dir.path().join("ledger.txt")).expect("ledger");
+    let mut lines: Vec<&str> = ledger.lines().collect();
+    lines.sort_unstable();
+    assert_eq!(
+        lines,
+        ["a", "c", "w"],
+        "each item's effect happened once, whatever its position"
     );
 }

@@ -235,6 +235,10 @@ pub struct StepResult {
     /// What the step's LLM calls used (agent steps).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub llm: Option<LlmUsage>,
+    /// For one item of a `foreach` step: the SHA-256 of the item, so that a resumed run reuses the result
+    /// only for the same item.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub item: Option<String>,
 }
 
 impl StepResult {
@@ -251,6 +255,7 @@ impl StepResult {
             fallback: false,
             steps: IndexMap::new(),
             llm: None,
+            item: None,
         }
     }
 }

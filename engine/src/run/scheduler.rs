@@ -79,6 +79,27 @@ impl Shared {
         }
     }
 
+    /// The result an earlier process recorded for the `foreach` item of step `id` whose fingerprint is
+    /// `fingerprint`: at the same position, or, when the list changed order, at another.
+    fn prior_item(&self, id: &str, position: usize, fingerprint: &str) -> Option<&StepResult> {
+        let same = |r: &&StepResult| r.item.as_deref() == Some(fingerprint);
+        self.prior(&format!("{id}[{position}]"))
+            .filter(same)
+            .or_else(|| {
+                let prefix = format!("{id}[");
+                (self.depth == 0)
+                    .then(|| {
+                        self.options
+                            .prior
+                            .iter()
+                            .filter(|(name, _)| name.starts_with(&prefix))
+                            .map(|(_, r)| r)
+                            .find(same)
+                    })
+                    .flatten()
+            })
+    }
+
     /// The result an earlier process recorded for a step or item of the run's own steps.
     fn prior(&self, name: &str) -> Option<&StepResult> {
         if self.depth == 0 {
@@ -621,11 +642,14 @@ async fn foreach(shared: &Arc<Shared>, index: usize, expr: &str, steps: &Steps) 
             set.spawn(Box::pin(async move {
                 let step = &shared.steps()[index];
                 let label = format!("{}[{position}]", shared.label(&step.id.value));
-                if let Some(prior) = shared.prior(&label) {
+                // An item's recorded result is reused only for the same item: the list may have changed.
+                let fingerprint = crate::store::spec_hash(&[(String::new(), item.to_string())]);
+                if let Some(prior) = shared.prior_item(&step.id.value, position, &fingerprint) {
                     return (position, prior.clone());
                 }
-                let result =
+                let mut result =
                     attempt_all(&shared, step, &steps, Some((item, position)), label.clone()).await;
+                result.item = Some(fingerprint);
                 shared.record_result(&label, &result);
                 (position, result)
             }));
@@ -669,6 +693,7 @@ async fn foreach(shared: &Arc<Shared>, index: usize, expr: &str, steps: &Steps) 
                 Some(sum)
             },
         ),
+        item: None,
     }
 }
 
@@ -764,6 +789,7 @@ async fn attempt_all(
             fallback,
             steps,
             llm,
+            item: None,
         },
         Err(failure) => StepResult {
             exit_code: failure.exit_code,
