@@ -301,3 +301,23 @@ steps:
         "the repaired action ran"
     );
 }
+
+#[test]
+fn agents_with_delegation_or_memory_are_refused_before_running() {
+    let dir = TempDir::new().expect("tempdir");
+    for (what, agent) in [
+        ("delegation", "{ provider: scripted, delegates: [helper] }"),
+        ("memory", "{ provider: scripted, memory: true }"),
+    ] {
+        let yaml = format!(
+            "name: agent\nllm:\n  providers:\n    scripted: {{ kind: mock, turns: [{{ text: hi }}] }}\nagents:\n  lead: {agent}\n  helper: {{ provider: scripted }}\nsteps:\n  - {{ id: a, goal: say hi, agent: lead }}\n"
+        );
+        std::fs::write(dir.path().join("agent.yaml"), yaml).expect("write");
+        let workflow = archon_engine::validate_file(&dir.path().join("agent.yaml"))
+            .workflow
+            .expect("valid");
+        let refused = run::unsupported_steps(&workflow);
+        assert_eq!(refused.len(), 1, "{what}: {refused:?}");
+        assert!(refused[0].reason.contains(what), "{what}: {refused:?}");
+    }
+}

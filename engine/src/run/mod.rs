@@ -401,6 +401,23 @@ impl Walk {
             .and_then(|d| d.unspecified.as_ref())
             .is_some_and(|u| u.value == crate::spec::Unspecified::Plan);
         if body.goal.is_some() || (body.plan.is_none() && !plans) {
+            let agent = body
+                .agent
+                .or_else(|| {
+                    workflow
+                        .spec
+                        .defaults
+                        .as_ref()
+                        .and_then(|d| d.agent.as_ref())
+                })
+                .and_then(|a| workflow.spec.agents.get(a.value.as_str()));
+            if let Some(agent) = agent {
+                if !agent.delegates.is_empty() {
+                    refuse("agent delegation (`delegates`) cannot run yet".to_owned());
+                } else if agent.memory == Some(true) {
+                    refuse("agent memory (`memory: true`) cannot run yet".to_owned());
+                }
+            }
             return;
         }
         refuse("planner steps (`plan`, or unspecified steps with `defaults.unspecified: plan`) cannot run yet".to_owned());
