@@ -114,11 +114,16 @@ async fn the_same_call_over_and_over_ends_stuck() {
         "        - tool_calls: [{ name: calculator, arguments: { expression: \"1 + 1\" } }]\n";
     let (report, events) = run_agent(dir.path(), &spec(&same.repeat(6), CALCULATE)).await;
     let answer = &report.steps["answer"];
-    assert_eq!(answer.status, StepStatus::Failed);
+    assert_eq!(answer.status, StepStatus::Stuck);
     let error = answer.error.as_deref().unwrap_or_default();
     assert!(
-        error.starts_with("stuck: the agent called `calculator` with the same arguments 4 times"),
+        error.starts_with("the agent called `calculator` with the same arguments 4 times"),
         "{error}"
+    );
+    assert_eq!(
+        report.status,
+        run::RunStatus::Failed,
+        "a stuck step fails the run"
     );
     assert!(
         events.iter().any(|e| matches!(e, RunEvent::AgentObservation { text, .. } if text.contains("already made this exact call"))),
@@ -133,10 +138,10 @@ async fn the_iteration_limit_asks_for_a_best_answer_and_says_incomplete() {
     let step = "  - id: answer\n    goal: calculate 20% of 50\n    tools: [calculator]\n    max_iterations: 2\n";
     let (report, _) = run_agent(dir.path(), &spec(turns, step)).await;
     let answer = &report.steps["answer"];
-    assert_eq!(answer.status, StepStatus::Failed);
+    assert_eq!(answer.status, StepStatus::Incomplete);
     assert_eq!(
         answer.error.as_deref(),
-        Some("incomplete: no final answer within 2 iterations; best answer: probably 10")
+        Some("no final answer within 2 iterations; best answer: probably 10")
     );
     assert_eq!(answer.llm.as_ref().map(|l| l.calls), Some(3));
 }

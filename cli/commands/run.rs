@@ -469,6 +469,8 @@ fn summary(report: &RunReport, resumable: bool) -> String {
         StepStatus::Succeeded,
         StepStatus::Failed,
         StepStatus::TimedOut,
+        StepStatus::Stuck,
+        StepStatus::Incomplete,
         StepStatus::Skipped,
         StepStatus::Cancelled,
     ] {

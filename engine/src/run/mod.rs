@@ -197,6 +197,10 @@ pub enum StepStatus {
     TimedOut,
     Skipped,
     Cancelled,
+    /// An agent kept making the same call.
+    Stuck,
+    /// An agent gave no final answer within its iterations.
+    Incomplete,
 }
 
 impl StepStatus {
@@ -207,7 +211,17 @@ impl StepStatus {
             StepStatus::TimedOut => "timed_out",
             StepStatus::Skipped => "skipped",
             StepStatus::Cancelled => "cancelled",
+            StepStatus::Stuck => "stuck",
+            StepStatus::Incomplete => "incomplete",
         }
+    }
+
+    /// Whether the step failed to do its job (and fails the run unless `on_error: continue`).
+    pub fn is_failure(self) -> bool {
+        matches!(
+            self,
+            StepStatus::Failed | StepStatus::TimedOut | StepStatus::Stuck | StepStatus::Incomplete
+        )
     }
 }
 

@@ -351,7 +351,7 @@ fn first_failure(steps: &[Step], status: impl Fn(usize) -> StepStatus) -> Option
             .on_error
             .as_ref()
             .is_some_and(|o| o.value == OnError::Continue);
-        matches!(status(i), StepStatus::Failed | StepStatus::TimedOut) && !continues
+        status(i).is_failure() && !continues
     })
 }
 

@@ -20,7 +20,7 @@ use crate::llm::pricing;
 use crate::llm::{ChatRequest, FinishReason, Message, Part, ToolChoice, ToolResult, ToolSpec};
 use crate::run::render::to_text;
 use crate::run::tools::{self, ToolOutput};
-use crate::run::{LlmUsage, RunEvent};
+use crate::run::{LlmUsage, RunEvent, StepStatus};
 use crate::spec::{AgentDef, Body, Spec};
 use crate::tools::builtin;
 
@@ -344,10 +344,13 @@ pub(super) async fn run(
                 *n
             };
             if repeats > REPEAT_LIMIT {
-                return Err(Failure::fixed(format!(
-                    "stuck: the agent called `{}` with the same arguments {repeats} times",
-                    call.name
-                ))
+                return Err(Failure {
+                    status: StepStatus::Stuck,
+                    ..Failure::fixed(format!(
+                        "the agent called `{}` with the same arguments {repeats} times",
+                        call.name
+                    ))
+                }
                 .with_llm(usage));
             }
             shared.emit(RunEvent::AgentAction {
@@ -418,9 +421,12 @@ pub(super) async fn run(
     request.tool_choice = ToolChoice::None;
     let response = complete(shared, label, &configured, &request, &mut usage).await?;
     let best: String = response.text().chars().take(500).collect();
-    Err(Failure::fixed(format!(
-        "incomplete: no final answer within {max_iterations} iterations; best answer: {best}"
-    ))
+    Err(Failure {
+        status: StepStatus::Incomplete,
+        ..Failure::fixed(format!(
+            "no final answer within {max_iterations} iterations; best answer: {best}"
+        ))
+    }
     .with_llm(usage))
 }
 
