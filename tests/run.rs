@@ -524,7 +524,16 @@ fn runnable_bundled_workflows_succeed() {
             code,
             stdout,
             stderr,
-        } = archon(dir.path(), &["run", &name]);
+        } = {
+            // A workflow with a recorded cassette next to it replays its LLM calls, offline.
+            let cassette = path.with_extension("cassette");
+            if cassette.exists() {
+                let cassette = cassette.to_string_lossy().into_owned();
+                archon(dir.path(), &["run", &name, "--replay", &cassette])
+            } else {
+                archon(dir.path(), &["run", &name])
+            }
+        };
         assert_eq!(code, 0, "{name}:\n{stdout}\n{stderr}");
         ran.push(name);
     }
@@ -537,6 +546,7 @@ fn runnable_bundled_workflows_succeed() {
         "word-stats.yaml",
         "retry-fallback.yaml",
         "agent-calculator.yaml",
+        "agent-notes.yaml",
     ] {
         assert!(
             ran.iter().any(|r| r == expected),
