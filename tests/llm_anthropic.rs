@@ -15,18 +15,9 @@ use serde_json::{Value as Json, json};
 use wiremock::matchers::{header, method, path};
 use wiremock::{Mock, MockServer, Request, Respond, ResponseTemplate};
 
-const KEY: &str = "sk-ant-api03-secret-key";
+use crate::support::llm_settings;
 
-fn settings() -> Settings {
-    Settings {
-        timeout: Duration::from_millis(500),
-        retries: 2,
-        base_delay: Duration::from_millis(10),
-        max_delay: Duration::from_millis(50),
-        max_retry_after: Duration::from_secs(5),
-        ..Settings::default()
-    }
-}
+const KEY: &str = "sk-ant-api03-secret-key";
 
 fn provider(server: &MockServer, settings: Settings) -> Anthropic {
     Anthropic::new("claude", server.uri(), Some(ApiKey::new(KEY)), settings).expect("provider")
@@ -129,7 +120,7 @@ async fn sent(server: &MockServer, index: usize) -> Json {
 #[tokio::test]
 async fn plain_text_with_usage() {
     let server = sequence(vec![ok()]).await;
-    let response = provider(&server, settings())
+    let response = provider(&server, llm_settings())
         .complete(&request())
         .await
         .expect("answer");
@@ -183,7 +174,7 @@ async fn one_tool_call() {
     );
     // No `request-id` header: the message id stands in.
     let server = sequence(vec![ResponseTemplate::new(200).set_body_json(body)]).await;
-    let response = provider(&server, settings())
+    let response = provider(&server, llm_settings())
         .complete(&request())
         .await
         .expect("answer");
@@ -220,7 +211,7 @@ async fn several_tool_calls_and_the_follow_up_request() {
         ok(),
     ])
     .await;
-    let claude = provider(&server, settings());
+    let claude = provider(&server, llm_settings());
     let response = claude.complete(&request()).await.expect("answer");
     let calls: Vec<_> = response.tool_calls().collect();
     assert_eq!(calls.len(), 2);
@@ -304,7 +295,7 @@ async fn thinking_blocks_round_trip_unchanged() {
         ok(),
     ])
     .await;
-    let claude = provider(&server, settings());
+    let claude = provider(&server, llm_settings());
     let response = claude.complete(&request()).await.expect("answer");
     assert_eq!(
         response.message.parts[..2],
@@ -356,7 +347,7 @@ async fn structured_output_goes_through_a_forced_output_tool() {
     let mut structured = request();
     structured.tools.clear();
     structured.output_schema = Some(schema.clone());
-    let response = provider(&server, settings())
+    let response = provider(&server, llm_settings())
         .complete(&structured)
         .await
         .expect("answer");
@@ -412,7 +403,7 @@ async fn missing_usage_and_stop_reason() {
         "content": [{ "type": "text", "text": "Hi" }]
     }))])
     .await;
-    let response = provider(&server, settings())
+    let response = provider(&server, llm_settings())
         .complete(&request())
         .await
         .expect("answer");
@@ -557,7 +548,7 @@ async fn client_errors_are_not_retried_and_never_show_the_key() {
         (401, "authentication_error", "invalid x-api-key"),
     ] {
         let server = sequence(vec![error(status, kind, message), ok()]).await;
-        let err = provider(&server, settings())
+        let err = provider(&server, llm_settings())
             .complete(&request())
             .await
             .expect_err("fails");
@@ -586,7 +577,7 @@ async fn rate_limits_honour_retry_after() {
     ])
     .await;
     let started = Instant::now();
-    let response = provider(&server, settings())
+    let response = provider(&server, llm_settings())
         .complete(&request())
         .await
         .expect("answer after a retry");
@@ -604,7 +595,7 @@ async fn server_errors_and_overload_are_retried() {
         (529, "overloaded_error", "Overloaded"),
     ] {
         let server = sequence(vec![error(status, kind, message), ok()]).await;
-        let response = provider(&server, settings())
+        let response = provider(&server, llm_settings())
             .complete(&request())
             .await
             .expect("answer after a retry");
@@ -614,7 +605,7 @@ async fn server_errors_and_overload_are_retried() {
 
     // Retries are bounded: the first attempt and `retries` more.
     let server = sequence(vec![error(529, "overloaded_error", "Overloaded")]).await;
-    let err = provider(&server, settings())
+    let err = provider(&server, llm_settings())
         .complete(&request())
         .await
         .expect_err("gives up");
@@ -629,7 +620,7 @@ async fn a_malformed_body_is_an_error() {
         ResponseTemplate::new(200).set_body_string("<html><body>Bad Gateway</body></html>"),
     ])
     .await;
-    let err = provider(&server, settings())
+    let err = provider(&server, llm_settings())
         .complete(&request())
         .await
         .expect_err("malformed");
@@ -653,7 +644,7 @@ async fn a_slow_answer_times_out_and_is_retried() {
         &server,
         Settings {
             retries: 1,
-            ..settings()
+            ..llm_settings()
         },
     )
     .complete(&request())
@@ -708,7 +699,7 @@ async fn a_truncated_body_is_an_error_and_retried() {
         "claude",
         format!("http://127.0.0.1:{port}/"),
         None,
-        settings(),
+        llm_settings(),
     )
     .expect("provider");
     let err = claude.complete(&request()).await.expect_err("truncated");

@@ -13,21 +13,19 @@ use serde_json::{Value as Json, json};
 use wiremock::matchers::{header, method, path};
 use wiremock::{Mock, MockServer, Request, Respond, ResponseTemplate};
 
+use crate::support::llm_settings;
+
 const KEY: &str = "AIzaSy-secret-test-key";
 const ENDPOINT: &str = "/v1beta/models/gemini-test:generateContent";
 
-fn settings() -> Settings {
-    Settings {
-        timeout: Duration::from_millis(500),
-        retries: 2,
-        base_delay: Duration::from_millis(10),
-        max_delay: Duration::from_millis(50),
-        ..Settings::default()
-    }
-}
-
 fn provider(server: &MockServer) -> Gemini {
-    Gemini::new("google", server.uri(), Some(ApiKey::new(KEY)), settings()).expect("provider")
+    Gemini::new(
+        "google",
+        server.uri(),
+        Some(ApiKey::new(KEY)),
+        llm_settings(),
+    )
+    .expect("provider")
 }
 
 fn weather_tool() -> ToolSpec {
@@ -827,7 +825,8 @@ async fn client_errors_are_not_retried_and_never_show_the_key() {
             "Method doesn't allow unregistered callers (callers without established identity).",
         ),
     ] {
-        let (server, gemini) = sequence(vec![error(code, status, message), ok()], settings()).await;
+        let (server, gemini) =
+            sequence(vec![error(code, status, message), ok()], llm_settings()).await;
         let err = gemini.complete(&request()).await.expect_err("fails");
         assert_eq!(requests(&server).await, 1, "{code} is not retried");
         assert_eq!(err.status, Some(code));
@@ -852,7 +851,7 @@ async fn rate_limits_wait_for_retry_after() {
             .insert_header("retry-after", "1"),
             ok(),
         ],
-        settings(),
+        llm_settings(),
     )
     .await;
     let started = Instant::now();
@@ -879,7 +878,8 @@ async fn server_errors_are_retried() {
             "The model is overloaded. Please try again later.",
         ),
     ] {
-        let (server, gemini) = sequence(vec![error(code, status, message), ok()], settings()).await;
+        let (server, gemini) =
+            sequence(vec![error(code, status, message), ok()], llm_settings()).await;
         let response = gemini
             .complete(&request())
             .await
@@ -891,7 +891,7 @@ async fn server_errors_are_retried() {
     // Retries are bounded: the first attempt and `retries` more.
     let (server, gemini) = sequence(
         vec![error(503, "UNAVAILABLE", "The model is overloaded.")],
-        settings(),
+        llm_settings(),
     )
     .await;
     let err = gemini.complete(&request()).await.expect_err("gives up");
@@ -906,7 +906,7 @@ async fn server_errors_are_retried() {
 async fn malformed_json_is_a_clear_error() {
     let (_server, gemini) = sequence(
         vec![ResponseTemplate::new(200).set_body_string("{\"candidates\": [{\"content\": oops")],
-        settings(),
+        llm_settings(),
     )
     .await;
     let err = gemini.complete(&request()).await.expect_err("malformed");
@@ -921,7 +921,7 @@ async fn malformed_json_is_a_clear_error() {
         vec![
             ResponseTemplate::new(200).set_body_json(json!({ "modelVersion": "gemini-test-001" })),
         ],
-        settings(),
+        llm_settings(),
     )
     .await;
     let err = gemini
@@ -938,7 +938,7 @@ async fn malformed_json_is_a_clear_error() {
 async fn a_slow_answer_times_out() {
     let settings = Settings {
         retries: 1,
-        ..settings()
+        ..llm_settings()
     };
     let (server, gemini) = sequence(vec![ok().set_delay(Duration::from_secs(2))], settings).await;
     let err = gemini.complete(&request()).await.expect_err("times out");
@@ -975,7 +975,7 @@ async fn a_truncated_body_is_an_error() {
         "google",
         format!("http://127.0.0.1:{port}"),
         Some(ApiKey::new(KEY)),
-        settings(),
+        llm_settings(),
     )
     .expect("provider");
     let err = gemini.complete(&request()).await.expect_err("truncated");

@@ -12,22 +12,14 @@ use serde_json::{Value as Json, json};
 use wiremock::matchers::{header, method, path};
 use wiremock::{Mock, MockServer, Request, Respond, ResponseTemplate};
 
-fn settings() -> Settings {
-    Settings {
-        timeout: Duration::from_millis(500),
-        retries: 2,
-        base_delay: Duration::from_millis(10),
-        max_delay: Duration::from_millis(50),
-        ..Settings::default()
-    }
-}
+use crate::support::llm_settings;
 
 fn provider(server: &MockServer) -> OpenAi {
     OpenAi::new(
         "local",
         format!("{}/v1", server.uri()),
         Some(ApiKey::new("sk-secret-key")),
-        settings(),
+        llm_settings(),
     )
     .expect("provider")
 }
@@ -412,7 +404,7 @@ fn a_truncated_body_is_an_error() {
         "local",
         format!("http://127.0.0.1:{port}/v1"),
         None,
-        settings(),
+        llm_settings(),
     )
     .expect("provider");
     let err = runtime

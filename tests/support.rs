@@ -2,6 +2,9 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::time::Duration;
+
+use archon_engine::llm::client::Settings;
 
 /// What a run of `archon` printed and how it exited.
 pub struct Output {
@@ -46,4 +49,17 @@ pub fn spec_files(dir: &Path) -> Vec<PathBuf> {
         .collect();
     files.sort();
     files
+}
+
+/// Provider settings for tests against a local server: short timeout, two quick retries, and `Retry-After`
+/// honoured up to 5 s.
+pub fn llm_settings() -> Settings {
+    Settings {
+        timeout: Duration::from_millis(500),
+        retries: 2,
+        base_delay: Duration::from_millis(10),
+        max_delay: Duration::from_millis(50),
+        max_retry_after: Duration::from_secs(5),
+        ..Settings::default()
+    }
 }
