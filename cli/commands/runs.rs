@@ -264,7 +264,13 @@ fn continue_run(
         Err(e) => return Ok(store_error(&e)),
     };
     let outcome = prepare(&*store, id, from, options, color);
-    let (workflow, stored, prior, rerun) = match outcome {
+    let Prepared {
+        workflow,
+        stored,
+        prior,
+        rerun,
+        in_doubt,
+    } = match outcome {
         Ok(prepared) => prepared,
         Err(status) => {
             if let Err(e) = store.release(id, previous) {
@@ -285,7 +291,7 @@ fn continue_run(
         return Ok(store_error(&e));
     }
     // A command that outlived the crashed process would race its own rerun: stop it first.
-    for d in resume::in_doubt(&workflow, &stored) {
+    for d in in_doubt {
         if let Some(pgid) = d.leftover {
             archon_engine::store::kill_group(pgid);
             output::stderr(&format!(
@@ -310,12 +316,16 @@ fn continue_run(
     })
 }
 
-type Prepared = (
-    Workflow,
-    StoredRun,
-    HashMap<String, archon_engine::run::StepResult>,
-    Vec<String>,
-);
+/// What a claimed run continues with.
+struct Prepared {
+    workflow: Workflow,
+    stored: StoredRun,
+    /// Results to reuse, by step or `step[i]`.
+    prior: HashMap<String, archon_engine::run::StepResult>,
+    /// Steps to run again whatever they recorded.
+    rerun: Vec<String>,
+    in_doubt: Vec<resume::InDoubt>,
+}
 
 /// Everything a claimed run needs to continue, or the refusal (already shown).
 fn prepare(
@@ -415,7 +425,13 @@ fn prepare(
         .filter(|(name, _)| !rerun.iter().any(|r| r == resume::step_of(name)))
         .map(|(name, result)| (name.clone(), result.clone()))
         .collect();
-    Ok((workflow, stored, prior, rerun))
+    Ok(Prepared {
+        workflow,
+        stored,
+        prior,
+        rerun,
+        in_doubt,
+    })
 }
 
 /// The spec as it is now on disk, validated.
