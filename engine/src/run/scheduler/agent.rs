@@ -110,42 +110,7 @@ pub(super) async fn run(
     ctx: &Value,
 ) -> Result<Called, Failure> {
     let spec: &Spec = &shared.workflow.spec;
-    let agent: Option<&AgentDef> = body
-        .agent
-        .map(|a| a.value.as_str())
-        .or_else(|| {
-            spec.defaults
-                .as_ref()
-                .and_then(|d| d.agent.as_ref())
-                .map(|a| a.value.as_str())
-        })
-        .and_then(|name| spec.agents.get(name));
-    let provider_name = body
-        .provider
-        .map(|p| p.value.clone())
-        .or_else(|| {
-            agent
-                .and_then(|a| a.provider.as_ref())
-                .map(|p| p.value.clone())
-        })
-        .or_else(|| {
-            spec.llm
-                .as_ref()
-                .and_then(|l| l.default.as_ref())
-                .map(|d| d.value.clone())
-        })
-        .or_else(|| {
-            spec.llm
-                .as_ref()
-                .and_then(|l| l.providers.keys().next())
-                .map(|k| k.value.clone())
-        })
-        .ok_or_else(|| {
-            Failure::fixed(
-                "no LLM provider is configured: add one under `llm.providers`".to_owned(),
-            )
-        })?;
-    let configured = shared.llm.provider(shared, &provider_name)?;
+    let (agent, provider_name, configured) = chosen(shared, body)?;
     let max_iterations = body
         .max_iterations
         .map(|m| m.value)
@@ -430,8 +395,54 @@ pub(super) async fn run(
     .with_llm(usage))
 }
 
+/// The step's agent role (its own, or `defaults.agent`), provider name and built provider: the step's
+/// `provider`, the agent's, `llm.default`, or the only (first) one declared.
+pub(super) fn chosen<'s>(
+    shared: &'s Shared,
+    body: Body<'s>,
+) -> Result<(Option<&'s AgentDef>, String, Arc<Configured>), Failure> {
+    let spec: &Spec = &shared.workflow.spec;
+    let agent: Option<&AgentDef> = body
+        .agent
+        .map(|a| a.value.as_str())
+        .or_else(|| {
+            spec.defaults
+                .as_ref()
+                .and_then(|d| d.agent.as_ref())
+                .map(|a| a.value.as_str())
+        })
+        .and_then(|name| spec.agents.get(name));
+    let provider_name = body
+        .provider
+        .map(|p| p.value.clone())
+        .or_else(|| {
+            agent
+                .and_then(|a| a.provider.as_ref())
+                .map(|p| p.value.clone())
+        })
+        .or_else(|| {
+            spec.llm
+                .as_ref()
+                .and_then(|l| l.default.as_ref())
+                .map(|d| d.value.clone())
+        })
+        .or_else(|| {
+            spec.llm
+                .as_ref()
+                .and_then(|l| l.providers.keys().next())
+                .map(|k| k.value.clone())
+        })
+        .ok_or_else(|| {
+            Failure::fixed(
+                "no LLM provider is configured: add one under `llm.providers`".to_owned(),
+            )
+        })?;
+    let configured = shared.llm.provider(shared, &provider_name)?;
+    Ok((agent, provider_name, configured))
+}
+
 /// One model call, within the run's budget, counted and reported.
-async fn complete(
+pub(super) async fn complete(
     shared: &Shared,
     label: &str,
     configured: &Configured,
