@@ -11,7 +11,7 @@ use tempfile::TempDir;
 use tokio_util::sync::CancellationToken;
 
 /// Runs `yaml` (validated from a file in `dir`) and returns the report and its events.
-async fn run_agent(dir: &Path, yaml: &str) -> (RunReport, Vec<RunEvent>) {
+pub(crate) async fn run_agent(dir: &Path, yaml: &str) -> (RunReport, Vec<RunEvent>) {
     std::fs::write(dir.join("agent.yaml"), yaml).expect("write");
     let validation = archon_engine::validate_file(&dir.join("agent.yaml"));
     assert!(!validation.has_errors(), "{:?}", validation.diagnostics);

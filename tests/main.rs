@@ -10,6 +10,7 @@ mod llm_gemini;
 mod llm_openai;
 mod nested;
 mod plan;
+mod planner;
 mod properties;
 mod run;
 mod schema;

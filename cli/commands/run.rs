@@ -337,7 +337,11 @@ impl Display {
                         }
                     }
                     RunEvent::StepSkipped { .. } => live.skipped += 1,
-                    RunEvent::AgentAction { .. } => text.push_str(&event_line(event)),
+                    RunEvent::AgentAction { .. }
+                    | RunEvent::PlanAccepted { .. }
+                    | RunEvent::PlanRejected { .. }
+                    | RunEvent::PlanRevising { .. } => text.push_str(&event_line(event)),
+                    RunEvent::PlanProposed { .. } => {}
                     RunEvent::LlmCall { .. }
                     | RunEvent::AgentThought { .. }
                     | RunEvent::AgentObservation { .. } => {}
@@ -448,6 +452,25 @@ fn event_line(event: &RunEvent) -> String {
         } => format!("observed  {step}: {tool} -> {}\n", one_line(text)),
         RunEvent::StepReused { step, status } => {
             format!("reused    {step} ({} earlier)\n", status.as_str())
+        }
+        RunEvent::PlanProposed { step, text, .. } => {
+            format!("proposed  {step}: {}\n", one_line(text))
+        }
+        RunEvent::PlanRejected { step, problems, .. } => {
+            format!("rejected  {step}: {}\n", one_line(&problems.join("; ")))
+        }
+        RunEvent::PlanAccepted {
+            step, steps, kept, ..
+        } => {
+            let kept = if kept.is_empty() {
+                String::new()
+            } else {
+                format!(" (kept {})", kept.join(", "))
+            };
+            format!("planned   {step}: {}{kept}\n", steps.join(", "))
+        }
+        RunEvent::PlanRevising { step, reason, .. } => {
+            format!("replan    {step}: {}\n", one_line(reason))
         }
     }
 }

@@ -136,4 +136,5 @@ pub mod codes {
     pub const MISSING_INPUT: &str = "archon::missing_input";
     pub const INEFFECTIVE_FIELD: &str = "archon::ineffective_field";
     pub const EMPTY_WORKFLOW: &str = "archon::empty_workflow";
+    pub const PLAN_NOT_ALLOWED: &str = "archon::plan_not_allowed";
 }

@@ -10,6 +10,8 @@ use crate::spec::Spec;
 #[derive(Debug, Clone)]
 pub struct Workflow {
     pub name: String,
+    /// The spec file it was read from (for a plan, the path the plan is read as, beside its workflow).
+    pub path: std::path::PathBuf,
     pub spec: Arc<Spec>,
     /// For each step (by index in `spec.steps`), the indexes of the steps it depends on.
     pub dependencies: Vec<Vec<usize>>,

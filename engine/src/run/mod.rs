@@ -148,6 +148,35 @@ pub enum RunEvent {
         text: String,
         error: bool,
     },
+    /// The planner's model proposed a plan (its text, cut when long). `replan` counts the revisions
+    /// before it (0 for the first plan); `attempt` counts the proposals for the same revision.
+    PlanProposed {
+        step: String,
+        replan: u32,
+        attempt: u32,
+        text: String,
+    },
+    /// The validator rejected a proposed plan; the problems go back to the model.
+    PlanRejected {
+        step: String,
+        replan: u32,
+        attempt: u32,
+        problems: Vec<String>,
+    },
+    /// A plan passed the validator and its steps are scheduled. `kept` are steps of the previous plan
+    /// whose results are reused.
+    PlanAccepted {
+        step: String,
+        replan: u32,
+        steps: Vec<String>,
+        kept: Vec<String>,
+    },
+    /// A planned step failed after its retries: the planner revises the rest of the plan.
+    PlanRevising {
+        step: String,
+        replan: u32,
+        reason: String,
+    },
 }
 
 /// What LLM calls used: per step, and for the whole run.
@@ -253,6 +282,10 @@ pub struct StepResult {
     /// only for the same item.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub item: Option<String>,
+    /// For a planner step: the plan whose steps ran (the last revision), as a document of `steps` and
+    /// `outputs` in the spec's format.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub plan: Option<Box<Json>>,
 }
 
 impl StepResult {
@@ -270,6 +303,7 @@ impl StepResult {
             steps: IndexMap::new(),
             llm: None,
             item: None,
+            plan: None,
         }
     }
 }
@@ -408,33 +442,24 @@ impl Walk {
             self.sub_workflow(workflow, &path.value, step);
             return;
         }
-        let plans = workflow
-            .spec
-            .defaults
-            .as_ref()
-            .and_then(|d| d.unspecified.as_ref())
-            .is_some_and(|u| u.value == crate::spec::Unspecified::Plan);
-        if body.goal.is_some() || (body.plan.is_none() && !plans) {
-            let agent = body
-                .agent
-                .or_else(|| {
-                    workflow
-                        .spec
-                        .defaults
-                        .as_ref()
-                        .and_then(|d| d.agent.as_ref())
-                })
-                .and_then(|a| workflow.spec.agents.get(a.value.as_str()));
-            if let Some(agent) = agent {
-                if !agent.delegates.is_empty() {
-                    refuse("agent delegation (`delegates`) cannot run yet".to_owned());
-                } else if agent.memory == Some(true) {
-                    refuse("agent memory (`memory: true`) cannot run yet".to_owned());
-                }
+        // An agent or planner step: its agent role must be one this version can play.
+        let agent = body
+            .agent
+            .or_else(|| {
+                workflow
+                    .spec
+                    .defaults
+                    .as_ref()
+                    .and_then(|d| d.agent.as_ref())
+            })
+            .and_then(|a| workflow.spec.agents.get(a.value.as_str()));
+        if let Some(agent) = agent {
+            if !agent.delegates.is_empty() {
+                refuse("agent delegation (`delegates`) cannot run yet".to_owned());
+            } else if agent.memory == Some(true) {
+                refuse("agent memory (`memory: true`) cannot run yet".to_owned());
             }
-            return;
         }
-        refuse("planner steps (`plan`, or unspecified steps with `defaults.unspecified: plan`) cannot run yet".to_owned());
     }
 
     fn sub_workflow(&mut self, workflow: &Workflow, path: &str, step: &str) {

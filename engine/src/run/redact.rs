@@ -103,6 +103,9 @@ impl Redactor {
         self.map(&mut result.outputs);
         self.option(&mut result.error);
         result.steps.values_mut().for_each(|r| self.result(r));
+        if let Some(plan) = &mut result.plan {
+            self.json(plan);
+        }
     }
 
     pub fn event(&self, event: &mut RunEvent) {
@@ -117,7 +120,13 @@ impl Redactor {
                 self.string(text);
             }
             RunEvent::AgentAction { arguments, .. } => self.json(arguments),
+            RunEvent::PlanProposed { text, .. } => self.string(text),
+            RunEvent::PlanRejected { problems, .. } => {
+                problems.iter_mut().for_each(|p| self.string(p))
+            }
+            RunEvent::PlanRevising { reason, .. } => self.string(reason),
             RunEvent::StepStarted { .. }
+            | RunEvent::PlanAccepted { .. }
             | RunEvent::StepReused { .. }
             | RunEvent::LlmCall { .. } => {}
         }

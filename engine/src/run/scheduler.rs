@@ -2,8 +2,9 @@
 //! steps are running; a `JoinSet` holds the running steps and a `CancellationToken` stops them all.
 
 mod agent;
+mod planner;
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -52,6 +53,10 @@ struct Shared {
     redactor: Arc<Redactor>,
     /// The workflow's LLM providers and the run's LLM usage.
     llm: Arc<agent::LlmContext>,
+    /// The steps were written by the LLM planner: their templates see neither `env` nor `secrets`.
+    planned: bool,
+    /// Results of planned steps that a revised plan keeps, by step id.
+    kept: Arc<HashMap<String, StepResult>>,
 }
 
 /// Results of finished steps as templates see them, by step id.
@@ -100,12 +105,13 @@ impl Shared {
             })
     }
 
-    /// The result an earlier process recorded for a step or item of the run's own steps.
+    /// The result an earlier process recorded for a step or item of the run's own steps, or, in a
+    /// revised plan, the result of a step it keeps.
     fn prior(&self, name: &str) -> Option<&StepResult> {
         if self.depth == 0 {
             self.options.prior.get(name)
         } else {
-            None
+            self.kept.get(name)
         }
     }
 
@@ -138,10 +144,28 @@ impl Shared {
     }
     /// The template context of a step: inputs, env, run, the results of the steps it depends on, secrets
     /// where allowed, and `extra` names (`item`, `index`, a tool's arguments).
+    ///
+    /// Planned steps were written by a model: their templates see neither `env` nor `secrets`.
     fn context(&self, steps: &Steps, with_secrets: bool, extra: &[(&str, Value)]) -> Value {
+        self.context_of(steps, with_secrets && !self.planned, !self.planned, extra)
+    }
+
+    /// The context of a declared tool's own templates, which the spec's author wrote.
+    fn tool_definition_context(&self, extra: &[(&str, Value)]) -> Value {
+        self.context_of(&Steps::new(), true, true, extra)
+    }
+
+    fn context_of(
+        &self,
+        steps: &Steps,
+        with_secrets: bool,
+        with_env: bool,
+        extra: &[(&str, Value)],
+    ) -> Value {
         let mut ctx: BTreeMap<&str, Value> = self
             .base
             .iter()
+            .filter(|(k, _)| with_env || k != "env")
             .map(|(k, v)| (k.as_str(), v.clone()))
             .collect();
         ctx.insert("steps", Value::from(steps.clone()));
@@ -265,6 +289,8 @@ fn run_workflow(
             secrets: json_value(&Json::Object(secrets)),
             depth,
             prefix,
+            planned: false,
+            kept: Arc::default(),
         });
         let views = schedule(&shared).await;
 
@@ -400,7 +426,7 @@ async fn schedule(shared: &Arc<Shared>) -> Vec<Arc<StepView>> {
     let mut startable: VecDeque<usize> = VecDeque::new();
     let limit = shared.options.max_parallel.max(1);
     let mut running = JoinSet::new();
-    let mut task_step = std::collections::HashMap::new();
+    let mut task_step = HashMap::new();
     let mut cancelled = false;
 
     let finish = |i: usize,
@@ -440,7 +466,7 @@ async fn schedule(shared: &Arc<Shared>) -> Vec<Arc<StepView>> {
             }
             if let Some(prior) = shared.prior(&step.id.value) {
                 shared.emit(RunEvent::StepReused {
-                    step: step.id.value.clone(),
+                    step: shared.label(&step.id.value),
                     status: prior.status,
                 });
                 finish(i, prior.clone(), &mut views, &mut waiting, &mut ready);
@@ -694,6 +720,7 @@ async fn foreach(shared: &Arc<Shared>, index: usize, expr: &str, steps: &Steps) 
             },
         ),
         item: None,
+        plan: None,
     }
 }
 
@@ -731,6 +758,8 @@ struct Called {
     steps: IndexMap<String, StepResult>,
     /// What an agent step's LLM calls used.
     llm: Option<LlmUsage>,
+    /// For a planner step, the plan whose steps ran.
+    plan: Option<Box<Json>>,
 }
 
 impl From<ToolOutput> for Called {
@@ -739,6 +768,7 @@ impl From<ToolOutput> for Called {
             output,
             steps: IndexMap::new(),
             llm: None,
+            plan: None,
         }
     }
 }
@@ -773,7 +803,15 @@ async fn attempt_all(
         (outcome, _) => outcome.map(|o| (o, false)),
     };
     match outcome {
-        Ok((Called { output, steps, llm }, fallback)) => StepResult {
+        Ok((
+            Called {
+                output,
+                steps,
+                llm,
+                plan,
+            },
+            fallback,
+        )) => StepResult {
             status: StepStatus::Succeeded,
             text: if output.text.is_empty() {
                 to_text(&output.output)
@@ -790,6 +828,7 @@ async fn attempt_all(
             steps,
             llm,
             item: None,
+            plan,
         },
         Err(failure) => StepResult {
             exit_code: failure.exit_code,
@@ -972,16 +1011,22 @@ async fn call_body(
     }
     let Some(tool) = body.tool else {
         // An agent: the goal, or the description of a step left unspecified.
-        let goal = match (body.goal, body.plan, body.description) {
-            (Some(goal), _, _) => goal,
-            (None, None, Some(description)) if !unspecified_plans(shared) => description,
-            _ => return Err(Failure::fixed("this step kind cannot run yet".to_owned())),
+        let (goal, plans) = match (body.goal, body.plan, body.description) {
+            (Some(goal), _, _) => (goal, false),
+            (None, Some(plan), _) => (plan, true),
+            (None, None, Some(description)) => (description, unspecified_plans(shared)),
+            (None, None, None) => {
+                return Err(Failure::fixed("the step says nothing to do".to_owned()));
+            }
         };
-        let goal = shared
-            .renderer
-            .text(&goal.value, ctx)
-            .map_err(|e| Failure::fixed(format!("`goal`: {e}")))?;
-        return agent::run(shared, label, body, goal, ctx).await;
+        let goal = shared.renderer.text(&goal.value, ctx).map_err(|e| {
+            Failure::fixed(format!("`{}`: {e}", if plans { "plan" } else { "goal" }))
+        })?;
+        return if plans {
+            planner::run(shared, label, body, goal, ctx).await
+        } else {
+            agent::run(shared, label, body, goal, ctx).await
+        };
     };
     match shared.workflow.spec.tools.get(tool.value.as_str()) {
         None => tools::call(
@@ -1042,7 +1087,7 @@ async fn call_declared(
         _ => Vec::new(),
     };
     extra.push(("args", json_value(&args)));
-    let tool_ctx = shared.context(&Steps::new(), true, &extra);
+    let tool_ctx = shared.tool_definition_context(&extra);
     let text = |t: &crate::spec::Template| {
         shared
             .renderer
@@ -1171,6 +1216,8 @@ fn call_composite<'a>(
             prefix: format!("{label}/"),
             redactor: shared.redactor.clone(),
             llm: shared.llm.clone(),
+            planned: false,
+            kept: Arc::default(),
         });
         let views = schedule(&inner).await;
         let steps = inner.steps();
@@ -1230,6 +1277,7 @@ fn call_composite<'a>(
             },
             steps: results,
             llm: None,
+            plan: None,
         })
     })
 }
@@ -1283,6 +1331,7 @@ fn call_workflow<'a>(
                     },
                     steps: report.steps,
                     llm: None,
+                    plan: None,
                 })
             }
             RunStatus::Cancelled => Err(Failure {

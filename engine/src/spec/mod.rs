@@ -680,6 +680,10 @@ pub struct Defaults {
     /// The agent LLM steps run as unless they name one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub agent: Option<Spanned<String>>,
+    /// How many times in a run the planner may revise a plan after a planned step fails (default 2;
+    /// `0` turns revisions off).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_replans: Option<Spanned<u32>>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]

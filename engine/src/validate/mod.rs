@@ -8,6 +8,7 @@
 mod config;
 mod graph;
 mod patterns;
+mod planned;
 mod refs;
 mod shape;
 mod steps;
@@ -15,6 +16,8 @@ mod structure;
 pub mod suggest;
 pub mod templates;
 mod tools;
+
+pub use planned::{PlanPolicy, problems};
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
@@ -86,6 +89,7 @@ impl Checked {
     fn into_workflow(self, path: &Path, sources: Sources) -> Workflow {
         Workflow {
             name: workflow_name(&self.spec, path),
+            path: path.to_path_buf(),
             spec: Arc::new(self.spec),
             dependencies: self.graph.dependencies,
             order: self.graph.order,
@@ -121,7 +125,7 @@ impl Validator {
     pub fn validate_text(mut self, path: PathBuf, text: String) -> Validation {
         let file = self.sources.add(path, text);
         let mut diagnostics = Vec::new();
-        let spec = self.check_file(&file, &mut diagnostics);
+        let spec = self.check_file(&file, &mut diagnostics, None);
         let workflow = match spec {
             Some(checked) if !diagnostics.iter().any(Diagnostic::is_error) => {
                 Some(checked.into_workflow(&file.path, self.sources.clone()))
@@ -175,10 +179,14 @@ impl Validator {
     }
 
     /// Runs every stage on one file. Returns the spec (and its graph) if it could be built at all.
+    ///
+    /// For a plan written by the LLM planner, `plan` gives the workflow that planned it (whose
+    /// declarations the plan's steps use) and what its steps may do.
     fn check_file(
         &mut self,
         file: &Arc<SourceFile>,
         diagnostics: &mut Vec<Diagnostic>,
+        plan: Option<(&Spec, &PlanPolicy)>,
     ) -> Option<Checked> {
         let (root, parse_diagnostics) = spec::parse(file, &self.limits);
         diagnostics.extend(parse_diagnostics);
@@ -195,6 +203,9 @@ impl Validator {
                 )
                 .with_hint("start with `name:` and `steps:`"),
             );
+            return None;
+        }
+        if plan.is_some() && !planned::only_plan_keys(&root, diagnostics) {
             return None;
         }
         let step_count = count_steps(&root);
@@ -219,7 +230,7 @@ impl Validator {
             .and_then(Node::as_seq)
             .map_or(0, <[Node]>::len);
         let steps_key = root.entry("steps").map(|(k, _)| k.span);
-        let spec: Spec = match spec::from_node(structure::check(&root, diagnostics)?.as_ref()) {
+        let mut spec: Spec = match spec::from_node(structure::check(&root, diagnostics)?.as_ref()) {
             Ok(spec) => spec,
             Err(err) => {
                 diagnostics.push(Diagnostic::error(
@@ -233,6 +244,9 @@ impl Validator {
         // The tree (and its pruned copy, already gone) is as large as the spec: the semantic checks
         // below need neither, and a 10,000-step file would otherwise hold both through them.
         drop(root);
+        if let Some((parent, _)) = plan {
+            planned::adopt(&mut spec, parent);
+        }
         let canonical = canonical(&file.path);
         self.stack.push(canonical);
         let analyzer = self.analyzer.clone();
@@ -248,8 +262,12 @@ impl Validator {
             valid_schemas: std::collections::HashSet::new(),
             composites: BTreeMap::new(),
             subworkflows: BTreeMap::new(),
+            planned: plan.is_some(),
         };
         let graph = checker.check_all(self);
+        if let Some((_, policy)) = plan {
+            checker.check_plan_policy(policy);
+        }
         self.stack.pop();
         diagnostics.append(&mut checker.diagnostics);
         let composites = std::mem::take(&mut checker.composites);
@@ -327,7 +345,7 @@ impl Validator {
         };
         let file = self.sources.add(path, text);
         let mut inner = Vec::new();
-        let spec = self.check_file(&file, &mut inner);
+        let spec = self.check_file(&file, &mut inner, None);
         let valid = !inner.iter().any(Diagnostic::is_error);
         let inputs = spec
             .as_ref()
@@ -381,6 +399,8 @@ pub(crate) struct Checker<'a> {
     pub composites: BTreeMap<String, StepGraph>,
     /// The valid sub-workflows referenced so far, by the path as written.
     pub subworkflows: BTreeMap<String, Arc<Workflow>>,
+    /// The spec is a plan written by the LLM planner: its templates may not read `env` or `secrets`.
+    pub planned: bool,
 }
 
 impl Checker<'_> {

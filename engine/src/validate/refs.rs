@@ -184,6 +184,19 @@ impl Checker<'_> {
     fn reference(&mut self, r: &Reference, scope: &Scope<'_>) -> Option<Dep> {
         let seg = |i: usize| r.segments.get(i).map(String::as_str);
         match r.root() {
+            root @ ("env" | "secrets") if self.planned && r.span.file == self.file.id => {
+                self.push(
+                    Diagnostic::error(
+                        codes::PLAN_NOT_ALLOWED,
+                        r.span,
+                        format!("a planned step cannot read `{root}`"),
+                    )
+                    .with_hint(
+                        "planned steps read `inputs`, `run` and the results of other planned steps",
+                    ),
+                );
+                None
+            }
             root if scope.event => {
                 if !EVENT_ROOTS.contains(&root) {
                     self.unknown_variable(r, scope);

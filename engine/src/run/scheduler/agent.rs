@@ -40,6 +40,8 @@ const SCHEMA_RETRIES: usize = 2;
 pub(crate) struct LlmContext {
     providers: Mutex<HashMap<String, Arc<Configured>>>,
     pub totals: Arc<Mutex<LlmUsage>>,
+    /// Plan revisions made in the run so far (limited by `defaults.max_replans`).
+    pub replans: Arc<std::sync::atomic::AtomicU32>,
 }
 
 impl LlmContext {
@@ -48,6 +50,7 @@ impl LlmContext {
         LlmContext {
             providers: Mutex::new(HashMap::new()),
             totals: self.totals.clone(),
+            replans: self.replans.clone(),
         }
     }
 
@@ -83,10 +86,9 @@ impl LlmContext {
         }
         let dir = shared
             .workflow
-            .sources
-            .iter()
-            .next()
-            .and_then(|f| f.path.parent().map(std::path::Path::to_path_buf))
+            .path
+            .parent()
+            .map(std::path::Path::to_path_buf)
             .unwrap_or_default();
         let mut configured = config::build(name, def, &dir, &shared.options.env)
             .map_err(|e| Failure::fixed(e.message))?;
@@ -605,7 +607,7 @@ async fn observe(
 /// The tools an agent may call: built-ins and declared tools whose names match `patterns` (globs). Tools
 /// that need a person's approval when an LLM chooses them (sensitive ones) are left out, since this version
 /// cannot ask for approval.
-fn offered_tools(spec: &Spec, patterns: &[&str]) -> Vec<ToolSpec> {
+pub(super) fn offered_tools(spec: &Spec, patterns: &[&str]) -> Vec<ToolSpec> {
     let globs: Vec<globset::GlobMatcher> = patterns
         .iter()
         .filter_map(|p| globset::Glob::new(p).ok().map(|g| g.compile_matcher()))
@@ -645,11 +647,12 @@ fn answer(output: Json, usage: LlmUsage) -> Called {
         },
         steps: indexmap::IndexMap::new(),
         llm: Some(usage),
+        plan: None,
     }
 }
 
 /// JSON in an answer: the whole text, or inside a fenced block, or the outermost object or list in prose.
-fn parse_json(text: &str) -> Option<Json> {
+pub(super) fn parse_json(text: &str) -> Option<Json> {
     let trimmed = text.trim();
     if let Ok(value) = serde_json::from_str(trimmed) {
         return Some(value);
@@ -827,7 +830,7 @@ fn canonical(value: &Json) -> String {
     }
 }
 
-fn truncate(text: &str, limit: usize) -> String {
+pub(super) fn truncate(text: &str, limit: usize) -> String {
     if text.chars().count() <= limit {
         return text.to_owned();
     }

@@ -1,0 +1,224 @@
+//! Planner steps against the scripted `mock` provider: plans pass the same validator as a hand-written
+//! spec, rejected plans are corrected, failed planned steps lead to a revised plan.
+
+use archon_engine::run::{RunEvent, StepStatus};
+use serde_json::json;
+use tempfile::TempDir;
+
+use crate::agent::run_agent;
+
+/// A workflow whose step `p` plans `goal` with the tools `tools`, answered by scripted `turns` (YAML
+/// list items, indented by 8).
+fn spec(turns: &str, step: &str) -> String {
+    format!(
+        "name: planner\nllm:\n  providers:\n    scripted:\n      kind: mock\n      turns:\n{turns}\nsteps:\n{step}\n"
+    )
+}
+
+const STEP: &str = "  - id: p\n    plan: work out 20% of 50 and say it\n    tools: [calculator, echo, read_file]\n";
+
+/// A scripted turn answering with `plan` (JSON), when the last user message contains `when`.
+fn turn(when: Option<&str>, plan: &serde_json::Value) -> String {
+    let text = serde_json::to_string(&plan.to_string()).expect("json");
+    match when {
+        Some(when) => format!("        - match: \"{when}\"\n          text: {text}\n"),
+        None => format!("        - text: {text}\n"),
+    }
+}
+
+fn good_plan() -> serde_json::Value {
+    json!({
+        "steps": [
+            { "id": "percent", "tool": "calculator", "with": { "expression": "50 * 20 / 100" } },
+            { "id": "say", "tool": "echo", "with": { "message": "the answer is {{ steps.percent.output }}" } }
+        ],
+        "outputs": { "answer": "{{ steps.say.output.message }}" }
+    })
+}
+
+fn plan_events(events: &[RunEvent]) -> Vec<&RunEvent> {
+    events
+        .iter()
+        .filter(|e| {
+            matches!(
+                e,
+                RunEvent::PlanProposed { .. }
+                    | RunEvent::PlanRejected { .. }
+                    | RunEvent::PlanAccepted { .. }
+                    | RunEvent::PlanRevising { .. }
+            )
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn an_accepted_plan_runs_with_the_scheduler() {
+    let dir = TempDir::new().expect("tempdir");
+    let (report, events) = run_agent(dir.path(), &spec(&turn(None, &good_plan()), STEP)).await;
+    let p = &report.steps["p"];
+    assert_eq!(p.status, StepStatus::Succeeded, "{p:?}");
+    assert_eq!(p.output, json!({ "answer": "the answer is 10" }));
+    let planned: Vec<&str> = p.steps.keys().map(String::as_str).collect();
+    assert_eq!(planned, ["percent", "say"]);
+    assert_eq!(p.steps["percent"].output, json!(10));
+    assert_eq!(p.llm.as_ref().map(|l| l.calls), Some(1));
+    let plan = p.plan.as_ref().expect("the plan is kept");
+    assert_eq!(plan["steps"][0]["id"], "percent");
+    assert!(events.iter().any(|e| matches!(
+        e,
+        RunEvent::PlanAccepted { step, steps, .. } if step == "p" && steps == &["percent", "say"]
+    )));
+    assert!(
+        events
+            .iter()
+            .any(|e| matches!(e, RunEvent::StepFinished { step, .. } if step == "p/say")),
+        "planned steps are named under their planner"
+    );
+}
+
+#[tokio::test]
+async fn a_plan_with_a_cycle_is_rejected_and_the_corrected_plan_runs() {
+    let dir = TempDir::new().expect("tempdir");
+    let cyclic = json!({
+        "steps": [
+            { "id": "a", "tool": "echo", "with": { "x": "{{ steps.b.output }}" } },
+            { "id": "b", "tool": "echo", "with": { "x": "{{ steps.a.output }}" } }
+        ]
+    });
+    let turns = turn(Some("rejected"), &good_plan()) + &turn(None, &cyclic);
+    let (report, events) = run_agent(dir.path(), &spec(&turns, STEP)).await;
+    let p = &report.steps["p"];
+    assert_eq!(p.status, StepStatus::Succeeded, "{p:?}");
+    let rejected: Vec<&Vec<String>> = events
+        .iter()
+        .filter_map(|e| match e {
+            RunEvent::PlanRejected { problems, .. } => Some(problems),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(rejected.len(), 1, "{events:?}");
+    assert!(
+        rejected[0].iter().any(|p| p.contains("cycle")),
+        "the validator's own message: {rejected:?}"
+    );
+    assert_eq!(p.llm.as_ref().map(|l| l.calls), Some(2));
+    assert_eq!(p.output, json!({ "answer": "the answer is 10" }));
+}
+
+#[tokio::test]
+async fn plans_beyond_what_planned_steps_may_do_are_rejected() {
+    let dir = TempDir::new().expect("tempdir");
+    let bad = json!({
+        "tools": { "mine": { "command": ["true"] } },
+        "steps": [
+            { "id": "run", "tool": "exec", "with": { "argv": ["true"] } },
+            { "id": "look", "tool": "echo", "with": { "home": "{{ env.HOME }}" } },
+            { "id": "nope", "tool": "no_such_tool", "with": {} }
+        ]
+    });
+    let turns = turn(None, &bad) + &turn(None, &bad) + &turn(None, &bad);
+    let (report, events) = run_agent(dir.path(), &spec(&turns, STEP)).await;
+    let p = &report.steps["p"];
+    assert_eq!(p.status, StepStatus::Failed, "{p:?}");
+    let error = p.error.as_deref().unwrap_or_default();
+    assert!(
+        error.contains("rejected the planner's plan 3 times"),
+        "{error}"
+    );
+    let RunEvent::PlanRejected { problems, .. } = plan_events(&events)[1] else {
+        panic!("a rejection follows the proposal: {events:?}");
+    };
+    let all = problems.join("\n");
+    assert!(
+        all.contains("only `steps` and `outputs`, not `tools`"),
+        "{all}"
+    );
+    // The document is refused before its steps are read; a plan of steps alone shows the rest.
+    let steps_only = json!({ "steps": bad["steps"] });
+    let turns = turn(None, &steps_only) + &turn(None, &steps_only) + &turn(None, &steps_only);
+    let (_, events) = run_agent(dir.path(), &spec(&turns, STEP)).await;
+    let RunEvent::PlanRejected { problems, .. } = plan_events(&events)[1] else {
+        panic!("a rejection follows the proposal: {events:?}");
+    };
+    let all = problems.join("\n");
+    assert!(
+        all.contains("planned step `run` may not call `exec`"),
+        "{all}"
+    );
+    assert!(all.contains("cannot read `env`"), "{all}");
+    assert!(all.contains("unknown tool `no_such_tool`"), "{all}");
+    assert!(all.contains("line "), "problems say where: {all}");
+}
+
+#[tokio::test]
+async fn a_failed_planned_step_leads_to_a_revised_plan_that_keeps_what_succeeded() {
+    let dir = TempDir::new().expect("tempdir");
+    std::fs::write(dir.path().join("fifty.txt"), "50").expect("write");
+    let failing = json!({
+        "steps": [
+            { "id": "percent", "tool": "calculator", "with": { "expression": "50 * 20 / 100" } },
+            { "id": "read", "tool": "read_file", "with": { "path": "missing.txt" } },
+            { "id": "say", "tool": "echo", "with": { "message": "{{ steps.percent.output }} of {{ steps.read.output }}" } }
+        ]
+    });
+    let revised = json!({
+        "steps": [
+            { "id": "percent", "tool": "calculator", "with": { "expression": "50 * 20 / 100" } },
+            { "id": "read", "tool": "read_file", "with": { "path": "fifty.txt" } },
+            { "id": "say", "tool": "echo", "with": { "message": "{{ steps.percent.output }} of {{ steps.read.output }}" } }
+        ]
+    });
+    let turns = turn(Some("failed"), &revised) + &turn(None, &failing);
+    let (report, events) = run_agent(dir.path(), &spec(&turns, STEP)).await;
+    let p = &report.steps["p"];
+    assert_eq!(p.status, StepStatus::Succeeded, "{p:?}");
+    assert_eq!(p.output, json!({ "message": "10 of 50" }));
+    let revising: Vec<&String> = events
+        .iter()
+        .filter_map(|e| match e {
+            RunEvent::PlanRevising { reason, .. } => Some(reason),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(revising.len(), 1);
+    assert!(
+        revising[0].contains("planned step `read` failed"),
+        "{revising:?}"
+    );
+    assert!(events.iter().any(|e| matches!(
+        e,
+        RunEvent::PlanAccepted { replan: 1, kept, .. } if kept == &["percent"]
+    )));
+    assert!(
+        events
+            .iter()
+            .any(|e| matches!(e, RunEvent::StepReused { step, .. } if step == "p/percent")),
+        "the step that succeeded is not run again"
+    );
+}
+
+#[tokio::test]
+async fn without_revisions_left_the_planner_step_fails() {
+    let dir = TempDir::new().expect("tempdir");
+    let failing = json!({
+        "steps": [ { "id": "read", "tool": "read_file", "with": { "path": "missing.txt" } } ]
+    });
+    let yaml = spec(&turn(None, &failing), STEP)
+        .replace("steps:\n", "defaults:\n  max_replans: 0\nsteps:\n");
+    let (report, events) = run_agent(dir.path(), &yaml).await;
+    let p = &report.steps["p"];
+    assert_eq!(p.status, StepStatus::Failed, "{p:?}");
+    assert!(
+        p.error
+            .as_deref()
+            .unwrap_or_default()
+            .starts_with("planned step `read` failed"),
+        "{p:?}"
+    );
+    assert!(
+        !events
+            .iter()
+            .any(|e| matches!(e, RunEvent::PlanRevising { .. }))
+    );
+    assert_eq!(p.steps["read"].status, StepStatus::Failed);
+}
