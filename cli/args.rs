@@ -70,8 +70,28 @@ pub struct PlanArgs {
 
 #[derive(Debug, clap::Args)]
 pub struct RunArgs {
-    #[command(flatten)]
-    pub workflow: WorkflowArgs,
+    /// The workflow spec (YAML, or TOML when it ends in `.toml`).
+    #[arg(value_name = "FILE", required_unless_present = "goal")]
+    pub file: Option<PathBuf>,
+
+    /// Run a goal with no spec: the LLM planner writes the steps (with the read-only built-in tools), and
+    /// the provider comes from the environment (`OPENAI_API_KEY`, `ANTHROPIC_API_KEY`, `GEMINI_API_KEY` or
+    /// `OPENAI_BASE_URL`). The generated spec is kept in the state directory.
+    #[arg(long, value_name = "TEXT", conflicts_with_all = ["file", "inputs", "inputs_file"])]
+    pub goal: Option<String>,
+
+    /// An input value, `name=value`, coerced by the input's declared type (repeatable).
+    #[arg(long = "input", value_name = "NAME=VALUE")]
+    pub inputs: Vec<String>,
+
+    /// A JSON or YAML file of input values (`--input` wins over it).
+    #[arg(long = "inputs", value_name = "FILE")]
+    pub inputs_file: Option<PathBuf>,
+
+    /// After the run, write the workflow with every plan its planner steps made frozen into ordinary
+    /// steps (YAML; TOML for `.toml`; JSON for `.json`): it validates and re-runs without the planner.
+    #[arg(long, value_name = "FILE")]
+    pub save_plan: Option<PathBuf>,
 
     /// Most steps running at once.
     #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..))]

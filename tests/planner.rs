@@ -6,6 +6,7 @@ use serde_json::json;
 use tempfile::TempDir;
 
 use crate::agent::run_agent;
+use crate::support::{archon, archon_with};
 
 /// A workflow whose step `p` plans `goal` with the tools `tools`, answered by scripted `turns` (YAML
 /// list items, indented by 8).
@@ -221,4 +222,167 @@ async fn without_revisions_left_the_planner_step_fails() {
             .any(|e| matches!(e, RunEvent::PlanRevising { .. }))
     );
     assert_eq!(p.steps["read"].status, StepStatus::Failed);
+}
+
+#[test]
+fn a_saved_plan_validates_and_reruns_without_the_planner() {
+    let dir = TempDir::new().expect("tempdir");
+    std::fs::write(dir.path().join("fifty.txt"), "50").expect("write");
+    let plan = json!({
+        "steps": [
+            { "id": "read", "tool": "read_file", "with": { "path": "fifty.txt" } },
+            { "id": "percent", "tool": "calculator", "with": { "expression": "{{ steps.read.output }} * 20 / 100" } }
+        ],
+        "outputs": { "value": "{{ steps.percent.output }}" }
+    });
+    let yaml = spec(&turn(None, &plan), STEP)
+        + "  - id: after\n    tool: echo\n    with: { got: \"{{ steps.p.output.value }}\" }\noutputs:\n  got: \"{{ steps.after.output.got }}\"\n";
+    std::fs::write(dir.path().join("planned.yaml"), yaml).expect("write");
+    let first = archon(
+        dir.path(),
+        &[
+            "run",
+            "planned.yaml",
+            "--json",
+            "--save-plan",
+            "frozen.yaml",
+        ],
+    );
+    assert_eq!(first.code, 0, "{}", first.stderr);
+    assert!(
+        first.stderr.contains("plan saved to frozen.yaml"),
+        "{}",
+        first.stderr
+    );
+    let report: serde_json::Value = serde_json::from_str(&first.stdout).expect("report");
+    assert_eq!(report["outputs"]["got"], 10);
+    let frozen = std::fs::read_to_string(dir.path().join("frozen.yaml")).expect("saved");
+    assert!(
+        !frozen.lines().any(|l| l.trim_start().starts_with("plan:")),
+        "no planner step is left:\n{frozen}"
+    );
+    assert!(frozen.contains("p_plan"), "{frozen}");
+
+    let check = archon(dir.path(), &["validate", "frozen.yaml"]);
+    assert_eq!(check.code, 0, "{}{}", check.stdout, check.stderr);
+    let again = archon(dir.path(), &["run", "frozen.yaml", "--json"]);
+    assert_eq!(again.code, 0, "{}", again.stderr);
+    let rerun: serde_json::Value = serde_json::from_str(&again.stdout).expect("report");
+    assert_eq!(rerun["outputs"], report["outputs"], "the same results");
+    assert_eq!(
+        rerun["steps"]["p"]["output"], report["steps"]["p"]["output"],
+        "the frozen step gives what the plan gave"
+    );
+    assert!(rerun["llm"].is_null(), "no LLM call: {}", rerun["llm"]);
+    let planned: Vec<&String> = report["steps"]["p"]["steps"]
+        .as_object()
+        .expect("planned steps")
+        .keys()
+        .collect();
+    let frozen_steps: Vec<&String> = rerun["steps"]["p"]["steps"]
+        .as_object()
+        .expect("frozen steps")
+        .keys()
+        .collect();
+    assert_eq!(planned, frozen_steps);
+
+    // A workflow whose planner failed has no plan to save.
+    let failing = json!({ "steps": [ { "id": "read", "tool": "read_file", "with": { "path": "missing.txt" } } ] });
+    let yaml = spec(&turn(None, &failing), STEP)
+        .replace("steps:\n", "defaults:\n  max_replans: 0\nsteps:\n");
+    std::fs::write(dir.path().join("failing.yaml"), yaml).expect("write");
+    let failed = archon(
+        dir.path(),
+        &["run", "failing.yaml", "--save-plan", "none.yaml"],
+    );
+    assert_eq!(failed.code, 1);
+    assert!(
+        failed
+            .stderr
+            .contains("the plan was not saved: step `p` has no plan to save: it failed"),
+        "{}",
+        failed.stderr
+    );
+    assert!(!dir.path().join("none.yaml").exists());
+}
+
+#[tokio::test]
+async fn a_goal_runs_with_no_spec() {
+    use wiremock::matchers::{method, path};
+    use wiremock::{Mock, MockServer, ResponseTemplate};
+
+    let server = MockServer::start().await;
+    let plan = json!({
+        "steps": [ { "id": "percent", "tool": "calculator", "with": { "expression": "50 * 20 / 100" } } ]
+    });
+    Mock::given(method("POST"))
+        .and(path("/v1/chat/completions"))
+        .respond_with(ResponseTemplate::new(200).set_body_json(json!({
+            "id": "chatcmpl-1",
+            "object": "chat.completion",
+            "created": 1_763_900_000,
+            "model": "gpt-4o-mini-2024-07-18",
+            "choices": [{
+                "index": 0,
+                "message": { "role": "assistant", "content": plan.to_string() },
+                "finish_reason": "stop"
+            }],
+            "usage": { "prompt_tokens": 812, "completion_tokens": 41, "total_tokens": 853 }
+        })))
+        .expect(1)
+        .mount(&server)
+        .await;
+    let dir = TempDir::new().expect("tempdir");
+    let base = format!("{}/v1", server.uri());
+    let cwd = dir.path().to_path_buf();
+    let output = tokio::task::spawn_blocking(move || {
+        archon_with(
+            &cwd,
+            &[
+                "run",
+                "--goal",
+                "What is 20% of 50? Use {{ no templates }}.",
+                "--json",
+            ],
+            &[("OPENAI_BASE_URL", base.as_str())],
+        )
+    })
+    .await
+    .expect("archon ran");
+    assert_eq!(output.code, 0, "{}", output.stderr);
+    let report: serde_json::Value = serde_json::from_str(&output.stdout).expect("report");
+    assert_eq!(report["outputs"]["result"], 10, "{report}");
+    let requests = server.received_requests().await.expect("recorded");
+    let body: serde_json::Value = serde_json::from_slice(&requests[0].body).expect("JSON");
+    let prompt = body["messages"].to_string();
+    assert!(
+        prompt.contains("What is 20% of 50? Use {{ no templates }}."),
+        "the goal is text, not a template: {prompt}"
+    );
+    assert!(prompt.contains("calculator"), "the tools are listed");
+    assert!(!prompt.contains("write_file"), "only tools that read");
+    let goals: Vec<_> = std::fs::read_dir(dir.path().join(".archon/goals"))
+        .expect("the goal's workflow is kept")
+        .collect();
+    assert_eq!(goals.len(), 1);
+
+    // Without any provider in the environment the run says what to set.
+    let cwd = dir.path().to_path_buf();
+    let output = tokio::task::spawn_blocking(move || {
+        archon_with(
+            &cwd,
+            &["run", "--goal", "anything"],
+            &[("ARCHON_TEST", "1")],
+        )
+    })
+    .await
+    .expect("archon ran");
+    assert_eq!(output.code, 1, "{}", output.stderr);
+    assert!(
+        output
+            .stderr
+            .contains("set `OPENAI_API_KEY`, `ANTHROPIC_API_KEY` or `GEMINI_API_KEY`"),
+        "{}",
+        output.stderr
+    );
 }

@@ -15,12 +15,24 @@ pub struct Output {
 
 /// Runs the real `archon` binary in `dir`, without color.
 pub fn archon(dir: &Path, args: &[&str]) -> Output {
-    let output = Command::new(env!("CARGO_BIN_EXE_archon"))
-        .args(args)
-        .current_dir(dir)
-        .env("NO_COLOR", "1")
-        .output()
-        .expect("archon runs");
+    archon_with(dir, args, &[])
+}
+
+/// Runs the real `archon` binary in `dir`, without color, with `env` set and no LLM provider
+/// configured from the test's own environment.
+pub fn archon_with(dir: &Path, args: &[&str], env: &[(&str, &str)]) -> Output {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_archon"));
+    command.args(args).current_dir(dir).env("NO_COLOR", "1");
+    if !env.is_empty() {
+        for (key, _) in std::env::vars() {
+            if key.ends_with("_API_KEY") || key.ends_with("_BASE_URL") || key.starts_with("ARCHON_")
+            {
+                command.env_remove(key);
+            }
+        }
+        command.envs(env.iter().copied());
+    }
+    let output = command.output().expect("archon runs");
     Output {
         code: output.status.code().unwrap_or(-1),
         stdout: String::from_utf8_lossy(&output.stdout).into_owned(),

@@ -154,10 +154,14 @@ fn from_environment(
         "openai" => ProviderKind::Openai,
         "anthropic" => ProviderKind::Anthropic,
         "gemini" => ProviderKind::Gemini,
+        "auto" => ProviderKind::Auto,
         other => {
             return Err((
                 format!("unknown provider kind `{other}`"),
-                Some("without `--spec`, name a kind: `openai`, `anthropic` or `gemini`".to_owned()),
+                Some(
+                    "without `--spec`, name a kind: `openai`, `anthropic`, `gemini` or `auto`"
+                        .to_owned(),
+                ),
             ));
         }
     };
@@ -187,5 +191,6 @@ fn kind_name(kind: ProviderKind) -> &'static str {
         ProviderKind::Anthropic => "anthropic",
         ProviderKind::Gemini => "gemini",
         ProviderKind::Mock => "mock",
+        ProviderKind::Auto => "auto",
     }
 }

@@ -17,22 +17,36 @@ use serde_json::{Map, Value as Json};
 use tokio_util::sync::CancellationToken;
 
 use super::{Status, load};
-use crate::args::{ColorChoice, RunArgs, RunOutputArgs, StateArgs};
+use crate::args::{ColorChoice, RunArgs, RunOutputArgs, StateArgs, WorkflowArgs};
 use crate::output;
 
 pub fn run(args: &RunArgs, color: ColorChoice) -> anyhow::Result<Status> {
-    let (workflow, inputs) = match load::workflow_and_inputs(&args.workflow, color) {
+    let id = run_id();
+    let file = match (&args.file, &args.goal) {
+        (Some(file), _) => file.clone(),
+        (None, Some(goal)) => match write_goal_spec(goal, &args.state, &id) {
+            Ok(file) => file,
+            Err(status) => return Ok(status),
+        },
+        (None, None) => anyhow::bail!("a workflow file or `--goal` is required"),
+    };
+    let loading = WorkflowArgs {
+        file: file.clone(),
+        inputs: args.inputs.clone(),
+        inputs_file: args.inputs_file.clone(),
+    };
+    let (workflow, inputs) = match load::workflow_and_inputs(&loading, color) {
         Ok(loaded) => loaded,
         Err(status) => return Ok(status),
     };
     if let Err(status) = refuse_unsupported(&workflow) {
         return Ok(status);
     }
-    let workdir = match &args.workdir {
-        Some(dir) => dir.clone(),
-        None => args
-            .workflow
-            .file
+    let workdir = match (&args.workdir, &args.goal) {
+        (Some(dir), _) => dir.clone(),
+        // A goal works on the directory it was given in.
+        (None, Some(_)) => ".".into(),
+        (None, None) => file
             .parent()
             .map(Path::to_path_buf)
             .filter(|p| !p.as_os_str().is_empty())
@@ -55,8 +69,7 @@ pub fn run(args: &RunArgs, color: ColorChoice) -> anyhow::Result<Status> {
         Ok(store) => store,
         Err(status) => return Ok(status),
     };
-    let id = run_id();
-    let spec_path = std::fs::canonicalize(&args.workflow.file)?;
+    let spec_path = std::fs::canonicalize(&file)?;
     let created = store.create_run(&NewRun {
         id: id.clone(),
         workflow: workflow.name.clone(),
@@ -79,7 +92,30 @@ pub fn run(args: &RunArgs, color: ColorChoice) -> anyhow::Result<Status> {
         max_parallel: args.max_parallel as usize,
         workdir,
         output: &args.output,
+        save_plan: args.save_plan.as_deref(),
     })
+}
+
+/// Writes the workflow of `archon run --goal` into the state directory, where a resume finds it again.
+fn write_goal_spec(goal: &str, state: &StateArgs, id: &str) -> Result<PathBuf, Status> {
+    let text = match archon_engine::goal::goal_spec(goal) {
+        Ok(text) => text,
+        Err(message) => {
+            output::stderr(&format!("error: {message}\n"));
+            return Err(Status::Invalid);
+        }
+    };
+    let dir = state.dir().join("goals");
+    let path = dir.join(format!("{id}.yaml"));
+    if let Err(e) = std::fs::create_dir_all(&dir).and_then(|()| std::fs::write(&path, text)) {
+        output::stderr(&format!(
+            "error: cannot write the goal's workflow `{}`: {}\n",
+            path.display(),
+            e.to_string().to_lowercase()
+        ));
+        return Err(Status::Failure);
+    }
+    Ok(path)
 }
 
 /// A cassette that cannot be read or written: a usage problem.
@@ -170,6 +206,8 @@ pub struct Execution<'a> {
     pub max_parallel: usize,
     pub workdir: PathBuf,
     pub output: &'a RunOutputArgs,
+    /// Where to write the workflow with its plans frozen (`--save-plan`).
+    pub save_plan: Option<&'a Path>,
 }
 
 /// Runs a stored run to its end (or until interrupted), recording it in the store, and prints the result.
@@ -217,7 +255,8 @@ pub fn execute(exec: Execution<'_>) -> anyhow::Result<Status> {
     } else {
         Display::Lines
     };
-    let (workflow, inputs) = (exec.workflow, exec.inputs);
+    let (workflow, inputs) = (Arc::new(exec.workflow), exec.inputs);
+    let planned = workflow.clone();
     let report = runtime.block_on(async move {
         // Registered before any step starts, so an early Ctrl-C or SIGTERM is never missed.
         use tokio::signal::unix::{SignalKind, signal};
@@ -243,7 +282,7 @@ pub fn execute(exec: Execution<'_>) -> anyhow::Result<Status> {
             }
             display
         });
-        let report = run::run(Arc::new(workflow), inputs, options).await;
+        let report = run::run(workflow, inputs, options).await;
         if let Ok(mut display) = printer.await {
             display.finish();
         }
@@ -278,11 +317,46 @@ pub fn execute(exec: Execution<'_>) -> anyhow::Result<Status> {
                 .is_ok_and(|r| r.status == archon_engine::store::RunState::Interrupted);
         output::stdout(&summary(&report, resumable));
     }
-    Ok(match report.status {
+    let status = match report.status {
         RunStatus::Succeeded => Status::Success,
         RunStatus::Failed => Status::Failure,
         RunStatus::Cancelled => Status::Interrupted,
-    })
+    };
+    if let Some(path) = exec.save_plan
+        && let Err(message) = save_plan(&planned, &report, path)
+    {
+        output::stderr(&format!("error: the plan was not saved: {message}\n"));
+        return Ok(if status == Status::Success {
+            Status::Failure
+        } else {
+            status
+        });
+    }
+    Ok(status)
+}
+
+/// Writes the workflow with its plans frozen to `path`, after checking that it validates.
+fn save_plan(workflow: &Workflow, report: &RunReport, path: &Path) -> Result<(), String> {
+    let text = archon_engine::freeze::freeze_plans(workflow, &report.steps, path)?;
+    let check = archon_engine::validate::validate_source(path, text.clone());
+    if let Some(problem) = check.diagnostics.iter().find(|d| d.is_error()) {
+        return Err(format!(
+            "the frozen workflow does not validate: {}",
+            problem.message
+        ));
+    }
+    std::fs::write(path, text).map_err(|e| {
+        format!(
+            "cannot write `{}`: {}",
+            path.display(),
+            e.to_string().to_lowercase()
+        )
+    })?;
+    output::stderr(&format!(
+        "plan saved to {}: it runs without the planner\n",
+        path.display()
+    ));
+    Ok(())
 }
 
 /// A run id: the start time in seconds, the process id and a random suffix, in hex.

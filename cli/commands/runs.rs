@@ -313,6 +313,7 @@ fn continue_run(
             .map_or(stored.max_parallel, |m| m as usize),
         workdir,
         output: &options.output,
+        save_plan: None,
     })
 }
 

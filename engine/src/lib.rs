@@ -5,6 +5,8 @@
 //! The library never prints; rendering belongs to the CLI.
 
 pub mod diagnostic;
+pub mod freeze;
+pub mod goal;
 pub mod inputs;
 pub mod llm;
 pub mod plan;

@@ -95,6 +95,9 @@ pub struct Replayer {
     name: String,
     /// This provider's exchanges, and whether each was used.
     exchanges: Mutex<Vec<(Exchange, bool)>>,
+    /// Requests match whatever model they name: a provider of kind `auto` records the model of
+    /// whichever vendor the environment chose.
+    any_model: bool,
 }
 
 impl Replayer {
@@ -142,6 +145,28 @@ impl Replayer {
                     .collect(),
             ),
             name,
+            any_model: false,
+        }
+    }
+
+    /// The same replayer, matching requests whatever model they name.
+    pub fn any_model(self) -> Self {
+        Replayer {
+            any_model: true,
+            ..self
+        }
+    }
+
+    fn matches(&self, recorded: &ChatRequest, request: &ChatRequest) -> bool {
+        if self.any_model {
+            recorded.model != request.model
+                && ChatRequest {
+                    model: request.model.clone(),
+                    ..recorded.clone()
+                } == *request
+                || recorded == request
+        } else {
+            recorded == request
         }
     }
 }
@@ -162,7 +187,7 @@ impl Provider for Replayer {
                 .map_err(|_| LlmError::fatal(format!("provider `{}` failed earlier", self.name)))?;
             if let Some((exchange, used)) = exchanges
                 .iter_mut()
-                .find(|(e, used)| !*used && e.request == *request)
+                .find(|(e, used)| !*used && self.matches(&e.request, request))
             {
                 *used = true;
                 return exchange.response.clone().map_err(LlmError::fatal);

@@ -8,6 +8,10 @@
 //! - the model from `ARCHON_KIND_MODEL`, else `model`.
 //!
 //! An OpenAI-compatible server on another base URL may need no key (llama.cpp, Ollama); the public APIs do.
+//!
+//! A provider of kind `auto` becomes the kind `ARCHON_PROVIDER` names, else the first of `openai` (a key
+//! or a base URL set), `anthropic` and `gemini` (a key set), with the model `ARCHON_KIND_MODEL`, else
+//! `model`, else [`AUTO_MODELS`]' choice for that kind.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -45,13 +49,77 @@ impl Configured {
     }
 }
 
-/// The model a provider asks: `ARCHON_KIND_MODEL`, else `model`, else `mock` for the mock provider.
+/// The model a provider of kind `auto` asks unless `ARCHON_KIND_MODEL` or `model` says otherwise.
+pub const AUTO_MODELS: [(ProviderKind, &str); 3] = [
+    (ProviderKind::Openai, "gpt-4o-mini"),
+    (ProviderKind::Anthropic, "claude-haiku-4-5"),
+    (ProviderKind::Gemini, "gemini-2.5-flash"),
+];
+
+/// The kind a provider of kind `auto` becomes in `env`: `ARCHON_PROVIDER`, else the first kind with a key
+/// (or, for `openai`, a base URL) set. `None` when the environment configures none.
+pub fn auto_kind(env: &BTreeMap<String, String>) -> Result<Option<ProviderKind>, LlmError> {
+    let set = |key: &str| env.get(key).is_some_and(|v| !v.trim().is_empty());
+    if let Some(chosen) = env.get("ARCHON_PROVIDER").filter(|v| !v.trim().is_empty()) {
+        return match chosen.trim() {
+            "openai" => Ok(Some(ProviderKind::Openai)),
+            "anthropic" => Ok(Some(ProviderKind::Anthropic)),
+            "gemini" => Ok(Some(ProviderKind::Gemini)),
+            other => Err(LlmError::fatal(format!(
+                "`ARCHON_PROVIDER` is `{other}`: it must be `openai`, `anthropic` or `gemini`"
+            ))),
+        };
+    }
+    let kinds = [
+        (
+            ProviderKind::Openai,
+            &[
+                "ARCHON_OPENAI_API_KEY",
+                "OPENAI_API_KEY",
+                "ARCHON_OPENAI_BASE_URL",
+                "OPENAI_BASE_URL",
+            ][..],
+        ),
+        (
+            ProviderKind::Anthropic,
+            &["ARCHON_ANTHROPIC_API_KEY", "ANTHROPIC_API_KEY"][..],
+        ),
+        (
+            ProviderKind::Gemini,
+            &["ARCHON_GEMINI_API_KEY", "GEMINI_API_KEY", "GOOGLE_API_KEY"][..],
+        ),
+    ];
+    Ok(kinds
+        .iter()
+        .find(|(_, vars)| vars.iter().any(|v| set(v)))
+        .map(|(kind, _)| *kind))
+}
+
+/// The model a provider asks: `ARCHON_KIND_MODEL`, else `model`, else `mock` for the mock provider (and,
+/// for kind `auto`, the default model of the kind the environment chooses, `openai` when it chooses none).
 pub fn model(def: &ProviderDef, env: &BTreeMap<String, String>) -> Option<String> {
-    let prefix = match def.kind.value {
+    let kind = match def.kind.value {
+        ProviderKind::Auto => {
+            let kind = auto_kind(env)
+                .ok()
+                .flatten()
+                .unwrap_or(ProviderKind::Openai);
+            let resolved = ProviderDef {
+                kind: crate::spec::Spanned::new(kind, def.kind.span),
+                model: def.model.clone().or_else(|| auto_model(kind)),
+                ..def.clone()
+            };
+            return model(&resolved, env);
+        }
+        kind => kind,
+    };
+    let prefix = match kind {
         ProviderKind::Openai => "OPENAI",
         ProviderKind::Anthropic => "ANTHROPIC",
         ProviderKind::Gemini => "GEMINI",
-        ProviderKind::Mock => return Some(def.model.clone().unwrap_or_else(|| "mock".to_owned())),
+        ProviderKind::Mock | ProviderKind::Auto => {
+            return Some(def.model.clone().unwrap_or_else(|| "mock".to_owned()));
+        }
     };
     env.get(&format!("ARCHON_{prefix}_MODEL"))
         .filter(|m| !m.is_empty())
@@ -67,6 +135,19 @@ pub fn build(
     env: &BTreeMap<String, String>,
 ) -> Result<Configured, LlmError> {
     let kind = def.kind.value;
+    if kind == ProviderKind::Auto {
+        let Some(chosen) = auto_kind(env)? else {
+            return Err(LlmError::fatal(format!(
+                "provider `{name}` is `auto` and the environment configures no provider: set `OPENAI_API_KEY`, `ANTHROPIC_API_KEY` or `GEMINI_API_KEY`, or `OPENAI_BASE_URL` for a local server"
+            )));
+        };
+        let resolved = ProviderDef {
+            kind: crate::spec::Spanned::new(chosen, def.kind.span),
+            model: def.model.clone().or_else(|| auto_model(chosen)),
+            ..def.clone()
+        };
+        return build(name, &resolved, spec_dir, env);
+    }
     let var = |key: &str| env.get(key).filter(|v| !v.is_empty()).cloned();
     let mut settings = Settings::default();
     if let Some(timeout) = def
@@ -125,7 +206,7 @@ pub fn build(
         Ok((key, base_url, model))
     };
     let (provider, model): (Arc<dyn Provider>, String) = match kind {
-        ProviderKind::Mock => (
+        ProviderKind::Mock | ProviderKind::Auto => (
             Arc::new(Mock::new(name, mock_turns(def, spec_dir)?)),
             def.model.clone().unwrap_or_else(|| "mock".to_owned()),
         ),
@@ -174,6 +255,13 @@ pub fn build(
         temperature: def.temperature,
         max_tokens: def.max_tokens,
     })
+}
+
+fn auto_model(kind: ProviderKind) -> Option<String> {
+    AUTO_MODELS
+        .iter()
+        .find(|(k, _)| *k == kind)
+        .map(|(_, m)| (*m).to_owned())
 }
 
 /// The scripted turns of a `mock` provider: `script` (relative to the spec) or `turns`.

@@ -370,6 +370,9 @@ pub enum ProviderKind {
     Anthropic,
     Gemini,
     Mock,
+    /// Whichever of `openai`, `anthropic` and `gemini` the environment configures: `ARCHON_PROVIDER`, else
+    /// the first with a key (or, for `openai`, a base URL) set.
+    Auto,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]

@@ -74,7 +74,11 @@ impl LlmContext {
             let built = Arc::new(Configured {
                 name: name.to_owned(),
                 kind: def.kind.value,
-                provider: Arc::new(Replayer::new(name, exchanges)),
+                provider: Arc::new(if def.kind.value == crate::spec::ProviderKind::Auto {
+                    Replayer::new(name, exchanges).any_model()
+                } else {
+                    Replayer::new(name, exchanges)
+                }),
                 model: config::model(def, &shared.options.env).unwrap_or_default(),
                 temperature: def.temperature,
                 max_tokens: def.max_tokens,
