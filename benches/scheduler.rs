@@ -34,6 +34,7 @@ fn options(max_parallel: usize) -> RunOptions {
         journal: Arc::new(archon_engine::store::MemoryJournal),
         prior: Default::default(),
         cassette: None,
+        checkpoints: Default::default(),
     }
 }
 

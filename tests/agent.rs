@@ -29,6 +29,7 @@ pub(crate) async fn run_agent(dir: &Path, yaml: &str) -> (RunReport, Vec<RunEven
         journal: Arc::new(MemoryJournal),
         prior: Default::default(),
         cassette: None,
+        checkpoints: Default::default(),
     };
     let report = run::run(Arc::new(workflow), Map::new(), options)
         .await

@@ -650,3 +650,185 @@ steps:
         "each item's effect happened once, whatever its position"
     );
 }
+
+/// An OpenAI-compatible answer: a text, or one call of `tool` with no arguments.
+fn chat_answer(text: Option<&str>, tool: Option<&str>) -> Json {
+    let message = match tool {
+        Some(name) => json!({
+            "role": "assistant",
+            "content": null,
+            "tool_calls": [{
+                "id": format!("call_{name}"),
+                "type": "function",
+                "function": { "name": name, "arguments": "{}" }
+            }]
+        }),
+        None => json!({ "role": "assistant", "content": text }),
+    };
+    json!({
+        "id": "chatcmpl-resume",
+        "object": "chat.completion",
+        "created": 1_763_900_000,
+        "model": "gpt-4o-mini-2024-07-18",
+        "choices": [{
+            "index": 0,
+            "message": message,
+            "finish_reason": if tool.is_some() { "tool_calls" } else { "stop" }
+        }],
+        "usage": { "prompt_tokens": 120, "completion_tokens": 12, "total_tokens": 132 }
+    })
+}
+
+const AGENT: &str = r#"name: resumable
+llm:
+  providers:
+    main: { kind: openai, model: gpt-4o-mini }
+tools:
+  count:
+    description: Counts a visit
+    parameters: { type: object, properties: {} }
+    command: ["sh", "-c", "echo visit >> visits.txt; echo counted"]
+  wait:
+    description: Waits for the world
+    parameters: { type: object, properties: {} }
+    command: ["sh", "-c", "touch started; if test -f slow; then sleep 30; fi; echo waited"]
+steps:
+  - id: answer
+    goal: Count a visit, then wait, then say done.
+    tools: [count, wait]
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_agent_step_resumes_after_its_last_iteration() {
+    use wiremock::matchers::{body_string_contains, method};
+    use wiremock::{Mock, MockServer, ResponseTemplate};
+
+    let server = MockServer::start().await;
+    let answers = [
+        ("waited", chat_answer(Some("done"), None)),
+        ("counted", chat_answer(None, Some("wait"))),
+        ("", chat_answer(None, Some("count"))),
+    ];
+    for (priority, (seen, answer)) in (1u8..).zip(answers) {
+        Mock::given(method("POST"))
+            .and(body_string_contains(seen))
+            .respond_with(ResponseTemplate::new(200).set_body_json(answer))
+            .with_priority(priority)
+            .mount(&server)
+            .await;
+    }
+    let dir = TempDir::new().expect("tempdir");
+    std::fs::write(dir.path().join("agent.yaml"), AGENT).expect("write");
+    std::fs::write(dir.path().join("slow"), "").expect("write");
+    let base = format!("{}/v1", server.uri());
+    let env = [("OPENAI_BASE_URL", base.as_str())];
+    let mut child = Command::new(env!("CARGO_BIN_EXE_archon"))
+        .args(["run", "agent.yaml"])
+        .current_dir(dir.path())
+        .env("NO_COLOR", "1")
+        .env_remove("OPENAI_API_KEY")
+        .envs(env)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("archon starts");
+    wait_for(&dir.path().join("started"), Duration::from_secs(20));
+    // The first iteration's checkpoint was committed when the second began.
+    std::thread::sleep(Duration::from_millis(400));
+    kill(&mut child);
+    let id = runs(dir.path())[0]["id"].as_str().expect("id").to_owned();
+    std::fs::remove_file(dir.path().join("slow")).expect("remove");
+
+    // `count` changes things: the step is in doubt until the user says to go on.
+    let Output { code, stderr, .. } =
+        crate::support::archon_with(dir.path(), &["resume", &id], &env);
+    assert_eq!(code, 2, "{stderr}");
+    assert!(stderr.contains("`answer`"), "{stderr}");
+    let Output { code, stderr, .. } =
+        crate::support::archon_with(dir.path(), &["resume", &id, "--rerun-in-doubt"], &env);
+    assert_eq!(code, 0, "{stderr}");
+    assert!(
+        stderr.contains("resumed   answer after iteration 1"),
+        "{stderr}"
+    );
+    let run = show(dir.path(), &id);
+    assert_eq!(run["status"], "succeeded");
+    assert_eq!(run["results"]["answer"]["output"], "done");
+    assert_eq!(
+        std::fs::read_to_string(dir.path().join("visits.txt")).expect("written"),
+        "visit\n",
+        "the completed tool call is not made again"
+    );
+    let requests = server.received_requests().await.expect("recorded");
+    let last: Json =
+        serde_json::from_slice(&requests.last().expect("requests").body).expect("JSON");
+    let calls = last["messages"]
+        .as_array()
+        .expect("messages")
+        .iter()
+        .filter(|m| m["role"] == "tool")
+        .count();
+    assert_eq!(
+        calls, 2,
+        "the resumed conversation holds each call once: {last}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_planner_step_resumes_with_the_plan_it_accepted() {
+    use wiremock::matchers::method;
+    use wiremock::{Mock, MockServer, ResponseTemplate};
+
+    let server = MockServer::start().await;
+    let plan = json!({
+        "steps": [
+            { "id": "first", "tool": "wait", "with": {} },
+            { "id": "then", "tool": "echo", "with": { "after": "{{ steps.first.output }}" } }
+        ]
+    });
+    Mock::given(method("POST"))
+        .respond_with(
+            ResponseTemplate::new(200).set_body_json(chat_answer(Some(&plan.to_string()), None)),
+        )
+        .expect(1)
+        .mount(&server)
+        .await;
+    let dir = TempDir::new().expect("tempdir");
+    let spec = AGENT.replace(
+        "  - id: answer\n    goal: Count a visit, then wait, then say done.\n    tools: [count, wait]\n",
+        "  - id: answer\n    plan: Wait, then say so.\n    tools: [wait, echo]\n",
+    );
+    std::fs::write(dir.path().join("planner.yaml"), spec).expect("write");
+    std::fs::write(dir.path().join("slow"), "").expect("write");
+    let base = format!("{}/v1", server.uri());
+    let env = [("OPENAI_BASE_URL", base.as_str())];
+    let mut child = Command::new(env!("CARGO_BIN_EXE_archon"))
+        .args(["run", "planner.yaml"])
+        .current_dir(dir.path())
+        .env("NO_COLOR", "1")
+        .env_remove("OPENAI_API_KEY")
+        .envs(env)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("archon starts");
+    wait_for(&dir.path().join("started"), Duration::from_secs(20));
+    std::thread::sleep(Duration::from_millis(400));
+    kill(&mut child);
+    let id = runs(dir.path())[0]["id"].as_str().expect("id").to_owned();
+    std::fs::remove_file(dir.path().join("slow")).expect("remove");
+    let Output { code, stderr, .. } =
+        crate::support::archon_with(dir.path(), &["resume", &id, "--rerun-in-doubt"], &env);
+    assert_eq!(code, 0, "{stderr}");
+    assert!(
+        stderr.contains("resumed   answer with the plan accepted before"),
+        "{stderr}"
+    );
+    let run = show(dir.path(), &id);
+    assert_eq!(
+        run["results"]["answer"]["output"],
+        json!({ "after": "waited" })
+    );
+    // `expect(1)`: the model was asked for a plan once, by the first process.
+    server.verify().await;
+}

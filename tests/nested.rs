@@ -22,6 +22,7 @@ fn options(workdir: &Path) -> RunOptions {
         journal: Arc::new(archon_engine::store::MemoryJournal),
         prior: Default::default(),
         cassette: None,
+        checkpoints: Default::default(),
     }
 }
 

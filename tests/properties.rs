@@ -154,6 +154,7 @@ proptest! {
             journal: Arc::new(archon_engine::store::MemoryJournal),
             prior: Default::default(),
             cassette: None,
+            checkpoints: Default::default(),
         };
         let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
         let report = runtime

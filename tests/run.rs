@@ -28,6 +28,7 @@ fn options(workdir: &Path, max_parallel: usize) -> RunOptions {
         journal: Arc::new(archon_engine::store::MemoryJournal),
         prior: Default::default(),
         cassette: None,
+        checkpoints: Default::default(),
     }
 }
 

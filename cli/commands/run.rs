@@ -88,6 +88,7 @@ pub fn run(args: &RunArgs, color: ColorChoice) -> anyhow::Result<Status> {
         store,
         run_id: id,
         prior: HashMap::new(),
+        checkpoints: HashMap::new(),
         cassette,
         max_parallel: args.max_parallel as usize,
         workdir,
@@ -202,6 +203,8 @@ pub struct Execution<'a> {
     pub store: Box<dyn RunStore>,
     pub run_id: String,
     pub prior: HashMap<String, StepResult>,
+    /// Where LLM steps the earlier process did not finish stood.
+    pub checkpoints: HashMap<String, Json>,
     pub cassette: Option<run::Cassette>,
     pub max_parallel: usize,
     pub workdir: PathBuf,
@@ -247,6 +250,7 @@ pub fn execute(exec: Execution<'_>) -> anyhow::Result<Status> {
         journal: journal.clone(),
         prior: Arc::new(exec.prior),
         cassette: exec.cassette,
+        checkpoints: Arc::new(exec.checkpoints),
     };
     let mut display = if args.json {
         Display::Quiet
@@ -414,7 +418,8 @@ impl Display {
                     RunEvent::AgentAction { .. }
                     | RunEvent::PlanAccepted { .. }
                     | RunEvent::PlanRejected { .. }
-                    | RunEvent::PlanRevising { .. } => text.push_str(&event_line(event)),
+                    | RunEvent::PlanRevising { .. }
+                    | RunEvent::Resumed { .. } => text.push_str(&event_line(event)),
                     RunEvent::PlanProposed { .. } => {}
                     RunEvent::LlmCall { .. }
                     | RunEvent::AgentThought { .. }
@@ -543,6 +548,7 @@ fn event_line(event: &RunEvent) -> String {
             };
             format!("planned   {step}: {}{kept}\n", steps.join(", "))
         }
+        RunEvent::Resumed { step, from } => format!("resumed   {step} {from}\n"),
         RunEvent::PlanRevising { step, reason, .. } => {
             format!("replan    {step}: {}\n", one_line(reason))
         }

@@ -307,6 +307,12 @@ fn continue_run(
         store,
         run_id: id.to_owned(),
         prior,
+        // A retried step starts afresh; a resumed one continues where it stood.
+        checkpoints: if from.is_some() {
+            HashMap::new()
+        } else {
+            stored.checkpoints
+        },
         cassette: None,
         max_parallel: options
             .max_parallel

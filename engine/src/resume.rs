@@ -100,29 +100,70 @@ pub fn body_is_idempotent(workflow: &Workflow, body: Body<'_>) -> bool {
 
 fn body_idempotent(workflow: &Workflow, body: Body<'_>, seen: &mut HashSet<String>) -> bool {
     if let Some(tool) = body.tool {
-        let name = tool.value.as_str();
-        return match workflow.spec.tools.get(name) {
-            Some(def) if def.idempotent == Some(true) => true,
-            Some(def) => match (&def.steps, &def.workflow) {
-                (Some(steps), _) => {
-                    !seen.insert(name.to_owned())
-                        || steps.value.iter().all(|s| {
-                            body_idempotent(workflow, s.body(), seen)
-                                && s.fallback
-                                    .as_ref()
-                                    .is_none_or(|f| body_idempotent(workflow, f.body(), seen))
-                        })
-                }
-                (None, Some(path)) => workflow_idempotent(workflow, &path.value),
-                _ => false,
-            },
-            None => builtin::get(name).is_some_and(|b| b.read_only),
-        };
+        return tool_idempotent(workflow, &tool.value, seen);
     }
     if let Some(path) = body.workflow {
         return workflow_idempotent(workflow, &path.value);
     }
-    false
+    llm_step_idempotent(workflow, body, seen)
+}
+
+fn tool_idempotent(workflow: &Workflow, name: &str, seen: &mut HashSet<String>) -> bool {
+    match workflow.spec.tools.get(name) {
+        Some(def) if def.idempotent == Some(true) => true,
+        Some(def) => match (&def.steps, &def.workflow) {
+            (Some(steps), _) => {
+                !seen.insert(name.to_owned())
+                    || steps.value.iter().all(|s| {
+                        body_idempotent(workflow, s.body(), seen)
+                            && s.fallback
+                                .as_ref()
+                                .is_none_or(|f| body_idempotent(workflow, f.body(), seen))
+                    })
+            }
+            (None, Some(path)) => workflow_idempotent(workflow, &path.value),
+            _ => false,
+        },
+        // An LLM may call `http` only to read (GET, HEAD, OPTIONS).
+        None => builtin::get(name).is_some_and(|b| b.read_only || b.name == "http"),
+    }
+}
+
+/// An agent or planner step is safe to repeat when every tool it may use is: the tools its `tools` globs
+/// (or its agent's) allow, sensitive ones left out as the run leaves them out. A checkpoint spares the
+/// iterations it completed in any case.
+fn llm_step_idempotent(workflow: &Workflow, body: Body<'_>, seen: &mut HashSet<String>) -> bool {
+    let spec = &workflow.spec;
+    let agent = body
+        .agent
+        .or_else(|| spec.defaults.as_ref().and_then(|d| d.agent.as_ref()))
+        .and_then(|a| spec.agents.get(a.value.as_str()));
+    let patterns: Vec<&str> = match body.tools {
+        Some(tools) => tools.iter().map(|t| t.value.as_str()).collect(),
+        None => agent
+            .map(|a| a.tools.iter().map(|t| t.value.as_str()).collect())
+            .unwrap_or_default(),
+    };
+    let globs: Vec<globset::GlobMatcher> = patterns
+        .iter()
+        .filter_map(|p| globset::Glob::new(p).ok().map(|g| g.compile_matcher()))
+        .collect();
+    let allowed = |name: &str| globs.iter().any(|g| g.is_match(name));
+    let builtins = builtin::all()
+        .iter()
+        .filter(|b| !b.sensitive && allowed(b.name))
+        .map(|b| b.name.to_owned());
+    let declared = spec
+        .tools
+        .iter()
+        .filter(|(name, def)| {
+            def.sensitive != Some(true) && def.mcp.is_none() && allowed(&name.value)
+        })
+        .map(|(name, _)| name.value.clone());
+    let usable: Vec<String> = builtins.chain(declared).collect();
+    usable
+        .iter()
+        .all(|name| tool_idempotent(workflow, name, seen))
 }
 
 fn workflow_idempotent(workflow: &Workflow, path: &str) -> bool {

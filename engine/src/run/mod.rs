@@ -59,6 +59,9 @@ pub struct RunOptions {
     pub prior: Arc<HashMap<String, StepResult>>,
     /// Record or replay the run's LLM calls.
     pub cassette: Option<Cassette>,
+    /// Where an earlier process left LLM steps it did not finish (`archon resume`), by step name: an
+    /// agent continues from its last completed iteration, a planner from its last accepted plan.
+    pub checkpoints: Arc<HashMap<String, Json>>,
 }
 
 /// What to do with the LLM calls of a run.
@@ -84,6 +87,7 @@ impl RunOptions {
             journal: Arc::new(MemoryJournal),
             prior: Arc::new(HashMap::new()),
             cassette: None,
+            checkpoints: Default::default(),
         }
     }
 }
@@ -170,6 +174,11 @@ pub enum RunEvent {
         replan: u32,
         steps: Vec<String>,
         kept: Vec<String>,
+    },
+    /// An LLM step continues where an earlier process left it (`archon resume`): `from` says where.
+    Resumed {
+        step: String,
+        from: String,
     },
     /// A planned step failed after its retries: the planner revises the rest of the plan.
     PlanRevising {

@@ -127,6 +127,7 @@ impl Redactor {
             RunEvent::PlanRevising { reason, .. } => self.string(reason),
             RunEvent::StepStarted { .. }
             | RunEvent::PlanAccepted { .. }
+            | RunEvent::Resumed { .. }
             | RunEvent::StepReused { .. }
             | RunEvent::LlmCall { .. } => {}
         }

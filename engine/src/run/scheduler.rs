@@ -2,6 +2,7 @@
 //! steps are running; a `JoinSet` holds the running steps and a `CancellationToken` stops them all.
 
 mod agent;
+mod checkpoint;
 mod planner;
 
 use std::collections::{BTreeMap, HashMap, VecDeque};

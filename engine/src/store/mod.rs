@@ -63,6 +63,9 @@ pub enum Entry {
         step: String,
         result: Box<StepResult>,
     },
+    /// Where an LLM step (agent or planner) stands after an iteration, so that a resume continues it
+    /// there instead of starting over; the latest replaces the one before.
+    Checkpoint { step: String, state: Json },
     /// A progress event, for the event log.
     Event(RunEvent),
     /// The run ended (or was interrupted, when `status` is `interrupted`).
@@ -250,6 +253,10 @@ pub struct StoredRun {
     pub results: indexmap::IndexMap<String, StepResult>,
     /// Every attempt, in the order they started.
     pub attempts: Vec<AttemptRecord>,
+    /// The latest checkpoint of each LLM step of the current generation, by step name (not shown:
+    /// the event log tells the same story).
+    #[serde(skip)]
+    pub checkpoints: std::collections::HashMap<String, Json>,
     /// The process that owns the run, while it is live.
     pub owner: Option<Owner>,
 }

@@ -36,7 +36,8 @@ const HEARTBEAT: Duration = Duration::from_secs(3);
 const BUSY_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// The schema, one migration per version (`PRAGMA user_version` is the number applied).
-const MIGRATIONS: &[&str] = &[r"
+const MIGRATIONS: &[&str] = &[
+    r"
 CREATE TABLE runs (
     id TEXT PRIMARY KEY,
     workflow TEXT NOT NULL,
@@ -101,7 +102,18 @@ CREATE TABLE events (
     PRIMARY KEY (run_id, seq)
 );
 CREATE INDEX runs_by_start ON runs(started_at);
-"];
+",
+    r"
+CREATE TABLE checkpoints (
+    run_id TEXT NOT NULL REFERENCES runs(id),
+    step TEXT NOT NULL,
+    generation INTEGER NOT NULL,
+    state TEXT NOT NULL,
+    at INTEGER NOT NULL,
+    PRIMARY KEY (run_id, step)
+);
+",
+];
 
 /// Runs kept in an SQLite database under a state directory.
 #[derive(Debug)]
@@ -423,6 +435,7 @@ impl RunStore for SqliteStore {
                             error: r.get(11)?,
                             results: IndexMap::new(),
                             attempts: Vec::new(),
+                            checkpoints: HashMap::new(),
                             owner: owner.filter(is_alive),
                         })
                     },
@@ -482,6 +495,18 @@ impl RunStore for SqliteStore {
                         pgid_started: r.get::<_, Option<i64>>(9)?.map(|t| t as u64),
                     })
                 })?
+                .collect::<rusqlite::Result<_>>()?;
+            let mut stmt = conn.prepare(
+                "SELECT step, state FROM checkpoints WHERE run_id = ?1 AND generation = ?2",
+            )?;
+            run.checkpoints = stmt
+                .query_map(params![id, run.generation], |r| {
+                    Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?))
+                })?
+                .filter_map(|row| {
+                    row.map(|(step, text)| Some((step, serde_json::from_str(&text).ok()?)))
+                        .transpose()
+                })
                 .collect::<rusqlite::Result<_>>()?;
             Ok(Some(run))
         })?;
@@ -870,6 +895,19 @@ impl Writer {
                         result.status.as_str(),
                         text,
                         blob,
+                        now
+                    ])?;
+                }
+                Entry::Checkpoint { step, state } => {
+                    tx.prepare_cached(
+                        "INSERT OR REPLACE INTO checkpoints (run_id, step, generation, state, at)
+                         VALUES (?1, ?2, ?3, ?4, ?5)",
+                    )?
+                    .execute(params![
+                        self.run,
+                        step,
+                        self.generation,
+                        json_text(state),
                         now
                     ])?;
                 }

@@ -13,6 +13,7 @@ use std::time::Instant;
 use minijinja::Value;
 use serde_json::Value as Json;
 
+use super::checkpoint::{self, AgentState};
 use super::{Called, Failure, Shared, call_declared, millis, tool_failure};
 use crate::llm::cassette::{Recorder, Replayer};
 use crate::llm::config::{self, Configured};
@@ -207,8 +208,22 @@ pub(super) async fn run(
         })?),
         None => None,
     };
+    // A resumed run continues after the last iteration an earlier process completed.
+    let mut first = 1;
+    if let Some(state) = checkpoint::restore::<AgentState>(shared, label, &messages) {
+        checkpoint::count_restored(shared, &state.usage);
+        shared.emit(RunEvent::Resumed {
+            step: label.to_owned(),
+            from: format!("after iteration {}", state.iteration),
+        });
+        first = state.iteration + 1;
+        messages = state.messages;
+        usage = state.usage;
+        seen_calls = state.seen_calls;
+        schema_retries = state.schema_retries;
+    }
 
-    for iteration in 1..=max_iterations {
+    for iteration in first..=max_iterations {
         let offered = if text_mode { Vec::new() } else { tools.clone() };
         let mut request = configured.request(messages.clone(), offered);
         request.output_schema.clone_from(&schema);
@@ -383,6 +398,17 @@ pub(super) async fn run(
                 parts: results,
             });
         }
+        checkpoint::save(
+            shared,
+            label,
+            &AgentState {
+                iteration,
+                messages: messages.clone(),
+                usage: usage.clone(),
+                seen_calls: seen_calls.clone(),
+                schema_retries,
+            },
+        );
     }
     // Out of iterations: one last turn without tools for the best answer so far.
     messages.push(Message::user(

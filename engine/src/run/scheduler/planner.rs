@@ -17,6 +17,7 @@ use minijinja::Value;
 use serde_json::{Map, Value as Json};
 
 use super::agent::{self, truncate};
+use super::checkpoint::{self, PlannerState};
 use super::{Boxed, Called, Failure, Shared, deeper, first_failure, named, results, schedule};
 use crate::llm::config::Configured;
 use crate::llm::{FinishReason, Message, Part};
@@ -110,17 +111,44 @@ async fn plan_and_run(
     let depth = deeper(shared)?;
     let mut replan = 0;
     let mut previous: Option<Previous> = None;
+    // A resumed run continues with the plan an earlier process accepted, without asking again.
+    let mut restored = None;
+    if let Some(state) = checkpoint::restore::<PlannerState>(shared, label, &messages)
+        && let Ok(accepted) = accept(shared, label, &policy, &state.plan)
+    {
+        checkpoint::count_restored(shared, &state.usage);
+        shared.emit(RunEvent::Resumed {
+            step: label.to_owned(),
+            from: if state.replan == 0 {
+                "with the plan accepted before".to_owned()
+            } else {
+                format!(
+                    "with revision {} of the plan, accepted before",
+                    state.replan
+                )
+            },
+        });
+        messages = state.messages;
+        usage = state.usage;
+        replan = state.replan;
+        restored = Some(accepted);
+    }
     loop {
-        let accepted = propose(
-            shared,
-            label,
-            &configured,
-            &mut messages,
-            &policy,
-            replan,
-            &mut usage,
-        )
-        .await?;
+        let accepted = match restored.take() {
+            Some(accepted) => accepted,
+            None => {
+                propose(
+                    shared,
+                    label,
+                    &configured,
+                    &mut messages,
+                    &policy,
+                    replan,
+                    &mut usage,
+                )
+                .await?
+            }
+        };
         let steps = &accepted.workflow.spec.steps;
         let kept = previous
             .as_ref()
@@ -260,7 +288,6 @@ async fn propose(
     replan: u32,
     usage: &mut LlmUsage,
 ) -> Result<Accepted, Failure> {
-    let path = plan_path(&shared.workflow, label);
     for attempt in 1..=PLAN_ATTEMPTS {
         let request = configured.request(messages.clone(), Vec::new());
         let response = agent::complete(shared, label, configured, &request, usage).await?;
@@ -285,35 +312,22 @@ async fn propose(
             text: truncate(&text, SHOWN_CHARS),
         });
         messages.push(Message::assistant(vec![Part::Text(text.clone())]));
-        let validation = Validator::new(Limits::default()).validate_plan(
-            &shared.workflow,
-            path.clone(),
-            document_text(&text),
-            policy,
-        );
-        let mut problems = validate::problems(&validation);
-        if let Some(workflow) = validation.workflow {
-            // What this version cannot run is refused like in a hand-written spec.
-            problems.extend(
-                unsupported_steps(&workflow)
-                    .into_iter()
-                    .map(|u| format!("step `{}`: {}", u.step, u.reason)),
-            );
-            if problems.is_empty() {
-                let document = validation
-                    .sources
-                    .find(&path)
-                    .and_then(|file| crate::spec::parse(file, &Limits::default()).0)
-                    .map_or(Json::Null, |root| root.to_json());
-                return Ok(Accepted {
-                    workflow: Arc::new(workflow),
-                    document,
-                });
+        let problems = match accept(shared, label, policy, &text) {
+            Ok(accepted) => {
+                checkpoint::save(
+                    shared,
+                    label,
+                    &PlannerState {
+                        replan,
+                        messages: messages.clone(),
+                        usage: usage.clone(),
+                        plan: text,
+                    },
+                );
+                return Ok(accepted);
             }
-        }
-        if problems.is_empty() {
-            problems.push("the plan is not a document of `steps`".to_owned());
-        }
+            Err(problems) => problems,
+        };
         shared.emit(RunEvent::PlanRejected {
             step: label.to_owned(),
             replan,
@@ -333,6 +347,46 @@ async fn propose(
         )));
     }
     unreachable!("the last attempt returns")
+}
+
+/// The plan in a model's answer `text` if the validator accepts it, else the problems to tell the model.
+fn accept(
+    shared: &Shared,
+    label: &str,
+    policy: &PlanPolicy,
+    text: &str,
+) -> Result<Accepted, Vec<String>> {
+    let path = plan_path(&shared.workflow, label);
+    let validation = Validator::new(Limits::default()).validate_plan(
+        &shared.workflow,
+        path.clone(),
+        document_text(text),
+        policy,
+    );
+    let mut problems = validate::problems(&validation);
+    if let Some(workflow) = validation.workflow {
+        // What this version cannot run is refused like in a hand-written spec.
+        problems.extend(
+            unsupported_steps(&workflow)
+                .into_iter()
+                .map(|u| format!("step `{}`: {}", u.step, u.reason)),
+        );
+        if problems.is_empty() {
+            let document = validation
+                .sources
+                .find(&path)
+                .and_then(|file| crate::spec::parse(file, &Limits::default()).0)
+                .map_or(Json::Null, |root| root.to_json());
+            return Ok(Accepted {
+                workflow: Arc::new(workflow),
+                document,
+            });
+        }
+    }
+    if problems.is_empty() {
+        problems.push("the plan is not a document of `steps`".to_owned());
+    }
+    Err(problems)
 }
 
 /// Where a plan is read from in diagnostics: beside its workflow, named after the step.
