@@ -4,6 +4,7 @@ mod args;
 mod commands;
 mod output;
 mod render;
+mod trail;
 
 use std::process::ExitCode;
 

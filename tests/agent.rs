@@ -327,3 +327,42 @@ fn agents_with_delegation_or_memory_are_refused_before_running() {
         assert!(refused[0].reason.contains(what), "{what}: {refused:?}");
     }
 }
+
+#[test]
+fn show_events_renders_the_agent_trail_readably() {
+    let dir = TempDir::new().expect("tempdir");
+    std::fs::copy(
+        crate::support::root().join("workflows/agent-calculator.yaml"),
+        dir.path().join("calc.yaml"),
+    )
+    .expect("copy");
+    let run = crate::support::archon(dir.path(), &["run", "calc.yaml", "--json"]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    let id = serde_json::from_str::<serde_json::Value>(&run.stdout).expect("report")["run_id"]
+        .as_str()
+        .expect("id")
+        .to_owned();
+    let shown = crate::support::archon(dir.path(), &["show", &id, "--events"]);
+    assert_eq!(shown.code, 0, "{}", shown.stderr);
+    let trail = shown.stdout;
+    let order: Vec<usize> = [
+        "started   answer",
+        "llm       answer: `scripted` (mock)",
+        "action    answer #1: calculator {\"expression\":\"50 * 20 / 100\"}",
+        "observed  answer #1: calculator ->",
+        "answer    answer #2: 20% of 50 is 10.",
+        "succeeded answer",
+    ]
+    .iter()
+    .map(|line| {
+        trail
+            .find(line)
+            .unwrap_or_else(|| panic!("`{line}` is not in the trail:\n{trail}"))
+    })
+    .collect();
+    assert!(order.is_sorted(), "in the order it happened:\n{trail}");
+    assert!(
+        trail.lines().all(|l| l.starts_with(' ')),
+        "each line starts with its time:\n{trail}"
+    );
+}

@@ -423,7 +423,8 @@ impl Display {
                     RunEvent::PlanProposed { .. } => {}
                     RunEvent::LlmCall { .. }
                     | RunEvent::AgentThought { .. }
-                    | RunEvent::AgentObservation { .. } => {}
+                    | RunEvent::AgentObservation { .. }
+                    | RunEvent::AgentAnswer { .. } => {}
                     RunEvent::StepReused { status, .. } => match status {
                         StepStatus::Succeeded => live.succeeded += 1,
                         StepStatus::Skipped => live.skipped += 1,
@@ -516,6 +517,9 @@ fn event_line(event: &RunEvent) -> String {
         }
         RunEvent::AgentThought { step, text, .. } => {
             format!("thought   {step}: {}\n", one_line(text))
+        }
+        RunEvent::AgentAnswer { step, text, .. } => {
+            format!("answer    {step}: {}\n", one_line(text))
         }
         RunEvent::AgentAction {
             step,

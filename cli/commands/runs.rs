@@ -87,11 +87,7 @@ pub fn show(args: &ShowArgs) -> anyhow::Result<Status> {
         return Ok(Status::Success);
     }
     if let Some(events) = events {
-        let mut text = String::new();
-        for event in events {
-            let _ = writeln!(text, "{event}");
-        }
-        output::stdout(&text);
+        output::stdout(&crate::trail::render(&events));
         return Ok(Status::Success);
     }
     output::stdout(&describe(&run));

@@ -93,7 +93,7 @@ impl RunOptions {
 }
 
 /// Progress of a run, for displays and event logs.
-#[derive(Clone, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "event", rename_all = "snake_case")]
 pub enum RunEvent {
     StepStarted {
@@ -151,6 +151,12 @@ pub enum RunEvent {
         tool: String,
         text: String,
         error: bool,
+    },
+    /// The agent's final answer (cut when long).
+    AgentAnswer {
+        step: String,
+        iteration: u32,
+        text: String,
     },
     /// The planner's model proposed a plan (its text, cut when long). `replan` counts the revisions
     /// before it (0 for the first plan); `attempt` counts the proposals for the same revision.

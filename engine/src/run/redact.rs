@@ -116,7 +116,9 @@ impl Redactor {
             RunEvent::StepRetried { error, .. } => self.string(error),
             RunEvent::StepFinished { error, .. } => self.option(error),
             RunEvent::StepSkipped { reason, .. } => self.string(reason),
-            RunEvent::AgentThought { text, .. } | RunEvent::AgentObservation { text, .. } => {
+            RunEvent::AgentThought { text, .. }
+            | RunEvent::AgentObservation { text, .. }
+            | RunEvent::AgentAnswer { text, .. } => {
                 self.string(text);
             }
             RunEvent::AgentAction { arguments, .. } => self.json(arguments),

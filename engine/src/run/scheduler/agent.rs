@@ -280,10 +280,14 @@ pub(super) async fn run(
                 FinishReason::Other(_) => {}
             }
             let Some(validator) = &validator else {
+                emit_answer(shared, label, iteration, &text);
                 return Ok(answer(Json::String(text), usage));
             };
             match parse_json(&text) {
-                Some(value) if validator.is_valid(&value) => return Ok(answer(value, usage)),
+                Some(value) if validator.is_valid(&value) => {
+                    emit_answer(shared, label, iteration, &text);
+                    return Ok(answer(value, usage));
+                }
                 parsed => {
                     if schema_retries >= SCHEMA_RETRIES {
                         return Err(Failure::fixed(format!(
@@ -666,6 +670,14 @@ pub(super) fn offered_tools(spec: &Spec, patterns: &[&str]) -> Vec<ToolSpec> {
         }
     }
     offered
+}
+
+fn emit_answer(shared: &Shared, label: &str, iteration: u32, text: &str) {
+    shared.emit(RunEvent::AgentAnswer {
+        step: label.to_owned(),
+        iteration,
+        text: truncate(text, OBSERVATION_CHARS),
+    });
 }
 
 fn answer(output: Json, usage: LlmUsage) -> Called {

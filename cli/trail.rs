@@ -1,0 +1,192 @@
+//! `archon show RUN --events`: the event log as a readable trail. Agent steps read as Thought / Action /
+//! Observation per iteration, planner steps as proposals, verdicts and accepted plans; each line starts
+//! with the time since the run's first event.
+
+use std::fmt::Write as _;
+
+use archon_engine::run::RunEvent;
+use serde_json::Value as Json;
+
+/// Most lines of one thought, observation or plan shown; the rest is counted.
+const SHOWN_LINES: usize = 12;
+
+/// The trail of a stored event log (events as the store returns them, with `at_ms`).
+pub fn render(events: &[Json]) -> String {
+    let start = events
+        .iter()
+        .find_map(|e| e.get("at_ms").and_then(Json::as_u64))
+        .unwrap_or(0);
+    let mut text = String::new();
+    for raw in events {
+        let at = raw
+            .get("at_ms")
+            .and_then(Json::as_u64)
+            .map_or_else(String::new, |ms| clock(ms.saturating_sub(start)));
+        let Ok(event) = serde_json::from_value::<RunEvent>(raw.clone()) else {
+            // An event this version does not know: shown as it is stored.
+            let _ = writeln!(text, "{at:>9}  {raw}");
+            continue;
+        };
+        let (label, body) = describe(&event);
+        let mut lines = body.lines();
+        let _ = writeln!(
+            text,
+            "{at:>9}  {label:<10}{}",
+            lines.next().unwrap_or_default()
+        );
+        let rest: Vec<&str> = lines.collect();
+        for line in rest.iter().take(SHOWN_LINES) {
+            let _ = writeln!(text, "{:>9}  {:<10}{line}", "", "");
+        }
+        if rest.len() > SHOWN_LINES {
+            let _ = writeln!(
+                text,
+                "{:>9}  {:<10}[... {} more lines]",
+                "",
+                "",
+                rest.len() - SHOWN_LINES
+            );
+        }
+    }
+    text
+}
+
+/// `12.345s`: time since the run's first event.
+fn clock(ms: u64) -> String {
+    format!("{}.{:03}s", ms / 1000, ms % 1000)
+}
+
+/// The label and the (possibly multi-line) text of an event.
+fn describe(event: &RunEvent) -> (&'static str, String) {
+    match event {
+        RunEvent::StepStarted { step } => ("started", step.clone()),
+        RunEvent::StepRetried {
+            step,
+            attempt,
+            error,
+            delay_ms,
+        } => (
+            "retrying",
+            format!("{step}: attempt {attempt} in {delay_ms} ms after: {error}"),
+        ),
+        RunEvent::StepFinished {
+            step,
+            status,
+            duration_ms,
+            error,
+        } => (
+            status.as_str(),
+            match error {
+                Some(error) => format!("{step} ({duration_ms} ms): {error}"),
+                None => format!("{step} ({duration_ms} ms)"),
+            },
+        ),
+        RunEvent::StepSkipped { step, reason } => ("skipped", format!("{step}: {reason}")),
+        RunEvent::StepReused { step, status } => (
+            "reused",
+            format!("{step} ({} by an earlier process)", status.as_str()),
+        ),
+        RunEvent::LlmCall {
+            step,
+            provider,
+            model,
+            input_tokens,
+            output_tokens,
+            cost_usd,
+            duration_ms,
+        } => {
+            let cost = cost_usd.map_or_else(String::new, |c| format!(", ${c:.4}"));
+            (
+                "llm",
+                format!(
+                    "{step}: `{provider}` ({model}) {input_tokens} in, {output_tokens} out{cost}, {duration_ms} ms"
+                ),
+            )
+        }
+        RunEvent::AgentThought {
+            step,
+            iteration,
+            text,
+        } => ("thought", format!("{step} #{iteration}: {}", text.trim())),
+        RunEvent::AgentAction {
+            step,
+            iteration,
+            tool,
+            arguments,
+        } => ("action", format!("{step} #{iteration}: {tool} {arguments}")),
+        RunEvent::AgentObservation {
+            step,
+            iteration,
+            tool,
+            text,
+            error,
+        } => (
+            if *error { "observed!" } else { "observed" },
+            format!("{step} #{iteration}: {tool} ->\n{}", text.trim_end()),
+        ),
+        RunEvent::AgentAnswer {
+            step,
+            iteration,
+            text,
+        } => ("answer", format!("{step} #{iteration}: {}", text.trim())),
+        RunEvent::PlanProposed {
+            step,
+            replan,
+            attempt,
+            text,
+        } => (
+            "proposed",
+            format!(
+                "{step}{} (proposal {attempt}):\n{}",
+                revision(*replan),
+                serde_json::from_str::<Json>(text)
+                    .ok()
+                    .and_then(|plan| serde_json::to_string_pretty(&plan).ok())
+                    .unwrap_or_else(|| text.trim_end().to_owned())
+            ),
+        ),
+        RunEvent::PlanRejected {
+            step,
+            replan,
+            attempt,
+            problems,
+        } => (
+            "rejected",
+            format!(
+                "{step}{} (proposal {attempt}):\n- {}",
+                revision(*replan),
+                problems.join("\n- ")
+            ),
+        ),
+        RunEvent::PlanAccepted {
+            step,
+            replan,
+            steps,
+            kept,
+        } => {
+            let kept = if kept.is_empty() {
+                String::new()
+            } else {
+                format!("; kept from before: {}", kept.join(", "))
+            };
+            (
+                "planned",
+                format!("{step}{}: {}{kept}", revision(*replan), steps.join(", ")),
+            )
+        }
+        RunEvent::PlanRevising {
+            step,
+            replan,
+            reason,
+        } => ("replan", format!("{step} (revision {replan}): {reason}")),
+        RunEvent::Resumed { step, from } => ("resumed", format!("{step} {from}")),
+    }
+}
+
+fn revision(replan: u32) -> String {
+    if replan == 0 {
+        String::new()
+    } else {
+        format!(" revision {replan}")
+    }
+}
