@@ -256,6 +256,15 @@ fn a_saved_plan_validates_and_reruns_without_the_planner() {
     );
     let report: serde_json::Value = serde_json::from_str(&first.stdout).expect("report");
     assert_eq!(report["outputs"]["got"], 10);
+    let shown = archon(
+        dir.path(),
+        &["show", report["run_id"].as_str().expect("id")],
+    );
+    assert!(
+        shown.stdout.contains("p/percent  succeeded (planned)"),
+        "planned steps are shown under their planner:\n{}",
+        shown.stdout
+    );
     let frozen = std::fs::read_to_string(dir.path().join("frozen.yaml")).expect("saved");
     assert!(
         !frozen.lines().any(|l| l.trim_start().starts_with("plan:")),

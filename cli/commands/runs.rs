@@ -135,6 +135,7 @@ fn describe(run: &StoredRun) -> String {
                 .to_string(),
             result.error.clone().unwrap_or_default(),
         ]);
+        nested_rows(name, result, &mut rows);
     }
     for attempt in &run.attempts {
         let step = resume::step_of(&attempt.step);
@@ -167,6 +168,26 @@ fn describe(run: &StoredRun) -> String {
         );
     }
     text
+}
+
+/// Rows for the steps a step ran inside it (a composite tool's, a sub-workflow's, or those its planner
+/// planned), named `outer/inner`; their attempts belong to the calling step.
+fn nested_rows(name: &str, result: &archon_engine::run::StepResult, rows: &mut Vec<[String; 4]>) {
+    for (inner, nested) in &result.steps {
+        let label = format!("{name}/{inner}");
+        let status = if result.plan.is_some() {
+            format!("{} (planned)", nested.status.as_str())
+        } else {
+            nested.status.as_str().to_owned()
+        };
+        rows.push([
+            label.clone(),
+            status,
+            "-".to_owned(),
+            nested.error.clone().unwrap_or_default(),
+        ]);
+        nested_rows(&label, nested, rows);
+    }
 }
 
 pub fn cancel(args: &CancelArgs) -> anyhow::Result<Status> {
