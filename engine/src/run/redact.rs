@@ -113,13 +113,18 @@ impl Redactor {
             RunEvent::StepRetried { error, .. } => self.string(error),
             RunEvent::StepFinished { error, .. } => self.option(error),
             RunEvent::StepSkipped { reason, .. } => self.string(reason),
-            RunEvent::AgentThought { text, .. } | RunEvent::AgentObservation { text, .. } => {
+            RunEvent::AgentThought { text, .. } => self.string(text),
+            RunEvent::AgentObservation {
+                text, full_text, ..
+            } => {
                 self.string(text);
+                self.option(full_text);
             }
             RunEvent::AgentAction { arguments, .. } => self.json(arguments),
             RunEvent::StepStarted { .. }
             | RunEvent::StepReused { .. }
-            | RunEvent::LlmCall { .. } => {}
+            | RunEvent::LlmCall { .. }
+            | RunEvent::AgentCompacted { .. } => {}
         }
     }
 }
