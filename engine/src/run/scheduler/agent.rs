@@ -187,8 +187,13 @@ pub(super) async fn run(
     }
     let offered = if text_mode { Vec::new() } else { tools.clone() };
     let estimator = Estimator::for_model(&configured.model);
-    let window = context::Window::of(spec, &configured);
-    let mut conversation = context::Conversation::new(estimator, system, user, &offered);
+    let mut conversation = context::Conversation::new(
+        estimator,
+        context::Window::of(spec, &configured),
+        system,
+        user,
+        &offered,
+    );
     let mut tool_calls = 0;
     // Each tool's argument schema, compiled once for the step.
     let validators: HashMap<String, jsonschema::Validator> = tools
@@ -217,7 +222,6 @@ pub(super) async fn run(
             label,
             &configured,
             &mut conversation,
-            &window,
             iteration,
             Some(&note),
             &mut usage,
@@ -350,7 +354,7 @@ pub(super) async fn run(
         let mut results = Vec::with_capacity(planned.len());
         let allowed = &tools;
         let compiled = &validators;
-        let shown = window.observation_tokens();
+        let shown = conversation.window.observation_tokens();
         for chunk in planned.chunks(PARALLEL_CALLS) {
             let observations = futures_util::future::join_all(chunk.iter().map(|(call, warn)| async move {
                 if *warn {
@@ -411,7 +415,6 @@ pub(super) async fn run(
         label,
         &configured,
         &mut conversation,
-        &window,
         max_iterations + 1,
         None,
         &mut usage,

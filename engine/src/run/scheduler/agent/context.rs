@@ -81,6 +81,7 @@ struct Count {
 #[derive(Debug)]
 pub(super) struct Conversation {
     estimator: Estimator,
+    pub window: Window,
     messages: Vec<Message>,
     counts: Vec<Count>,
     /// The tools offered with every request, counted once.
@@ -90,9 +91,16 @@ pub(super) struct Conversation {
 }
 
 impl Conversation {
-    pub fn new(estimator: Estimator, system: String, goal: String, offered: &[ToolSpec]) -> Self {
+    pub fn new(
+        estimator: Estimator,
+        window: Window,
+        system: String,
+        goal: String,
+        offered: &[ToolSpec],
+    ) -> Self {
         let mut conversation = Conversation {
             estimator,
+            window,
             messages: Vec::new(),
             counts: Vec::new(),
             tools: Count {
@@ -235,17 +243,16 @@ impl Conversation {
 /// the earlier turns are summarised by the model (one call, within the run's budget) and replaced by the
 /// summary; the system prompt, the goal and the latest turns stay verbatim. A prompt that still does not fit
 /// fails the step.
-#[allow(clippy::too_many_arguments)]
 pub(super) async fn fit(
     shared: &Shared,
     label: &str,
     configured: &Configured,
     conversation: &mut Conversation,
-    window: &Window,
     iteration: u32,
     note: Option<&str>,
     usage: &mut LlmUsage,
 ) -> Result<(), Failure> {
+    let window = conversation.window;
     if conversation.bound(note) <= window.threshold {
         return Ok(());
     }
@@ -259,7 +266,7 @@ pub(super) async fn fit(
         return if before > window.room() {
             Err(too_large(
                 configured,
-                window,
+                &window,
                 before,
                 "there are no earlier turns to compact",
             )
@@ -289,7 +296,7 @@ pub(super) async fn fit(
     if after > window.room() {
         return Err(too_large(
             configured,
-            window,
+            &window,
             after,
             "even after compacting the earlier turns",
         )
