@@ -338,6 +338,16 @@ mod tests {
         );
     }
 
+    /// Regression: a megabyte of spaces overflowed the tokenizer's regular expression stack, and
+    /// tiktoken-rs panics on that error.
+    #[test]
+    fn a_megabyte_of_one_character_is_counted_without_a_panic() {
+        let estimator = Estimator::for_model("gpt-4o");
+        let spaces = " ".repeat(1 << 20);
+        let tokens = estimator.text(&spaces);
+        assert!(tokens > 0 && tokens < spaces.len() / 8, "{tokens}");
+    }
+
     #[test]
     fn the_approximate_prefix_fits_and_cannot_grow() {
         let estimator = Estimator::for_model("claude-sonnet-4-5");
