@@ -120,9 +120,22 @@ fn describe(event: &RunEvent) -> (&'static str, String) {
             tool,
             text,
             error,
+            ..
         } => (
             if *error { "observed!" } else { "observed" },
             format!("{step} #{iteration}: {tool} ->\n{}", text.trim_end()),
+        ),
+        RunEvent::AgentCompacted {
+            step,
+            iteration,
+            turns,
+            tokens_before,
+            tokens_after,
+        } => (
+            "compacted",
+            format!(
+                "{step} #{iteration}: {turns} earlier turns summarised, about {tokens_before} -> {tokens_after} tokens"
+            ),
         ),
         RunEvent::AgentAnswer {
             step,

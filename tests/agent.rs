@@ -431,3 +431,358 @@ async fn agent_and_planner_steps_end_within_bounds_against_a_real_server() {
         started.elapsed().as_millis()
     );
 }
+
+mod context {
+    //! Context management: token estimates, cut tool outputs, compaction of earlier turns and the status
+    //! note, checked on the requests a local OpenAI-compatible server (wiremock) receives.
+
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use archon_engine::llm::Message;
+    use archon_engine::llm::tokens::{Encoding, Estimator};
+    use archon_engine::run::{RunEvent, StepStatus};
+    use serde_json::{Value as Json, json};
+    use tempfile::TempDir;
+    use wiremock::matchers::method;
+    use wiremock::{Mock, MockServer, Request, ResponseTemplate};
+
+    use super::run_agent;
+
+    #[test]
+    fn openai_models_are_counted_with_their_tokenizer_and_others_approximately() {
+        let gpt4o = Estimator::for_model("gpt-4o");
+        assert_eq!(gpt4o.encoding(), Encoding::O200k);
+        // OpenAI's cookbook: `tiktoken is great!` is 6 tokens in both encodings.
+        assert_eq!(gpt4o.text("tiktoken is great!"), 6);
+        assert_eq!(
+            gpt4o.text("The quick brown fox jumps over the lazy dog."),
+            10
+        );
+        let gpt4 = Estimator::for_model("gpt-4");
+        assert_eq!(gpt4.encoding(), Encoding::Cl100k);
+        assert_eq!(gpt4.text("tiktoken is great!"), 6);
+        // A message adds its role and separators.
+        assert_eq!(gpt4o.message(&Message::user("hello world")), 2 + 4);
+
+        let claude = Estimator::for_model("claude-sonnet-4-5");
+        assert_eq!(claude.encoding(), Encoding::Approximate);
+        // 11 letters and spaces at 4.5 a token.
+        assert_eq!(claude.text("hello world"), 3);
+        // Symbols cost more than words: JSON is not counted as prose.
+        let json = r#"{"id":1,"name":"item-1","tags":["a","b"],"ok":true}"#.repeat(50);
+        let prose = "The quick brown fox jumps over the lazy dog and runs away. ".repeat(45);
+        let (exact_json, exact_prose) = (gpt4o.text(&json), gpt4o.text(&prose));
+        for (approximate, exact) in [
+            (claude.text(&json), exact_json),
+            (claude.text(&prose), exact_prose),
+        ] {
+            let error = approximate.abs_diff(exact) as f64 / exact as f64;
+            assert!(error < 0.25, "{approximate} against {exact}");
+        }
+    }
+
+    /// A chat completion whose message is `message`.
+    fn completion(message: Json) -> ResponseTemplate {
+        let finish = if message.get("tool_calls").is_some() {
+            "tool_calls"
+        } else {
+            "stop"
+        };
+        ResponseTemplate::new(200).set_body_json(json!({
+            "id": "chatcmpl-1", "object": "chat.completion", "model": "local-model",
+            "choices": [{ "index": 0, "message": message, "finish_reason": finish }],
+            "usage": { "prompt_tokens": 100, "completion_tokens": 10 }
+        }))
+    }
+
+    /// An assistant message calling `read_file` on `path`, as call `call_<turn>`.
+    fn read_file(turn: usize, path: &str) -> Json {
+        json!({ "role": "assistant", "content": null, "tool_calls": [{
+            "id": format!("call_{turn}"), "type": "function",
+            "function": { "name": "read_file", "arguments": json!({ "path": path }).to_string() }
+        }] })
+    }
+
+    /// A server answering tool-offering requests with `turns` in order, and requests without tools (summary
+    /// requests) with `summary`.
+    async fn server(turns: Vec<Json>, summary: &'static str) -> MockServer {
+        let server = MockServer::start().await;
+        let next = AtomicUsize::new(0);
+        Mock::given(method("POST"))
+            .respond_with(move |request: &Request| {
+                let body: Json = serde_json::from_slice(&request.body).unwrap_or_default();
+                if body.get("tools").is_none() {
+                    return completion(json!({ "role": "assistant", "content": summary }));
+                }
+                let turn = next.fetch_add(1, Ordering::SeqCst);
+                completion(
+                    turns.get(turn).cloned().unwrap_or_else(
+                        || json!({ "role": "assistant", "content": "out of turns" }),
+                    ),
+                )
+            })
+            .mount(&server)
+            .await;
+        server
+    }
+
+    async fn bodies(server: &MockServer) -> Vec<Json> {
+        server
+            .received_requests()
+            .await
+            .unwrap_or_default()
+            .iter()
+            .map(|r| serde_json::from_slice(&r.body).unwrap_or_default())
+            .collect()
+    }
+
+    fn spec(server: &MockServer, provider: &str, step: &str) -> String {
+        format!(
+            "name: context\nllm:\n  providers:\n    local: {{ kind: openai, base_url: \"{}/v1\", {provider} }}\nsteps:\n  - {{ id: answer, {step} }}\n",
+            server.uri()
+        )
+    }
+
+    /// The `content` of every message of a request, in order.
+    fn contents(body: &Json) -> Vec<String> {
+        body["messages"]
+            .as_array()
+            .map(|messages| {
+                messages
+                    .iter()
+                    .map(|m| m["content"].as_str().unwrap_or_default().to_owned())
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    /// About 670 tokens of prose holding `word`.
+    fn fact(word: &str) -> String {
+        format!(
+            "The code word is {word}. {}",
+            "Nothing else in this file matters at all. ".repeat(70)
+        )
+    }
+
+    const GOAL: &str = "Read fact-1.txt, fact-2.txt and fact-3.txt and report their code words.";
+
+    #[tokio::test]
+    async fn a_long_conversation_is_compacted_once_keeping_the_goal_and_the_latest_turn() {
+        let dir = TempDir::new().expect("tempdir");
+        for (n, word) in [(1, "ALPHA"), (2, "BRAVO"), (3, "CHARLIE")] {
+            std::fs::write(dir.path().join(format!("fact-{n}.txt")), fact(word)).expect("write");
+        }
+        let server = server(
+            vec![
+                read_file(0, "fact-1.txt"),
+                read_file(1, "fact-2.txt"),
+                read_file(2, "fact-3.txt"),
+                json!({ "role": "assistant", "content": "ALPHA BRAVO CHARLIE" }),
+            ],
+            "fact-1.txt holds the code word ALPHA and fact-2.txt the code word BRAVO.",
+        )
+        .await;
+        // 8,000 tokens at 25%: the fourth request (about 2,200 tokens) passes 2,000.
+        let yaml = spec(
+            &server,
+            "model: local-model, context_window: 8000, compact_at: 0.25",
+            &format!("goal: \"{GOAL}\", tools: [read_file]"),
+        );
+        let (report, events) = run_agent(dir.path(), &yaml).await;
+        let answer = &report.steps["answer"];
+        assert_eq!(answer.status, StepStatus::Succeeded, "{answer:?}");
+        assert_eq!(answer.output, json!("ALPHA BRAVO CHARLIE"));
+
+        let compactions: Vec<(u32, u32, u64, u64)> = events
+            .iter()
+            .filter_map(|e| match e {
+                RunEvent::AgentCompacted {
+                    iteration,
+                    turns,
+                    tokens_before,
+                    tokens_after,
+                    ..
+                } => Some((*iteration, *turns, *tokens_before, *tokens_after)),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(compactions.len(), 1, "{compactions:?}");
+        let (iteration, turns, before, after) = compactions[0];
+        assert_eq!(
+            (iteration, turns),
+            (4, 2),
+            "before the fourth request, two turns"
+        );
+        assert!(before > 2000 && after < before / 2, "{before} -> {after}");
+        let calls = events
+            .iter()
+            .filter(|e| matches!(e, RunEvent::LlmCall { .. }))
+            .count();
+        assert_eq!(calls, 5, "four turns and one summary, each an `llm_call`");
+
+        let bodies = bodies(&server).await;
+        assert_eq!(bodies.len(), 5);
+        // The summary request: no tools, the goal and the two older turns, not the latest one.
+        let summary_request = &bodies[3];
+        assert!(summary_request.get("tools").is_none(), "{summary_request}");
+        let asked = contents(summary_request).join("\n");
+        assert!(asked.contains(GOAL), "{asked}");
+        for older in ["fact-1.txt", "ALPHA", "fact-2.txt", "BRAVO"] {
+            assert!(asked.contains(older), "{older} missing from {asked}");
+        }
+        assert!(!asked.contains("CHARLIE"), "the latest turn stays out");
+
+        // The next request: system prompt, the goal verbatim, the summary, the latest turn whole, the note.
+        let next = &bodies[4];
+        let messages = next["messages"].as_array().expect("messages");
+        let roles: Vec<&str> = messages.iter().filter_map(|m| m["role"].as_str()).collect();
+        assert_eq!(
+            roles,
+            ["system", "user", "user", "assistant", "tool", "user"]
+        );
+        assert_eq!(messages[0], bodies[0]["messages"][0], "the system prompt");
+        assert_eq!(messages[1]["content"], GOAL);
+        assert_eq!(
+            messages[2]["content"],
+            "Summary of earlier turns: fact-1.txt holds the code word ALPHA and fact-2.txt the code word BRAVO."
+        );
+        assert_eq!(messages[3]["tool_calls"][0]["id"], "call_2");
+        assert_eq!(messages[4]["tool_call_id"], "call_2");
+        assert!(
+            messages[4]["content"]
+                .as_str()
+                .is_some_and(|c| c.starts_with("The code word is CHARLIE.")),
+            "{}",
+            messages[4]
+        );
+        let shown = contents(next).join("\n");
+        assert!(
+            !shown.contains("The code word is ALPHA"),
+            "older turns are gone"
+        );
+    }
+
+    #[test]
+    fn a_prompt_that_cannot_fit_fails_the_step_with_the_numbers() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        let dir = TempDir::new().expect("tempdir");
+        let yaml = "name: agent\nllm:\n  providers:\n    scripted: { kind: mock, model: small, context_window: 40, turns: [{ text: hi }] }\nsteps:\n  - id: answer\n    goal: say hi to everyone in the team, one by one, politely\n";
+        let (report, events) = rt.block_on(run_agent(dir.path(), yaml));
+        let answer = &report.steps["answer"];
+        assert_eq!(answer.status, StepStatus::Failed);
+        let error = answer.error.as_deref().unwrap_or_default();
+        assert!(
+            error.starts_with("the prompt needs about `")
+                && error.ends_with(
+                    "` tokens, more than the `40`-token context window of `small` allows, there are no earlier turns to compact"
+                ),
+            "{error}"
+        );
+        assert!(
+            !events.iter().any(|e| matches!(e, RunEvent::LlmCall { .. })),
+            "no request was sent"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_large_tool_output_reaches_the_model_cut_with_a_marker() {
+        let dir = TempDir::new().expect("tempdir");
+        let big = "line of a large log file, with some numbers 12345 and words\n".repeat(1000);
+        std::fs::write(dir.path().join("big.log"), &big).expect("write");
+        let server = server(
+            vec![
+                read_file(0, "big.log"),
+                json!({ "role": "assistant", "content": "a log" }),
+            ],
+            "unused",
+        )
+        .await;
+        let yaml = spec(
+            &server,
+            "model: gpt-4o-mini",
+            "goal: what is in big.log?, tools: [read_file]",
+        );
+        let (report, events) = run_agent(dir.path(), &yaml).await;
+        assert_eq!(report.steps["answer"].status, StepStatus::Succeeded);
+
+        let bodies = bodies(&server).await;
+        let tool = bodies[1]["messages"]
+            .as_array()
+            .and_then(|m| m.iter().find(|m| m["role"] == "tool"))
+            .and_then(|m| m["content"].as_str())
+            .expect("a tool message")
+            .to_owned();
+        let (kept, marker) = tool.rsplit_once('\n').expect("a marker line");
+        let total = big.chars().count();
+        let shown = kept.chars().count();
+        assert_eq!(
+            marker,
+            format!(
+                "[... cut: {} more characters not shown; the first {shown} of {total} are above]",
+                total - shown
+            )
+        );
+        assert!(big.starts_with(kept));
+        // At most 1,000 tokens of it, by gpt-4o-mini's own tokenizer.
+        let tokens = Estimator::for_model("gpt-4o-mini").text(kept);
+        assert!((900..=1000).contains(&tokens), "{tokens}");
+        // The event shows what the model saw, and keeps the whole output.
+        let observed = events.iter().find_map(|e| match e {
+            RunEvent::AgentObservation {
+                text, full_text, ..
+            } => Some((text.clone(), full_text.clone())),
+            _ => None,
+        });
+        assert_eq!(observed, Some((tool, Some(big))));
+    }
+
+    #[tokio::test]
+    async fn the_status_note_goes_with_each_request_and_is_never_kept() {
+        let dir = TempDir::new().expect("tempdir");
+        std::fs::write(dir.path().join("a.txt"), "alpha").expect("write");
+        let server = server(
+            vec![
+                read_file(0, "a.txt"),
+                json!({ "role": "assistant", "content": "alpha" }),
+            ],
+            "unused",
+        )
+        .await;
+        let yaml = spec(
+            &server,
+            "model: local-model",
+            "goal: read a.txt, tools: [read_file], max_iterations: 4",
+        )
+        .replace("\nsteps:", "\n  budget: { max_llm_calls: 5 }\nsteps:");
+        let (report, _) = run_agent(dir.path(), &yaml).await;
+        assert_eq!(report.steps["answer"].status, StepStatus::Succeeded);
+
+        let bodies = bodies(&server).await;
+        assert_eq!(bodies.len(), 2);
+        let notes = |body: &Json| -> Vec<String> {
+            contents(body)
+                .into_iter()
+                .filter(|c| c.contains("[run status]"))
+                .collect()
+        };
+        assert_eq!(
+            notes(&bodies[0]),
+            ["[run status] iteration 1 of 4; 0 tool calls so far; budget left: 5 LLM calls"]
+        );
+        assert_eq!(
+            notes(&bodies[1]),
+            ["[run status] iteration 2 of 4; 1 tool call so far; budget left: 4 LLM calls"],
+            "one note, the current one, not the first one again"
+        );
+        for body in &bodies {
+            assert_eq!(
+                contents(body).last().map(String::as_str),
+                notes(body).first().map(String::as_str),
+                "the note comes last"
+            );
+        }
+    }
+}

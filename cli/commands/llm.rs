@@ -178,6 +178,7 @@ fn from_environment(
         max_concurrency: None,
         requests_per_minute: None,
         context_window: None,
+        compact_at: None,
         pricing: None,
         turns: Vec::new(),
         script: None,

@@ -416,6 +416,7 @@ impl Display {
                     }
                     RunEvent::StepSkipped { .. } => live.skipped += 1,
                     RunEvent::AgentAction { .. }
+                    | RunEvent::AgentCompacted { .. }
                     | RunEvent::PlanAccepted { .. }
                     | RunEvent::PlanRejected { .. }
                     | RunEvent::PlanRevising { .. }
@@ -533,6 +534,15 @@ fn event_line(event: &RunEvent) -> String {
         RunEvent::AgentObservation {
             step, tool, text, ..
         } => format!("observed  {step}: {tool} -> {}\n", one_line(text)),
+        RunEvent::AgentCompacted {
+            step,
+            turns,
+            tokens_before,
+            tokens_after,
+            ..
+        } => format!(
+            "compacted {step}: {turns} earlier turns summarised, about {tokens_before} -> {tokens_after} tokens\n"
+        ),
         RunEvent::StepReused { step, status } => {
             format!("reused    {step} ({} earlier)\n", status.as_str())
         }

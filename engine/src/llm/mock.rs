@@ -2,7 +2,7 @@
 //! workflows with LLM steps can be tested offline.
 //!
 //! For each request, the first turn whose `match` text the last user message contains answers (such turns
-//! may answer any number of times); otherwise the next turn without `match` answers, each once, in order.
+//! may answer any number of times; an agent step's status note is not read); otherwise the next turn without `match` answers, each once, in order.
 //! When none is left the call fails, naming the last user message. Usage is estimated at four characters a
 //! token, so budgets can be tested too.
 
@@ -91,8 +91,9 @@ impl Mock {
             .messages
             .iter()
             .rev()
-            .find(|m| m.role == Role::User)
-            .map(Message::text)
+            .map(|m| (m.role, m.text()))
+            .find(|(role, text)| *role == Role::User && !text.starts_with(super::STATUS_NOTE))
+            .map(|(_, text)| text)
             .unwrap_or_default();
         let mut state = self
             .state

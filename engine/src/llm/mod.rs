@@ -15,6 +15,7 @@ pub mod gemini;
 pub mod mock;
 pub mod openai;
 pub mod pricing;
+pub mod tokens;
 
 use std::fmt;
 use std::future::Future;
@@ -23,6 +24,11 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value as Json};
+
+/// How the note an agent step adds to each request about its progress begins. The note is not part of the
+/// conversation: it is written fresh for every request and never kept, and the `mock` provider's `match`
+/// does not read it.
+pub const STATUS_NOTE: &str = "[run status]";
 
 /// Who wrote a message.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]

@@ -151,6 +151,19 @@ pub enum RunEvent {
         tool: String,
         text: String,
         error: bool,
+        /// The whole output, when `text` is cut.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        full_text: Option<String>,
+    },
+    /// The conversation neared the model's context window: earlier turns were replaced by a summary.
+    AgentCompacted {
+        step: String,
+        iteration: u32,
+        /// The assistant turns summarised.
+        turns: u32,
+        /// The prompt's estimated tokens before and after.
+        tokens_before: u64,
+        tokens_after: u64,
     },
     /// The agent's final answer (cut when long).
     AgentAnswer {

@@ -116,10 +116,14 @@ impl Redactor {
             RunEvent::StepRetried { error, .. } => self.string(error),
             RunEvent::StepFinished { error, .. } => self.option(error),
             RunEvent::StepSkipped { reason, .. } => self.string(reason),
-            RunEvent::AgentThought { text, .. }
-            | RunEvent::AgentObservation { text, .. }
-            | RunEvent::AgentAnswer { text, .. } => {
+            RunEvent::AgentThought { text, .. } | RunEvent::AgentAnswer { text, .. } => {
                 self.string(text);
+            }
+            RunEvent::AgentObservation {
+                text, full_text, ..
+            } => {
+                self.string(text);
+                self.option(full_text);
             }
             RunEvent::AgentAction { arguments, .. } => self.json(arguments),
             RunEvent::PlanProposed { text, .. } => self.string(text),
@@ -131,7 +135,8 @@ impl Redactor {
             | RunEvent::PlanAccepted { .. }
             | RunEvent::Resumed { .. }
             | RunEvent::StepReused { .. }
-            | RunEvent::LlmCall { .. } => {}
+            | RunEvent::LlmCall { .. }
+            | RunEvent::AgentCompacted { .. } => {}
         }
     }
 }

@@ -349,9 +349,13 @@ pub struct ProviderDef {
     /// Most requests per minute.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub requests_per_minute: Option<u32>,
-    /// The model's context window in tokens.
+    /// The model's context window in tokens (default: a built-in table of well-known models, else 8192).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub context_window: Option<u32>,
+    pub context_window: Option<Spanned<u32>>,
+    /// The share of the context window at which an agent step compacts its earlier turns into a summary:
+    /// a number above 0 and at most 1 (default 0.8).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub compact_at: Option<Spanned<f64>>,
     /// Prices in USD per million tokens, overriding the built-in table.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pricing: Option<Pricing>,

@@ -158,6 +158,36 @@ impl Checker<'_> {
                     .with_hint("for example `http://127.0.0.1:8080/v1`"),
                 );
             }
+            if let Some(window) = &provider.context_window
+                && window.value == 0
+            {
+                self.push(
+                    Diagnostic::error(
+                        codes::INVALID_VALUE,
+                        window.span,
+                        format!(
+                            "`context_window` of provider `{}` must be at least 1 token",
+                            name.value
+                        ),
+                    )
+                    .with_hint("leave it out to use the built-in table of well-known models"),
+                );
+            }
+            if let Some(share) = &provider.compact_at
+                && !(share.value > 0.0 && share.value <= 1.0)
+            {
+                self.push(
+                    Diagnostic::error(
+                        codes::INVALID_VALUE,
+                        share.span,
+                        format!(
+                            "`compact_at` of provider `{}` must be above 0 and at most 1, not `{}`",
+                            name.value, share.value
+                        ),
+                    )
+                    .with_hint("it is a share of the context window, such as `0.8` for 80%"),
+                );
+            }
             let is_mock = provider.kind.value == crate::spec::ProviderKind::Mock;
             if !is_mock && (!provider.turns.is_empty() || provider.script.is_some()) {
                 self.push(Diagnostic::warning(

@@ -4,7 +4,10 @@
 //! so far, and either calls tools (native tool calling) or gives its final answer. Tool calls go through the
 //! same executor as the spec's own steps; every call, thought, action and observation is an event. The loop
 //! is bounded by `max_iterations` (default 10), the run's LLM budget, and a guard against repeating the same
-//! call; a final answer must match `output_schema` when the step has one.
+//! call; a final answer must match `output_schema` when the step has one. What the model reads is kept within
+//! its context window (`context`).
+
+mod context;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -18,6 +21,7 @@ use super::{Called, Failure, Shared, call_declared, millis, tool_failure};
 use crate::llm::cassette::{Recorder, Replayer};
 use crate::llm::config::{self, Configured};
 use crate::llm::pricing;
+use crate::llm::tokens::Estimator;
 use crate::llm::{ChatRequest, FinishReason, Message, Part, ToolChoice, ToolResult, ToolSpec};
 use crate::run::render::to_text;
 use crate::run::tools::{self, ToolOutput};
@@ -27,8 +31,8 @@ use crate::tools::builtin;
 
 /// Iterations of an agent step unless `max_iterations` says otherwise.
 pub const DEFAULT_MAX_ITERATIONS: u32 = 10;
-/// Most characters of a tool's output shown to the model; the rest is cut with a marker.
-const OBSERVATION_CHARS: usize = 4000;
+/// Most characters of a thought shown in its event.
+const THOUGHT_CHARS: usize = 4000;
 /// The same call (tool and arguments) this many times draws a warning; once more stops the step.
 const REPEAT_LIMIT: usize = 3;
 /// Most tool calls of one turn running at once.
@@ -188,7 +192,16 @@ pub(super) async fn run(
     if text_mode && !tools.is_empty() {
         system.push_str(&text_mode_instructions(&tools));
     }
-    let mut messages = vec![Message::system(system), Message::user(user)];
+    let offered = if text_mode { Vec::new() } else { tools.clone() };
+    let estimator = Estimator::for_model(&configured.model);
+    let mut conversation = context::Conversation::new(
+        estimator,
+        context::Window::of(spec, &configured),
+        system,
+        user,
+        &offered,
+    );
+    let mut tool_calls = 0;
     // Each tool's argument schema, compiled once for the step.
     let validators: HashMap<String, jsonschema::Validator> = tools
         .iter()
@@ -210,22 +223,33 @@ pub(super) async fn run(
     };
     // A resumed run continues after the last iteration an earlier process completed.
     let mut first = 1;
-    if let Some(state) = checkpoint::restore::<AgentState>(shared, label, &messages) {
+    if let Some(state) = checkpoint::restore::<AgentState>(shared, label, conversation.messages()) {
         checkpoint::count_restored(shared, &state.usage);
         shared.emit(RunEvent::Resumed {
             step: label.to_owned(),
             from: format!("after iteration {}", state.iteration),
         });
         first = state.iteration + 1;
-        messages = state.messages;
+        conversation.replace(state.messages);
+        tool_calls = state.tool_calls;
         usage = state.usage;
         seen_calls = state.seen_calls;
         schema_retries = state.schema_retries;
     }
 
     for iteration in first..=max_iterations {
-        let offered = if text_mode { Vec::new() } else { tools.clone() };
-        let mut request = configured.request(messages.clone(), offered);
+        let note = context::status_note(shared, iteration, max_iterations, tool_calls);
+        context::fit(
+            shared,
+            label,
+            &configured,
+            &mut conversation,
+            iteration,
+            Some(&note),
+            &mut usage,
+        )
+        .await?;
+        let mut request = configured.request(conversation.request(Some(&note)), offered.clone());
         request.output_schema.clone_from(&schema);
         if let Some(t) = agent.and_then(|a| a.temperature) {
             request.temperature = Some(t);
@@ -246,9 +270,10 @@ pub(super) async fn run(
                         tool: String::new(),
                         text: problem.clone(),
                         error: true,
+                        full_text: None,
                     });
-                    messages.push(Message::assistant(vec![Part::Text(response.text())]));
-                    messages.push(Message::user(format!("Observation: {problem}")));
+                    conversation.push(Message::assistant(vec![Part::Text(response.text())]));
+                    conversation.push(Message::user(format!("Observation: {problem}")));
                     continue;
                 }
             }
@@ -304,8 +329,8 @@ pub(super) async fn run(
                             .map(|e| format!("at `{}`: {e}", e.instance_path()))
                             .unwrap_or_else(|| "it does not match".to_owned()),
                     };
-                    messages.push(response.message.clone());
-                    messages.push(Message::user(format!(
+                    conversation.push(response.message.clone());
+                    conversation.push(Message::user(format!(
                         "Your answer does not match the required JSON Schema ({problem}). Answer again with JSON only."
                     )));
                     continue;
@@ -320,10 +345,11 @@ pub(super) async fn run(
             shared.emit(RunEvent::AgentThought {
                 step: label.to_owned(),
                 iteration,
-                text: truncate(thought, OBSERVATION_CHARS),
+                text: truncate(thought, THOUGHT_CHARS),
             });
         }
-        messages.push(response.message.clone());
+        conversation.push(response.message.clone());
+        tool_calls += calls.len();
         // Guard against loops first, in order; then run the turn's calls together, a few at a time.
         let mut planned = Vec::with_capacity(calls.len());
         for call in &calls {
@@ -352,8 +378,9 @@ pub(super) async fn run(
             planned.push((call, repeats == REPEAT_LIMIT));
         }
         let mut results = Vec::with_capacity(planned.len());
-        let offered = &tools;
+        let allowed = &tools;
         let compiled = &validators;
+        let shown = conversation.window.observation_tokens();
         for chunk in planned.chunks(PARALLEL_CALLS) {
             let observations = futures_util::future::join_all(chunk.iter().map(|(call, warn)| async move {
                 if *warn {
@@ -364,17 +391,19 @@ pub(super) async fn run(
                         true,
                     )
                 } else {
-                    observe(shared, label, offered, compiled, &call.name, &call.arguments).await
+                    observe(shared, label, allowed, compiled, &call.name, &call.arguments).await
                 }
             }))
             .await;
-            for ((call, _), (content, is_error)) in chunk.iter().zip(observations) {
+            for ((call, _), (output, is_error)) in chunk.iter().zip(observations) {
+                let (content, full_text) = context::cut(estimator, output, shown);
                 shared.emit(RunEvent::AgentObservation {
                     step: label.to_owned(),
                     iteration,
                     tool: call.name.clone(),
                     text: content.clone(),
                     error: is_error,
+                    full_text,
                 });
                 results.push(Part::ToolResult(ToolResult {
                     id: call.id.clone(),
@@ -386,8 +415,8 @@ pub(super) async fn run(
         }
         if text_mode {
             // The model wrote its action as text: it reads the observation as text too.
-            messages.pop();
-            messages.push(Message::assistant(vec![Part::Text(response.text())]));
+            conversation.pop();
+            conversation.push(Message::assistant(vec![Part::Text(response.text())]));
             let observations: Vec<String> = results
                 .iter()
                 .filter_map(|p| match p {
@@ -395,9 +424,9 @@ pub(super) async fn run(
                     _ => None,
                 })
                 .collect();
-            messages.push(Message::user(observations.join("\n")));
+            conversation.push(Message::user(observations.join("\n")));
         } else {
-            messages.push(Message {
+            conversation.push(Message {
                 role: crate::llm::Role::Tool,
                 parts: results,
             });
@@ -407,7 +436,8 @@ pub(super) async fn run(
             label,
             &AgentState {
                 iteration,
-                messages: messages.clone(),
+                messages: conversation.messages().to_vec(),
+                tool_calls,
                 usage: usage.clone(),
                 seen_calls: seen_calls.clone(),
                 schema_retries,
@@ -415,10 +445,20 @@ pub(super) async fn run(
         );
     }
     // Out of iterations: one last turn without tools for the best answer so far.
-    messages.push(Message::user(
+    conversation.push(Message::user(
         "You have reached the iteration limit. Give your best final answer now, without calling tools.".to_owned(),
     ));
-    let mut request = configured.request(messages, if text_mode { Vec::new() } else { tools });
+    context::fit(
+        shared,
+        label,
+        &configured,
+        &mut conversation,
+        max_iterations + 1,
+        None,
+        &mut usage,
+    )
+    .await?;
+    let mut request = configured.request(conversation.request(None), offered);
     request.tool_choice = ToolChoice::None;
     let response = complete(shared, label, &configured, &request, &mut usage).await?;
     let best: String = response.text().chars().take(500).collect();
@@ -626,10 +666,11 @@ async fn observe(
             } else {
                 text
             };
-            (
-                truncate(&shared.redactor.text(&shown), OBSERVATION_CHARS),
-                false,
-            )
+            let redacted = match shared.redactor.text(&shown) {
+                std::borrow::Cow::Owned(redacted) => Some(redacted),
+                std::borrow::Cow::Borrowed(_) => None,
+            };
+            (redacted.unwrap_or(shown), false)
         }
         Err(failure) => (
             format!("error: {}", shared.redactor.text(&failure.message)),
@@ -676,7 +717,7 @@ fn emit_answer(shared: &Shared, label: &str, iteration: u32, text: &str) {
     shared.emit(RunEvent::AgentAnswer {
         step: label.to_owned(),
         iteration,
-        text: truncate(text, OBSERVATION_CHARS),
+        text: truncate(text, THOUGHT_CHARS),
     });
 }
 

@@ -19,6 +19,8 @@ use crate::store::Entry;
 pub(super) struct AgentState {
     pub iteration: u32,
     pub messages: Vec<Message>,
+    #[serde(default)]
+    pub tool_calls: usize,
     pub usage: LlmUsage,
     pub seen_calls: HashMap<String, usize>,
     pub schema_retries: usize,
