@@ -482,7 +482,7 @@ mod context {
     }
 
     /// A chat completion whose message is `message`.
-    fn completion(message: Json) -> ResponseTemplate {
+    pub(super) fn completion(message: Json) -> ResponseTemplate {
         let finish = if message.get("tool_calls").is_some() {
             "tool_calls"
         } else {
@@ -526,7 +526,7 @@ mod context {
         server
     }
 
-    async fn bodies(server: &MockServer) -> Vec<Json> {
+    pub(super) async fn bodies(server: &MockServer) -> Vec<Json> {
         server
             .received_requests()
             .await
@@ -536,7 +536,7 @@ mod context {
             .collect()
     }
 
-    fn spec(server: &MockServer, provider: &str, step: &str) -> String {
+    pub(super) fn spec(server: &MockServer, provider: &str, step: &str) -> String {
         format!(
             "name: context\nllm:\n  providers:\n    local: {{ kind: openai, base_url: \"{}/v1\", {provider} }}\nsteps:\n  - {{ id: answer, {step} }}\n",
             server.uri()
@@ -784,5 +784,98 @@ mod context {
                 "the note comes last"
             );
         }
+    }
+}
+
+mod tool_modes {
+    //! `tool_mode: auto` (the default): native tool calling, text mode when the server refuses tools, and
+    //! actions a model writes as text although it was offered native tools.
+
+    use super::context::{bodies, completion, spec};
+    use super::*;
+    use serde_json::Value as Json;
+    use wiremock::matchers::method;
+    use wiremock::{Mock, MockServer, Request, ResponseTemplate};
+
+    async fn run(server: &MockServer) -> (RunReport, Vec<RunEvent>) {
+        let dir = TempDir::new().expect("tempdir");
+        let yaml = spec(
+            server,
+            "model: local-model",
+            "goal: What is 20% of 50?, tools: [calculator], max_iterations: 4",
+        );
+        run_agent(dir.path(), &yaml).await
+    }
+
+    #[tokio::test]
+    async fn a_server_that_refuses_tools_gets_text_mode() {
+        let server = MockServer::start().await;
+        Mock::given(method("POST"))
+            .respond_with(|request: &Request| {
+                let body: Json = serde_json::from_slice(&request.body).unwrap_or_default();
+                if body.get("tools").is_some() {
+                    return ResponseTemplate::new(400).set_body_json(json!({
+                        "error": { "message": "tools param requires --jinja flag", "type": "invalid_request_error" }
+                    }));
+                }
+                let observed = body.to_string().contains("Observation: 10");
+                completion(json!({ "role": "assistant", "content": if observed {
+                    "Final Answer: 10"
+                } else {
+                    "Thought: I should compute.\nAction: {\"tool\": \"calculator\", \"arguments\": {\"expression\": \"50 * 20 / 100\"}}"
+                } }))
+            })
+            .mount(&server)
+            .await;
+        let (report, events) = run(&server).await;
+        let answer = &report.steps["answer"];
+        assert_eq!(answer.status, StepStatus::Succeeded, "{answer:?}");
+        assert_eq!(answer.output, json!("10"));
+        assert!(events.iter().any(|e| matches!(
+            e,
+            RunEvent::AgentObservation { text, .. } if text.contains("continuing in text mode")
+        )));
+        let sent = bodies(&server).await;
+        assert_eq!(sent.len(), 3, "one refused request, then two in text mode");
+        assert!(sent[1].get("tools").is_none());
+        let system = sent[1]["messages"][0]["content"]
+            .as_str()
+            .unwrap_or_default();
+        assert!(
+            system.contains("Action:"),
+            "the tools are described in the prompt: {system}"
+        );
+    }
+
+    #[tokio::test]
+    async fn an_action_written_as_text_is_read_in_auto_mode() {
+        let server = MockServer::start().await;
+        Mock::given(method("POST"))
+            .respond_with(|request: &Request| {
+                let body: Json = serde_json::from_slice(&request.body).unwrap_or_default();
+                let observed = body["messages"]
+                    .as_array()
+                    .is_some_and(|m| m.iter().any(|m| m["role"] == "tool"));
+                completion(json!({ "role": "assistant", "content": if observed {
+                    "10"
+                } else {
+                    "<tool_call>{\"name\": \"calculator\", \"arguments\": {\"expression\": \"50 * 20 / 100\"}}</tool_call>"
+                } }))
+            })
+            .mount(&server)
+            .await;
+        let (report, events) = run(&server).await;
+        let answer = &report.steps["answer"];
+        assert_eq!(answer.status, StepStatus::Succeeded, "{answer:?}");
+        assert_eq!(answer.output, json!("10"));
+        assert!(events.iter().any(|e| matches!(
+            e,
+            RunEvent::AgentAction { tool, .. } if tool == "calculator"
+        )));
+        let sent = bodies(&server).await;
+        assert!(
+            sent.iter().all(|b| b.get("tools").is_some()),
+            "native all along"
+        );
     }
 }

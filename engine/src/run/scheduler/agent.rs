@@ -26,7 +26,7 @@ use crate::llm::{ChatRequest, FinishReason, Message, Part, ToolChoice, ToolResul
 use crate::run::render::to_text;
 use crate::run::tools::{self, ToolOutput};
 use crate::run::{LlmUsage, RunEvent, StepStatus};
-use crate::spec::{AgentDef, Body, Spec};
+use crate::spec::{AgentDef, Body, Spec, ToolMode};
 use crate::tools::builtin;
 
 /// Iterations of an agent step unless `max_iterations` says otherwise.
@@ -47,15 +47,29 @@ pub(crate) struct LlmContext {
     pub totals: Arc<Mutex<LlmUsage>>,
     /// Plan revisions made in the run so far (limited by `defaults.max_replans`).
     pub replans: Arc<std::sync::atomic::AtomicU32>,
+    /// Providers that refused native tool calling: agents in `auto` mode use text mode with them.
+    text_only: Mutex<std::collections::HashSet<String>>,
 }
 
 impl LlmContext {
+    /// Whether provider `name` refused native tool calling earlier in the run.
+    fn refuses_tools(&self, name: &str) -> bool {
+        self.text_only.lock().is_ok_and(|t| t.contains(name))
+    }
+
+    fn mark_refuses_tools(&self, name: &str) {
+        if let Ok(mut text_only) = self.text_only.lock() {
+            text_only.insert(name.to_owned());
+        }
+    }
+
     /// A context for a sub-workflow: its own providers, the run's totals.
     pub fn nested(&self) -> LlmContext {
         LlmContext {
             providers: Mutex::new(HashMap::new()),
             totals: self.totals.clone(),
             replans: self.replans.clone(),
+            text_only: Mutex::default(),
         }
     }
 
@@ -146,8 +160,9 @@ pub(super) async fn run(
     };
     let tools = offered_tools(spec, &patterns);
     // Text mode, for models without native tool calling: the tools are described in the prompt and the
-    // model writes `Action: {json}` lines, which are read (and repaired) here.
-    let text_mode = agent
+    // model writes `Action: {json}` lines, which are read (and repaired) here. `auto` (the default) starts
+    // native and changes to text for the rest of the run when the provider refuses tools.
+    let mode = agent
         .and_then(|a| a.tool_mode.as_ref())
         .or_else(|| {
             spec.llm
@@ -155,7 +170,10 @@ pub(super) async fn run(
                 .and_then(|l| l.providers.get(provider_name.as_str()))
                 .and_then(|p| p.tool_mode.as_ref())
         })
-        .is_some_and(|m| m.value == crate::spec::ToolMode::Text);
+        .map_or(ToolMode::Auto, |m| m.value);
+    let auto = mode == ToolMode::Auto && !tools.is_empty();
+    let mut text_mode =
+        mode == ToolMode::Text || (auto && shared.llm.refuses_tools(&provider_name));
     let schema = body.output_schema.map(crate::spec::Node::to_json);
 
     let mut system = String::from(
@@ -189,18 +207,23 @@ pub(super) async fn run(
             .map_err(|e| Failure::fixed(format!("`context`: {e}")))?;
         user.push_str(&format!("\n\nContext:\n{}", to_text(&value)));
     }
-    if text_mode && !tools.is_empty() {
-        system.push_str(&text_mode_instructions(&tools));
-    }
-    let offered = if text_mode { Vec::new() } else { tools.clone() };
+    let start = |text_mode: bool| {
+        let mut system = system.clone();
+        if text_mode && !tools.is_empty() {
+            system.push_str(&text_mode_instructions(&tools));
+        }
+        let offered = if text_mode { Vec::new() } else { tools.clone() };
+        let conversation = context::Conversation::new(
+            Estimator::for_model(&configured.model),
+            context::Window::of(spec, &configured),
+            system,
+            user.clone(),
+            &offered,
+        );
+        (offered, conversation)
+    };
+    let (mut offered, mut conversation) = start(text_mode);
     let estimator = Estimator::for_model(&configured.model);
-    let mut conversation = context::Conversation::new(
-        estimator,
-        context::Window::of(spec, &configured),
-        system,
-        user,
-        &offered,
-    );
     let mut tool_calls = 0;
     // Each tool's argument schema, compiled once for the step.
     let validators: HashMap<String, jsonschema::Validator> = tools
@@ -254,7 +277,45 @@ pub(super) async fn run(
         if let Some(t) = agent.and_then(|a| a.temperature) {
             request.temperature = Some(t);
         }
-        let mut response = complete(shared, label, &configured, &request, &mut usage).await?;
+        let mut response = match complete(shared, label, &configured, &request, &mut usage).await {
+            // A server without native tool calling: the step starts again in text mode, before any tool
+            // ran, and later steps asking the same provider start there.
+            Err(failure)
+                if auto && !text_mode && iteration == 1 && refuses_tools(&failure.message) =>
+            {
+                shared.llm.mark_refuses_tools(&provider_name);
+                shared.emit(RunEvent::AgentObservation {
+                    step: label.to_owned(),
+                    iteration,
+                    tool: String::new(),
+                    text: format!(
+                        "provider `{provider_name}` refused native tool calling ({}); continuing in text mode",
+                        failure.message
+                    ),
+                    error: true,
+                    full_text: None,
+                });
+                text_mode = true;
+                (offered, conversation) = start(true);
+                let mut request =
+                    configured.request(conversation.request(Some(&note)), offered.clone());
+                request.output_schema.clone_from(&schema);
+                if let Some(t) = agent.and_then(|a| a.temperature) {
+                    request.temperature = Some(t);
+                }
+                complete(shared, label, &configured, &request, &mut usage).await?
+            }
+            other => other?,
+        };
+        // A model offered native tools that writes its action as text anyway (small local models do):
+        // in `auto` mode the action is read from the text.
+        if auto
+            && !text_mode
+            && response.tool_calls().next().is_none()
+            && let TextTurn::Action(call) = read_text_action(&response.text(), iteration)
+        {
+            response.message.parts = vec![Part::ToolCall(call)];
+        }
         if text_mode && !tools.is_empty() {
             match read_text_action(&response.text(), iteration) {
                 TextTurn::Final(answer) => {
@@ -757,6 +818,13 @@ pub(super) fn parse_json(text: &str) -> Option<Json> {
         }
     }
     None
+}
+
+/// Whether a provider's error says it does not take tools (servers without native tool calling answer the
+/// `tools` field with a 400 naming it).
+fn refuses_tools(message: &str) -> bool {
+    let message = message.to_ascii_lowercase();
+    message.contains("tool") || message.contains("function call")
 }
 
 /// How to call tools in text mode, appended to the system prompt.
