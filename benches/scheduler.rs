@@ -35,6 +35,7 @@ fn options(max_parallel: usize) -> RunOptions {
         prior: Default::default(),
         cassette: None,
         checkpoints: Default::default(),
+        approvals: Default::default(),
     }
 }
 

@@ -34,6 +34,8 @@ pub enum Command {
     Retry(RetryArgs),
     /// Stop a run for good: its owner is told to stop; a run nobody owns is marked cancelled.
     Cancel(CancelArgs),
+    /// Approve (or deny) the calls a paused run waits for; `archon resume` then continues it.
+    Approve(ApproveArgs),
     /// Work with LLM providers.
     #[command(subcommand)]
     Llm(LlmCommand),
@@ -126,6 +128,15 @@ pub struct RunOutputArgs {
     /// Append every run event as a JSON line to this file.
     #[arg(long, value_name = "FILE")]
     pub events: Option<PathBuf>,
+
+    /// Approve every call that asks for approval, without asking; each approval is recorded as given by
+    /// `--yes`.
+    #[arg(long)]
+    pub yes: bool,
+
+    /// Never prompt: a call that asks for approval pauses the run (exit 3) for `archon approve`.
+    #[arg(long, conflicts_with = "yes")]
+    pub no_input: bool,
 }
 
 /// Where runs are kept.
@@ -217,6 +228,28 @@ pub struct RetryArgs {
 
     #[command(flatten)]
     pub options: ContinueArgs,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct ApproveArgs {
+    /// The run id, as `archon runs` lists it.
+    #[arg(value_name = "RUN")]
+    pub run: String,
+
+    /// Decide only the calls of this step (default: every call the run waits for).
+    #[arg(long, value_name = "STEP")]
+    pub step: Option<String>,
+
+    /// Deny instead of approving: a denied spec call fails its step; a denied LLM call is told so.
+    #[arg(long)]
+    pub deny: bool,
+
+    /// Why, recorded with the decision.
+    #[arg(long, value_name = "TEXT")]
+    pub reason: Option<String>,
+
+    #[command(flatten)]
+    pub state: StateArgs,
 }
 
 #[derive(Debug, clap::Args)]

@@ -193,7 +193,64 @@ fn describe(event: &RunEvent) -> (&'static str, String) {
             reason,
         } => ("replan", format!("{step} (revision {replan}): {reason}")),
         RunEvent::Resumed { step, from } => ("resumed", format!("{step} {from}")),
+        RunEvent::RuleMatched {
+            step,
+            tool,
+            on,
+            rule,
+            action,
+        } => (
+            "rule",
+            format!(
+                "{}{}: `{rule}` {} on {}",
+                step.as_deref().filter(|s| !s.is_empty()).unwrap_or("run"),
+                tool.as_deref()
+                    .map_or_else(String::new, |t| format!(" {t}")),
+                name(serde_json::to_value(action)),
+                name(serde_json::to_value(on))
+            ),
+        ),
+        RunEvent::ApprovalRequested {
+            step,
+            tool,
+            arguments,
+            reason,
+            ..
+        } => (
+            "asking",
+            format!(
+                "{step}{}: {reason}\n{}",
+                tool.as_deref()
+                    .map_or_else(String::new, |t| format!(" {t}")),
+                serde_json::to_string_pretty(arguments).unwrap_or_default()
+            ),
+        ),
+        RunEvent::ApprovalDecided {
+            step,
+            tool,
+            approved,
+            by,
+            reason,
+        } => (
+            if *approved { "approved" } else { "denied" },
+            format!(
+                "{step}{} by {by}{}",
+                tool.as_deref()
+                    .map_or_else(String::new, |t| format!(" {t}")),
+                reason
+                    .as_deref()
+                    .map_or_else(String::new, |r| format!(": {r}"))
+            ),
+        ),
     }
+}
+
+/// A spec enum's name as written in specs (`before_tool`, `deny`), from its JSON form.
+fn name(value: serde_json::Result<Json>) -> String {
+    value
+        .ok()
+        .and_then(|v| v.as_str().map(str::to_owned))
+        .unwrap_or_default()
 }
 
 fn revision(replan: u32) -> String {

@@ -30,6 +30,7 @@ pub(crate) async fn run_agent(dir: &Path, yaml: &str) -> (RunReport, Vec<RunEven
         prior: Default::default(),
         cassette: None,
         checkpoints: Default::default(),
+        approvals: Default::default(),
     };
     let report = run::run(Arc::new(workflow), Map::new(), options)
         .await
@@ -173,27 +174,42 @@ async fn the_llm_budget_stops_the_step_with_a_clear_error() {
 }
 
 #[tokio::test]
-async fn tools_that_need_approval_are_not_offered() {
+async fn a_sensitive_tool_an_agent_chooses_waits_for_approval() {
     let dir = TempDir::new().expect("tempdir");
     let turns = "        - tool_calls: [{ name: write_file, arguments: { path: x.txt, content: x } }]\n        - text: \"done\"";
     let step = "  - id: answer\n    goal: write x\n    tools: [write_file, calculator]\n";
     let (report, events) = run_agent(dir.path(), &spec(turns, step)).await;
-    assert_eq!(report.steps["answer"].status, StepStatus::Succeeded);
+    assert_eq!(report.steps["answer"].status, StepStatus::WaitingApproval);
+    assert_eq!(report.status, run::RunStatus::WaitingApproval);
     assert!(
         !dir.path().join("x.txt").exists(),
-        "the write never happened"
+        "the write waits for a person"
     );
-    assert!(events.iter().any(|e| matches!(e, RunEvent::AgentObservation { text, error: true, .. } if text.starts_with("unknown tool `write_file`"))));
+    assert!(events.iter().any(|e| matches!(
+        e,
+        RunEvent::ApprovalRequested { tool: Some(tool), .. } if tool == "write_file"
+    )));
 }
 
 #[tokio::test]
-async fn an_agent_may_read_over_http_but_not_change_things() {
+async fn an_agent_may_read_over_http_and_asks_before_changing_things() {
     let dir = TempDir::new().expect("tempdir");
     let turns = "        - tool_calls: [{ name: http, arguments: { url: \"http://127.0.0.1:9/x\", method: POST, json: { a: 1 } } }]\n        - text: \"gave up\"";
     let step = "  - id: answer\n    goal: post something\n    tools: [http]\n";
     let (report, events) = run_agent(dir.path(), &spec(turns, step)).await;
+    assert_eq!(report.steps["answer"].status, StepStatus::WaitingApproval);
+    assert!(events.iter().any(|e| matches!(e, RunEvent::ApprovalRequested { reason, .. } if reason.contains("sensitive"))), "{events:?}");
+    // A rule may allow what would otherwise ask.
+    let allowed = spec(turns, step)
+        + "rules:\n  - { on: before_tool, match: { tool: http, chosen_by: llm }, action: allow }\n";
+    let (report, events) = run_agent(dir.path(), &allowed).await;
     assert_eq!(report.steps["answer"].status, StepStatus::Succeeded);
-    assert!(events.iter().any(|e| matches!(e, RunEvent::AgentObservation { text, error: true, .. } if text.starts_with("`http` with method `POST` needs a person's approval"))), "{events:?}");
+    assert!(
+        events.iter().any(
+            |e| matches!(e, RunEvent::AgentObservation { tool, error: true, .. } if tool == "http")
+        ),
+        "the request was made (and failed): {events:?}"
+    );
 }
 
 #[test]

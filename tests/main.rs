@@ -12,6 +12,7 @@ mod nested;
 mod plan;
 mod planner;
 mod properties;
+mod rules;
 mod run;
 mod schema;
 mod support;

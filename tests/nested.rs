@@ -23,6 +23,7 @@ fn options(workdir: &Path) -> RunOptions {
         prior: Default::default(),
         cassette: None,
         checkpoints: Default::default(),
+        approvals: Default::default(),
     }
 }
 

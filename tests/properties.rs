@@ -155,6 +155,7 @@ proptest! {
             prior: Default::default(),
             cassette: None,
             checkpoints: Default::default(),
+            approvals: Default::default(),
         };
         let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
         let report = runtime

@@ -21,6 +21,8 @@ pub enum Status {
     Failure,
     /// 2: invalid spec, input or usage.
     Invalid,
+    /// 3: paused, waiting for a person's approval.
+    WaitingApproval,
     /// 130: interrupted.
     Interrupted,
 }
@@ -31,6 +33,7 @@ impl From<Status> for ExitCode {
             Status::Success => 0,
             Status::Failure => 1,
             Status::Invalid => 2,
+            Status::WaitingApproval => 3,
             Status::Interrupted => 130,
         })
     }
@@ -46,6 +49,7 @@ pub fn run(cli: Cli) -> anyhow::Result<Status> {
         Command::Resume(args) => runs::resume(&args, cli.color),
         Command::Retry(args) => runs::retry(&args, cli.color),
         Command::Cancel(args) => runs::cancel(&args),
+        Command::Approve(args) => runs::approve(&args),
         Command::Llm(LlmCommand::Ping(args)) => llm::ping(&args),
         Command::Schema => schema::run(),
     }

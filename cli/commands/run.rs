@@ -3,6 +3,7 @@
 
 use std::collections::HashMap;
 use std::fmt::Write as _;
+use std::future::Future;
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -89,6 +90,7 @@ pub fn run(args: &RunArgs, color: ColorChoice) -> anyhow::Result<Status> {
         run_id: id,
         prior: HashMap::new(),
         checkpoints: HashMap::new(),
+        decided: HashMap::new(),
         cassette,
         max_parallel: args.max_parallel as usize,
         workdir,
@@ -205,6 +207,8 @@ pub struct Execution<'a> {
     pub prior: HashMap<String, StepResult>,
     /// Where LLM steps the earlier process did not finish stood.
     pub checkpoints: HashMap<String, Json>,
+    /// Decisions on calls that asked for approval, by key (`archon approve`).
+    pub decided: HashMap<String, run::ApprovalDecision>,
     pub cassette: Option<run::Cassette>,
     pub max_parallel: usize,
     pub workdir: PathBuf,
@@ -251,6 +255,16 @@ pub fn execute(exec: Execution<'_>) -> anyhow::Result<Status> {
         prior: Arc::new(exec.prior),
         cassette: exec.cassette,
         checkpoints: Arc::new(exec.checkpoints),
+        approvals: run::Approvals {
+            decided: Arc::new(exec.decided),
+            yes: args.yes,
+            // A person at a terminal is asked there; otherwise the run pauses for `archon approve`.
+            approver: (!args.yes
+                && !args.no_input
+                && std::io::IsTerminal::is_terminal(&std::io::stdin())
+                && std::io::IsTerminal::is_terminal(&std::io::stderr()))
+            .then(|| Arc::new(TerminalApprover) as Arc<dyn run::Approver>),
+        },
     };
     let mut display = if args.json {
         Display::Quiet
@@ -325,6 +339,7 @@ pub fn execute(exec: Execution<'_>) -> anyhow::Result<Status> {
         RunStatus::Succeeded => Status::Success,
         RunStatus::Failed => Status::Failure,
         RunStatus::Cancelled => Status::Interrupted,
+        RunStatus::WaitingApproval => Status::WaitingApproval,
     };
     if let Some(path) = exec.save_plan
         && let Err(message) = save_plan(&planned, &report, path)
@@ -420,7 +435,10 @@ impl Display {
                     | RunEvent::PlanAccepted { .. }
                     | RunEvent::PlanRejected { .. }
                     | RunEvent::PlanRevising { .. }
-                    | RunEvent::Resumed { .. } => text.push_str(&event_line(event)),
+                    | RunEvent::Resumed { .. }
+                    | RunEvent::RuleMatched { .. }
+                    | RunEvent::ApprovalRequested { .. }
+                    | RunEvent::ApprovalDecided { .. } => text.push_str(&event_line(event)),
                     RunEvent::PlanProposed { .. } => {}
                     RunEvent::LlmCall { .. }
                     | RunEvent::AgentThought { .. }
@@ -563,6 +581,46 @@ fn event_line(event: &RunEvent) -> String {
             format!("planned   {step}: {}{kept}\n", steps.join(", "))
         }
         RunEvent::Resumed { step, from } => format!("resumed   {step} {from}\n"),
+        RunEvent::RuleMatched {
+            step,
+            tool,
+            rule,
+            action,
+            ..
+        } => format!(
+            "rule      {}{}: `{rule}` {}\n",
+            step.as_deref().unwrap_or("run"),
+            tool.as_deref()
+                .map_or_else(String::new, |t| format!(" {t}")),
+            serde_json::to_value(action)
+                .ok()
+                .and_then(|a| a.as_str().map(str::to_owned))
+                .unwrap_or_default()
+        ),
+        RunEvent::ApprovalRequested {
+            step,
+            tool,
+            arguments,
+            reason,
+            ..
+        } => format!(
+            "asking    {step}{}: {reason}: {}\n",
+            tool.as_deref()
+                .map_or_else(String::new, |t| format!(" {t}")),
+            one_line(&arguments.to_string())
+        ),
+        RunEvent::ApprovalDecided {
+            step,
+            tool,
+            approved,
+            by,
+            ..
+        } => format!(
+            "{}  {step}{} by {by}\n",
+            if *approved { "approved" } else { "denied  " },
+            tool.as_deref()
+                .map_or_else(String::new, |t| format!(" {t}"))
+        ),
         RunEvent::PlanRevising { step, reason, .. } => {
             format!("replan    {step}: {}\n", one_line(reason))
         }
@@ -601,6 +659,7 @@ fn summary(report: &RunReport, resumable: bool) -> String {
         RunStatus::Failed => "failed",
         RunStatus::Cancelled if resumable => "was interrupted",
         RunStatus::Cancelled => "was cancelled",
+        RunStatus::WaitingApproval => "is waiting for approval",
     };
     let mut text = format!(
         "run {} of `{}` {status} in {} ms: {}\n",
@@ -631,6 +690,13 @@ fn summary(report: &RunReport, resumable: bool) -> String {
             report.run_id
         );
     }
+    if report.status == RunStatus::WaitingApproval {
+        let _ = writeln!(
+            text,
+            "  hint: `archon approve {id}` (or `archon approve {id} --deny`), then `archon resume {id}`",
+            id = report.run_id
+        );
+    }
     text.push_str(&outputs_text(&report.outputs));
     text
 }
@@ -649,4 +715,45 @@ pub fn outputs_text(outputs: &Map<String, Json>) -> String {
         }
     }
     text
+}
+
+/// Asks the person at the terminal about a call, showing it exactly as it would run (secrets redacted).
+struct TerminalApprover;
+
+impl run::Approver for TerminalApprover {
+    fn ask<'a>(
+        &'a self,
+        request: &'a run::ApprovalRequest,
+    ) -> std::pin::Pin<Box<dyn Future<Output = Option<run::ApprovalDecision>> + Send + 'a>> {
+        Box::pin(async move {
+            let arguments = serde_json::to_string_pretty(&request.arguments).unwrap_or_default();
+            output::stderr(&format!(
+                "\napproval needed: step `{}`{}\n  why: {}\n  arguments:\n{}\napprove? [y/N] ",
+                request.step,
+                request
+                    .tool
+                    .as_deref()
+                    .map_or_else(String::new, |t| format!(" calls `{t}`")),
+                request.reason,
+                arguments
+                    .lines()
+                    .map(|l| format!("    {l}"))
+                    .collect::<Vec<_>>()
+                    .join("\n")
+            ));
+            let line = tokio::task::spawn_blocking(|| {
+                let mut line = String::new();
+                std::io::stdin().read_line(&mut line).ok().map(|_| line)
+            })
+            .await
+            .ok()
+            .flatten()?;
+            let approved = matches!(line.trim().to_ascii_lowercase().as_str(), "y" | "yes");
+            Some(run::ApprovalDecision {
+                approved,
+                by: std::env::var("USER").unwrap_or_else(|_| "terminal".to_owned()),
+                reason: None,
+            })
+        })
+    }
 }

@@ -14,7 +14,7 @@ use super::run::{
     Execution, execute, existing_store, outputs_text, refuse_unsupported, spec_files, store_error,
 };
 use crate::args::{
-    CancelArgs, ColorChoice, ContinueArgs, ResumeArgs, RetryArgs, RunsArgs, ShowArgs,
+    ApproveArgs, CancelArgs, ColorChoice, ContinueArgs, ResumeArgs, RetryArgs, RunsArgs, ShowArgs,
 };
 use crate::output;
 use crate::render::{self, Report};
@@ -190,6 +190,78 @@ fn nested_rows(name: &str, result: &archon_engine::run::StepResult, rows: &mut V
     }
 }
 
+/// The decisions on a run's calls that asked: recorded ones, and the rule's default for requests whose
+/// timeout passed while nobody decided.
+fn decisions(run: &StoredRun) -> HashMap<String, archon_engine::run::ApprovalDecision> {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+    run.approvals
+        .iter()
+        .filter_map(|a| {
+            let decision = a.decision.clone().or_else(|| {
+                let limit = a.request.timeout_ms?;
+                (now.saturating_sub(a.requested_at) >= limit).then(|| {
+                    archon_engine::run::ApprovalDecision {
+                        approved: a.request.approve_on_timeout,
+                        by: "timeout".to_owned(),
+                        reason: Some("nobody decided in time".to_owned()),
+                    }
+                })
+            })?;
+            Some((a.request.key.clone(), decision))
+        })
+        .collect()
+}
+
+/// `archon approve RUN [--step S] [--deny] [--reason TEXT]`.
+pub fn approve(args: &ApproveArgs) -> anyhow::Result<Status> {
+    let store = match existing_store(&args.state) {
+        Ok(Some(store)) => store,
+        Ok(None) => return Ok(no_store(&args.run, &args.state)),
+        Err(status) => return Ok(status),
+    };
+    let decision = archon_engine::run::ApprovalDecision {
+        approved: !args.deny,
+        by: std::env::var("USER").unwrap_or_else(|_| "someone".to_owned()),
+        reason: args.reason.clone(),
+    };
+    let decided = match store.decide(&args.run, args.step.as_deref(), &decision) {
+        Ok(decided) => decided,
+        Err(e) => return Ok(store_error(&e)),
+    };
+    if decided.is_empty() {
+        output::stderr(&format!(
+            "error: run `{}` has no call waiting for approval{}\n",
+            args.run,
+            args.step
+                .as_deref()
+                .map_or_else(String::new, |s| format!(" in step `{s}`"))
+        ));
+        return Ok(Status::Invalid);
+    }
+    let mut text = String::new();
+    for request in &decided {
+        let _ = writeln!(
+            text,
+            "{} {}{}",
+            if args.deny { "denied" } else { "approved" },
+            request.step,
+            request
+                .tool
+                .as_deref()
+                .map_or_else(String::new, |t| format!(": `{t}` {}", request.arguments))
+        );
+    }
+    let _ = writeln!(
+        text,
+        "  hint: `archon resume {}` continues the run",
+        args.run
+    );
+    output::stdout(&text);
+    Ok(Status::Success)
+}
+
 pub fn cancel(args: &CancelArgs) -> anyhow::Result<Status> {
     let store = match existing_store(&args.state) {
         Ok(Some(store)) => store,
@@ -274,7 +346,7 @@ fn continue_run(
     let allowed: &[RunState] = if from.is_some() {
         &[RunState::Interrupted, RunState::Succeeded, RunState::Failed]
     } else {
-        &[RunState::Interrupted]
+        &[RunState::Interrupted, RunState::WaitingApproval]
     };
     let previous = match store.claim(id, allowed) {
         Ok(state) => state,
@@ -318,12 +390,14 @@ fn continue_run(
         }
     }
     let workdir = PathBuf::from(&stored.workdir);
+    let decided = decisions(&stored);
     execute(Execution {
         workflow,
         inputs: stored.inputs,
         store,
         run_id: id.to_owned(),
         prior,
+        decided,
         // A retried step starts afresh; a resumed one continues where it stood.
         checkpoints: if from.is_some() {
             HashMap::new()

@@ -130,8 +130,7 @@ fn tool_idempotent(workflow: &Workflow, name: &str, seen: &mut HashSet<String>) 
 }
 
 /// An agent or planner step is safe to repeat when every tool it may use is: the tools its `tools` globs
-/// (or its agent's) allow, sensitive ones left out as the run leaves them out. A checkpoint spares the
-/// iterations it completed in any case.
+/// (or its agent's) allow. A checkpoint spares the iterations it completed in any case.
 fn llm_step_idempotent(workflow: &Workflow, body: Body<'_>, seen: &mut HashSet<String>) -> bool {
     let spec = &workflow.spec;
     let agent = body
@@ -151,14 +150,12 @@ fn llm_step_idempotent(workflow: &Workflow, body: Body<'_>, seen: &mut HashSet<S
     let allowed = |name: &str| globs.iter().any(|g| g.is_match(name));
     let builtins = builtin::all()
         .iter()
-        .filter(|b| !b.sensitive && allowed(b.name))
+        .filter(|b| allowed(b.name))
         .map(|b| b.name.to_owned());
     let declared = spec
         .tools
         .iter()
-        .filter(|(name, def)| {
-            def.sensitive != Some(true) && def.mcp.is_none() && allowed(&name.value)
-        })
+        .filter(|(name, def)| def.mcp.is_none() && allowed(&name.value))
         .map(|(name, _)| name.value.clone());
     let usable: Vec<String> = builtins.chain(declared).collect();
     usable

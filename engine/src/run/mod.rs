@@ -11,10 +11,12 @@ pub mod http;
 mod jq;
 pub mod redact;
 pub mod render;
+pub mod rules;
 mod scheduler;
 pub mod tools;
 
 use std::collections::{BTreeMap, HashMap};
+use std::future::Future;
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -62,6 +64,62 @@ pub struct RunOptions {
     /// Where an earlier process left LLM steps it did not finish (`archon resume`), by step name: an
     /// agent continues from its last completed iteration, a planner from its last accepted plan.
     pub checkpoints: Arc<HashMap<String, Json>>,
+    /// How calls that ask for approval get an answer.
+    pub approvals: Approvals,
+}
+
+/// How calls that ask for a person's approval are decided: decisions already recorded (`archon approve`),
+/// `--yes`, a person at a terminal, or else the run pauses.
+#[derive(Clone, Default)]
+pub struct Approvals {
+    /// Decisions recorded for this run, by approval key.
+    pub decided: Arc<HashMap<String, ApprovalDecision>>,
+    /// `--yes`: every call that asks is approved, and each approval is recorded as given by `--yes`.
+    pub yes: bool,
+    /// Asks a person (at a terminal); `None` when nobody can be asked while the run goes on.
+    pub approver: Option<Arc<dyn Approver>>,
+}
+
+impl std::fmt::Debug for Approvals {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Approvals")
+            .field("decided", &self.decided.len())
+            .field("yes", &self.yes)
+            .field("approver", &self.approver.is_some())
+            .finish()
+    }
+}
+
+/// A decision on a call that asked.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ApprovalDecision {
+    pub approved: bool,
+    /// Who decided: a user name, `--yes`, `timeout`.
+    pub by: String,
+    pub reason: Option<String>,
+}
+
+/// A call waiting for a person's decision, as shown to them and recorded.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ApprovalRequest {
+    /// SHA-256 over run, step, tool and the rendered arguments: a decision holds for this exact call.
+    pub key: String,
+    pub step: String,
+    pub tool: Option<String>,
+    /// The rendered arguments, secrets redacted.
+    pub arguments: Json,
+    pub reason: String,
+    /// How long a person may take, and the decision after that.
+    pub timeout_ms: Option<u64>,
+    pub approve_on_timeout: bool,
+}
+
+/// Asks a person about a call; `None` when no answer came.
+pub trait Approver: Send + Sync {
+    fn ask<'a>(
+        &'a self,
+        request: &'a ApprovalRequest,
+    ) -> std::pin::Pin<Box<dyn Future<Output = Option<ApprovalDecision>> + Send + 'a>>;
 }
 
 /// What to do with the LLM calls of a run.
@@ -88,6 +146,7 @@ impl RunOptions {
             prior: Arc::new(HashMap::new()),
             cassette: None,
             checkpoints: Default::default(),
+            approvals: Approvals::default(),
         }
     }
 }
@@ -199,6 +258,30 @@ pub enum RunEvent {
         step: String,
         from: String,
     },
+    /// A rule matched: `log` (and `redact`) rules say so; `deny` says why a call did not run.
+    RuleMatched {
+        step: Option<String>,
+        tool: Option<String>,
+        on: crate::spec::Trigger,
+        rule: String,
+        action: crate::spec::Action,
+    },
+    /// A call needs a person's approval (`key` binds it to the tool, arguments, run and step).
+    ApprovalRequested {
+        step: String,
+        tool: Option<String>,
+        arguments: Json,
+        reason: String,
+        key: String,
+    },
+    /// Someone (or `--yes`, or a timeout) decided on a call that asked.
+    ApprovalDecided {
+        step: String,
+        tool: Option<String>,
+        approved: bool,
+        by: String,
+        reason: Option<String>,
+    },
     /// A planned step failed after its retries: the planner revises the rest of the plan.
     PlanRevising {
         step: String,
@@ -258,6 +341,9 @@ pub enum StepStatus {
     Stuck,
     /// An agent gave no final answer within its iterations.
     Incomplete,
+    /// A call asked for a person's approval, which the run could not get while running: the run pauses
+    /// (`archon approve`, then `archon resume`). Steps that depend on it wait too.
+    WaitingApproval,
 }
 
 impl StepStatus {
@@ -270,6 +356,7 @@ impl StepStatus {
             StepStatus::Cancelled => "cancelled",
             StepStatus::Stuck => "stuck",
             StepStatus::Incomplete => "incomplete",
+            StepStatus::WaitingApproval => "waiting_approval",
         }
     }
 
@@ -342,6 +429,8 @@ pub enum RunStatus {
     Succeeded,
     Failed,
     Cancelled,
+    /// Paused until a person decides on a call (`archon approve`); exit code 3.
+    WaitingApproval,
 }
 
 /// The final report of a run (`archon run --json`).
@@ -402,14 +491,6 @@ struct Walk {
 
 impl Walk {
     fn workflow(&mut self, workflow: &Workflow, prefix: &str) {
-        // Running without the rules a spec declares would silently drop its protections.
-        if !workflow.spec.rules.is_empty() {
-            self.found.push(Unsupported {
-                step: format!("{prefix}(rules)"),
-                reason: "interception rules are not enforced yet, and a run must not ignore them"
-                    .to_owned(),
-            });
-        }
         self.steps(workflow, &workflow.spec.steps, prefix);
     }
 
@@ -419,17 +500,6 @@ impl Walk {
             self.body(workflow, step.body(), &name, "");
             if let Some(fallback) = &step.fallback {
                 self.body(workflow, fallback.body(), &name, "its fallback: ");
-            }
-            if step
-                .approval
-                .as_ref()
-                .is_some_and(|a| a.value == crate::spec::Approval::Required)
-            {
-                self.found.push(Unsupported {
-                    step: name,
-                    reason: "`approval: required` is not enforced yet, and a run must not skip the approval"
-                        .to_owned(),
-                });
             }
         }
     }

@@ -125,7 +125,9 @@ impl Redactor {
                 self.string(text);
                 self.option(full_text);
             }
-            RunEvent::AgentAction { arguments, .. } => self.json(arguments),
+            RunEvent::AgentAction { arguments, .. }
+            | RunEvent::ApprovalRequested { arguments, .. } => self.json(arguments),
+            RunEvent::ApprovalDecided { reason, .. } => self.option(reason),
             RunEvent::PlanProposed { text, .. } => self.string(text),
             RunEvent::PlanRejected { problems, .. } => {
                 problems.iter_mut().for_each(|p| self.string(p))
@@ -134,6 +136,7 @@ impl Redactor {
             RunEvent::StepStarted { .. }
             | RunEvent::PlanAccepted { .. }
             | RunEvent::Resumed { .. }
+            | RunEvent::RuleMatched { .. }
             | RunEvent::StepReused { .. }
             | RunEvent::LlmCall { .. }
             | RunEvent::AgentCompacted { .. } => {}

@@ -3,6 +3,7 @@
 
 mod agent;
 mod checkpoint;
+mod gate;
 mod planner;
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
@@ -24,9 +25,10 @@ use super::tools::{self, ToolContext, ToolError, ToolOutput};
 use super::{
     MAX_DEPTH, REPORT_VERSION, RunEvent, RunOptions, RunReport, RunStatus, StepResult, StepStatus,
 };
-use crate::spec::{Backoff, Body, OnError, Retry, RetryOn, Step, ToolDef};
+use crate::spec::{Backoff, Body, ChosenBy, OnError, Retry, RetryOn, Step, ToolDef, Trigger};
 use crate::store::{Entry, RunState};
 use crate::workflow::Workflow;
+use gate::Gate;
 
 /// A problem that stops a run before any step starts.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -75,7 +77,12 @@ impl Shared {
     /// Records the final result of a step or `foreach` item of the run's own steps (nested steps are
     /// part of their caller's attempt). Cancelled steps have no final result: a resume runs them.
     fn record_result(&self, name: &str, result: &StepResult) {
-        if self.depth == 0 && result.status != StepStatus::Cancelled {
+        if self.depth == 0
+            && !matches!(
+                result.status,
+                StepStatus::Cancelled | StepStatus::WaitingApproval
+            )
+        {
             let mut result = Box::new(result.clone());
             self.redactor.result(&mut result);
             self.options.journal.record(Entry::StepFinished {
@@ -293,11 +300,30 @@ fn run_workflow(
             planned: false,
             kept: Arc::default(),
         });
-        let views = schedule(&shared).await;
+        // `before_run` rules decide whether anything runs at all.
+        let mut error = None;
+        let views = match before_run(&shared).await {
+            None => schedule(&shared).await,
+            Some(stopped) => {
+                let status = match &stopped {
+                    Gate::Waiting(_) => StepStatus::WaitingApproval,
+                    _ => StepStatus::Cancelled,
+                };
+                if let Gate::Denied(reason) = &stopped {
+                    error = Some(reason.clone());
+                }
+                spec.steps
+                    .iter()
+                    .map(|_| StepView::new(StepResult::ended(status, None)))
+                    .collect()
+            }
+        };
 
         let failed = first_failure(&spec.steps, |i| views[i].result().status).is_some();
+        let waiting = views
+            .iter()
+            .any(|v| v.result().status == StepStatus::WaitingApproval);
         let cancelled = shared.options.cancel.is_cancelled();
-        let mut error = None;
         let mut outputs = Map::new();
         if !cancelled {
             let ctx = shared.context(&named(&spec.steps, &views), false, &[]);
@@ -314,6 +340,8 @@ fn run_workflow(
         let steps = results(&spec.steps, views);
         let mut status = if cancelled {
             RunStatus::Cancelled
+        } else if waiting {
+            RunStatus::WaitingApproval
         } else if failed || error.is_some() {
             RunStatus::Failed
         } else {
@@ -327,6 +355,7 @@ fn run_workflow(
                     RunStatus::Succeeded => RunState::Succeeded,
                     RunStatus::Failed => RunState::Failed,
                     RunStatus::Cancelled => RunState::Interrupted,
+                    RunStatus::WaitingApproval => RunState::WaitingApproval,
                 },
                 outputs: {
                     let mut outputs = outputs.clone();
@@ -455,11 +484,23 @@ async fn schedule(shared: &Arc<Shared>) -> Vec<Arc<StepView>> {
         while let Some(i) = ready.pop_front() {
             let step = &all_steps[i];
             // The token, not only the flag: a step may finish (cancelled) before this loop sees the cancel.
-            let upstream_cancelled = dependencies[i].iter().any(|d| {
-                views[*d]
-                    .as_ref()
-                    .is_some_and(|v| v.result().status == StepStatus::Cancelled)
-            });
+            let upstream = |status: StepStatus| {
+                dependencies[i].iter().find(|d| {
+                    views[**d]
+                        .as_ref()
+                        .is_some_and(|v| v.result().status == status)
+                })
+            };
+            // A step whose dependency waits for approval waits too (nothing about it is recorded).
+            if let Some(&d) = upstream(StepStatus::WaitingApproval) {
+                let result = StepResult::ended(
+                    StepStatus::WaitingApproval,
+                    Some(format!("waiting for `{}`", all_steps[d].id.value)),
+                );
+                finish(i, result, &mut views, &mut waiting, &mut ready);
+                continue;
+            }
+            let upstream_cancelled = upstream(StepStatus::Cancelled).is_some();
             if cancelled || shared.options.cancel.is_cancelled() || upstream_cancelled {
                 let result = StepResult::ended(StepStatus::Cancelled, None);
                 finish(i, result, &mut views, &mut waiting, &mut ready);
@@ -620,6 +661,7 @@ async fn execute(shared: &Arc<Shared>, index: usize, steps: Steps) -> StepResult
             result.error = Some(error);
         }
     }
+    after_step(shared, step, &mut result);
     result.duration_ms = millis(started.elapsed());
     shared.record_result(&step.id.value, &result);
     shared.emit(RunEvent::StepFinished {
@@ -739,6 +781,14 @@ struct Failure {
 }
 
 impl Failure {
+    /// A call that waits for a person's approval: the step pauses.
+    fn waiting(message: String) -> Self {
+        Failure {
+            status: StepStatus::WaitingApproval,
+            ..Failure::fixed(message)
+        }
+    }
+
     /// A deterministic failure: retrying cannot help.
     fn fixed(message: String) -> Self {
         Failure {
@@ -793,6 +843,9 @@ async fn attempt_all(
         .retry
         .as_deref()
         .or_else(|| defaults.and_then(|d| d.retry.as_ref()));
+    if let Some(stopped) = before_step(shared, step, &label).await {
+        return stopped;
+    }
     let (outcome, attempts) = with_retries(shared, &label, step.body(), false, retry, &ctx).await;
     let outcome = match (outcome, &step.fallback) {
         // A cancelled run starts nothing new, fallbacks included.
@@ -1029,6 +1082,29 @@ async fn call_body(
             agent::run(shared, label, body, goal, ctx).await
         };
     };
+    let sensitive = is_sensitive(&shared.workflow.spec, &tool.value, &args);
+    let chosen_by = if shared.planned {
+        ChosenBy::Llm
+    } else {
+        ChosenBy::Spec
+    };
+    if !shared.workflow.spec.rules.is_empty() || (sensitive && shared.planned) {
+        let call = gate::Call {
+            on: Trigger::BeforeTool,
+            label,
+            tool: Some(&tool.value),
+            agent: None,
+            chosen_by,
+            args: &args,
+            sensitive,
+            required: false,
+        };
+        match gate::gate(shared, call).await {
+            Gate::Go { .. } => {}
+            Gate::Denied(reason) => return Err(Failure::fixed(reason)),
+            Gate::Waiting(message) => return Err(Failure::waiting(message)),
+        }
+    }
     match shared.workflow.spec.tools.get(tool.value.as_str()) {
         None => tools::call(
             &tool.value,
@@ -1234,7 +1310,16 @@ fn call_composite<'a>(
             }
             _ => None,
         };
+        let waits = views
+            .iter()
+            .any(|v| v.result().status == StepStatus::WaitingApproval);
         let results = results(steps, views);
+        if waits && !cancelled {
+            return Err(Failure {
+                steps: results,
+                ..Failure::waiting(format!("tool `{name}` waits for approval"))
+            });
+        }
         if cancelled {
             return Err(Failure {
                 status: StepStatus::Cancelled,
@@ -1343,6 +1428,14 @@ fn call_workflow<'a>(
                 steps: report.steps,
                 llm: None,
             }),
+            RunStatus::WaitingApproval => Err(Failure {
+                status: StepStatus::WaitingApproval,
+                message: format!("sub-workflow `{path}` waits for approval"),
+                exit_code: None,
+                retryable: false,
+                steps: report.steps,
+                llm: None,
+            }),
             RunStatus::Failed => {
                 let reason = match first_failure(&workflow.spec.steps, |i| report.steps[i].status) {
                     Some(i) => {
@@ -1366,4 +1459,135 @@ fn call_workflow<'a>(
             }
         }
     })
+}
+
+/// Whether a call is sensitive: it would need a person's approval when an LLM chose it (`exec`, `shell`,
+/// `write_file`, `http` with a method that changes things, declared tools marked `sensitive`).
+pub(crate) fn is_sensitive(spec: &crate::spec::Spec, tool: &str, args: &Json) -> bool {
+    match crate::tools::builtin::get(tool) {
+        Some(_) if tool == "http" => {
+            let method = args.get("method").and_then(Json::as_str).unwrap_or("GET");
+            !matches!(
+                method.to_ascii_uppercase().as_str(),
+                "GET" | "HEAD" | "OPTIONS"
+            )
+        }
+        Some(builtin) => builtin.sensitive,
+        None => spec
+            .tools
+            .get(tool)
+            .is_some_and(|d| d.sensitive == Some(true)),
+    }
+}
+
+/// The `before_run` rules: `None` when the run may start.
+async fn before_run(shared: &Shared) -> Option<Gate> {
+    if shared.depth != 0 || shared.workflow.spec.rules.is_empty() {
+        return None;
+    }
+    let call = gate::Call {
+        on: Trigger::BeforeRun,
+        label: "",
+        tool: None,
+        agent: None,
+        chosen_by: ChosenBy::Spec,
+        args: &Json::Null,
+        sensitive: false,
+        required: false,
+    };
+    match gate::gate(shared, call).await {
+        Gate::Go { .. } => None,
+        stopped => Some(stopped),
+    }
+}
+
+/// The `before_step` rules and `approval: required`: the result that stops the step, if any.
+async fn before_step(shared: &Shared, step: &Step, label: &str) -> Option<StepResult> {
+    let required = step
+        .approval
+        .as_ref()
+        .is_some_and(|a| a.value == crate::spec::Approval::Required);
+    if !required && shared.workflow.spec.rules.is_empty() {
+        return None;
+    }
+    let call = gate::Call {
+        on: Trigger::BeforeStep,
+        label,
+        tool: step.tool.as_ref().map(|t| t.value.as_str()),
+        agent: step.agent.as_ref().map(|a| a.value.as_str()),
+        chosen_by: if shared.planned {
+            ChosenBy::Llm
+        } else {
+            ChosenBy::Spec
+        },
+        args: &Json::Null,
+        sensitive: false,
+        required,
+    };
+    match gate::gate(shared, call).await {
+        Gate::Go { .. } => None,
+        Gate::Denied(reason) => Some(StepResult::ended(StepStatus::Failed, Some(reason))),
+        Gate::Waiting(message) => Some(StepResult::ended(
+            StepStatus::WaitingApproval,
+            Some(message),
+        )),
+    }
+}
+
+/// The `after_step` rules (a `deny` rejects the step's result) and, for a failed step, the `on_error`
+/// rules (`log`).
+fn after_step(shared: &Shared, step: &Step, result: &mut StepResult) {
+    let rules = &shared.workflow.spec.rules;
+    if rules.is_empty() || result.status == StepStatus::WaitingApproval {
+        return;
+    }
+    let label = shared.label(&step.id.value);
+    let run = json!({ "id": shared.options.run_id, "workflow": shared.workflow.name });
+    let mut triggers = vec![Trigger::AfterStep];
+    if result.status.is_failure() {
+        triggers.push(Trigger::OnError);
+    }
+    for on in triggers {
+        let event = super::rules::Event {
+            on,
+            step: Some(&label),
+            tool: step.tool.as_ref().map(|t| t.value.as_str()),
+            agent: step.agent.as_ref().map(|a| a.value.as_str()),
+            chosen_by: if shared.planned {
+                ChosenBy::Llm
+            } else {
+                ChosenBy::Spec
+            },
+            args: &result.output,
+            run: &run,
+        };
+        let verdict = super::rules::evaluate(rules, &shared.renderer, &event);
+        for rule in &verdict.logged {
+            shared.emit(RunEvent::RuleMatched {
+                step: Some(label.clone()),
+                tool: event.tool.map(str::to_owned),
+                on,
+                rule: rule.clone(),
+                action: crate::spec::Action::Log,
+            });
+        }
+        if on == Trigger::AfterStep
+            && verdict.decision == Some(crate::spec::Action::Deny)
+            && result.status == StepStatus::Succeeded
+        {
+            let rule = verdict.rule.unwrap_or_default();
+            shared.emit(RunEvent::RuleMatched {
+                step: Some(label.clone()),
+                tool: event.tool.map(str::to_owned),
+                on,
+                rule: rule.clone(),
+                action: crate::spec::Action::Deny,
+            });
+            result.status = StepStatus::Failed;
+            result.error = Some(match verdict.reason {
+                Some(reason) => format!("its result was rejected by rule `{rule}`: {reason}"),
+                None => format!("its result was rejected by rule `{rule}`"),
+            });
+        }
+    }
 }

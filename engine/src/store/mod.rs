@@ -63,6 +63,13 @@ pub enum Entry {
         step: String,
         result: Box<StepResult>,
     },
+    /// A call asked for a person's approval and the run pauses for it.
+    ApprovalRequested(crate::run::ApprovalRequest),
+    /// A decision on a call that asked (made while running: `--yes`, a person at the terminal, a timeout).
+    ApprovalDecided {
+        key: String,
+        decision: crate::run::ApprovalDecision,
+    },
     /// Where an LLM step (agent or planner) stands after an iteration, so that a resume continues it
     /// there instead of starting over; the latest replaces the one before.
     Checkpoint { step: String, state: Json },
@@ -136,6 +143,14 @@ pub trait RunStore: Send + Sync + fmt::Debug {
     fn release(&self, id: &str, status: RunState) -> Result<(), StoreError>;
     /// Starts a new generation of the run, forgetting the final results of `steps` (and their items).
     fn forget_results(&self, id: &str, steps: &[String]) -> Result<u32, StoreError>;
+    /// Records a decision on the pending approvals of a run waiting for approval (of `step` only, when
+    /// given); returns the requests it decided.
+    fn decide(
+        &self,
+        id: &str,
+        step: Option<&str>,
+        decision: &crate::run::ApprovalDecision,
+    ) -> Result<Vec<crate::run::ApprovalRequest>, StoreError>;
     /// Asks a run to stop for good; returns where it stands.
     fn cancel(&self, id: &str) -> Result<RunState, StoreError>;
     /// The runs, newest first.
@@ -180,6 +195,8 @@ pub enum RunState {
     Cancelled,
     /// Stopped by Ctrl-C, a signal or a crash: it can be resumed.
     Interrupted,
+    /// Paused until a person decides on a call (`archon approve`); it can be resumed.
+    WaitingApproval,
 }
 
 impl RunState {
@@ -190,6 +207,7 @@ impl RunState {
             RunState::Failed => "failed",
             RunState::Cancelled => "cancelled",
             RunState::Interrupted => "interrupted",
+            RunState::WaitingApproval => "waiting_approval",
         }
     }
 
@@ -200,6 +218,7 @@ impl RunState {
             "failed" => RunState::Failed,
             "cancelled" => RunState::Cancelled,
             "interrupted" => RunState::Interrupted,
+            "waiting_approval" => RunState::WaitingApproval,
             _ => return None,
         })
     }
@@ -257,8 +276,19 @@ pub struct StoredRun {
     /// the event log tells the same story).
     #[serde(skip)]
     pub checkpoints: std::collections::HashMap<String, Json>,
+    /// Every call that asked for approval, with its decision once there is one.
+    pub approvals: Vec<ApprovalRecord>,
     /// The process that owns the run, while it is live.
     pub owner: Option<Owner>,
+}
+
+/// A call that asked for a person's approval, and the decision.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct ApprovalRecord {
+    pub request: crate::run::ApprovalRequest,
+    pub requested_at: u64,
+    pub decision: Option<crate::run::ApprovalDecision>,
+    pub decided_at: Option<u64>,
 }
 
 /// One recorded attempt.

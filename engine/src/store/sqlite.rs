@@ -18,10 +18,10 @@ use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
 
 use super::{
-    Ack, AttemptRecord, Entry, Journal, NewRun, Owner, RunState, RunStore, RunSummary, StoreError,
-    StoredRun, now_ms, spec_hash,
+    Ack, ApprovalRecord, AttemptRecord, Entry, Journal, NewRun, Owner, RunState, RunStore,
+    RunSummary, StoreError, StoredRun, now_ms, spec_hash,
 };
-use crate::run::StepResult;
+use crate::run::{ApprovalDecision, ApprovalRequest, StepResult};
 
 /// The database file inside the state directory.
 pub const DATABASE: &str = "state.db";
@@ -111,6 +111,18 @@ CREATE TABLE checkpoints (
     state TEXT NOT NULL,
     at INTEGER NOT NULL,
     PRIMARY KEY (run_id, step)
+);
+",
+    r"
+CREATE TABLE approvals (
+    run_id TEXT NOT NULL REFERENCES runs(id),
+    key TEXT NOT NULL,
+    step TEXT NOT NULL,
+    request TEXT NOT NULL,
+    requested_at INTEGER NOT NULL,
+    decision TEXT,
+    decided_at INTEGER,
+    PRIMARY KEY (run_id, key)
 );
 ",
 ];
@@ -328,6 +340,46 @@ impl RunStore for SqliteStore {
         })
     }
 
+    /// Records a person's decision on the pending approvals of a paused run (those of `step` only, when
+    /// given); returns the requests decided.
+    fn decide(
+        &self,
+        id: &str,
+        step: Option<&str>,
+        decision: &ApprovalDecision,
+    ) -> Result<Vec<ApprovalRequest>, StoreError> {
+        let run = self.load(id)?;
+        if run.status != RunState::WaitingApproval {
+            let mut error = StoreError::new(format!(
+                "run `{id}` is not waiting for approval: it is `{}`",
+                run.status.as_str()
+            ));
+            error.unknown_run = true;
+            return Err(error);
+        }
+        let pending: Vec<ApprovalRequest> = run
+            .approvals
+            .into_iter()
+            .filter(|a| a.decision.is_none())
+            .map(|a| a.request)
+            .filter(|r| step.is_none_or(|s| r.step == s || crate::resume::step_of(&r.step) == s))
+            .collect();
+        let text = serde_json::to_string(decision).unwrap_or_default();
+        let now = now_ms() as i64;
+        self.with(|conn| {
+            let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+            for request in &pending {
+                tx.execute(
+                    "UPDATE approvals SET decision = ?3, decided_at = ?4
+                     WHERE run_id = ?1 AND key = ?2 AND decision IS NULL",
+                    params![id, request.key, text, now],
+                )?;
+            }
+            tx.commit()
+        })?;
+        Ok(pending)
+    }
+
     /// Asks the run to stop for good: a live owner notices within a few seconds (and is sent SIGTERM when
     /// it runs on this host); a run nobody owns is marked cancelled at once.
     fn cancel(&self, id: &str) -> Result<RunState, StoreError> {
@@ -345,7 +397,7 @@ impl RunStore for SqliteStore {
                 }
                 Ok(RunState::Running)
             }
-            RunState::Interrupted => {
+            RunState::Interrupted | RunState::WaitingApproval => {
                 // Only if nobody took the run over since it was read.
                 let changed = self.with(|conn| {
                     let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
@@ -436,6 +488,7 @@ impl RunStore for SqliteStore {
                             results: IndexMap::new(),
                             attempts: Vec::new(),
                             checkpoints: HashMap::new(),
+                            approvals: Vec::new(),
                             owner: owner.filter(is_alive),
                         })
                     },
@@ -495,6 +548,31 @@ impl RunStore for SqliteStore {
                         pgid_started: r.get::<_, Option<i64>>(9)?.map(|t| t as u64),
                     })
                 })?
+                .collect::<rusqlite::Result<_>>()?;
+            let mut stmt = conn.prepare(
+                "SELECT request, requested_at, decision, decided_at FROM approvals WHERE run_id = ?1
+                 ORDER BY requested_at, rowid",
+            )?;
+            run.approvals = stmt
+                .query_map([id], |r| {
+                    Ok((
+                        r.get::<_, String>(0)?,
+                        r.get::<_, i64>(1)?,
+                        r.get::<_, Option<String>>(2)?,
+                        r.get::<_, Option<i64>>(3)?,
+                    ))
+                })?
+                .filter_map(|row| {
+                    row.map(|(request, at, decision, decided_at)| {
+                        Some(ApprovalRecord {
+                            request: serde_json::from_str(&request).ok()?,
+                            requested_at: at as u64,
+                            decision: decision.and_then(|d| serde_json::from_str(&d).ok()),
+                            decided_at: decided_at.map(|t| t as u64),
+                        })
+                    })
+                    .transpose()
+                })
                 .collect::<rusqlite::Result<_>>()?;
             let mut stmt = conn.prepare(
                 "SELECT step, state FROM checkpoints WHERE run_id = ?1 AND generation = ?2",
@@ -897,6 +975,28 @@ impl Writer {
                         blob,
                         now
                     ])?;
+                }
+                Entry::ApprovalRequested(request) => {
+                    let text = serde_json::to_string(request).unwrap_or_default();
+                    tx.prepare_cached(
+                        "INSERT INTO approvals (run_id, key, step, request, requested_at)
+                         VALUES (?1, ?2, ?3, ?4, ?5)
+                         ON CONFLICT (run_id, key) DO UPDATE SET request = excluded.request",
+                    )?
+                    .execute(params![
+                        self.run,
+                        request.key,
+                        request.step,
+                        text,
+                        now
+                    ])?;
+                }
+                Entry::ApprovalDecided { key, decision } => {
+                    let text = serde_json::to_string(decision).unwrap_or_default();
+                    tx.prepare_cached(
+                        "UPDATE approvals SET decision = ?3, decided_at = ?4 WHERE run_id = ?1 AND key = ?2",
+                    )?
+                    .execute(params![self.run, key, text, now])?;
                 }
                 Entry::Checkpoint { step, state } => {
                     tx.prepare_cached(

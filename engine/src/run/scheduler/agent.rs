@@ -17,6 +17,7 @@ use minijinja::Value;
 use serde_json::Value as Json;
 
 use super::checkpoint::{self, AgentState};
+use super::gate::{self, Gate};
 use super::{Called, Failure, Shared, call_declared, millis, tool_failure};
 use crate::llm::cassette::{Recorder, Replayer};
 use crate::llm::config::{self, Configured};
@@ -26,7 +27,7 @@ use crate::llm::{ChatRequest, FinishReason, Message, Part, ToolChoice, ToolResul
 use crate::run::render::to_text;
 use crate::run::tools::{self, ToolOutput};
 use crate::run::{LlmUsage, RunEvent, StepStatus};
-use crate::spec::{AgentDef, Body, Spec, ToolMode};
+use crate::spec::{AgentDef, Body, ChosenBy, Spec, ToolMode, Trigger};
 use crate::tools::builtin;
 
 /// Iterations of an agent step unless `max_iterations` says otherwise.
@@ -136,6 +137,10 @@ pub(super) async fn run(
 ) -> Result<Called, Failure> {
     let spec: &Spec = &shared.workflow.spec;
     let (agent, provider_name, configured) = chosen(shared, body)?;
+    let agent_name = body
+        .agent
+        .or_else(|| spec.defaults.as_ref().and_then(|d| d.agent.as_ref()))
+        .map(|a| a.value.as_str());
     let max_iterations = body
         .max_iterations
         .map(|m| m.value)
@@ -246,6 +251,7 @@ pub(super) async fn run(
     };
     // A resumed run continues after the last iteration an earlier process completed.
     let mut first = 1;
+    let mut pending = None;
     if let Some(state) = checkpoint::restore::<AgentState>(shared, label, conversation.messages()) {
         checkpoint::count_restored(shared, &state.usage);
         shared.emit(RunEvent::Resumed {
@@ -258,6 +264,7 @@ pub(super) async fn run(
         usage = state.usage;
         seen_calls = state.seen_calls;
         schema_retries = state.schema_retries;
+        pending = state.pending;
     }
 
     for iteration in first..=max_iterations {
@@ -277,7 +284,12 @@ pub(super) async fn run(
         if let Some(t) = agent.and_then(|a| a.temperature) {
             request.temperature = Some(t);
         }
-        let mut response = match complete(shared, label, &configured, &request, &mut usage).await {
+        let reply = match pending.take() {
+            // The turn that waited for approval, taken up again as it was.
+            Some(response) => Ok(response),
+            None => complete(shared, label, &configured, &request, &mut usage).await,
+        };
+        let mut response = match reply {
             // A server without native tool calling: the step starts again in text mode, before any tool
             // ran, and later steps asking the same provider start there.
             Err(failure)
@@ -409,9 +421,11 @@ pub(super) async fn run(
                 text: truncate(thought, THOUGHT_CHARS),
             });
         }
+        let before_turn = (seen_calls.clone(), conversation.messages().to_vec());
         conversation.push(response.message.clone());
         tool_calls += calls.len();
-        // Guard against loops first, in order; then run the turn's calls together, a few at a time.
+        // Guard against loops first, in order, and ask the rules (and, for sensitive tools, a person);
+        // then run the turn's calls together, a few at a time.
         let mut planned = Vec::with_capacity(calls.len());
         for call in &calls {
             let key = format!("{}:{}", call.name, canonical(&call.arguments));
@@ -430,29 +444,75 @@ pub(super) async fn run(
                 }
                 .with_llm(usage));
             }
+            let mut arguments = call.arguments.clone();
+            let mut turn = if repeats == REPEAT_LIMIT {
+                Turn::Warn
+            } else {
+                Turn::Run
+            };
+            let sensitive = super::is_sensitive(spec, &call.name, &call.arguments);
+            let known = tools.iter().any(|t| t.name == call.name);
+            if known && turn == Turn::Run && (sensitive || !spec.rules.is_empty()) {
+                let asked = gate::Call {
+                    on: Trigger::BeforeTool,
+                    label,
+                    tool: Some(&call.name),
+                    agent: agent_name,
+                    chosen_by: ChosenBy::Llm,
+                    args: &call.arguments,
+                    sensitive,
+                    required: false,
+                };
+                match gate::gate(shared, asked).await {
+                    Gate::Go { redact } => {
+                        arguments = crate::run::rules::redacted_args(&arguments, &redact);
+                    }
+                    Gate::Denied(reason) => turn = Turn::Denied(reason),
+                    Gate::Waiting(message) => {
+                        // The step pauses; a resume takes this same turn up again, once decided.
+                        let (seen_before, messages) = before_turn;
+                        checkpoint::save(
+                            shared,
+                            label,
+                            &AgentState {
+                                iteration: iteration - 1,
+                                messages,
+                                tool_calls: tool_calls - calls.len(),
+                                usage: usage.clone(),
+                                seen_calls: seen_before,
+                                schema_retries,
+                                pending: Some(response.clone()),
+                            },
+                        );
+                        return Err(Failure::waiting(message).with_llm(usage));
+                    }
+                }
+            }
             shared.emit(RunEvent::AgentAction {
                 step: label.to_owned(),
                 iteration,
                 tool: call.name.clone(),
-                arguments: call.arguments.clone(),
+                arguments,
             });
-            planned.push((call, repeats == REPEAT_LIMIT));
+            planned.push((call, turn));
         }
         let mut results = Vec::with_capacity(planned.len());
         let allowed = &tools;
         let compiled = &validators;
         let shown = conversation.window.observation_tokens();
         for chunk in planned.chunks(PARALLEL_CALLS) {
-            let observations = futures_util::future::join_all(chunk.iter().map(|(call, warn)| async move {
-                if *warn {
-                    (
+            let observations = futures_util::future::join_all(chunk.iter().map(|(call, turn)| async move {
+                match turn {
+                    Turn::Warn => (
                         format!(
                             "You already made this exact call {REPEAT_LIMIT} times. Do not repeat it: change your approach or give your final answer."
                         ),
                         true,
-                    )
-                } else {
-                    observe(shared, label, allowed, compiled, &call.name, &call.arguments).await
+                    ),
+                    Turn::Denied(reason) => (format!("this call was not made: {reason}"), true),
+                    Turn::Run => {
+                        observe(shared, label, allowed, compiled, &call.name, &call.arguments).await
+                    }
                 }
             }))
             .await;
@@ -502,6 +562,7 @@ pub(super) async fn run(
                 usage: usage.clone(),
                 seen_calls: seen_calls.clone(),
                 schema_retries,
+                pending: None,
             },
         );
     }
@@ -695,22 +756,6 @@ async fn observe(
             true,
         );
     }
-    // `http` is sensitive for methods that change things: those would need a person's approval.
-    if name == "http" {
-        let method = arguments
-            .get("method")
-            .and_then(Json::as_str)
-            .unwrap_or("GET")
-            .to_ascii_uppercase();
-        if !matches!(method.as_str(), "GET" | "HEAD" | "OPTIONS") {
-            return (
-                format!(
-                    "`http` with method `{method}` needs a person's approval, which this run cannot ask for; only GET, HEAD and OPTIONS are allowed"
-                ),
-                true,
-            );
-        }
-    }
     let call_label = format!("{label}/{name}");
     let outcome = match shared.workflow.spec.tools.get(name) {
         Some(def) => call_declared(shared, &call_label, name, def, arguments.clone()).await,
@@ -740,9 +785,8 @@ async fn observe(
     }
 }
 
-/// The tools an agent may call: built-ins and declared tools whose names match `patterns` (globs). Tools
-/// that need a person's approval when an LLM chooses them (sensitive ones) are left out, since this version
-/// cannot ask for approval.
+/// The tools an agent may call: built-ins and declared tools whose names match `patterns` (globs).
+/// Sensitive ones are offered too: each call of one asks for a person's approval unless a rule allows it.
 pub(super) fn offered_tools(spec: &Spec, patterns: &[&str]) -> Vec<ToolSpec> {
     let globs: Vec<globset::GlobMatcher> = patterns
         .iter()
@@ -751,7 +795,7 @@ pub(super) fn offered_tools(spec: &Spec, patterns: &[&str]) -> Vec<ToolSpec> {
     let wanted = |name: &str| globs.iter().any(|g| g.is_match(name));
     let mut offered = Vec::new();
     for b in builtin::all() {
-        if wanted(b.name) && !b.sensitive {
+        if wanted(b.name) {
             offered.push(ToolSpec {
                 name: b.name.to_owned(),
                 description: b.description.to_owned(),
@@ -760,7 +804,7 @@ pub(super) fn offered_tools(spec: &Spec, patterns: &[&str]) -> Vec<ToolSpec> {
         }
     }
     for (name, def) in &spec.tools {
-        if wanted(&name.value) && def.sensitive != Some(true) && def.mcp.is_none() {
+        if wanted(&name.value) && def.mcp.is_none() {
             offered.push(ToolSpec {
                 name: name.value.clone(),
                 description: def.description.clone().unwrap_or_default(),
@@ -842,6 +886,16 @@ fn text_mode_instructions(tools: &[ToolSpec]) -> String {
         ));
     }
     text
+}
+
+/// What becomes of one tool call of a turn.
+#[derive(Debug, PartialEq)]
+enum Turn {
+    Run,
+    /// The same call for the third time: a warning instead.
+    Warn,
+    /// A rule or a person said no.
+    Denied(String),
 }
 
 /// What a text-mode turn says.

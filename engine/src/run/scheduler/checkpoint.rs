@@ -24,6 +24,9 @@ pub(super) struct AgentState {
     pub usage: LlmUsage,
     pub seen_calls: HashMap<String, usize>,
     pub schema_retries: usize,
+    /// A turn whose calls wait for a person's approval: a resume takes it up instead of asking the model.
+    #[serde(default)]
+    pub pending: Option<crate::llm::ChatResponse>,
 }
 
 /// Where a planner step stands: the plan the validator accepted last, and the conversation that led to it.

@@ -18,13 +18,14 @@ use serde_json::{Map, Value as Json};
 
 use super::agent::{self, truncate};
 use super::checkpoint::{self, PlannerState};
+use super::gate::{self, Gate};
 use super::{Boxed, Called, Failure, Shared, deeper, first_failure, named, results, schedule};
 use crate::llm::config::Configured;
 use crate::llm::{FinishReason, Message, Part};
 use crate::run::render::to_text;
 use crate::run::tools::ToolOutput;
 use crate::run::{LlmUsage, RunEvent, StepResult, StepStatus, unsupported_steps};
-use crate::spec::{Body, Limits};
+use crate::spec::{Body, ChosenBy, Limits, Trigger};
 use crate::validate::{self, PlanPolicy, Validator};
 use crate::workflow::Workflow;
 
@@ -149,6 +150,26 @@ async fn plan_and_run(
                 .await?
             }
         };
+        // `on_plan` rules (and a person, when they ask) see the plan before any of it runs.
+        if !shared.workflow.spec.rules.is_empty() {
+            let call = gate::Call {
+                on: Trigger::OnPlan,
+                label,
+                tool: None,
+                agent: body.agent.map(|a| a.value.as_str()),
+                chosen_by: ChosenBy::Llm,
+                args: &accepted.document,
+                sensitive: false,
+                required: false,
+            };
+            match gate::gate(shared, call).await {
+                Gate::Go { .. } => {}
+                Gate::Denied(reason) => {
+                    return Err(Failure::fixed(format!("the plan was {reason}")).with_llm(usage));
+                }
+                Gate::Waiting(message) => return Err(Failure::waiting(message).with_llm(usage)),
+            }
+        }
         let steps = &accepted.workflow.spec.steps;
         let kept = previous
             .as_ref()
@@ -202,7 +223,17 @@ async fn plan_and_run(
             }
             _ => None,
         };
+        let waits = views
+            .iter()
+            .any(|v| v.result().status == StepStatus::WaitingApproval);
         let results = results(steps, views);
+        if waits && !cancelled {
+            return Err(Failure {
+                steps: results,
+                ..Failure::waiting("a planned step waits for approval".to_owned())
+            }
+            .with_llm(usage));
+        }
         if cancelled {
             return Err(Failure {
                 status: StepStatus::Cancelled,
