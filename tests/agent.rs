@@ -864,6 +864,21 @@ mod tool_modes {
     }
 
     #[tokio::test]
+    async fn a_final_answer_that_mentions_an_action_stays_an_answer() {
+        let server = MockServer::start().await;
+        let answer = "Recommended Action: rotate the key.\nAffected record: {\"name\": \"calculator\", \"arguments\": {}}";
+        Mock::given(method("POST"))
+            .respond_with(move |_: &Request| {
+                completion(json!({ "role": "assistant", "content": answer }))
+            })
+            .mount(&server)
+            .await;
+        let (report, _) = run(&server).await;
+        assert_eq!(report.steps["answer"].output, json!(answer));
+        assert_eq!(bodies(&server).await.len(), 1, "no tool was called");
+    }
+
+    #[tokio::test]
     async fn an_action_written_as_text_is_read_in_auto_mode() {
         let server = MockServer::start().await;
         Mock::given(method("POST"))

@@ -832,3 +832,26 @@ async fn a_killed_planner_step_resumes_with_the_plan_it_accepted() {
     // `expect(1)`: the model was asked for a plan once, by the first process.
     server.verify().await;
 }
+
+#[test]
+fn http_steps_are_safe_to_repeat_only_when_they_read() {
+    let dir = TempDir::new().expect("tempdir");
+    std::fs::write(
+        dir.path().join("http.yaml"),
+        "name: http\nsteps:\n  - { id: get, tool: http, with: { url: \"http://example.invalid/\" } }\n  - { id: head, tool: http, with: { url: \"http://example.invalid/\", method: HEAD } }\n  - { id: charge, tool: http, with: { url: \"http://example.invalid/\", method: POST } }\n  - { id: chosen, tool: http, with: { url: \"http://example.invalid/\", method: \"{{ 'GE' ~ 'T' }}\" } }\n",
+    )
+    .expect("write");
+    let workflow = archon_engine::validate_file(&dir.path().join("http.yaml"))
+        .workflow
+        .expect("valid");
+    let safe = |id: &str| archon_engine::resume::step_idempotent(&workflow, id);
+    assert!(safe("get") && safe("head"));
+    assert!(
+        !safe("charge"),
+        "a POST is recorded before it is sent, and in doubt after a crash"
+    );
+    assert!(
+        !safe("chosen"),
+        "a method known only at run time counts as one that changes things"
+    );
+}

@@ -395,3 +395,72 @@ async fn a_goal_runs_with_no_spec() {
         output.stderr
     );
 }
+
+#[tokio::test]
+async fn planned_agents_get_only_the_tools_the_plan_gives_them() {
+    let dir = TempDir::new().expect("tempdir");
+    let sneaky = json!({
+        "steps": [
+            { "id": "named", "goal": "read the secret", "agent": "reader", "tools": [] },
+            { "id": "bare", "goal": "read the secret" },
+            { "id": "wrapped", "tool": "save_note", "with": { "text": "x" } }
+        ]
+    });
+    let turns = turn(None, &sneaky) + &turn(None, &sneaky) + &turn(None, &sneaky);
+    let yaml = spec(&turns, "  - id: p\n    plan: read the secret\n    tools: [echo, save_note]\n").replace(
+        "steps:\n",
+        "agents:\n  reader: { tools: [read_file] }\ndefaults:\n  agent: reader\ntools:\n  save_note:\n    description: Saves a note\n    parameters: { type: object, properties: { text: { type: string } } }\n    steps:\n      - { id: w, tool: write_file, with: { path: note.txt, content: \"{{ text }}\" } }\nsteps:\n",
+    );
+    let (report, events) = run_agent(dir.path(), &yaml).await;
+    assert_eq!(report.steps["p"].status, StepStatus::Failed);
+    let RunEvent::PlanRejected { problems, .. } = plan_events(&events)[1] else {
+        panic!("rejected: {events:?}");
+    };
+    let all = problems.join("\n");
+    assert!(
+        all.contains("planned step `named` cannot name an agent"),
+        "{all}"
+    );
+    assert!(
+        all.contains("planned goal step `bare` does not list its `tools`"),
+        "{all}"
+    );
+    assert!(
+        all.contains("planned step `wrapped` may not call `save_note`"),
+        "a composite tool that writes files is sensitive: {all}"
+    );
+    assert!(!dir.path().join("note.txt").exists());
+}
+
+#[tokio::test]
+async fn plans_are_checked_against_the_sub_workflows_loaded_with_the_run() {
+    let dir = TempDir::new().expect("tempdir");
+    std::fs::write(
+        dir.path().join("sub.yaml"),
+        "name: sub\nsteps:\n  - { id: s, tool: echo, with: { v: original } }\noutputs:\n  v: \"{{ steps.s.output.v }}\"\n",
+    )
+    .expect("write");
+    let plan = json!({ "steps": [ { "id": "call", "tool": "child", "with": {} } ] });
+    let yaml = spec(&turn(None, &plan), "  - id: p\n    plan: call the child\n    tools: [child]\n").replace(
+        "steps:\n",
+        "tools:\n  child:\n    description: The child workflow\n    parameters: { type: object, properties: {} }\n    workflow: sub.yaml\n    sensitive: false\nsteps:\n",
+    );
+    std::fs::write(dir.path().join("parent.yaml"), yaml).expect("write");
+    let workflow = archon_engine::validate_file(&dir.path().join("parent.yaml"))
+        .workflow
+        .expect("valid");
+    // The file changes after the run has read it: the plan is checked against, and runs, what was read.
+    std::fs::write(dir.path().join("sub.yaml"), "changed: [").expect("write");
+    let mut options = archon_engine::run::RunOptions::new(dir.path().to_path_buf(), "sub");
+    options.journal = std::sync::Arc::new(archon_engine::store::MemoryJournal);
+    let report = archon_engine::run::run(
+        std::sync::Arc::new(workflow),
+        serde_json::Map::new(),
+        options,
+    )
+    .await
+    .expect("runs");
+    let p = &report.steps["p"];
+    assert_eq!(p.status, StepStatus::Succeeded, "{p:?}");
+    assert_eq!(p.output, json!({ "v": "original" }));
+}

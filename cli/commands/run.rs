@@ -254,7 +254,7 @@ pub fn execute(exec: Execution<'_>) -> anyhow::Result<Status> {
         journal: journal.clone(),
         prior: Arc::new(exec.prior),
         cassette: exec.cassette,
-        checkpoints: Arc::new(exec.checkpoints),
+        checkpoints: Arc::new(std::sync::Mutex::new(exec.checkpoints)),
         approvals: run::Approvals {
             decided: Arc::new(exec.decided),
             yes: args.yes,
@@ -629,7 +629,7 @@ fn event_line(event: &RunEvent) -> String {
 
 /// Text on one line, cut at 160 characters.
 fn one_line(text: &str) -> String {
-    let flat: String = text.split_whitespace().collect::<Vec<_>>().join(" ");
+    let flat = crate::trail::printable(&text.split_whitespace().collect::<Vec<_>>().join(" "));
     if flat.chars().count() > 160 {
         format!("{}...", flat.chars().take(160).collect::<String>())
     } else {

@@ -402,7 +402,12 @@ fn continue_run(
         checkpoints: if from.is_some() {
             HashMap::new()
         } else {
-            stored.checkpoints
+            // A step that runs again because its definition changed starts afresh.
+            stored
+                .checkpoints
+                .into_iter()
+                .filter(|(name, _)| !rerun.iter().any(|r| r == resume::step_of(name)))
+                .collect()
         },
         cassette: None,
         max_parallel: options

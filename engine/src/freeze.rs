@@ -38,6 +38,20 @@ pub fn freeze_plans(
     steps: &IndexMap<String, StepResult>,
     path: &Path,
 ) -> Result<String, String> {
+    // Paths in a spec (sub-workflows, scripts) and its workspace are relative to its directory.
+    let here = |p: &Path| {
+        let dir = p
+            .parent()
+            .filter(|d| !d.as_os_str().is_empty())
+            .unwrap_or(Path::new("."));
+        std::fs::canonicalize(dir).ok()
+    };
+    if here(path) != here(&workflow.path) {
+        return Err(format!(
+            "write it beside `{}`: paths in a spec are relative to its directory",
+            workflow.path.display()
+        ));
+    }
     let file = workflow
         .sources
         .find(&workflow.path)
@@ -77,6 +91,10 @@ pub fn freeze_plans(
         let result = steps
             .get(id)
             .ok_or_else(|| format!("step `{id}` did not run"))?;
+        // A planner its `if` skipped made no plan: it stays a planner step.
+        if result.status == crate::run::StepStatus::Skipped {
+            continue;
+        }
         let plan = result.plan.as_deref().ok_or_else(|| {
             format!(
                 "step `{id}` has no plan to save: it {}",
@@ -150,7 +168,7 @@ pub fn freeze_plans(
         Some(ext) if ext.eq_ignore_ascii_case("json") => {
             serde_json::to_string_pretty(&document).map_err(|e| e.to_string())
         }
-        _ if Format::from_path(path) == Format::Toml => toml::to_string(&document)
+        _ if Format::from_path(path) == Format::Toml => toml::to_string(&without_nulls(document))
             .map(|text| {
                 format!("# Written by `archon run --save-plan` from `{source}`: each planner step calls the steps it planned.\n{}\n", text.trim_end())
             })
@@ -160,5 +178,19 @@ pub fn freeze_plans(
                 format!("# Written by `archon run --save-plan` from `{source}`: each planner step calls the steps it planned.\n{text}")
             })
             .map_err(|e| format!("the plan cannot be written as YAML: {e}")),
+    }
+}
+
+/// TOML has no null: a `null` value is written as an absent key (which the spec reads the same way).
+fn without_nulls(value: Json) -> Json {
+    match value {
+        Json::Object(map) => Json::Object(
+            map.into_iter()
+                .filter(|(_, v)| !v.is_null())
+                .map(|(k, v)| (k, without_nulls(v)))
+                .collect(),
+        ),
+        Json::Array(items) => Json::Array(items.into_iter().map(without_nulls).collect()),
+        other => other,
     }
 }

@@ -100,6 +100,14 @@ pub fn body_is_idempotent(workflow: &Workflow, body: Body<'_>) -> bool {
 
 fn body_idempotent(workflow: &Workflow, body: Body<'_>, seen: &mut HashSet<String>) -> bool {
     if let Some(tool) = body.tool {
+        if tool.value == "http" && builtin::get("http").is_some() {
+            // A request is safe to repeat when its method, as written, only reads.
+            let method = body.args.and_then(|a| a.get("method"));
+            return method.is_none_or(|m| {
+                m.as_str()
+                    .is_some_and(|m| !m.contains("{{") && crate::tools::reads_only(m))
+            });
+        }
         return tool_idempotent(workflow, &tool.value, seen);
     }
     if let Some(path) = body.workflow {
@@ -124,8 +132,8 @@ fn tool_idempotent(workflow: &Workflow, name: &str, seen: &mut HashSet<String>) 
             (None, Some(path)) => workflow_idempotent(workflow, &path.value),
             _ => false,
         },
-        // An LLM may call `http` only to read (GET, HEAD, OPTIONS).
-        None => builtin::get(name).is_some_and(|b| b.read_only || b.name == "http"),
+        // `http` chosen by an LLM may change things (with a person's approval): not safe to repeat.
+        None => builtin::get(name).is_some_and(|b| b.read_only),
     }
 }
 

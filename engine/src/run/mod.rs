@@ -63,7 +63,8 @@ pub struct RunOptions {
     pub cassette: Option<Cassette>,
     /// Where an earlier process left LLM steps it did not finish (`archon resume`), by step name: an
     /// agent continues from its last completed iteration, a planner from its last accepted plan.
-    pub checkpoints: Arc<HashMap<String, Json>>,
+    /// Each is used once: a retry within the resumed run starts afresh.
+    pub checkpoints: Arc<std::sync::Mutex<HashMap<String, Json>>>,
     /// How calls that ask for approval get an answer.
     pub approvals: Approvals,
 }

@@ -1082,7 +1082,7 @@ async fn call_body(
             agent::run(shared, label, body, goal, ctx).await
         };
     };
-    let sensitive = is_sensitive(&shared.workflow.spec, &tool.value, &args);
+    let sensitive = crate::tools::sensitive(&shared.workflow.spec, &tool.value, &args);
     let chosen_by = if shared.planned {
         ChosenBy::Llm
     } else {
@@ -1459,25 +1459,6 @@ fn call_workflow<'a>(
             }
         }
     })
-}
-
-/// Whether a call is sensitive: it would need a person's approval when an LLM chose it (`exec`, `shell`,
-/// `write_file`, `http` with a method that changes things, declared tools marked `sensitive`).
-pub(crate) fn is_sensitive(spec: &crate::spec::Spec, tool: &str, args: &Json) -> bool {
-    match crate::tools::builtin::get(tool) {
-        Some(_) if tool == "http" => {
-            let method = args.get("method").and_then(Json::as_str).unwrap_or("GET");
-            !matches!(
-                method.to_ascii_uppercase().as_str(),
-                "GET" | "HEAD" | "OPTIONS"
-            )
-        }
-        Some(builtin) => builtin.sensitive,
-        None => spec
-            .tools
-            .get(tool)
-            .is_some_and(|d| d.sensitive == Some(true)),
-    }
 }
 
 /// The `before_run` rules: `None` when the run may start.

@@ -66,6 +66,9 @@ pub struct Validator {
     loaded: HashMap<PathBuf, SubWorkflow>,
     /// Canonical paths of the workflows being checked, outermost first (to catch recursion).
     stack: Vec<PathBuf>,
+    /// Sub-workflows already validated with the workflow a plan belongs to, by the path as written: a
+    /// plan is checked against them, never against the files as they are now.
+    preloaded: HashMap<String, SubWorkflow>,
 }
 
 /// What a caller needs to know about a sub-workflow.
@@ -108,6 +111,7 @@ impl Validator {
             sources: Sources::default(),
             loaded: HashMap::new(),
             stack: Vec::new(),
+            preloaded: HashMap::new(),
         }
     }
 
@@ -288,6 +292,9 @@ impl Validator {
         reference: &spec::Spanned<String>,
         diagnostics: &mut Vec<Diagnostic>,
     ) -> Option<SubWorkflow> {
+        if let Some(known) = self.preloaded.get(&reference.value) {
+            return Some(known.clone());
+        }
         let base = from.path.parent().unwrap_or(Path::new(""));
         let path = base.join(reference.as_str());
         if !path.is_file() {

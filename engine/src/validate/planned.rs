@@ -20,7 +20,8 @@ pub struct PlanPolicy {
 }
 
 impl PlanPolicy {
-    /// Whether a planned step may call `name`: allowed by a glob, not sensitive, not an MCP tool.
+    /// Whether a planned step may call `name`: allowed by a glob, and not sensitive (a composite tool
+    /// counts as sensitive when one of its steps calls a sensitive tool; `http` is checked per call).
     pub fn allows(&self, spec: &Spec, name: &str) -> bool {
         let wanted = self
             .tools
@@ -29,10 +30,10 @@ impl PlanPolicy {
             .any(|g| g.compile_matcher().is_match(name));
         let sensitive = match builtin::get(name) {
             Some(b) => b.sensitive,
-            None => spec
-                .tools
-                .get(name)
-                .is_none_or(|d| d.sensitive == Some(true) || d.mcp.is_some()),
+            None => {
+                !spec.tools.contains_key(name)
+                    || crate::tools::sensitive(spec, name, &serde_json::Value::Null)
+            }
         };
         wanted && !sensitive
     }
@@ -59,6 +60,23 @@ impl Validator {
         policy: &PlanPolicy,
     ) -> Validation {
         self.sources = parent.sources.clone();
+        self.preloaded = parent
+            .subworkflows
+            .iter()
+            .map(|(path, workflow)| {
+                let inputs = workflow
+                    .spec
+                    .inputs
+                    .iter()
+                    .map(|(name, schema)| (name.value.clone(), schema.get("default").is_none()))
+                    .collect();
+                let sub = super::SubWorkflow {
+                    inputs,
+                    workflow: Some(workflow.clone()),
+                };
+                (path.clone(), sub)
+            })
+            .collect();
         let file = self.sources.add(path, text);
         let mut diagnostics = Vec::new();
         let checked = self.check_file(&file, &mut diagnostics, Some((&parent.spec, policy)));
@@ -216,6 +234,26 @@ impl Checker<'_> {
                         "use `method: GET`, `HEAD` or `OPTIONS`, written as is",
                     ));
                 }
+            }
+        }
+        if body.goal.is_some() {
+            // A planned agent gets exactly the tools the plan gives it, within the planner's allowance.
+            if let Some(agent) = body.agent {
+                self.push(refuse(
+                    agent.span,
+                    format!("planned step `{}` cannot name an agent", step.id.value),
+                    "give the step its `tools` instead",
+                ));
+            }
+            if body.tools.is_none() {
+                self.push(refuse(
+                    step.id.span,
+                    format!(
+                        "planned goal step `{}` does not list its `tools`",
+                        step.id.value
+                    ),
+                    &format!("write `tools: []` for none; {listed}"),
+                ));
             }
         }
         for pattern in body.tools.unwrap_or_default() {

@@ -159,6 +159,8 @@ pub(super) async fn run(
         .max(1);
     let patterns: Vec<&str> = match body.tools {
         Some(tools) => tools.iter().map(|t| t.value.as_str()).collect(),
+        // A planned agent has only the tools its plan gave it.
+        None if shared.planned => Vec::new(),
         None => agent
             .map(|a| a.tools.iter().map(|t| t.value.as_str()).collect())
             .unwrap_or_default(),
@@ -229,6 +231,7 @@ pub(super) async fn run(
     };
     let (mut offered, mut conversation) = start(text_mode);
     let estimator = Estimator::for_model(&configured.model);
+    let repeatable = crate::resume::body_is_idempotent(&shared.workflow, body);
     let mut tool_calls = 0;
     // Each tool's argument schema, compiled once for the step.
     let validators: HashMap<String, jsonschema::Validator> = tools
@@ -252,7 +255,34 @@ pub(super) async fn run(
     // A resumed run continues after the last iteration an earlier process completed.
     let mut first = 1;
     let mut pending = None;
-    if let Some(state) = checkpoint::restore::<AgentState>(shared, label, conversation.messages()) {
+    let tool_names: Vec<&str> = tools.iter().map(|t| t.name.as_str()).collect();
+    let fingerprint = checkpoint::fingerprint(&[
+        &provider_name,
+        &configured.model,
+        &tool_names.join(","),
+        &format!("{mode:?}"),
+        &max_iterations.to_string(),
+        &schema.as_ref().map(Json::to_string).unwrap_or_default(),
+    ]);
+    let mut restored =
+        checkpoint::restore::<AgentState>(shared, label, &fingerprint, conversation.messages());
+    if restored.is_none() && auto && !text_mode {
+        // The earlier process may have changed to text mode: its conversation starts that way.
+        let (text_offered, text_conversation) = start(true);
+        restored = checkpoint::restore::<AgentState>(
+            shared,
+            label,
+            &fingerprint,
+            text_conversation.messages(),
+        )
+        .filter(|state| state.text_mode);
+        if restored.is_some() {
+            text_mode = true;
+            shared.llm.mark_refuses_tools(&provider_name);
+            (offered, conversation) = (text_offered, text_conversation);
+        }
+    }
+    if let Some(state) = restored {
         checkpoint::count_restored(shared, &state.usage);
         shared.emit(RunEvent::Resumed {
             step: label.to_owned(),
@@ -324,7 +354,7 @@ pub(super) async fn run(
         if auto
             && !text_mode
             && response.tool_calls().next().is_none()
-            && let TextTurn::Action(call) = read_text_action(&response.text(), iteration)
+            && let Some(call) = written_action(&response.text(), iteration, &tools)
         {
             response.message.parts = vec![Part::ToolCall(call)];
         }
@@ -450,7 +480,7 @@ pub(super) async fn run(
             } else {
                 Turn::Run
             };
-            let sensitive = super::is_sensitive(spec, &call.name, &call.arguments);
+            let sensitive = crate::tools::sensitive(spec, &call.name, &call.arguments);
             let known = tools.iter().any(|t| t.name == call.name);
             if known && turn == Turn::Run && (sensitive || !spec.rules.is_empty()) {
                 let asked = gate::Call {
@@ -471,10 +501,12 @@ pub(super) async fn run(
                     Gate::Waiting(message) => {
                         // The step pauses; a resume takes this same turn up again, once decided.
                         let (seen_before, messages) = before_turn;
-                        checkpoint::save(
+                        let saved = checkpoint::save(
                             shared,
                             label,
                             &AgentState {
+                                fingerprint: fingerprint.clone(),
+                                text_mode,
                                 iteration: iteration - 1,
                                 messages,
                                 tool_calls: tool_calls - calls.len(),
@@ -484,6 +516,7 @@ pub(super) async fn run(
                                 pending: Some(response.clone()),
                             },
                         );
+                        let _ = saved.wait().await;
                         return Err(Failure::waiting(message).with_llm(usage));
                     }
                 }
@@ -552,10 +585,12 @@ pub(super) async fn run(
                 parts: results,
             });
         }
-        checkpoint::save(
+        let saved = checkpoint::save(
             shared,
             label,
             &AgentState {
+                fingerprint: fingerprint.clone(),
+                text_mode,
                 iteration,
                 messages: conversation.messages().to_vec(),
                 tool_calls,
@@ -565,6 +600,11 @@ pub(super) async fn run(
                 pending: None,
             },
         );
+        // Before tools that are not safe to repeat run again, this iteration's record is on disk: a crash
+        // repeats at most the calls of the iteration in flight.
+        if !repeatable {
+            let _ = saved.wait().await;
+        }
     }
     // Out of iterations: one last turn without tools for the best answer so far.
     conversation.push(Message::user(
@@ -864,11 +904,33 @@ pub(super) fn parse_json(text: &str) -> Option<Json> {
     None
 }
 
-/// Whether a provider's error says it does not take tools (servers without native tool calling answer the
-/// `tools` field with a 400 naming it).
+/// Whether a provider's error says it does not take tools: servers without native tool calling answer the
+/// `tools` field with a 400 naming tools. A 400 about a tool's schema or the context length is not that.
 fn refuses_tools(message: &str) -> bool {
     let message = message.to_ascii_lowercase();
-    message.contains("tool") || message.contains("function call")
+    message.contains("http 400")
+        && (message.contains("tool") || message.contains("function call"))
+        && !["schema", "parameters", "context", "token", "length"]
+            .iter()
+            .any(|w| message.contains(w))
+}
+
+/// An action a model offered native tools wrote as text instead: only when the answer is nothing but
+/// (optional `Thought:` lines and) an `Action:` or `<tool_call>` line, naming one of the offered tools.
+fn written_action(text: &str, iteration: u32, tools: &[ToolSpec]) -> Option<crate::llm::ToolCall> {
+    let first = text
+        .lines()
+        .map(str::trim)
+        .find(|l| !l.is_empty() && !l.starts_with("Thought:"))?;
+    if !(first.starts_with("Action:") || first.starts_with("<tool_call>"))
+        || text.contains("Final Answer:")
+    {
+        return None;
+    }
+    match read_text_action(text, iteration) {
+        TextTurn::Action(call) if tools.iter().any(|t| t.name == call.name) => Some(call),
+        _ => None,
+    }
 }
 
 /// How to call tools in text mode, appended to the system prompt.

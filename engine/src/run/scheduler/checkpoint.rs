@@ -2,8 +2,9 @@
 //! planner its accepted plan), so that `archon resume` continues the step there instead of starting over,
 //! and repeats no tool call whose result the conversation already holds.
 //!
-//! A checkpoint is used only by the same step asking the same thing: its first messages (instructions and
-//! goal, as rendered now) must equal the recorded ones, so a changed spec or input starts afresh.
+//! A checkpoint is used only by the same step asking the same thing: its fingerprint (provider, model,
+//! tools, tool mode, limits) and its first messages (instructions and goal, as rendered now) must equal the
+//! recorded ones, so a changed spec or input starts afresh. It is used once: a retry starts afresh.
 
 use std::collections::HashMap;
 
@@ -12,11 +13,16 @@ use serde::{Deserialize, Serialize};
 use super::Shared;
 use crate::llm::Message;
 use crate::run::LlmUsage;
-use crate::store::Entry;
+use crate::store::{Ack, Entry};
 
 /// Where an agent step stands after a completed iteration.
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub(super) struct AgentState {
+    #[serde(default)]
+    pub fingerprint: String,
+    /// The step had changed to text mode (its provider refused native tool calling).
+    #[serde(default)]
+    pub text_mode: bool,
     pub iteration: u32,
     pub messages: Vec<Message>,
     #[serde(default)]
@@ -32,6 +38,8 @@ pub(super) struct AgentState {
 /// Where a planner step stands: the plan the validator accepted last, and the conversation that led to it.
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub(super) struct PlannerState {
+    #[serde(default)]
+    pub fingerprint: String,
     pub replan: u32,
     pub messages: Vec<Message>,
     pub usage: LlmUsage,
@@ -39,46 +47,71 @@ pub(super) struct PlannerState {
 }
 
 /// Records `state` as the latest checkpoint of step `label` (the run's own steps only: nested steps are
-/// part of their caller's attempt). Committed without waiting: losing the latest one repeats an iteration.
-pub(super) fn save(shared: &Shared, label: &str, state: &impl Serialize) {
+/// part of their caller's attempt). The returned acknowledgement resolves once it is durable: a step whose
+/// tools are not safe to repeat waits for it before calling more.
+pub(super) fn save(shared: &Shared, label: &str, state: &impl Serialize) -> Ack {
     if shared.depth != 0 {
-        return;
+        return Ack::done();
     }
     let Ok(mut state) = serde_json::to_value(state) else {
-        return;
+        return Ack::done();
     };
     shared.redactor.json(&mut state);
     shared.options.journal.record(Entry::Checkpoint {
         step: label.to_owned(),
         state,
     });
-    drop(shared.options.journal.flush());
+    shared.options.journal.flush()
 }
 
-/// The checkpoint an earlier process recorded for step `label`, if it began with `start`.
-pub(super) fn restore<T: for<'de> Deserialize<'de> + HasMessages>(
+/// The checkpoint an earlier process recorded for step `label`, if it has `fingerprint` and began with
+/// `start`. Taken: later attempts of the step in this run do not see it.
+pub(super) fn restore<T: for<'de> Deserialize<'de> + Checkpointed>(
     shared: &Shared,
     label: &str,
+    fingerprint: &str,
     start: &[Message],
 ) -> Option<T> {
     if shared.depth != 0 {
         return None;
     }
-    let state: T = serde_json::from_value(shared.options.checkpoints.get(label)?.clone()).ok()?;
-    state.messages().starts_with(start).then_some(state)
+    let mut checkpoints = shared.options.checkpoints.lock().ok()?;
+    let state: T = serde_json::from_value(checkpoints.get(label)?.clone()).ok()?;
+    if state.fingerprint() != fingerprint || !state.messages().starts_with(start) {
+        return None;
+    }
+    checkpoints.remove(label);
+    Some(state)
 }
 
-pub(super) trait HasMessages {
+/// The fingerprint of what an LLM step asks with: any change makes its checkpoint useless.
+pub(super) fn fingerprint(parts: &[&str]) -> String {
+    crate::store::spec_hash(
+        &parts
+            .iter()
+            .map(|p| (String::new(), (*p).to_owned()))
+            .collect::<Vec<_>>(),
+    )
+}
+
+pub(super) trait Checkpointed {
+    fn fingerprint(&self) -> &str;
     fn messages(&self) -> &[Message];
 }
 
-impl HasMessages for AgentState {
+impl Checkpointed for AgentState {
+    fn fingerprint(&self) -> &str {
+        &self.fingerprint
+    }
     fn messages(&self) -> &[Message] {
         &self.messages
     }
 }
 
-impl HasMessages for PlannerState {
+impl Checkpointed for PlannerState {
+    fn fingerprint(&self) -> &str {
+        &self.fingerprint
+    }
     fn messages(&self) -> &[Message] {
         &self.messages
     }

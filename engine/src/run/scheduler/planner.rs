@@ -114,10 +114,18 @@ async fn plan_and_run(
     let mut previous: Option<Previous> = None;
     // A resumed run continues with the plan an earlier process accepted, without asking again.
     let mut restored = None;
-    if let Some(state) = checkpoint::restore::<PlannerState>(shared, label, &messages)
+    let fingerprint = checkpoint::fingerprint(&[
+        &configured.name,
+        &configured.model,
+        &policy.tools.join(","),
+        &max_replans.to_string(),
+    ]);
+    if let Some(state) = checkpoint::restore::<PlannerState>(shared, label, &fingerprint, &messages)
         && let Ok(accepted) = accept(shared, label, &policy, &state.plan)
     {
         checkpoint::count_restored(shared, &state.usage);
+        // The revisions it made count against the run's allowance.
+        shared.llm.replans.fetch_add(state.replan, Ordering::SeqCst);
         shared.emit(RunEvent::Resumed {
             step: label.to_owned(),
             from: if state.replan == 0 {
@@ -143,7 +151,7 @@ async fn plan_and_run(
                     label,
                     &configured,
                     &mut messages,
-                    &policy,
+                    (&policy, &fingerprint),
                     replan,
                     &mut usage,
                 )
@@ -315,7 +323,7 @@ async fn propose(
     label: &str,
     configured: &Configured,
     messages: &mut Vec<Message>,
-    policy: &PlanPolicy,
+    (policy, fingerprint): (&PlanPolicy, &str),
     replan: u32,
     usage: &mut LlmUsage,
 ) -> Result<Accepted, Failure> {
@@ -345,16 +353,17 @@ async fn propose(
         messages.push(Message::assistant(vec![Part::Text(text.clone())]));
         let problems = match accept(shared, label, policy, &text) {
             Ok(accepted) => {
-                checkpoint::save(
+                drop(checkpoint::save(
                     shared,
                     label,
                     &PlannerState {
+                        fingerprint: fingerprint.to_owned(),
                         replan,
                         messages: messages.clone(),
                         usage: usage.clone(),
                         plan: text,
                     },
-                );
+                ));
                 return Ok(accepted);
             }
             Err(problems) => problems,
@@ -445,6 +454,10 @@ fn plan_path(workflow: &Workflow, label: &str) -> PathBuf {
 /// or the whole text (YAML is accepted too).
 fn document_text(text: &str) -> String {
     let trimmed = text.trim();
+    // A whole answer that already reads as a mapping (JSON or YAML) is taken as it is.
+    if matches!(serde_saphyr::from_str::<Json>(trimmed), Ok(Json::Object(_))) {
+        return trimmed.to_owned();
+    }
     if let Some(start) = trimmed.find("```") {
         let after = &trimmed[start + 3..];
         let body = after.split_once('\n').map_or(after, |(_, rest)| rest);
