@@ -142,3 +142,134 @@ rules:
     assert_eq!(code, 3, "asked again: {stderr}");
     assert!(!dir.path().join("effects.txt").exists());
 }
+
+mod behaviours {
+    //! One workflow per rule behaviour, run in process with a scripted model where an LLM is involved.
+
+    use archon_engine::run::{RunEvent, RunStatus, StepStatus};
+    use archon_engine::spec::Action;
+    use serde_json::json;
+    use tempfile::TempDir;
+
+    use crate::agent::run_agent;
+
+    fn rule_events(events: &[RunEvent]) -> Vec<(String, Action)> {
+        events
+            .iter()
+            .filter_map(|e| match e {
+                RunEvent::RuleMatched { rule, action, .. } => Some((rule.clone(), *action)),
+                _ => None,
+            })
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn a_condition_over_the_arguments_decides_whether_a_rule_fits() {
+        let dir = TempDir::new().expect("tempdir");
+        let yaml = "name: r\nsteps:\n  - { id: small, tool: echo, with: { amount: 5 } }\n  - { id: large, tool: echo, with: { amount: 500 } }\nrules:\n  - { name: limit, on: before_tool, match: { tool: echo, if: \"args.amount > 100\" }, action: deny, reason: too much }\n";
+        let (report, _) = run_agent(dir.path(), yaml).await;
+        assert_eq!(report.steps["small"].status, StepStatus::Succeeded);
+        assert_eq!(report.steps["large"].status, StepStatus::Failed);
+        assert_eq!(
+            report.steps["large"].error.as_deref(),
+            Some("denied by rule `limit`: too much")
+        );
+    }
+
+    #[tokio::test]
+    async fn deny_beats_ask_beats_allow_and_log_goes_along() {
+        let dir = TempDir::new().expect("tempdir");
+        let rules = "rules:\n  - { name: yes, on: before_tool, action: allow }\n  - { name: maybe, on: before_tool, action: ask }\n  - { name: no, on: before_tool, match: { step: b }, action: deny }\n  - { name: seen, on: before_tool, action: log }\n";
+        let yaml = format!(
+            "name: r\nsteps:\n  - {{ id: a, tool: echo, with: {{ v: 1 }} }}\n  - {{ id: b, tool: echo, with: {{ v: 2 }} }}\n{rules}"
+        );
+        let (report, events) = run_agent(dir.path(), &yaml).await;
+        assert_eq!(
+            report.steps["a"].status,
+            StepStatus::WaitingApproval,
+            "ask beats allow"
+        );
+        assert_eq!(
+            report.steps["b"].status,
+            StepStatus::Failed,
+            "deny beats ask"
+        );
+        assert_eq!(report.status, RunStatus::WaitingApproval);
+        let matched = rule_events(&events);
+        assert!(
+            matched.contains(&("seen".to_owned(), Action::Log)),
+            "{matched:?}"
+        );
+        assert!(
+            matched.contains(&("no".to_owned(), Action::Deny)),
+            "{matched:?}"
+        );
+    }
+
+    #[tokio::test]
+    async fn before_run_and_after_step_rules() {
+        let dir = TempDir::new().expect("tempdir");
+        let yaml = "name: r\nsteps:\n  - { id: a, tool: echo, with: { v: 1 } }\nrules:\n  - { name: closed, on: before_run, match: { if: \"run.workflow == 'r'\" }, action: deny, reason: maintenance }\n";
+        let (report, _) = run_agent(dir.path(), yaml).await;
+        assert_eq!(report.status, RunStatus::Failed);
+        assert_eq!(
+            report.error.as_deref(),
+            Some("denied by rule `closed`: maintenance")
+        );
+        assert_ne!(
+            report.steps["a"].status,
+            StepStatus::Succeeded,
+            "nothing ran"
+        );
+
+        let yaml = "name: r\nsteps:\n  - { id: report, tool: echo, with: {} }\n  - { id: after, tool: echo, with: { r: \"{{ steps.report.output }}\" } }\nrules:\n  - { name: empty, on: after_step, match: { step: report, if: \"args | length == 0\" }, action: deny, reason: the report is empty }\n  - { name: failures, on: on_error, action: log }\n";
+        let (report, events) = run_agent(dir.path(), yaml).await;
+        assert_eq!(report.steps["report"].status, StepStatus::Failed);
+        assert_eq!(report.steps["after"].status, StepStatus::Skipped);
+        assert!(rule_events(&events).contains(&("failures".to_owned(), Action::Log)));
+    }
+
+    #[tokio::test]
+    async fn an_agents_call_is_denied_as_an_observation_and_redacted_where_recorded() {
+        let dir = TempDir::new().expect("tempdir");
+        let turns = "        - tool_calls: [{ name: http, arguments: { url: \"http://127.0.0.1:9/\", headers: { authorization: \"Bearer s3cr3t-token\" } } }]\n        - tool_calls: [{ name: calculator, arguments: { expression: \"1 + 1\" } }]\n        - text: done";
+        let yaml = format!(
+            "name: r\nllm:\n  providers:\n    scripted:\n      kind: mock\n      turns:\n{turns}\nsteps:\n  - {{ id: agent, goal: do it, tools: [http, calculator] }}\nrules:\n  - {{ name: hide, on: before_tool, match: {{ tool: http }}, action: redact, redact: [headers.authorization] }}\n  - {{ name: no-net, on: before_tool, match: {{ tool: http, chosen_by: llm }}, action: deny, reason: offline }}\n"
+        );
+        let (report, events) = run_agent(dir.path(), &yaml).await;
+        assert_eq!(report.steps["agent"].status, StepStatus::Succeeded);
+        assert!(events.iter().any(|e| matches!(
+            e,
+            RunEvent::AgentObservation { tool, text, error: true, .. }
+                if tool == "http" && text.contains("denied by rule `no-net`: offline")
+        )));
+        let action = events
+            .iter()
+            .find_map(|e| match e {
+                RunEvent::AgentAction {
+                    tool, arguments, ..
+                } if tool == "http" => Some(arguments),
+                _ => None,
+            })
+            .expect("the action is recorded");
+        assert_eq!(action["headers"]["authorization"], json!("***"));
+    }
+
+    #[tokio::test]
+    async fn on_plan_rules_see_the_plan_before_it_runs() {
+        let dir = TempDir::new().expect("tempdir");
+        let plan =
+            json!({ "steps": [ { "id": "x", "tool": "echo", "with": { "v": 1 } } ] }).to_string();
+        let yaml = format!(
+            "name: r\nllm:\n  providers:\n    scripted:\n      kind: mock\n      turns:\n        - text: {}\nsteps:\n  - {{ id: p, plan: do it, tools: [echo] }}\nrules:\n  - {{ name: review, on: on_plan, action: ask }}\n",
+            serde_json::to_string(&plan).expect("json")
+        );
+        let (report, events) = run_agent(dir.path(), &yaml).await;
+        assert_eq!(report.steps["p"].status, StepStatus::WaitingApproval);
+        assert!(report.steps["p"].steps.is_empty(), "no planned step ran");
+        assert!(events.iter().any(|e| matches!(
+            e,
+            RunEvent::ApprovalRequested { arguments, .. } if arguments["steps"][0]["id"] == "x"
+        )));
+    }
+}

@@ -34,6 +34,15 @@ pub fn goal_spec(goal: &str) -> Result<String, String> {
             "tools": GOAL_TOOLS,
         }],
         "outputs": { "result": "{{ steps.goal.output }}" },
+        // What the planned steps read could leave over HTTP (a query string is enough): a person sees each
+        // request first.
+        "rules": [{
+            "name": "ask-before-http",
+            "on": "before_tool",
+            "match": { "tool": "http" },
+            "action": "ask",
+            "reason": "a request carries data out of the workspace",
+        }],
     });
     serde_saphyr::to_string(&spec)
         .map(|text| {

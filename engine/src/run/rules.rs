@@ -131,20 +131,18 @@ fn matches(rule: &Rule, renderer: &Renderer, event: &Event<'_>) -> bool {
     let Some(condition) = &m.condition else {
         return true;
     };
-    let ctx = Value::from_iter([
+    let chosen_by = match event.chosen_by {
+        ChosenBy::Llm => "llm",
+        ChosenBy::Spec => "spec",
+    };
+    let ctx = Value::from(std::collections::BTreeMap::from([
         ("args", json_value(event.args)),
         ("step", Value::from(event.step.unwrap_or_default())),
         ("tool", Value::from(event.tool.unwrap_or_default())),
         ("agent", Value::from(event.agent.unwrap_or_default())),
         ("run", json_value(event.run)),
-        (
-            "chosen_by",
-            Value::from(match event.chosen_by {
-                ChosenBy::Llm => "llm",
-                ChosenBy::Spec => "spec",
-            }),
-        ),
-    ]);
+        ("chosen_by", Value::from(chosen_by)),
+    ]));
     match renderer.condition(&condition.value, &ctx) {
         Ok(fits) => fits,
         Err(_) => matches!(rule.action.value, Action::Deny | Action::Ask),

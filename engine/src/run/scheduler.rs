@@ -309,7 +309,7 @@ fn run_workflow(
                     Gate::Waiting(_) => StepStatus::WaitingApproval,
                     _ => StepStatus::Cancelled,
                 };
-                if let Gate::Denied(reason) = &stopped {
+                if let Gate::Denied(reason, _) = &stopped {
                     error = Some(reason.clone());
                 }
                 spec.steps
@@ -1101,7 +1101,7 @@ async fn call_body(
         };
         match gate::gate(shared, call).await {
             Gate::Go { .. } => {}
-            Gate::Denied(reason) => return Err(Failure::fixed(reason)),
+            Gate::Denied(reason, _) => return Err(Failure::fixed(reason)),
             Gate::Waiting(message) => return Err(Failure::waiting(message)),
         }
     }
@@ -1507,7 +1507,7 @@ async fn before_step(shared: &Shared, step: &Step, label: &str) -> Option<StepRe
     };
     match gate::gate(shared, call).await {
         Gate::Go { .. } => None,
-        Gate::Denied(reason) => Some(StepResult::ended(StepStatus::Failed, Some(reason))),
+        Gate::Denied(reason, _) => Some(StepResult::ended(StepStatus::Failed, Some(reason))),
         Gate::Waiting(message) => Some(StepResult::ended(
             StepStatus::WaitingApproval,
             Some(message),
@@ -1524,11 +1524,11 @@ fn after_step(shared: &Shared, step: &Step, result: &mut StepResult) {
     }
     let label = shared.label(&step.id.value);
     let run = json!({ "id": shared.options.run_id, "workflow": shared.workflow.name });
-    let mut triggers = vec![Trigger::AfterStep];
-    if result.status.is_failure() {
-        triggers.push(Trigger::OnError);
-    }
-    for on in triggers {
+    for on in [Trigger::AfterStep, Trigger::OnError] {
+        // `on_error` sees the step as `after_step` left it.
+        if on == Trigger::OnError && !result.status.is_failure() {
+            continue;
+        }
         let event = super::rules::Event {
             on,
             step: Some(&label),

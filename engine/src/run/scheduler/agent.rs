@@ -497,7 +497,10 @@ pub(super) async fn run(
                     Gate::Go { redact } => {
                         arguments = crate::run::rules::redacted_args(&arguments, &redact);
                     }
-                    Gate::Denied(reason) => turn = Turn::Denied(reason),
+                    Gate::Denied(reason, redact) => {
+                        arguments = crate::run::rules::redacted_args(&arguments, &redact);
+                        turn = Turn::Denied(reason);
+                    }
                     Gate::Waiting(message) => {
                         // The step pauses; a resume takes this same turn up again, once decided.
                         let (seen_before, messages) = before_turn;

@@ -15,8 +15,8 @@ use crate::store::Entry;
 pub(super) enum Gate {
     /// Go on; the argument paths to hide in what the run records.
     Go { redact: Vec<String> },
-    /// A rule or a person said no: why.
-    Denied(String),
+    /// A rule or a person said no: why, and the argument paths to hide where the call is recorded.
+    Denied(String, Vec<String>),
     /// Waiting for a person: the run pauses.
     Waiting(String),
 }
@@ -74,10 +74,13 @@ pub(super) async fn gate(shared: &Shared, call: Call<'_>) -> Gate {
                 rule: rule.clone(),
                 action: Action::Deny,
             });
-            Gate::Denied(match &verdict.reason {
-                Some(reason) => format!("denied by rule `{rule}`: {reason}"),
-                None => format!("denied by rule `{rule}`"),
-            })
+            Gate::Denied(
+                match &verdict.reason {
+                    Some(reason) => format!("denied by rule `{rule}`: {reason}"),
+                    None => format!("denied by rule `{rule}`"),
+                },
+                verdict.redact,
+            )
         }
         Some(Action::Ask) => ask(shared, &call, verdict).await,
         _ => Gate::Go {
@@ -142,10 +145,13 @@ async fn ask(shared: &Shared, call: &Call<'_>, verdict: Verdict) -> Gate {
         Some(d) if d.approved => Gate::Go {
             redact: verdict.redact,
         },
-        Some(d) => Gate::Denied(match d.reason {
-            Some(reason) => format!("denied by {}: {reason}", d.by),
-            None => format!("denied by {}", d.by),
-        }),
+        Some(d) => Gate::Denied(
+            match d.reason {
+                Some(reason) => format!("denied by {}: {reason}", d.by),
+                None => format!("denied by {}", d.by),
+            },
+            verdict.redact,
+        ),
         None => {
             shared.emit(RunEvent::ApprovalRequested {
                 step: request.step.clone(),

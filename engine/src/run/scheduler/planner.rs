@@ -172,7 +172,7 @@ async fn plan_and_run(
             };
             match gate::gate(shared, call).await {
                 Gate::Go { .. } => {}
-                Gate::Denied(reason) => {
+                Gate::Denied(reason, _) => {
                     return Err(Failure::fixed(format!("the plan was {reason}")).with_llm(usage));
                 }
                 Gate::Waiting(message) => return Err(Failure::waiting(message).with_llm(usage)),
