@@ -273,3 +273,95 @@ mod behaviours {
         )));
     }
 }
+
+mod approver {
+    //! A person asked while the run goes on (the CLI asks at the terminal): the answer, or the rule's
+    //! default when none comes in time.
+
+    use std::collections::BTreeMap;
+    use std::sync::{Arc, Mutex};
+
+    use archon_engine::run::{
+        self, ApprovalDecision, ApprovalRequest, Approver, RunOptions, StepStatus,
+    };
+    use tempfile::TempDir;
+
+    /// Answers with `answer` (or never), remembering what it was shown.
+    struct Person {
+        answer: Option<bool>,
+        shown: Mutex<Vec<ApprovalRequest>>,
+    }
+
+    impl Approver for Person {
+        fn ask<'a>(
+            &'a self,
+            request: &'a ApprovalRequest,
+        ) -> std::pin::Pin<Box<dyn Future<Output = Option<ApprovalDecision>> + Send + 'a>> {
+            Box::pin(async move {
+                self.shown.lock().expect("lock").push(request.clone());
+                match self.answer {
+                    Some(approved) => Some(ApprovalDecision {
+                        approved,
+                        by: "tester".to_owned(),
+                        reason: None,
+                    }),
+                    None => std::future::pending().await,
+                }
+            })
+        }
+    }
+
+    async fn run_with(answer: Option<bool>, yaml: &str) -> (run::RunReport, Arc<Person>) {
+        let dir = TempDir::new().expect("tempdir");
+        std::fs::write(dir.path().join("a.yaml"), yaml).expect("write");
+        let workflow = archon_engine::validate_file(&dir.path().join("a.yaml"))
+            .workflow
+            .expect("valid");
+        let person = Arc::new(Person {
+            answer,
+            shown: Mutex::new(Vec::new()),
+        });
+        let mut options = RunOptions::new(dir.path().to_path_buf(), "asked");
+        options.env = BTreeMap::from([("TOKEN".to_owned(), "hunter2-secret".to_owned())]);
+        options.approvals.approver = Some(person.clone());
+        let report = run::run(Arc::new(workflow), serde_json::Map::new(), options)
+            .await
+            .expect("runs");
+        (report, person)
+    }
+
+    const SPEC: &str = "name: a\nsecrets: [TOKEN]\nsteps:\n  - { id: s, tool: echo, with: { auth: \"{{ secrets.TOKEN }}\", v: 1 } }\nrules:\n  - { name: check, on: before_tool, action: ask, timeout: 200ms }\n";
+
+    #[tokio::test]
+    async fn a_person_sees_the_exact_call_with_secrets_hidden_and_decides() {
+        let (report, person) = run_with(Some(true), SPEC).await;
+        assert_eq!(report.steps["s"].status, StepStatus::Succeeded);
+        let shown = person.shown.lock().expect("lock");
+        assert_eq!(shown[0].arguments["v"], 1);
+        assert_eq!(shown[0].arguments["auth"], "***", "{:?}", shown[0]);
+        drop(shown);
+        let (report, _) = run_with(Some(false), SPEC).await;
+        assert_eq!(report.steps["s"].status, StepStatus::Failed);
+        assert_eq!(report.steps["s"].error.as_deref(), Some("denied by tester"));
+    }
+
+    #[tokio::test]
+    async fn without_an_answer_in_time_the_rules_default_decides() {
+        let (report, _) = run_with(None, SPEC).await;
+        assert_eq!(report.steps["s"].status, StepStatus::Failed);
+        assert!(
+            report.steps["s"]
+                .error
+                .as_deref()
+                .is_some_and(|e| e.starts_with("denied by timeout")),
+            "{:?}",
+            report.steps["s"].error
+        );
+        let (report, _) = run_with(
+            None,
+            &SPEC.replace("timeout: 200ms", "timeout: 200ms, default: allow"),
+        )
+        .await;
+        assert_eq!(report.steps["s"].status, StepStatus::Succeeded);
+    }
+}
