@@ -336,10 +336,9 @@ mod approver {
     async fn a_person_sees_the_exact_call_with_secrets_hidden_and_decides() {
         let (report, person) = run_with(Some(true), SPEC).await;
         assert_eq!(report.steps["s"].status, StepStatus::Succeeded);
-        let shown = person.shown.lock().expect("lock");
-        assert_eq!(shown[0].arguments["v"], 1);
-        assert_eq!(shown[0].arguments["auth"], "***", "{:?}", shown[0]);
-        drop(shown);
+        let shown = person.shown.lock().expect("lock")[0].clone();
+        assert_eq!(shown.arguments["v"], 1);
+        assert_eq!(shown.arguments["auth"], "***", "{shown:?}");
         let (report, _) = run_with(Some(false), SPEC).await;
         assert_eq!(report.steps["s"].status, StepStatus::Failed);
         assert_eq!(report.steps["s"].error.as_deref(), Some("denied by tester"));
