@@ -320,9 +320,7 @@ fn run_workflow(
         };
 
         let failed = first_failure(&spec.steps, |i| views[i].result().status).is_some();
-        let waiting = views
-            .iter()
-            .any(|v| v.result().status == StepStatus::WaitingApproval);
+        let waiting = waits(&views);
         let cancelled = shared.options.cancel.is_cancelled();
         let mut outputs = Map::new();
         if !cancelled {
@@ -428,6 +426,13 @@ fn results(steps: &[Step], views: Vec<Arc<StepView>>) -> IndexMap<String, StepRe
         .zip(views)
         .map(|(step, view)| (step.id.value.clone(), view.into_result()))
         .collect()
+}
+
+/// Whether a step of the list waits for a person's approval.
+fn waits(views: &[Arc<StepView>]) -> bool {
+    views
+        .iter()
+        .any(|v| v.result().status == StepStatus::WaitingApproval)
 }
 
 fn millis(d: Duration) -> u64 {
@@ -1310,9 +1315,7 @@ fn call_composite<'a>(
             }
             _ => None,
         };
-        let waits = views
-            .iter()
-            .any(|v| v.result().status == StepStatus::WaitingApproval);
+        let waits = waits(&views);
         let results = results(steps, views);
         if waits && !cancelled {
             return Err(Failure {

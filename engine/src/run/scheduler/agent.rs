@@ -1081,7 +1081,7 @@ fn repair_json(text: &str) -> Option<Json> {
 }
 
 /// JSON text with object keys sorted, so that the same arguments in another order compare equal.
-fn canonical(value: &Json) -> String {
+pub(super) fn canonical(value: &Json) -> String {
     match value {
         Json::Object(map) => {
             let mut keys: Vec<&String> = map.keys().collect();

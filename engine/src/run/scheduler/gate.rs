@@ -97,7 +97,7 @@ async fn ask(shared: &Shared, call: &Call<'_>, verdict: Verdict) -> Gate {
         ("run".to_owned(), shared.options.run_id.clone()),
         ("step".to_owned(), call.label.to_owned()),
         ("tool".to_owned(), call.tool.unwrap_or_default().to_owned()),
-        ("args".to_owned(), canonical(call.args)),
+        ("args".to_owned(), super::agent::canonical(call.args)),
     ]);
     let reason = verdict
         .reason
@@ -208,24 +208,4 @@ fn record(
         reason: decision.reason.clone(),
     });
     decision
-}
-
-/// JSON text with object keys sorted: the same arguments in another order are the same call.
-fn canonical(value: &Json) -> String {
-    match value {
-        Json::Object(map) => {
-            let mut keys: Vec<&String> = map.keys().collect();
-            keys.sort();
-            let fields: Vec<String> = keys
-                .into_iter()
-                .map(|k| format!("{}:{}", Json::String(k.clone()), canonical(&map[k])))
-                .collect();
-            format!("{{{}}}", fields.join(","))
-        }
-        Json::Array(items) => format!(
-            "[{}]",
-            items.iter().map(canonical).collect::<Vec<_>>().join(",")
-        ),
-        other => other.to_string(),
-    }
 }

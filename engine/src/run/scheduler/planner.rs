@@ -19,7 +19,9 @@ use serde_json::{Map, Value as Json};
 use super::agent::{self, truncate};
 use super::checkpoint::{self, PlannerState};
 use super::gate::{self, Gate};
-use super::{Boxed, Called, Failure, Shared, deeper, first_failure, named, results, schedule};
+use super::{
+    Boxed, Called, Failure, Shared, deeper, first_failure, named, results, schedule, waits,
+};
 use crate::llm::config::Configured;
 use crate::llm::{FinishReason, Message, Part};
 use crate::run::render::to_text;
@@ -231,11 +233,9 @@ async fn plan_and_run(
             }
             _ => None,
         };
-        let waits = views
-            .iter()
-            .any(|v| v.result().status == StepStatus::WaitingApproval);
+        let waiting = waits(&views);
         let results = results(steps, views);
-        if waits && !cancelled {
+        if waiting && !cancelled {
             return Err(Failure {
                 steps: results,
                 ..Failure::waiting("a planned step waits for approval".to_owned())
