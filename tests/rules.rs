@@ -364,3 +364,103 @@ mod approver {
         assert_eq!(report.steps["s"].status, StepStatus::Succeeded);
     }
 }
+
+mod review {
+    //! What a review of the rules found, each now held by a test.
+
+    use archon_engine::run::{RunEvent, RunStatus, StepStatus};
+    use serde_json::json;
+    use tempfile::TempDir;
+
+    use crate::agent::run_agent;
+    use crate::support::{Output, archon};
+
+    #[tokio::test]
+    async fn a_plans_steps_follow_the_workflows_rules() {
+        let dir = TempDir::new().expect("tempdir");
+        let plan =
+            json!({ "steps": [ { "id": "say", "tool": "echo", "with": { "v": 1 } } ] }).to_string();
+        let yaml = format!(
+            "name: r\nllm:\n  providers:\n    scripted:\n      kind: mock\n      turns:\n        - text: {}\nsteps:\n  - {{ id: p, plan: say it, tools: [echo] }}\nrules:\n  - {{ name: quiet, on: before_tool, match: {{ tool: echo, chosen_by: llm }}, action: deny }}\ndefaults:\n  max_replans: 0\n",
+            serde_json::to_string(&plan).expect("json")
+        );
+        let (report, _) = run_agent(dir.path(), &yaml).await;
+        let p = &report.steps["p"];
+        assert_eq!(p.status, StepStatus::Failed, "{p:?}");
+        assert_eq!(
+            p.steps["say"].error.as_deref(),
+            Some("denied by rule `quiet`")
+        );
+    }
+
+    #[tokio::test]
+    async fn a_rule_naming_a_foreach_step_applies_to_each_item() {
+        let dir = TempDir::new().expect("tempdir");
+        let yaml = "name: r\nsteps:\n  - { id: pay, tool: echo, foreach: \"[1, 2]\", with: { v: \"{{ item }}\" } }\nrules:\n  - { name: no-pay, on: before_tool, match: { step: pay }, action: deny }\n";
+        let (report, _) = run_agent(dir.path(), yaml).await;
+        assert_eq!(report.steps["pay"].status, StepStatus::Failed);
+        assert!(
+            report.steps["pay"]
+                .error
+                .as_deref()
+                .is_some_and(|e| e.contains("denied by rule `no-pay`"))
+        );
+    }
+
+    #[tokio::test]
+    async fn approval_required_shows_and_binds_the_call_and_no_fallback_runs_instead() {
+        let dir = TempDir::new().expect("tempdir");
+        let yaml = "name: r\nsteps:\n  - id: pay\n    tool: echo\n    approval: required\n    foreach: \"['alice 5']\"\n    with: { to: \"{{ item }}\" }\n    fallback: { tool: echo, with: { v: fallback } }\n";
+        let (report, events) = run_agent(dir.path(), yaml).await;
+        assert_eq!(report.status, RunStatus::WaitingApproval);
+        assert_eq!(
+            report.steps["pay"].status,
+            StepStatus::WaitingApproval,
+            "the fallback did not run"
+        );
+        let asked = events
+            .iter()
+            .find_map(|e| match e {
+                RunEvent::ApprovalRequested { arguments, .. } => Some(arguments.clone()),
+                _ => None,
+            })
+            .expect("asked");
+        assert_eq!(asked["with"]["to"], "alice 5");
+        assert_eq!(asked["item"], "alice 5");
+    }
+
+    #[test]
+    fn a_composite_that_waited_after_doing_something_is_in_doubt_on_resume() {
+        let dir = TempDir::new().expect("tempdir");
+        let spec = "name: r\ntools:\n  payout:\n    parameters: { type: object, properties: {} }\n    steps:\n      - { id: charge, tool: exec, with: { argv: [sh, -c, \"echo charged >> effects.txt\"] } }\n      - { id: send, tool: echo, approval: required, needs: [charge], with: { v: 1 } }\nsteps:\n  - { id: p, tool: payout }\n";
+        std::fs::write(dir.path().join("r.yaml"), spec).expect("write");
+        let Output { code, stdout, .. } =
+            archon(dir.path(), &["run", "r.yaml", "--no-input", "--json"]);
+        assert_eq!(code, 3);
+        let id = serde_json::from_str::<serde_json::Value>(&stdout).expect("report")["run_id"]
+            .as_str()
+            .expect("id")
+            .to_owned();
+        let Output { code, .. } = archon(dir.path(), &["approve", &id, "--step", "p"]);
+        assert_eq!(code, 0);
+        let Output { code, stderr, .. } = archon(dir.path(), &["resume", &id, "--no-input"]);
+        assert_eq!(
+            code, 2,
+            "the charge may run again: the user is asked first: {stderr}"
+        );
+        assert!(stderr.contains("--rerun-in-doubt"), "{stderr}");
+        assert_eq!(
+            std::fs::read_to_string(dir.path().join("effects.txt")).expect("charged"),
+            "charged\n"
+        );
+    }
+
+    #[tokio::test]
+    async fn an_agent_whose_tool_waits_for_approval_waits_too() {
+        let dir = TempDir::new().expect("tempdir");
+        let yaml = "name: r\nllm:\n  providers:\n    scripted:\n      kind: mock\n      turns:\n        - tool_calls: [{ name: payer, arguments: {} }]\n        - text: done\ntools:\n  payer:\n    description: Pays\n    sensitive: false\n    parameters: { type: object, properties: {} }\n    steps:\n      - { id: send, tool: echo, approval: required, with: { v: 1 } }\nsteps:\n  - { id: agent, goal: pay, tools: [payer] }\n";
+        let (report, _) = run_agent(dir.path(), yaml).await;
+        assert_eq!(report.steps["agent"].status, StepStatus::WaitingApproval);
+        assert_eq!(report.status, RunStatus::WaitingApproval);
+    }
+}

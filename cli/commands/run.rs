@@ -263,12 +263,14 @@ pub fn execute(exec: Execution<'_>) -> anyhow::Result<Status> {
                 && !args.no_input
                 && std::io::IsTerminal::is_terminal(&std::io::stdin())
                 && std::io::IsTerminal::is_terminal(&std::io::stderr()))
-            .then(|| Arc::new(TerminalApprover) as Arc<dyn run::Approver>),
+            .then(|| Arc::new(TerminalApprover::new()) as Arc<dyn run::Approver>),
         },
     };
+    // A prompt for approval must not be redrawn over: with one possible, progress is shown line by line.
+    let may_prompt = options.approvals.approver.is_some();
     let mut display = if args.json {
         Display::Quiet
-    } else if std::io::IsTerminal::is_terminal(&std::io::stderr()) {
+    } else if std::io::IsTerminal::is_terminal(&std::io::stderr()) && !may_prompt {
         Display::Live(Live::default())
     } else {
         Display::Lines
@@ -718,7 +720,39 @@ pub fn outputs_text(outputs: &Map<String, Json>) -> String {
 }
 
 /// Asks the person at the terminal about a call, showing it exactly as it would run (secrets redacted).
-struct TerminalApprover;
+///
+/// One prompt at a time, answered from one reader thread (a timed-out prompt leaves nothing blocking the
+/// exit). To approve, the person types a code shown only on the screen: input a command of the workflow
+/// pushed into the terminal, or typed ahead, cannot approve a call.
+struct TerminalApprover {
+    lines: tokio::sync::Mutex<tokio::sync::mpsc::UnboundedReceiver<String>>,
+}
+
+impl TerminalApprover {
+    fn new() -> Self {
+        let (sender, receiver) = tokio::sync::mpsc::unbounded_channel();
+        // Detached: it ends with the process, whatever it is waiting for.
+        let _ = std::thread::Builder::new()
+            .name("approvals".to_owned())
+            .spawn(move || {
+                let stdin = std::io::stdin();
+                loop {
+                    let mut line = String::new();
+                    match stdin.read_line(&mut line) {
+                        Ok(0) | Err(_) => break,
+                        Ok(_) => {
+                            if sender.send(line).is_err() {
+                                break;
+                            }
+                        }
+                    }
+                }
+            });
+        TerminalApprover {
+            lines: tokio::sync::Mutex::new(receiver),
+        }
+    }
+}
 
 impl run::Approver for TerminalApprover {
     fn ask<'a>(
@@ -726,9 +760,15 @@ impl run::Approver for TerminalApprover {
         request: &'a run::ApprovalRequest,
     ) -> std::pin::Pin<Box<dyn Future<Output = Option<run::ApprovalDecision>> + Send + 'a>> {
         Box::pin(async move {
+            let mut lines = self.lines.lock().await;
+            // Whatever was typed (or pushed) before the prompt does not answer it.
+            let _ =
+                rustix::termios::tcflush(std::io::stdin(), rustix::termios::QueueSelector::IFlush);
+            while lines.try_recv().is_ok() {}
+            let code = format!("{:04}", fastrand::u32(..10_000));
             let arguments = serde_json::to_string_pretty(&request.arguments).unwrap_or_default();
             output::stderr(&format!(
-                "\napproval needed: step `{}`{}\n  why: {}\n  arguments:\n{}\napprove? [y/N] ",
+                "\napproval needed: step `{}`{}\n  why: {}\n  arguments:\n{}\ntype {code} to approve, anything else denies: ",
                 request.step,
                 request
                     .tool
@@ -741,16 +781,9 @@ impl run::Approver for TerminalApprover {
                     .collect::<Vec<_>>()
                     .join("\n")
             ));
-            let line = tokio::task::spawn_blocking(|| {
-                let mut line = String::new();
-                std::io::stdin().read_line(&mut line).ok().map(|_| line)
-            })
-            .await
-            .ok()
-            .flatten()?;
-            let approved = matches!(line.trim().to_ascii_lowercase().as_str(), "y" | "yes");
+            let line = lines.recv().await?;
             Some(run::ApprovalDecision {
-                approved,
+                approved: line.trim() == code,
                 by: std::env::var("USER").unwrap_or_else(|_| "terminal".to_owned()),
                 reason: None,
             })

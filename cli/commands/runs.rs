@@ -390,7 +390,12 @@ fn continue_run(
         }
     }
     let workdir = PathBuf::from(&stored.workdir);
-    let decided = decisions(&stored);
+    // A retried step asks again: decisions were for the attempts they were given for.
+    let decided = if from.is_some() {
+        HashMap::new()
+    } else {
+        decisions(&stored)
+    };
     execute(Execution {
         workflow,
         inputs: stored.inputs,

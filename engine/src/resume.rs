@@ -53,7 +53,11 @@ pub fn in_doubt(workflow: &Workflow, run: &StoredRun) -> Vec<InDoubt> {
         let finished = run.results.contains_key(name) || run.results.contains_key(step_of(name));
         // A failed attempt is what retries are for; a running, cancelled, timed-out or succeeded one (whose
         // result was not recorded) may have had its effect.
-        let effect_possible = matches!(status, "running" | "succeeded" | "cancelled" | "timed_out");
+        let effect_possible = matches!(status, "running" | "succeeded" | "cancelled" | "timed_out")
+            // A step that waited for approval inside a composite tool, sub-workflow or plan may have
+            // run the steps before the one that asked; a plain call waited before anything ran, and an
+            // agent's checkpoint holds what its earlier calls did.
+            || (status == "waiting_approval" && runs_steps(workflow, step_of(name)));
         if !finished && effect_possible {
             names.push(name);
         }
@@ -78,6 +82,33 @@ pub fn in_doubt(workflow: &Workflow, run: &StoredRun) -> Vec<InDoubt> {
             }
         })
         .collect()
+}
+
+/// Whether a step runs steps of its own: a composite tool, a sub-workflow or a plan.
+fn runs_steps(workflow: &Workflow, id: &str) -> bool {
+    let Some(step) = workflow.spec.steps.iter().find(|s| s.id.value == id) else {
+        return false;
+    };
+    let body = step.body();
+    let plans = body.plan.is_some()
+        || (body.tool.is_none()
+            && body.goal.is_none()
+            && body.workflow.is_none()
+            && workflow
+                .spec
+                .defaults
+                .as_ref()
+                .and_then(|d| d.unspecified.as_ref())
+                .is_some_and(|u| u.value == crate::spec::Unspecified::Plan));
+    plans
+        || body.workflow.is_some()
+        || body.tool.is_some_and(|t| {
+            workflow
+                .spec
+                .tools
+                .get(t.value.as_str())
+                .is_some_and(|d| d.steps.is_some() || d.workflow.is_some())
+        })
 }
 
 /// Whether every tool a step can call (its body and its fallback) is safe to repeat.

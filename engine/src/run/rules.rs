@@ -114,7 +114,10 @@ fn matches(rule: &Rule, renderer: &Renderer, event: &Event<'_>) -> bool {
         pattern.as_ref().is_none_or(|p| {
             value.is_some_and(|v| {
                 globset::Glob::new(&p.value)
-                    .map(|g| g.compile_matcher().is_match(v) || matches_last(&g, v))
+                    .map(|g| {
+                        let matcher = g.compile_matcher();
+                        names(v).iter().any(|n| matcher.is_match(n))
+                    })
                     .unwrap_or(false)
             })
         })
@@ -149,10 +152,21 @@ fn matches(rule: &Rule, renderer: &Renderer, event: &Event<'_>) -> bool {
     }
 }
 
-/// A step pattern also matches the last part of a nested name (`inner` of `outer/inner`).
-fn matches_last(glob: &globset::Glob, name: &str) -> bool {
-    name.rsplit_once('/')
-        .is_some_and(|(_, last)| glob.compile_matcher().is_match(last))
+/// The names a step label answers to: as written (`outer[2]/inner`), without item indexes
+/// (`outer/inner`), and the last part in both forms (`inner`), so that a rule naming a `foreach` step
+/// applies to each of its items and one naming a step applies inside composite tools, sub-workflows and
+/// plans.
+fn names(label: &str) -> Vec<String> {
+    let plain = |s: &str| {
+        s.split('/')
+            .map(|part| part.split('[').next().unwrap_or(part))
+            .collect::<Vec<_>>()
+            .join("/")
+    };
+    let last = label.rsplit('/').next().unwrap_or(label);
+    let mut names = vec![label.to_owned(), plain(label), last.to_owned(), plain(last)];
+    names.dedup();
+    names
 }
 
 /// The arguments as recorded: values at the `redact` paths replaced by `***`.
@@ -162,7 +176,12 @@ pub fn redacted_args(args: &Json, paths: &[String]) -> Json {
         let mut node = &mut args;
         let mut parts = path.split('.').peekable();
         while let Some(part) = parts.next() {
-            let Some(next) = node.get_mut(part) else {
+            // `argv.1`: a position in a list.
+            let next = match node {
+                Json::Array(items) => part.parse::<usize>().ok().and_then(|i| items.get_mut(i)),
+                other => other.get_mut(part),
+            };
+            let Some(next) = next else {
                 break;
             };
             if parts.peek().is_none() {

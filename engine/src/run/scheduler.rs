@@ -848,13 +848,20 @@ async fn attempt_all(
         .retry
         .as_deref()
         .or_else(|| defaults.and_then(|d| d.retry.as_ref()));
-    if let Some(stopped) = before_step(shared, step, &label).await {
+    if let Some(stopped) =
+        before_step(shared, step, &label, &ctx, item.as_ref().map(|(i, _)| i)).await
+    {
         return stopped;
     }
     let (outcome, attempts) = with_retries(shared, &label, step.body(), false, retry, &ctx).await;
     let outcome = match (outcome, &step.fallback) {
         // A cancelled run starts nothing new, fallbacks included.
-        (Err(failure), Some(fallback)) if failure.status != StepStatus::Cancelled => {
+        (Err(failure), Some(fallback))
+            if !matches!(
+                failure.status,
+                StepStatus::Cancelled | StepStatus::WaitingApproval
+            ) =>
+        {
             let (fallback_outcome, _) =
                 with_retries(shared, &label, fallback.body(), true, None, &ctx).await;
             fallback_outcome.map(|o| (o, true))
@@ -1485,8 +1492,15 @@ async fn before_run(shared: &Shared) -> Option<Gate> {
     }
 }
 
-/// The `before_step` rules and `approval: required`: the result that stops the step, if any.
-async fn before_step(shared: &Shared, step: &Step, label: &str) -> Option<StepResult> {
+/// The `before_step` rules and `approval: required`: the result that stops the step, if any. What is asked
+/// about is the step's call as it will be made: its rendered arguments and its `foreach` item.
+async fn before_step(
+    shared: &Shared,
+    step: &Step,
+    label: &str,
+    ctx: &Value,
+    item: Option<&Json>,
+) -> Option<StepResult> {
     let required = step
         .approval
         .as_ref()
@@ -1494,6 +1508,23 @@ async fn before_step(shared: &Shared, step: &Step, label: &str) -> Option<StepRe
     if !required && shared.workflow.spec.rules.is_empty() {
         return None;
     }
+    let body = step.body();
+    let mut call = Map::new();
+    if let Some(args) = body.args {
+        match shared.renderer.value(args, ctx) {
+            Ok(args) => {
+                call.insert("with".to_owned(), args);
+            }
+            Err(e) => return Some(StepResult::ended(StepStatus::Failed, Some(e.to_string()))),
+        }
+    }
+    if let Some(goal) = body.goal.or(body.plan).or(body.description) {
+        call.insert("goal".to_owned(), Json::String(goal.value.clone()));
+    }
+    if let Some(item) = item {
+        call.insert("item".to_owned(), item.clone());
+    }
+    let args = Json::Object(call);
     let call = gate::Call {
         on: Trigger::BeforeStep,
         label,
@@ -1504,7 +1535,7 @@ async fn before_step(shared: &Shared, step: &Step, label: &str) -> Option<StepRe
         } else {
             ChosenBy::Spec
         },
-        args: &Json::Null,
+        args: &args,
         sensitive: false,
         required,
     };

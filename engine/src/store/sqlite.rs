@@ -357,15 +357,28 @@ impl RunStore for SqliteStore {
             error.unknown_run = true;
             return Err(error);
         }
+        let now = now_ms();
+        // A request whose rule's timeout passed is decided by the rule's default, not by a late answer.
         let pending: Vec<ApprovalRequest> = run
             .approvals
             .into_iter()
             .filter(|a| a.decision.is_none())
+            .filter(|a| {
+                a.request
+                    .timeout_ms
+                    .is_none_or(|t| now.saturating_sub(a.requested_at) < t)
+            })
             .map(|a| a.request)
-            .filter(|r| step.is_none_or(|s| r.step == s || crate::resume::step_of(&r.step) == s))
+            .filter(|r| {
+                step.is_none_or(|s| {
+                    r.step == s
+                        || r.step.starts_with(&format!("{s}/"))
+                        || r.step.starts_with(&format!("{s}["))
+                })
+            })
             .collect();
         let text = serde_json::to_string(decision).unwrap_or_default();
-        let now = now_ms() as i64;
+        let now = now as i64;
         self.with(|conn| {
             let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
             for request in &pending {

@@ -459,7 +459,34 @@ impl Checker<'_> {
             if rule.action.value == Action::Redact && rule.redact.is_empty() {
                 self.push(
                     Diagnostic::error(codes::MISSING_KEY, rule.action.span, "a `redact` rule needs a `redact:` list")
-                        .with_hint("list the argument names or patterns to hide, such as `redact: [password, token]`"),
+                        .with_hint("list the argument paths to hide, such as `redact: [password, headers.authorization, argv.1]`"),
+                );
+            }
+            // After a step has run there is nothing left to ask about, and after it failed, nothing to allow.
+            let effective = match rule.action.value {
+                Action::Ask => !matches!(trigger, Trigger::AfterStep | Trigger::OnError),
+                Action::Allow | Action::Deny => trigger != Trigger::OnError,
+                Action::Log | Action::Redact => true,
+            };
+            if !effective {
+                let name = |v: serde_json::Result<serde_json::Value>| {
+                    v.ok()
+                        .and_then(|v| v.as_str().map(str::to_owned))
+                        .unwrap_or_default()
+                };
+                self.push(
+                    Diagnostic::error(
+                        codes::INVALID_VALUE,
+                        rule.action.span,
+                        format!(
+                            "`{}` has no effect `on: {}`",
+                            name(serde_json::to_value(rule.action.value)),
+                            name(serde_json::to_value(trigger))
+                        ),
+                    )
+                    .with_hint(
+                        "`after_step` rules can deny a result or log it; `on_error` rules can log",
+                    ),
                 );
             }
         }

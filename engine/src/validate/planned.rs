@@ -152,6 +152,8 @@ pub(super) fn adopt(plan: &mut Spec, parent: &Spec) {
     plan.memory.clone_from(&parent.memory);
     plan.defaults.clone_from(&parent.defaults);
     plan.network.clone_from(&parent.network);
+    // The workflow's rules govern its plans' steps as they govern its own.
+    plan.rules.clone_from(&parent.rules);
 }
 
 impl Checker<'_> {

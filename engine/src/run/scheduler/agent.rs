@@ -539,20 +539,43 @@ pub(super) async fn run(
         for chunk in planned.chunks(PARALLEL_CALLS) {
             let observations = futures_util::future::join_all(chunk.iter().map(|(call, turn)| async move {
                 match turn {
-                    Turn::Warn => (
+                    Turn::Warn => Ok((
                         format!(
                             "You already made this exact call {REPEAT_LIMIT} times. Do not repeat it: change your approach or give your final answer."
                         ),
                         true,
-                    ),
-                    Turn::Denied(reason) => (format!("this call was not made: {reason}"), true),
+                    )),
+                    Turn::Denied(reason) => Ok((format!("this call was not made: {reason}"), true)),
                     Turn::Run => {
                         observe(shared, label, allowed, compiled, &call.name, &call.arguments).await
                     }
                 }
             }))
             .await;
-            for ((call, _), (output, is_error)) in chunk.iter().zip(observations) {
+            if let Some(message) = observations.iter().find_map(|o| o.as_ref().err()) {
+                // The step pauses; a resume takes this turn up again (its other calls may run again).
+                let (seen_before, messages) = before_turn;
+                let saved = checkpoint::save(
+                    shared,
+                    label,
+                    &AgentState {
+                        fingerprint: fingerprint.clone(),
+                        text_mode,
+                        iteration: iteration - 1,
+                        messages,
+                        tool_calls: tool_calls - calls.len(),
+                        usage: usage.clone(),
+                        seen_calls: seen_before,
+                        schema_retries,
+                        pending: Some(response.clone()),
+                    },
+                );
+                let _ = saved.wait().await;
+                return Err(Failure::waiting(message.clone()).with_llm(usage));
+            }
+            for ((call, _), (output, is_error)) in
+                chunk.iter().zip(observations.into_iter().flatten())
+            {
                 let (content, full_text) = context::cut(estimator, output, shown);
                 shared.emit(RunEvent::AgentObservation {
                     step: label.to_owned(),
@@ -770,10 +793,10 @@ async fn observe(
     validators: &HashMap<String, jsonschema::Validator>,
     name: &str,
     arguments: &Json,
-) -> (String, bool) {
+) -> Result<(String, bool), String> {
     if !tools.iter().any(|t| t.name == name) {
         let names: Vec<String> = tools.iter().map(|t| format!("`{}`", t.name)).collect();
-        return (
+        return Ok((
             format!(
                 "unknown tool `{name}`; the tools are {}",
                 if names.is_empty() {
@@ -783,7 +806,7 @@ async fn observe(
                 }
             ),
             true,
-        );
+        ));
     }
     if let Some(validator) = validators.get(name)
         && let Some(error) = validator.iter_errors(arguments).next()
@@ -794,10 +817,10 @@ async fn observe(
         } else {
             format!("`{path}`")
         };
-        return (
+        return Ok((
             format!("invalid arguments for `{name}` at {at}: {error}"),
             true,
-        );
+        ));
     }
     let call_label = format!("{label}/{name}");
     let outcome = match shared.workflow.spec.tools.get(name) {
@@ -819,12 +842,14 @@ async fn observe(
                 std::borrow::Cow::Owned(redacted) => Some(redacted),
                 std::borrow::Cow::Borrowed(_) => None,
             };
-            (redacted.unwrap_or(shown), false)
+            Ok((redacted.unwrap_or(shown), false))
         }
-        Err(failure) => (
+        // A composite tool or sub-workflow one of whose steps waits for approval: the agent waits too.
+        Err(failure) if failure.status == StepStatus::WaitingApproval => Err(failure.message),
+        Err(failure) => Ok((
             format!("error: {}", shared.redactor.text(&failure.message)),
             true,
-        ),
+        )),
     }
 }
 

@@ -46,13 +46,9 @@ pub(super) struct PlannerState {
     pub plan: String,
 }
 
-/// Records `state` as the latest checkpoint of step `label` (the run's own steps only: nested steps are
-/// part of their caller's attempt). The returned acknowledgement resolves once it is durable: a step whose
+/// Records `state` as the latest checkpoint of step `label` (a nested step by its full `outer/inner` name). The returned acknowledgement resolves once it is durable: a step whose
 /// tools are not safe to repeat waits for it before calling more.
 pub(super) fn save(shared: &Shared, label: &str, state: &impl Serialize) -> Ack {
-    if shared.depth != 0 {
-        return Ack::done();
-    }
     let Ok(mut state) = serde_json::to_value(state) else {
         return Ack::done();
     };
@@ -72,9 +68,6 @@ pub(super) fn restore<T: for<'de> Deserialize<'de> + Checkpointed>(
     fingerprint: &str,
     start: &[Message],
 ) -> Option<T> {
-    if shared.depth != 0 {
-        return None;
-    }
     let mut checkpoints = shared.options.checkpoints.lock().ok()?;
     let state: T = serde_json::from_value(checkpoints.get(label)?.clone()).ok()?;
     if state.fingerprint() != fingerprint || !state.messages().starts_with(start) {

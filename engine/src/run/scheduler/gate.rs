@@ -91,14 +91,17 @@ pub(super) async fn gate(shared: &Shared, call: Call<'_>) -> Gate {
 
 /// The decision on a call that asks: recorded, `--yes`, a person, or none yet (the run pauses).
 async fn ask(shared: &Shared, call: &Call<'_>, verdict: Verdict) -> Gate {
-    let mut arguments = rules::redacted_args(call.args, &verdict.redact);
-    shared.redactor.json(&mut arguments);
+    // The key binds the decision to the call, with secret values masked: they come from the environment,
+    // not from a model, and a hash of them must not be stored where one could guess them back.
+    let mut unmasked = call.args.clone();
+    shared.redactor.json(&mut unmasked);
     let key = crate::store::spec_hash(&[
         ("run".to_owned(), shared.options.run_id.clone()),
         ("step".to_owned(), call.label.to_owned()),
         ("tool".to_owned(), call.tool.unwrap_or_default().to_owned()),
-        ("args".to_owned(), super::agent::canonical(call.args)),
+        ("args".to_owned(), super::agent::canonical(&unmasked)),
     ]);
+    let arguments = rules::redacted_args(&unmasked, &verdict.redact);
     let reason = verdict
         .reason
         .clone()
@@ -117,6 +120,16 @@ async fn ask(shared: &Shared, call: &Call<'_>, verdict: Verdict) -> Gate {
     };
     let approvals = &shared.options.approvals;
     let decision = if let Some(decided) = approvals.decided.get(&key) {
+        if decided.by == "timeout" {
+            // The rule's default, decided on resume: recorded like any decision.
+            record(
+                shared,
+                &request,
+                "timeout",
+                decided.approved,
+                decided.reason.clone(),
+            );
+        }
         Some(decided.clone())
     } else if approvals.yes {
         Some(record(shared, &request, "--yes", true, None))
@@ -173,7 +186,12 @@ async fn ask(shared: &Shared, call: &Call<'_>, verdict: Verdict) -> Gate {
                 .journal
                 .record(Entry::ApprovalRequested(request));
             // The request is on disk before the run reports that it waits.
-            let _ = shared.options.journal.flush().wait().await;
+            if let Err(e) = shared.options.journal.flush().wait().await {
+                return Gate::Denied(
+                    format!("the approval request could not be recorded: {e}"),
+                    verdict.redact,
+                );
+            }
             Gate::Waiting(message)
         }
     }
