@@ -23,6 +23,7 @@ use crate::llm::config::{self, Configured};
 use crate::llm::pricing;
 use crate::llm::tokens::Estimator;
 use crate::llm::{ChatRequest, FinishReason, Message, Part, ToolChoice, ToolResult, ToolSpec};
+use crate::run::redact::Redacting;
 use crate::run::render::to_text;
 use crate::run::tools::{self, ToolOutput};
 use crate::run::{LlmUsage, RunEvent, StepStatus};
@@ -93,11 +94,14 @@ impl LlmContext {
             let built = Arc::new(Configured {
                 name: name.to_owned(),
                 kind: def.kind.value,
-                provider: Arc::new(if def.kind.value == crate::spec::ProviderKind::Auto {
-                    Replayer::new(name, exchanges).any_model()
-                } else {
-                    Replayer::new(name, exchanges)
-                }),
+                provider: Redacting::wrap(
+                    Arc::new(if def.kind.value == crate::spec::ProviderKind::Auto {
+                        Replayer::new(name, exchanges).any_model()
+                    } else {
+                        Replayer::new(name, exchanges)
+                    }),
+                    shared.redactor.clone(),
+                ),
                 model: config::model(def, &shared.options.env).unwrap_or_default(),
                 temperature: def.temperature,
                 max_tokens: def.max_tokens,
@@ -116,8 +120,14 @@ impl LlmContext {
         let mut configured = config::build(name, def, &dir, &shared.options.env)
             .map_err(|e| Failure::fixed(e.message))?;
         if let Some(crate::run::Cassette::Record(file)) = &shared.options.cassette {
-            configured.provider = Arc::new(Recorder::new(configured.provider, file.clone()));
+            let redactor = shared.redactor.clone();
+            configured.provider = Arc::new(
+                Recorder::new(configured.provider, file.clone())
+                    .scrubbing(Arc::new(move |exchange| redactor.json(exchange))),
+            );
         }
+        // The model never reads a secret value, whatever put it into the conversation.
+        configured.provider = Redacting::wrap(configured.provider, shared.redactor.clone());
         let built = Arc::new(configured);
         if let Ok(mut providers) = self.providers.lock() {
             providers.insert(name.to_owned(), built.clone());
