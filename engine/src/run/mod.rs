@@ -12,6 +12,7 @@ mod jq;
 pub mod redact;
 pub mod render;
 mod scheduler;
+pub mod secrets;
 pub mod tools;
 
 use std::collections::{BTreeMap, HashMap};

@@ -213,20 +213,17 @@ fn run_workflow(
     Box::pin(async move {
         let started = Instant::now();
         let spec = workflow.spec.clone();
-        let mut secrets = Map::new();
-        for name in &spec.secrets {
-            match options.env.get(&name.value) {
-                Some(value) => {
-                    secrets.insert(name.value.clone(), Json::String(value.clone()));
-                }
-                None => {
-                    return Err(RunError(format!(
-                        "secret `{}` is not set: export it as an environment variable",
-                        name.value
-                    )));
-                }
-            }
-        }
+        let secrets = super::secrets::values(
+            spec.secrets.iter().map(|s| s.value.as_str()),
+            &options.env,
+            spec_dir(&workflow),
+        )
+        .map_err(RunError)?;
+        let redactor = Arc::new(outer.with(&Redactor::new(
+            secrets
+                .values()
+                .filter_map(|v| v.as_str().map(str::to_owned)),
+        )));
         let run = json!({
             "id": options.run_id,
             "workflow": workflow.name,
@@ -248,9 +245,9 @@ fn run_workflow(
             ctx.insert("secrets".into(), Json::Object(secrets.clone()));
             let ctx = context_value(ctx);
             for (name, template) in &spec.env {
-                let value = renderer
-                    .text(&template.value, &ctx)
-                    .map_err(|e| RunError(format!("env `{}`: {e}", name.value)))?;
+                let value = renderer.text(&template.value, &ctx).map_err(|e| {
+                    RunError(format!("env `{}`: {}", name.value, redactor.text(&e.message)))
+                })?;
                 tool_env.push((name.value.clone(), value.clone()));
                 env.insert(name.value.clone(), Json::String(value));
             }
@@ -280,13 +277,7 @@ fn run_workflow(
                 ("run".to_owned(), json_value(&run)),
             ],
             llm,
-            redactor: Arc::new(
-                outer.with(&Redactor::new(
-                    secrets
-                        .values()
-                        .filter_map(|v| v.as_str().map(str::to_owned)),
-                )),
-            ),
+            redactor,
             secrets: json_value(&Json::Object(secrets)),
             depth,
             prefix,
@@ -368,6 +359,15 @@ fn run_workflow(
                 .filter(|t| t.calls > 0),
         })
     })
+}
+
+/// The folder of a workflow's spec, where its `.env` file is.
+fn spec_dir(workflow: &Workflow) -> &std::path::Path {
+    workflow
+        .path
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(std::path::Path::new("."))
 }
 
 /// The first step (by index, in written order) whose failure fails its list: failed or timed out
