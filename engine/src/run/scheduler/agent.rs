@@ -9,6 +9,8 @@
 
 mod context;
 
+pub(super) use context::as_data;
+
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
@@ -190,6 +192,9 @@ pub(super) async fn run(
         "You are an agent completing one step of a workflow. Use the tools when they help; when you are done, \
          answer with the final result only.",
     );
+    if !tools.is_empty() {
+        system.push_str(context::DATA_RULE);
+    }
     if let Some(instructions) = agent.and_then(|a| a.instructions.as_ref()) {
         let text = shared
             .renderer
@@ -460,13 +465,14 @@ pub(super) async fn run(
                             "You already made this exact call {REPEAT_LIMIT} times. Do not repeat it: change your approach or give your final answer."
                         ),
                         true,
+                        false,
                     )
                 } else {
                     observe(shared, label, allowed, compiled, &call.name, &call.arguments).await
                 }
             }))
             .await;
-            for ((call, _), (output, is_error)) in chunk.iter().zip(observations) {
+            for ((call, _), (output, is_error, from_tool)) in chunk.iter().zip(observations) {
                 let (content, full_text) = context::cut(estimator, output, shown);
                 shared.emit(RunEvent::AgentObservation {
                     step: label.to_owned(),
@@ -479,7 +485,11 @@ pub(super) async fn run(
                 results.push(Part::ToolResult(ToolResult {
                     id: call.id.clone(),
                     name: call.name.clone(),
-                    content,
+                    content: if from_tool {
+                        as_data(&content)
+                    } else {
+                        content
+                    },
                     is_error,
                 }));
             }
@@ -668,7 +678,8 @@ fn over_budget(shared: &Shared) -> Option<String> {
     None
 }
 
-/// Runs one tool call the model asked for; returns the observation and whether it is an error.
+/// Runs one tool call the model asked for; returns the observation, whether it is an error, and whether the
+/// tool wrote it (its output or failure, shown to the model as data) rather than archon.
 async fn observe(
     shared: &Shared,
     label: &str,
@@ -676,7 +687,7 @@ async fn observe(
     validators: &HashMap<String, jsonschema::Validator>,
     name: &str,
     arguments: &Json,
-) -> (String, bool) {
+) -> (String, bool, bool) {
     if !tools.iter().any(|t| t.name == name) {
         let names: Vec<String> = tools.iter().map(|t| format!("`{}`", t.name)).collect();
         return (
@@ -689,6 +700,7 @@ async fn observe(
                 }
             ),
             true,
+            false,
         );
     }
     if let Some(validator) = validators.get(name)
@@ -703,6 +715,7 @@ async fn observe(
         return (
             format!("invalid arguments for `{name}` at {at}: {error}"),
             true,
+            false,
         );
     }
     // `http` is sensitive for methods that change things: those would need a person's approval.
@@ -718,6 +731,7 @@ async fn observe(
                     "`http` with method `{method}` needs a person's approval, which this run cannot ask for; only GET, HEAD and OPTIONS are allowed"
                 ),
                 true,
+                false,
             );
         }
     }
@@ -741,10 +755,11 @@ async fn observe(
                 std::borrow::Cow::Owned(redacted) => Some(redacted),
                 std::borrow::Cow::Borrowed(_) => None,
             };
-            (redacted.unwrap_or(shown), false)
+            (redacted.unwrap_or(shown), false, true)
         }
         Err(failure) => (
             format!("error: {}", shared.redactor.text(&failure.message)),
+            true,
             true,
         ),
     }
