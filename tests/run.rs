@@ -424,6 +424,9 @@ async fn file_tools_work_inside_the_workspace_and_refuse_to_leave_it() {
     let outside = TempDir::new().expect("tempdir");
     std::fs::write(outside.path().join("secret.txt"), "do not read").expect("write");
     std::os::unix::fs::symlink(outside.path(), dir.path().join("link")).expect("symlink");
+    // A dangling link: writing through it would create its target, outside.
+    std::os::unix::fs::symlink(outside.path().join("created.txt"), dir.path().join("dangling"))
+        .expect("symlink");
     let yaml = r##"name: t
 steps:
   - { id: write, tool: write_file, with: { path: notes/a.md, content: "# A" } }
@@ -437,6 +440,8 @@ steps:
   - { id: absolute, tool: read_file, with: { path: /etc/passwd }, on_error: continue }
   - { id: symlink, tool: read_file, with: { path: link/secret.txt }, on_error: continue }
   - { id: symlink_write, tool: write_file, with: { path: link/new.txt, content: x }, on_error: continue }
+  - { id: dangling_write, tool: write_file, with: { path: dangling, content: x }, on_error: continue }
+  - { id: symlink_list, tool: list_files, with: { path: link }, on_error: continue }
 "##;
     let report = run_yaml(yaml, Map::new(), options(dir.path(), 4)).await;
     assert_eq!(
@@ -446,12 +451,20 @@ steps:
     assert_eq!(report.steps["top"].output, json!(["notes/a.md"]));
     assert_eq!(report.steps["read"].output, "# A!");
     assert_eq!(report.steps["total"].output, json!(10));
-    for step in ["dotdot", "absolute", "symlink", "symlink_write"] {
+    for step in [
+        "dotdot",
+        "absolute",
+        "symlink",
+        "symlink_write",
+        "dangling_write",
+        "symlink_list",
+    ] {
         assert_eq!(status(&report, step), StepStatus::Failed, "{step}");
         let error = report.steps[step].error.clone().unwrap_or_default();
         assert!(error.contains("outside the workspace"), "{step}: {error}");
     }
     assert!(!outside.path().join("new.txt").exists());
+    assert!(!outside.path().join("created.txt").exists());
     assert_eq!(report.status, RunStatus::Succeeded);
 }
 
