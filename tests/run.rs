@@ -639,11 +639,26 @@ steps:
   - {{ id: decimal, tool: http, with: {{ url: "http://2130706433:{port}/health" }}, on_error: continue }}
   - {{ id: mapped, tool: http, with: {{ url: "http://[::ffff:127.0.0.1]:{port}/health" }}, on_error: continue }}
   - {{ id: named, tool: http, with: {{ url: "http://localhost:{port}/health" }}, on_error: continue }}
+  - {{ id: unspecified, tool: http, with: {{ url: "http://0.0.0.0:{port}/health" }}, on_error: continue }}
+  - {{ id: hex, tool: http, with: {{ url: "http://0x7f.1:{port}/health" }}, on_error: continue }}
+  - {{ id: compatible, tool: http, with: {{ url: "http://[::127.0.0.1]:{port}/health" }}, on_error: continue }}
+  - {{ id: nat64, tool: http, with: {{ url: "http://[64:ff9b::169.254.169.254]/latest/meta-data/" }}, on_error: continue }}
+  - {{ id: unique_local, tool: http, with: {{ url: "http://[fd00::1]/" }}, on_error: continue }}
 "#
     );
     let report = run_yaml(&refused, Map::new(), options(dir.path(), 4)).await;
     for step in [
-        "loopback", "metadata", "private", "decimal", "mapped", "named",
+        "loopback",
+        "metadata",
+        "private",
+        "decimal",
+        "mapped",
+        "named",
+        "unspecified",
+        "hex",
+        "compatible",
+        "nat64",
+        "unique_local",
     ] {
         assert_eq!(status(&report, step), StepStatus::Failed, "{step}");
         let error = report.steps[step].error.clone().unwrap_or_default();
