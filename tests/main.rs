@@ -14,6 +14,7 @@ mod planner;
 mod properties;
 mod run;
 mod schema;
+mod security;
 mod support;
 mod validate_fixtures;
 mod workflows;

@@ -425,8 +425,11 @@ async fn file_tools_work_inside_the_workspace_and_refuse_to_leave_it() {
     std::fs::write(outside.path().join("secret.txt"), "do not read").expect("write");
     std::os::unix::fs::symlink(outside.path(), dir.path().join("link")).expect("symlink");
     // A dangling link: writing through it would create its target, outside.
-    std::os::unix::fs::symlink(outside.path().join("created.txt"), dir.path().join("dangling"))
-        .expect("symlink");
+    std::os::unix::fs::symlink(
+        outside.path().join("created.txt"),
+        dir.path().join("dangling"),
+    )
+    .expect("symlink");
     let yaml = r##"name: t
 steps:
   - { id: write, tool: write_file, with: { path: notes/a.md, content: "# A" } }

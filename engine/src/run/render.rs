@@ -91,7 +91,9 @@ impl Renderer {
         // Rendered into a bounded buffer, so that the output stops growing at the limit.
         let mut out = Bounded::default();
         match template.render_captured_to(ctx, &mut out) {
-            Ok(_) => Ok(Json::String(String::from_utf8_lossy(&out.bytes).into_owned())),
+            Ok(_) => Ok(Json::String(
+                String::from_utf8_lossy(&out.bytes).into_owned(),
+            )),
             Err(_) if out.full => Err(too_large("template", text)),
             Err(e) => Err(RenderError::new("template", text, &e)),
         }

@@ -219,11 +219,13 @@ fn run_workflow(
             spec_dir(&workflow),
         )
         .map_err(RunError)?;
-        let redactor = Arc::new(outer.with(&Redactor::new(
-            secrets
-                .values()
-                .filter_map(|v| v.as_str().map(str::to_owned)),
-        )));
+        let redactor = Arc::new(
+            outer.with(&Redactor::new(
+                secrets
+                    .values()
+                    .filter_map(|v| v.as_str().map(str::to_owned)),
+            )),
+        );
         let run = json!({
             "id": options.run_id,
             "workflow": workflow.name,
@@ -246,7 +248,11 @@ fn run_workflow(
             let ctx = context_value(ctx);
             for (name, template) in &spec.env {
                 let value = renderer.text(&template.value, &ctx).map_err(|e| {
-                    RunError(format!("env `{}`: {}", name.value, redactor.text(&e.message)))
+                    RunError(format!(
+                        "env `{}`: {}",
+                        name.value,
+                        redactor.text(&e.message)
+                    ))
                 })?;
                 tool_env.push((name.value.clone(), value.clone()));
                 env.insert(name.value.clone(), Json::String(value));

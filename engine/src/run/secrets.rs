@@ -229,7 +229,11 @@ PLAIN=later wins
                 1,
                 "a name is letters, digits and `_`, not starting with a digit",
             ),
-            ("\nA=\"open\nstill open\n", 2, "the quoted value is not closed"),
+            (
+                "\nA=\"open\nstill open\n",
+                2,
+                "the quoted value is not closed",
+            ),
             ("A='x' y", 1, "unexpected text after the closing quote"),
         ] {
             assert_eq!(
@@ -259,7 +263,9 @@ PLAIN=later wins
         );
         let missing = super::values(["D"], &env, &dir).expect_err("missing");
         assert!(
-            missing.starts_with("secret `D` is not set: export it as an environment variable or add it to `"),
+            missing.starts_with(
+                "secret `D` is not set: export it as an environment variable or add it to `"
+            ),
             "{missing}"
         );
         std::fs::remove_dir_all(&dir).expect("cleanup");

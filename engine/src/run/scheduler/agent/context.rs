@@ -410,7 +410,11 @@ pub(in crate::run::scheduler) fn as_data(text: &str) -> String {
     let mut copied = 0;
     for (at, _) in lowered.match_indices('<') {
         let rest = &lowered[at + 1..];
-        if rest.strip_prefix('/').unwrap_or(rest).starts_with(marker.trim_end_matches('>')) {
+        if rest
+            .strip_prefix('/')
+            .unwrap_or(rest)
+            .starts_with(marker.trim_end_matches('>'))
+        {
             out.push_str(&text[copied..at]);
             out.push_str("&lt;");
             copied = at + 1;
