@@ -208,7 +208,7 @@ fn compile(values: &[String]) -> Option<Regex> {
     }
     // (length of what the form matches, its regex), longest first across all values.
     let mut forms: Vec<(usize, String)> = values.iter().flat_map(|v| forms(v)).collect();
-    forms.sort_by(|a, b| b.0.cmp(&a.0));
+    forms.sort_by_key(|f| std::cmp::Reverse(f.0));
     let mut seen = std::collections::HashSet::new();
     forms.retain(|(_, source)| seen.insert(source.clone()));
     let source = forms

@@ -367,13 +367,9 @@ fn run_workflow(
     })
 }
 
-/// The folder of a workflow's spec, where its `.env` file is.
+/// The folder of a workflow's spec, where its `.env` file is (empty for the current directory).
 fn spec_dir(workflow: &Workflow) -> &std::path::Path {
-    workflow
-        .path
-        .parent()
-        .filter(|p| !p.as_os_str().is_empty())
-        .unwrap_or(std::path::Path::new("."))
+    workflow.path.parent().unwrap_or(std::path::Path::new(""))
 }
 
 /// The first step (by index, in written order) whose failure fails its list: failed or timed out

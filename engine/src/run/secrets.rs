@@ -33,6 +33,8 @@ pub fn values<'a>(
     dir: &Path,
 ) -> Result<Map<String, Json>, String> {
     let path = dir.join(FILE_NAME);
+    // Absolute in messages, so that the user sees which file was meant.
+    let path = std::path::absolute(&path).unwrap_or(path);
     let mut file: Option<BTreeMap<String, String>> = None;
     let mut values = Map::new();
     for name in names {
@@ -142,9 +144,7 @@ pub fn parse(text: &str) -> Result<BTreeMap<String, String>, DotenvError> {
                 // An unquoted value ends at a `#` that follows a space.
                 let end = rest
                     .char_indices()
-                    .find(|&(i, c)| {
-                        c == '#' && rest[..i].ends_with(|p: char| p == ' ' || p == '\t')
-                    })
+                    .find(|&(i, c)| c == '#' && rest[..i].ends_with([' ', '\t']))
                     .map_or(rest.len(), |(i, _)| i);
                 rest[..end].trim_end().to_owned()
             }
