@@ -713,3 +713,48 @@ fn secrets_are_read_from_dotenv_when_the_environment_lacks_them() {
         out.stderr
     );
 }
+
+/// A goal or a plan that reads a secret's value through `env` (validation cannot know which variables hold
+/// secrets) still reaches the model with `***` in its place: every request to a model is redacted.
+#[tokio::test]
+async fn a_secret_in_the_environment_reaches_the_model_only_as_a_placeholder() {
+    let model = MockServer::start().await;
+    Mock::given(method("POST"))
+        .respond_with(|request: &Request| {
+            let body = String::from_utf8_lossy(&request.body).into_owned();
+            completion(if body.contains("planner of a workflow engine") {
+                json!({ "role": "assistant", "content": json!({ "steps": [{ "id": "hello", "tool": "echo", "with": { "v": 1 } }] }).to_string() })
+            } else {
+                json!({ "role": "assistant", "content": "noted" })
+            })
+        })
+        .mount(&model)
+        .await;
+    let dir = TempDir::new().expect("tempdir");
+    let yaml = format!(
+        "name: env\nsecrets: [API_TOKEN]\nllm:\n  providers:\n    local: {{ kind: openai, base_url: \"{}/v1\", model: local-model }}\nsteps:\n  - id: agent\n    goal: \"Remember the token {{{{ env.API_TOKEN }}}}.\"\n  - id: planner\n    plan: \"Echo one, the token being {{{{ env.API_TOKEN }}}}.\"\n    tools: [echo]\n",
+        model.uri()
+    );
+    let (report, _) = run_in(
+        dir.path(),
+        &yaml,
+        &[("API_TOKEN", SECRET)],
+        serde_json::Map::new(),
+    )
+    .await;
+    assert_eq!(report.steps["agent"].status, StepStatus::Succeeded);
+    assert_eq!(
+        report.steps["planner"].status,
+        StepStatus::Succeeded,
+        "{:?}",
+        report.steps["planner"].error
+    );
+    let bodies = chat_bodies(&model).await;
+    assert_eq!(bodies.len(), 2);
+    let sent: Vec<String> = bodies.iter().map(Json::to_string).collect();
+    assert!(sent[0].contains("Remember the token ***."), "{}", sent[0]);
+    assert!(sent[1].contains("the token being ***."), "{}", sent[1]);
+    for body in &sent {
+        assert_clean("a request to the model", body);
+    }
+}
