@@ -758,3 +758,30 @@ async fn a_secret_in_the_environment_reaches_the_model_only_as_a_placeholder() {
         assert_clean("a request to the model", body);
     }
 }
+
+/// A sub-workflow's secrets are its own: what it returns to its caller (its steps' results, its outputs)
+/// carries none of them, although the caller does not declare them.
+#[tokio::test]
+async fn a_sub_workflows_own_secret_does_not_leak_through_its_caller() {
+    let dir = TempDir::new().expect("tempdir");
+    std::fs::write(
+        dir.path().join("inner.yaml"),
+        "name: inner\nsecrets: [INNER_TOKEN]\nsteps:\n  - id: print\n    tool: exec\n    with: { argv: [sh, -c, 'printf \"%s\" \"$T\"'], env: { T: \"{{ secrets.INNER_TOKEN }}\" } }\noutputs:\n  printed: \"{{ steps.print.output }}\"\n",
+    )
+    .expect("write");
+    let yaml = "name: outer\nsteps:\n  - id: call\n    workflow: inner.yaml\n  - id: after\n    tool: echo\n    with: { got: \"{{ steps.call.output.printed }}\" }\n";
+    let (report, events) = run_in(
+        dir.path(),
+        yaml,
+        &[("INNER_TOKEN", SECRET)],
+        serde_json::Map::new(),
+    )
+    .await;
+    assert_eq!(report.status, run::RunStatus::Succeeded);
+    assert_eq!(report.steps["after"].output, json!({ "got": "***" }));
+    assert_clean(
+        "the report",
+        &serde_json::to_string(&report).expect("report"),
+    );
+    assert_clean("the events", &format!("{events:?}"));
+}

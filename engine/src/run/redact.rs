@@ -54,6 +54,11 @@ impl Redactor {
         self.values.is_empty()
     }
 
+    /// Whether `value` is one of the values this redactor masks.
+    pub fn masks(&self, value: &str) -> bool {
+        self.values.iter().any(|v| v == value)
+    }
+
     pub fn text<'a>(&self, text: &'a str) -> Cow<'a, str> {
         match &self.pattern {
             Some(pattern) => pattern.replace_all(text, NoExpand(MASK)),

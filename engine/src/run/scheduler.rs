@@ -219,13 +219,13 @@ fn run_workflow(
             spec_dir(&workflow),
         )
         .map_err(RunError)?;
-        let redactor = Arc::new(
-            outer.with(&Redactor::new(
-                secrets
-                    .values()
-                    .filter_map(|v| v.as_str().map(str::to_owned)),
-            )),
+        let own = Redactor::new(
+            secrets
+                .values()
+                .filter_map(|v| v.as_str().map(str::to_owned))
+                .filter(|v| !outer.masks(v)),
         );
+        let redactor = Arc::new(outer.with(&own));
         let run = json!({
             "id": options.run_id,
             "workflow": workflow.name,
@@ -342,13 +342,16 @@ fn run_workflow(
             }
         }
         let (mut steps, mut outputs, mut error) = (steps, outputs, error);
-        if shared.depth == 0 {
-            // What leaves the run carries no secret value; nested reports are still data flowing to
-            // their caller.
-            steps.values_mut().for_each(|r| shared.redactor.result(r));
-            shared.redactor.map(&mut outputs);
-            shared.redactor.option(&mut error);
-        }
+        // What leaves the run carries no secret value. A nested report is still data flowing to its
+        // caller, which may use its own secrets; but a sub-workflow's own secrets stay inside it.
+        let leaving = if shared.depth == 0 {
+            &shared.redactor
+        } else {
+            &own
+        };
+        steps.values_mut().for_each(|r| leaving.result(r));
+        leaving.map(&mut outputs);
+        leaving.option(&mut error);
         Ok(RunReport {
             version: REPORT_VERSION,
             run_id: shared.options.run_id.clone(),
