@@ -667,7 +667,7 @@ mod context {
         assert!(
             messages[4]["content"]
                 .as_str()
-                .is_some_and(|c| c.starts_with("The code word is CHARLIE.")),
+                .is_some_and(|c| c.starts_with("<tool_output>\nThe code word is CHARLIE.")),
             "{}",
             messages[4]
         );
@@ -730,6 +730,12 @@ mod context {
             .and_then(|m| m.iter().find(|m| m["role"] == "tool"))
             .and_then(|m| m["content"].as_str())
             .expect("a tool message")
+            .to_owned();
+        // The output is shown as data, between markers.
+        let tool = tool
+            .strip_prefix("<tool_output>\n")
+            .and_then(|t| t.strip_suffix("\n</tool_output>"))
+            .unwrap_or_else(|| panic!("not marked as data: {tool}"))
             .to_owned();
         let (kept, marker) = tool.rsplit_once('\n').expect("a marker line");
         let total = big.chars().count();
@@ -834,7 +840,9 @@ mod tool_modes {
                         "error": { "message": "tools param requires --jinja flag", "type": "invalid_request_error" }
                     }));
                 }
-                let observed = body.to_string().contains("Observation: 10");
+                let observed = body
+                    .to_string()
+                    .contains("Observation: <tool_output>\\n10\\n</tool_output>");
                 completion(json!({ "role": "assistant", "content": if observed {
                     "Final Answer: 10"
                 } else {

@@ -15,6 +15,7 @@ mod properties;
 mod rules;
 mod run;
 mod schema;
+mod security;
 mod support;
 mod validate_fixtures;
 mod workflows;

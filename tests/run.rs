@@ -425,6 +425,12 @@ async fn file_tools_work_inside_the_workspace_and_refuse_to_leave_it() {
     let outside = TempDir::new().expect("tempdir");
     std::fs::write(outside.path().join("secret.txt"), "do not read").expect("write");
     std::os::unix::fs::symlink(outside.path(), dir.path().join("link")).expect("symlink");
+    // A dangling link: writing through it would create its target, outside.
+    std::os::unix::fs::symlink(
+        outside.path().join("created.txt"),
+        dir.path().join("dangling"),
+    )
+    .expect("symlink");
     let yaml = r##"name: t
 steps:
   - { id: write, tool: write_file, with: { path: notes/a.md, content: "# A" } }
@@ -438,6 +444,8 @@ steps:
   - { id: absolute, tool: read_file, with: { path: /etc/passwd }, on_error: continue }
   - { id: symlink, tool: read_file, with: { path: link/secret.txt }, on_error: continue }
   - { id: symlink_write, tool: write_file, with: { path: link/new.txt, content: x }, on_error: continue }
+  - { id: dangling_write, tool: write_file, with: { path: dangling, content: x }, on_error: continue }
+  - { id: symlink_list, tool: list_files, with: { path: link }, on_error: continue }
 "##;
     let report = run_yaml(yaml, Map::new(), options(dir.path(), 4)).await;
     assert_eq!(
@@ -447,12 +455,20 @@ steps:
     assert_eq!(report.steps["top"].output, json!(["notes/a.md"]));
     assert_eq!(report.steps["read"].output, "# A!");
     assert_eq!(report.steps["total"].output, json!(10));
-    for step in ["dotdot", "absolute", "symlink", "symlink_write"] {
+    for step in [
+        "dotdot",
+        "absolute",
+        "symlink",
+        "symlink_write",
+        "dangling_write",
+        "symlink_list",
+    ] {
         assert_eq!(status(&report, step), StepStatus::Failed, "{step}");
         let error = report.steps[step].error.clone().unwrap_or_default();
         assert!(error.contains("outside the workspace"), "{step}: {error}");
     }
     assert!(!outside.path().join("new.txt").exists());
+    assert!(!outside.path().join("created.txt").exists());
     assert_eq!(report.status, RunStatus::Succeeded);
 }
 
@@ -637,11 +653,26 @@ steps:
   - {{ id: decimal, tool: http, with: {{ url: "http://2130706433:{port}/health" }}, on_error: continue }}
   - {{ id: mapped, tool: http, with: {{ url: "http://[::ffff:127.0.0.1]:{port}/health" }}, on_error: continue }}
   - {{ id: named, tool: http, with: {{ url: "http://localhost:{port}/health" }}, on_error: continue }}
+  - {{ id: unspecified, tool: http, with: {{ url: "http://0.0.0.0:{port}/health" }}, on_error: continue }}
+  - {{ id: hex, tool: http, with: {{ url: "http://0x7f.1:{port}/health" }}, on_error: continue }}
+  - {{ id: compatible, tool: http, with: {{ url: "http://[::127.0.0.1]:{port}/health" }}, on_error: continue }}
+  - {{ id: nat64, tool: http, with: {{ url: "http://[64:ff9b::169.254.169.254]/latest/meta-data/" }}, on_error: continue }}
+  - {{ id: unique_local, tool: http, with: {{ url: "http://[fd00::1]/" }}, on_error: continue }}
 "#
     );
     let report = run_yaml(&refused, Map::new(), options(dir.path(), 4)).await;
     for step in [
-        "loopback", "metadata", "private", "decimal", "mapped", "named",
+        "loopback",
+        "metadata",
+        "private",
+        "decimal",
+        "mapped",
+        "named",
+        "unspecified",
+        "hex",
+        "compatible",
+        "nat64",
+        "unique_local",
     ] {
         assert_eq!(status(&report, step), StepStatus::Failed, "{step}");
         let error = report.steps[step].error.clone().unwrap_or_default();

@@ -3,7 +3,8 @@
 //! request that matches no recorded one, naming the first difference.
 //!
 //! A cassette is JSON Lines: a header `{"archon_cassette": 1}`, then one exchange per line. It holds the
-//! canonical requests and responses, never API keys (those travel only in HTTP headers).
+//! canonical requests and responses, never API keys (those travel only in HTTP headers); a run's recorder
+//! masks secret values in both before they are written ([`Recorder::scrubbing`]).
 
 use std::io::Write;
 use std::path::Path;
@@ -25,11 +26,23 @@ pub struct Exchange {
     pub response: Result<ChatResponse, String>,
 }
 
+/// Masks what an exchange holds, as JSON, before it is written.
+pub type Scrub = Arc<dyn Fn(&mut Json) + Send + Sync>;
+
 /// Appends every exchange of the wrapped provider to a cassette file.
-#[derive(Debug)]
 pub struct Recorder {
     inner: Arc<dyn Provider>,
     file: Arc<Mutex<std::fs::File>>,
+    scrub: Option<Scrub>,
+}
+
+impl std::fmt::Debug for Recorder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Recorder")
+            .field("inner", &self.inner)
+            .field("scrubbing", &self.scrub.is_some())
+            .finish_non_exhaustive()
+    }
 }
 
 impl Recorder {
@@ -52,7 +65,20 @@ impl Recorder {
     }
 
     pub fn new(inner: Arc<dyn Provider>, file: Arc<Mutex<std::fs::File>>) -> Self {
-        Recorder { inner, file }
+        Recorder {
+            inner,
+            file,
+            scrub: None,
+        }
+    }
+
+    /// The same recorder, passing every exchange (request, response or error) through `scrub` before it
+    /// is written.
+    pub fn scrubbing(self, scrub: Scrub) -> Self {
+        Recorder {
+            scrub: Some(scrub),
+            ..self
+        }
     }
 }
 
@@ -72,7 +98,11 @@ impl Provider for Recorder {
                 request: request.clone(),
                 response: response.clone().map_err(|e| e.message),
             };
-            let line = serde_json::to_string(&exchange).unwrap_or_default();
+            let mut value = serde_json::to_value(&exchange).unwrap_or(Json::Null);
+            if let Some(scrub) = &self.scrub {
+                scrub(&mut value);
+            }
+            let line = value.to_string();
             let written = self.file.lock().map_err(|_| ()).and_then(|mut f| {
                 writeln!(f, "{line}")
                     .and_then(|()| f.flush())

@@ -31,9 +31,11 @@ pub fn confine(workdir: &Path, relative: &str) -> Result<PathBuf, ToolError> {
     let root = std::fs::canonicalize(workdir)
         .map_err(|e| ToolError::new(format!("workspace `{}`: {e}", workdir.display())))?;
     let joined = root.join(path);
-    // The deepest part that exists must resolve inside the workspace (a symlink may point anywhere).
+    // The deepest part that exists must resolve inside the workspace (a symlink may point anywhere). A
+    // symbolic link counts as existing even when its target does not: writing through a dangling link
+    // would create its target, wherever that is, so it must resolve too.
     let mut existing = joined.as_path();
-    while !existing.exists() {
+    while std::fs::symlink_metadata(existing).is_err() {
         existing = match existing.parent() {
             Some(parent) => parent,
             None => break,

@@ -112,13 +112,41 @@ fn is_internal(ip: IpAddr) -> bool {
                 || a >= 240
         }
         IpAddr::V6(v6) => {
-            let first = v6.segments()[0];
+            let segments = v6.segments();
+            let first = segments[0];
             v6.is_loopback()
                 || v6.is_unspecified()
                 || v6.is_multicast()
+                // Unique local, link-local, and the deprecated site-local.
                 || (first & 0xfe00) == 0xfc00
                 || (first & 0xffc0) == 0xfe80
+                || (first & 0xffc0) == 0xfec0
+                // Discard-only, documentation, Teredo (whose IPv4 address is obfuscated), and NAT64 for
+                // local use.
+                || segments[..4] == [0x100, 0, 0, 0]
+                || segments[..2] == [0x2001, 0xdb8]
+                || segments[..2] == [0x2001, 0]
+                || segments[..3] == [0x64, 0xff9b, 1]
+                || embedded_ipv4(v6).is_some_and(|v4| is_internal(IpAddr::V4(v4)))
         }
+    }
+}
+
+/// The IPv4 address inside an IPv6 address that carries one: IPv4-compatible (`::a.b.c.d`), NAT64
+/// (`64:ff9b::a.b.c.d`) and 6to4 (`2002:AABB:CCDD::`). IPv4-mapped addresses are handled by [`canonical`].
+fn embedded_ipv4(v6: std::net::Ipv6Addr) -> Option<std::net::Ipv4Addr> {
+    let s = v6.segments();
+    let from = |high: u16, low: u16| {
+        let [a, b] = high.to_be_bytes();
+        let [c, d] = low.to_be_bytes();
+        std::net::Ipv4Addr::new(a, b, c, d)
+    };
+    if s[..6] == [0; 6] || s[..6] == [0x64, 0xff9b, 0, 0, 0, 0] {
+        Some(from(s[6], s[7]))
+    } else if s[0] == 0x2002 {
+        Some(from(s[1], s[2]))
+    } else {
+        None
     }
 }
 

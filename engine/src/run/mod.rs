@@ -13,6 +13,7 @@ pub mod redact;
 pub mod render;
 pub mod rules;
 mod scheduler;
+pub mod secrets;
 pub mod tools;
 
 use std::collections::{BTreeMap, HashMap};

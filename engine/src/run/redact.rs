@@ -1,25 +1,39 @@
-//! Keeping secret values out of everything a run writes down: the run store, events and the report.
+//! Keeping secret values out of everything a run writes down and everything a model reads: the run store,
+//! events, the report, cassettes and LLM requests.
 //!
-//! Values of the secrets a run reads are replaced by `***` wherever they appear in text: step outputs,
-//! errors, event messages, workflow outputs. Templates still see the real values while the run goes on;
-//! only what leaves the run is redacted (so a resumed run reuses the redacted form). Values shorter than
-//! four characters are not searched for, since they would match ordinary text.
+//! Values of the secrets a run reads are replaced by `***` wherever they appear in text, in any of the forms
+//! a tool is likely to print them: as written, JSON-escaped, URL-encoded (percent-encoding in either case,
+//! `+` or `%20` for spaces, any mix) and base64-encoded (standard and URL-safe alphabets, with or without
+//! padding, alone or inside a longer encoded text such as `user:secret` in a Basic authorization).
+//! Templates still see the real values while the run goes on; only what leaves the run is redacted (so a
+//! resumed run reuses the redacted form). Values shorter than four characters are not searched for, since
+//! they would match ordinary text.
 
 use std::borrow::Cow;
+use std::sync::Arc;
 
+use base64::Engine as _;
+use base64::engine::general_purpose::{STANDARD_NO_PAD, URL_SAFE_NO_PAD};
+use regex::{NoExpand, Regex};
 use serde_json::{Map, Value as Json};
 
 use super::{RunEvent, StepResult};
+use crate::llm::{BoxFuture, ChatRequest, ChatResponse, LlmError, Part, Provider};
 
 /// What secret values are replaced with.
 pub const MASK: &str = "***";
 const MIN_LEN: usize = 4;
+/// Shortest encoded form searched for: shorter runs of base64 would match unrelated encoded data.
+const MIN_ENCODED_LEN: usize = 6;
+/// Shortest part of a secret's encoding searched for inside a longer base64 text.
+const MIN_EMBEDDED_LEN: usize = 8;
 
 /// The secret values to keep out of what a run writes.
 #[derive(Clone, Debug, Default)]
 pub struct Redactor {
-    /// Longest first, so that a secret containing another is masked whole.
     values: Vec<String>,
+    /// Every form of every value, longest first, so that a secret containing another is masked whole.
+    pattern: Option<Regex>,
 }
 
 impl Redactor {
@@ -27,7 +41,8 @@ impl Redactor {
         let mut values: Vec<String> = values.into_iter().filter(|v| v.len() >= MIN_LEN).collect();
         values.sort_by(|a, b| b.len().cmp(&a.len()).then_with(|| a.cmp(b)));
         values.dedup();
-        Redactor { values }
+        let pattern = compile(&values);
+        Redactor { values, pattern }
     }
 
     /// This redactor's values and `other`'s.
@@ -39,17 +54,16 @@ impl Redactor {
         self.values.is_empty()
     }
 
+    /// Whether `value` is one of the values this redactor masks.
+    pub fn masks(&self, value: &str) -> bool {
+        self.values.iter().any(|v| v == value)
+    }
+
     pub fn text<'a>(&self, text: &'a str) -> Cow<'a, str> {
-        if !self.values.iter().any(|v| text.contains(v.as_str())) {
-            return Cow::Borrowed(text);
+        match &self.pattern {
+            Some(pattern) => pattern.replace_all(text, NoExpand(MASK)),
+            None => Cow::Borrowed(text),
         }
-        let mut out = text.to_owned();
-        for value in &self.values {
-            if out.contains(value.as_str()) {
-                out = out.replace(value.as_str(), MASK);
-            }
-        }
-        Cow::Owned(out)
     }
 
     fn string(&self, text: &mut String) {
@@ -142,10 +156,150 @@ impl Redactor {
             | RunEvent::AgentCompacted { .. } => {}
         }
     }
+
+    /// Masks the messages of a request to a model: text, reasoning, tool calls' arguments and tool results.
+    /// (Reasoning signatures are opaque tokens the provider needs back unchanged.)
+    pub fn request(&self, request: &mut ChatRequest) {
+        if self.is_empty() {
+            return;
+        }
+        for part in request.messages.iter_mut().flat_map(|m| m.parts.iter_mut()) {
+            match part {
+                Part::Text(text) | Part::Reasoning { text, .. } => self.string(text),
+                Part::ToolCall(call) => self.json(&mut call.arguments),
+                Part::ToolResult(result) => self.string(&mut result.content),
+            }
+        }
+    }
+}
+
+/// A provider whose requests are redacted before they leave the run: the model reads `***` where a
+/// secret value was, whatever put it into the conversation (a tool's output, a rendered goal).
+#[derive(Debug)]
+pub struct Redacting {
+    inner: Arc<dyn Provider>,
+    redactor: Arc<Redactor>,
+}
+
+impl Redacting {
+    /// `inner` itself when there is nothing to redact.
+    pub fn wrap(inner: Arc<dyn Provider>, redactor: Arc<Redactor>) -> Arc<dyn Provider> {
+        if redactor.is_empty() {
+            inner
+        } else {
+            Arc::new(Redacting { inner, redactor })
+        }
+    }
+}
+
+impl Provider for Redacting {
+    fn name(&self) -> &str {
+        self.inner.name()
+    }
+
+    fn complete<'a>(
+        &'a self,
+        request: &'a ChatRequest,
+    ) -> BoxFuture<'a, Result<ChatResponse, LlmError>> {
+        Box::pin(async move {
+            let mut request = request.clone();
+            self.redactor.request(&mut request);
+            self.inner.complete(&request).await
+        })
+    }
+}
+
+/// One regular expression matching every form of every value (longest forms first), or `None` for none.
+fn compile(values: &[String]) -> Option<Regex> {
+    if values.is_empty() {
+        return None;
+    }
+    // (length of what the form matches, its regex), longest first across all values.
+    let mut forms: Vec<(usize, String)> = values.iter().flat_map(|v| forms(v)).collect();
+    forms.sort_by_key(|f| std::cmp::Reverse(f.0));
+    let mut seen = std::collections::HashSet::new();
+    forms.retain(|(_, source)| seen.insert(source.clone()));
+    let source = forms
+        .iter()
+        .map(|(_, s)| s.as_str())
+        .collect::<Vec<_>>()
+        .join("|");
+    regex::RegexBuilder::new(&source)
+        .size_limit(64 << 20)
+        .build()
+        .ok()
+        .or_else(|| {
+            // Too many or too long values for every form: the values as written, at least.
+            let literal: Vec<String> = values.iter().map(|v| regex::escape(v)).collect();
+            Regex::new(&literal.join("|")).ok()
+        })
+}
+
+/// The forms of one value to search for, each with the length it matches.
+fn forms(value: &str) -> Vec<(usize, String)> {
+    let mut forms = vec![(value.len(), url_encoded(value))];
+    if let Ok(quoted) = serde_json::to_string(value) {
+        let escaped = &quoted[1..quoted.len() - 1];
+        if escaped != value {
+            forms.push((escaped.len(), regex::escape(escaped)));
+        }
+    }
+    let bytes = value.as_bytes();
+    for engine in [STANDARD_NO_PAD, URL_SAFE_NO_PAD] {
+        let bare = engine.encode(bytes);
+        let padding = "=".repeat((4 - bare.len() % 4) % 4);
+        for whole in [format!("{bare}{padding}"), bare.clone()] {
+            if whole.len() >= MIN_ENCODED_LEN {
+                forms.push((whole.len(), regex::escape(&whole)));
+            }
+        }
+        // Inside a longer encoded text the value starts 0, 1 or 2 bytes into a group of three: the
+        // characters that encode only its bits are the same whatever surrounds it.
+        for offset in 0..3usize {
+            let mut shifted = vec![0u8; offset];
+            shifted.extend_from_slice(bytes);
+            let encoded = engine.encode(&shifted);
+            let start = (8 * offset).div_ceil(6);
+            let end = (8 * (offset + bytes.len())) / 6;
+            if end > start && end - start >= MIN_EMBEDDED_LEN {
+                let inner = &encoded[start..end];
+                forms.push((inner.len(), regex::escape(inner)));
+            }
+        }
+    }
+    forms
+}
+
+/// A pattern matching `value` as written or URL-encoded: any character may appear percent-encoded (hex
+/// digits in either case; some encoders encode every byte), a space also as `+`.
+fn url_encoded(value: &str) -> String {
+    let mut pattern = String::new();
+    for c in value.chars() {
+        let mut encoded = String::new();
+        for byte in c.encode_utf8(&mut [0; 4]).bytes() {
+            encoded.push('%');
+            for digit in format!("{byte:02X}").chars() {
+                if digit.is_ascii_alphabetic() {
+                    encoded.push_str(&format!("[{digit}{}]", digit.to_ascii_lowercase()));
+                } else {
+                    encoded.push(digit);
+                }
+            }
+        }
+        let plain = regex::escape(c.encode_utf8(&mut [0; 4]));
+        if c == ' ' {
+            pattern.push_str(&format!("(?: |\\+|{encoded})"));
+        } else {
+            pattern.push_str(&format!("(?:{plain}|{encoded})"));
+        }
+    }
+    pattern
 }
 
 #[cfg(test)]
 mod tests {
+    use base64::engine::general_purpose::{STANDARD, URL_SAFE};
+
     use super::*;
 
     #[test]
@@ -163,5 +317,48 @@ mod tests {
         redactor.json(&mut value);
         assert_eq!(value, serde_json::json!({ "***": ["x ***"], "n": 1 }));
         assert!(matches!(redactor.text("nothing here"), Cow::Borrowed(_)));
+    }
+
+    #[test]
+    fn encoded_forms_are_masked() {
+        let secret = "p@ss w0rd/with+sym~bols\"é";
+        let redactor = Redactor::new([secret.to_owned()]);
+        let json = serde_json::to_string(secret).expect("json");
+        let forms = [
+            secret.to_owned(),
+            json[1..json.len() - 1].to_owned(),
+            "p%40ss+w0rd%2Fwith%2Bsym~bols%22%C3%A9".to_owned(),
+            "p%40ss%20w0rd%2fwith%2bsym%7Ebols%22%c3%a9".to_owned(),
+            "%70%40%73%73%20%77%30%72%64%2f%77%69%74%68%2b%73%79%6D%7E%62%6f%6c%73%22%c3%a9"
+                .to_owned(),
+            "p@ss%20w0rd/with%2Bsym~bols\"%C3%A9".to_owned(),
+            STANDARD.encode(secret),
+            STANDARD_NO_PAD.encode(secret),
+            URL_SAFE.encode(secret),
+            URL_SAFE_NO_PAD.encode(secret),
+        ];
+        for form in forms {
+            assert_eq!(redactor.text(&format!("<{form}>")), "<***>", "{form}");
+        }
+    }
+
+    /// A secret inside a longer base64 text (`user:secret` in a Basic authorization) is masked at each of
+    /// the three offsets it can start at within a group of three bytes.
+    #[test]
+    fn a_secret_inside_a_longer_encoding_is_masked() {
+        let secret = "hunter2-correct-horse";
+        let redactor = Redactor::new([secret.to_owned()]);
+        for prefix in ["", "u:", "us:", "user:"] {
+            let encoded = STANDARD.encode(format!("{prefix}{secret}!"));
+            let masked = redactor.text(&encoded).into_owned();
+            assert!(masked.contains(MASK), "{prefix}: {masked}");
+            // What is left around the mask is at most a few characters on each side.
+            let left = masked.replace(MASK, "");
+            assert!(left.len() <= 10, "{prefix}: {masked}");
+        }
+        assert!(matches!(
+            redactor.text(&STANDARD.encode("an unrelated text of some length")),
+            Cow::Borrowed(_)
+        ));
     }
 }

@@ -15,7 +15,11 @@ use crate::spec::{Node, NodeKind};
 use crate::validate::templates::is_template;
 
 /// Most work one template may do (minijinja fuel), so a hostile template cannot spin forever.
-const FUEL: u64 = 1_000_000;
+pub const FUEL: u64 = 1_000_000;
+/// Most bytes one template may render, or one expression's value may hold: as much as the largest output
+/// a tool gives (`read_file`), so that passing data on always fits, while a template that writes without
+/// end fails instead of exhausting memory.
+pub const MAX_OUTPUT_BYTES: usize = 16 * 1024 * 1024;
 
 /// A template or expression that failed at run time (undefined value, type error, out of fuel...).
 #[derive(Debug, Clone, thiserror::Error)]
@@ -80,10 +84,19 @@ impl Renderer {
         if let Some(expr) = sole_expression(text) {
             return self.expression(expr, ctx);
         }
-        self.env
-            .render_str(text, ctx)
-            .map(Json::String)
-            .map_err(|e| RenderError::new("template", text, &e))
+        let template = self
+            .env
+            .template_from_str(text)
+            .map_err(|e| RenderError::new("template", text, &e))?;
+        // Rendered into a bounded buffer, so that the output stops growing at the limit.
+        let mut out = Bounded::default();
+        match template.render_captured_to(ctx, &mut out) {
+            Ok(_) => Ok(Json::String(
+                String::from_utf8_lossy(&out.bytes).into_owned(),
+            )),
+            Err(_) if out.full => Err(too_large("template", text)),
+            Err(e) => Err(RenderError::new("template", text, &e)),
+        }
     }
 
     /// Renders a template to text (for prompts, command arguments, file contents).
@@ -97,9 +110,13 @@ impl Renderer {
     /// Evaluates a bare expression to a JSON value.
     pub fn expression(&self, text: &str, ctx: &Value) -> Result<Json, RenderError> {
         let value = self.evaluate("expression", text, ctx)?;
-        serde_json::to_value(&value).map_err(|e| RenderError {
+        let json = serde_json::to_value(&value).map_err(|e| RenderError {
             message: format!("cannot use the value of `{text}`: {e}"),
-        })
+        })?;
+        if size_over(&json, MAX_OUTPUT_BYTES) {
+            return Err(too_large("expression", text));
+        }
+        Ok(json)
     }
 
     /// Evaluates a condition: Jinja truthiness of the expression's value.
@@ -121,6 +138,68 @@ impl Renderer {
         }
         Ok(value)
     }
+}
+
+/// The output of a template, refused past [`MAX_OUTPUT_BYTES`].
+#[derive(Default)]
+struct Bounded {
+    bytes: Vec<u8>,
+    full: bool,
+}
+
+impl std::io::Write for Bounded {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        if self.bytes.len() + buf.len() > MAX_OUTPUT_BYTES {
+            self.full = true;
+            return Err(std::io::Error::other("the output limit is reached"));
+        }
+        self.bytes.extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+fn too_large(what: &str, text: &str) -> RenderError {
+    let shown: String = text.chars().take(80).collect();
+    RenderError {
+        message: format!(
+            "cannot render {what} `{shown}`: its output is larger than {MAX_OUTPUT_BYTES} bytes"
+        ),
+    }
+}
+
+/// Whether a value's JSON text would take more than `limit` bytes (counted roughly, stopping early).
+fn size_over(value: &Json, limit: usize) -> bool {
+    /// Takes `n` bytes from the budget; false when there are not that many left.
+    fn take(budget: &mut usize, n: usize) -> bool {
+        match budget.checked_sub(n) {
+            Some(left) => {
+                *budget = left;
+                true
+            }
+            None => false,
+        }
+    }
+    fn fits(value: &Json, budget: &mut usize) -> bool {
+        match value {
+            Json::String(s) => take(budget, s.len() + 2),
+            Json::Array(items) => {
+                take(budget, 2) && items.iter().all(|i| take(budget, 1) && fits(i, budget))
+            }
+            Json::Object(map) => {
+                take(budget, 2)
+                    && map
+                        .iter()
+                        .all(|(k, v)| take(budget, k.len() + 4) && fits(v, budget))
+            }
+            _ => take(budget, 8),
+        }
+    }
+    let mut budget = limit;
+    !fits(value, &mut budget)
 }
 
 /// Strict undefined for expressions: an expression whose value is undefined is an error, as in templates.

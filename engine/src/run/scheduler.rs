@@ -220,20 +220,19 @@ fn run_workflow(
     Box::pin(async move {
         let started = Instant::now();
         let spec = workflow.spec.clone();
-        let mut secrets = Map::new();
-        for name in &spec.secrets {
-            match options.env.get(&name.value) {
-                Some(value) => {
-                    secrets.insert(name.value.clone(), Json::String(value.clone()));
-                }
-                None => {
-                    return Err(RunError(format!(
-                        "secret `{}` is not set: export it as an environment variable",
-                        name.value
-                    )));
-                }
-            }
-        }
+        let secrets = super::secrets::values(
+            spec.secrets.iter().map(|s| s.value.as_str()),
+            &options.env,
+            spec_dir(&workflow),
+        )
+        .map_err(RunError)?;
+        let own = Redactor::new(
+            secrets
+                .values()
+                .filter_map(|v| v.as_str().map(str::to_owned))
+                .filter(|v| !outer.masks(v)),
+        );
+        let redactor = Arc::new(outer.with(&own));
         let run = json!({
             "id": options.run_id,
             "workflow": workflow.name,
@@ -255,9 +254,13 @@ fn run_workflow(
             ctx.insert("secrets".into(), Json::Object(secrets.clone()));
             let ctx = context_value(ctx);
             for (name, template) in &spec.env {
-                let value = renderer
-                    .text(&template.value, &ctx)
-                    .map_err(|e| RunError(format!("env `{}`: {e}", name.value)))?;
+                let value = renderer.text(&template.value, &ctx).map_err(|e| {
+                    RunError(format!(
+                        "env `{}`: {}",
+                        name.value,
+                        redactor.text(&e.message)
+                    ))
+                })?;
                 tool_env.push((name.value.clone(), value.clone()));
                 env.insert(name.value.clone(), Json::String(value));
             }
@@ -287,13 +290,7 @@ fn run_workflow(
                 ("run".to_owned(), json_value(&run)),
             ],
             llm,
-            redactor: Arc::new(
-                outer.with(&Redactor::new(
-                    secrets
-                        .values()
-                        .filter_map(|v| v.as_str().map(str::to_owned)),
-                )),
-            ),
+            redactor,
             secrets: json_value(&Json::Object(secrets)),
             depth,
             prefix,
@@ -372,13 +369,16 @@ fn run_workflow(
             }
         }
         let (mut steps, mut outputs, mut error) = (steps, outputs, error);
-        if shared.depth == 0 {
-            // What leaves the run carries no secret value; nested reports are still data flowing to
-            // their caller.
-            steps.values_mut().for_each(|r| shared.redactor.result(r));
-            shared.redactor.map(&mut outputs);
-            shared.redactor.option(&mut error);
-        }
+        // What leaves the run carries no secret value. A nested report is still data flowing to its
+        // caller, which may use its own secrets; but a sub-workflow's own secrets stay inside it.
+        let leaving = if shared.depth == 0 {
+            &shared.redactor
+        } else {
+            &own
+        };
+        steps.values_mut().for_each(|r| leaving.result(r));
+        leaving.map(&mut outputs);
+        leaving.option(&mut error);
         Ok(RunReport {
             version: REPORT_VERSION,
             run_id: shared.options.run_id.clone(),
@@ -395,6 +395,11 @@ fn run_workflow(
                 .filter(|t| t.calls > 0),
         })
     })
+}
+
+/// The folder of a workflow's spec, where its `.env` file is (empty for the current directory).
+fn spec_dir(workflow: &Workflow) -> &std::path::Path {
+    workflow.path.parent().unwrap_or(std::path::Path::new(""))
 }
 
 /// The first step (by index, in written order) whose failure fails its list: failed or timed out

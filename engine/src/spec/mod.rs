@@ -54,7 +54,7 @@ pub struct Spec {
     /// Environment variables for command tools (values are templates).
     #[serde(default, skip_serializing_if = "IndexMap::is_empty")]
     pub env: IndexMap<Spanned<String>, Template>,
-    /// Names of secrets, read from the environment variables of the same name; usable only in tool arguments, never in prompts.
+    /// Names of secrets, read from the environment variables of the same name, else from `.env` beside the spec; usable only in tool arguments, never in prompts.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub secrets: Vec<Spanned<String>>,
     /// LLM providers, the default one and budgets.

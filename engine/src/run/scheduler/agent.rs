@@ -9,6 +9,8 @@
 
 mod context;
 
+pub(super) use context::as_data;
+
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
@@ -24,6 +26,7 @@ use crate::llm::config::{self, Configured};
 use crate::llm::pricing;
 use crate::llm::tokens::Estimator;
 use crate::llm::{ChatRequest, FinishReason, Message, Part, ToolChoice, ToolResult, ToolSpec};
+use crate::run::redact::Redacting;
 use crate::run::render::to_text;
 use crate::run::tools::{self, ToolOutput};
 use crate::run::{LlmUsage, RunEvent, StepStatus};
@@ -94,11 +97,14 @@ impl LlmContext {
             let built = Arc::new(Configured {
                 name: name.to_owned(),
                 kind: def.kind.value,
-                provider: Arc::new(if def.kind.value == crate::spec::ProviderKind::Auto {
-                    Replayer::new(name, exchanges).any_model()
-                } else {
-                    Replayer::new(name, exchanges)
-                }),
+                provider: Redacting::wrap(
+                    Arc::new(if def.kind.value == crate::spec::ProviderKind::Auto {
+                        Replayer::new(name, exchanges).any_model()
+                    } else {
+                        Replayer::new(name, exchanges)
+                    }),
+                    shared.redactor.clone(),
+                ),
                 model: config::model(def, &shared.options.env).unwrap_or_default(),
                 temperature: def.temperature,
                 max_tokens: def.max_tokens,
@@ -117,8 +123,14 @@ impl LlmContext {
         let mut configured = config::build(name, def, &dir, &shared.options.env)
             .map_err(|e| Failure::fixed(e.message))?;
         if let Some(crate::run::Cassette::Record(file)) = &shared.options.cassette {
-            configured.provider = Arc::new(Recorder::new(configured.provider, file.clone()));
+            let redactor = shared.redactor.clone();
+            configured.provider = Arc::new(
+                Recorder::new(configured.provider, file.clone())
+                    .scrubbing(Arc::new(move |exchange| redactor.json(exchange))),
+            );
         }
+        // The model never reads a secret value, whatever put it into the conversation.
+        configured.provider = Redacting::wrap(configured.provider, shared.redactor.clone());
         let built = Arc::new(configured);
         if let Ok(mut providers) = self.providers.lock() {
             providers.insert(name.to_owned(), built.clone());
@@ -187,6 +199,9 @@ pub(super) async fn run(
         "You are an agent completing one step of a workflow. Use the tools when they help; when you are done, \
          answer with the final result only.",
     );
+    if !tools.is_empty() {
+        system.push_str(context::DATA_RULE);
+    }
     if let Some(instructions) = agent.and_then(|a| a.instructions.as_ref()) {
         let text = shared
             .renderer
@@ -544,8 +559,11 @@ pub(super) async fn run(
                             "You already made this exact call {REPEAT_LIMIT} times. Do not repeat it: change your approach or give your final answer."
                         ),
                         true,
+                        false,
                     )),
-                    Turn::Denied(reason) => Ok((format!("this call was not made: {reason}"), true)),
+                    Turn::Denied(reason) => {
+                        Ok((format!("this call was not made: {reason}"), true, false))
+                    }
                     Turn::Run => {
                         observe(shared, label, allowed, compiled, &call.name, &call.arguments).await
                     }
@@ -573,7 +591,7 @@ pub(super) async fn run(
                 let _ = saved.wait().await;
                 return Err(Failure::waiting(message.clone()).with_llm(usage));
             }
-            for ((call, _), (output, is_error)) in
+            for ((call, _), (output, is_error, from_tool)) in
                 chunk.iter().zip(observations.into_iter().flatten())
             {
                 let (content, full_text) = context::cut(estimator, output, shown);
@@ -588,7 +606,11 @@ pub(super) async fn run(
                 results.push(Part::ToolResult(ToolResult {
                     id: call.id.clone(),
                     name: call.name.clone(),
-                    content,
+                    content: if from_tool {
+                        as_data(&content)
+                    } else {
+                        content
+                    },
                     is_error,
                 }));
             }
@@ -785,7 +807,8 @@ fn over_budget(shared: &Shared) -> Option<String> {
     None
 }
 
-/// Runs one tool call the model asked for; returns the observation and whether it is an error.
+/// Runs one tool call the model asked for; returns the observation, whether it is an error, and whether the
+/// tool wrote it (its output or failure, shown to the model as data) rather than archon.
 async fn observe(
     shared: &Shared,
     label: &str,
@@ -793,7 +816,7 @@ async fn observe(
     validators: &HashMap<String, jsonschema::Validator>,
     name: &str,
     arguments: &Json,
-) -> Result<(String, bool), String> {
+) -> Result<(String, bool, bool), String> {
     if !tools.iter().any(|t| t.name == name) {
         let names: Vec<String> = tools.iter().map(|t| format!("`{}`", t.name)).collect();
         return Ok((
@@ -806,6 +829,7 @@ async fn observe(
                 }
             ),
             true,
+            false,
         ));
     }
     if let Some(validator) = validators.get(name)
@@ -820,6 +844,7 @@ async fn observe(
         return Ok((
             format!("invalid arguments for `{name}` at {at}: {error}"),
             true,
+            false,
         ));
     }
     let call_label = format!("{label}/{name}");
@@ -842,12 +867,13 @@ async fn observe(
                 std::borrow::Cow::Owned(redacted) => Some(redacted),
                 std::borrow::Cow::Borrowed(_) => None,
             };
-            Ok((redacted.unwrap_or(shown), false))
+            Ok((redacted.unwrap_or(shown), false, true))
         }
         // A composite tool or sub-workflow one of whose steps waits for approval: the agent waits too.
         Err(failure) if failure.status == StepStatus::WaitingApproval => Err(failure.message),
         Err(failure) => Ok((
             format!("error: {}", shared.redactor.text(&failure.message)),
+            true,
             true,
         )),
     }
