@@ -456,6 +456,31 @@ mod review {
     }
 
     #[tokio::test]
+    async fn the_steps_of_a_composite_tool_an_agent_called_count_as_chosen_by_the_llm() {
+        let dir = TempDir::new().expect("tempdir");
+        let yaml = "name: r\nllm:\n  providers:\n    scripted:\n      kind: mock\n      turns:\n        - tool_calls: [{ name: lister, arguments: {} }]\n        - text: done\ntools:\n  lister:\n    description: Lists\n    sensitive: false\n    parameters: { type: object, properties: {} }\n    steps:\n      - { id: ls, tool: exec, with: { argv: [sh, -c, \"echo ran >> effects.txt\"] } }\nsteps:\n  - { id: agent, goal: list, tools: [lister] }\n  - { id: direct, tool: lister }\nrules:\n  - { name: no-llm-exec, on: before_tool, match: { tool: exec, chosen_by: llm }, action: deny }\n";
+        let (report, events) = run_agent(dir.path(), yaml).await;
+        assert_eq!(report.steps["agent"].status, StepStatus::Succeeded);
+        assert!(
+            events.iter().any(|e| matches!(
+                e,
+                RunEvent::AgentObservation { tool, text, error: true, .. }
+                    if tool == "lister" && text.contains("denied by rule `no-llm-exec`")
+            )),
+            "{events:?}"
+        );
+        assert_eq!(
+            report.steps["direct"].status,
+            StepStatus::Succeeded,
+            "the spec's own call runs"
+        );
+        assert_eq!(
+            std::fs::read_to_string(dir.path().join("effects.txt")).expect("ran once"),
+            "ran\n"
+        );
+    }
+
+    #[tokio::test]
     async fn an_agent_whose_tool_waits_for_approval_waits_too() {
         let dir = TempDir::new().expect("tempdir");
         let yaml = "name: r\nllm:\n  providers:\n    scripted:\n      kind: mock\n      turns:\n        - tool_calls: [{ name: payer, arguments: {} }]\n        - text: done\ntools:\n  payer:\n    description: Pays\n    sensitive: false\n    parameters: { type: object, properties: {} }\n    steps:\n      - { id: send, tool: echo, approval: required, with: { v: 1 } }\nsteps:\n  - { id: agent, goal: pay, tools: [payer] }\n";

@@ -58,6 +58,9 @@ struct Shared {
     llm: Arc<agent::LlmContext>,
     /// The steps were written by the LLM planner: their templates see neither `env` nor `secrets`.
     planned: bool,
+    /// The steps run inside a call an LLM chose (a composite tool an agent called): rules see their calls
+    /// as `chosen_by: llm`, though their templates are the spec's.
+    llm_chosen: bool,
     /// Results of planned steps that a revised plan keeps, by step id.
     kept: Arc<HashMap<String, StepResult>>,
 }
@@ -295,6 +298,7 @@ fn run_workflow(
             depth,
             prefix,
             planned: false,
+            llm_chosen: false,
             kept: Arc::default(),
         });
         // `before_run` rules decide whether anything runs at all.
@@ -1099,13 +1103,17 @@ async fn call_body(
             agent::run(shared, label, body, goal, ctx).await
         };
     };
-    let sensitive = crate::tools::sensitive(&shared.workflow.spec, &tool.value, &args);
-    let chosen_by = if shared.planned {
+    // A planned step is a call an LLM wrote: a sensitive one asks. The steps of a composite tool an LLM
+    // called are the spec's: the tool asked as a whole (it is sensitive when they are), and rules see them
+    // as chosen by the LLM.
+    let sensitive =
+        shared.planned && crate::tools::sensitive(&shared.workflow.spec, &tool.value, &args);
+    let chosen_by = if shared.planned || shared.llm_chosen {
         ChosenBy::Llm
     } else {
         ChosenBy::Spec
     };
-    if !shared.workflow.spec.rules.is_empty() || (sensitive && shared.planned) {
+    if !shared.workflow.spec.rules.is_empty() || sensitive {
         let call = gate::Call {
             on: Trigger::BeforeTool,
             label,
@@ -1132,7 +1140,10 @@ async fn call_body(
         .await
         .map(Called::from)
         .map_err(tool_failure),
-        Some(def) => call_declared(shared, label, &tool.value, def, args).await,
+        Some(def) => {
+            let llm_chosen = shared.planned || shared.llm_chosen;
+            call_declared(shared, label, &tool.value, def, args, llm_chosen).await
+        }
     }
 }
 
@@ -1165,9 +1176,10 @@ async fn call_declared(
     name: &str,
     def: &ToolDef,
     args: Json,
+    llm_chosen: bool,
 ) -> Result<Called, Failure> {
     if def.steps.is_some() {
-        return call_composite(shared, label, name, args).await;
+        return call_composite(shared, label, name, args, llm_chosen).await;
     }
     if let Some(path) = &def.workflow {
         return call_workflow(shared, label, &path.value, args).await;
@@ -1290,6 +1302,7 @@ fn call_composite<'a>(
     label: &'a str,
     name: &'a str,
     args: Json,
+    llm_chosen: bool,
 ) -> Boxed<'a, Result<Called, Failure>> {
     Box::pin(async move {
         let depth = deeper(shared)?;
@@ -1311,6 +1324,7 @@ fn call_composite<'a>(
             redactor: shared.redactor.clone(),
             llm: shared.llm.clone(),
             planned: false,
+            llm_chosen,
             kept: Arc::default(),
         });
         let views = schedule(&inner).await;
@@ -1535,7 +1549,7 @@ async fn before_step(
         label,
         tool: step.tool.as_ref().map(|t| t.value.as_str()),
         agent: step.agent.as_ref().map(|a| a.value.as_str()),
-        chosen_by: if shared.planned {
+        chosen_by: if shared.planned || shared.llm_chosen {
             ChosenBy::Llm
         } else {
             ChosenBy::Spec
@@ -1573,7 +1587,7 @@ fn after_step(shared: &Shared, step: &Step, result: &mut StepResult) {
             step: Some(&label),
             tool: step.tool.as_ref().map(|t| t.value.as_str()),
             agent: step.agent.as_ref().map(|a| a.value.as_str()),
-            chosen_by: if shared.planned {
+            chosen_by: if shared.planned || shared.llm_chosen {
                 ChosenBy::Llm
             } else {
                 ChosenBy::Spec

@@ -472,6 +472,7 @@ pub(super) async fn run(
         // Guard against loops first, in order, and ask the rules (and, for sensitive tools, a person);
         // then run the turn's calls together, a few at a time.
         let mut planned = Vec::with_capacity(calls.len());
+        let mut actions = Vec::with_capacity(calls.len());
         for call in &calls {
             let key = format!("{}:{}", call.name, canonical(&call.arguments));
             let repeats = {
@@ -539,7 +540,7 @@ pub(super) async fn run(
                     }
                 }
             }
-            shared.emit(RunEvent::AgentAction {
+            actions.push(RunEvent::AgentAction {
                 step: label.to_owned(),
                 iteration,
                 tool: call.name.clone(),
@@ -547,6 +548,8 @@ pub(super) async fn run(
             });
             planned.push((call, turn));
         }
+        // Recorded once every call of the turn may go ahead: a turn that waits shows no action yet.
+        actions.into_iter().for_each(|a| shared.emit(a));
         let mut results = Vec::with_capacity(planned.len());
         let allowed = &tools;
         let compiled = &validators;
@@ -849,7 +852,7 @@ async fn observe(
     }
     let call_label = format!("{label}/{name}");
     let outcome = match shared.workflow.spec.tools.get(name) {
-        Some(def) => call_declared(shared, &call_label, name, def, arguments.clone()).await,
+        Some(def) => call_declared(shared, &call_label, name, def, arguments.clone(), true).await,
         None => tools::call(name, arguments, &shared.tool_context, None)
             .await
             .map(Called::from)

@@ -208,6 +208,7 @@ async fn plan_and_run(
             redactor: shared.redactor.clone(),
             llm: shared.llm.clone(),
             planned: true,
+            llm_chosen: true,
             kept: Arc::new(kept),
         });
         let views = schedule(&inner).await;
