@@ -1490,6 +1490,24 @@ fn call_workflow<'a>(
     })
 }
 
+/// The agent role an LLM step plays, as rules match it: its own `agent`, else `defaults.agent`; none for
+/// other steps.
+fn agent_of<'a>(shared: &'a Shared, body: Body<'a>) -> Option<&'a str> {
+    if body.tool.is_some() || body.workflow.is_some() {
+        return None;
+    }
+    body.agent
+        .or_else(|| {
+            shared
+                .workflow
+                .spec
+                .defaults
+                .as_ref()
+                .and_then(|d| d.agent.as_ref())
+        })
+        .map(|a| a.value.as_str())
+}
+
 /// The `before_run` rules: `None` when the run may start.
 async fn before_run(shared: &Shared) -> Option<Gate> {
     if shared.depth != 0 || shared.workflow.spec.rules.is_empty() {
@@ -1548,7 +1566,7 @@ async fn before_step(
         on: Trigger::BeforeStep,
         label,
         tool: step.tool.as_ref().map(|t| t.value.as_str()),
-        agent: step.agent.as_ref().map(|a| a.value.as_str()),
+        agent: agent_of(shared, step.body()),
         chosen_by: if shared.planned || shared.llm_chosen {
             ChosenBy::Llm
         } else {
@@ -1586,7 +1604,7 @@ fn after_step(shared: &Shared, step: &Step, result: &mut StepResult) {
             on,
             step: Some(&label),
             tool: step.tool.as_ref().map(|t| t.value.as_str()),
-            agent: step.agent.as_ref().map(|a| a.value.as_str()),
+            agent: agent_of(shared, step.body()),
             chosen_by: if shared.planned || shared.llm_chosen {
                 ChosenBy::Llm
             } else {

@@ -166,7 +166,7 @@ async fn plan_and_run(
                 on: Trigger::OnPlan,
                 label,
                 tool: None,
-                agent: body.agent.map(|a| a.value.as_str()),
+                agent: super::agent_of(shared, body),
                 chosen_by: ChosenBy::Llm,
                 args: &accepted.document,
                 sensitive: false,
