@@ -466,7 +466,19 @@ pub(super) async fn run(
                 text: truncate(thought, THOUGHT_CHARS),
             });
         }
-        let before_turn = (seen_calls.clone(), conversation.messages().to_vec());
+        // Where the step stands if this turn must wait for a person: before the turn, with the model's
+        // answer kept, so that a resume takes this same turn up again once decided.
+        let paused = AgentState {
+            fingerprint: fingerprint.clone(),
+            text_mode,
+            iteration: iteration - 1,
+            messages: conversation.messages().to_vec(),
+            tool_calls,
+            usage: usage.clone(),
+            seen_calls: seen_calls.clone(),
+            schema_retries,
+            pending: Some(response.clone()),
+        };
         conversation.push(response.message.clone());
         tool_calls += calls.len();
         // Guard against loops first, in order, and ask the rules (and, for sensitive tools, a person);
@@ -518,25 +530,7 @@ pub(super) async fn run(
                         turn = Turn::Denied(reason);
                     }
                     Gate::Waiting(message) => {
-                        // The step pauses; a resume takes this same turn up again, once decided.
-                        let (seen_before, messages) = before_turn;
-                        let saved = checkpoint::save(
-                            shared,
-                            label,
-                            &AgentState {
-                                fingerprint: fingerprint.clone(),
-                                text_mode,
-                                iteration: iteration - 1,
-                                messages,
-                                tool_calls: tool_calls - calls.len(),
-                                usage: usage.clone(),
-                                seen_calls: seen_before,
-                                schema_retries,
-                                pending: Some(response.clone()),
-                            },
-                        );
-                        let _ = saved.wait().await;
-                        return Err(Failure::waiting(message).with_llm(usage));
+                        return Err(pause(shared, label, paused, message).await);
                     }
                 }
             }
@@ -574,25 +568,9 @@ pub(super) async fn run(
             }))
             .await;
             if let Some(message) = observations.iter().find_map(|o| o.as_ref().err()) {
-                // The step pauses; a resume takes this turn up again (its other calls may run again).
-                let (seen_before, messages) = before_turn;
-                let saved = checkpoint::save(
-                    shared,
-                    label,
-                    &AgentState {
-                        fingerprint: fingerprint.clone(),
-                        text_mode,
-                        iteration: iteration - 1,
-                        messages,
-                        tool_calls: tool_calls - calls.len(),
-                        usage: usage.clone(),
-                        seen_calls: seen_before,
-                        schema_retries,
-                        pending: Some(response.clone()),
-                    },
-                );
-                let _ = saved.wait().await;
-                return Err(Failure::waiting(message.clone()).with_llm(usage));
+                // A tool waits for approval: the turn is taken up again on resume (its other calls may
+                // run again).
+                return Err(pause(shared, label, paused, message.clone()).await);
             }
             for ((call, _), (output, is_error, from_tool)) in
                 chunk.iter().zip(observations.into_iter().flatten())
@@ -1005,6 +983,13 @@ fn text_mode_instructions(tools: &[ToolSpec]) -> String {
         ));
     }
     text
+}
+
+/// Pauses the step for a person's decision: its state before the turn is on disk before it says so.
+async fn pause(shared: &Shared, label: &str, state: AgentState, message: String) -> Failure {
+    let usage = state.usage.clone();
+    let _ = checkpoint::save(shared, label, &state).wait().await;
+    Failure::waiting(message).with_llm(usage)
 }
 
 /// What becomes of one tool call of a turn.
