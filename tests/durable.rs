@@ -679,6 +679,27 @@ fn chat_answer(text: Option<&str>, tool: Option<&str>) -> Json {
     })
 }
 
+/// Runs `spec` in `dir` with `env` until its slow tool has started, kills it, and makes the tool fast for
+/// the resume (it removes `slow`); returns the run's id.
+fn run_until_started_then_kill(dir: &Path, spec: &str, env: &[(&str, &str)]) -> String {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_archon"))
+        .args(["run", spec])
+        .current_dir(dir)
+        .env("NO_COLOR", "1")
+        .env_remove("OPENAI_API_KEY")
+        .envs(env.iter().copied())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("archon starts");
+    wait_for(&dir.join("started"), Duration::from_secs(20));
+    // What was recorded before the slow tool started is committed by now.
+    std::thread::sleep(Duration::from_millis(400));
+    kill(&mut child);
+    std::fs::remove_file(dir.join("slow")).expect("remove");
+    runs(dir)[0]["id"].as_str().expect("id").to_owned()
+}
+
 const AGENT: &str = r#"name: resumable
 llm:
   providers:
@@ -722,22 +743,8 @@ async fn a_killed_agent_step_resumes_after_its_last_iteration() {
     std::fs::write(dir.path().join("slow"), "").expect("write");
     let base = format!("{}/v1", server.uri());
     let env = [("OPENAI_BASE_URL", base.as_str())];
-    let mut child = Command::new(env!("CARGO_BIN_EXE_archon"))
-        .args(["run", "agent.yaml"])
-        .current_dir(dir.path())
-        .env("NO_COLOR", "1")
-        .env_remove("OPENAI_API_KEY")
-        .envs(env)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("archon starts");
-    wait_for(&dir.path().join("started"), Duration::from_secs(20));
     // The first iteration's checkpoint was committed when the second began.
-    std::thread::sleep(Duration::from_millis(400));
-    kill(&mut child);
-    let id = runs(dir.path())[0]["id"].as_str().expect("id").to_owned();
-    std::fs::remove_file(dir.path().join("slow")).expect("remove");
+    let id = run_until_started_then_kill(dir.path(), "agent.yaml", &env);
 
     // `count` changes things: the step is in doubt until the user says to go on.
     let Output { code, stderr, .. } =
@@ -802,21 +809,7 @@ async fn a_killed_planner_step_resumes_with_the_plan_it_accepted() {
     std::fs::write(dir.path().join("slow"), "").expect("write");
     let base = format!("{}/v1", server.uri());
     let env = [("OPENAI_BASE_URL", base.as_str())];
-    let mut child = Command::new(env!("CARGO_BIN_EXE_archon"))
-        .args(["run", "planner.yaml"])
-        .current_dir(dir.path())
-        .env("NO_COLOR", "1")
-        .env_remove("OPENAI_API_KEY")
-        .envs(env)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("archon starts");
-    wait_for(&dir.path().join("started"), Duration::from_secs(20));
-    std::thread::sleep(Duration::from_millis(400));
-    kill(&mut child);
-    let id = runs(dir.path())[0]["id"].as_str().expect("id").to_owned();
-    std::fs::remove_file(dir.path().join("slow")).expect("remove");
+    let id = run_until_started_then_kill(dir.path(), "planner.yaml", &env);
     let Output { code, stderr, .. } =
         crate::support::archon_with(dir.path(), &["resume", &id, "--rerun-in-doubt"], &env);
     assert_eq!(code, 0, "{stderr}");
