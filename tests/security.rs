@@ -786,3 +786,52 @@ async fn a_sub_workflows_own_secret_does_not_leak_through_its_caller() {
     );
     assert_clean("the events", &format!("{events:?}"));
 }
+
+/// What a third review found: `.env` read by a file tool, a secret that is a number, an error excerpt
+/// cut in the middle of a secret.
+#[tokio::test]
+async fn dotenv_files_numeric_secrets_and_cut_excerpts_do_not_leak() {
+    let dir = TempDir::new().expect("tempdir");
+    std::fs::write(
+        dir.path().join(".env"),
+        "PIN=48151623\nOTHER=not-declared-value\n",
+    )
+    .expect("write");
+    std::os::unix::fs::symlink(".env", dir.path().join("notes.txt")).expect("link");
+    let yaml = r#"name: leaks
+secrets: [PIN]
+steps:
+  - { id: direct, tool: read_file, with: { path: .env }, on_error: continue }
+  - { id: linked, tool: read_file, with: { path: notes.txt }, on_error: continue }
+  - id: number
+    tool: exec
+    with:
+      argv: ["sh", "-c", "echo '{\"pin\": '$PIN'}'"]
+      env: { PIN: "{{ secrets.PIN }}" }
+      output: json
+  - id: cut
+    tool: exec
+    on_error: continue
+    with:
+      argv: ["sh", "-c", "printf 'x%.0s' $(seq 1 40) >&2; echo \"token $PIN$PIN$PIN\" >&2; exit 3"]
+      env: { PIN: "{{ secrets.PIN }}" }
+outputs:
+  pin: "{{ steps.number.output.pin }}"
+"#;
+    let (report, _) = run_in(dir.path(), yaml, &[], serde_json::Map::new()).await;
+    for step in ["direct", "linked"] {
+        let error = report.steps[step].error.as_deref().unwrap_or_default();
+        assert!(
+            error.contains("`.env` file, which holds secrets"),
+            "{step}: {error}"
+        );
+    }
+    let text = serde_json::to_string(&report).expect("json");
+    assert!(!text.contains("48151623"), "{text}");
+    assert!(!text.contains("not-declared-value"), "{text}");
+    assert_eq!(report.outputs["pin"], "***");
+    assert!(
+        !text.contains("4815162"),
+        "no part of the secret survives a cut either: {text}"
+    );
+}

@@ -45,6 +45,14 @@ pub fn confine(workdir: &Path, relative: &str) -> Result<PathBuf, ToolError> {
     if !real.starts_with(&root) {
         return Err(escape());
     }
+    // `.env` files hold secrets (archon reads them for `secrets:`): no tool reads or writes one, under
+    // its name or through a link to it.
+    let is_env = |p: &Path| p.file_name().is_some_and(|n| n == ".env");
+    if is_env(&joined) || is_env(&real) {
+        return Err(ToolError::new(format!(
+            "`{relative}` is a `.env` file, which holds secrets: file tools do not touch it"
+        )));
+    }
     Ok(joined)
 }
 

@@ -196,7 +196,11 @@ fn check_url(url: &reqwest::Url, policy: &NetworkPolicy) -> Result<(), String> {
 }
 
 /// Makes one request (following redirects that pass the same checks).
-pub async fn request(args: &Json, policy: &Arc<NetworkPolicy>) -> Result<ToolOutput, ToolError> {
+pub async fn request(
+    args: &Json,
+    policy: &Arc<NetworkPolicy>,
+    redactor: &super::redact::Redactor,
+) -> Result<ToolOutput, ToolError> {
     let _ = rustls::crypto::ring::default_provider().install_default();
     let url_text = args["url"].as_str().unwrap_or_default();
     let url = reqwest::Url::parse(url_text)
@@ -281,7 +285,7 @@ pub async fn request(args: &Json, policy: &Arc<NetworkPolicy>) -> Result<ToolOut
         ));
     }
     if status.is_client_error() || status.is_server_error() {
-        let excerpt: String = text.chars().take(300).collect();
+        let excerpt: String = redactor.text(&text).chars().take(300).collect();
         return Err(ToolError::new(format!(
             "HTTP {} from {method} {url_text}: {excerpt}",
             status.as_u16()

@@ -80,7 +80,14 @@ impl Redactor {
             Json::String(text) => self.string(text),
             Json::Array(items) => items.iter_mut().for_each(|i| self.json(i)),
             Json::Object(map) => self.map(map),
-            _ => {}
+            // A secret that is a number (a PIN) reaches JSON output as a number.
+            Json::Number(number) => {
+                let text = number.to_string();
+                if self.text(&text) != text {
+                    *value = Json::String(MASK.to_owned());
+                }
+            }
+            Json::Bool(_) | Json::Null => {}
         }
     }
 

@@ -279,6 +279,7 @@ fn run_workflow(
                         .flat_map(|n| n.allow.iter().map(|a| a.value.clone()))
                         .collect::<Vec<_>>(),
                 )),
+                redactor: redactor.clone(),
             },
             workflow: workflow.clone(),
             composite: None,

@@ -51,6 +51,9 @@ pub struct ToolContext {
     pub env: Vec<(String, String)>,
     /// What `http` may reach.
     pub network: std::sync::Arc<http::NetworkPolicy>,
+    /// Secret values, masked in the excerpts errors quote before they are cut (a cut secret would no
+    /// longer be recognised).
+    pub redactor: std::sync::Arc<super::redact::Redactor>,
 }
 
 /// Told the process group id of each command a call starts, as soon as it starts.
@@ -94,7 +97,7 @@ pub async fn call(
         "read_file" => files::read_file(&cx.workdir, args),
         "write_file" => files::write_file(&cx.workdir, args),
         "list_files" => files::list_files(&cx.workdir, args),
-        "http" => http::request(args, &cx.network).await,
+        "http" => http::request(args, &cx.network, &cx.redactor).await,
         "json" => {
             let output = jq::query(&args["input"], args["query"].as_str().unwrap_or("."))?;
             Ok(ToolOutput {
@@ -239,8 +242,9 @@ async fn exec(
         .as_array()
         .map_or_else(|| vec![0], |c| c.iter().filter_map(Json::as_i64).collect());
     if !code.is_some_and(|c| ok_codes.contains(&i64::from(c))) {
-        let tail: String = err
-            .text
+        let tail: String = cx
+            .redactor
+            .text(&err.text)
             .lines()
             .rev()
             .take(5)
