@@ -67,13 +67,31 @@ pub fn read(path: &Path) -> Result<BTreeMap<String, String>, String> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(BTreeMap::new()),
         Err(e) => return Err(unreadable(path, &e)),
     };
+    // A FIFO would block the run and a device would never end: only a regular file is read, and never
+    // more than the limit, whatever its size says.
+    if !metadata.is_file() {
+        return Err(format!("`{}` is not a regular file", path.display()));
+    }
     if metadata.len() > MAX_BYTES {
         return Err(format!(
             "`{}` is larger than {MAX_BYTES} bytes",
             path.display()
         ));
     }
-    let text = std::fs::read_to_string(path).map_err(|e| unreadable(path, &e))?;
+    let mut text = String::new();
+    {
+        use std::io::Read as _;
+        std::fs::File::open(path)
+            .and_then(|f| f.take(MAX_BYTES + 1).read_to_string(&mut text))
+            .map_err(|e| unreadable(path, &e))?;
+    }
+    if text.len() as u64 > MAX_BYTES {
+        return Err(format!(
+            "`{}` is larger than {MAX_BYTES} bytes",
+            path.display()
+        ));
+    }
+    let text = text.strip_prefix('\u{feff}').unwrap_or(&text);
     // The message names the line, never its text: it may hold a value.
     parse(&text).map_err(|e| format!("`{}` {e}", path.display()))
 }
@@ -141,10 +159,10 @@ pub fn parse(text: &str) -> Result<BTreeMap<String, String>, DotenvError> {
                 value
             }
             _ => {
-                // An unquoted value ends at a `#` that follows a space.
+                // An unquoted value ends at a `#` that starts it or follows a space.
                 let end = rest
                     .char_indices()
-                    .find(|&(i, c)| c == '#' && rest[..i].ends_with([' ', '\t']))
+                    .find(|&(i, c)| c == '#' && (i == 0 || rest[..i].ends_with([' ', '\t'])))
                     .map_or(rest.len(), |(i, _)| i);
                 rest[..end].trim_end().to_owned()
             }
@@ -218,6 +236,24 @@ PLAIN=later wins
         .map(|(k, v)| (k.to_owned(), v.to_owned()))
         .collect();
         assert_eq!(vars, expected);
+    }
+
+    #[test]
+    fn an_empty_value_with_a_comment_and_a_byte_order_mark() {
+        let vars = parse("EMPTY= # none\nSET=x # note\n").expect("parses");
+        assert_eq!(vars["EMPTY"], "");
+        assert_eq!(vars["SET"], "x");
+        let dir = std::env::temp_dir().join(format!("archon-dotenv-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let path = dir.join(".env");
+        std::fs::write(&path, "\u{feff}TOKEN=abc\n").expect("write");
+        assert_eq!(read(&path).expect("reads")["TOKEN"], "abc");
+        assert!(
+            read(&dir)
+                .expect_err("a directory is refused")
+                .ends_with("is not a regular file")
+        );
+        std::fs::remove_dir_all(&dir).expect("clean");
     }
 
     #[test]
