@@ -93,7 +93,7 @@ pub fn read(path: &Path) -> Result<BTreeMap<String, String>, String> {
     }
     let text = text.strip_prefix('\u{feff}').unwrap_or(&text);
     // The message names the line, never its text: it may hold a value.
-    parse(&text).map_err(|e| format!("`{}` {e}", path.display()))
+    parse(text).map_err(|e| format!("`{}` {e}", path.display()))
 }
 
 fn unreadable(path: &Path, err: &std::io::Error) -> String {
