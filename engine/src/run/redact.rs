@@ -62,7 +62,18 @@ impl Redactor {
     pub fn text<'a>(&self, text: &'a str) -> Cow<'a, str> {
         match &self.pattern {
             Some(pattern) => pattern.replace_all(text, NoExpand(MASK)),
-            None => Cow::Borrowed(text),
+            None if self.values.is_empty() => Cow::Borrowed(text),
+            // Values too many or too long for one pattern: their whole forms, one by one, rather than
+            // nothing at all.
+            None => {
+                let mut out = Cow::Borrowed(text);
+                for form in self.values.iter().flat_map(|v| literal_forms(v)) {
+                    if out.contains(form.as_str()) {
+                        out = Cow::Owned(out.replace(form.as_str(), MASK));
+                    }
+                }
+                out
+            }
         }
     }
 
@@ -231,15 +242,34 @@ fn compile(values: &[String]) -> Option<Regex> {
         .map(|(_, s)| s.as_str())
         .collect::<Vec<_>>()
         .join("|");
+    // Too many or too long values for one pattern: `None`, and `Redactor::text` searches for the whole
+    // forms of each value instead.
     regex::RegexBuilder::new(&source)
         .size_limit(64 << 20)
         .build()
         .ok()
-        .or_else(|| {
-            // Too many or too long values for every form: the values as written, at least.
-            let literal: Vec<String> = values.iter().map(|v| regex::escape(v)).collect();
-            Regex::new(&literal.join("|")).ok()
-        })
+}
+
+/// The whole forms of a value, longest first: JSON-escaped, as written, base64 (both alphabets, with and
+/// without padding), and percent-encoded in upper and lower case.
+fn literal_forms(value: &str) -> Vec<String> {
+    let mut forms = vec![value.to_owned()];
+    if let Ok(quoted) = serde_json::to_string(value) {
+        forms.push(quoted[1..quoted.len() - 1].to_owned());
+    }
+    for engine in [STANDARD_NO_PAD, URL_SAFE_NO_PAD] {
+        let bare = engine.encode(value.as_bytes());
+        let padding = "=".repeat((4 - bare.len() % 4) % 4);
+        forms.push(format!("{bare}{padding}"));
+        forms.push(bare);
+    }
+    let percent: String = value.bytes().map(|b| format!("%{b:02X}")).collect();
+    forms.push(percent.to_lowercase());
+    forms.push(percent);
+    forms.retain(|f| f.len() >= MIN_LEN);
+    forms.sort_by_key(|f| std::cmp::Reverse(f.len()));
+    forms.dedup();
+    forms
 }
 
 /// The forms of one value to search for, each with the length it matches.
@@ -308,6 +338,30 @@ mod tests {
     use base64::engine::general_purpose::{STANDARD, URL_SAFE};
 
     use super::*;
+
+    /// A value too long for one pattern of every form is still masked in its whole forms, never let
+    /// through.
+    #[test]
+    fn a_value_too_long_for_one_pattern_is_still_masked() {
+        let secret: String = (0..400_000u32)
+            .map(|i| char::from(b'a' + u8::try_from(i * 7 % 26).unwrap_or(0)))
+            .collect();
+        let redactor = Redactor::new([secret.clone()]);
+        assert!(
+            redactor.pattern.is_none(),
+            "the value is past what one pattern holds"
+        );
+        let encoded = STANDARD_NO_PAD.encode(secret.as_bytes());
+        let text = format!("raw {secret} encoded {encoded} end");
+        let masked = redactor.text(&text);
+        assert!(!masked.contains(&secret[..1000]));
+        assert!(!masked.contains(&encoded[..1000]));
+        assert!(
+            masked.starts_with("raw *** encoded *** end"),
+            "{}",
+            &masked[..40]
+        );
+    }
 
     #[test]
     fn secrets_are_masked_in_text_and_json_keys_and_values() {
