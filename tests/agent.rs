@@ -660,7 +660,8 @@ mod context {
         assert_eq!(messages[1]["content"], GOAL);
         assert_eq!(
             messages[2]["content"],
-            "Summary of earlier turns: fact-1.txt holds the code word ALPHA and fact-2.txt the code word BRAVO."
+            "Summary of earlier turns: <tool_output>\nfact-1.txt holds the code word ALPHA and fact-2.txt the code word BRAVO.\n</tool_output>",
+            "the summary retells tool output: it is marked as data"
         );
         assert_eq!(messages[3]["tool_calls"][0]["id"], "call_2");
         assert_eq!(messages[4]["tool_call_id"], "call_2");
