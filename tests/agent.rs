@@ -460,7 +460,7 @@ mod context {
     use serde_json::{Value as Json, json};
     use tempfile::TempDir;
     use wiremock::matchers::method;
-    use wiremock::{Mock, MockServer, Request, ResponseTemplate};
+    use wiremock::{Mock, MockServer, Request};
 
     use super::run_agent;
 
@@ -497,19 +497,7 @@ mod context {
         }
     }
 
-    /// A chat completion whose message is `message`.
-    pub(super) fn completion(message: Json) -> ResponseTemplate {
-        let finish = if message.get("tool_calls").is_some() {
-            "tool_calls"
-        } else {
-            "stop"
-        };
-        ResponseTemplate::new(200).set_body_json(json!({
-            "id": "chatcmpl-1", "object": "chat.completion", "model": "local-model",
-            "choices": [{ "index": 0, "message": message, "finish_reason": finish }],
-            "usage": { "prompt_tokens": 100, "completion_tokens": 10 }
-        }))
-    }
+    pub(super) use crate::support::chat_completion as completion;
 
     /// An assistant message calling `read_file` on `path`, as call `call_<turn>`.
     fn read_file(turn: usize, path: &str) -> Json {

@@ -16,6 +16,7 @@ use wiremock::matchers::method;
 use wiremock::{Mock, MockServer, Request, ResponseTemplate};
 
 use crate::support::archon_with;
+use crate::support::chat_completion as completion;
 
 /// A secret with characters that every encoding changes: `/`, `+`, `=`, a space and `~`; 26 bytes, so
 /// that its base64 needs padding.
@@ -91,20 +92,6 @@ fn store_dump(db: &Path) -> String {
         }
     }
     dump
-}
-
-/// A chat completion answering with `message`.
-fn completion(message: Json) -> ResponseTemplate {
-    let finish = if message.get("tool_calls").is_some() {
-        "tool_calls"
-    } else {
-        "stop"
-    };
-    ResponseTemplate::new(200).set_body_json(json!({
-        "id": "chatcmpl-1", "object": "chat.completion", "model": "local-model",
-        "choices": [{ "index": 0, "message": message, "finish_reason": finish }],
-        "usage": { "prompt_tokens": 100, "completion_tokens": 10 }
-    }))
 }
 
 /// A tool call of `name` with `arguments`, as call `id`.

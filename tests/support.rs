@@ -75,3 +75,17 @@ pub fn llm_settings() -> Settings {
         ..Settings::default()
     }
 }
+
+/// An OpenAI-compatible chat completion (for a local wiremock server) whose message is `message`.
+pub fn chat_completion(message: serde_json::Value) -> wiremock::ResponseTemplate {
+    let finish = if message.get("tool_calls").is_some() {
+        "tool_calls"
+    } else {
+        "stop"
+    };
+    wiremock::ResponseTemplate::new(200).set_body_json(serde_json::json!({
+        "id": "chatcmpl-1", "object": "chat.completion", "model": "local-model",
+        "choices": [{ "index": 0, "message": message, "finish_reason": finish }],
+        "usage": { "prompt_tokens": 100, "completion_tokens": 10 }
+    }))
+}
