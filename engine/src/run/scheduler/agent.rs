@@ -466,21 +466,23 @@ pub(super) async fn run(
                 text: truncate(thought, THOUGHT_CHARS),
             });
         }
-        // Where the step stands if this turn must wait for a person: before the turn, with the model's
-        // answer kept, so that a resume takes this same turn up again once decided.
-        let paused = AgentState {
+        let seen_before = seen_calls.clone();
+        conversation.push(response.message.clone());
+        tool_calls += calls.len();
+        // Where the step stands if this turn must wait for a person: before the turn (the conversation
+        // without the answer just added), with the model's answer kept, so that a resume takes this same
+        // turn up again once decided. Built only then.
+        let paused = |seen_calls: HashMap<String, usize>, messages: &[Message]| AgentState {
             fingerprint: fingerprint.clone(),
             text_mode,
             iteration: iteration - 1,
-            messages: conversation.messages().to_vec(),
-            tool_calls,
+            messages: messages[..messages.len() - 1].to_vec(),
+            tool_calls: tool_calls - calls.len(),
             usage: usage.clone(),
-            seen_calls: seen_calls.clone(),
+            seen_calls,
             schema_retries,
             pending: Some(response.clone()),
         };
-        conversation.push(response.message.clone());
-        tool_calls += calls.len();
         // Guard against loops first, in order, and ask the rules (and, for sensitive tools, a person);
         // then run the turn's calls together, a few at a time.
         let mut planned = Vec::with_capacity(calls.len());
@@ -530,7 +532,8 @@ pub(super) async fn run(
                         turn = Turn::Denied(reason);
                     }
                     Gate::Waiting(message) => {
-                        return Err(pause(shared, label, paused, message).await);
+                        let state = paused(seen_before, conversation.messages());
+                        return Err(pause(shared, label, state, message).await);
                     }
                 }
             }
@@ -570,7 +573,8 @@ pub(super) async fn run(
             if let Some(message) = observations.iter().find_map(|o| o.as_ref().err()) {
                 // A tool waits for approval: the turn is taken up again on resume (its other calls may
                 // run again).
-                return Err(pause(shared, label, paused, message.clone()).await);
+                let state = paused(seen_before, conversation.messages());
+                return Err(pause(shared, label, state, message.clone()).await);
             }
             for ((call, _), (output, is_error, from_tool)) in
                 chunk.iter().zip(observations.into_iter().flatten())
