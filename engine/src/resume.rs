@@ -172,17 +172,8 @@ fn tool_idempotent(workflow: &Workflow, name: &str, seen: &mut HashSet<String>) 
 /// (or its agent's) allow. A checkpoint spares the iterations it completed in any case.
 fn llm_step_idempotent(workflow: &Workflow, body: Body<'_>, seen: &mut HashSet<String>) -> bool {
     let spec = &workflow.spec;
-    let agent = body
-        .agent
-        .or_else(|| spec.defaults.as_ref().and_then(|d| d.agent.as_ref()))
-        .and_then(|a| spec.agents.get(a.value.as_str()));
-    let patterns: Vec<&str> = match body.tools {
-        Some(tools) => tools.iter().map(|t| t.value.as_str()).collect(),
-        None => agent
-            .map(|a| a.tools.iter().map(|t| t.value.as_str()).collect())
-            .unwrap_or_default(),
-    };
-    let globs: Vec<globset::GlobMatcher> = patterns
+    let globs: Vec<globset::GlobMatcher> = spec
+        .tool_patterns(body)
         .iter()
         .filter_map(|p| globset::Glob::new(p).ok().map(|g| g.compile_matcher()))
         .collect();

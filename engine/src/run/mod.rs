@@ -543,17 +543,7 @@ impl Walk {
             return;
         }
         // An agent or planner step: its agent role must be one this version can play.
-        let agent = body
-            .agent
-            .or_else(|| {
-                workflow
-                    .spec
-                    .defaults
-                    .as_ref()
-                    .and_then(|d| d.agent.as_ref())
-            })
-            .and_then(|a| workflow.spec.agents.get(a.value.as_str()));
-        if let Some(agent) = agent {
+        if let Some(agent) = workflow.spec.agent_of(body) {
             if !agent.delegates.is_empty() {
                 refuse("agent delegation (`delegates`) cannot run yet".to_owned());
             } else if agent.memory == Some(true) {

@@ -1497,16 +1497,7 @@ fn agent_of<'a>(shared: &'a Shared, body: Body<'a>) -> Option<&'a str> {
     if body.tool.is_some() || body.workflow.is_some() {
         return None;
     }
-    body.agent
-        .or_else(|| {
-            shared
-                .workflow
-                .spec
-                .defaults
-                .as_ref()
-                .and_then(|d| d.agent.as_ref())
-        })
-        .map(|a| a.value.as_str())
+    shared.workflow.spec.agent_name(body)
 }
 
 /// The `before_run` rules: `None` when the run may start.

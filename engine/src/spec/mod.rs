@@ -229,6 +229,31 @@ with_step_body! {
     }
 }
 
+impl Spec {
+    /// The agent role an LLM step plays: its own `agent`, else `defaults.agent`.
+    pub fn agent_name<'a>(&'a self, body: Body<'a>) -> Option<&'a str> {
+        body.agent
+            .or_else(|| self.defaults.as_ref().and_then(|d| d.agent.as_ref()))
+            .map(|a| a.value.as_str())
+    }
+
+    /// The declared agent an LLM step plays, if any.
+    pub fn agent_of<'a>(&'a self, body: Body<'a>) -> Option<&'a AgentDef> {
+        self.agent_name(body).and_then(|name| self.agents.get(name))
+    }
+
+    /// The tool names or globs an LLM step may use: its own `tools`, else its agent's.
+    pub fn tool_patterns<'a>(&'a self, body: Body<'a>) -> Vec<&'a str> {
+        match body.tools {
+            Some(tools) => tools.iter().map(|t| t.value.as_str()).collect(),
+            None => self
+                .agent_of(body)
+                .map(|a| a.tools.iter().map(|t| t.value.as_str()).collect())
+                .unwrap_or_default(),
+        }
+    }
+}
+
 /// A borrowed view of the fields a step and a fallback share.
 #[derive(Clone, Copy, Debug)]
 pub struct Body<'a> {

@@ -149,10 +149,7 @@ pub(super) async fn run(
 ) -> Result<Called, Failure> {
     let spec: &Spec = &shared.workflow.spec;
     let (agent, provider_name, configured) = chosen(shared, body)?;
-    let agent_name = body
-        .agent
-        .or_else(|| spec.defaults.as_ref().and_then(|d| d.agent.as_ref()))
-        .map(|a| a.value.as_str());
+    let agent_name = spec.agent_name(body);
     let max_iterations = body
         .max_iterations
         .map(|m| m.value)
@@ -169,13 +166,11 @@ pub(super) async fn run(
         })
         .unwrap_or(DEFAULT_MAX_ITERATIONS)
         .max(1);
-    let patterns: Vec<&str> = match body.tools {
-        Some(tools) => tools.iter().map(|t| t.value.as_str()).collect(),
-        // A planned agent has only the tools its plan gave it.
-        None if shared.planned => Vec::new(),
-        None => agent
-            .map(|a| a.tools.iter().map(|t| t.value.as_str()).collect())
-            .unwrap_or_default(),
+    // A planned agent has only the tools its plan gave it.
+    let patterns: Vec<&str> = if shared.planned && body.tools.is_none() {
+        Vec::new()
+    } else {
+        spec.tool_patterns(body)
     };
     let tools = offered_tools(spec, &patterns);
     // Text mode, for models without native tool calling: the tools are described in the prompt and the
@@ -673,16 +668,7 @@ pub(super) fn chosen<'s>(
     body: Body<'s>,
 ) -> Result<(Option<&'s AgentDef>, String, Arc<Configured>), Failure> {
     let spec: &Spec = &shared.workflow.spec;
-    let agent: Option<&AgentDef> = body
-        .agent
-        .map(|a| a.value.as_str())
-        .or_else(|| {
-            spec.defaults
-                .as_ref()
-                .and_then(|d| d.agent.as_ref())
-                .map(|a| a.value.as_str())
-        })
-        .and_then(|name| spec.agents.get(name));
+    let agent = spec.agent_of(body);
     let provider_name = body
         .provider
         .map(|p| p.value.clone())

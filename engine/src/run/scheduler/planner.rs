@@ -74,13 +74,13 @@ async fn plan_and_run(
 ) -> Result<Called, Failure> {
     let spec = &shared.workflow.spec;
     let (agent, _, configured) = agent::chosen(shared, body)?;
-    let patterns: Vec<String> = match body.tools {
-        Some(tools) => tools.iter().map(|t| t.value.clone()).collect(),
-        None => agent
-            .map(|a| a.tools.iter().map(|t| t.value.clone()).collect())
-            .unwrap_or_default(),
+    let policy = PlanPolicy {
+        tools: spec
+            .tool_patterns(body)
+            .into_iter()
+            .map(str::to_owned)
+            .collect(),
     };
-    let policy = PlanPolicy { tools: patterns };
     let mut system = instructions(shared, &policy, ctx);
     if let Some(instructions) = agent.and_then(|a| a.instructions.as_ref()) {
         let text = shared
