@@ -71,7 +71,7 @@ fn clock(ms: u64) -> String {
 }
 
 /// The label and the (possibly multi-line) text of an event.
-fn describe(event: &RunEvent) -> (&'static str, String) {
+pub(crate) fn describe(event: &RunEvent) -> (&'static str, String) {
     match event {
         RunEvent::StepStarted { step } => ("started", step.clone()),
         RunEvent::StepRetried {

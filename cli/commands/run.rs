@@ -522,20 +522,7 @@ fn event_line(event: &RunEvent) -> String {
             None => format!("{:<9} {step} ({duration_ms} ms)\n", status.as_str()),
         },
         RunEvent::StepSkipped { step, reason } => format!("skipped   {step}: {reason}\n"),
-        RunEvent::LlmCall {
-            step,
-            provider,
-            model,
-            input_tokens,
-            output_tokens,
-            cost_usd,
-            duration_ms,
-        } => {
-            let cost = cost_usd.map_or_else(String::new, |c| format!(", ${c:.4}"));
-            format!(
-                "llm       {step}: `{provider}` ({model}) {input_tokens} in, {output_tokens} out{cost}, {duration_ms} ms\n"
-            )
-        }
+        RunEvent::LlmCall { .. } => format!("llm       {}\n", crate::trail::describe(event).1),
         RunEvent::AgentThought { step, text, .. } => {
             format!("thought   {step}: {}\n", one_line(text))
         }
