@@ -223,8 +223,17 @@ pub struct RetryArgs {
     pub run: String,
 
     /// The step to run again; every step downstream of it runs again too.
-    #[arg(long, value_name = "STEP")]
-    pub from: String,
+    #[arg(
+        long,
+        value_name = "STEP",
+        required_unless_present = "failed",
+        conflicts_with = "failed"
+    )]
+    pub from: Option<String>,
+
+    /// Run again only the steps that failed, and the steps skipped because of them.
+    #[arg(long)]
+    pub failed: bool,
 
     #[command(flatten)]
     pub options: ContinueArgs,

@@ -1,33 +1,32 @@
 //! `archon run FILE`: run a workflow, showing each step as it starts and ends, then the outputs (or the
 //! whole report with `--json`). Ctrl-C cancels the running steps and exits 130.
 
-use std::collections::HashMap;
+use std::collections::HashSet;
 use std::fmt::Write as _;
 use std::future::Future;
 use std::io::Write as _;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 
-use archon_engine::Workflow;
-use archon_engine::run::{
-    self, RunEvent, RunOptions, RunReport, RunStatus, StepResult, StepStatus,
+use archon_engine::run::{self, RunEvent, RunReport, RunStatus, StepStatus};
+use archon_engine::session::{
+    self, Attachments, NewRunRequest, Outcome, Prepared, Session, SessionError, StoreError,
 };
-use archon_engine::store::sqlite::SqliteStore;
-use archon_engine::store::{NewRun, RunStore, StoreError};
 use serde_json::{Map, Value as Json};
 use tokio_util::sync::CancellationToken;
 
 use super::{Status, load};
 use crate::args::{ColorChoice, RunArgs, RunOutputArgs, StateArgs, WorkflowArgs};
 use crate::output;
+use crate::render::{self, Report};
 
 pub fn run(args: &RunArgs, color: ColorChoice) -> anyhow::Result<Status> {
-    let id = run_id();
+    let id = session::new_run_id();
     let file = match (&args.file, &args.goal) {
         (Some(file), _) => file.clone(),
-        (None, Some(goal)) => match write_goal_spec(goal, &args.state, &id) {
+        (None, Some(goal)) => match session::write_goal_workflow(&args.state.dir(), goal, &id) {
             Ok(file) => file,
-            Err(status) => return Ok(status),
+            Err(e) => return Ok(session_error(&e, color)),
         },
         (None, None) => anyhow::bail!("a workflow file or `--goal` is required"),
     };
@@ -40,9 +39,6 @@ pub fn run(args: &RunArgs, color: ColorChoice) -> anyhow::Result<Status> {
         Ok(loaded) => loaded,
         Err(status) => return Ok(status),
     };
-    if let Err(status) = refuse_unsupported(&workflow) {
-        return Ok(status);
-    }
     let workdir = match (&args.workdir, &args.goal) {
         (Some(dir), _) => dir.clone(),
         // A goal works on the directory it was given in.
@@ -66,59 +62,28 @@ pub fn run(args: &RunArgs, color: ColorChoice) -> anyhow::Result<Status> {
         },
         (None, None) => None,
     };
-    let store = match open_store(&args.state) {
-        Ok(store) => store,
-        Err(status) => return Ok(status),
+    let session = match Session::open(&args.state.dir()) {
+        Ok(session) => session,
+        Err(e) => return Ok(store_error(&e)),
     };
-    let spec_path = std::fs::canonicalize(&file)?;
-    let created = store.create_run(&NewRun {
-        id: id.clone(),
-        workflow: workflow.name.clone(),
-        spec_path: spec_path.display().to_string(),
-        files: spec_files(&workflow, &spec_path),
-        inputs: inputs.clone(),
-        workdir: workdir.display().to_string(),
-        max_parallel: args.max_parallel as usize,
-    });
-    if let Err(e) = created {
-        return Ok(store_error(&e));
-    }
-    execute(Execution {
+    let prepared = session.start(NewRunRequest {
+        id,
         workflow,
         inputs,
-        store,
-        run_id: id,
-        prior: HashMap::new(),
-        checkpoints: HashMap::new(),
-        decided: HashMap::new(),
-        cassette,
-        max_parallel: args.max_parallel as usize,
+        spec_path: file,
         workdir,
-        output: &args.output,
-        save_plan: args.save_plan.as_deref(),
-    })
-}
-
-/// Writes the workflow of `archon run --goal` into the state directory, where a resume finds it again.
-fn write_goal_spec(goal: &str, state: &StateArgs, id: &str) -> Result<PathBuf, Status> {
-    let text = match archon_engine::goal::goal_spec(goal) {
-        Ok(text) => text,
-        Err(message) => {
-            output::stderr(&format!("error: {message}\n"));
-            return Err(Status::Invalid);
-        }
-    };
-    let dir = state.dir().join("goals");
-    let path = dir.join(format!("{id}.yaml"));
-    if let Err(e) = std::fs::create_dir_all(&dir).and_then(|()| std::fs::write(&path, text)) {
-        output::stderr(&format!(
-            "error: cannot write the goal's workflow `{}`: {}\n",
-            path.display(),
-            e.to_string().to_lowercase()
-        ));
-        return Err(Status::Failure);
+        max_parallel: args.max_parallel as usize,
+    });
+    match prepared {
+        Ok(prepared) => execute(
+            &session,
+            prepared,
+            cassette,
+            &args.output,
+            args.save_plan.as_deref(),
+        ),
+        Err(e) => Ok(session_error(&e, color)),
     }
-    Ok(path)
 }
 
 /// A cassette that cannot be read or written: a usage problem.
@@ -127,14 +92,10 @@ fn refuse_cassette(message: &str) -> Status {
     Status::Invalid
 }
 
-/// Refuses, with the list of steps, a workflow this version cannot run.
-pub fn refuse_unsupported(workflow: &Workflow) -> Result<(), Status> {
-    let unsupported = run::unsupported_steps(workflow);
-    if unsupported.is_empty() {
-        return Ok(());
-    }
+/// Shows, with the list of steps, why a workflow cannot run in this version.
+fn unsupported_error(unsupported: &[run::Unsupported]) -> Status {
     let mut text = String::new();
-    for u in &unsupported {
+    for u in unsupported {
         let _ = writeln!(
             text,
             "error: step `{}` cannot run in this version: {}",
@@ -146,28 +107,13 @@ pub fn refuse_unsupported(workflow: &Workflow) -> Result<(), Status> {
         "  hint: `archon validate` and `archon plan` accept this workflow; running it needs a later version"
     );
     output::stderr(&text);
-    Err(Status::Invalid)
-}
-
-/// Opens the run store (creating it when needed), or shows why it cannot be opened.
-pub fn open_store(state: &StateArgs) -> Result<Box<dyn RunStore>, Status> {
-    match SqliteStore::open(&state.dir()) {
-        Ok(store) => Ok(Box::new(store)),
-        Err(e) => Err(store_error(&e)),
-    }
+    Status::Invalid
 }
 
 /// Opens the run store for a command that only reads or changes existing runs: a missing store is not
 /// created. `Ok(None)` when there is none.
-pub fn existing_store(state: &StateArgs) -> Result<Option<Box<dyn RunStore>>, Status> {
-    if !state
-        .dir()
-        .join(archon_engine::store::sqlite::DATABASE)
-        .exists()
-    {
-        return Ok(None);
-    }
-    open_store(state).map(Some)
+pub fn existing_session(state: &StateArgs) -> Result<Option<Session>, Status> {
+    Session::open_existing(&state.dir()).map_err(|e| store_error(&e))
 }
 
 /// Shows a store problem; the command fails with status 1 (2 for a run that does not exist).
@@ -184,42 +130,43 @@ pub fn store_error(error: &StoreError) -> Status {
     }
 }
 
-/// The workflow's files as a run stores them: paths relative to the spec's directory, and text.
-pub fn spec_files(workflow: &Workflow, spec_path: &Path) -> Vec<(String, String)> {
-    let base = spec_path.parent().unwrap_or(Path::new(""));
-    workflow
-        .sources
-        .iter()
-        .map(|file| {
-            let path = std::fs::canonicalize(&file.path).unwrap_or_else(|_| file.path.clone());
-            let shown = path.strip_prefix(base).unwrap_or(&path);
-            (shown.display().to_string(), file.text.clone())
-        })
-        .collect()
+/// Shows why a session refused or failed a request, and the status to exit with.
+pub fn session_error(error: &SessionError, color: ColorChoice) -> Status {
+    match error {
+        SessionError::Store(e) => return store_error(e),
+        SessionError::Refused { message, hint } => {
+            output::stderr(&format!("error: {message}\n  hint: {hint}\n"));
+        }
+        SessionError::Invalid { path, validation } => {
+            let mut report = Report::default();
+            report.add(path, validation, &mut HashSet::new());
+            output::stderr(&render::text(&report, output::use_color_stderr(color)));
+        }
+        SessionError::Unsupported(unsupported) => return unsupported_error(unsupported),
+        SessionError::Write { path, source } => output::stderr(&format!(
+            "error: cannot write `{}`: {}\n",
+            path.display(),
+            source.to_string().to_lowercase()
+        )),
+        SessionError::Run(_) | SessionError::Goal(_) => {
+            output::stderr(&format!("error: {error}\n"));
+        }
+    }
+    if error.is_usage() {
+        Status::Invalid
+    } else {
+        Status::Failure
+    }
 }
 
-/// A run about to be carried out: new, resumed or retried.
-pub struct Execution<'a> {
-    pub workflow: Workflow,
-    pub inputs: Map<String, Json>,
-    pub store: Box<dyn RunStore>,
-    pub run_id: String,
-    pub prior: HashMap<String, StepResult>,
-    /// Where LLM steps the earlier process did not finish stood.
-    pub checkpoints: HashMap<String, Json>,
-    /// Decisions on calls that asked for approval, by key (`archon approve`).
-    pub decided: HashMap<String, run::ApprovalDecision>,
-    pub cassette: Option<run::Cassette>,
-    pub max_parallel: usize,
-    pub workdir: PathBuf,
-    pub output: &'a RunOutputArgs,
-    /// Where to write the workflow with its plans frozen (`--save-plan`).
-    pub save_plan: Option<&'a Path>,
-}
-
-/// Runs a stored run to its end (or until interrupted), recording it in the store, and prints the result.
-pub fn execute(exec: Execution<'_>) -> anyhow::Result<Status> {
-    let args = exec.output;
+/// Runs a prepared run to its end (or until interrupted), showing its progress, and prints the result.
+pub fn execute(
+    session: &Session,
+    prepared: Prepared,
+    cassette: Option<run::Cassette>,
+    args: &RunOutputArgs,
+    save_plan: Option<&Path>,
+) -> anyhow::Result<Status> {
     let mut events_file = match &args.events {
         Some(path) => Some(
             std::fs::OpenOptions::new()
@@ -239,45 +186,35 @@ pub fn execute(exec: Execution<'_>) -> anyhow::Result<Status> {
         .enable_all()
         .build()?;
     let cancel = CancellationToken::new();
-    let journal = match exec.store.journal(&exec.run_id, cancel.clone()) {
-        Ok(journal) => journal,
-        Err(e) => return Ok(store_error(&e)),
-    };
     let (sender, mut receiver) = tokio::sync::mpsc::unbounded_channel();
-    let options = RunOptions {
-        max_parallel: exec.max_parallel,
-        workdir: exec.workdir,
-        run_id: exec.run_id.clone(),
-        cancel: cancel.clone(),
-        events: Some(sender),
-        env: std::env::vars().collect(),
-        journal: journal.clone(),
-        prior: Arc::new(exec.prior),
-        cassette: exec.cassette,
-        checkpoints: Arc::new(std::sync::Mutex::new(exec.checkpoints)),
-        approvals: run::Approvals {
-            decided: Arc::new(exec.decided),
-            yes: args.yes,
-            // A person at a terminal is asked there; otherwise the run pauses for `archon approve`.
-            approver: (!args.yes
-                && !args.no_input
-                && std::io::IsTerminal::is_terminal(&std::io::stdin())
-                && std::io::IsTerminal::is_terminal(&std::io::stderr()))
-            .then(|| Arc::new(TerminalApprover::new()) as Arc<dyn run::Approver>),
-        },
-    };
+    // A person at a terminal is asked there; otherwise the run pauses for `archon approve`.
+    let approver = (!args.yes
+        && !args.no_input
+        && std::io::IsTerminal::is_terminal(&std::io::stdin())
+        && std::io::IsTerminal::is_terminal(&std::io::stderr()))
+    .then(|| Arc::new(TerminalApprover::new()) as Arc<dyn run::Approver>);
     // A prompt for approval must not be redrawn over: with one possible, progress is shown line by line.
-    let may_prompt = options.approvals.approver.is_some();
     let mut display = if args.json {
         Display::Quiet
-    } else if std::io::IsTerminal::is_terminal(&std::io::stderr()) && !may_prompt {
+    } else if std::io::IsTerminal::is_terminal(&std::io::stderr()) && approver.is_none() {
         Display::Live(Live::default())
     } else {
         Display::Lines
     };
-    let (workflow, inputs) = (Arc::new(exec.workflow), exec.inputs);
-    let planned = workflow.clone();
-    let report = runtime.block_on(async move {
+    for (name, pgid) in &prepared.stopped {
+        output::stderr(&format!(
+            "stopped process group `{pgid}`, left running by `{name}` when the run stopped\n"
+        ));
+    }
+    let planned = save_plan.map(|_| prepared.workflow.clone());
+    let attachments = Attachments {
+        events: Some(sender),
+        cancel: cancel.clone(),
+        yes: args.yes,
+        approver,
+        cassette,
+    };
+    let outcome = runtime.block_on(async move {
         // Registered before any step starts, so an early Ctrl-C or SIGTERM is never missed.
         use tokio::signal::unix::{SignalKind, signal};
         let (mut interrupt, mut terminate) = (
@@ -302,39 +239,25 @@ pub fn execute(exec: Execution<'_>) -> anyhow::Result<Status> {
             }
             display
         });
-        let report = run::run(workflow, inputs, options).await;
+        let outcome = session.execute(prepared, attachments).await;
         if let Ok(mut display) = printer.await {
             display.finish();
         }
-        Ok::<_, std::io::Error>(report)
+        Ok::<_, std::io::Error>(outcome)
     })?;
-    let report = match report {
-        Ok(report) => report,
-        Err(err) => {
-            // Nothing ran: the run ends failed, not resumable.
-            journal.record(archon_engine::store::Entry::RunEnded {
-                status: archon_engine::store::RunState::Failed,
-                outputs: Map::new(),
-                error: Some(err.to_string()),
-            });
-            journal.close();
+    let Outcome { report, resumable } = match outcome {
+        Ok(outcome) => outcome,
+        Err(SessionError::Run(err)) => {
             output::stderr(&format!("error: {err}\n"));
             return Ok(Status::Invalid);
         }
+        Err(e) => return Ok(session_error(&e, ColorChoice::Never)),
     };
-    // Everything recorded is applied before the process exits; the run's lease is released.
-    journal.close();
     if args.json {
         let mut text = serde_json::to_string_pretty(&report)?;
         text.push('\n');
         output::stdout(&text);
     } else {
-        // Ctrl-C leaves the run resumable; `archon cancel` ends it for good.
-        let resumable = report.status == RunStatus::Cancelled
-            && exec
-                .store
-                .load(&report.run_id)
-                .is_ok_and(|r| r.status == archon_engine::store::RunState::Interrupted);
         output::stdout(&summary(&report, resumable));
     }
     let status = match report.status {
@@ -343,54 +266,23 @@ pub fn execute(exec: Execution<'_>) -> anyhow::Result<Status> {
         RunStatus::Cancelled => Status::Interrupted,
         RunStatus::WaitingApproval => Status::WaitingApproval,
     };
-    if let Some(path) = exec.save_plan
-        && let Err(message) = save_plan(&planned, &report, path)
-    {
-        output::stderr(&format!("error: the plan was not saved: {message}\n"));
-        return Ok(if status == Status::Success {
-            Status::Failure
-        } else {
-            status
-        });
+    if let (Some(path), Some(planned)) = (save_plan, planned) {
+        match session::save_plan(&planned, &report, path) {
+            Ok(()) => output::stderr(&format!(
+                "plan saved to {}: it runs without the planner\n",
+                path.display()
+            )),
+            Err(message) => {
+                output::stderr(&format!("error: the plan was not saved: {message}\n"));
+                return Ok(if status == Status::Success {
+                    Status::Failure
+                } else {
+                    status
+                });
+            }
+        }
     }
     Ok(status)
-}
-
-/// Writes the workflow with its plans frozen to `path`, after checking that it validates.
-fn save_plan(workflow: &Workflow, report: &RunReport, path: &Path) -> Result<(), String> {
-    let text = archon_engine::freeze::freeze_plans(workflow, &report.steps, path)?;
-    let check = archon_engine::validate::validate_source(path, text.clone());
-    if let Some(problem) = check.diagnostics.iter().find(|d| d.is_error()) {
-        return Err(format!(
-            "the frozen workflow does not validate: {}",
-            problem.message
-        ));
-    }
-    std::fs::write(path, text).map_err(|e| {
-        format!(
-            "cannot write `{}`: {}",
-            path.display(),
-            e.to_string().to_lowercase()
-        )
-    })?;
-    output::stderr(&format!(
-        "plan saved to {}: it runs without the planner\n",
-        path.display()
-    ));
-    Ok(())
-}
-
-/// A run id: the start time in seconds, the process id and a random suffix, in hex.
-fn run_id() -> String {
-    let secs = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs());
-    // The process id keeps ids apart between processes started in the same second.
-    format!(
-        "r{secs:x}{:x}{:06x}",
-        std::process::id(),
-        fastrand::u32(..0x0100_0000)
-    )
 }
 
 /// How progress is shown on standard error.

@@ -12,6 +12,7 @@ pub mod llm;
 pub mod plan;
 pub mod resume;
 pub mod run;
+pub mod session;
 pub mod source;
 pub mod spec;
 pub mod store;

@@ -202,6 +202,34 @@ fn workflow_idempotent(workflow: &Workflow, path: &str) -> bool {
     })
 }
 
+/// The steps `retry --failed` runs again: those whose result is a failure, and those skipped because a
+/// step they depend on, directly or not, failed or was skipped for that reason.
+pub fn failed_steps(workflow: &Workflow, run: &StoredRun) -> Vec<String> {
+    let status = |index: usize| {
+        run.results
+            .get(workflow.spec.steps[index].id.value.as_str())
+            .map(|r| r.status)
+    };
+    let mut again = vec![false; workflow.spec.steps.len()];
+    for &index in &workflow.order {
+        again[index] = match status(index) {
+            Some(s) if s.is_failure() => true,
+            Some(crate::run::StepStatus::Skipped) => {
+                workflow.dependencies[index].iter().any(|&d| again[d])
+            }
+            _ => false,
+        };
+    }
+    workflow
+        .spec
+        .steps
+        .iter()
+        .zip(again)
+        .filter(|(_, again)| *again)
+        .map(|(step, _)| step.id.value.clone())
+        .collect()
+}
+
 /// `from` and every step that depends on it, directly or not, in the workflow's order.
 pub fn downstream(workflow: &Workflow, from: &str) -> Vec<String> {
     let Some(start) = workflow.spec.steps.iter().position(|s| s.id.value == from) else {

@@ -31,7 +31,7 @@ use crate::store::{Journal, MemoryJournal};
 use crate::tools::builtin;
 use crate::workflow::Workflow;
 
-pub use scheduler::run;
+pub use scheduler::{RunError, run};
 
 /// Most composite tools and sub-workflows nested inside each other at run time.
 pub const MAX_DEPTH: u32 = 16;

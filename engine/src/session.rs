@@ -1,0 +1,703 @@
+//! The run lifecycle over a run store: start, resume, retry, approve, deny, cancel and inspect runs.
+//!
+//! This is what a front end calls: the CLI today, a server and workers later. A front end parses its
+//! request, calls a [`Session`] and renders what comes back; it never talks to the store itself. Starting or
+//! continuing a run is two calls: [`Session::start`] or [`Session::continue_run`] claims the run and decides
+//! what it continues with (a [`Prepared`] run), then [`Session::execute`] runs it to its end, recording it.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use serde_json::{Map, Value as Json};
+use tokio_util::sync::CancellationToken;
+
+use crate::resume;
+use crate::run::{
+    self, ApprovalDecision, ApprovalRequest, Approver, Cassette, RunError, RunEvent, RunOptions,
+    RunReport, RunStatus, StepResult, Unsupported,
+};
+use crate::store::sqlite::{DATABASE, SqliteStore};
+use crate::store::{Entry, NewRun, RunStore, spec_hash};
+use crate::validate::{Validation, validate_file, validate_source};
+use crate::workflow::Workflow;
+
+pub use crate::store::{
+    ApprovalRecord, AttemptRecord, Owner, RunState, RunSummary, StoreError, StoredRun,
+};
+
+/// Why a session refused or failed a request.
+#[derive(Debug, thiserror::Error)]
+pub enum SessionError {
+    /// The run store cannot be opened, is damaged, or a write failed (or the run does not exist).
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// The request cannot be carried out as asked: a usage problem, with what to do instead.
+    #[error("{message}")]
+    Refused { message: String, hint: String },
+    /// The spec the run continues with does not validate (today's file on disk).
+    #[error("the workflow `{}` does not validate", path.display())]
+    Invalid {
+        path: PathBuf,
+        validation: Box<Validation>,
+    },
+    /// The workflow has steps this version cannot run.
+    #[error("the workflow has steps this version cannot run")]
+    Unsupported(Vec<Unsupported>),
+    /// The run could not start: a problem found before any step started. It is recorded as failed.
+    #[error(transparent)]
+    Run(#[from] RunError),
+    /// A goal (`run --goal`) that makes no workflow.
+    #[error("{0}")]
+    Goal(String),
+    /// A file the session writes (a goal's workflow) could not be written.
+    #[error("cannot write `{}`", path.display())]
+    Write {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+impl SessionError {
+    fn refused(message: impl Into<String>, hint: impl Into<String>) -> Self {
+        SessionError::Refused {
+            message: message.into(),
+            hint: hint.into(),
+        }
+    }
+
+    /// Whether the problem is the request's (exit 2) rather than a failure (exit 1).
+    pub fn is_usage(&self) -> bool {
+        match self {
+            SessionError::Store(e) => e.unknown_run,
+            SessionError::Refused { .. }
+            | SessionError::Invalid { .. }
+            | SessionError::Unsupported(_)
+            | SessionError::Run(_)
+            | SessionError::Goal(_) => true,
+            SessionError::Write { .. } => false,
+        }
+    }
+}
+
+/// The run store of one state directory, and the lifecycle operations over it.
+#[derive(Debug)]
+pub struct Session {
+    store: Box<dyn RunStore>,
+}
+
+/// A new run to start.
+#[derive(Debug)]
+pub struct NewRunRequest {
+    /// The id the run gets ([`new_run_id`] makes one).
+    pub id: String,
+    pub workflow: Workflow,
+    pub inputs: Map<String, Json>,
+    /// The spec file the workflow was read from.
+    pub spec_path: PathBuf,
+    /// The workspace: where commands run and file paths point.
+    pub workdir: PathBuf,
+    pub max_parallel: usize,
+}
+
+/// Which steps of a stored run run again.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Continue<'a> {
+    /// Continue where it stopped: finished steps are reused.
+    Resume,
+    /// Run this step and everything downstream of it again.
+    From(&'a str),
+    /// Run again the steps that failed and the steps skipped because of them.
+    Failed,
+}
+
+/// What continuing a run may accept.
+#[derive(Clone, Debug, Default)]
+pub struct ContinueOptions {
+    /// Run again steps whose last attempt was in flight when the run stopped, even when repeating them
+    /// is not known to be safe.
+    pub rerun_in_doubt: bool,
+    /// Continue with the spec as it is now although it changed since the run started.
+    pub allow_changed_spec: bool,
+    /// Most steps at once (default: what the run was started with).
+    pub max_parallel: Option<usize>,
+}
+
+/// A claimed run, with everything it continues with decided: what [`Session::execute`] runs.
+#[derive(Debug)]
+pub struct Prepared {
+    pub run_id: String,
+    pub workflow: Workflow,
+    pub inputs: Map<String, Json>,
+    pub workdir: PathBuf,
+    pub max_parallel: usize,
+    /// Results to reuse, by step or `step[i]`.
+    prior: HashMap<String, StepResult>,
+    /// Where LLM steps the earlier process did not finish stood.
+    checkpoints: HashMap<String, Json>,
+    /// Decisions on calls that asked for approval, by key.
+    decided: HashMap<String, ApprovalDecision>,
+    /// Process groups left running by the process that ran the run before, stopped before continuing:
+    /// the step (or item) that started each, and the group.
+    pub stopped: Vec<(String, u32)>,
+}
+
+/// How a run being executed reaches the outside world.
+#[derive(Default)]
+pub struct Attachments {
+    /// Receives progress events.
+    pub events: Option<tokio::sync::mpsc::UnboundedSender<RunEvent>>,
+    /// Stops the run (Ctrl-C, a signal): it stays resumable.
+    pub cancel: CancellationToken,
+    /// Approve every call that asks (`--yes`).
+    pub yes: bool,
+    /// Asks a person about calls that ask; without one the run pauses for `approve`.
+    pub approver: Option<Arc<dyn Approver>>,
+    /// Record or replay the run's LLM calls.
+    pub cassette: Option<Cassette>,
+}
+
+impl std::fmt::Debug for Attachments {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Attachments")
+            .field("events", &self.events.is_some())
+            .field("yes", &self.yes)
+            .field("approver", &self.approver.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+/// How an executed run ended.
+#[derive(Debug)]
+pub struct Outcome {
+    pub report: RunReport,
+    /// The run was stopped (Ctrl-C, a signal) and can be resumed, rather than cancelled for good.
+    pub resumable: bool,
+}
+
+/// What `cancel` did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Cancelled {
+    /// The run was not running: it is cancelled now.
+    Now,
+    /// A live process runs it: it was asked to stop, and records the run as cancelled.
+    Asked,
+}
+
+impl Session {
+    /// Opens the run store in `state_dir`, creating it when needed.
+    pub fn open(state_dir: &Path) -> Result<Session, StoreError> {
+        Ok(Session::over(Box::new(SqliteStore::open(state_dir)?)))
+    }
+
+    /// Opens the run store in `state_dir` for a request that only reads or changes existing runs: a
+    /// missing store is not created, and `Ok(None)` says there is none.
+    pub fn open_existing(state_dir: &Path) -> Result<Option<Session>, StoreError> {
+        if !state_dir.join(DATABASE).exists() {
+            return Ok(None);
+        }
+        Session::open(state_dir).map(Some)
+    }
+
+    /// A session over any run store.
+    pub fn over(store: Box<dyn RunStore>) -> Session {
+        Session { store }
+    }
+
+    /// The runs, newest first.
+    pub fn list(&self) -> Result<Vec<RunSummary>, StoreError> {
+        self.store.list()
+    }
+
+    /// Everything stored about one run.
+    pub fn load(&self, id: &str) -> Result<StoredRun, StoreError> {
+        self.store.load(id)
+    }
+
+    /// A run's event log, in order.
+    pub fn events(&self, id: &str) -> Result<Vec<Json>, StoreError> {
+        self.store.events(id)
+    }
+
+    /// Records a new run, owned by this process, and prepares it to execute.
+    pub fn start(&self, request: NewRunRequest) -> Result<Prepared, SessionError> {
+        refuse_unsupported(&request.workflow)?;
+        let spec_path = std::fs::canonicalize(&request.spec_path).map_err(|e| {
+            StoreError::new(format!(
+                "cannot read `{}`: {}",
+                request.spec_path.display(),
+                e.to_string().to_lowercase()
+            ))
+        })?;
+        self.store.create_run(&NewRun {
+            id: request.id.clone(),
+            workflow: request.workflow.name.clone(),
+            spec_path: spec_path.display().to_string(),
+            files: spec_files(&request.workflow, &spec_path),
+            inputs: request.inputs.clone(),
+            workdir: request.workdir.display().to_string(),
+            max_parallel: request.max_parallel,
+        })?;
+        Ok(Prepared {
+            run_id: request.id,
+            workflow: request.workflow,
+            inputs: request.inputs,
+            workdir: request.workdir,
+            max_parallel: request.max_parallel,
+            prior: HashMap::new(),
+            checkpoints: HashMap::new(),
+            decided: HashMap::new(),
+            stopped: Vec::new(),
+        })
+    }
+
+    /// Claims a stored run to resume it or run some of its steps again, with the spec as it is on disk
+    /// now, and decides what it continues with.
+    pub fn continue_run(
+        &self,
+        id: &str,
+        how: Continue<'_>,
+        options: &ContinueOptions,
+    ) -> Result<Prepared, SessionError> {
+        let stored = self.store.load(id)?;
+        refuse_state(&stored, how)?;
+        // Claim the run, then decide from what the store holds now: nothing can change it in between.
+        let allowed: &[RunState] = match how {
+            Continue::Resume => &[RunState::Interrupted, RunState::WaitingApproval],
+            Continue::From(_) => &[RunState::Interrupted, RunState::Succeeded, RunState::Failed],
+            Continue::Failed => &[RunState::Interrupted, RunState::Failed],
+        };
+        let previous = self.store.claim(id, allowed)?;
+        let plan = match self.plan_continuation(id, how, options) {
+            Ok(plan) => plan,
+            Err(e) => {
+                self.store.release(id, previous)?;
+                return Err(e);
+            }
+        };
+        let Continuation {
+            workflow,
+            stored,
+            rerun,
+            in_doubt,
+        } = plan;
+        let files = spec_files(&workflow, Path::new(&stored.spec_path));
+        if !rerun.is_empty() || how != Continue::Resume {
+            self.store.forget_results(id, &rerun)?;
+        }
+        if spec_hash(&files) != stored.spec_hash {
+            self.store.replace_files(id, &files)?;
+        }
+        // A command that outlived the crashed process would race its own rerun: stop it first.
+        let mut stopped = Vec::new();
+        for d in in_doubt {
+            if let Some(pgid) = d.leftover {
+                crate::store::kill_group(pgid);
+                stopped.push((d.name, pgid));
+            }
+        }
+        let reruns = |name: &str| rerun.iter().any(|r| r == resume::step_of(name));
+        let prior = stored
+            .results
+            .iter()
+            .filter(|(name, _)| !reruns(name))
+            .map(|(name, result)| (name.clone(), result.clone()))
+            .collect();
+        let (checkpoints, decided) = match how {
+            // A step that runs again because its definition changed starts afresh.
+            Continue::Resume => (
+                stored
+                    .checkpoints
+                    .iter()
+                    .filter(|(name, _)| !reruns(name))
+                    .map(|(name, state)| (name.clone(), state.clone()))
+                    .collect(),
+                decisions(&stored),
+            ),
+            // A retried step starts afresh and asks again: decisions were for the attempts they were
+            // given for.
+            Continue::From(_) | Continue::Failed => (HashMap::new(), HashMap::new()),
+        };
+        Ok(Prepared {
+            run_id: id.to_owned(),
+            workflow,
+            max_parallel: options.max_parallel.unwrap_or(stored.max_parallel),
+            workdir: PathBuf::from(&stored.workdir),
+            inputs: stored.inputs,
+            prior,
+            checkpoints,
+            decided,
+            stopped,
+        })
+    }
+
+    /// Runs a prepared run to its end (or until it is stopped or waits for approval), recording it.
+    pub async fn execute(
+        &self,
+        prepared: Prepared,
+        attachments: Attachments,
+    ) -> Result<Outcome, SessionError> {
+        let journal = self
+            .store
+            .journal(&prepared.run_id, attachments.cancel.clone())?;
+        let options = RunOptions {
+            max_parallel: prepared.max_parallel,
+            workdir: prepared.workdir,
+            run_id: prepared.run_id.clone(),
+            cancel: attachments.cancel,
+            events: attachments.events,
+            env: std::env::vars().collect(),
+            journal: journal.clone(),
+            prior: Arc::new(prepared.prior),
+            cassette: attachments.cassette,
+            checkpoints: Arc::new(std::sync::Mutex::new(prepared.checkpoints)),
+            approvals: run::Approvals {
+                decided: Arc::new(prepared.decided),
+                yes: attachments.yes,
+                approver: attachments.approver,
+            },
+        };
+        let report = run::run(Arc::new(prepared.workflow), prepared.inputs, options).await;
+        let report = match report {
+            Ok(report) => report,
+            Err(err) => {
+                // Nothing ran: the run ends failed, not resumable.
+                journal.record(Entry::RunEnded {
+                    status: RunState::Failed,
+                    outputs: Map::new(),
+                    error: Some(err.to_string()),
+                });
+                journal.close();
+                return Err(err.into());
+            }
+        };
+        // Everything recorded is applied before the caller goes on; the run's lease is released.
+        journal.close();
+        // Ctrl-C leaves the run resumable; `cancel` ends it for good.
+        let resumable = report.status == RunStatus::Cancelled
+            && self
+                .store
+                .load(&report.run_id)
+                .is_ok_and(|r| r.status == RunState::Interrupted);
+        Ok(Outcome { report, resumable })
+    }
+
+    /// Records a decision on the calls a paused run waits for (those of `step` only, when given); returns
+    /// the requests it decided.
+    pub fn decide(
+        &self,
+        id: &str,
+        step: Option<&str>,
+        decision: &ApprovalDecision,
+    ) -> Result<Vec<ApprovalRequest>, SessionError> {
+        let decided = self.store.decide(id, step, decision)?;
+        if decided.is_empty() {
+            return Err(SessionError::refused(
+                format!(
+                    "run `{id}` has no call waiting for approval{}",
+                    step.map_or_else(String::new, |s| format!(" in step `{s}`"))
+                ),
+                format!("`archon show {id}` shows where the run stands"),
+            ));
+        }
+        Ok(decided)
+    }
+
+    /// Stops a run for good.
+    pub fn cancel(&self, id: &str) -> Result<Cancelled, SessionError> {
+        match self.store.cancel(id)? {
+            RunState::Cancelled => Ok(Cancelled::Now),
+            RunState::Running => Ok(Cancelled::Asked),
+            state => Err(SessionError::refused(
+                format!("run `{id}` already ended: `{}`", state.as_str()),
+                "`archon retry` runs steps of an ended run again",
+            )),
+        }
+    }
+
+    /// The workflow a claimed run continues with, the steps that run again, and the steps in doubt;
+    /// refuses when steps in doubt may not be repeated or the spec changed unasked.
+    fn plan_continuation(
+        &self,
+        id: &str,
+        how: Continue<'_>,
+        options: &ContinueOptions,
+    ) -> Result<Continuation, SessionError> {
+        let stored = self.store.load(id)?;
+        let spec_path = PathBuf::from(&stored.spec_path);
+        let workflow = current_workflow(&spec_path)?;
+        refuse_unsupported(&workflow)?;
+        let files = spec_files(&workflow, &spec_path);
+        let mut rerun: Vec<String> = Vec::new();
+        if spec_hash(&files) != stored.spec_hash {
+            let old = self.store.files(id)?;
+            let changed = changed_steps(&spec_path, &old, &workflow);
+            if !options.allow_changed_spec {
+                return Err(SessionError::refused(
+                    format!(
+                        "the spec changed since run `{id}` started: {}",
+                        if changed.is_empty() {
+                            "a sub-workflow or the formatting changed".to_owned()
+                        } else {
+                            format!("changed: {}", quoted(&changed))
+                        }
+                    ),
+                    "`--allow-changed-spec` continues with the spec as it is now; changed steps run again",
+                ));
+            }
+            // A change outside the steps (tools, inputs, a sub-workflow) may affect any step: all run again.
+            let steps = step_ids(&workflow);
+            if changed.is_empty() || changed.iter().any(|c| !steps.contains(&c.as_str())) {
+                rerun.extend(steps.iter().map(|s| (*s).to_owned()));
+            } else {
+                for step in &changed {
+                    rerun.extend(resume::downstream(&workflow, step));
+                }
+            }
+        }
+        match how {
+            Continue::Resume => {}
+            Continue::From(step) => {
+                if !workflow.spec.steps.iter().any(|s| s.id.value == step) {
+                    return Err(SessionError::refused(
+                        format!("workflow `{}` has no step `{step}`", workflow.name),
+                        format!("its steps are {}", quoted(&step_ids(&workflow))),
+                    ));
+                }
+                rerun.extend(resume::downstream(&workflow, step));
+            }
+            Continue::Failed => {
+                let failed = resume::failed_steps(&workflow, &stored);
+                if failed.is_empty() {
+                    return Err(SessionError::refused(
+                        format!("run `{id}` has no failed step"),
+                        format!(
+                            "`archon retry {id} --from STEP` runs a step and everything after it again"
+                        ),
+                    ));
+                }
+                rerun.extend(failed);
+            }
+        }
+        let in_doubt = resume::in_doubt(&workflow, &stored);
+        let doubtful: Vec<&resume::InDoubt> = in_doubt
+            .iter()
+            .filter(|d| !d.idempotent && !rerun.contains(&d.step))
+            .collect();
+        if !doubtful.is_empty() && !options.rerun_in_doubt {
+            return Err(in_doubt_refusal(id, &doubtful));
+        }
+        Ok(Continuation {
+            workflow,
+            stored,
+            rerun,
+            in_doubt,
+        })
+    }
+}
+
+/// What a claimed run continues with, before its results are forgotten.
+struct Continuation {
+    workflow: Workflow,
+    stored: StoredRun,
+    /// Steps to run again whatever they recorded.
+    rerun: Vec<String>,
+    in_doubt: Vec<resume::InDoubt>,
+}
+
+/// Refuses, before claiming it, a run whose state does not allow what is asked.
+fn refuse_state(stored: &StoredRun, how: Continue<'_>) -> Result<(), SessionError> {
+    let id = &stored.id;
+    match (stored.status, how) {
+        (RunState::Running, _) => {
+            let owner = stored.owner.as_ref().map_or_else(String::new, |o| {
+                format!(" by process `{}` on `{}`", o.pid, o.host)
+            });
+            Err(SessionError::refused(
+                format!("run `{id}` is being run{owner}"),
+                "wait for it to finish, or stop it with `archon cancel`",
+            ))
+        }
+        (RunState::Cancelled, _) => Err(SessionError::refused(
+            format!("run `{id}` was cancelled"),
+            "start a new run with `archon run`",
+        )),
+        (RunState::Succeeded | RunState::Failed, Continue::Resume) => Err(SessionError::refused(
+            format!("run `{id}` already ended: `{}`", stored.status.as_str()),
+            format!("`archon retry {id} --from STEP` runs a step and everything after it again"),
+        )),
+        (RunState::Succeeded, Continue::Failed) => Err(SessionError::refused(
+            format!("run `{id}` has no failed step: it succeeded"),
+            format!("`archon retry {id} --from STEP` runs a step and everything after it again"),
+        )),
+        (RunState::WaitingApproval, Continue::From(_) | Continue::Failed) => {
+            Err(SessionError::refused(
+                format!("run `{id}` is waiting for approval"),
+                format!("`archon approve {id}` (or `--deny`), then `archon resume {id}`"),
+            ))
+        }
+        _ => Ok(()),
+    }
+}
+
+/// The refusal to continue a run whose steps in doubt may not be repeated.
+fn in_doubt_refusal(id: &str, doubtful: &[&resume::InDoubt]) -> SessionError {
+    let names: Vec<String> = doubtful
+        .iter()
+        .map(|d| match d.leftover {
+            Some(pgid) => format!(
+                "`{}` (its command is still running: process group `{pgid}`)",
+                d.name
+            ),
+            None => format!("`{}`", d.name),
+        })
+        .collect();
+    let one = names.len() == 1;
+    SessionError::refused(
+        format!(
+            "run `{id}` stopped while {} running, and {} may have had {} effect: {}",
+            if one { "a step was" } else { "steps were" },
+            if one { "it" } else { "they" },
+            if one { "its" } else { "their" },
+            names.join(", ")
+        ),
+        "check what it did; `--rerun-in-doubt` runs it again anyway (steps that are safe to repeat are \
+         marked `idempotent: true` on their tool)",
+    )
+}
+
+/// Refuses a workflow this version cannot run, listing the steps.
+fn refuse_unsupported(workflow: &Workflow) -> Result<(), SessionError> {
+    let unsupported = run::unsupported_steps(workflow);
+    if unsupported.is_empty() {
+        Ok(())
+    } else {
+        Err(SessionError::Unsupported(unsupported))
+    }
+}
+
+/// The spec as it is now on disk, validated.
+fn current_workflow(path: &Path) -> Result<Workflow, SessionError> {
+    let mut validation = validate_file(path);
+    match validation.workflow.take() {
+        Some(workflow) if !validation.has_errors() => Ok(workflow),
+        _ => Err(SessionError::Invalid {
+            path: path.to_path_buf(),
+            validation: Box::new(validation),
+        }),
+    }
+}
+
+/// The steps that differ between the spec a run started with (its stored main file) and `now`.
+fn changed_steps(path: &Path, old: &[(String, String)], now: &Workflow) -> Vec<String> {
+    let Some((_, text)) = old.first() else {
+        return Vec::new();
+    };
+    match validate_source(path, text.clone()).workflow {
+        Some(before) => resume::changed_steps(&before.spec, &now.spec),
+        None => vec!["(workflow)".to_owned()],
+    }
+}
+
+/// The decisions on a run's calls that asked: recorded ones, and the rule's default for requests whose
+/// timeout passed while nobody decided.
+fn decisions(run: &StoredRun) -> HashMap<String, ApprovalDecision> {
+    let now = crate::store::now_ms();
+    run.approvals
+        .iter()
+        .filter_map(|a| {
+            let decision = a.decision.clone().or_else(|| {
+                let limit = a.request.timeout_ms?;
+                (now.saturating_sub(a.requested_at) >= limit).then(|| ApprovalDecision {
+                    approved: a.request.approve_on_timeout,
+                    by: "timeout".to_owned(),
+                    reason: Some("nobody decided in time".to_owned()),
+                })
+            })?;
+            Some((a.request.key.clone(), decision))
+        })
+        .collect()
+}
+
+/// The workflow's files as a run stores them: paths relative to the spec's directory, and text.
+fn spec_files(workflow: &Workflow, spec_path: &Path) -> Vec<(String, String)> {
+    let base = spec_path.parent().unwrap_or(Path::new(""));
+    workflow
+        .sources
+        .iter()
+        .map(|file| {
+            let path = std::fs::canonicalize(&file.path).unwrap_or_else(|_| file.path.clone());
+            let shown = path.strip_prefix(base).unwrap_or(&path);
+            (shown.display().to_string(), file.text.clone())
+        })
+        .collect()
+}
+
+fn step_ids(workflow: &Workflow) -> Vec<&str> {
+    workflow
+        .spec
+        .steps
+        .iter()
+        .map(|s| s.id.value.as_str())
+        .collect()
+}
+
+fn quoted(names: &[impl AsRef<str>]) -> String {
+    names
+        .iter()
+        .map(|n| format!("`{}`", n.as_ref()))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// A new run id: `r`, then the start time in seconds, the process id and a random suffix, in hex.
+///
+/// Short enough to type, ordered by start time to the second, and unique without coordination: the
+/// process id keeps ids apart between processes started in the same second, the suffix within one.
+pub fn new_run_id() -> String {
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    format!(
+        "r{secs:x}{:x}{:06x}",
+        std::process::id(),
+        fastrand::u32(..0x0100_0000)
+    )
+}
+
+/// Writes the one-step workflow of a goal (`archon run --goal`) into the state directory, where a resume
+/// finds it again; returns its path.
+pub fn write_goal_workflow(
+    state_dir: &Path,
+    goal: &str,
+    id: &str,
+) -> Result<PathBuf, SessionError> {
+    let text = crate::goal::goal_spec(goal).map_err(SessionError::Goal)?;
+    let dir = state_dir.join("goals");
+    let path = dir.join(format!("{id}.yaml"));
+    match std::fs::create_dir_all(&dir).and_then(|()| std::fs::write(&path, text)) {
+        Ok(()) => Ok(path),
+        Err(source) => Err(SessionError::Write { path, source }),
+    }
+}
+
+/// Writes `workflow` with the plans its run made frozen into composite tools (`--save-plan`), after
+/// checking that the result validates.
+pub fn save_plan(workflow: &Workflow, report: &RunReport, path: &Path) -> Result<(), String> {
+    let text = crate::freeze::freeze_plans(workflow, &report.steps, path)?;
+    let check = validate_source(path, text.clone());
+    if let Some(problem) = check.diagnostics.iter().find(|d| d.is_error()) {
+        return Err(format!(
+            "the frozen workflow does not validate: {}",
+            problem.message
+        ));
+    }
+    std::fs::write(path, text).map_err(|e| {
+        format!(
+            "cannot write `{}`: {}",
+            path.display(),
+            e.to_string().to_lowercase()
+        )
+    })
+}

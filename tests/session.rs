@@ -1,0 +1,200 @@
+//! The run lifecycle in the engine's session API: what the CLI calls, usable by any front end, and the CLI
+//! talking to the store only through it.
+
+use std::path::Path;
+
+use serde_json::{Map, Value as Json};
+use tempfile::TempDir;
+
+use crate::support::{Output, archon, root};
+use archon_engine::session::{
+    Attachments, Continue, ContinueOptions, NewRunRequest, RunState, Session, SessionError,
+};
+
+/// `a` and `d` succeed, `b` fails until `fixed` exists, `c` is skipped because of it, and `e` runs only
+/// when `b` failed.
+const FAILING: &str = r#"name: failing
+steps:
+  - { id: a, tool: exec, with: { argv: [sh, -c, "echo a >> log.txt"] } }
+  - { id: b, needs: [a], tool: exec, with: { argv: [sh, -c, "echo b >> log.txt; test -f fixed"] } }
+  - { id: c, needs: [b], tool: exec, with: { argv: [sh, -c, "echo c >> log.txt"] } }
+  - { id: d, tool: exec, with: { argv: [sh, -c, "echo d >> log.txt"] } }
+  - { id: e, needs: [b], if: "steps.b.status == 'failed'", tool: exec, with: { argv: [sh, -c, "echo e >> log.txt"] } }
+"#;
+
+fn sorted_log(dir: &Path) -> Vec<String> {
+    let log = std::fs::read_to_string(dir.join("log.txt")).expect("written");
+    let mut lines: Vec<String> = log.lines().map(str::to_owned).collect();
+    lines.sort_unstable();
+    lines
+}
+
+#[test]
+fn retry_failed_reruns_only_the_failed_steps_and_those_skipped_because_of_them() {
+    let dir = TempDir::new().expect("tempdir");
+    std::fs::write(dir.path().join("failing.yaml"), FAILING).expect("write");
+    let Output { code, stderr, .. } = archon(dir.path(), &["run", "failing.yaml"]);
+    assert_eq!(code, 1, "{stderr}");
+    assert_eq!(sorted_log(dir.path()), ["a", "b", "d", "e"]);
+    let Output { stdout, .. } = archon(dir.path(), &["runs", "--json"]);
+    let runs: Json = serde_json::from_str(&stdout).expect("runs");
+    let id = runs[0]["id"].as_str().expect("id").to_owned();
+
+    std::fs::write(dir.path().join("fixed"), "").expect("write");
+    std::fs::remove_file(dir.path().join("log.txt")).expect("removed");
+    let Output { code, stderr, .. } = archon(dir.path(), &["retry", &id, "--failed"]);
+    assert_eq!(code, 0, "{stderr}");
+    assert_eq!(
+        sorted_log(dir.path()),
+        ["b", "c"],
+        "only the failed step and the step skipped because of it run again"
+    );
+    let Output { stdout, .. } = archon(dir.path(), &["show", &id, "--json"]);
+    let run: Json = serde_json::from_str(&stdout).expect("run");
+    let statuses: Vec<(String, String)> = run["results"]
+        .as_object()
+        .expect("results")
+        .iter()
+        .map(|(k, v)| (k.clone(), v["status"].as_str().unwrap_or("").to_owned()))
+        .collect();
+    let mut statuses = statuses;
+    statuses.sort();
+    assert_eq!(
+        statuses,
+        [
+            ("a".to_owned(), "succeeded".to_owned()),
+            ("b".to_owned(), "succeeded".to_owned()),
+            ("c".to_owned(), "succeeded".to_owned()),
+            ("d".to_owned(), "succeeded".to_owned()),
+            ("e".to_owned(), "succeeded".to_owned()),
+        ],
+        "`e` keeps its result from the first run (the log shows it did not run again)"
+    );
+
+    // Nothing failed any more: `--failed` says so instead of running anything.
+    let Output { code, stderr, .. } = archon(dir.path(), &["retry", &id, "--failed"]);
+    assert_eq!(code, 2);
+    assert_eq!(
+        stderr,
+        format!(
+            "error: run `{id}` has no failed step: it succeeded\n  hint: `archon retry {id} --from STEP` runs a step and everything after it again\n"
+        )
+    );
+}
+
+#[test]
+fn retry_needs_from_or_failed_but_not_both() {
+    let dir = TempDir::new().expect("tempdir");
+    let Output { code, stderr, .. } = archon(dir.path(), &["retry", "r1"]);
+    assert_eq!(code, 2, "{stderr}");
+    assert!(stderr.contains("--from <STEP>"), "{stderr}");
+    let Output { code, stderr, .. } =
+        archon(dir.path(), &["retry", "r1", "--from", "a", "--failed"]);
+    assert_eq!(code, 2, "{stderr}");
+    assert!(stderr.contains("cannot be used with"), "{stderr}");
+}
+
+/// A front end other than the CLI: start, execute, then retry the failed steps, all through the session.
+#[test]
+fn a_front_end_runs_and_retries_through_the_session_alone() {
+    let dir = TempDir::new().expect("tempdir");
+    let spec = dir.path().join("failing.yaml");
+    std::fs::write(&spec, FAILING).expect("write");
+    let workflow = archon_engine::validate_file(&spec)
+        .workflow
+        .expect("valid workflow");
+    let session = Session::open(&dir.path().join("state")).expect("store opens");
+    let prepared = session
+        .start(NewRunRequest {
+            id: "r-front-end".to_owned(),
+            workflow,
+            inputs: Map::new(),
+            spec_path: spec.clone(),
+            workdir: dir.path().to_path_buf(),
+            max_parallel: 4,
+        })
+        .expect("started");
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let outcome = runtime
+        .block_on(session.execute(prepared, Attachments::default()))
+        .expect("executed");
+    assert!(!outcome.resumable);
+    assert_eq!(
+        session.load("r-front-end").expect("stored").status,
+        RunState::Failed
+    );
+
+    // Resuming an ended run is refused with what to do instead.
+    match session.continue_run("r-front-end", Continue::Resume, &ContinueOptions::default()) {
+        Err(SessionError::Refused { message, hint }) => {
+            assert_eq!(message, "run `r-front-end` already ended: `failed`");
+            assert_eq!(
+                hint,
+                "`archon retry r-front-end --from STEP` runs a step and everything after it again"
+            );
+        }
+        other => panic!("not refused: {other:?}"),
+    }
+    std::fs::write(dir.path().join("fixed"), "").expect("write");
+    let prepared = session
+        .continue_run("r-front-end", Continue::Failed, &ContinueOptions::default())
+        .expect("claimed");
+    let outcome = runtime
+        .block_on(session.execute(prepared, Attachments::default()))
+        .expect("executed");
+    assert_eq!(
+        outcome.report.status,
+        archon_engine::run::RunStatus::Succeeded
+    );
+    assert_eq!(
+        session.load("r-front-end").expect("stored").status,
+        RunState::Succeeded
+    );
+}
+
+/// ARCHITECTURE.md: the CLI only parses, calls and renders. The run lifecycle and every store call live
+/// in the engine's session; the CLI names neither the store trait, its implementation, nor the journal.
+#[test]
+fn the_cli_makes_no_store_calls() {
+    let forbidden = [
+        "archon_engine::store",
+        "RunStore",
+        "SqliteStore",
+        "Journal",
+        "forget_results",
+        ".claim(",
+        "create_run",
+        "RunOptions",
+        "run::run(Arc",
+        ".journal(",
+    ];
+    let mut found = Vec::new();
+    let mut files = Vec::new();
+    collect_rust_files(&root().join("cli"), &mut files);
+    assert!(files.len() > 5, "the CLI's sources are found: {files:?}");
+    for file in files {
+        let text = std::fs::read_to_string(&file).expect("readable");
+        for (number, line) in text.lines().enumerate() {
+            for word in forbidden {
+                if line.contains(word) {
+                    found.push(format!("{}:{}: {word}", file.display(), number + 1));
+                }
+            }
+        }
+    }
+    assert_eq!(found, Vec::<String>::new());
+}
+
+fn collect_rust_files(dir: &Path, files: &mut Vec<std::path::PathBuf>) {
+    for entry in std::fs::read_dir(dir).expect("readable") {
+        let path = entry.expect("entry").path();
+        if path.is_dir() {
+            collect_rust_files(&path, files);
+        } else if path.extension().is_some_and(|e| e == "rs") {
+            files.push(path);
+        }
+    }
+}
