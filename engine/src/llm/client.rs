@@ -262,26 +262,39 @@ fn retry_after(headers: &reqwest::header::HeaderMap) -> Option<Duration> {
     if let Ok(seconds) = value.parse::<f64>() {
         return Duration::try_from_secs_f64(seconds).ok();
     }
-    let when = httpdate_parse(value)?;
+    // An HTTP date (IMF-fixdate, or the obsolete RFC 850 and asctime forms HTTP/1.1 still accepts).
+    let when = httpdate::parse_http_date(value).ok()?;
     Some(
         when.duration_since(std::time::SystemTime::now())
             .unwrap_or(Duration::ZERO),
     )
 }
 
-fn httpdate_parse(value: &str) -> Option<std::time::SystemTime> {
-    humantime::parse_rfc3339_weak(value).ok().or_else(|| {
-        // IMF-fixdate, as HTTP sends it: `Sun, 06 Nov 1994 08:49:37 GMT`.
-        let parts: Vec<&str> = value.split_whitespace().collect();
-        let [_, day, month, year, time, "GMT"] = parts.as_slice() else {
-            return None;
-        };
-        let month = [
-            "Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec",
-        ]
-        .iter()
-        .position(|m| m == month)?
-            + 1;
-        humantime::parse_rfc3339(&format!("{year}-{month:02}-{day:0>2}T{time}Z")).ok()
-    })
+#[cfg(test)]
+mod tests {
+    use std::time::{Duration, SystemTime};
+
+    use reqwest::header::{HeaderMap, HeaderValue, RETRY_AFTER};
+
+    fn wait(value: &str) -> Option<Duration> {
+        let mut headers = HeaderMap::new();
+        headers.insert(RETRY_AFTER, HeaderValue::from_str(value).expect("header"));
+        super::retry_after(&headers)
+    }
+
+    #[test]
+    fn retry_after_as_seconds_or_any_http_date_form() {
+        assert_eq!(wait("2"), Some(Duration::from_secs(2)));
+        assert_eq!(wait(" 1.5 "), Some(Duration::from_millis(1500)));
+        let later = SystemTime::now() + Duration::from_secs(30);
+        let waited = wait(&httpdate::fmt_http_date(later)).expect("an IMF-fixdate");
+        assert!(
+            waited > Duration::from_secs(28) && waited <= Duration::from_secs(30),
+            "{waited:?}"
+        );
+        // The obsolete forms HTTP/1.1 recipients still accept; a date in the past means now.
+        assert_eq!(wait("Sunday, 06-Nov-94 08:49:37 GMT"), Some(Duration::ZERO));
+        assert_eq!(wait("Sun Nov  6 08:49:37 1994"), Some(Duration::ZERO));
+        assert_eq!(wait("soon"), None);
+    }
 }
