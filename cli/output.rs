@@ -17,6 +17,23 @@ pub fn stderr(text: &str) {
     let _ = err.write_all(text.as_bytes()).and_then(|()| err.flush());
 }
 
+/// Text a run produced (tool output, errors, outputs, step names), made safe to show: control characters
+/// (escape sequences that set the window title, move the cursor or overwrite a line with `\r`) and the
+/// characters that reorder text (bidirectional overrides and isolates) are shown as `\u{..}` escapes;
+/// newlines and tabs are kept. Whatever a tool or a model wrote must not drive the terminal.
+pub fn printable(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        let reorders = matches!(c, '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}');
+        if (c.is_control() && c != '\n' && c != '\t') || reorders {
+            out.push_str(&format!("\\u{{{:04x}}}", u32::from(c)));
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
 /// Reports a failure of the CLI itself (not a diagnostic) on standard error.
 pub fn error(err: &anyhow::Error) {
     eprintln!("error: {err:#}");

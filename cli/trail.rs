@@ -48,21 +48,7 @@ pub fn render(events: &[Json]) -> String {
             );
         }
     }
-    printable(&text)
-}
-
-/// The text with control characters (escape sequences an LLM or a tool may have written) shown as `\u{..}`
-/// escapes, newlines and tabs kept: the trail must not drive the terminal.
-pub(crate) fn printable(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    for c in text.chars() {
-        if c.is_control() && c != '\n' && c != '\t' {
-            out.push_str(&format!("\\u{{{:04x}}}", u32::from(c)));
-        } else {
-            out.push(c);
-        }
-    }
-    out
+    crate::output::printable(&text)
 }
 
 /// `12.345s`: time since the run's first event.

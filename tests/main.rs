@@ -3,6 +3,7 @@
 mod agent;
 mod cli;
 mod durable;
+mod hardening;
 mod hostile;
 mod llm;
 mod llm_anthropic;

@@ -135,7 +135,9 @@ pub fn session_error(error: &SessionError, color: ColorChoice) -> Status {
     match error {
         SessionError::Store(e) => return store_error(e),
         SessionError::Refused { message, hint } => {
-            output::stderr(&format!("error: {message}\n  hint: {hint}\n"));
+            output::stderr(&output::printable(&format!(
+                "error: {message}\n  hint: {hint}\n"
+            )));
         }
         SessionError::Invalid { path, validation } => {
             let mut report = Report::default();
@@ -149,7 +151,7 @@ pub fn session_error(error: &SessionError, color: ColorChoice) -> Status {
             source.to_string().to_lowercase()
         )),
         SessionError::Run(_) | SessionError::Goal(_) => {
-            output::stderr(&format!("error: {error}\n"));
+            output::stderr(&output::printable(&format!("error: {error}\n")));
         }
     }
     if error.is_usage() {
@@ -217,15 +219,19 @@ pub fn execute(
     let outcome = runtime.block_on(async move {
         // Registered before any step starts, so an early Ctrl-C or SIGTERM is never missed.
         use tokio::signal::unix::{SignalKind, signal};
-        let (mut interrupt, mut terminate) = (
+        // Closing the terminal (SIGHUP) stops the run like Ctrl-C: its commands are killed and the run is
+        // left resumable, rather than archon dying at once with its children still running.
+        let (mut interrupt, mut terminate, mut hangup) = (
             signal(SignalKind::interrupt())?,
             signal(SignalKind::terminate())?,
+            signal(SignalKind::hangup())?,
         );
         let watcher = cancel.clone();
         tokio::spawn(async move {
             tokio::select! {
                 _ = interrupt.recv() => {}
                 _ = terminate.recv() => {}
+                _ = hangup.recv() => {}
             }
             watcher.cancel();
         });
@@ -248,7 +254,7 @@ pub fn execute(
     let Outcome { report, resumable } = match outcome {
         Ok(outcome) => outcome,
         Err(SessionError::Run(err)) => {
-            output::stderr(&format!("error: {err}\n"));
+            output::stderr(&output::printable(&format!("error: {err}\n")));
             return Ok(Status::Invalid);
         }
         Err(e) => return Ok(session_error(&e, ColorChoice::Never)),
@@ -258,7 +264,7 @@ pub fn execute(
         text.push('\n');
         output::stdout(&text);
     } else {
-        output::stdout(&summary(&report, resumable));
+        output::stdout(&output::printable(&summary(&report, resumable)));
     }
     let status = match report.status {
         RunStatus::Succeeded => Status::Success,
@@ -390,7 +396,12 @@ fn terminal_width() -> usize {
         .unwrap_or(100)
 }
 
+/// One progress line, safe to show (see [`output::printable`]).
 fn event_line(event: &RunEvent) -> String {
+    output::printable(&raw_event_line(event))
+}
+
+fn raw_event_line(event: &RunEvent) -> String {
     match event {
         RunEvent::StepStarted { step } => format!("started   {step}\n"),
         RunEvent::StepRetried {
@@ -510,7 +521,7 @@ fn event_line(event: &RunEvent) -> String {
 
 /// Text on one line, cut at 160 characters.
 fn one_line(text: &str) -> String {
-    let flat = crate::trail::printable(&text.split_whitespace().collect::<Vec<_>>().join(" "));
+    let flat = text.split_whitespace().collect::<Vec<_>>().join(" ");
     if flat.chars().count() > 160 {
         format!("{}...", flat.chars().take(160).collect::<String>())
     } else {
@@ -646,7 +657,7 @@ impl run::Approver for TerminalApprover {
             while lines.try_recv().is_ok() {}
             let code = format!("{:04}", fastrand::u32(..10_000));
             let arguments = serde_json::to_string_pretty(&request.arguments).unwrap_or_default();
-            output::stderr(&format!(
+            output::stderr(&output::printable(&format!(
                 "\napproval needed: step `{}`{}\n  why: {}\n  arguments:\n{}\ntype {code} to approve, anything else denies: ",
                 request.step,
                 request
@@ -659,7 +670,7 @@ impl run::Approver for TerminalApprover {
                     .map(|l| format!("    {l}"))
                     .collect::<Vec<_>>()
                     .join("\n")
-            ));
+            )));
             let line = lines.recv().await?;
             Some(run::ApprovalDecision {
                 approved: line.trim() == code,

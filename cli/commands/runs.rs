@@ -45,10 +45,10 @@ pub fn runs(args: &RunsArgs) -> anyhow::Result<Status> {
             ]
         })
         .collect();
-    output::stdout(&table(
+    output::stdout(&output::printable(&table(
         &["RUN", "WORKFLOW", "STATUS", "STARTED", "DURATION"],
         &rows,
-    ));
+    )));
     Ok(Status::Success)
 }
 
@@ -84,7 +84,7 @@ pub fn show(args: &ShowArgs) -> anyhow::Result<Status> {
         output::stdout(&crate::trail::render(&events));
         return Ok(Status::Success);
     }
-    output::stdout(&describe(&run));
+    output::stdout(&output::printable(&describe(&run)));
     Ok(Status::Success)
 }
 
@@ -218,7 +218,7 @@ pub fn approve(args: &ApproveArgs) -> anyhow::Result<Status> {
         "  hint: `archon resume {}` continues the run",
         args.run
     );
-    output::stdout(&text);
+    output::stdout(&output::printable(&text));
     Ok(Status::Success)
 }
 
@@ -291,7 +291,9 @@ fn no_store(id: &str, state: &crate::args::StateArgs) -> Status {
 }
 
 fn refuse(message: &str, hint: &str) -> Status {
-    output::stderr(&format!("error: {message}\n  hint: {hint}\n"));
+    output::stderr(&output::printable(&format!(
+        "error: {message}\n  hint: {hint}\n"
+    )));
     Status::Invalid
 }
 
