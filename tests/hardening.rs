@@ -114,3 +114,163 @@ steps:
         "the step's command was killed"
     );
 }
+
+/// Two loopback origins: `from` redirects every request to the same path on `to`.
+async fn redirecting_pair(status: u16) -> (wiremock::MockServer, wiremock::MockServer) {
+    use wiremock::{Mock, MockServer, Request, ResponseTemplate};
+    let (from, to) = (MockServer::start().await, MockServer::start().await);
+    let target = to.uri();
+    Mock::given(wiremock::matchers::any())
+        .respond_with(move |request: &Request| {
+            ResponseTemplate::new(status)
+                .insert_header("location", format!("{target}{}", request.url.path()))
+        })
+        .mount(&from)
+        .await;
+    Mock::given(wiremock::matchers::any())
+        .respond_with(ResponseTemplate::new(500))
+        .mount(&to)
+        .await;
+    (from, to)
+}
+
+/// A provider never follows a redirect to another origin: its API key (in `Authorization`, `x-api-key` or
+/// `x-goog-api-key`) and the prompt would go with it. The error names the target, and nothing reaches it.
+#[tokio::test]
+async fn providers_refuse_redirects_to_another_origin() {
+    use archon_engine::llm::anthropic::Anthropic;
+    use archon_engine::llm::gemini::Gemini;
+    use archon_engine::llm::openai::OpenAi;
+    use archon_engine::llm::{ApiKey, ChatRequest, Message, Provider};
+
+    for status in [302, 307, 308] {
+        let (from, to) = redirecting_pair(status).await;
+        let key = || Some(ApiKey::new("sk-never-leaves"));
+        let settings = crate::support::llm_settings;
+        let providers: Vec<Box<dyn Provider>> = vec![
+            Box::new(
+                OpenAi::new("o", format!("{}/v1", from.uri()), key(), settings()).expect("openai"),
+            ),
+            Box::new(Anthropic::new("a", from.uri(), key(), settings()).expect("anthropic")),
+            Box::new(Gemini::new("g", from.uri(), key(), settings()).expect("gemini")),
+        ];
+        let request = ChatRequest {
+            model: "m".into(),
+            messages: vec![Message::user("hello")],
+            ..ChatRequest::default()
+        };
+        for provider in providers {
+            let error = provider
+                .complete(&request)
+                .await
+                .expect_err("the redirect is refused");
+            let target = to.uri();
+            assert_eq!(
+                error.message,
+                format!(
+                    "provider `{}`: the redirect was refused: the provider redirected to another origin, `{target}`, where the key is not sent",
+                    provider.name()
+                ),
+                "{status}"
+            );
+        }
+        assert_eq!(
+            to.received_requests().await.expect("recorded").len(),
+            0,
+            "nothing reached the other origin ({status})"
+        );
+    }
+}
+
+/// The `http` tool follows redirects, but headers that carry a secret, and credentials of any kind, stay
+/// behind once the chain leaves the spec's origin, also on later hops to the same new host; a body is
+/// never resent to another origin.
+#[tokio::test]
+async fn http_redirects_leave_credentials_and_bodies_behind() {
+    use wiremock::matchers::path;
+    use wiremock::{Mock, MockServer, ResponseTemplate};
+    let (origin, other) = (MockServer::start().await, MockServer::start().await);
+    Mock::given(path("/start"))
+        .respond_with(
+            ResponseTemplate::new(302).insert_header("location", format!("{}/hop", other.uri())),
+        )
+        .mount(&origin)
+        .await;
+    Mock::given(path("/post"))
+        .respond_with(
+            ResponseTemplate::new(307).insert_header("location", format!("{}/hop", other.uri())),
+        )
+        .mount(&origin)
+        .await;
+    // A second hop on the new host, then the end.
+    Mock::given(path("/hop"))
+        .respond_with(ResponseTemplate::new(302).insert_header("location", "/end"))
+        .mount(&other)
+        .await;
+    Mock::given(path("/end"))
+        .respond_with(ResponseTemplate::new(200).set_body_string("done"))
+        .mount(&other)
+        .await;
+
+    let dir = TempDir::new().expect("tempdir");
+    let spec = format!(
+        r#"name: redirects
+network: {{ allow: ["127.0.0.1"] }}
+secrets: [TOKEN]
+steps:
+  - id: get
+    tool: http
+    with:
+      url: "{origin}/start"
+      headers: {{ x-api-key: "{{{{ secrets.TOKEN }}}}", authorization: "Bearer plain", x-trace: "kept" }}
+  - id: post
+    tool: http
+    on_error: continue
+    with:
+      url: "{origin}/post"
+      method: POST
+      body: "payload"
+"#,
+        origin = origin.uri()
+    );
+    std::fs::write(dir.path().join("redirects.yaml"), spec).expect("write");
+    let Output { code, stderr, .. } = crate::support::archon_with(
+        dir.path(),
+        &["run", "redirects.yaml"],
+        &[("TOKEN", "tok-s3cr3t-value")],
+    );
+    assert_eq!(code, 0, "{stderr}");
+    let seen = other.received_requests().await.expect("recorded");
+    let hops: Vec<(String, Vec<String>)> = seen
+        .iter()
+        .map(|r| {
+            let mut names: Vec<String> = r
+                .headers
+                .keys()
+                .map(|k| k.as_str().to_owned())
+                .filter(|k| k.starts_with('x') || k == "authorization")
+                .collect();
+            names.sort();
+            (r.url.path().to_owned(), names)
+        })
+        .collect();
+    assert_eq!(
+        hops,
+        [
+            ("/hop".to_owned(), vec!["x-trace".to_owned()]),
+            ("/end".to_owned(), vec!["x-trace".to_owned()]),
+        ],
+        "only the header without a credential reaches the other origin, on every hop"
+    );
+    let id = run_id(dir.path());
+    let Output { stdout, .. } = archon(dir.path(), &["show", &id, "--json"]);
+    let run: Json = serde_json::from_str(&stdout).expect("run");
+    assert_eq!(
+        run["results"]["post"]["error"],
+        format!(
+            "POST {}/post failed: redirect refused: `{}` is another origin, and the request body is not sent there",
+            origin.uri(),
+            other.uri()
+        )
+    );
+}

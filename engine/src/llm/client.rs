@@ -89,7 +89,23 @@ impl Client {
     pub fn new(name: impl Into<String>, settings: Settings) -> Result<Self, LlmError> {
         let name = name.into();
         let _ = rustls::crypto::ring::default_provider().install_default();
+        // The API key travels in headers: a redirect to another origin would carry it (or, for custom key
+        // headers, keep it on every hop), so a provider is never followed off its own origin.
+        let redirects = reqwest::redirect::Policy::custom(|attempt| {
+            let first = attempt.previous().first().map(reqwest::Url::origin);
+            if first.is_some_and(|origin| origin != attempt.url().origin()) {
+                let target = attempt.url().origin().ascii_serialization();
+                attempt.error(format!(
+                    "the provider redirected to another origin, `{target}`, where the key is not sent"
+                ))
+            } else if attempt.previous().len() >= 10 {
+                attempt.error("more than 10 redirects")
+            } else {
+                attempt.follow()
+            }
+        });
         let http = reqwest::Client::builder()
+            .redirect(redirects)
             .connect_timeout(settings.connect_timeout)
             .timeout(settings.timeout)
             .build()
@@ -234,6 +250,8 @@ impl Client {
             "cannot connect".to_owned()
         } else if e.is_body() || e.is_decode() {
             "the response was cut off".to_owned()
+        } else if e.is_redirect() {
+            "the redirect was refused".to_owned()
         } else {
             "the request failed".to_owned()
         };
@@ -246,7 +264,7 @@ impl Client {
             },
             status: None,
             // A request that cannot even be built (a bad header value) will not build next time either.
-            retryable: !e.is_builder(),
+            retryable: !e.is_builder() && !e.is_redirect(),
             retry_after: None,
         }
     }

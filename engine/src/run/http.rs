@@ -195,7 +195,8 @@ fn check_url(url: &reqwest::Url, policy: &NetworkPolicy) -> Result<(), String> {
     }
 }
 
-/// Makes one request (following redirects that pass the same checks).
+/// Makes one request (following redirects that pass the same checks, without carrying credentials or a
+/// body to another origin).
 pub async fn request(
     args: &Json,
     policy: &Arc<NetworkPolicy>,
@@ -212,27 +213,17 @@ pub async fn request(
         )));
     }
     check_url(&url, policy).map_err(ToolError::new)?;
-    let redirect_policy = {
-        let policy = policy.clone();
-        reqwest::redirect::Policy::custom(move |attempt| {
-            if attempt.previous().len() >= MAX_REDIRECTS {
-                return attempt.error(format!("more than {MAX_REDIRECTS} redirects"));
-            }
-            match check_url(attempt.url(), &policy) {
-                Ok(()) => attempt.follow(),
-                Err(refusal) => attempt.error(format!("redirect refused: {refusal}")),
-            }
-        })
-    };
     let timeout = args["timeout"]
         .as_str()
         .and_then(super::tools::duration)
         .unwrap_or(Duration::from_secs(30));
+    // Redirects are followed here, not by reqwest, so that what is sent on each hop is decided against
+    // the origin the spec named (see `Outgoing::redirect`).
     let client = reqwest::Client::builder()
         .dns_resolver(Arc::new(GuardedResolver {
             policy: policy.clone(),
         }))
-        .redirect(redirect_policy)
+        .redirect(reqwest::redirect::Policy::none())
         .connect_timeout(Duration::from_secs(10).min(timeout))
         .timeout(timeout)
         .no_proxy()
@@ -241,21 +232,51 @@ pub async fn request(
     let method = args["method"].as_str().unwrap_or("GET");
     let method = reqwest::Method::from_bytes(method.as_bytes())
         .map_err(|_| ToolError::new(format!("invalid method `{method}`")))?;
-    let mut request = client.request(method.clone(), url.clone());
-    if let Some(headers) = args["headers"].as_object() {
-        for (name, value) in headers {
-            request = request.header(name, value.as_str().unwrap_or_default());
+    let mut outgoing = Outgoing {
+        origin: url.origin(),
+        url,
+        method: method.clone(),
+        headers: args["headers"]
+            .as_object()
+            .into_iter()
+            .flatten()
+            .map(|(name, value)| (name.clone(), value.as_str().unwrap_or_default().to_owned()))
+            .collect(),
+        body: if !args["json"].is_null() {
+            Some(Body::Json(args["json"].clone()))
+        } else {
+            args["body"].as_str().map(|b| Body::Text(b.to_owned()))
+        },
+        left_origin: false,
+    };
+    let mut hops = 0;
+    let mut response = loop {
+        let response = outgoing
+            .build(&client)
+            .send()
+            .await
+            .map_err(|e| ToolError::new(describe(&e, &method, url_text)))?;
+        let location = response
+            .headers()
+            .get(reqwest::header::LOCATION)
+            .and_then(|l| l.to_str().ok());
+        let (true, Some(location)) = (response.status().is_redirection(), location) else {
+            break response;
+        };
+        if hops == MAX_REDIRECTS {
+            return Err(ToolError::new(format!(
+                "{method} {url_text} failed: more than {MAX_REDIRECTS} redirects"
+            )));
         }
-    }
-    if !args["json"].is_null() {
-        request = request.json(&args["json"]);
-    } else if let Some(body) = args["body"].as_str() {
-        request = request.body(body.to_owned());
-    }
-    let mut response = request
-        .send()
-        .await
-        .map_err(|e| ToolError::new(describe(&e, &method, url_text)))?;
+        hops += 1;
+        outgoing
+            .redirect(response.status(), location, policy, redactor)
+            .map_err(|refusal| {
+                ToolError::new(format!(
+                    "{method} {url_text} failed: redirect refused: {refusal}"
+                ))
+            })?;
+    };
     let status = response.status();
     let headers: Map<String, Json> = response
         .headers()
@@ -299,6 +320,92 @@ pub async fn request(
         text,
         exit_code: None,
     })
+}
+
+/// A request body as the arguments give it.
+#[derive(Clone, Debug)]
+enum Body {
+    Json(Json),
+    Text(String),
+}
+
+/// The request of the current hop of a redirect chain.
+struct Outgoing {
+    /// The origin the spec named: what headers and body were written for.
+    origin: url::Origin,
+    url: reqwest::Url,
+    method: reqwest::Method,
+    headers: Vec<(String, String)>,
+    body: Option<Body>,
+    /// A hop has left `origin`: credentials stay behind for the rest of the chain, even if it comes
+    /// back.
+    left_origin: bool,
+}
+
+impl Outgoing {
+    fn build(&self, client: &reqwest::Client) -> reqwest::RequestBuilder {
+        let mut request = client.request(self.method.clone(), self.url.clone());
+        for (name, value) in &self.headers {
+            request = request.header(name, value);
+        }
+        match &self.body {
+            Some(Body::Json(json)) => request.json(json),
+            Some(Body::Text(text)) => request.body(text.clone()),
+            None => request,
+        }
+    }
+
+    /// Moves to the hop a redirect names. A 303 (and a 301 or 302 after a POST) continues as a GET
+    /// without a body, as browsers do. On leaving the spec's origin, every header that carries a secret
+    /// (and `authorization`, `cookie`, `proxy-authorization` whatever they hold) is dropped for good, and
+    /// a request body is never carried there: a 307 or 308 that would resend it is refused.
+    fn redirect(
+        &mut self,
+        status: reqwest::StatusCode,
+        location: &str,
+        policy: &NetworkPolicy,
+        redactor: &super::redact::Redactor,
+    ) -> Result<(), String> {
+        let next = self
+            .url
+            .join(location)
+            .map_err(|e| format!("invalid location `{location}`: {e}"))?;
+        if !matches!(next.scheme(), "http" | "https") {
+            return Err(format!("`{next}` is not http or https"));
+        }
+        check_url(&next, policy)?;
+        let keeps_method = matches!(status.as_u16(), 307 | 308);
+        if !keeps_method
+            && (status.as_u16() == 303 || self.method == reqwest::Method::POST)
+            && self.method != reqwest::Method::HEAD
+        {
+            self.method = reqwest::Method::GET;
+            self.body = None;
+            self.headers.retain(|(name, _)| {
+                !name.eq_ignore_ascii_case("content-type")
+                    && !name.eq_ignore_ascii_case("content-length")
+            });
+        }
+        if next.origin() != self.origin {
+            if self.body.is_some() {
+                return Err(format!(
+                    "`{}` is another origin, and the request body is not sent there",
+                    next.origin().ascii_serialization()
+                ));
+            }
+            self.left_origin = true;
+        }
+        if self.left_origin {
+            self.headers.retain(|(name, value)| {
+                let credential = ["authorization", "cookie", "proxy-authorization"]
+                    .iter()
+                    .any(|c| name.eq_ignore_ascii_case(c));
+                !credential && redactor.text(value) == value.as_str()
+            });
+        }
+        self.url = next;
+        Ok(())
+    }
 }
 
 fn describe(err: &reqwest::Error, method: &reqwest::Method, url: &str) -> String {
