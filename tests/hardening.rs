@@ -274,3 +274,44 @@ steps:
         )
     );
 }
+
+/// The ranges the adversarial pass reached (benchmarking, documentation, the deprecated 6to4 relay, and an
+/// IPv4-translated loopback) are refused, naming the registry block, from the IANA special-purpose
+/// registries rather than a hand list.
+#[test]
+fn special_purpose_addresses_are_refused_by_name() {
+    let dir = TempDir::new().expect("tempdir");
+    let spec = r#"name: ssrf
+steps:
+  - { id: bench, tool: http, with: { url: "http://198.18.0.1/" }, on_error: continue }
+  - { id: doc2, tool: http, with: { url: "http://198.51.100.7/" }, on_error: continue }
+  - { id: doc3, tool: http, with: { url: "http://203.0.113.9/" }, on_error: continue }
+  - { id: relay, tool: http, with: { url: "http://192.88.99.1/" }, on_error: continue }
+  - { id: translated, tool: http, with: { url: "http://[::ffff:0:127.0.0.1]/" }, on_error: continue }
+"#;
+    std::fs::write(dir.path().join("ssrf.yaml"), spec).expect("write");
+    let Output { code, stderr, .. } = archon(dir.path(), &["run", "ssrf.yaml"]);
+    assert_eq!(code, 0, "{stderr}");
+    let id = run_id(dir.path());
+    let Output { stdout, .. } = archon(dir.path(), &["show", &id, "--json"]);
+    let run: Json = serde_json::from_str(&stdout).expect("run");
+    let errors: Vec<String> = ["bench", "doc2", "doc3", "relay", "translated"]
+        .iter()
+        .map(|s| run["results"][s]["error"].as_str().unwrap_or("").to_owned())
+        .collect();
+    let refusal = |ip: &str, block: &str| {
+        format!(
+            "`{ip}` is an internal address ({block}), which `http` refuses unless `network.allow` lists it"
+        )
+    };
+    assert_eq!(
+        errors,
+        [
+            refusal("198.18.0.1", "benchmarking"),
+            refusal("198.51.100.7", "documentation (TEST-NET-2)"),
+            refusal("203.0.113.9", "documentation (TEST-NET-3)"),
+            refusal("192.88.99.1", "deprecated (6to4 relay anycast)"),
+            refusal("::ffff:0:7f00:1", "loopback"),
+        ]
+    );
+}

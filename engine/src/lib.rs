@@ -9,6 +9,7 @@ pub mod freeze;
 pub mod goal;
 pub mod inputs;
 pub mod llm;
+pub mod network;
 pub mod plan;
 pub mod resume;
 pub mod run;

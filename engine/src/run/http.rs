@@ -1,8 +1,11 @@
-//! The `http` tool. By default it refuses loopback, private, link-local and cloud metadata addresses —
+//! The `http` tool. By default it refuses addresses that are not globally reachable (loopback, private,
+//! link-local and cloud metadata, and the rest of the special-purpose registries: `crate::network`) —
 //! checked on the resolved addresses of every request and every redirect — unless `network.allow` lists
 //! them.
 
 use std::net::{IpAddr, SocketAddr};
+
+pub use crate::network::NetworkPolicy;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -15,140 +18,6 @@ use super::tools::{ToolError, ToolOutput};
 pub const MAX_BODY_BYTES: usize = 8 * 1024 * 1024;
 /// Most redirects followed.
 const MAX_REDIRECTS: usize = 10;
-
-/// Which destinations the workflow allows despite the default refusal.
-#[derive(Clone, Debug, Default)]
-pub struct NetworkPolicy {
-    hosts: Vec<String>,
-    ranges: Vec<(IpAddr, u8)>,
-}
-
-impl NetworkPolicy {
-    pub fn new(allow: &[String]) -> Self {
-        let mut policy = NetworkPolicy::default();
-        for entry in allow {
-            if let Some(range) = parse_cidr(entry) {
-                policy.ranges.push(range);
-            } else if let Ok(ip) = entry.parse::<IpAddr>() {
-                policy
-                    .ranges
-                    .push((ip, if ip.is_ipv4() { 32 } else { 128 }));
-            } else {
-                policy.hosts.push(entry.to_ascii_lowercase());
-            }
-        }
-        policy
-    }
-
-    fn host_allowed(&self, host: &str) -> bool {
-        self.hosts
-            .iter()
-            .any(|h| h.eq_ignore_ascii_case(host.trim_end_matches('.')))
-    }
-
-    /// Whether an address may be reached: public addresses always, others only when allowed.
-    fn ip_allowed(&self, ip: IpAddr) -> bool {
-        let ip = canonical(ip);
-        !is_internal(ip)
-            || self
-                .ranges
-                .iter()
-                .any(|(net, prefix)| in_range(ip, canonical(*net), *prefix))
-    }
-}
-
-/// `10.0.0.0/8` -> (10.0.0.0, 8).
-pub fn parse_cidr(text: &str) -> Option<(IpAddr, u8)> {
-    let (ip, prefix) = text.split_once('/')?;
-    let ip: IpAddr = ip.parse().ok()?;
-    let prefix: u8 = prefix.parse().ok()?;
-    (prefix <= if ip.is_ipv4() { 32 } else { 128 }).then_some((ip, prefix))
-}
-
-/// IPv4-mapped IPv6 addresses are checked as the IPv4 address they carry.
-fn canonical(ip: IpAddr) -> IpAddr {
-    match ip {
-        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, IpAddr::V4),
-        v4 => v4,
-    }
-}
-
-fn in_range(ip: IpAddr, net: IpAddr, prefix: u8) -> bool {
-    match (ip, net) {
-        (IpAddr::V4(a), IpAddr::V4(b)) => {
-            let mask = if prefix == 0 {
-                0
-            } else {
-                u32::MAX << (32 - u32::from(prefix))
-            };
-            u32::from(a) & mask == u32::from(b) & mask
-        }
-        (IpAddr::V6(a), IpAddr::V6(b)) => {
-            let mask = if prefix == 0 {
-                0
-            } else {
-                u128::MAX << (128 - u32::from(prefix))
-            };
-            u128::from(a) & mask == u128::from(b) & mask
-        }
-        _ => false,
-    }
-}
-
-/// Loopback, private, link-local (cloud metadata lives there), shared, unspecified and other non-public ranges.
-fn is_internal(ip: IpAddr) -> bool {
-    match ip {
-        IpAddr::V4(v4) => {
-            let [a, b, ..] = v4.octets();
-            v4.is_loopback()
-                || v4.is_private()
-                || v4.is_link_local()
-                || v4.is_unspecified()
-                || v4.is_broadcast()
-                || v4.is_multicast()
-                || a == 0
-                || (a == 100 && (64..128).contains(&b))
-                || (a == 192 && b == 0)
-                || a >= 240
-        }
-        IpAddr::V6(v6) => {
-            let segments = v6.segments();
-            let first = segments[0];
-            v6.is_loopback()
-                || v6.is_unspecified()
-                || v6.is_multicast()
-                // Unique local, link-local, and the deprecated site-local.
-                || (first & 0xfe00) == 0xfc00
-                || (first & 0xffc0) == 0xfe80
-                || (first & 0xffc0) == 0xfec0
-                // Discard-only, documentation, Teredo (whose IPv4 address is obfuscated), and NAT64 for
-                // local use.
-                || segments[..4] == [0x100, 0, 0, 0]
-                || segments[..2] == [0x2001, 0xdb8]
-                || segments[..2] == [0x2001, 0]
-                || segments[..3] == [0x64, 0xff9b, 1]
-                || embedded_ipv4(v6).is_some_and(|v4| is_internal(IpAddr::V4(v4)))
-        }
-    }
-}
-
-/// The IPv4 address inside an IPv6 address that carries one: IPv4-compatible (`::a.b.c.d`), NAT64
-/// (`64:ff9b::a.b.c.d`) and 6to4 (`2002:AABB:CCDD::`). IPv4-mapped addresses are handled by [`canonical`].
-fn embedded_ipv4(v6: std::net::Ipv6Addr) -> Option<std::net::Ipv4Addr> {
-    let s = v6.segments();
-    let from = |high: u16, low: u16| {
-        let [a, b] = high.to_be_bytes();
-        let [c, d] = low.to_be_bytes();
-        std::net::Ipv4Addr::new(a, b, c, d)
-    };
-    if s[..6] == [0; 6] || s[..6] == [0x64, 0xff9b, 0, 0, 0, 0] {
-        Some(from(s[6], s[7]))
-    } else if s[0] == 0x2002 {
-        Some(from(s[1], s[2]))
-    } else {
-        None
-    }
-}
 
 /// Resolves names and drops the addresses the policy refuses; refuses the name if none is left.
 struct GuardedResolver {
@@ -186,12 +55,12 @@ fn check_url(url: &reqwest::Url, policy: &NetworkPolicy) -> Result<(), String> {
         Some(url::Host::Domain(_)) => return Ok(()),
         None => return Err(format!("`{url}` has no host")),
     };
-    if policy.ip_allowed(ip) || policy.host_allowed(&ip.to_string()) {
-        Ok(())
-    } else {
-        Err(format!(
-            "`{ip}` is an internal address, which `http` refuses unless `network.allow` lists it"
-        ))
+    match policy.refusal(ip) {
+        Some(_) if policy.host_allowed(&ip.to_string()) => Ok(()),
+        Some(block) => Err(format!(
+            "`{ip}` is an internal address ({block}), which `http` refuses unless `network.allow` lists it"
+        )),
+        None => Ok(()),
     }
 }
 
