@@ -229,7 +229,10 @@ impl Provider for Redacting {
 
 /// One regular expression matching every form of every value (longest forms first), or `None` for none.
 fn compile(values: &[String]) -> Option<Regex> {
-    if values.is_empty() {
+    // Past this many bytes of values the pattern would not fit its size limit anyway: building it only to
+    // find that out costs seconds.
+    const MOST_PATTERN_BYTES: usize = 128 * 1024;
+    if values.is_empty() || values.iter().map(String::len).sum::<usize>() > MOST_PATTERN_BYTES {
         return None;
     }
     // (length of what the form matches, its regex), longest first across all values.
@@ -275,12 +278,7 @@ fn literal_forms(value: &str) -> Vec<String> {
 /// The forms of one value to search for, each with the length it matches.
 fn forms(value: &str) -> Vec<(usize, String)> {
     let mut forms = vec![(value.len(), url_encoded(value))];
-    if let Ok(quoted) = serde_json::to_string(value) {
-        let escaped = &quoted[1..quoted.len() - 1];
-        if escaped != value {
-            forms.push((escaped.len(), regex::escape(escaped)));
-        }
-    }
+    forms.push((value.len(), json_escaped(value)));
     let bytes = value.as_bytes();
     for engine in [STANDARD_NO_PAD, URL_SAFE_NO_PAD] {
         let bare = engine.encode(bytes);
@@ -305,6 +303,53 @@ fn forms(value: &str) -> Vec<(usize, String)> {
         }
     }
     forms
+}
+
+/// A pattern matching `value` inside a JSON string as any encoder may write it: each character as itself
+/// (when JSON allows it bare), as its short escape (`\"`, `\\`, `\/` as PHP and Go write `/`, `\n`...),
+/// or as a `\uXXXX` escape in either case (Python escapes everything outside ASCII by default, Go escapes
+/// `<`, `>` and `&`), characters outside the basic plane as a surrogate pair.
+fn json_escaped(value: &str) -> String {
+    let hex = |unit: u16| -> String {
+        format!("{unit:04x}")
+            .chars()
+            .map(|d| {
+                if d.is_ascii_alphabetic() {
+                    format!("[{d}{}]", d.to_ascii_uppercase())
+                } else {
+                    d.to_string()
+                }
+            })
+            .collect()
+    };
+    let mut pattern = String::new();
+    for c in value.chars() {
+        let mut alternatives = Vec::new();
+        if c != '"' && c != '\\' && !c.is_control() {
+            alternatives.push(regex::escape(c.encode_utf8(&mut [0; 4])));
+        }
+        // The escapes as JSON text, then escaped for the pattern.
+        let short = match c {
+            '"' => Some(r#"\""#),
+            '\\' => Some(r"\\"),
+            '/' => Some(r"\/"),
+            '\u{8}' => Some(r"\b"),
+            '\u{c}' => Some(r"\f"),
+            '\n' => Some(r"\n"),
+            '\r' => Some(r"\r"),
+            '\t' => Some(r"\t"),
+            _ => None,
+        };
+        alternatives.extend(short.map(regex::escape));
+        let units: String = c
+            .encode_utf16(&mut [0; 2])
+            .iter()
+            .map(|&u| format!(r"\\u{}", hex(u)))
+            .collect();
+        alternatives.push(units);
+        pattern.push_str(&format!("(?:{})", alternatives.join("|")));
+    }
+    pattern
 }
 
 /// A pattern matching `value` as written or URL-encoded: any character may appear percent-encoded (hex
@@ -338,6 +383,26 @@ mod tests {
     use base64::engine::general_purpose::{STANDARD, URL_SAFE};
 
     use super::*;
+
+    /// JSON written by other encoders: `\/` (PHP, Go), `\uXXXX` in either case for anything outside
+    /// ASCII (Python's default) or for `<`, `>`, `&` (Go), surrogate pairs outside the basic plane.
+    #[test]
+    fn secrets_escaped_by_any_json_encoder_are_masked() {
+        let secret = "pä/ss<w>\"rd🔑x";
+        let redactor = Redactor::new([secret.to_owned()]);
+        for written in [
+            r#"p\u00e4\/ss<w>\"rd\ud83d\udd11x"#,
+            r#"p\u00E4/ss\u003cw\u003e\"rd\uD83D\uDD11x"#,
+            r#"\u0070\u00e4\u002f\u0073s<w>\u0022rd🔑x"#,
+            "pä/ss<w>\\\"rd🔑x",
+        ] {
+            let text = format!("{{\"token\": \"{written}\"}}");
+            assert_eq!(redactor.text(&text), "{\"token\": \"***\"}", "{written}");
+        }
+        // Python's `json.dumps` of the value, exactly as it prints it.
+        let python = r#"{"token": "p\u00e4/ss<w>\"rd\ud83d\udd11x"}"#;
+        assert_eq!(redactor.text(python), r#"{"token": "***"}"#);
+    }
 
     /// A value too long for one pattern of every form is still masked in its whole forms, never let
     /// through.
