@@ -135,6 +135,7 @@ pub mod codes {
     pub const INVALID_SUBWORKFLOW: &str = "archon::invalid_subworkflow";
     pub const MISSING_INPUT: &str = "archon::missing_input";
     pub const INEFFECTIVE_FIELD: &str = "archon::ineffective_field";
+    pub const SHELL_TEMPLATE: &str = "archon::shell_template";
     pub const EMPTY_WORKFLOW: &str = "archon::empty_workflow";
     pub const PLAN_NOT_ALLOWED: &str = "archon::plan_not_allowed";
 }

@@ -309,7 +309,40 @@ impl Checker<'_> {
         if let Some(schema) = &schema {
             self.check_arguments(tool, args, schema);
         }
+        if name == "shell" && builtin::get(name).is_some() {
+            self.check_shell_command(args);
+        }
         args.map(|a| self.value(a, scope)).unwrap_or_default()
+    }
+
+    /// Warns about a `shell` command line built from values the spec does not fix (inputs, step outputs,
+    /// items, tool arguments): the shell parses whatever they hold, so `; rm -rf ~` in an input runs.
+    fn check_shell_command(&mut self, args: Option<&Node>) {
+        let Some(command) = args.and_then(|a| a.get("command")) else {
+            return;
+        };
+        let Some(text) = command.as_str() else {
+            return;
+        };
+        let Ok(references) = self.analyzer.template(self.file, command.span, text) else {
+            return;
+        };
+        // Values the spec's author or the machine's owner fixed; anything else may come from outside.
+        let fixed = ["run", "env", "secrets", "index", "loop"];
+        let Some(first) = references.iter().find(|r| !fixed.contains(&r.root())) else {
+            return;
+        };
+        let path = first.segments.join(".");
+        self.push(
+            Diagnostic::warning(
+                codes::SHELL_TEMPLATE,
+                first.span,
+                format!("`{path}` is pasted into a shell command line, where the shell parses whatever it holds"),
+            )
+            .with_hint(format!(
+                "pass it as an argument instead: `tool: exec` with `argv: [sh, -c, 'your command \"$1\"', sh, \"{{{{ {path} }}}}\"]`"
+            )),
+        );
     }
 
     fn check_arguments(&mut self, tool: &Spanned<String>, args: Option<&Node>, schema: &Json) {
