@@ -2,13 +2,13 @@
 //! and its result was never recorded), which steps are safe to repeat, what lies downstream of a step,
 //! and which steps a changed spec changed.
 
-use std::collections::{BTreeSet, HashSet};
+use std::collections::BTreeSet;
 
 use serde_json::Value as Json;
 
-use crate::spec::{Body, Spec};
+use crate::spec::Spec;
 use crate::store::StoredRun;
-use crate::tools::builtin;
+pub use crate::tools::{body_is_idempotent, step_idempotent};
 use crate::workflow::Workflow;
 
 /// A step (or `foreach` item) whose last attempt may have had its effect without its result being
@@ -109,97 +109,6 @@ fn runs_steps(workflow: &Workflow, id: &str) -> bool {
                 .get(t.value.as_str())
                 .is_some_and(|d| d.steps.is_some() || d.workflow.is_some())
         })
-}
-
-/// Whether every tool a step can call (its body and its fallback) is safe to repeat.
-pub fn step_idempotent(workflow: &Workflow, id: &str) -> bool {
-    let Some(step) = workflow.spec.steps.iter().find(|s| s.id.value == id) else {
-        return false;
-    };
-    let mut seen = HashSet::new();
-    body_idempotent(workflow, step.body(), &mut seen)
-        && step
-            .fallback
-            .as_ref()
-            .is_none_or(|f| body_idempotent(workflow, f.body(), &mut seen))
-}
-
-/// Whether every tool a step body can call is safe to repeat.
-pub fn body_is_idempotent(workflow: &Workflow, body: Body<'_>) -> bool {
-    body_idempotent(workflow, body, &mut HashSet::new())
-}
-
-fn body_idempotent(workflow: &Workflow, body: Body<'_>, seen: &mut HashSet<String>) -> bool {
-    if let Some(tool) = body.tool {
-        if tool.value == "http" && builtin::get("http").is_some() {
-            // A request is safe to repeat when its method, as written, only reads.
-            let method = body.args.and_then(|a| a.get("method"));
-            return method.is_none_or(|m| {
-                m.as_str()
-                    .is_some_and(|m| !m.contains("{{") && crate::tools::reads_only(m))
-            });
-        }
-        return tool_idempotent(workflow, &tool.value, seen);
-    }
-    if let Some(path) = body.workflow {
-        return workflow_idempotent(workflow, &path.value);
-    }
-    llm_step_idempotent(workflow, body, seen)
-}
-
-fn tool_idempotent(workflow: &Workflow, name: &str, seen: &mut HashSet<String>) -> bool {
-    match workflow.spec.tools.get(name) {
-        Some(def) if def.idempotent == Some(true) => true,
-        Some(def) => match (&def.steps, &def.workflow) {
-            (Some(steps), _) => {
-                !seen.insert(name.to_owned())
-                    || steps.value.iter().all(|s| {
-                        body_idempotent(workflow, s.body(), seen)
-                            && s.fallback
-                                .as_ref()
-                                .is_none_or(|f| body_idempotent(workflow, f.body(), seen))
-                    })
-            }
-            (None, Some(path)) => workflow_idempotent(workflow, &path.value),
-            _ => false,
-        },
-        // `http` chosen by an LLM may change things (with a person's approval): not safe to repeat.
-        None => builtin::get(name).is_some_and(|b| b.read_only),
-    }
-}
-
-/// An agent or planner step is safe to repeat when every tool it may use is: the tools its `tools` globs
-/// (or its agent's) allow. A checkpoint spares the iterations it completed in any case.
-fn llm_step_idempotent(workflow: &Workflow, body: Body<'_>, seen: &mut HashSet<String>) -> bool {
-    let spec = &workflow.spec;
-    let globs: Vec<globset::GlobMatcher> = spec
-        .tool_patterns(body)
-        .iter()
-        .filter_map(|p| globset::Glob::new(p).ok().map(|g| g.compile_matcher()))
-        .collect();
-    let allowed = |name: &str| globs.iter().any(|g| g.is_match(name));
-    let builtins = builtin::all()
-        .iter()
-        .filter(|b| allowed(b.name))
-        .map(|b| b.name.to_owned());
-    let declared = spec
-        .tools
-        .iter()
-        .filter(|(name, def)| def.mcp.is_none() && allowed(&name.value))
-        .map(|(name, _)| name.value.clone());
-    let usable: Vec<String> = builtins.chain(declared).collect();
-    usable
-        .iter()
-        .all(|name| tool_idempotent(workflow, name, seen))
-}
-
-fn workflow_idempotent(workflow: &Workflow, path: &str) -> bool {
-    workflow.subworkflows.get(path).is_some_and(|sub| {
-        sub.spec
-            .steps
-            .iter()
-            .all(|s| step_idempotent(sub, &s.id.value))
-    })
 }
 
 /// The steps `retry --failed` runs again: those whose result is a failure, and those skipped because a

@@ -452,20 +452,6 @@ pub struct RunReport {
     pub llm: Option<LlmUsage>,
 }
 
-/// The built-in tools this version executes.
-pub const RUNNABLE_BUILTINS: &[&str] = &[
-    "echo",
-    "sleep",
-    "exec",
-    "shell",
-    "read_file",
-    "write_file",
-    "list_files",
-    "calculator",
-    "json",
-    "http",
-];
-
 /// A step this version cannot execute, and why.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Unsupported {
@@ -528,13 +514,9 @@ impl Walk {
                 }
                 return;
             }
-            match builtin::get(name) {
-                Some(_) if RUNNABLE_BUILTINS.contains(&name) => {}
-                Some(_) => refuse(format!(
-                    "built-in tool `{name}` cannot run yet (these can: {})",
-                    RUNNABLE_BUILTINS.join(", ")
-                )),
-                None => refuse(format!("tool `{name}` cannot run yet")),
+            // Every built-in tool runs.
+            if builtin::get(name).is_none() {
+                refuse(format!("tool `{name}` cannot run yet"));
             }
             return;
         }

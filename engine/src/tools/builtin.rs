@@ -7,6 +7,8 @@ use std::sync::OnceLock;
 
 use serde_json::{Value, json};
 
+use super::safety::{Safety, SafetyRule};
+
 /// One built-in tool.
 #[derive(Debug)]
 pub struct Builtin {
@@ -14,10 +16,15 @@ pub struct Builtin {
     pub description: &'static str,
     /// JSON Schema of the arguments (always an object schema).
     pub parameters: Value,
-    /// Calls chosen by an LLM ask for approval unless a rule allows them.
-    pub sensitive: bool,
-    /// Has no side effect, so a call in doubt after a crash may be repeated.
-    pub read_only: bool,
+    /// What its calls may do.
+    pub safety: SafetyRule,
+}
+
+impl Builtin {
+    /// What a call with `args` may do (`None`: arguments not known before the call).
+    pub fn safety(&self, args: Option<&Value>) -> Safety {
+        self.safety.of(args)
+    }
 }
 
 /// Every built-in tool, in documentation order.
@@ -52,8 +59,7 @@ fn catalog() -> Vec<Builtin> {
                 }),
                 &["argv"],
             ),
-            sensitive: true,
-            read_only: false,
+            safety: SafetyRule::Fixed(Safety::SENSITIVE),
         },
         Builtin {
             name: "shell",
@@ -70,8 +76,7 @@ fn catalog() -> Vec<Builtin> {
                 }),
                 &["command"],
             ),
-            sensitive: true,
-            read_only: false,
+            safety: SafetyRule::Fixed(Safety::SENSITIVE),
         },
         Builtin {
             name: "http",
@@ -87,16 +92,13 @@ fn catalog() -> Vec<Builtin> {
                 }),
                 &["url"],
             ),
-            // Only non-GET methods are sensitive; the runtime refines this per call.
-            sensitive: false,
-            read_only: false,
+            safety: SafetyRule::ByMethod,
         },
         Builtin {
             name: "read_file",
             description: "Read a text file inside the workspace",
             parameters: object(json!({ "path": { "type": "string" } }), &["path"]),
-            sensitive: false,
-            read_only: true,
+            safety: SafetyRule::Fixed(Safety::READ_ONLY),
         },
         Builtin {
             name: "write_file",
@@ -109,8 +111,7 @@ fn catalog() -> Vec<Builtin> {
                 }),
                 &["path", "content"],
             ),
-            sensitive: true,
-            read_only: false,
+            safety: SafetyRule::Fixed(Safety::SENSITIVE),
         },
         Builtin {
             name: "list_files",
@@ -122,8 +123,7 @@ fn catalog() -> Vec<Builtin> {
                 }),
                 &[],
             ),
-            sensitive: false,
-            read_only: true,
+            safety: SafetyRule::Fixed(Safety::READ_ONLY),
         },
         Builtin {
             name: "json",
@@ -132,8 +132,7 @@ fn catalog() -> Vec<Builtin> {
                 json!({ "input": {}, "query": { "type": "string" } }),
                 &["query"],
             ),
-            sensitive: false,
-            read_only: true,
+            safety: SafetyRule::Fixed(Safety::READ_ONLY),
         },
         Builtin {
             name: "calculator",
@@ -142,22 +141,19 @@ fn catalog() -> Vec<Builtin> {
                 json!({ "expression": { "type": "string" } }),
                 &["expression"],
             ),
-            sensitive: false,
-            read_only: true,
+            safety: SafetyRule::Fixed(Safety::READ_ONLY),
         },
         Builtin {
             name: "sleep",
             description: "Wait for a duration",
             parameters: object(json!({ "duration": { "type": "string" } }), &["duration"]),
-            sensitive: false,
-            read_only: true,
+            safety: SafetyRule::Fixed(Safety::READ_ONLY),
         },
         Builtin {
             name: "echo",
             description: "Return its arguments unchanged",
             parameters: json!({ "type": "object" }),
-            sensitive: false,
-            read_only: true,
+            safety: SafetyRule::Fixed(Safety::READ_ONLY),
         },
     ]
 }

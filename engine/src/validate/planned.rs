@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use super::{Checker, Validation, Validator};
 use crate::diagnostic::{Diagnostic, codes};
 use crate::spec::{Body, Node, Spec, Step};
-use crate::tools::builtin;
+use crate::tools::{SafetyRule, builtin};
 use crate::workflow::Workflow;
 
 /// What the steps of a plan may do.
@@ -29,7 +29,7 @@ impl PlanPolicy {
             .filter_map(|p| globset::Glob::new(p).ok())
             .any(|g| g.compile_matcher().is_match(name));
         let sensitive = match builtin::get(name) {
-            Some(b) => b.sensitive,
+            Some(b) => !b.safety.may_be_harmless(),
             None => {
                 !spec.tools.contains_key(name)
                     || crate::tools::sensitive(spec, name, &serde_json::Value::Null)
@@ -222,13 +222,13 @@ impl Checker<'_> {
                     ),
                     listed,
                 ));
-            } else if tool.value == "http" {
+            } else if let Some(b) = builtin::get(&tool.value)
+                && b.safety == SafetyRule::ByMethod
+            {
                 // A planned request may read, not change things: those need a person's approval.
-                let method = body.args.and_then(|a| a.get("method"));
-                if let Some(method) = method
-                    && !method.as_str().is_some_and(|m| {
-                        matches!(m.to_ascii_uppercase().as_str(), "GET" | "HEAD" | "OPTIONS")
-                    })
+                let args = body.args.map_or(serde_json::Value::Null, Node::to_json);
+                if let Some(method) = body.args.and_then(|a| a.get("method"))
+                    && b.safety(Some(&args)).sensitive
                 {
                     self.push(refuse(
                         method.span,

@@ -1,0 +1,235 @@
+//! What a call may do: the safety of built-in tools (fixed, or decided by the arguments), whether a call is
+//! sensitive, and whether every tool a step can call is safe to repeat.
+
+use std::collections::HashSet;
+
+use serde_json::Value as Json;
+
+use super::builtin;
+use crate::spec::{Body, HttpMethod, Node, Spec, Step};
+use crate::workflow::Workflow;
+
+/// What a call may do.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Safety {
+    /// Has no side effect: a call in doubt after a crash may be repeated.
+    pub read_only: bool,
+    /// Asks for a person's approval when an LLM chose it, unless a rule allows it.
+    pub sensitive: bool,
+}
+
+impl Safety {
+    pub const READ_ONLY: Safety = Safety {
+        read_only: true,
+        sensitive: false,
+    };
+    /// Has effects, but none that needs a person's approval.
+    pub const CHANGES: Safety = Safety {
+        read_only: false,
+        sensitive: false,
+    };
+    pub const SENSITIVE: Safety = Safety {
+        read_only: false,
+        sensitive: true,
+    };
+}
+
+/// How a tool's safety follows from a call's arguments.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SafetyRule {
+    /// The same for every call.
+    Fixed(Safety),
+    /// An HTTP request: read-only when its `method` (default `GET`) only reads and is written as is;
+    /// sensitive otherwise, and when the method is not known before the call.
+    ByMethod,
+}
+
+impl SafetyRule {
+    /// The safety of a call with `args` (`None`: the arguments are not known before the call).
+    pub fn of(self, args: Option<&Json>) -> Safety {
+        match self {
+            SafetyRule::Fixed(safety) => safety,
+            SafetyRule::ByMethod => {
+                let reads = args.is_some_and(|a| {
+                    a.get("method")
+                        .map_or(Some("GET"), Json::as_str)
+                        .is_some_and(|m| !m.contains("{{") && reads_only(m))
+                });
+                if reads {
+                    Safety::READ_ONLY
+                } else {
+                    Safety::SENSITIVE
+                }
+            }
+        }
+    }
+
+    /// Whether some calls are not sensitive (a plan may use the tool, call by call).
+    pub fn may_be_harmless(self) -> bool {
+        match self {
+            SafetyRule::Fixed(safety) => !safety.sensitive,
+            SafetyRule::ByMethod => true,
+        }
+    }
+}
+
+/// Whether a call of `tool` with `args` is sensitive: it needs a person's approval when an LLM chose it.
+/// Built-in `exec`, `shell` and `write_file` are, and `http` with a method that changes things; a declared
+/// tool is when it says `sensitive: true` (and is not when it says `false`), else when it is an `http`
+/// tool with such a method, an MCP tool, a sub-workflow, or a composite tool one of whose steps (or
+/// fallbacks) calls a sensitive tool.
+pub fn sensitive(spec: &Spec, tool: &str, args: &Json) -> bool {
+    sensitive_tool(spec, tool, Some(args), &mut HashSet::new())
+}
+
+fn sensitive_tool(
+    spec: &Spec,
+    tool: &str,
+    args: Option<&Json>,
+    seen: &mut HashSet<String>,
+) -> bool {
+    if let Some(b) = builtin::get(tool) {
+        return b.safety(args).sensitive;
+    }
+    let Some(def) = spec.tools.get(tool) else {
+        return false;
+    };
+    // The spec's author may say either way; otherwise it follows from what the tool does.
+    if let Some(sensitive) = def.sensitive {
+        return sensitive;
+    }
+    if def.workflow.is_some() || def.mcp.is_some() {
+        return true;
+    }
+    if let Some(http) = &def.http {
+        return http.method.as_ref().is_some_and(|m| {
+            !matches!(
+                m.value,
+                HttpMethod::Get | HttpMethod::Head | HttpMethod::Options
+            )
+        });
+    }
+    if let Some(steps) = &def.steps {
+        if !seen.insert(tool.to_owned()) {
+            return false;
+        }
+        return steps.value.iter().any(|s| step_sensitive(spec, s, seen));
+    }
+    false
+}
+
+/// Whether a step (or its fallback) calls a sensitive tool, as written.
+fn step_sensitive(spec: &Spec, step: &Step, seen: &mut HashSet<String>) -> bool {
+    let body_sensitive = |tool: Option<&crate::spec::Spanned<String>>,
+                          args: Option<&Node>,
+                          seen: &mut HashSet<String>| {
+        tool.is_some_and(|t| {
+            let args = args.map_or(Json::Object(serde_json::Map::new()), Node::to_json);
+            sensitive_tool(spec, &t.value, Some(&args), seen)
+        })
+    };
+    let body = step.body();
+    body.workflow.is_some()
+        || body_sensitive(body.tool, body.args, seen)
+        || step.fallback.as_ref().is_some_and(|f| {
+            let fb = f.body();
+            fb.workflow.is_some() || body_sensitive(fb.tool, fb.args, seen)
+        })
+}
+
+/// Whether an HTTP method only reads.
+pub fn reads_only(method: &str) -> bool {
+    matches!(
+        method.to_ascii_uppercase().as_str(),
+        "GET" | "HEAD" | "OPTIONS"
+    )
+}
+
+/// Whether every tool a step can call (its body and its fallback) is safe to repeat.
+pub fn step_idempotent(workflow: &Workflow, id: &str) -> bool {
+    let Some(step) = workflow.spec.steps.iter().find(|s| s.id.value == id) else {
+        return false;
+    };
+    let mut seen = HashSet::new();
+    body_idempotent(workflow, step.body(), &mut seen)
+        && step
+            .fallback
+            .as_ref()
+            .is_none_or(|f| body_idempotent(workflow, f.body(), &mut seen))
+}
+
+/// Whether every tool a step body can call is safe to repeat.
+pub fn body_is_idempotent(workflow: &Workflow, body: Body<'_>) -> bool {
+    body_idempotent(workflow, body, &mut HashSet::new())
+}
+
+fn body_idempotent(workflow: &Workflow, body: Body<'_>, seen: &mut HashSet<String>) -> bool {
+    if let Some(tool) = body.tool {
+        if let Some(b) = builtin::get(&tool.value) {
+            // The call as written: an `http` request is safe to repeat when its method only reads.
+            let args = body.args.map_or(Json::Null, Node::to_json);
+            return b.safety(Some(&args)).read_only;
+        }
+        return tool_idempotent(workflow, &tool.value, seen);
+    }
+    if let Some(path) = body.workflow {
+        return workflow_idempotent(workflow, &path.value);
+    }
+    llm_step_idempotent(workflow, body, seen)
+}
+
+fn tool_idempotent(workflow: &Workflow, name: &str, seen: &mut HashSet<String>) -> bool {
+    match workflow.spec.tools.get(name) {
+        Some(def) if def.idempotent == Some(true) => true,
+        Some(def) => match (&def.steps, &def.workflow) {
+            (Some(steps), _) => {
+                !seen.insert(name.to_owned())
+                    || steps.value.iter().all(|s| {
+                        body_idempotent(workflow, s.body(), seen)
+                            && s.fallback
+                                .as_ref()
+                                .is_none_or(|f| body_idempotent(workflow, f.body(), seen))
+                    })
+            }
+            (None, Some(path)) => workflow_idempotent(workflow, &path.value),
+            _ => false,
+        },
+        // Arguments an LLM will choose are not known: `http` may change things (with a person's
+        // approval), so it is not safe to repeat.
+        None => builtin::get(name).is_some_and(|b| b.safety(None).read_only),
+    }
+}
+
+/// An agent or planner step is safe to repeat when every tool it may use is: the tools its `tools` globs
+/// (or its agent's) allow. A checkpoint spares the iterations it completed in any case.
+fn llm_step_idempotent(workflow: &Workflow, body: Body<'_>, seen: &mut HashSet<String>) -> bool {
+    let spec = &workflow.spec;
+    let globs: Vec<globset::GlobMatcher> = spec
+        .tool_patterns(body)
+        .iter()
+        .filter_map(|p| globset::Glob::new(p).ok().map(|g| g.compile_matcher()))
+        .collect();
+    let allowed = |name: &str| globs.iter().any(|g| g.is_match(name));
+    let builtins = builtin::all()
+        .iter()
+        .filter(|b| allowed(b.name))
+        .map(|b| b.name.to_owned());
+    let declared = spec
+        .tools
+        .iter()
+        .filter(|(name, def)| def.mcp.is_none() && allowed(&name.value))
+        .map(|(name, _)| name.value.clone());
+    let usable: Vec<String> = builtins.chain(declared).collect();
+    usable
+        .iter()
+        .all(|name| tool_idempotent(workflow, name, seen))
+}
+
+fn workflow_idempotent(workflow: &Workflow, path: &str) -> bool {
+    workflow.subworkflows.get(path).is_some_and(|sub| {
+        sub.spec
+            .steps
+            .iter()
+            .all(|s| step_idempotent(sub, &s.id.value))
+    })
+}
