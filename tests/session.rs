@@ -198,3 +198,48 @@ fn collect_rust_files(dir: &Path, files: &mut Vec<std::path::PathBuf>) {
         }
     }
 }
+
+/// `show` does not promise a resume that `resume` would refuse: it says what resume would say.
+#[test]
+fn show_says_when_resume_would_refuse() {
+    use std::process::{Command, Stdio};
+    use std::time::{Duration, Instant};
+
+    let dir = TempDir::new().expect("tempdir");
+    let spec = r#"name: doubt
+steps:
+  - { id: wait, tool: exec, with: { argv: [sh, -c, 'echo $$ > pid; touch started; exec sleep 30'] } }
+"#;
+    std::fs::write(dir.path().join("doubt.yaml"), spec).expect("write");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_archon"))
+        .args(["run", "doubt.yaml"])
+        .current_dir(dir.path())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("archon starts");
+    let started = Instant::now();
+    while !dir.path().join("started").exists() {
+        assert!(started.elapsed() < Duration::from_secs(10), "never started");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    // The command outlived the killed archon; end it so that the refusal does not name its process group.
+    let pid = std::fs::read_to_string(dir.path().join("pid")).expect("pid");
+    let _ = Command::new("kill").args(["-KILL", pid.trim()]).status();
+
+    let Output { stdout, .. } = archon(dir.path(), &["runs", "--json"]);
+    let runs: Json = serde_json::from_str(&stdout).expect("runs");
+    let id = runs[0]["id"].as_str().expect("id").to_owned();
+    let Output { code, stdout, .. } = archon(dir.path(), &["show", &id]);
+    assert_eq!(code, 0);
+    let hints: Vec<&str> = stdout.lines().filter(|l| l.contains("hint:")).collect();
+    assert_eq!(
+        hints,
+        [
+            format!("  hint: `archon resume {id}` would refuse: run `{id}` stopped while a step was running, and it may have had its effect: `wait`"),
+            "  hint: check what it did; `--rerun-in-doubt` runs it again anyway (steps that are safe to repeat are marked `idempotent: true` on their tool)".to_owned(),
+        ]
+    );
+}

@@ -4,7 +4,9 @@ use std::collections::{HashMap, HashSet};
 use std::fmt::Write as _;
 
 use archon_engine::resume;
-use archon_engine::session::{Cancelled, Continue, ContinueOptions, RunState, StoredRun};
+use archon_engine::session::{
+    Cancelled, Continue, ContinueOptions, RunState, Session, SessionError, StoredRun,
+};
 
 use super::Status;
 use super::run::{execute, existing_session, outputs_text, session_error, store_error};
@@ -84,11 +86,11 @@ pub fn show(args: &ShowArgs) -> anyhow::Result<Status> {
         output::stdout(&crate::trail::render(&events));
         return Ok(Status::Success);
     }
-    output::stdout(&output::printable(&describe(&run)));
+    output::stdout(&output::printable(&describe(&session, &run)));
     Ok(Status::Success)
 }
 
-fn describe(run: &StoredRun) -> String {
+fn describe(session: &Session, run: &StoredRun) -> String {
     let mut text = String::new();
     let _ = writeln!(text, "run       {}", run.id);
     let _ = writeln!(text, "workflow  {} ({})", run.workflow, run.spec_path);
@@ -155,13 +157,27 @@ fn describe(run: &StoredRun) -> String {
         text.push_str(&outputs_text(&run.outputs));
     }
     if run.status == RunState::Interrupted {
-        let _ = writeln!(
-            text,
-            "\n  hint: `archon resume {}` continues it; finished steps are not run again",
-            run.id
-        );
+        text.push('\n');
+        text.push_str(&resume_hint(session, &run.id));
     }
     text
+}
+
+/// What resuming an interrupted run would do: continue it, or refuse, and why.
+fn resume_hint(session: &Session, id: &str) -> String {
+    match session.check_continue(id, Continue::Resume, &ContinueOptions::default()) {
+        Ok(()) => {
+            format!("  hint: `archon resume {id}` continues it; finished steps are not run again\n")
+        }
+        Err(SessionError::Refused { message, hint }) => {
+            format!("  hint: `archon resume {id}` would refuse: {message}\n  hint: {hint}\n")
+        }
+        Err(SessionError::Invalid { path, .. }) => format!(
+            "  hint: `archon resume {id}` would refuse: the spec no longer validates\n  hint: `archon validate {}` shows why\n",
+            path.display()
+        ),
+        Err(e) => format!("  hint: `archon resume {id}` would refuse: {e}\n"),
+    }
 }
 
 /// Rows for the steps a step ran inside it (a composite tool's, a sub-workflow's, or those its planner

@@ -383,6 +383,18 @@ impl Session {
         Ok(Outcome { report, resumable })
     }
 
+    /// Whether the run could be continued as asked now, without claiming it: what `continue_run` would
+    /// refuse, if anything (the spec on disk is validated; nothing is written).
+    pub fn check_continue(
+        &self,
+        id: &str,
+        how: Continue<'_>,
+        options: &ContinueOptions,
+    ) -> Result<(), SessionError> {
+        refuse_state(&self.store.load(id)?, how)?;
+        self.plan_continuation(id, how, options).map(|_| ())
+    }
+
     /// Records a decision on the calls a paused run waits for (those of `step` only, when given); returns
     /// the requests it decided.
     pub fn decide(

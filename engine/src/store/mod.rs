@@ -353,7 +353,19 @@ pub fn process_start_time(pid: u32) -> Option<u64> {
 /// Whether the process group a crashed attempt started still has its leader running: the same process,
 /// not a later one with the same id.
 pub fn leftover_group(pgid: u32, started: Option<u64>) -> bool {
-    started.is_some() && process_start_time(pgid) == started
+    started.is_some() && process_start_time(pgid) == started && !zombie(pgid)
+}
+
+/// Whether process `pid` has exited and waits only to be reaped (an orphan whose new parent does not reap
+/// it stays so): it runs nothing any more.
+fn zombie(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|stat| {
+            let (_, rest) = stat.rsplit_once(')')?;
+            rest.split_whitespace().next().map(|state| state == "Z")
+        })
+        .unwrap_or(false)
 }
 
 /// Kills a leftover process group (see [`leftover_group`]).
