@@ -50,6 +50,49 @@ fn show(dir: &Path, id: &str) -> Json {
     serde_json::from_str(&stdout).expect("run as JSON")
 }
 
+/// Runs archon (a resume) and writes `go` in `dir` as soon as it prints its first line: by then it has
+/// stopped the command the killed run left behind, which waits for `go` too, so that only the resumed
+/// attempt gets to its effect.
+fn resume_then_go(dir: &Path, args: &[&str], env: &[(&str, &str)]) -> Output {
+    use std::io::{BufRead, BufReader, Read};
+    let mut child = Command::new(env!("CARGO_BIN_EXE_archon"))
+        .args(args)
+        .current_dir(dir)
+        .env("NO_COLOR", "1")
+        .envs(env.iter().copied())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("archon starts");
+    let stderr = child.stderr.take().expect("piped");
+    let go = dir.join("go");
+    let reader = std::thread::spawn(move || {
+        let mut text = String::new();
+        for line in BufReader::new(stderr).lines() {
+            let line = line.expect("utf-8");
+            if text.is_empty() {
+                std::fs::write(&go, "").expect("write");
+            }
+            text.push_str(&line);
+            text.push('\n');
+        }
+        text
+    });
+    let mut stdout = String::new();
+    child
+        .stdout
+        .take()
+        .expect("piped")
+        .read_to_string(&mut stdout)
+        .expect("utf-8");
+    let status = child.wait().expect("exits");
+    Output {
+        code: status.code().unwrap_or(-1),
+        stdout,
+        stderr: reader.join().expect("joined"),
+    }
+}
+
 /// Waits until `path` exists (a step wrote it), or panics after `limit`.
 fn wait_for(path: &Path, limit: Duration) {
     let started = Instant::now();
@@ -238,13 +281,8 @@ fn resume_reuses_finished_steps_and_asks_about_steps_in_doubt() {
     assert!(stderr.contains("its command is still running"), "{stderr}");
 
     // `go` appears only once the resumed run is under way, after the leftover was stopped.
-    let go = dir.path().join("go");
-    let writer = std::thread::spawn(move || {
-        std::thread::sleep(Duration::from_millis(300));
-        std::fs::write(go, "").expect("write");
-    });
-    let Output { code, stderr, .. } = archon(dir.path(), &["resume", &id, "--rerun-in-doubt"]);
-    writer.join().expect("joined");
+    let Output { code, stderr, .. } =
+        resume_then_go(dir.path(), &["resume", &id, "--rerun-in-doubt"], &[]);
     assert_eq!(code, 0, "{stderr}");
     assert!(stderr.contains("reused    first"), "{stderr}");
     assert!(stderr.contains("stopped process group"), "{stderr}");
@@ -617,26 +655,19 @@ steps:
     kill(&mut child);
     let id = runs(dir.path())[0]["id"].as_str().expect("id").to_owned();
     // `go` appears only once the resume has stopped the killed run's leftover command.
-    let go = dir.path().join("go");
-    let writer = std::thread::spawn(move || {
-        std::thread::sleep(Duration::from_millis(300));
-        std::fs::write(go, "").expect("write");
-    });
     // The list changed order and grew: `a` is reused where it now is, `w` and `c` run.
-    let output = Command::new(env!("CARGO_BIN_EXE_archon"))
-        .args(["resume", &id, "--rerun-in-doubt", "--json"])
-        .current_dir(dir.path())
-        .env("ITEMS", "w,a,c")
-        .output()
-        .expect("resumes");
-    writer.join().expect("joined");
-    assert_eq!(
-        output.status.code(),
-        Some(0),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
+    let Output {
+        code,
+        stdout,
+        stderr,
+    } = resume_then_go(
+        dir.path(),
+        &["resume", &id, "--rerun-in-doubt", "--json"],
+        &[("ITEMS", "w,a,c")],
     );
-    let report: Json = serde_json::from_slice(&output.stdout).expect("report");
+    assert_eq!(code, 0, "{stderr}");
+    assert!(stderr.contains("stopped process group"), "{stderr}");
+    let report: Json = serde_json::from_str(&stdout).expect("report");
     assert_eq!(
         report["steps"]["each"]["output"],
         json!(["done-w", "done-a", "done-c"])
