@@ -221,3 +221,54 @@ fn template_errors_next_to_multibyte_characters_do_not_panic() {
         ["archon::template_syntax"]
     );
 }
+
+/// A TOML spec past the step limit is refused from its text, before the TOML parser builds a document of
+/// several hundred bytes a value (100,000 steps used 452 MB before being refused).
+#[test]
+fn a_toml_spec_with_too_many_steps_is_refused_before_it_is_parsed() {
+    let mut text = String::from("name = \"many\"\n");
+    for i in 0..100_000 {
+        text.push_str(&format!("[[steps]]\nid = \"s{i}\"\ntool = \"echo\"\n"));
+    }
+    let diagnostics = validate_source(Path::new("many.toml"), text.clone()).diagnostics;
+    let shown: Vec<(&str, String, usize)> = diagnostics
+        .iter()
+        .map(|d| (d.code, d.message.clone(), d.span.start as usize))
+        .collect();
+    let at = text
+        .match_indices("[[steps]]")
+        .nth(50_000)
+        .map(|(i, _)| i)
+        .expect("a 50,001st step");
+    assert_eq!(
+        shown,
+        [(
+            "archon::too_many_steps",
+            "workflow has more than 50000 steps, the limit".to_owned(),
+            at
+        )]
+    );
+}
+
+/// Eight megabytes of empty inline tables (675 MB before) and a million-element YAML list are refused at
+/// the value limit, while they are read.
+#[test]
+fn too_many_values_are_refused_in_both_formats() {
+    let tables = format!("name = \"b\"\nx = [{}]\n", vec!["{}"; 2_700_000].join(","));
+    let list = format!("name: b\nx: [{}]\n", vec!["1"; 1_000_000].join(","));
+    for (name, text) in [("tables.toml", tables), ("list.yaml", list)] {
+        let diagnostics = validate_source(Path::new(name), text).diagnostics;
+        let shown: Vec<(&str, &str)> = diagnostics
+            .iter()
+            .map(|d| (d.code, d.message.as_str()))
+            .collect();
+        assert_eq!(
+            shown,
+            [(
+                "archon::file_too_large",
+                "spec file holds more than 500000 values, the limit"
+            )],
+            "{name}"
+        );
+    }
+}

@@ -4,6 +4,9 @@ use crate::diagnostic::{Diagnostic, codes};
 use crate::source::{Format, SourceFile, Span};
 use crate::spec::node::Node;
 
+/// The default of [`Limits::max_values`].
+pub const MAX_VALUES: usize = 500_000;
+
 /// Resource limits applied while parsing. The defaults are documented in `docs/spec.md` ("Limits").
 #[derive(Clone, Copy, Debug)]
 pub struct Limits {
@@ -15,6 +18,9 @@ pub struct Limits {
     pub max_alias_replay_events: usize,
     /// Most steps in one workflow (composite tool steps included).
     pub max_steps: usize,
+    /// Most values (scalars, lists and mappings) in one file: bounds the memory a file can make the
+    /// parser use, whatever its shape, before the whole tree is built.
+    pub max_values: usize,
 }
 
 impl Default for Limits {
@@ -24,6 +30,7 @@ impl Default for Limits {
             max_depth: 64,
             max_alias_replay_events: 20_000,
             max_steps: 50_000,
+            max_values: MAX_VALUES,
         }
     }
 }
@@ -59,8 +66,99 @@ pub fn parse(file: &SourceFile, limits: &Limits) -> (Option<Node>, Vec<Diagnosti
     }
     match file.format {
         Format::Yaml => super::yaml::parse(file, limits),
-        Format::Toml => super::toml::parse(file),
+        Format::Toml => {
+            // The TOML parser builds the whole document before anything can be counted, at several
+            // hundred bytes a value: count first, from the text.
+            if let Some(refusal) = toml_too_large(file, limits) {
+                return (None, vec![refusal]);
+            }
+            super::toml::parse(file)
+        }
     }
+}
+
+/// What a cheap pass over TOML text finds: at least how many values it holds, and its `[[...steps]]`
+/// table headers (a step each), with the offset of the first header past `max_steps`.
+fn toml_too_large(file: &SourceFile, limits: &Limits) -> Option<Diagnostic> {
+    let bytes = file.text.as_bytes();
+    let (mut values, mut steps, mut i) = (0usize, 0usize, 0usize);
+    let mut line_start = true;
+    while i < bytes.len() {
+        let b = bytes[i];
+        if line_start && b == b'[' && bytes.get(i + 1) == Some(&b'[') {
+            // An array-of-tables header: a step when its key path ends with `steps`.
+            let end = file.text[i..].find(']').map_or(bytes.len(), |e| i + e);
+            let key = file.text[i + 2..end].trim().trim_matches(['"', '\'']);
+            if key == "steps" || key.ends_with(".steps") || key.ends_with(".\"steps") {
+                steps += 1;
+                if steps > limits.max_steps {
+                    return Some(
+                        Diagnostic::error(
+                            codes::TOO_MANY_STEPS,
+                            Span::new(file.id, i, end.min(bytes.len())),
+                            format!(
+                                "workflow has more than {} steps, the limit",
+                                limits.max_steps
+                            ),
+                        )
+                        .with_hint("split the workflow into sub-workflows (`workflow:` steps)"),
+                    );
+                }
+            }
+        }
+        match b {
+            b'=' | b',' | b'[' | b'{' => {
+                values += 1;
+                if values > limits.max_values {
+                    return Some(too_many_values(Span::new(file.id, i, i + 1), limits));
+                }
+            }
+            b'#' => i = skip_to(bytes, i, |c| c == b'\n').saturating_sub(1),
+            quote @ (b'"' | b'\'') => {
+                let triple = bytes.get(i + 1) == Some(&quote) && bytes.get(i + 2) == Some(&quote);
+                i = if triple {
+                    let closing = [quote; 3];
+                    file.text[i + 3..]
+                        .find(std::str::from_utf8(&closing).unwrap_or("\"\"\""))
+                        .map_or(bytes.len(), |e| i + 3 + e + 2)
+                } else {
+                    let mut j = i + 1;
+                    while j < bytes.len() && bytes[j] != quote && bytes[j] != b'\n' {
+                        if bytes[j] == b'\\' && quote == b'"' {
+                            j += 1;
+                        }
+                        j += 1;
+                    }
+                    j
+                };
+            }
+            _ => {}
+        }
+        line_start = b == b'\n' || (line_start && (b == b' ' || b == b'\t'));
+        i += 1;
+    }
+    None
+}
+
+/// The offset of the first byte at or after `from` for which `stop` holds (or the end).
+fn skip_to(bytes: &[u8], from: usize, stop: impl Fn(u8) -> bool) -> usize {
+    bytes[from..]
+        .iter()
+        .position(|&c| stop(c))
+        .map_or(bytes.len(), |p| from + p)
+}
+
+/// A file with more values than [`Limits::max_values`].
+pub(super) fn too_many_values(span: Span, limits: &Limits) -> Diagnostic {
+    Diagnostic::error(
+        codes::FILE_TOO_LARGE,
+        span,
+        format!(
+            "spec file holds more than {} values, the limit",
+            limits.max_values
+        ),
+    )
+    .with_hint("split the workflow into sub-workflows (`workflow:` steps), or move data into a file a tool reads")
 }
 
 /// A cheap pre-scan for bracket nesting beyond `max_depth` in flow (`[`, `{`) syntax, so that no parser

@@ -141,17 +141,14 @@ impl<'de> Visitor<'de> for RawVisitor {
     }
 }
 
-/// Most YAML values (scalars, sequences and mappings) in one document.
-const MAX_YAML_NODES: usize = 2_000_000;
-
 pub(super) fn parse(file: &SourceFile, limits: &Limits) -> (Option<Node>, Vec<Diagnostic>) {
     let mut budget = Budget::default();
     budget.max_depth = limits.max_depth;
     // The file size limit already bounds how many values a document can have; these only need to stay
     // out of the way of large legitimate specs. Alias bombs are stopped by the replay limit below, so the
     // alias-to-anchor ratio heuristic (which rejects one anchor reused by hundreds of steps) is off.
-    budget.max_nodes = MAX_YAML_NODES;
-    budget.max_events = 2 * MAX_YAML_NODES;
+    budget.max_nodes = limits.max_values;
+    budget.max_events = 2 * limits.max_values;
     budget.enforce_alias_anchor_ratio = false;
     let mut alias_limits = AliasLimits::default();
     alias_limits.max_total_replayed_events = limits.max_alias_replay_events;
@@ -318,6 +315,10 @@ fn error_to_diagnostic(err: &YamlError, file: &SourceFile, limits: &Limits) -> D
         | YamlError::AliasExpansionLimitExceeded { .. }
         | YamlError::AliasReplayStackDepthExceeded { .. }
         | YamlError::AliasReplayCounterOverflow { .. } => alias_budget(span, limits),
+        YamlError::Budget {
+            breach: BudgetBreach::Nodes { .. } | BudgetBreach::Events { .. },
+            ..
+        } => super::parse::too_many_values(span, limits),
         YamlError::Budget { breach, .. } => Diagnostic::error(
             codes::FILE_TOO_LARGE,
             span,
@@ -369,9 +370,6 @@ fn alias_budget(span: Span, limits: &Limits) -> Diagnostic {
 
 fn budget_text(breach: &BudgetBreach) -> String {
     match breach {
-        BudgetBreach::Nodes { .. } | BudgetBreach::Events { .. } => {
-            format!("more than {MAX_YAML_NODES} values")
-        }
         BudgetBreach::Documents { .. } => "more than one YAML document".to_owned(),
         other => format!("{other:?}").to_lowercase(),
     }
