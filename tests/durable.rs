@@ -50,6 +50,30 @@ fn show(dir: &Path, id: &str) -> Json {
     serde_json::from_str(&stdout).expect("run as JSON")
 }
 
+/// Waits until the store holds the process group of `step`'s running attempt: from then on a resume after a
+/// kill knows the command it left behind.
+fn wait_for_group(dir: &Path, step: &str) {
+    let started = Instant::now();
+    loop {
+        let recorded = runs(dir)
+            .first()
+            .and_then(|r| r["id"].as_str().map(str::to_owned))
+            .is_some_and(|id| {
+                attempts(&show(dir, &id), step)
+                    .iter()
+                    .any(|a| a["status"] == "running" && !a["pgid"].is_null())
+            });
+        if recorded {
+            return;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "the process group of `{step}` was never recorded"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 /// Runs archon (a resume) and writes `go` in `dir` as soon as it prints its first line: by then it has
 /// stopped the command the killed run left behind, which waits for `go` too, so that only the resumed
 /// attempt gets to its effect.
@@ -262,6 +286,7 @@ fn resume_reuses_finished_steps_and_asks_about_steps_in_doubt() {
     std::fs::write(dir.path().join("slow.yaml"), SLOW).expect("write");
     let mut child = spawn(dir.path(), &["run", "slow.yaml"]);
     wait_for(&dir.path().join("started"), Duration::from_secs(10));
+    wait_for_group(dir.path(), "wait");
     // While the owner lives, nobody else may resume the run.
     let id = runs(dir.path())[0]["id"].as_str().expect("id").to_owned();
     let Output { code, stderr, .. } = archon(dir.path(), &["resume", &id]);
@@ -652,6 +677,7 @@ steps:
         .spawn()
         .expect("starts");
     wait_for(&dir.path().join("started"), Duration::from_secs(10));
+    wait_for_group(dir.path(), "each[1]");
     kill(&mut child);
     let id = runs(dir.path())[0]["id"].as_str().expect("id").to_owned();
     // `go` appears only once the resume has stopped the killed run's leftover command.
