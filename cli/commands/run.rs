@@ -265,6 +265,7 @@ pub fn execute(exec: Execution<'_>) -> anyhow::Result<Status> {
                 && std::io::IsTerminal::is_terminal(&std::io::stderr()))
             .then(|| Arc::new(TerminalApprover::new()) as Arc<dyn run::Approver>),
         },
+        helper: std::env::current_exe().ok(),
     };
     // A prompt for approval must not be redrawn over: with one possible, progress is shown line by line.
     let may_prompt = options.approvals.approver.is_some();

@@ -382,7 +382,7 @@ fn continue_run(
     // A command that outlived the crashed process would race its own rerun: stop it first.
     for d in in_doubt {
         if let Some(pgid) = d.leftover {
-            archon_engine::store::kill_group(pgid);
+            archon_engine::process::kill_group(pgid);
             output::stderr(&format!(
                 "stopped process group `{pgid}`, left running by `{}` when the run stopped\n",
                 d.name
