@@ -11,6 +11,7 @@ mod llm_openai;
 mod nested;
 mod plan;
 mod planner;
+mod process;
 mod properties;
 mod rules;
 mod run;
