@@ -272,6 +272,36 @@ steps:
     assert_eq!(report["steps"]["big"]["output"], "x".repeat(300_000));
 }
 
+#[test]
+fn a_file_that_never_answers_does_not_hold_the_run() {
+    // Reading a FIFO nobody writes blocks until someone does: the step's timeout must still end it.
+    let dir = TempDir::new().expect("tempdir");
+    let made = Command::new("mkfifo")
+        .arg(dir.path().join("pipe"))
+        .status()
+        .expect("mkfifo runs");
+    assert!(made.success());
+    write_spec(
+        dir.path(),
+        r#"name: fifo
+steps:
+  - { id: read, tool: read_file, timeout: 1s, with: { path: pipe } }
+"#,
+    );
+    let mut child = start_run(dir.path());
+    let exited = wait_until(Duration::from_secs(20), || {
+        child.try_wait().expect("try_wait").is_some()
+    });
+    if !exited {
+        let _ = child.kill();
+        panic!("the run did not end after the step's timeout");
+    }
+    let output = child.wait_with_output().expect("output");
+    assert_eq!(output.status.code(), Some(1));
+    let report = report(&String::from_utf8_lossy(&output.stdout));
+    assert_eq!(report["steps"]["read"]["status"], "timed_out");
+}
+
 #[tokio::test]
 async fn the_library_without_a_helper_refuses_jq_with_a_hint() {
     let dir = TempDir::new().expect("tempdir");

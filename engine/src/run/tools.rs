@@ -98,9 +98,15 @@ pub async fn call(
             }
             exec(&exec_args, cx, on_spawn).await
         }
-        "read_file" => files::read_file(&cx.workdir, args),
-        "write_file" => files::write_file(&cx.workdir, args),
-        "list_files" => files::list_files(&cx.workdir, args),
+        "read_file" | "write_file" | "list_files" => {
+            let (workdir, args, name) = (cx.workdir.clone(), args.clone(), name.to_owned());
+            off_thread(move || match name.as_str() {
+                "read_file" => files::read_file(&workdir, &args),
+                "write_file" => files::write_file(&workdir, &args),
+                _ => files::list_files(&workdir, &args),
+            })
+            .await?
+        }
         "http" => http::request(args, &cx.network, &cx.redactor).await,
         "json" => {
             let filter = args["query"].as_str().unwrap_or(".");
@@ -128,6 +134,25 @@ pub async fn call(
             "the built-in tool `{other}` cannot run in this version of archon"
         ))),
     }
+}
+
+/// Runs blocking `work` on a thread of its own, so that the scheduler's thread never waits for it: a file
+/// that never answers (a FIFO nobody writes, a hung network file system) holds that thread, not the run,
+/// and the step's timeout and Ctrl-C still end the call. Not `spawn_blocking`: the runtime waits for its
+/// blocking tasks when it shuts down, so one stuck read would keep archon from exiting.
+async fn off_thread<T: Send + 'static>(
+    work: impl FnOnce() -> T + Send + 'static,
+) -> Result<T, ToolError> {
+    let (sender, receiver) = tokio::sync::oneshot::channel();
+    std::thread::Builder::new()
+        .name("archon-io".into())
+        .spawn(move || {
+            let _ = sender.send(work());
+        })
+        .map_err(|e| ToolError::new(format!("cannot start a thread for a file tool: {e}")))?;
+    receiver
+        .await
+        .map_err(|_| ToolError::new("a file tool stopped without an answer"))
 }
 
 /// Checks arguments against the tool's schema; a violation names the argument path.
