@@ -303,11 +303,12 @@ steps:
 }
 
 #[tokio::test]
-async fn the_library_without_a_helper_refuses_jq_with_a_hint() {
+async fn the_library_without_a_helper_runs_only_plain_paths_and_refuses_other_filters() {
     let dir = TempDir::new().expect("tempdir");
     let yaml = r#"name: t
 steps:
-  - { id: q, tool: json, with: { input: { a: 1 }, query: ".a" } }
+  - { id: path, tool: json, with: { input: { a: [1, 2] }, query: ".a[1]" } }
+  - { id: q, tool: json, with: { input: { a: 1 }, query: ".a + 1" } }
 "#;
     let validation = archon_engine::validate_source("t.yaml", yaml);
     let workflow = validation.workflow.expect("valid");
@@ -316,6 +317,9 @@ steps:
     let report = run::run(Arc::new(workflow), Map::new(), options)
         .await
         .expect("the run ends");
+    // A plain path runs in place; anything else needs the helper.
+    assert_eq!(report.steps["path"].status, StepStatus::Succeeded);
+    assert_eq!(report.steps["path"].output, serde_json::json!(2));
     let q = &report.steps["q"];
     assert_eq!(q.status, StepStatus::Failed);
     assert_eq!(
