@@ -36,6 +36,7 @@ fn options(max_parallel: usize) -> RunOptions {
         cassette: None,
         checkpoints: Default::default(),
         approvals: Default::default(),
+        helper: None,
     }
 }
 

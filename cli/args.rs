@@ -42,6 +42,10 @@ pub enum Command {
 
     /// Print the JSON Schema of the workflow format.
     Schema,
+
+    /// Evaluates one jq filter for a running `archon`, in a process of its own (internal).
+    #[command(name = "__jq", hide = true)]
+    Jq,
 }
 
 /// A workflow file and its inputs, as `plan` and `run` take them.

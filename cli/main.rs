@@ -16,6 +16,10 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() -> ExitCode {
     let args = args::Cli::parse();
+    // Orphans of the commands a run starts are reparented to archon rather than to init, so that a step
+    // that ends can find and kill what it left behind, even in another session. Best effort: without it,
+    // only process groups are killed.
+    let _ = archon_engine::process::become_subreaper();
     match commands::run(args) {
         Ok(status) => status.into(),
         Err(err) => {

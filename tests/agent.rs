@@ -31,6 +31,7 @@ pub(crate) async fn run_agent(dir: &Path, yaml: &str) -> (RunReport, Vec<RunEven
         cassette: None,
         checkpoints: Default::default(),
         approvals: Default::default(),
+        helper: Some(env!("CARGO_BIN_EXE_archon").into()),
     };
     let report = run::run(Arc::new(workflow), Map::new(), options)
         .await

@@ -12,6 +12,7 @@ mod llm_openai;
 mod nested;
 mod plan;
 mod planner;
+mod process;
 mod properties;
 mod rules;
 mod run;

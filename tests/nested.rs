@@ -24,6 +24,7 @@ fn options(workdir: &Path) -> RunOptions {
         cassette: None,
         checkpoints: Default::default(),
         approvals: Default::default(),
+        helper: Some(env!("CARGO_BIN_EXE_archon").into()),
     }
 }
 

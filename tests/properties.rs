@@ -156,6 +156,7 @@ proptest! {
             cassette: None,
             checkpoints: Default::default(),
             approvals: Default::default(),
+            helper: Some(env!("CARGO_BIN_EXE_archon").into()),
         };
         let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
         let report = runtime

@@ -30,6 +30,7 @@ fn options(workdir: &Path, max_parallel: usize) -> RunOptions {
         cassette: None,
         checkpoints: Default::default(),
         approvals: Default::default(),
+        helper: Some(env!("CARGO_BIN_EXE_archon").into()),
     }
 }
 

@@ -1,5 +1,6 @@
 //! One module per subcommand, and the exit statuses they share.
 
+mod helper;
 mod llm;
 mod load;
 mod plan;
@@ -52,5 +53,6 @@ pub fn run(cli: Cli) -> anyhow::Result<Status> {
         Command::Approve(args) => runs::approve(&args),
         Command::Llm(LlmCommand::Ping(args)) => llm::ping(&args),
         Command::Schema => schema::run(),
+        Command::Jq => helper::jq(),
     }
 }

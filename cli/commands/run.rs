@@ -215,6 +215,7 @@ pub fn execute(
         yes: args.yes,
         approver,
         cassette,
+        helper: std::env::current_exe().ok(),
     };
     let outcome = runtime.block_on(async move {
         // Registered before any step starts, so an early Ctrl-C or SIGTERM is never missed.

@@ -11,6 +11,7 @@ pub mod inputs;
 pub mod llm;
 pub mod network;
 pub mod plan;
+pub mod process;
 pub mod resume;
 pub mod run;
 pub mod session;

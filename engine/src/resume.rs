@@ -71,7 +71,7 @@ pub fn in_doubt(workflow: &Workflow, run: &StoredRun) -> Vec<InDoubt> {
                 .iter()
                 .filter(|a| a.step == name)
                 .filter_map(|a| Some((a.pgid?, a.pgid_started)))
-                .filter(|(pgid, started)| crate::store::leftover_group(*pgid, *started))
+                .filter(|(pgid, started)| crate::process::leftover_group(*pgid, *started))
                 .map(|(pgid, _)| pgid)
                 .next_back();
             InDoubt {

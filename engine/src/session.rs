@@ -156,6 +156,8 @@ pub struct Attachments {
     pub approver: Option<Arc<dyn Approver>>,
     /// Record or replay the run's LLM calls.
     pub cassette: Option<Cassette>,
+    /// The executable that evaluates jq filters in a process of its own (`archon __jq`).
+    pub helper: Option<PathBuf>,
 }
 
 impl std::fmt::Debug for Attachments {
@@ -293,7 +295,7 @@ impl Session {
         let mut stopped = Vec::new();
         for d in in_doubt {
             if let Some(pgid) = d.leftover {
-                crate::store::kill_group(pgid);
+                crate::process::kill_group(pgid);
                 stopped.push((d.name, pgid));
             }
         }
@@ -357,6 +359,7 @@ impl Session {
                 yes: attachments.yes,
                 approver: attachments.approver,
             },
+            helper: attachments.helper,
         };
         let report = run::run(Arc::new(prepared.workflow), prepared.inputs, options).await;
         let report = match report {

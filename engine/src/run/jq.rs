@@ -1,4 +1,12 @@
-//! The `json` tool: jq filters, evaluated by jaq (a jq implementation in Rust).
+//! The `json` tool: jq filters, evaluated by jaq (a jq implementation in Rust) in a helper process.
+//!
+//! A filter comes from a spec, a model or text injected into a tool output, and jaq has no limits of its
+//! own: `last(range(1e12))` runs for hours and `def f: [f]; f` recurses until the stack overflows, which
+//! aborts the process. So a filter never runs on the scheduler's thread or in archon's process: the
+//! `archon` executable runs it again as `archon __jq` ([`serve`]), under its own memory, CPU and stack
+//! limits, and the step's timeout or Ctrl-C kills that process ([`query`]).
+
+use std::path::Path;
 
 use jaq_core::load::{Arena, File, Loader};
 use jaq_core::{Compiler, Ctx, Vars, data, unwrap_valr};
@@ -6,12 +14,191 @@ use jaq_json::Val;
 use serde_json::Value as Json;
 
 use super::tools::ToolError;
+use crate::process;
+
+/// The hidden subcommand of the `archon` executable that evaluates one filter ([`serve`]).
+pub const HELPER_COMMAND: &str = "__jq";
 
 /// Most results one filter may produce.
 const MAX_RESULTS: usize = 100_000;
 
-/// Runs `filter` on `input`. One result is returned as is; zero or several come back as a list.
-pub fn query(input: &Json, filter: &str) -> Result<Json, ToolError> {
+/// Most memory a filter's process may use (its data: heap and thread stacks) beyond what it held when it
+/// started.
+pub const MEMORY_LIMIT_BYTES: u64 = 1 << 30;
+
+/// Most CPU time a filter's process may use, whatever the step's timeout (a step may have none).
+pub const CPU_LIMIT_SECONDS: u64 = 60;
+
+/// The stack of the thread evaluating a filter: far more than any real filter needs, so that running
+/// out means runaway recursion.
+const STACK_BYTES: usize = 64 << 20;
+
+/// Most bytes of results read back from the helper.
+const MAX_OUTPUT_BYTES: usize = 64 << 20;
+
+/// Runs `filter` on `input`: a plain path ([`is_path`]) here, anything else in the helper process
+/// `helper` (the `archon` executable). One result is returned as is; zero or several come back as a list.
+pub async fn query(helper: Option<&Path>, input: &Json, filter: &str) -> Result<Json, ToolError> {
+    if is_path(filter) {
+        let results = evaluate(input.to_string().as_bytes(), filter).map_err(ToolError::new)?;
+        return Ok(collect(results.iter().map(String::as_str)));
+    }
+    let Some(helper) = helper else {
+        return Err(ToolError::new(
+            "cannot run a jq filter: no helper executable is configured\n  hint: set `RunOptions::helper` to the `archon` executable",
+        ));
+    };
+    let mut request = serde_json::to_string(filter).unwrap_or_default();
+    request.push('\n');
+    request.push_str(&input.to_string());
+    let output = process::run_helper(
+        helper,
+        &[HELPER_COMMAND],
+        request.into_bytes(),
+        MAX_OUTPUT_BYTES,
+    )
+    .await
+    .map_err(|e| ToolError::new(e.to_string()))?;
+    if !output.status.success() {
+        return Err(ToolError::new(crash_message(filter, &output)));
+    }
+    if output.stdout_truncated {
+        return Err(ToolError::new(format!(
+            "jq filter `{filter}` produced more than {} MiB of results",
+            MAX_OUTPUT_BYTES >> 20
+        )));
+    }
+    let text = String::from_utf8_lossy(&output.stdout);
+    let (kind, rest) = text.split_once('\n').unwrap_or((&text, ""));
+    match kind {
+        "ok" => Ok(collect(rest.lines())),
+        "error" => Err(ToolError::new(rest.trim_end_matches('\n'))),
+        _ => Err(ToolError::new(format!(
+            "the jq helper `{}` answered something else than results",
+            helper.display()
+        ))),
+    }
+}
+
+/// Results as JSON text made into one value: one result as is, zero or several as a list.
+fn collect<'a>(results: impl Iterator<Item = &'a str>) -> Json {
+    let mut results: Vec<Json> = results
+        .map(|text| serde_json::from_str(text).unwrap_or_else(|_| Json::String(text.to_owned())))
+        .collect();
+    match results.len() {
+        1 => results.remove(0),
+        _ => Json::Array(results),
+    }
+}
+
+/// Whether `filter` is a plain path (`.`, `.a.b`, `.[0]`, `.["key"]`, `.items[]`, each step optionally
+/// `?`): its cost is bounded by the input's size and it cannot recurse, so it is evaluated in archon's
+/// own process, sparing the most common filters a helper process (about a millisecond each).
+pub fn is_path(filter: &str) -> bool {
+    static PATH: std::sync::OnceLock<regex::Regex> = std::sync::OnceLock::new();
+    let path = PATH.get_or_init(|| {
+        regex::Regex::new(
+            r#"^\.(?:[A-Za-z_][A-Za-z0-9_]*\??)?(?:(?:\.[A-Za-z_][A-Za-z0-9_]*|\.?\[(?:-?[0-9]{1,9}|"[^"\\]*")?\])\??)*$"#,
+        )
+        .expect("the path pattern is valid")
+    });
+    filter.len() <= 256 && path.is_match(filter)
+}
+
+/// Why a helper process that did not exit normally failed, from its status and the message it left.
+fn crash_message(filter: &str, output: &process::HelperOutput) -> String {
+    use std::os::unix::process::ExitStatusExt;
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    let signal = output.status.signal();
+    if stderr.contains("has overflowed its stack") {
+        format!("jq filter `{filter}` recursed too deeply")
+    } else if stderr.contains("memory allocation of") {
+        format!(
+            "jq filter `{filter}` needed more than {} MiB of memory",
+            MEMORY_LIMIT_BYTES >> 20
+        )
+    } else if signal == Some(nix::sys::signal::Signal::SIGXCPU as i32) {
+        format!("jq filter `{filter}` used more than {CPU_LIMIT_SECONDS} s of CPU time")
+    } else {
+        let last = stderr.lines().last().unwrap_or_default().trim();
+        match (signal, last.is_empty()) {
+            (Some(signal), _) => {
+                format!("jq filter `{filter}` failed: its process was killed by signal {signal}")
+            }
+            (None, true) => format!("jq filter `{filter}` failed: {}", output.status),
+            (None, false) => format!("jq filter `{filter}` failed: {last}"),
+        }
+    }
+}
+
+/// The helper's side (`archon __jq`): limits this process, evaluates the filter on the first line of
+/// `request` (a JSON string) against the input after it, and returns the answer to write to standard
+/// output: `ok` and one result per line, or `error` and the message.
+///
+/// A filter that recurses without end, allocates without end or spins ends this process (a stack
+/// overflow, an allocation failure or `SIGXCPU`), which the caller reports ([`query`]).
+pub fn serve(request: &[u8]) -> String {
+    limit_self();
+    let (filter, input) = match request.iter().position(|b| *b == b'\n') {
+        Some(at) => (&request[..at], &request[at + 1..]),
+        None => (request, &b""[..]),
+    };
+    let Ok(filter) = serde_json::from_slice::<String>(filter) else {
+        return "error\nthe jq helper received a malformed request".to_owned();
+    };
+    let input = input.to_vec();
+    let evaluated = std::thread::Builder::new()
+        .name("jq".into())
+        .stack_size(STACK_BYTES)
+        .spawn(move || evaluate(&input, &filter))
+        .map_err(|e| format!("cannot start the jq evaluation: {e}"))
+        .and_then(|thread| {
+            thread
+                .join()
+                .map_err(|_| "the jq evaluation panicked".to_owned())?
+        });
+    match evaluated {
+        Ok(results) => {
+            let mut answer = String::from("ok\n");
+            for result in results {
+                answer.push_str(&result);
+                answer.push('\n');
+            }
+            answer
+        }
+        Err(message) => format!("error\n{message}"),
+    }
+}
+
+/// Limits this process: memory, CPU time, and no core dump when a runaway filter aborts it.
+fn limit_self() {
+    use nix::sys::resource::{Resource, setrlimit};
+    let _ = setrlimit(Resource::RLIMIT_CORE, 0, 0);
+    // On top of what the process already holds: an allocator may reserve a large arena at start, which
+    // counts as data although it is not used yet.
+    let data = data_bytes().saturating_add(MEMORY_LIMIT_BYTES);
+    let _ = setrlimit(Resource::RLIMIT_DATA, data, data);
+    // SIGXCPU at the soft limit ends the process; the hard limit (SIGKILL) is the backstop.
+    let _ = setrlimit(
+        Resource::RLIMIT_CPU,
+        CPU_LIMIT_SECONDS,
+        CPU_LIMIT_SECONDS + 5,
+    );
+}
+
+/// This process's data segment now (`VmData` of `/proc/self/status`), in bytes.
+fn data_bytes() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|status| {
+            let line = status.lines().find(|l| l.starts_with("VmData:"))?;
+            line.split_whitespace().nth(1)?.parse::<u64>().ok()
+        })
+        .map_or(0, |kib| kib * 1024)
+}
+
+/// Runs `filter` on the JSON text `input`; each result as compact JSON text.
+fn evaluate(input: &[u8], filter: &str) -> Result<Vec<String>, String> {
     let program = File {
         code: filter,
         path: (),
@@ -24,29 +211,59 @@ pub fn query(input: &Json, filter: &str) -> Result<Json, ToolError> {
         .chain(jaq_json::funs());
     let loader = Loader::new(defs);
     let arena = Arena::default();
-    let invalid = || ToolError::new(format!("invalid jq filter `{filter}`"));
+    let invalid = || format!("invalid jq filter `{filter}`");
     let modules = loader.load(&arena, program).map_err(|_| invalid())?;
     let compiled = Compiler::default()
         .with_funs(funs)
         .compile(modules)
         .map_err(|_| invalid())?;
-    let input = jaq_json::read::parse_single(input.to_string().as_bytes())
-        .map_err(|e| ToolError::new(format!("cannot read the input of `json`: {e}")))?;
+    let input = jaq_json::read::parse_single(input)
+        .map_err(|e| format!("cannot read the input of `json`: {e}"))?;
     let ctx = Ctx::<data::JustLut<Val>>::new(&compiled.lut, Vars::new([]));
     let mut results = Vec::new();
     for output in compiled.id.run((ctx, input)).map(unwrap_valr) {
-        let value =
-            output.map_err(|e| ToolError::new(format!("jq filter `{filter}` failed: {e}")))?;
+        let value = output.map_err(|e| format!("jq filter `{filter}` failed: {e}"))?;
         if results.len() == MAX_RESULTS {
-            return Err(ToolError::new(format!(
+            return Err(format!(
                 "jq filter `{filter}` produced more than {MAX_RESULTS} results"
-            )));
+            ));
         }
-        let text = value.to_string();
-        results.push(serde_json::from_str(&text).unwrap_or(Json::String(text)));
+        results.push(value.to_string());
     }
-    Ok(match results.len() {
-        1 => results.remove(0),
-        _ => Json::Array(results),
-    })
+    Ok(results)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::is_path;
+
+    #[test]
+    fn only_plain_paths_are_evaluated_in_place() {
+        for path in [
+            ".",
+            ".a",
+            ".a.b_2[0]",
+            ".[0]",
+            ".[-1]?",
+            ".items[].tag",
+            ".[\"a key\"].x?",
+            ".a[][]",
+        ] {
+            assert!(is_path(path), "{path}");
+        }
+        for filter in [
+            "last(range(1e12))",
+            "def f: [f]; f",
+            "..",
+            ".a | .b",
+            ".a[1:2]",
+            "[.a]",
+            ".[\"a\\\"\"]",
+            "",
+            ".a.",
+        ] {
+            assert!(!is_path(filter), "{filter}");
+        }
+        assert!(!is_path(&".a".repeat(200)));
+    }
 }

@@ -8,7 +8,7 @@
 mod calculator;
 mod files;
 pub mod http;
-mod jq;
+pub mod jq;
 pub mod redact;
 pub mod render;
 pub mod rules;
@@ -68,6 +68,10 @@ pub struct RunOptions {
     pub checkpoints: Arc<std::sync::Mutex<HashMap<String, Json>>>,
     /// How calls that ask for approval get an answer.
     pub approvals: Approvals,
+    /// The `archon` executable, run again as a helper process for work that must be killable by a
+    /// step's timeout and must not take the run down with it (jq filters, `archon __jq`). Without it,
+    /// `json` steps fail.
+    pub helper: Option<PathBuf>,
 }
 
 /// How calls that ask for a person's approval are decided: decisions already recorded (`archon approve`),
@@ -149,6 +153,7 @@ impl RunOptions {
             cassette: None,
             checkpoints: Default::default(),
             approvals: Approvals::default(),
+            helper: None,
         }
     }
 }

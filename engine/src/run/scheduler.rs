@@ -280,6 +280,7 @@ fn run_workflow(
                         .collect::<Vec<_>>(),
                 )),
                 redactor: redactor.clone(),
+                helper: options.helper.clone(),
             },
             workflow: workflow.clone(),
             composite: None,
@@ -1278,7 +1279,7 @@ fn spawn_watch<'a>(shared: &'a Shared, label: &'a str) -> Option<impl Fn(u32) + 
         shared.options.journal.record(Entry::ProcessStarted {
             step: step.to_owned(),
             pgid,
-            started: crate::store::process_start_time(pgid),
+            started: crate::process::process_start_time(pgid),
         });
         // Committed at once, without waiting for it: the command is already running.
         drop(shared.options.journal.flush());

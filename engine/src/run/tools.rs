@@ -1,6 +1,7 @@
 //! Executing built-in tools. Arguments are checked against the tool's JSON Schema before anything runs;
-//! commands run as an argument vector in their own process group, which is killed whole when the call is
-//! abandoned (timeout or cancellation).
+//! commands run as an argument vector in their own process group. A call ends when its command exits;
+//! what the command left running, and everything it started when the call is abandoned (timeout or
+//! cancellation), is killed (`process::Tracked`).
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -9,9 +10,10 @@ use std::sync::OnceLock;
 use std::time::Duration;
 
 use serde_json::{Value as Json, json};
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncWriteExt;
 
 use super::{calculator, files, http, jq};
+use crate::process;
 use crate::tools::builtin;
 
 /// Most bytes of a command's stdout or stderr kept; the rest is counted and dropped.
@@ -54,6 +56,8 @@ pub struct ToolContext {
     /// Secret values, masked in the excerpts errors quote before they are cut (a cut secret would no
     /// longer be recognised).
     pub redactor: std::sync::Arc<super::redact::Redactor>,
+    /// The `archon` executable, run again for work that must be killable (jq filters).
+    pub helper: Option<PathBuf>,
 }
 
 /// Told the process group id of each command a call starts, as soon as it starts.
@@ -94,12 +98,19 @@ pub async fn call(
             }
             exec(&exec_args, cx, on_spawn).await
         }
-        "read_file" => files::read_file(&cx.workdir, args),
-        "write_file" => files::write_file(&cx.workdir, args),
-        "list_files" => files::list_files(&cx.workdir, args),
+        "read_file" | "write_file" | "list_files" => {
+            let (workdir, args, name) = (cx.workdir.clone(), args.clone(), name.to_owned());
+            off_thread(move || match name.as_str() {
+                "read_file" => files::read_file(&workdir, &args),
+                "write_file" => files::write_file(&workdir, &args),
+                _ => files::list_files(&workdir, &args),
+            })
+            .await?
+        }
         "http" => http::request(args, &cx.network, &cx.redactor).await,
         "json" => {
-            let output = jq::query(&args["input"], args["query"].as_str().unwrap_or("."))?;
+            let filter = args["query"].as_str().unwrap_or(".");
+            let output = jq::query(cx.helper.as_deref(), &args["input"], filter).await?;
             Ok(ToolOutput {
                 text: output.to_string(),
                 output,
@@ -123,6 +134,25 @@ pub async fn call(
             "the built-in tool `{other}` cannot run in this version of archon"
         ))),
     }
+}
+
+/// Runs blocking `work` on a thread of its own, so that the scheduler's thread never waits for it: a file
+/// that never answers (a FIFO nobody writes, a hung network file system) holds that thread, not the run,
+/// and the step's timeout and Ctrl-C still end the call. Not `spawn_blocking`: the runtime waits for its
+/// blocking tasks when it shuts down, so one stuck read would keep archon from exiting.
+async fn off_thread<T: Send + 'static>(
+    work: impl FnOnce() -> T + Send + 'static,
+) -> Result<T, ToolError> {
+    let (sender, receiver) = tokio::sync::oneshot::channel();
+    std::thread::Builder::new()
+        .name("archon-io".into())
+        .spawn(move || {
+            let _ = sender.send(work());
+        })
+        .map_err(|e| ToolError::new(format!("cannot start a thread for a file tool: {e}")))?;
+    receiver
+        .await
+        .map_err(|_| ToolError::new("a file tool stopped without an answer"))
 }
 
 /// Checks arguments against the tool's schema; a violation names the argument path.
@@ -161,18 +191,9 @@ fn check_arguments(name: &str, args: &Json) -> Result<(), ToolError> {
     }
 }
 
-/// Kills a command's whole process group if the call is abandoned before the command finished.
-struct GroupGuard {
-    pid: Option<rustix::process::Pid>,
-}
-
-impl Drop for GroupGuard {
-    fn drop(&mut self) {
-        if let Some(pid) = self.pid {
-            let _ = rustix::process::kill_process_group(pid, rustix::process::Signal::KILL);
-        }
-    }
-}
+/// How long a command's output pipes may stay open after it exited and what it left running was killed:
+/// only a process that escaped the sweep (a new session and a cleared environment) holds them longer.
+const DRAIN_AFTER_EXIT: Duration = Duration::from_millis(500);
 
 async fn exec(
     args: &Json,
@@ -211,17 +232,17 @@ async fn exec(
     if let Some(env) = args["env"].as_object() {
         command.envs(env.iter().filter_map(|(k, v)| v.as_str().map(|v| (k, v))));
     }
+    // Set last, so that the call's own `env` cannot hide a command from the sweep.
+    let tag = process::new_tag();
+    command.env(process::TAG_VAR, &tag);
     let mut child = command.spawn().map_err(|e| {
         ToolError::new(format!(
             "cannot start `{program}`: {}",
             e.to_string().to_lowercase()
         ))
     })?;
-    let mut guard = GroupGuard {
-        pid: child
-            .id()
-            .and_then(|id| rustix::process::Pid::from_raw(id as i32)),
-    };
+    // Dropped with the call if it is abandoned: the command and all it started are killed.
+    let tracked = child.id().map(|leader| process::Tracked::new(leader, tag));
     if let (Some(on_spawn), Some(pid)) = (on_spawn, child.id()) {
         on_spawn(pid);
     }
@@ -231,12 +252,39 @@ async fn exec(
             let _ = stdin.write_all(input.as_bytes()).await;
         });
     }
-    let stdout = child.stdout.take();
-    let stderr = child.stderr.take();
-    let (out, err, status) = tokio::join!(read_capped(stdout), read_capped(stderr), child.wait());
-    let status = status.map_err(|e| ToolError::new(format!("`{program}` did not finish: {e}")))?;
-    // The command finished by itself: its group is left alone.
-    guard.pid = None;
+    let (mut out, mut err) = (Captured::default(), Captured::default());
+    let status = {
+        let stdout = child.stdout.take();
+        let stderr = child.stderr.take();
+        let reading = async {
+            tokio::join!(
+                process::read_into(stdout, &mut out.kept, &mut out.dropped, MAX_CAPTURE_BYTES),
+                process::read_into(stderr, &mut err.kept, &mut err.dropped, MAX_CAPTURE_BYTES),
+            )
+        };
+        let mut reading = std::pin::pin!(reading);
+        let mut drained = false;
+        // The call ends when the command exits, not when its output pipes close: a process it left
+        // running in the background may hold them open for as long as it lives.
+        let status = tokio::select! {
+            status = child.wait() => status,
+            _ = &mut reading => {
+                drained = true;
+                child.wait().await
+            }
+        };
+        let status =
+            status.map_err(|e| ToolError::new(format!("`{program}` did not finish: {e}")))?;
+        if let Some(tracked) = tracked {
+            tracked.exited();
+        }
+        if !drained {
+            // What is still in the pipes was written before the command exited or its leftovers died.
+            let _ = tokio::time::timeout(DRAIN_AFTER_EXIT, &mut reading).await;
+        }
+        status
+    };
+    let (out, err) = (out.text(), err.text());
     let code = status.code();
     let ok_codes: Vec<i64> = args["ok_exit_codes"]
         .as_array()
@@ -244,7 +292,7 @@ async fn exec(
     if !code.is_some_and(|c| ok_codes.contains(&i64::from(c))) {
         let tail: String = cx
             .redactor
-            .text(&err.text)
+            .text(&err)
             .lines()
             .rev()
             .take(5)
@@ -268,56 +316,39 @@ async fn exec(
         });
     }
     let output = match args["output"].as_str().unwrap_or("text") {
-        "json" => serde_json::from_str(&out.text).map_err(|e| ToolError {
+        "json" => serde_json::from_str(&out).map_err(|e| ToolError {
             message: format!("`{program}` did not print valid JSON: {e}"),
             exit_code: code,
         })?,
-        "lines" => Json::Array(
-            out.text
-                .lines()
-                .map(|l| Json::String(l.to_owned()))
-                .collect(),
-        ),
-        _ => Json::String(out.text.trim_end_matches('\n').to_owned()),
+        "lines" => Json::Array(out.lines().map(|l| Json::String(l.to_owned())).collect()),
+        _ => Json::String(out.trim_end_matches('\n').to_owned()),
     };
     Ok(ToolOutput {
         output,
-        text: out.text,
+        text: out,
         exit_code: code,
     })
 }
 
+/// What was read of a command's stdout or stderr.
+#[derive(Default)]
 struct Captured {
-    text: String,
+    kept: Vec<u8>,
+    dropped: usize,
 }
 
-/// Reads a stream to its end, keeping at most [`MAX_CAPTURE_BYTES`] and marking what was dropped.
-async fn read_capped(stream: Option<impl AsyncRead + Unpin>) -> Captured {
-    let Some(mut stream) = stream else {
-        return Captured {
-            text: String::new(),
-        };
-    };
-    let mut kept = Vec::new();
-    let mut dropped = 0usize;
-    let mut buffer = vec![0u8; 64 * 1024];
-    loop {
-        match stream.read(&mut buffer).await {
-            Ok(0) | Err(_) => break,
-            Ok(n) => {
-                let room = MAX_CAPTURE_BYTES.saturating_sub(kept.len());
-                kept.extend_from_slice(&buffer[..n.min(room)]);
-                dropped += n.saturating_sub(room);
-            }
+impl Captured {
+    /// The text kept, marked when bytes were dropped past [`MAX_CAPTURE_BYTES`].
+    fn text(self) -> String {
+        let mut text = String::from_utf8_lossy(&self.kept).into_owned();
+        if self.dropped > 0 {
+            text.push_str(&format!(
+                "\n[archon: output truncated, {} more bytes]",
+                self.dropped
+            ));
         }
+        text
     }
-    let mut text = String::from_utf8_lossy(&kept).into_owned();
-    if dropped > 0 {
-        text.push_str(&format!(
-            "\n[archon: output truncated, {dropped} more bytes]"
-        ));
-    }
-    Captured { text }
 }
 
 /// Parses a duration written in a spec.

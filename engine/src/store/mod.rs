@@ -341,40 +341,6 @@ pub fn spec_hash(files: &[(String, String)]) -> String {
         .collect()
 }
 
-/// When process `pid` started, in clock ticks since boot (Linux `/proc`), or `None` when it is gone.
-pub fn process_start_time(pid: u32) -> Option<u64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // The fields after the command name (which may hold spaces) start with the state; start time is the
-    // 22nd field, the 20th after the name.
-    let (_, rest) = stat.rsplit_once(')')?;
-    rest.split_whitespace().nth(19)?.parse().ok()
-}
-
-/// Whether the process group a crashed attempt started still has its leader running: the same process,
-/// not a later one with the same id.
-pub fn leftover_group(pgid: u32, started: Option<u64>) -> bool {
-    started.is_some() && process_start_time(pgid) == started && !zombie(pgid)
-}
-
-/// Whether process `pid` has exited and waits only to be reaped (an orphan whose new parent does not reap
-/// it stays so): it runs nothing any more.
-fn zombie(pid: u32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .ok()
-        .and_then(|stat| {
-            let (_, rest) = stat.rsplit_once(')')?;
-            rest.split_whitespace().next().map(|state| state == "Z")
-        })
-        .unwrap_or(false)
-}
-
-/// Kills a leftover process group (see [`leftover_group`]).
-pub fn kill_group(pgid: u32) {
-    if let Some(pid) = rustix::process::Pid::from_raw(pgid as i32) {
-        let _ = rustix::process::kill_process_group(pid, rustix::process::Signal::KILL);
-    }
-}
-
 /// Milliseconds since the Unix epoch.
 pub fn now_ms() -> u64 {
     std::time::SystemTime::now()

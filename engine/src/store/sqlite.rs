@@ -1257,12 +1257,12 @@ fn is_alive(owner: &Owner) -> bool {
     exists
         && owner
             .started
-            .is_none_or(|started| super::process_start_time(owner.pid) == Some(started))
+            .is_none_or(|started| crate::process::process_start_time(owner.pid) == Some(started))
 }
 
 /// This process's start time, which with its pid identifies it.
 fn my_start_time() -> Option<i64> {
-    super::process_start_time(std::process::id()).map(|t| t as i64)
+    crate::process::process_start_time(std::process::id()).map(|t| t as i64)
 }
 
 /// Why a claim was refused.
