@@ -24,6 +24,9 @@ pub fn runs(args: &RunsArgs) -> anyhow::Result<Status> {
         Ok(store) => store,
         Err(status) => return Ok(status),
     };
+    if args.check {
+        return Ok(check(store.as_deref(), &args.state));
+    }
     let runs = match store.as_ref().map(|s| s.list()) {
         Some(Ok(runs)) => runs,
         Some(Err(e)) => return Ok(store_error(&e)),
@@ -56,6 +59,32 @@ pub fn runs(args: &RunsArgs) -> anyhow::Result<Status> {
         &rows,
     ));
     Ok(Status::Success)
+}
+
+/// `archon runs --check`: every damaged page and row, and a failure when there is one.
+fn check(store: Option<&dyn RunStore>, state: &crate::args::StateArgs) -> Status {
+    let path = state.dir().join(archon_engine::store::sqlite::DATABASE);
+    let problems = match store.map(RunStore::check) {
+        Some(Ok(problems)) => problems,
+        Some(Err(e)) => return store_error(&e),
+        None => Vec::new(),
+    };
+    if problems.is_empty() {
+        output::stdout(&format!("`{}`: no damage found\n", path.display()));
+        return Status::Success;
+    }
+    let mut text = format!(
+        "error: state database `{}` has {} problem{}:\n",
+        path.display(),
+        problems.len(),
+        if problems.len() == 1 { "" } else { "s" }
+    );
+    for problem in &problems {
+        let _ = writeln!(text, "  {problem}");
+    }
+    text.push_str("  hint: nothing was changed; the runs these rows belong to cannot be shown or resumed until the file is restored from a backup\n");
+    output::stderr(&text);
+    Status::Failure
 }
 
 pub fn show(args: &ShowArgs) -> anyhow::Result<Status> {

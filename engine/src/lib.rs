@@ -10,6 +10,7 @@ pub mod goal;
 pub mod inputs;
 pub mod llm;
 pub mod plan;
+pub mod record;
 pub mod resume;
 pub mod run;
 pub mod source;
