@@ -16,6 +16,7 @@ mod rules;
 mod run;
 mod schema;
 mod security;
+mod store;
 mod support;
 mod validate_fixtures;
 mod workflows;
