@@ -80,9 +80,9 @@ fn check(store: Option<&dyn RunStore>, state: &crate::args::StateArgs) -> Status
         if problems.len() == 1 { "" } else { "s" }
     );
     for problem in &problems {
-        let _ = writeln!(text, "  {problem}");
+        let _ = writeln!(text, "  {}", problem.replace('\n', "\n  "));
     }
-    text.push_str("  hint: nothing was changed; the runs these rows belong to cannot be shown or resumed until the file is restored from a backup\n");
+    text.push_str("  hint: nothing was changed; what these problems touch cannot be shown or resumed until the file is restored from a backup\n");
     output::stderr(&text);
     Status::Failure
 }

@@ -580,9 +580,16 @@ impl RunStore for SqliteStore {
             let conn = conn.transaction()?;
             let mut stmt = conn.prepare("PRAGMA quick_check")?;
             let lines = stmt
-                .query_map([], |r| r.get::<_, String>(0))?
-                .collect::<rusqlite::Result<Vec<_>>>()?;
-            problems.extend(lines.into_iter().filter(|l| l != "ok"));
+                .query_map([], |r| r.get::<_, String>(0))
+                .and_then(Iterator::collect::<rusqlite::Result<Vec<_>>>);
+            match lines {
+                Ok(lines) => problems.extend(lines.into_iter().filter(|l| l != "ok")),
+                Err(e) => problems.push(e.to_string().to_lowercase()),
+            }
+            if !problems.is_empty() {
+                // Rows on damaged pages may not read at all: the pages are the news.
+                return Ok(());
+            }
             let ids = conn
                 .prepare("SELECT id FROM runs ORDER BY started_at, id")?
                 .query_map([], |r| r.get::<_, String>(0))?
