@@ -36,12 +36,22 @@ enum Message {
 }
 
 enum Row {
-    Started { step: String, at: i64 },
-    Finished { step: String, output: String, at: i64 },
+    Started {
+        step: String,
+        at: i64,
+    },
+    Finished {
+        step: String,
+        output: String,
+        at: i64,
+    },
 }
 
 fn now() -> i64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_millis() as i64
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64
 }
 
 /// The writer thread: applies rows in order, one transaction per batch, acknowledging flushes once
@@ -67,10 +77,16 @@ fn writer(conn: Connection, receiver: &mpsc::Receiver<Message>) {
                         .unwrap()
                         .execute(params![step, at])
                         .unwrap();
-                    tx.prepare_cached("INSERT INTO events (run_id, seq, at, event) VALUES ('r', ?1, ?2, ?3)")
-                        .unwrap()
-                        .execute(params![seq, at, json!({ "event": "step_started", "step": step }).to_string()])
-                        .unwrap();
+                    tx.prepare_cached(
+                        "INSERT INTO events (run_id, seq, at, event) VALUES ('r', ?1, ?2, ?3)",
+                    )
+                    .unwrap()
+                    .execute(params![
+                        seq,
+                        at,
+                        json!({ "event": "step_started", "step": step }).to_string()
+                    ])
+                    .unwrap();
                 }
                 Message::Row(Row::Finished { step, output, at }) => {
                     seq += 1;
@@ -82,14 +98,17 @@ fn writer(conn: Connection, receiver: &mpsc::Receiver<Message>) {
                         .unwrap()
                         .execute(params![step, output, at])
                         .unwrap();
-                    tx.prepare_cached("INSERT INTO events (run_id, seq, at, event) VALUES ('r', ?1, ?2, ?3)")
-                        .unwrap()
-                        .execute(params![
-                            seq,
-                            at,
-                            json!({ "event": "step_finished", "step": step, "status": "succeeded" }).to_string()
-                        ])
-                        .unwrap();
+                    tx.prepare_cached(
+                        "INSERT INTO events (run_id, seq, at, event) VALUES ('r', ?1, ?2, ?3)",
+                    )
+                    .unwrap()
+                    .execute(params![
+                        seq,
+                        at,
+                        json!({ "event": "step_finished", "step": step, "status": "succeeded" })
+                            .to_string()
+                    ])
+                    .unwrap();
                 }
                 Message::Flush(ack) => acks.push(ack),
             }
@@ -253,13 +272,7 @@ fn fill(dir: &Path, runs: usize) {
                 .unwrap();
             let select: Vec<String> = columns
                 .iter()
-                .map(|c| {
-                    if c == key {
-                        "?1".to_owned()
-                    } else {
-                        c.clone()
-                    }
-                })
+                .map(|c| if c == key { "?1".to_owned() } else { c.clone() })
                 .collect();
             tx.execute(
                 &format!(
@@ -306,7 +319,8 @@ fn harness() {
     }
 
     let dir = tempfile::TempDir::new().unwrap();
-    let mut wide = String::from("name: wide\nsteps:\n  - { id: first, tool: echo, with: { v: 0 } }\n");
+    let mut wide =
+        String::from("name: wide\nsteps:\n  - { id: first, tool: echo, with: { v: 0 } }\n");
     for i in 0..10_000 {
         wide.push_str(&format!(
             "  - {{ id: w{i}, tool: echo, needs: [first], with: {{ v: {i} }} }}\n"
@@ -318,7 +332,8 @@ fn harness() {
         ids.join(", ")
     ));
     std::fs::write(dir.path().join("wide.yaml"), wide).unwrap();
-    let mut chain = String::from("name: chain\nsteps:\n  - { id: s0, tool: echo, with: { v: 0 } }\n");
+    let mut chain =
+        String::from("name: chain\nsteps:\n  - { id: s0, tool: echo, with: { v: 0 } }\n");
     for i in 1..100 {
         chain.push_str(&format!(
             "  - {{ id: s{i}, tool: echo, with: {{ v: \"{{{{ steps.s{}.output.v }}}}\" }} }}\n",

@@ -169,8 +169,9 @@ impl SqliteStore {
         configure(&conn, &path)?;
         if migrate(&mut conn, &path)? {
             // A new or migrated schema goes into the database file at once, so that the file alone (a copy
-            // without its log) is recognised as an Archon store and never taken for a new one.
-            checkpoint(&conn, "TRUNCATE").map_err(|e| sql_error(&path, &e))?;
+            // without its log) is recognised as an Archon store and never taken for a new one. Not waiting
+            // for other processes: one that holds an older snapshot leaves the rest to a later checkpoint.
+            let _ = checkpoint(&conn, "PASSIVE");
         }
         // This connection creates and claims runs. Its commits go to the log without a sync of their own:
         // the journal's next synced commit, which comes before any side effect of the run (and at its end),
@@ -258,8 +259,8 @@ impl RunStore for SqliteStore {
             tx.commit()?;
             if first {
                 // Once the store holds a run, so does its database file: a store whose log was lost is then
-                // never taken for a new, empty one.
-                checkpoint(conn, "PASSIVE")?;
+                // never taken for a new, empty one. (The run is recorded whether or not this succeeds.)
+                let _ = checkpoint(conn, "PASSIVE");
             }
             Ok(())
         })
@@ -544,15 +545,20 @@ impl RunStore for SqliteStore {
     fn events(&self, id: &str) -> Result<Vec<Json>, StoreError> {
         let mut damage = Vec::new();
         let events = self.with(|conn| {
-            let mut stmt = conn
-                .prepare("SELECT seq, at, format, event FROM events WHERE run_id = ?1 ORDER BY seq")?;
+            let mut stmt = conn.prepare(
+                "SELECT seq, at, format, event FROM events WHERE run_id = ?1 ORDER BY seq",
+            )?;
             let mut rows = stmt.query([id])?;
             let mut events = Vec::new();
             while let Some(r) = rows.next()? {
                 let seq: i64 = r.get(0)?;
                 let at: i64 = r.get(1)?;
                 let row = seq.to_string();
-                let at_row = Row { run: id, table: "events", row: &row };
+                let at_row = Row {
+                    run: id,
+                    table: "events",
+                    row: &row,
+                };
                 match record::decode::<record::Event>(at_row, r.get(2)?, bytes(r.get_ref(3)?)) {
                     Ok(record::Event { event, mut fields }) => {
                         let mut map = Map::with_capacity(fields.len() + 2);
@@ -596,13 +602,20 @@ impl RunStore for SqliteStore {
                 .collect::<rusqlite::Result<Vec<_>>>()?;
             for id in ids {
                 load_run(&conn, &id, &mut damage)?;
-                let mut stmt = conn
-                    .prepare_cached("SELECT seq, format, event FROM events WHERE run_id = ?1 ORDER BY seq")?;
+                let mut stmt = conn.prepare_cached(
+                    "SELECT seq, format, event FROM events WHERE run_id = ?1 ORDER BY seq",
+                )?;
                 let mut rows = stmt.query([&id])?;
                 while let Some(r) = rows.next()? {
                     let row = r.get::<_, i64>(0)?.to_string();
-                    let at = Row { run: &id, table: "events", row: &row };
-                    if let Err(e) = record::decode::<record::Event>(at, r.get(1)?, bytes(r.get_ref(2)?)) {
+                    let at = Row {
+                        run: &id,
+                        table: "events",
+                        row: &row,
+                    };
+                    if let Err(e) =
+                        record::decode::<record::Event>(at, r.get(1)?, bytes(r.get_ref(2)?))
+                    {
                         damage.push(e);
                     }
                 }
@@ -947,10 +960,7 @@ impl Writer {
                             Some(hash),
                         )
                     } else {
-                        (
-                            record::encode(&record::StepResult::from(&**result)),
-                            None,
-                        )
+                        (record::encode(&record::StepResult::from(&**result)), None)
                     };
                     tx.prepare_cached(
                         "INSERT OR REPLACE INTO results (run_id, step, generation, status, result, output_blob,
@@ -991,7 +1001,13 @@ impl Writer {
                         "UPDATE approvals SET decision = ?3, decided_at = ?4, format = ?5
                          WHERE run_id = ?1 AND key = ?2",
                     )?
-                    .execute(params![self.run, key, text, now, FORMAT_VERSION])?;
+                    .execute(params![
+                        self.run,
+                        key,
+                        text,
+                        now,
+                        FORMAT_VERSION
+                    ])?;
                 }
                 Entry::Checkpoint { step, state } => {
                     tx.prepare_cached(
@@ -1477,36 +1493,61 @@ fn damaged_rows(path: &Path, damage: &[RecordError]) -> StoreError {
     )
 }
 
-/// A checkpoint of the write-ahead log into the database file (`PASSIVE`: without waiting for readers or
-/// writers; `TRUNCATE`: everything, leaving an empty log).
+/// A checkpoint of the write-ahead log into the database file; `PASSIVE`: as far as it can without
+/// waiting for other connections.
 fn checkpoint(conn: &Connection, mode: &str) -> rusqlite::Result<()> {
     conn.query_row(&format!("PRAGMA wal_checkpoint({mode})"), [], |_| Ok(()))
 }
 
 /// Refuses a write-ahead log that SQLite would take for an empty one and overwrite: a header that is not a
-/// log's, or a first frame that belongs to the log but does not match its checksum. (A first frame left by
-/// an earlier log, with other salts, is what SQLite itself leaves and is not damage.)
+/// log's or does not match its checksum, or a first frame of the current log that does not match its
+/// checksum although the frame after it was written too (a first frame cut short by a crash, which SQLite
+/// rightly ignores, is followed by nothing of the current log).
 fn check_log(path: &Path) -> Result<(), StoreError> {
-    use std::io::Read as _;
     let log = wal_path(path);
-    let Ok(file) = std::fs::File::open(&log) else {
+    let read = || -> Result<Vec<u8>, StoreError> {
+        read_log_head(&log)
+            .map_err(|e| StoreError::new(format!("cannot read `{}`: {e}", log.display())))
+    };
+    let head = read()?;
+    let Some(detail) = wal_damage(&head) else {
         return Ok(());
     };
-    let mut head = Vec::with_capacity(32 + 24 + 65_536);
-    file.take(32 + 24 + 65_536)
-        .read_to_end(&mut head)
-        .map_err(|e| StoreError::new(format!("cannot read `{}`: {e}", log.display())))?;
-    match wal_damage(&head) {
-        None => Ok(()),
-        Some(detail) => Err(StoreError::new(format!(
-            "the write-ahead log `{}` of the state database is damaged: {detail}",
-            log.display()
-        ))
-        .with_hint(
-            "nothing was changed; the runs it holds would be lost: restore it from a backup, or move the \
-             state directory aside to start a new store",
-        )),
+    // Another process may be writing the start of the log at this moment (it restarts the log after a
+    // complete checkpoint): only damage that stays put is damage.
+    std::thread::sleep(Duration::from_millis(50));
+    let again = read()?;
+    if again != head || wal_damage(&again).is_none() {
+        return Ok(());
     }
+    Err(StoreError::new(format!(
+        "the write-ahead log `{}` of the state database is damaged: {detail}",
+        log.display()
+    ))
+    .with_hint(
+        "nothing was changed; the runs it holds would be lost: restore it from a backup, or move the \
+         state directory aside to start a new store",
+    ))
+}
+
+/// The log's header and its first two frames (as much of them as there is); nothing when there is no log.
+fn read_log_head(log: &Path) -> std::io::Result<Vec<u8>> {
+    use std::io::Read as _;
+    let file = match std::fs::File::open(log) {
+        Ok(file) => file,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(e),
+    };
+    let mut file = std::io::BufReader::new(file);
+    let mut head = Vec::new();
+    (&mut file).take(32).read_to_end(&mut head)?;
+    if head.len() == 32 {
+        let page = u32::from_be_bytes([head[8], head[9], head[10], head[11]]).min(65_536);
+        (&mut file)
+            .take(2 * (24 + u64::from(page)))
+            .read_to_end(&mut head)?;
+    }
+    Ok(head)
 }
 
 /// The pages in the log not yet copied into the database file, read from the wal-index header in the
@@ -1554,8 +1595,11 @@ fn wal_damage(head: &[u8]) -> Option<&'static str> {
         return Some("its header does not match its checksum");
     }
     let frame = &head[32..];
-    if frame.len() < 24 + page || frame[8..16] != head[16..24] {
-        // No whole frame, or one of an earlier log: SQLite starts reading nothing, as it should.
+    let second = frame.get(24 + page..2 * (24 + page));
+    let current = |f: &[u8]| f.len() >= 24 + page && f[8..16] == head[16..24];
+    if !current(frame) || !second.is_some_and(current) {
+        // No frame of the current log, or only one, which a crash may have cut short: SQLite reads what
+        // is valid, as it should.
         return None;
     }
     let sum = wal_checksum(header_sum, &frame[..8], big_endian);
@@ -1582,4 +1626,67 @@ fn wal_checksum(sum: (u32, u32), data: &[u8], big_endian: bool) -> (u32, u32) {
         s1 = s1.wrapping_add(read(&pair[4..])).wrapping_add(s0);
     }
     (s0, s1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The start of a real log: a table created, then `rows` inserts, each its own transaction.
+    fn log_of(rows: usize) -> Vec<u8> {
+        let dir = std::env::temp_dir().join(format!(
+            "archon-wal-test-{}-{rows}-{:x}",
+            std::process::id(),
+            fastrand::u64(..)
+        ));
+        std::fs::create_dir_all(&dir).expect("mkdir");
+        let path = dir.join("t.db");
+        let conn = Connection::open(&path).expect("opens");
+        conn.execute_batch("PRAGMA journal_mode = WAL; CREATE TABLE t (v TEXT);")
+            .expect("created");
+        for i in 0..rows {
+            conn.execute("INSERT INTO t VALUES (?1)", [i.to_string()])
+                .expect("inserted");
+        }
+        let head = read_log_head(&wal_path(&path)).expect("read");
+        drop(conn);
+        let _ = std::fs::remove_dir_all(&dir);
+        head
+    }
+
+    #[test]
+    fn a_sound_log_passes_and_each_kind_of_damage_is_named() {
+        let head = log_of(3);
+        assert_eq!(head.len(), 32 + 2 * (24 + 4096));
+        assert_eq!(wal_damage(&head), None);
+        assert_eq!(wal_damage(&[]), None, "no log");
+        let garbled = |at: usize| {
+            let mut bytes = head.clone();
+            bytes[at] ^= 0x5a;
+            wal_damage(&bytes)
+        };
+        assert_eq!(garbled(1), Some("it does not start like a write-ahead log"));
+        assert_eq!(garbled(9), Some("its header is not one SQLite writes"));
+        assert_eq!(garbled(13), Some("its header does not match its checksum"));
+        assert_eq!(
+            garbled(32 + 24 + 7),
+            Some("its first frame does not match its checksum")
+        );
+        assert_eq!(wal_damage(&head[..20]), Some("its header is cut short"));
+    }
+
+    #[test]
+    fn a_first_frame_a_crash_cut_short_is_not_damage() {
+        // One frame of the current log, its page not fully written: nothing after it, so SQLite ignores
+        // it and no committed data is lost.
+        let mut head = log_of(0);
+        head.truncate(32 + 24 + 4096);
+        head[32 + 24 + 100] ^= 0x5a;
+        assert_eq!(wal_damage(&head), None);
+        // The same frame followed by one of an earlier log (other salts): also a crash's leftover.
+        let mut second = head[32..].to_vec();
+        second[8] ^= 0xff;
+        head.extend_from_slice(&second);
+        assert_eq!(wal_damage(&head), None);
+    }
 }
