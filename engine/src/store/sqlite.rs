@@ -833,10 +833,16 @@ impl Writer {
     /// Moves the log into the database file once it holds `CHECKPOINT_FRAMES` pages that are not there
     /// yet: from this thread, when the run is idle or over, so that no step waits for it, and so that the
     /// log stays short (opening reads all of it) and the database file holds nearly all of the history.
+    ///
+    /// `TRUNCATE` empties the log too: a log that was only copied would be read whole again (and counted
+    /// as not copied) by the next process that opens the store, and would grow with every run. It does
+    /// not wait: when another process is reading or writing, it copies what it can, and a later
+    /// checkpoint does the rest.
     fn checkpoint_when_due(&self) {
         if pending_frames(&self.path) >= CHECKPOINT_FRAMES {
-            // A checkpoint that cannot finish now (a reader holds old pages) finishes at a later one.
-            let _ = checkpoint(&self.conn, "PASSIVE");
+            let _ = self.conn.busy_timeout(Duration::ZERO);
+            let _ = checkpoint(&self.conn, "TRUNCATE");
+            let _ = self.conn.busy_timeout(BUSY_TIMEOUT);
         }
     }
 
@@ -1493,8 +1499,8 @@ fn damaged_rows(path: &Path, damage: &[RecordError]) -> StoreError {
     )
 }
 
-/// A checkpoint of the write-ahead log into the database file; `PASSIVE`: as far as it can without
-/// waiting for other connections.
+/// A checkpoint of the write-ahead log into the database file, in `mode` (`PASSIVE`: as far as it can
+/// without waiting for other connections; `TRUNCATE`: everything, leaving an empty log).
 fn checkpoint(conn: &Connection, mode: &str) -> rusqlite::Result<()> {
     conn.query_row(&format!("PRAGMA wal_checkpoint({mode})"), [], |_| Ok(()))
 }
