@@ -196,7 +196,9 @@ fn handcoded(shape: &str, dir: &Path) {
                 let mut value = 0;
                 for i in 0..100 {
                     // Each step reads the one before, as in the chain spec.
-                    value = step(&journal, &format!("s{i}"), value)["v"].as_u64().unwrap() as usize;
+                    value = step(&journal, &format!("s{i}"), value)["v"]
+                        .as_u64()
+                        .unwrap() as usize;
                     tokio::task::yield_now().await;
                 }
             }
