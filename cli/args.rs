@@ -165,6 +165,11 @@ pub struct RunsArgs {
     #[arg(long)]
     pub json: bool,
 
+    /// Read the whole store instead: check every page and decode every row of every run, list what is
+    /// damaged, and fail when anything is.
+    #[arg(long, conflicts_with = "json")]
+    pub check: bool,
+
     #[command(flatten)]
     pub state: StateArgs,
 }

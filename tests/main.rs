@@ -19,6 +19,7 @@ mod run;
 mod schema;
 mod security;
 mod session;
+mod store;
 mod support;
 mod validate_fixtures;
 mod workflows;

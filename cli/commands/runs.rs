@@ -5,7 +5,7 @@ use std::fmt::Write as _;
 
 use archon_engine::resume;
 use archon_engine::session::{
-    Cancelled, Continue, ContinueOptions, RunState, Session, SessionError, StoredRun,
+    self, Cancelled, Continue, ContinueOptions, RunState, Session, SessionError, StoredRun,
 };
 
 use super::Status;
@@ -20,6 +20,9 @@ pub fn runs(args: &RunsArgs) -> anyhow::Result<Status> {
         Ok(session) => session,
         Err(status) => return Ok(status),
     };
+    if args.check {
+        return Ok(check(session.as_ref(), &args.state));
+    }
     let runs = match session.as_ref().map(|s| s.list()) {
         Some(Ok(runs)) => runs,
         Some(Err(e)) => return Ok(store_error(&e)),
@@ -52,6 +55,32 @@ pub fn runs(args: &RunsArgs) -> anyhow::Result<Status> {
         &rows,
     )));
     Ok(Status::Success)
+}
+
+/// `archon runs --check`: every damaged page and row, and a failure when there is one.
+fn check(session: Option<&Session>, state: &crate::args::StateArgs) -> Status {
+    let path = session::database_path(&state.dir());
+    let problems = match session.map(Session::check) {
+        Some(Ok(problems)) => problems,
+        Some(Err(e)) => return store_error(&e),
+        None => Vec::new(),
+    };
+    if problems.is_empty() {
+        output::stdout(&format!("`{}`: no damage found\n", path.display()));
+        return Status::Success;
+    }
+    let mut text = format!(
+        "error: state database `{}` has {} problem{}:\n",
+        path.display(),
+        problems.len(),
+        if problems.len() == 1 { "" } else { "s" }
+    );
+    for problem in &problems {
+        let _ = writeln!(text, "  {}", problem.replace('\n', "\n  "));
+    }
+    text.push_str("  hint: nothing was changed; what these problems touch cannot be shown or resumed until the file is restored from a backup\n");
+    output::stderr(&text);
+    Status::Failure
 }
 
 pub fn show(args: &ShowArgs) -> anyhow::Result<Status> {

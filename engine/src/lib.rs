@@ -12,6 +12,7 @@ pub mod llm;
 pub mod network;
 pub mod plan;
 pub mod process;
+pub mod record;
 pub mod resume;
 pub mod run;
 pub mod session;

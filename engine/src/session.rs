@@ -26,6 +26,11 @@ pub use crate::store::{
     ApprovalRecord, AttemptRecord, Owner, RunState, RunSummary, StoreError, StoredRun,
 };
 
+/// The database file of the run store in `state_dir`.
+pub fn database_path(state_dir: &Path) -> PathBuf {
+    state_dir.join(DATABASE)
+}
+
 /// Why a session refused or failed a request.
 #[derive(Debug, thiserror::Error)]
 pub enum SessionError {
@@ -215,6 +220,12 @@ impl Session {
     /// Everything stored about one run.
     pub fn load(&self, id: &str) -> Result<StoredRun, StoreError> {
         self.store.load(id)
+    }
+
+    /// Reads the whole store and says what is wrong with it: damaged pages and every row that does not
+    /// decode (in time proportional to its size).
+    pub fn check(&self) -> Result<Vec<String>, StoreError> {
+        self.store.check()
     }
 
     /// A run's event log, in order.

@@ -5,6 +5,7 @@
 //! starts. [`MemoryJournal`] keeps nothing (runs embedded without a store); [`sqlite::SqliteStore`] keeps
 //! everything in an embedded SQLite database. docs/durability.md says exactly what is synced when.
 
+mod convert;
 pub mod sqlite;
 
 use std::fmt;
@@ -163,6 +164,9 @@ pub trait RunStore: Send + Sync + fmt::Debug {
     fn replace_files(&self, id: &str, files: &[(String, String)]) -> Result<(), StoreError>;
     /// The run's event log, in order.
     fn events(&self, id: &str) -> Result<Vec<Json>, StoreError>;
+    /// Reads the whole store and says what is wrong with it: damaged pages, and every row that does not
+    /// decode. Costs time in proportion to the store's size (opening it does not).
+    fn check(&self) -> Result<Vec<String>, StoreError>;
     /// Starts recording a run this process owns; `cancel` is cancelled when the run is asked to stop.
     fn journal(
         &self,

@@ -21,6 +21,7 @@ use super::{
     Ack, ApprovalRecord, AttemptRecord, Entry, Journal, NewRun, Owner, RunState, RunStore,
     RunSummary, StoreError, StoredRun, now_ms, spec_hash,
 };
+use crate::record::{self, FORMAT_VERSION, RecordError, Row};
 use crate::run::{ApprovalDecision, ApprovalRequest, StepResult};
 
 /// The database file inside the state directory.
@@ -125,6 +126,14 @@ CREATE TABLE approvals (
     PRIMARY KEY (run_id, key)
 );
 ",
+    // The format of the records each row holds (`record::FORMAT_VERSION`); rows written before are 0.
+    r"
+ALTER TABLE runs ADD COLUMN format INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE results ADD COLUMN format INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE events ADD COLUMN format INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE checkpoints ADD COLUMN format INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE approvals ADD COLUMN format INTEGER NOT NULL DEFAULT 0;
+",
 ];
 
 /// Runs kept in an SQLite database under a state directory.
@@ -148,6 +157,9 @@ impl SqliteStore {
             ))
         })?;
         let path = dir.join(DATABASE);
+        // SQLite takes a log it cannot read for an empty one, and the next write overwrites it: a damaged
+        // log is refused before SQLite opens it.
+        check_log(&path)?;
         // The file is checked before anything is set on it: a file that is not a sound Archon database
         // is left exactly as it is.
         let mut conn = Connection::open(&path).map_err(|e| sql_error(&path, &e))?;
@@ -155,7 +167,12 @@ impl SqliteStore {
             .map_err(|e| sql_error(&path, &e))?;
         check(&conn, &path)?;
         configure(&conn, &path)?;
-        migrate(&mut conn, &path)?;
+        if migrate(&mut conn, &path)? {
+            // A new or migrated schema goes into the database file at once, so that the file alone (a copy
+            // without its log) is recognised as an Archon store and never taken for a new one. Not waiting
+            // for other processes: one that holds an older snapshot leaves the rest to a later checkpoint.
+            let _ = checkpoint(&conn, "PASSIVE");
+        }
         // This connection creates and claims runs. Its commits go to the log without a sync of their own:
         // the journal's next synced commit, which comes before any side effect of the run (and at its end),
         // puts them on disk with everything else, since the log is one file written in order.
@@ -206,15 +223,16 @@ impl RunStore for SqliteStore {
     /// Records a new run, owned by this process, with its spec files and inputs.
     fn create_run(&self, run: &NewRun) -> Result<(), StoreError> {
         let hash = spec_hash(&run.files);
-        let inputs = json_text(&Json::Object(run.inputs.clone()));
+        let inputs = record::encode(&run.inputs);
         let now = now_ms();
         let token = self.new_token(&run.id);
         self.with(|conn| {
             let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+            let first: bool = tx.query_row("SELECT NOT EXISTS (SELECT 1 FROM runs)", [], |r| r.get(0))?;
             tx.execute(
                 "INSERT INTO runs (id, workflow, spec_path, spec_hash, status, inputs, workdir, max_parallel,
-                    started_at, owner_pid, owner_host, lease_until, owner_started, owner_token)
-                 VALUES (?1, ?2, ?3, ?4, 'running', ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)",
+                    started_at, owner_pid, owner_host, lease_until, owner_started, owner_token, format)
+                 VALUES (?1, ?2, ?3, ?4, 'running', ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14)",
                 params![
                     run.id,
                     run.workflow,
@@ -229,6 +247,7 @@ impl RunStore for SqliteStore {
                     (now + LEASE.as_millis() as u64) as i64,
                     my_start_time(),
                     token,
+                    FORMAT_VERSION,
                 ],
             )?;
             for (position, (path, text)) in run.files.iter().enumerate() {
@@ -237,7 +256,13 @@ impl RunStore for SqliteStore {
                     params![run.id, position as i64, path, text],
                 )?;
             }
-            tx.commit()
+            tx.commit()?;
+            if first {
+                // Once the store holds a run, so does its database file: a store whose log was lost is then
+                // never taken for a new, empty one. (The run is recorded whether or not this succeeds.)
+                let _ = checkpoint(conn, "PASSIVE");
+            }
+            Ok(())
         })
     }
 
@@ -263,7 +288,10 @@ impl RunStore for SqliteStore {
             if let Some(owner) = owner.filter(is_alive) {
                 return Ok(Err(Claim::Owned(owner)));
             }
-            let state = effective_state(&status, None);
+            let state = effective_state(
+                RunState::parse(&status).unwrap_or(RunState::Interrupted),
+                None,
+            );
             if !allowed.contains(&state) {
                 return Ok(Err(Claim::State(state)));
             }
@@ -377,15 +405,15 @@ impl RunStore for SqliteStore {
                 })
             })
             .collect();
-        let text = serde_json::to_string(decision).unwrap_or_default();
+        let text = record::encode(&record::ApprovalDecision::from(decision));
         let now = now as i64;
         self.with(|conn| {
             let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
             for request in &pending {
                 tx.execute(
-                    "UPDATE approvals SET decision = ?3, decided_at = ?4
+                    "UPDATE approvals SET decision = ?3, decided_at = ?4, format = ?5
                      WHERE run_id = ?1 AND key = ?2 AND decision IS NULL",
-                    params![id, request.key, text, now],
+                    params![id, request.key, text, now, FORMAT_VERSION],
                 )?;
             }
             tx.commit()
@@ -453,10 +481,13 @@ impl RunStore for SqliteStore {
                 let owner = owner_of(r.get(5)?, r.get(6)?, r.get(7)?, r.get(8)?);
                 let started_at = r.get::<_, i64>(3)? as u64;
                 let finished_at = r.get::<_, Option<i64>>(4)?.map(|t| t as u64);
+                // A status this version does not know is listed as interrupted; `show` and `runs --check`
+                // report the row.
+                let status = RunState::parse(&status).unwrap_or(RunState::Interrupted);
                 Ok(RunSummary {
                     id: r.get(0)?,
                     workflow: r.get(1)?,
-                    status: effective_state(&status, owner.as_ref()),
+                    status: effective_state(status, owner.as_ref()),
                     started_at,
                     finished_at,
                     duration_ms: finished_at.map(|f| f.saturating_sub(started_at)),
@@ -466,141 +497,17 @@ impl RunStore for SqliteStore {
         })
     }
 
-    /// Everything about one run.
+    /// Everything about one run. A row that does not decode fails the load, naming every such row.
     fn load(&self, id: &str) -> Result<StoredRun, StoreError> {
+        let mut damage = Vec::new();
         let run = self.with(|conn| {
             // One read transaction: a consistent snapshot even while the run's writer commits.
             let conn = conn.transaction()?;
-            let Some(mut run) = conn
-                .query_row(
-                    "SELECT id, workflow, spec_path, spec_hash, status, inputs, workdir, max_parallel,
-                        started_at, finished_at, outputs, error, owner_pid, owner_host, lease_until,
-                        owner_started, generation
-                     FROM runs WHERE id = ?1",
-                    [id],
-                    |r| {
-                        let status: String = r.get(4)?;
-                        let owner = owner_of(r.get(12)?, r.get(13)?, r.get(14)?, r.get(15)?);
-                        Ok(StoredRun {
-                            id: r.get(0)?,
-                            workflow: r.get(1)?,
-                            spec_path: r.get(2)?,
-                            spec_hash: r.get(3)?,
-                            status: effective_state(&status, owner.as_ref()),
-                            inputs: json_object(&r.get::<_, String>(5)?),
-                            workdir: r.get(6)?,
-                            max_parallel: r.get::<_, i64>(7)? as usize,
-                            started_at: r.get::<_, i64>(8)? as u64,
-                            finished_at: r.get::<_, Option<i64>>(9)?.map(|t| t as u64),
-                            generation: r.get(16)?,
-                            outputs: r
-                                .get::<_, Option<String>>(10)?
-                                .map(|t| json_object(&t))
-                                .unwrap_or_default(),
-                            error: r.get(11)?,
-                            results: IndexMap::new(),
-                            attempts: Vec::new(),
-                            checkpoints: HashMap::new(),
-                            approvals: Vec::new(),
-                            owner: owner.filter(is_alive),
-                        })
-                    },
-                )
-                .optional()?
-            else {
-                return Ok(None);
-            };
-            let mut stmt = conn.prepare(
-                "SELECT r.step, r.result, b.data FROM results r LEFT JOIN blobs b ON b.hash = r.output_blob
-                 WHERE r.run_id = ?1 ORDER BY r.rowid",
-            )?;
-            let rows = stmt.query_map([id], |r| {
-                Ok((
-                    r.get::<_, String>(0)?,
-                    r.get::<_, String>(1)?,
-                    r.get::<_, Option<Vec<u8>>>(2)?,
-                ))
-            })?;
-            for row in rows {
-                let (step, text, blob) = row?;
-                let mut result: StepResult = serde_json::from_str(&text).map_err(|e| {
-                    rusqlite::Error::FromSqlConversionFailure(
-                        1,
-                        rusqlite::types::Type::Text,
-                        Box::new(e),
-                    )
-                })?;
-                if let Some(blob) = blob {
-                    result.output = serde_json::from_slice(&blob).map_err(|e| {
-                        rusqlite::Error::FromSqlConversionFailure(
-                            2,
-                            rusqlite::types::Type::Blob,
-                            Box::new(e),
-                        )
-                    })?;
-                }
-                run.results.insert(step, result);
-            }
-            let mut stmt = conn.prepare(
-                "SELECT step, attempt, generation, fallback, status, error, started_at, ended_at, pgid,
-                    pgid_started
-                 FROM attempts WHERE run_id = ?1 ORDER BY started_at, rowid",
-            )?;
-            run.attempts = stmt
-                .query_map([id], |r| {
-                    Ok(AttemptRecord {
-                        step: r.get(0)?,
-                        attempt: r.get(1)?,
-                        generation: r.get(2)?,
-                        fallback: r.get(3)?,
-                        status: r.get(4)?,
-                        error: r.get(5)?,
-                        started_at: r.get::<_, i64>(6)? as u64,
-                        ended_at: r.get::<_, Option<i64>>(7)?.map(|t| t as u64),
-                        pgid: r.get(8)?,
-                        pgid_started: r.get::<_, Option<i64>>(9)?.map(|t| t as u64),
-                    })
-                })?
-                .collect::<rusqlite::Result<_>>()?;
-            let mut stmt = conn.prepare(
-                "SELECT request, requested_at, decision, decided_at FROM approvals WHERE run_id = ?1
-                 ORDER BY requested_at, rowid",
-            )?;
-            run.approvals = stmt
-                .query_map([id], |r| {
-                    Ok((
-                        r.get::<_, String>(0)?,
-                        r.get::<_, i64>(1)?,
-                        r.get::<_, Option<String>>(2)?,
-                        r.get::<_, Option<i64>>(3)?,
-                    ))
-                })?
-                .filter_map(|row| {
-                    row.map(|(request, at, decision, decided_at)| {
-                        Some(ApprovalRecord {
-                            request: serde_json::from_str(&request).ok()?,
-                            requested_at: at as u64,
-                            decision: decision.and_then(|d| serde_json::from_str(&d).ok()),
-                            decided_at: decided_at.map(|t| t as u64),
-                        })
-                    })
-                    .transpose()
-                })
-                .collect::<rusqlite::Result<_>>()?;
-            let mut stmt = conn.prepare(
-                "SELECT step, state FROM checkpoints WHERE run_id = ?1 AND generation = ?2",
-            )?;
-            run.checkpoints = stmt
-                .query_map(params![id, run.generation], |r| {
-                    Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?))
-                })?
-                .filter_map(|row| {
-                    row.map(|(step, text)| Some((step, serde_json::from_str(&text).ok()?)))
-                        .transpose()
-                })
-                .collect::<rusqlite::Result<_>>()?;
-            Ok(Some(run))
+            load_run(&conn, id, &mut damage)
         })?;
+        if !damage.is_empty() {
+            return Err(damaged_rows(&self.path, &damage));
+        }
         run.ok_or_else(|| unknown_run(id))
     }
 
@@ -634,22 +541,89 @@ impl RunStore for SqliteStore {
         })
     }
 
-    /// The run's event log, in order.
+    /// The run's event log, in order. A row that does not decode fails it, naming every such row.
     fn events(&self, id: &str) -> Result<Vec<Json>, StoreError> {
-        self.with(|conn| {
-            let mut stmt =
-                conn.prepare("SELECT at, event FROM events WHERE run_id = ?1 ORDER BY seq")?;
-            stmt.query_map([id], |r| {
-                let at: i64 = r.get(0)?;
-                let text: String = r.get(1)?;
-                let mut event = serde_json::from_str::<Json>(&text).unwrap_or(Json::String(text));
-                if let Json::Object(map) = &mut event {
-                    map.insert("at_ms".to_owned(), Json::from(at));
+        let mut damage = Vec::new();
+        let events = self.with(|conn| {
+            let mut stmt = conn.prepare(
+                "SELECT seq, at, format, event FROM events WHERE run_id = ?1 ORDER BY seq",
+            )?;
+            let mut rows = stmt.query([id])?;
+            let mut events = Vec::new();
+            while let Some(r) = rows.next()? {
+                let seq: i64 = r.get(0)?;
+                let at: i64 = r.get(1)?;
+                let row = seq.to_string();
+                let at_row = Row {
+                    run: id,
+                    table: "events",
+                    row: &row,
+                };
+                match record::decode::<record::Event>(at_row, r.get(2)?, bytes(r.get_ref(3)?)) {
+                    Ok(record::Event { event, mut fields }) => {
+                        let mut map = Map::with_capacity(fields.len() + 2);
+                        map.insert("event".to_owned(), Json::String(event));
+                        map.append(&mut fields);
+                        map.insert("at_ms".to_owned(), Json::from(at));
+                        events.push(Json::Object(map));
+                    }
+                    Err(e) => damage.push(e),
                 }
-                Ok(event)
-            })?
-            .collect()
-        })
+            }
+            Ok(events)
+        })?;
+        if !damage.is_empty() {
+            return Err(damaged_rows(&self.path, &damage));
+        }
+        Ok(events)
+    }
+
+    /// Checks every page (`PRAGMA quick_check`) and decodes every row of every run.
+    fn check(&self) -> Result<Vec<String>, StoreError> {
+        let mut problems = Vec::new();
+        let mut damage = Vec::new();
+        self.with(|conn| {
+            let conn = conn.transaction()?;
+            let mut stmt = conn.prepare("PRAGMA quick_check")?;
+            let lines = stmt
+                .query_map([], |r| r.get::<_, String>(0))
+                .and_then(Iterator::collect::<rusqlite::Result<Vec<_>>>);
+            match lines {
+                Ok(lines) => problems.extend(lines.into_iter().filter(|l| l != "ok")),
+                Err(e) => problems.push(e.to_string().to_lowercase()),
+            }
+            if !problems.is_empty() {
+                // Rows on damaged pages may not read at all: the pages are the news.
+                return Ok(());
+            }
+            let ids = conn
+                .prepare("SELECT id FROM runs ORDER BY started_at, id")?
+                .query_map([], |r| r.get::<_, String>(0))?
+                .collect::<rusqlite::Result<Vec<_>>>()?;
+            for id in ids {
+                load_run(&conn, &id, &mut damage)?;
+                let mut stmt = conn.prepare_cached(
+                    "SELECT seq, format, event FROM events WHERE run_id = ?1 ORDER BY seq",
+                )?;
+                let mut rows = stmt.query([&id])?;
+                while let Some(r) = rows.next()? {
+                    let row = r.get::<_, i64>(0)?.to_string();
+                    let at = Row {
+                        run: &id,
+                        table: "events",
+                        row: &row,
+                    };
+                    if let Err(e) =
+                        record::decode::<record::Event>(at, r.get(1)?, bytes(r.get_ref(2)?))
+                    {
+                        damage.push(e);
+                    }
+                }
+            }
+            Ok(())
+        })?;
+        problems.extend(damage.iter().map(ToString::to_string));
+        Ok(problems)
     }
 
     /// Starts the journal of a run this process owns: a writer thread that applies entries in order,
@@ -781,6 +755,10 @@ struct Writer {
     released: bool,
 }
 
+/// How many pages of the log not yet in the database file make the writer checkpoint when idle or done
+/// (512 KiB of 4 KiB pages; SQLite's own checkpoint at 1,000 pages still runs during long runs).
+const CHECKPOINT_FRAMES: u32 = 128;
+
 /// Most messages applied in one transaction.
 const BATCH: usize = 8192;
 /// Longest a record that nothing waits for stays uncommitted.
@@ -820,7 +798,11 @@ impl Writer {
                             }
                         }
                     }
-                    Err(RecvTimeoutError::Timeout) => {}
+                    Err(RecvTimeoutError::Timeout) => {
+                        if pending.is_empty() {
+                            self.checkpoint_when_due();
+                        }
+                    }
                     Err(RecvTimeoutError::Disconnected) => open = false,
                 }
             }
@@ -837,15 +819,31 @@ impl Writer {
             }
         }
         // Everything sent has been applied: give the run up, if its end did not.
-        if self.released {
-            return;
+        if !self.released {
+            let _ = self.conn.execute(
+                "UPDATE runs SET owner_pid = NULL, owner_host = NULL, lease_until = NULL, owner_started = NULL,
+                    owner_token = NULL
+                 WHERE id = ?1 AND owner_token = ?2",
+                params![self.run, self.token],
+            );
         }
-        let _ = self.conn.execute(
-            "UPDATE runs SET owner_pid = NULL, owner_host = NULL, lease_until = NULL, owner_started = NULL,
-                owner_token = NULL
-             WHERE id = ?1 AND owner_token = ?2",
-            params![self.run, self.token],
-        );
+        self.checkpoint_when_due();
+    }
+
+    /// Moves the log into the database file once it holds `CHECKPOINT_FRAMES` pages that are not there
+    /// yet: from this thread, when the run is idle or over, so that no step waits for it, and so that the
+    /// log stays short (opening reads all of it) and the database file holds nearly all of the history.
+    ///
+    /// `TRUNCATE` empties the log too: a log that was only copied would be read whole again (and counted
+    /// as not copied) by the next process that opens the store, and would grow with every run. It does
+    /// not wait: when another process is reading or writing, it copies what it can, and a later
+    /// checkpoint does the rest.
+    fn checkpoint_when_due(&self) {
+        if pending_frames(&self.path) >= CHECKPOINT_FRAMES {
+            let _ = self.conn.busy_timeout(Duration::ZERO);
+            let _ = checkpoint(&self.conn, "TRUNCATE");
+            let _ = self.conn.busy_timeout(BUSY_TIMEOUT);
+        }
     }
 
     fn apply(&mut self, batch: Vec<Message>, heartbeat: bool) {
@@ -963,21 +961,17 @@ impl Writer {
                             "INSERT OR IGNORE INTO blobs (hash, data) VALUES (?1, ?2)",
                         )?
                         .execute(params![hash, output.as_bytes()])?;
-                        let mut stored = (**result).clone();
-                        stored.output = Json::Null;
                         (
-                            json_text(&serde_json::to_value(&stored).unwrap_or(Json::Null)),
+                            record::encode(&record::StepResult::of(result, Json::Null)),
                             Some(hash),
                         )
                     } else {
-                        (
-                            json_text(&serde_json::to_value(&**result).unwrap_or(Json::Null)),
-                            None,
-                        )
+                        (record::encode(&record::StepResult::from(&**result)), None)
                     };
                     tx.prepare_cached(
-                        "INSERT OR REPLACE INTO results (run_id, step, generation, status, result, output_blob, finished_at)
-                         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+                        "INSERT OR REPLACE INTO results (run_id, step, generation, status, result, output_blob,
+                            finished_at, format)
+                         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
                     )?
                     .execute(params![
                         self.run,
@@ -986,51 +980,62 @@ impl Writer {
                         result.status.as_str(),
                         text,
                         blob,
-                        now
+                        now,
+                        FORMAT_VERSION
                     ])?;
                 }
                 Entry::ApprovalRequested(request) => {
-                    let text = serde_json::to_string(request).unwrap_or_default();
+                    let text = record::encode(&record::ApprovalRequest::from(request));
                     tx.prepare_cached(
-                        "INSERT INTO approvals (run_id, key, step, request, requested_at)
-                         VALUES (?1, ?2, ?3, ?4, ?5)
-                         ON CONFLICT (run_id, key) DO UPDATE SET request = excluded.request",
+                        "INSERT INTO approvals (run_id, key, step, request, requested_at, format)
+                         VALUES (?1, ?2, ?3, ?4, ?5, ?6)
+                         ON CONFLICT (run_id, key) DO UPDATE SET request = excluded.request,
+                            format = excluded.format",
                     )?
                     .execute(params![
                         self.run,
                         request.key,
                         request.step,
                         text,
-                        now
+                        now,
+                        FORMAT_VERSION
                     ])?;
                 }
                 Entry::ApprovalDecided { key, decision } => {
-                    let text = serde_json::to_string(decision).unwrap_or_default();
+                    let text = record::encode(&record::ApprovalDecision::from(decision));
                     tx.prepare_cached(
-                        "UPDATE approvals SET decision = ?3, decided_at = ?4 WHERE run_id = ?1 AND key = ?2",
+                        "UPDATE approvals SET decision = ?3, decided_at = ?4, format = ?5
+                         WHERE run_id = ?1 AND key = ?2",
                     )?
-                    .execute(params![self.run, key, text, now])?;
+                    .execute(params![
+                        self.run,
+                        key,
+                        text,
+                        now,
+                        FORMAT_VERSION
+                    ])?;
                 }
                 Entry::Checkpoint { step, state } => {
                     tx.prepare_cached(
-                        "INSERT OR REPLACE INTO checkpoints (run_id, step, generation, state, at)
-                         VALUES (?1, ?2, ?3, ?4, ?5)",
+                        "INSERT OR REPLACE INTO checkpoints (run_id, step, generation, state, at, format)
+                         VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
                     )?
                     .execute(params![
                         self.run,
                         step,
                         self.generation,
                         json_text(state),
-                        now
+                        now,
+                        FORMAT_VERSION
                     ])?;
                 }
                 Entry::Event(event) => {
                     self.seq += 1;
-                    let text = serde_json::to_string(event).unwrap_or_default();
+                    let text = record::encode(&record::Event::from(event));
                     tx.prepare_cached(
-                        "INSERT INTO events (run_id, seq, at, event) VALUES (?1, ?2, ?3, ?4)",
+                        "INSERT INTO events (run_id, seq, at, event, format) VALUES (?1, ?2, ?3, ?4, ?5)",
                     )?
-                    .execute(params![self.run, self.seq, now, text])?;
+                    .execute(params![self.run, self.seq, now, text, FORMAT_VERSION])?;
                 }
                 Entry::RunEnded {
                     status,
@@ -1053,14 +1058,15 @@ impl Writer {
                     tx.execute(
                         "UPDATE runs SET status = ?2, outputs = ?3, error = ?4, finished_at = ?5,
                             owner_pid = NULL, owner_host = NULL, lease_until = NULL, owner_started = NULL,
-                            owner_token = NULL
+                            owner_token = NULL, format = ?6
                          WHERE id = ?1",
                         params![
                             self.run,
                             status.as_str(),
-                            json_text(&Json::Object(outputs.clone())),
+                            record::encode(outputs),
                             error,
-                            finished
+                            finished,
+                            FORMAT_VERSION
                         ],
                     )?;
                 }
@@ -1115,7 +1121,7 @@ fn configure(conn: &Connection, path: &Path) -> Result<(), StoreError> {
     Ok(())
 }
 
-/// Refuses a database that is not Archon's, is newer than this version, or is damaged.
+/// Refuses a database that is not Archon's, or is newer than this version.
 fn check(conn: &Connection, path: &Path) -> Result<(), StoreError> {
     // One read transaction: another process creating the store at the same moment is seen before or after
     // its migration, never half-way.
@@ -1145,17 +1151,13 @@ fn check(conn: &Connection, path: &Path) -> Result<(), StoreError> {
         ))
         .with_hint("use the archon version that wrote it, or a newer one"));
     }
-    let check: String = conn
-        .query_row("PRAGMA quick_check", [], |r| r.get(0))
-        .map_err(|e| sql_error(path, &e))?;
-    if check != "ok" {
-        return Err(damaged(path, &check));
-    }
+    // Only the header and the schema are read here, so that opening costs the same whatever the store
+    // holds; SQLite reports a damaged page when a query meets it, and `archon runs --check` reads them all.
     Ok(())
 }
 
-/// Brings the schema up to date.
-fn migrate(conn: &mut Connection, path: &Path) -> Result<(), StoreError> {
+/// Brings the schema up to date; says whether it changed it.
+fn migrate(conn: &mut Connection, path: &Path) -> Result<bool, StoreError> {
     let latest = MIGRATIONS.len() as i64;
     let version: i64 = conn
         .query_row("PRAGMA user_version", [], |r| r.get(0))
@@ -1179,8 +1181,9 @@ fn migrate(conn: &mut Connection, path: &Path) -> Result<(), StoreError> {
             .map_err(|e| sql_error(path, &e))?;
         }
         tx.commit().map_err(|e| sql_error(path, &e))?;
+        return Ok(true);
     }
-    Ok(())
+    Ok(false)
 }
 
 fn damaged(path: &Path, detail: &str) -> StoreError {
@@ -1236,11 +1239,11 @@ fn owner_of(
 }
 
 /// A stored `running` run is running only while its owner lives.
-fn effective_state(status: &str, owner: Option<&Owner>) -> RunState {
-    match RunState::parse(status) {
-        Some(RunState::Running) if owner.is_some_and(is_alive) => RunState::Running,
-        Some(RunState::Running) | None => RunState::Interrupted,
-        Some(state) => state,
+fn effective_state(status: RunState, owner: Option<&Owner>) -> RunState {
+    match status {
+        RunState::Running if owner.is_some_and(is_alive) => RunState::Running,
+        RunState::Running => RunState::Interrupted,
+        state => state,
     }
 }
 
@@ -1292,9 +1295,404 @@ fn json_text(value: &Json) -> String {
     serde_json::to_string(value).unwrap_or_else(|_| "null".to_owned())
 }
 
-fn json_object(text: &str) -> Map<String, Json> {
-    match serde_json::from_str(text) {
-        Ok(Json::Object(map)) => map,
-        _ => Map::new(),
+/// The bytes of a text or blob column; nothing for another type, which then fails to decode.
+fn bytes(value: rusqlite::types::ValueRef<'_>) -> &[u8] {
+    match value {
+        rusqlite::types::ValueRef::Text(b) | rusqlite::types::ValueRef::Blob(b) => b,
+        _ => &[],
+    }
+}
+
+/// Reads run `id` in the read transaction `conn`; every row that does not decode goes to `damage`
+/// (and the run read is then incomplete).
+fn load_run(
+    conn: &Connection,
+    id: &str,
+    damage: &mut Vec<RecordError>,
+) -> rusqlite::Result<Option<StoredRun>> {
+    let mut stmt = conn.prepare_cached(
+        "SELECT id, workflow, spec_path, spec_hash, status, inputs, workdir, max_parallel,
+            started_at, finished_at, outputs, error, owner_pid, owner_host, lease_until,
+            owner_started, generation, format
+         FROM runs WHERE id = ?1",
+    )?;
+    let mut rows = stmt.query([id])?;
+    let Some(r) = rows.next()? else {
+        return Ok(None);
+    };
+    let format: i64 = r.get(17)?;
+    let at = |row: &'static str| Row {
+        run: id,
+        table: "runs",
+        row,
+    };
+    let status = match record::decode_value::<record::RunState>(
+        at("status"),
+        format,
+        Json::String(r.get(4)?),
+    ) {
+        Ok(status) => RunState::from(status),
+        Err(e) => {
+            damage.push(e);
+            RunState::Interrupted
+        }
+    };
+    let inputs = record::decode::<record::Object>(at("inputs"), format, bytes(r.get_ref(5)?))
+        .unwrap_or_else(|e| {
+            damage.push(e);
+            Map::new()
+        });
+    let outputs = match r.get_ref(10)? {
+        rusqlite::types::ValueRef::Null => Map::new(),
+        value => record::decode::<record::Object>(at("outputs"), format, bytes(value))
+            .unwrap_or_else(|e| {
+                damage.push(e);
+                Map::new()
+            }),
+    };
+    let owner = owner_of(r.get(12)?, r.get(13)?, r.get(14)?, r.get(15)?);
+    let mut run = StoredRun {
+        id: r.get(0)?,
+        workflow: r.get(1)?,
+        spec_path: r.get(2)?,
+        spec_hash: r.get(3)?,
+        status: effective_state(status, owner.as_ref()),
+        inputs,
+        workdir: r.get(6)?,
+        max_parallel: r.get::<_, i64>(7)? as usize,
+        started_at: r.get::<_, i64>(8)? as u64,
+        finished_at: r.get::<_, Option<i64>>(9)?.map(|t| t as u64),
+        generation: r.get(16)?,
+        outputs,
+        error: r.get(11)?,
+        results: IndexMap::new(),
+        attempts: Vec::new(),
+        checkpoints: HashMap::new(),
+        approvals: Vec::new(),
+        owner: owner.filter(is_alive),
+    };
+    drop(rows);
+
+    let mut stmt = conn.prepare_cached(
+        "SELECT r.step, r.format, r.result, r.output_blob, b.data
+         FROM results r LEFT JOIN blobs b ON b.hash = r.output_blob
+         WHERE r.run_id = ?1 ORDER BY r.rowid",
+    )?;
+    let mut rows = stmt.query([id])?;
+    while let Some(r) = rows.next()? {
+        let step: String = r.get(0)?;
+        let at = Row {
+            run: id,
+            table: "results",
+            row: &step,
+        };
+        let kept_apart = r.get_ref(3)? != rusqlite::types::ValueRef::Null;
+        let blob = bytes(r.get_ref(4)?);
+        let result = record::decode::<record::StepResult>(at, r.get(1)?, bytes(r.get_ref(2)?))
+            .and_then(|mut result| {
+                if kept_apart {
+                    // A missing blob reads as no JSON at all, and is reported.
+                    let at = Row {
+                        table: "blobs",
+                        ..at
+                    };
+                    result.output = record::decode(at, FORMAT_VERSION.into(), blob)?;
+                }
+                Ok(result)
+            });
+        match result {
+            Ok(result) => {
+                run.results.insert(step, StepResult::from(result));
+            }
+            Err(e) => damage.push(e),
+        }
+    }
+    drop(rows);
+
+    let mut stmt = conn.prepare_cached(
+        "SELECT step, attempt, generation, fallback, status, error, started_at, ended_at, pgid,
+            pgid_started
+         FROM attempts WHERE run_id = ?1 ORDER BY started_at, rowid",
+    )?;
+    run.attempts = stmt
+        .query_map([id], |r| {
+            Ok(AttemptRecord {
+                step: r.get(0)?,
+                attempt: r.get(1)?,
+                generation: r.get(2)?,
+                fallback: r.get(3)?,
+                status: r.get(4)?,
+                error: r.get(5)?,
+                started_at: r.get::<_, i64>(6)? as u64,
+                ended_at: r.get::<_, Option<i64>>(7)?.map(|t| t as u64),
+                pgid: r.get(8)?,
+                pgid_started: r.get::<_, Option<i64>>(9)?.map(|t| t as u64),
+            })
+        })?
+        .collect::<rusqlite::Result<_>>()?;
+
+    let mut stmt = conn.prepare_cached(
+        "SELECT key, format, request, requested_at, decision, decided_at FROM approvals
+         WHERE run_id = ?1 ORDER BY requested_at, rowid",
+    )?;
+    let mut rows = stmt.query([id])?;
+    while let Some(r) = rows.next()? {
+        let key: String = r.get(0)?;
+        let format: i64 = r.get(1)?;
+        let at = Row {
+            run: id,
+            table: "approvals",
+            row: &key,
+        };
+        let request = record::decode::<record::ApprovalRequest>(at, format, bytes(r.get_ref(2)?));
+        let decision = match r.get_ref(4)? {
+            rusqlite::types::ValueRef::Null => Ok(None),
+            value => record::decode::<record::ApprovalDecision>(at, format, bytes(value)).map(Some),
+        };
+        match (request, decision) {
+            (Ok(request), Ok(decision)) => run.approvals.push(ApprovalRecord {
+                request: request.into(),
+                requested_at: r.get::<_, i64>(3)? as u64,
+                decision: decision.map(Into::into),
+                decided_at: r.get::<_, Option<i64>>(5)?.map(|t| t as u64),
+            }),
+            (request, decision) => damage.extend(request.err().into_iter().chain(decision.err())),
+        }
+    }
+    drop(rows);
+
+    let mut stmt = conn.prepare_cached(
+        "SELECT step, format, state FROM checkpoints WHERE run_id = ?1 AND generation = ?2",
+    )?;
+    let mut rows = stmt.query(params![id, run.generation])?;
+    while let Some(r) = rows.next()? {
+        let step: String = r.get(0)?;
+        let at = Row {
+            run: id,
+            table: "checkpoints",
+            row: &step,
+        };
+        match record::decode::<record::Checkpoint>(at, r.get(1)?, bytes(r.get_ref(2)?)) {
+            Ok(state) => {
+                run.checkpoints.insert(step, state);
+            }
+            Err(e) => damage.push(e),
+        }
+    }
+    Ok(Some(run))
+}
+
+/// The error of a load that met rows that do not decode.
+fn damaged_rows(path: &Path, damage: &[RecordError]) -> StoreError {
+    let mut message = format!(
+        "state database `{}` has {} damaged row{}:",
+        path.display(),
+        damage.len(),
+        if damage.len() == 1 { "" } else { "s" }
+    );
+    for error in damage {
+        message.push_str("\n  ");
+        message.push_str(&error.to_string());
+    }
+    StoreError::new(message).with_hint(
+        "nothing was changed; `archon runs --check` lists every damaged row in the store",
+    )
+}
+
+/// A checkpoint of the write-ahead log into the database file, in `mode` (`PASSIVE`: as far as it can
+/// without waiting for other connections; `TRUNCATE`: everything, leaving an empty log).
+fn checkpoint(conn: &Connection, mode: &str) -> rusqlite::Result<()> {
+    conn.query_row(&format!("PRAGMA wal_checkpoint({mode})"), [], |_| Ok(()))
+}
+
+/// Refuses a write-ahead log that SQLite would take for an empty one and overwrite: a header that is not a
+/// log's or does not match its checksum, or a first frame of the current log that does not match its
+/// checksum although the frame after it was written too (a first frame cut short by a crash, which SQLite
+/// rightly ignores, is followed by nothing of the current log).
+fn check_log(path: &Path) -> Result<(), StoreError> {
+    let log = wal_path(path);
+    let read = || -> Result<Vec<u8>, StoreError> {
+        read_log_head(&log)
+            .map_err(|e| StoreError::new(format!("cannot read `{}`: {e}", log.display())))
+    };
+    let head = read()?;
+    let Some(detail) = wal_damage(&head) else {
+        return Ok(());
+    };
+    // Another process may be writing the start of the log at this moment (it restarts the log after a
+    // complete checkpoint): only damage that stays put is damage.
+    std::thread::sleep(Duration::from_millis(50));
+    let again = read()?;
+    if again != head || wal_damage(&again).is_none() {
+        return Ok(());
+    }
+    Err(StoreError::new(format!(
+        "the write-ahead log `{}` of the state database is damaged: {detail}",
+        log.display()
+    ))
+    .with_hint(
+        "nothing was changed; the runs it holds would be lost: restore it from a backup, or move the \
+         state directory aside to start a new store",
+    ))
+}
+
+/// The log's header and its first two frames (as much of them as there is); nothing when there is no log.
+fn read_log_head(log: &Path) -> std::io::Result<Vec<u8>> {
+    use std::io::Read as _;
+    let file = match std::fs::File::open(log) {
+        Ok(file) => file,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(e),
+    };
+    let mut file = std::io::BufReader::new(file);
+    let mut head = Vec::new();
+    (&mut file).take(32).read_to_end(&mut head)?;
+    if head.len() == 32 {
+        let page = u32::from_be_bytes([head[8], head[9], head[10], head[11]]).min(65_536);
+        (&mut file)
+            .take(2 * (24 + u64::from(page)))
+            .read_to_end(&mut head)?;
+    }
+    Ok(head)
+}
+
+/// The pages in the log not yet copied into the database file, read from the wal-index header in the
+/// `-shm` file (`mxFrame` less `nBackfill`, in native byte order, as SQLite's file format documents them);
+/// 0 when it cannot be read. A stale read only moves a checkpoint earlier or later.
+fn pending_frames(path: &Path) -> u32 {
+    use std::io::Read as _;
+    let mut shm = path.as_os_str().to_owned();
+    shm.push("-shm");
+    let mut head = [0u8; 100];
+    let read = std::fs::File::open(PathBuf::from(shm)).and_then(|mut f| f.read_exact(&mut head));
+    if read.is_err() {
+        return 0;
+    }
+    let word = |at: usize| u32::from_ne_bytes([head[at], head[at + 1], head[at + 2], head[at + 3]]);
+    word(16).saturating_sub(word(96))
+}
+
+fn wal_path(path: &Path) -> PathBuf {
+    let mut log = path.as_os_str().to_owned();
+    log.push("-wal");
+    PathBuf::from(log)
+}
+
+/// What is wrong with the start of a write-ahead log (its header and first frame), if anything.
+fn wal_damage(head: &[u8]) -> Option<&'static str> {
+    if head.is_empty() {
+        return None;
+    }
+    if head.len() < 32 {
+        return Some("its header is cut short");
+    }
+    let word = |at: usize| u32::from_be_bytes([head[at], head[at + 1], head[at + 2], head[at + 3]]);
+    let magic = word(0);
+    if magic & !1 != 0x377f_0682 {
+        return Some("it does not start like a write-ahead log");
+    }
+    let big_endian = magic & 1 == 1;
+    let page = word(8) as usize;
+    if word(4) != 3_007_000 || !(512..=65_536).contains(&page) || !page.is_power_of_two() {
+        return Some("its header is not one SQLite writes");
+    }
+    let header_sum = wal_checksum((0, 0), &head[..24], big_endian);
+    if header_sum != (word(24), word(28)) {
+        return Some("its header does not match its checksum");
+    }
+    let frame = &head[32..];
+    let second = frame.get(24 + page..2 * (24 + page));
+    let current = |f: &[u8]| f.len() >= 24 + page && f[8..16] == head[16..24];
+    if !current(frame) || !second.is_some_and(current) {
+        // No frame of the current log, or only one, which a crash may have cut short: SQLite reads what
+        // is valid, as it should.
+        return None;
+    }
+    let sum = wal_checksum(header_sum, &frame[..8], big_endian);
+    let sum = wal_checksum(sum, &frame[24..24 + page], big_endian);
+    if sum != (word(32 + 16), word(32 + 20)) {
+        return Some("its first frame does not match its checksum");
+    }
+    None
+}
+
+/// SQLite's write-ahead log checksum over `data` (a multiple of 8 bytes), continuing from `sum`.
+fn wal_checksum(sum: (u32, u32), data: &[u8], big_endian: bool) -> (u32, u32) {
+    let (mut s0, mut s1) = sum;
+    for pair in data.chunks_exact(8) {
+        let read = |b: &[u8]| {
+            let b = [b[0], b[1], b[2], b[3]];
+            if big_endian {
+                u32::from_be_bytes(b)
+            } else {
+                u32::from_le_bytes(b)
+            }
+        };
+        s0 = s0.wrapping_add(read(&pair[..4])).wrapping_add(s1);
+        s1 = s1.wrapping_add(read(&pair[4..])).wrapping_add(s0);
+    }
+    (s0, s1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The start of a real log: a table created, then `rows` inserts, each its own transaction.
+    fn log_of(rows: usize) -> Vec<u8> {
+        let dir = std::env::temp_dir().join(format!(
+            "archon-wal-test-{}-{rows}-{:x}",
+            std::process::id(),
+            fastrand::u64(..)
+        ));
+        std::fs::create_dir_all(&dir).expect("mkdir");
+        let path = dir.join("t.db");
+        let conn = Connection::open(&path).expect("opens");
+        conn.execute_batch("PRAGMA journal_mode = WAL; CREATE TABLE t (v TEXT);")
+            .expect("created");
+        for i in 0..rows {
+            conn.execute("INSERT INTO t VALUES (?1)", [i.to_string()])
+                .expect("inserted");
+        }
+        let head = read_log_head(&wal_path(&path)).expect("read");
+        drop(conn);
+        let _ = std::fs::remove_dir_all(&dir);
+        head
+    }
+
+    #[test]
+    fn a_sound_log_passes_and_each_kind_of_damage_is_named() {
+        let head = log_of(3);
+        assert_eq!(head.len(), 32 + 2 * (24 + 4096));
+        assert_eq!(wal_damage(&head), None);
+        assert_eq!(wal_damage(&[]), None, "no log");
+        let garbled = |at: usize| {
+            let mut bytes = head.clone();
+            bytes[at] ^= 0x5a;
+            wal_damage(&bytes)
+        };
+        assert_eq!(garbled(1), Some("it does not start like a write-ahead log"));
+        assert_eq!(garbled(9), Some("its header is not one SQLite writes"));
+        assert_eq!(garbled(13), Some("its header does not match its checksum"));
+        assert_eq!(
+            garbled(32 + 24 + 7),
+            Some("its first frame does not match its checksum")
+        );
+        assert_eq!(wal_damage(&head[..20]), Some("its header is cut short"));
+    }
+
+    #[test]
+    fn a_first_frame_a_crash_cut_short_is_not_damage() {
+        // One frame of the current log, its page not fully written: nothing after it, so SQLite ignores
+        // it and no committed data is lost.
+        let mut head = log_of(0);
+        head.truncate(32 + 24 + 4096);
+        head[32 + 24 + 100] ^= 0x5a;
+        assert_eq!(wal_damage(&head), None);
+        // The same frame followed by one of an earlier log (other salts): also a crash's leftover.
+        let mut second = head[32..].to_vec();
+        second[8] ^= 0xff;
+        head.extend_from_slice(&second);
+        assert_eq!(wal_damage(&head), None);
     }
 }

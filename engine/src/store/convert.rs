@@ -1,0 +1,213 @@
+//! Conversions between the runtime types a run records and the record types the store persists.
+
+use crate::record;
+use crate::run::{ApprovalDecision, ApprovalRequest, LlmUsage, RunEvent, StepResult, StepStatus};
+
+use super::RunState;
+
+impl From<RunState> for record::RunState {
+    fn from(state: RunState) -> Self {
+        match state {
+            RunState::Running => record::RunState::Running,
+            RunState::Succeeded => record::RunState::Succeeded,
+            RunState::Failed => record::RunState::Failed,
+            RunState::Cancelled => record::RunState::Cancelled,
+            RunState::Interrupted => record::RunState::Interrupted,
+            RunState::WaitingApproval => record::RunState::WaitingApproval,
+        }
+    }
+}
+
+impl From<record::RunState> for RunState {
+    fn from(state: record::RunState) -> Self {
+        match state {
+            record::RunState::Running => RunState::Running,
+            record::RunState::Succeeded => RunState::Succeeded,
+            record::RunState::Failed => RunState::Failed,
+            record::RunState::Cancelled => RunState::Cancelled,
+            record::RunState::Interrupted => RunState::Interrupted,
+            record::RunState::WaitingApproval => RunState::WaitingApproval,
+        }
+    }
+}
+
+impl From<StepStatus> for record::StepStatus {
+    fn from(status: StepStatus) -> Self {
+        match status {
+            StepStatus::Succeeded => record::StepStatus::Succeeded,
+            StepStatus::Failed => record::StepStatus::Failed,
+            StepStatus::TimedOut => record::StepStatus::TimedOut,
+            StepStatus::Skipped => record::StepStatus::Skipped,
+            StepStatus::Cancelled => record::StepStatus::Cancelled,
+            StepStatus::Stuck => record::StepStatus::Stuck,
+            StepStatus::Incomplete => record::StepStatus::Incomplete,
+            StepStatus::WaitingApproval => record::StepStatus::WaitingApproval,
+        }
+    }
+}
+
+impl From<record::StepStatus> for StepStatus {
+    fn from(status: record::StepStatus) -> Self {
+        match status {
+            record::StepStatus::Succeeded => StepStatus::Succeeded,
+            record::StepStatus::Failed => StepStatus::Failed,
+            record::StepStatus::TimedOut => StepStatus::TimedOut,
+            record::StepStatus::Skipped => StepStatus::Skipped,
+            record::StepStatus::Cancelled => StepStatus::Cancelled,
+            record::StepStatus::Stuck => StepStatus::Stuck,
+            record::StepStatus::Incomplete => StepStatus::Incomplete,
+            record::StepStatus::WaitingApproval => StepStatus::WaitingApproval,
+        }
+    }
+}
+
+impl From<&LlmUsage> for record::Usage {
+    fn from(usage: &LlmUsage) -> Self {
+        record::Usage {
+            calls: usage.calls,
+            input_tokens: usage.input_tokens,
+            output_tokens: usage.output_tokens,
+            cached_input_tokens: usage.cached_input_tokens,
+            cost_usd: usage.cost_usd,
+            unpriced_calls: usage.unpriced_calls,
+        }
+    }
+}
+
+impl From<record::Usage> for LlmUsage {
+    fn from(usage: record::Usage) -> Self {
+        LlmUsage {
+            calls: usage.calls,
+            input_tokens: usage.input_tokens,
+            output_tokens: usage.output_tokens,
+            cached_input_tokens: usage.cached_input_tokens,
+            cost_usd: usage.cost_usd,
+            unpriced_calls: usage.unpriced_calls,
+        }
+    }
+}
+
+impl record::StepResult {
+    /// The record of `result`, with `output` in its place (the store keeps a large output apart).
+    pub(crate) fn of(result: &StepResult, output: serde_json::Value) -> Self {
+        record::StepResult {
+            status: result.status.into(),
+            output,
+            text: result.text.clone(),
+            outputs: result.outputs.clone(),
+            error: result.error.clone(),
+            attempts: result.attempts,
+            exit_code: result.exit_code,
+            duration_ms: result.duration_ms,
+            fallback: result.fallback,
+            steps: result
+                .steps
+                .iter()
+                .map(|(name, step)| (name.clone(), record::StepResult::from(step)))
+                .collect(),
+            llm: result.llm.as_ref().map(record::Usage::from),
+            item: result.item.clone(),
+            plan: result.plan.clone(),
+        }
+    }
+}
+
+impl From<&StepResult> for record::StepResult {
+    fn from(result: &StepResult) -> Self {
+        record::StepResult::of(result, result.output.clone())
+    }
+}
+
+impl From<record::StepResult> for StepResult {
+    fn from(record: record::StepResult) -> Self {
+        StepResult {
+            status: record.status.into(),
+            output: record.output,
+            text: record.text,
+            outputs: record.outputs,
+            error: record.error,
+            attempts: record.attempts,
+            exit_code: record.exit_code,
+            duration_ms: record.duration_ms,
+            fallback: record.fallback,
+            steps: record
+                .steps
+                .into_iter()
+                .map(|(name, step)| (name, StepResult::from(step)))
+                .collect(),
+            llm: record.llm.map(LlmUsage::from),
+            item: record.item,
+            plan: record.plan,
+        }
+    }
+}
+
+impl From<&ApprovalRequest> for record::ApprovalRequest {
+    fn from(request: &ApprovalRequest) -> Self {
+        record::ApprovalRequest {
+            key: request.key.clone(),
+            step: request.step.clone(),
+            tool: request.tool.clone(),
+            arguments: request.arguments.clone(),
+            reason: request.reason.clone(),
+            timeout_ms: request.timeout_ms,
+            approve_on_timeout: request.approve_on_timeout,
+        }
+    }
+}
+
+impl From<record::ApprovalRequest> for ApprovalRequest {
+    fn from(request: record::ApprovalRequest) -> Self {
+        ApprovalRequest {
+            key: request.key,
+            step: request.step,
+            tool: request.tool,
+            arguments: request.arguments,
+            reason: request.reason,
+            timeout_ms: request.timeout_ms,
+            approve_on_timeout: request.approve_on_timeout,
+        }
+    }
+}
+
+impl From<&ApprovalDecision> for record::ApprovalDecision {
+    fn from(decision: &ApprovalDecision) -> Self {
+        record::ApprovalDecision {
+            approved: decision.approved,
+            by: decision.by.clone(),
+            reason: decision.reason.clone(),
+        }
+    }
+}
+
+impl From<record::ApprovalDecision> for ApprovalDecision {
+    fn from(decision: record::ApprovalDecision) -> Self {
+        ApprovalDecision {
+            approved: decision.approved,
+            by: decision.by,
+            reason: decision.reason,
+        }
+    }
+}
+
+impl From<&RunEvent> for record::Event {
+    fn from(event: &RunEvent) -> Self {
+        // An event's record is its kind and its fields as the run reported them; the log is shown as written.
+        match serde_json::to_value(event) {
+            Ok(serde_json::Value::Object(mut fields)) => {
+                let kind = match fields.remove("event") {
+                    Some(serde_json::Value::String(kind)) => kind,
+                    _ => String::new(),
+                };
+                record::Event {
+                    event: kind,
+                    fields,
+                }
+            }
+            _ => record::Event {
+                event: String::new(),
+                fields: serde_json::Map::new(),
+            },
+        }
+    }
+}
