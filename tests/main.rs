@@ -4,6 +4,7 @@ mod agent;
 mod cli;
 mod durable;
 mod hostile;
+mod journal;
 mod llm;
 mod llm_anthropic;
 mod llm_gemini;

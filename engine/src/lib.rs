@@ -4,6 +4,7 @@
 //! spans) -> [`validate`] (every problem, as [`diagnostic`]s) -> [`workflow`] (the validated model).
 //! The library never prints; rendering belongs to the CLI.
 
+pub mod cidr;
 pub mod diagnostic;
 pub mod freeze;
 pub mod goal;

@@ -10,6 +10,7 @@ use reqwest::dns::{Addrs, Name, Resolve, Resolving};
 use serde_json::{Map, Value as Json, json};
 
 use super::tools::{ToolError, ToolOutput};
+use crate::cidr::parse_cidr;
 
 /// Most bytes of a response body kept.
 pub const MAX_BODY_BYTES: usize = 8 * 1024 * 1024;
@@ -55,14 +56,6 @@ impl NetworkPolicy {
                 .iter()
                 .any(|(net, prefix)| in_range(ip, canonical(*net), *prefix))
     }
-}
-
-/// `10.0.0.0/8` -> (10.0.0.0, 8).
-pub fn parse_cidr(text: &str) -> Option<(IpAddr, u8)> {
-    let (ip, prefix) = text.split_once('/')?;
-    let ip: IpAddr = ip.parse().ok()?;
-    let prefix: u8 = prefix.parse().ok()?;
-    (prefix <= if ip.is_ipv4() { 32 } else { 128 }).then_some((ip, prefix))
 }
 
 /// IPv4-mapped IPv6 addresses are checked as the IPv4 address they carry.

@@ -118,7 +118,7 @@ impl Checker<'_> {
             return;
         };
         for entry in &network.allow {
-            if entry.value.contains('/') && crate::run::http::parse_cidr(&entry.value).is_none() {
+            if entry.value.contains('/') && crate::cidr::parse_cidr(&entry.value).is_none() {
                 self.push(
                     Diagnostic::error(
                         codes::INVALID_VALUE,

@@ -10,7 +10,7 @@ use std::collections::HashMap;
 
 use serde::{Deserialize, Serialize};
 
-use super::Shared;
+use super::context::Shared;
 use crate::llm::Message;
 use crate::run::LlmUsage;
 use crate::store::{Ack, Entry};
