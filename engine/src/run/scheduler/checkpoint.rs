@@ -35,6 +35,21 @@ pub(super) struct AgentState {
     pub pending: Option<crate::llm::ChatResponse>,
 }
 
+/// An [`AgentState`] as borrowed from the running loop: serialised the same way, without copying the
+/// conversation each iteration to record it.
+#[derive(Serialize)]
+pub(super) struct AgentStateRef<'a> {
+    pub fingerprint: &'a str,
+    pub text_mode: bool,
+    pub iteration: u32,
+    pub messages: &'a [Message],
+    pub tool_calls: usize,
+    pub usage: &'a LlmUsage,
+    pub seen_calls: &'a HashMap<String, usize>,
+    pub schema_retries: usize,
+    pub pending: Option<&'a crate::llm::ChatResponse>,
+}
+
 /// Where a planner step stands: the plan the validator accepted last, and the conversation that led to it.
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub(super) struct PlannerState {

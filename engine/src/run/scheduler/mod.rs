@@ -72,11 +72,12 @@ impl Nested for Scheduler {
             workflow,
             inputs,
             parent.options.clone(),
-            depth,
-            prefix,
-            parent.redactor.clone(),
-            Arc::new(parent.llm.nested()),
-            Some(parent.halt.clone()),
+            (depth, prefix),
+            Inherited {
+                redactor: parent.redactor.clone(),
+                llm: Arc::new(parent.llm.nested()),
+                halt: Some(parent.halt.clone()),
+            },
         )
     }
 }
@@ -91,13 +92,22 @@ pub async fn run(
         workflow,
         inputs,
         options,
-        0,
-        String::new(),
-        Arc::new(Redactor::default()),
-        Arc::new(LlmContext::default()),
-        None,
+        (0, String::new()),
+        Inherited {
+            redactor: Arc::new(Redactor::default()),
+            llm: Arc::new(LlmContext::default()),
+            halt: None,
+        },
     )
     .await
+}
+
+/// What a sub-workflow's run takes from the run that calls it: the secret values to mask, the LLM usage
+/// that counts against the budget, and the run's halt; fresh ones for the run itself.
+struct Inherited {
+    redactor: Arc<Redactor>,
+    llm: Arc<LlmContext>,
+    halt: Option<Arc<Halt>>,
 }
 
 /// Runs a workflow at a nesting depth: the run itself, or a sub-workflow called by step `prefix`.
@@ -105,13 +115,15 @@ fn run_workflow(
     workflow: Arc<Workflow>,
     inputs: Map<String, Json>,
     options: RunOptions,
-    depth: u32,
-    prefix: String,
-    outer: Arc<Redactor>,
-    llm: Arc<LlmContext>,
-    halt: Option<Arc<Halt>>,
+    (depth, prefix): (u32, String),
+    inherited: Inherited,
 ) -> Boxed<'static, Result<RunReport, RunError>> {
     Box::pin(async move {
+        let Inherited {
+            redactor: outer,
+            llm,
+            halt,
+        } = inherited;
         let mut options = options;
         // The run stops itself through a token of its own, so that stopping (a record that could not be
         // made durable) does not look like the caller's cancel.
@@ -496,8 +508,6 @@ fn decide(
         }
     }
 }
-
-/// Runs one step: its body (per item for `foreach`) with retries and fallback, then its `outputs`.
 
 /// The `before_run` rules: `None` when the run may start.
 async fn before_run(shared: &Shared) -> Option<Gate> {

@@ -22,7 +22,7 @@ use std::collections::HashMap;
 use minijinja::Value;
 use serde_json::Value as Json;
 
-use super::checkpoint::{self, AgentState};
+use super::checkpoint::{self, AgentState, AgentStateRef};
 use super::context::{Called, Failure, Shared};
 use super::durable::{Record, durable};
 use super::gate::{self, Gate, canonical};
@@ -354,7 +354,8 @@ pub(super) async fn run(
                 text: truncate(thought, THOUGHT_CHARS),
             });
         }
-        let seen_before = seen_calls.clone();
+        // The calls this turn counted: taken back out of `seen_calls` if the turn waits.
+        let mut counted: Vec<String> = Vec::with_capacity(calls.len());
         conversation.push(response.message.clone());
         tool_calls += calls.len();
         // Where the step stands if this turn must wait for a person: before the turn (the conversation
@@ -377,6 +378,7 @@ pub(super) async fn run(
         let mut actions = Vec::with_capacity(calls.len());
         for call in &calls {
             let key = format!("{}:{}", call.name, canonical(&call.arguments));
+            counted.push(key.clone());
             let repeats = {
                 let n = seen_calls.entry(key).or_default();
                 *n += 1;
@@ -420,7 +422,8 @@ pub(super) async fn run(
                         turn = Turn::Denied(reason);
                     }
                     Gate::Waiting(message) => {
-                        let state = paused(seen_before, conversation.messages());
+                        let state =
+                            paused(before_turn(&seen_calls, &counted), conversation.messages());
                         return Err(pause(shared, label, state, message).await);
                     }
                     Gate::Stopped(message) => return Err(Failure::fixed(message).with_llm(usage)),
@@ -462,7 +465,7 @@ pub(super) async fn run(
             if let Some(message) = observations.iter().find_map(|o| o.as_ref().err()) {
                 // A tool waits for approval: the turn is taken up again on resume (its other calls may
                 // run again).
-                let state = paused(seen_before, conversation.messages());
+                let state = paused(before_turn(&seen_calls, &counted), conversation.messages());
                 return Err(pause(shared, label, state, message.clone()).await);
             }
             for ((call, _), (output, is_error, from_tool)) in
@@ -510,14 +513,14 @@ pub(super) async fn run(
         let saved = checkpoint::save(
             shared,
             label,
-            &AgentState {
-                fingerprint: fingerprint.clone(),
+            &AgentStateRef {
+                fingerprint: &fingerprint,
                 text_mode,
                 iteration,
-                messages: conversation.messages().to_vec(),
+                messages: conversation.messages(),
                 tool_calls,
-                usage: usage.clone(),
-                seen_calls: seen_calls.clone(),
+                usage: &usage,
+                seen_calls: &seen_calls,
                 schema_retries,
                 pending: None,
             },
@@ -584,6 +587,20 @@ async fn pause(shared: &Shared, label: &str, state: AgentState, message: String)
         Ok(()) => Failure::waiting(message).with_llm(usage),
         Err(e) => Failure::from(e).with_llm(usage),
     }
+}
+
+/// The repeated-call counts as they were before a turn that counted the calls `counted`.
+fn before_turn(seen_calls: &HashMap<String, usize>, counted: &[String]) -> HashMap<String, usize> {
+    let mut before = seen_calls.clone();
+    for key in counted {
+        if let Some(n) = before.get_mut(key) {
+            *n -= 1;
+            if *n == 0 {
+                before.remove(key);
+            }
+        }
+    }
+    before
 }
 
 /// What becomes of one tool call of a turn.
