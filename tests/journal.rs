@@ -6,9 +6,9 @@ use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
-use archon_engine::run::{self, Approvals, RunOptions, RunReport, RunStatus, StepStatus};
+use archon_engine::run::{self, Approvals, RunEvent, RunOptions, RunReport, RunStatus, StepStatus};
 use archon_engine::store::{Ack, Entry, Journal, StoreError};
-use serde_json::Map;
+use serde_json::{Map, json};
 use tempfile::TempDir;
 use tokio_util::sync::CancellationToken;
 
@@ -55,6 +55,16 @@ impl Journal for FailingJournal {
 }
 
 async fn run_with(dir: &Path, yaml: &str, journal: Arc<FailingJournal>, yes: bool) -> RunReport {
+    run_with_events(dir, yaml, journal, yes).await.0
+}
+
+async fn run_with_events(
+    dir: &Path,
+    yaml: &str,
+    journal: Arc<FailingJournal>,
+    yes: bool,
+) -> (RunReport, Vec<RunEvent>) {
+    let (sender, mut receiver) = tokio::sync::mpsc::unbounded_channel();
     std::fs::write(dir.join("spec.yaml"), yaml).expect("write");
     let validation = archon_engine::validate_file(&dir.join("spec.yaml"));
     assert!(!validation.has_errors(), "{:?}", validation.diagnostics);
@@ -63,7 +73,7 @@ async fn run_with(dir: &Path, yaml: &str, journal: Arc<FailingJournal>, yes: boo
         workdir: dir.to_path_buf(),
         run_id: "journal".into(),
         cancel: CancellationToken::new(),
-        events: None,
+        events: Some(sender),
         env: BTreeMap::new(),
         journal,
         prior: Default::default(),
@@ -74,13 +84,18 @@ async fn run_with(dir: &Path, yaml: &str, journal: Arc<FailingJournal>, yes: boo
             ..Approvals::default()
         },
     };
-    run::run(
+    let report = run::run(
         Arc::new(validation.workflow.expect("valid")),
         Map::new(),
         options,
     )
     .await
-    .expect("run starts")
+    .expect("run starts");
+    let mut events = Vec::new();
+    while let Ok(event) = receiver.try_recv() {
+        events.push(event);
+    }
+    (report, events)
 }
 
 fn attempt_of_write(entry: &Entry) -> bool {
@@ -105,7 +120,7 @@ async fn a_command_does_not_start_when_its_attempt_cannot_be_recorded() {
 }
 
 #[tokio::test]
-async fn a_steps_independent_neighbours_start_nothing_after_the_run_stopped() {
+async fn no_step_starts_after_the_run_stopped_even_one_that_tolerates_the_failure() {
     let dir = TempDir::new().expect("tempdir");
     let journal = FailingJournal::new(attempt_of_write);
     // `other` waits for `write`'s failure through a dependency that tolerates it: it would run if the
@@ -200,4 +215,32 @@ async fn flushes_that_succeed_change_nothing() {
     assert!(dir.path().join("first.txt").exists());
     assert!(dir.path().join("second.txt").exists());
     assert_eq!(report.status, RunStatus::Succeeded, "{:?}", report.error);
+}
+
+#[tokio::test]
+async fn a_plan_runs_no_step_when_it_cannot_be_recorded() {
+    let dir = TempDir::new().expect("tempdir");
+    let journal = FailingJournal::new(|entry| matches!(entry, Entry::Checkpoint { .. }));
+    let plan = json!({
+        "steps": [{ "id": "say", "tool": "echo", "with": { "message": "hello" } }]
+    });
+    let text = serde_json::to_string(&plan.to_string()).expect("json");
+    let yaml = format!(
+        "name: j\nllm:\n  providers:\n    scripted:\n      kind: mock\n      turns:\n        - text: {text}\nsteps:\n  - {{ id: p, plan: say hello, tools: [echo] }}\n"
+    );
+    let (report, events) = run_with_events(dir.path(), &yaml, journal.clone(), false).await;
+    assert!(journal.failed());
+    let started: Vec<&str> = events
+        .iter()
+        .filter_map(|e| match e {
+            RunEvent::StepStarted { step } => Some(step.as_str()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(started, ["p"], "a planned step started");
+    let expected = "the plan did not run because it could not be recorded: disk full";
+    assert_eq!(report.steps["p"].status, StepStatus::Failed);
+    assert_eq!(report.steps["p"].error.as_deref(), Some(expected));
+    assert_eq!(report.status, RunStatus::Failed);
+    assert_eq!(report.error.as_deref(), Some(expected));
 }
