@@ -5,6 +5,14 @@
 //! body sizes show how the prompt grows with observations. A second run names an OpenAI model with a small
 //! context window, so that the prompt is counted exactly with its tokenizer. Figures are printed; nothing is
 //! asserted.
+//!
+//! The overhead averaged over a run's calls includes what a run pays once (validation, building the
+//! provider's HTTP client with its root certificates, the first connection). The loop's own cost per
+//! iteration is the slope between a short and a long run of the same agent: the extra overhead divided by
+//! the extra iterations, the best of a few runs each, since the server's delays jitter by a timer tick.
+//! Wall-clock figures on a busy machine are dominated by its load; the CPU time of the thread that runs the
+//! agent (and its HTTP client; the server has its own thread), beyond what the same plain requests take,
+//! is not, and its slope is the loop's own work per iteration.
 #![allow(clippy::print_stdout, clippy::unwrap_used)]
 
 use std::sync::Arc;
@@ -20,8 +28,13 @@ use wiremock::{Mock, MockServer, Request, Respond, ResponseTemplate};
 const DELAY: Duration = Duration::from_millis(20);
 const TOOL_TURNS: usize = 20;
 
-/// Calls `echo` for `TOOL_TURNS` turns, then answers; a request without tools (a summary) gets a summary.
-struct Scripted(AtomicUsize);
+/// Tool turns of the short run, for the slope.
+const SHORT_TURNS: usize = 5;
+/// Runs of each length; the best is kept.
+const REPEATS: usize = 3;
+
+/// Calls `echo` for `.1` turns, then answers; a request without tools (a summary) gets a summary.
+struct Scripted(AtomicUsize, usize);
 
 impl Respond for Scripted {
     fn respond(&self, request: &Request) -> ResponseTemplate {
@@ -33,7 +46,8 @@ impl Respond for Scripted {
             }));
         }
         let turn = self.0.fetch_add(1, Ordering::SeqCst);
-        let message = if turn < TOOL_TURNS {
+        let tool_turns = self.1;
+        let message = if turn < tool_turns {
             json!({ "role": "assistant", "content": null, "tool_calls": [{
                 "id": format!("call_{turn}"), "type": "function",
                 "function": { "name": "echo", "arguments": json!({ "turn": turn, "note": "x".repeat(200) }).to_string() }
@@ -45,7 +59,7 @@ impl Respond for Scripted {
             .set_delay(DELAY)
             .set_body_json(json!({
                 "id": "bench", "object": "chat.completion", "model": "bench",
-                "choices": [{ "index": 0, "message": message, "finish_reason": if turn < TOOL_TURNS { "tool_calls" } else { "stop" } }],
+                "choices": [{ "index": 0, "message": message, "finish_reason": if turn < tool_turns { "tool_calls" } else { "stop" } }],
                 "usage": { "prompt_tokens": 100, "completion_tokens": 10 }
             }))
     }
@@ -55,23 +69,26 @@ impl Respond for Scripted {
 /// the summary requests (compactions) made.
 struct Figures {
     elapsed: Duration,
+    /// CPU time of the agent's thread during the run, and during the same plain requests.
+    cpu: Duration,
+    baseline_cpu: Duration,
     sizes: Vec<usize>,
     baseline: Duration,
     summaries: usize,
 }
 
-fn scenario(runtime: &tokio::runtime::Runtime, provider: &str) -> Figures {
+fn scenario(runtime: &tokio::runtime::Runtime, provider: &str, tool_turns: usize) -> Figures {
     let dir = tempfile::TempDir::new().unwrap();
     runtime.block_on(async {
         let server = MockServer::start().await;
         Mock::given(method("POST"))
-            .respond_with(Scripted(AtomicUsize::new(0)))
+            .respond_with(Scripted(AtomicUsize::new(0), tool_turns))
             .mount(&server)
             .await;
         let spec = format!(
             "name: bench\nllm:\n  providers:\n    local: {{ kind: openai, base_url: \"{}/v1\", {provider} }}\nsteps:\n  - {{ id: agent, goal: echo twenty times, tools: [echo], max_iterations: {} }}\n",
             server.uri(),
-            TOOL_TURNS + 1
+            tool_turns + 1
         );
         std::fs::write(dir.path().join("bench.yaml"), spec).unwrap();
         let workflow = archon_engine::validate_file(&dir.path().join("bench.yaml"))
@@ -79,9 +96,11 @@ fn scenario(runtime: &tokio::runtime::Runtime, provider: &str) -> Figures {
             .unwrap();
         let options = RunOptions::new(dir.path().to_path_buf(), "bench");
         let started = Instant::now();
+        let cpu_started = thread_cpu();
         let report = run::run(Arc::new(workflow), Default::default(), options)
             .await
             .unwrap();
+        let cpu = thread_cpu().saturating_sub(cpu_started);
         let elapsed = started.elapsed();
         assert_eq!(report.steps["agent"].status, StepStatus::Succeeded, "{:?}", report.steps["agent"].error);
         let requests = server.received_requests().await.unwrap();
@@ -95,6 +114,7 @@ fn scenario(runtime: &tokio::runtime::Runtime, provider: &str) -> Figures {
         let client = reqwest::Client::new();
         let url = format!("{}/v1/chat/completions", server.uri());
         let started = Instant::now();
+        let cpu_started = thread_cpu();
         for _ in 0..sizes.len() {
             client
                 .post(&url)
@@ -106,8 +126,68 @@ fn scenario(runtime: &tokio::runtime::Runtime, provider: &str) -> Figures {
                 .await
                 .unwrap();
         }
-        Figures { elapsed, sizes, baseline: started.elapsed(), summaries }
+        let baseline_cpu = thread_cpu().saturating_sub(cpu_started);
+        Figures { elapsed, cpu, baseline_cpu, sizes, baseline: started.elapsed(), summaries }
     })
+}
+
+/// CPU time this thread has run, from the scheduler's statistics (nanoseconds on the CPU).
+fn thread_cpu() -> Duration {
+    let stat = std::fs::read_to_string("/proc/thread-self/schedstat").unwrap();
+    Duration::from_nanos(stat.split_whitespace().next().unwrap().parse().unwrap())
+}
+
+/// The agent thread's CPU time beyond what the same plain requests take.
+fn net_cpu(figures: &Figures) -> Duration {
+    figures.cpu.saturating_sub(figures.baseline_cpu)
+}
+
+/// The time beyond the server's, for the whole run.
+fn net(figures: &Figures) -> Duration {
+    figures.elapsed.saturating_sub(figures.baseline)
+}
+
+/// The loop's own overhead per iteration, in wall-clock time and in CPU time: the slopes between the best
+/// short and the best long runs; and what a run pays once, in each.
+struct Slope {
+    wall: Duration,
+    wall_fixed: Duration,
+    cpu: Duration,
+    cpu_fixed: Duration,
+}
+
+fn per_iteration(runtime: &tokio::runtime::Runtime, provider: &str) -> Slope {
+    let runs = |turns: usize| -> Vec<Figures> {
+        (0..REPEATS)
+            .map(|_| scenario(runtime, provider, turns))
+            .collect()
+    };
+    let (short, long) = (runs(SHORT_TURNS), runs(TOOL_TURNS));
+    let calls = |f: &[Figures]| f[0].sizes.len() as u32;
+    let extra_calls = calls(&long) - calls(&short);
+    let slope = |measure: fn(&Figures) -> Duration| {
+        let best = |f: &[Figures]| f.iter().map(measure).min().unwrap();
+        let per = best(&long).saturating_sub(best(&short)) / extra_calls;
+        (per, best(&short).saturating_sub(per * calls(&short)))
+    };
+    let (wall, wall_fixed) = slope(net);
+    let (cpu, cpu_fixed) = slope(net_cpu);
+    Slope {
+        wall,
+        wall_fixed,
+        cpu,
+        cpu_fixed,
+    }
+}
+
+fn report_slope(name: &str, slope: &Slope) {
+    println!(
+        "{name}, per iteration (slope between {SHORT_TURNS} and {TOOL_TURNS} tool turns, best of {REPEATS}): {:.0} us agent overhead, {:.0} us of it CPU; once per run: {:.1} ms, {:.1} ms of it CPU",
+        slope.wall.as_secs_f64() * 1e6,
+        slope.cpu.as_secs_f64() * 1e6,
+        slope.wall_fixed.as_secs_f64() * 1e3,
+        slope.cpu_fixed.as_secs_f64() * 1e3
+    );
 }
 
 fn report(name: &str, figures: &Figures) {
@@ -116,11 +196,12 @@ fn report(name: &str, figures: &Figures) {
         sizes,
         baseline,
         summaries,
+        ..
     } = figures;
     let calls = sizes.len() as u32;
     let overhead = elapsed.saturating_sub(*baseline) / calls;
     println!(
-        "{name}: {calls} model calls ({summaries} summaries) in {:.1} ms; the same requests alone {:.1} ms ({} ms server delay each): {:.0} us agent overhead per iteration",
+        "{name}: {calls} model calls ({summaries} summaries) in {:.1} ms; the same requests alone {:.1} ms ({} ms server delay each): {:.0} us agent overhead per call, the run's fixed costs included",
         elapsed.as_secs_f64() * 1e3,
         baseline.as_secs_f64() * 1e3,
         DELAY.as_millis(),
@@ -145,7 +226,11 @@ fn main() {
         .build()
         .unwrap();
     // A model of unknown family, far from its context window: token counts are bounded by bytes alone.
-    report("agent loop", &scenario(&runtime, "model: bench"));
+    report(
+        "agent loop",
+        &scenario(&runtime, "model: bench", TOOL_TURNS),
+    );
+    report_slope("agent loop", &per_iteration(&runtime, "model: bench"));
     // gpt-4o with a window small enough that exact tiktoken counts are needed from the middle of the run on
     // (its tokenizer built beforehand, once per process, and timed on its own).
     let started = Instant::now();
@@ -154,8 +239,10 @@ fn main() {
         "o200k_base tokenizer built in {:.0} ms (once per process)",
         started.elapsed().as_secs_f64() * 1e3
     );
+    let exact = "model: gpt-4o, context_window: 4096";
     report(
         "agent loop, exact counts (gpt-4o, context_window 4096)",
-        &scenario(&runtime, "model: gpt-4o, context_window: 4096"),
+        &scenario(&runtime, exact, TOOL_TURNS),
     );
+    report_slope("agent loop, exact counts", &per_iteration(&runtime, exact));
 }

@@ -5,6 +5,7 @@ mod cli;
 mod durable;
 mod hardening;
 mod hostile;
+mod journal;
 mod llm;
 mod llm_anthropic;
 mod llm_gemini;

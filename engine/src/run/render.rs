@@ -6,12 +6,13 @@
 
 use std::sync::{Arc, OnceLock};
 
+use indexmap::IndexMap;
 use minijinja::value::{Enumerator, Object, ObjectRepr};
 use minijinja::{Environment, UndefinedBehavior, Value};
-use serde_json::Value as Json;
+use serde_json::{Map, Value as Json};
 
 use super::StepResult;
-use crate::spec::{Node, NodeKind};
+use crate::spec::{Node, NodeKind, Spanned};
 use crate::validate::templates::is_template;
 
 /// Most work one template may do (minijinja fuel), so a hostile template cannot spin forever.
@@ -74,6 +75,28 @@ impl Renderer {
             ),
             _ => node.to_json(),
         })
+    }
+
+    /// Renders named templates (the `outputs` of a run, of a step, of a plan) in one context: the values
+    /// that rendered, by name, and the first one that did not, with its name.
+    pub fn outputs(
+        &self,
+        templates: &IndexMap<Spanned<String>, Node>,
+        ctx: &Value,
+    ) -> (Map<String, Json>, Option<(String, RenderError)>) {
+        let mut values = Map::new();
+        let mut failed = None;
+        for (name, template) in templates {
+            match self.value(template, ctx) {
+                Ok(value) => {
+                    values.insert(name.value.clone(), value);
+                }
+                Err(e) => {
+                    failed.get_or_insert_with(|| (name.value.clone(), e));
+                }
+            }
+        }
+        (values, failed)
     }
 
     /// Renders one template string. `{{ expr }}` alone keeps the expression's type.
@@ -220,7 +243,7 @@ fn sole_expression(text: &str) -> Option<&str> {
 }
 
 /// A template context from plain data.
-pub fn context_value(map: serde_json::Map<String, Json>) -> Value {
+pub fn context_value(map: Map<String, Json>) -> Value {
     serde::Deserialize::deserialize(Json::Object(map)).unwrap_or_default()
 }
 

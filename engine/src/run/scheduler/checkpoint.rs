@@ -10,7 +10,7 @@ use std::collections::HashMap;
 
 use serde::{Deserialize, Serialize};
 
-use super::Shared;
+use super::context::Shared;
 use crate::llm::Message;
 use crate::run::LlmUsage;
 use crate::store::{Ack, Entry};
@@ -33,6 +33,21 @@ pub(super) struct AgentState {
     /// A turn whose calls wait for a person's approval: a resume takes it up instead of asking the model.
     #[serde(default)]
     pub pending: Option<crate::llm::ChatResponse>,
+}
+
+/// An [`AgentState`] as borrowed from the running loop: serialised the same way, without copying the
+/// conversation each iteration to record it.
+#[derive(Serialize)]
+pub(super) struct AgentStateRef<'a> {
+    pub fingerprint: &'a str,
+    pub text_mode: bool,
+    pub iteration: u32,
+    pub messages: &'a [Message],
+    pub tool_calls: usize,
+    pub usage: &'a LlmUsage,
+    pub seen_calls: &'a HashMap<String, usize>,
+    pub schema_retries: usize,
+    pub pending: Option<&'a crate::llm::ChatResponse>,
 }
 
 /// Where a planner step stands: the plan the validator accepted last, and the conversation that led to it.

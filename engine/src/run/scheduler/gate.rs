@@ -4,7 +4,8 @@
 
 use serde_json::Value as Json;
 
-use super::Shared;
+use super::context::Shared;
+use super::durable::{Record, persist};
 use crate::run::rules::{self, Event, Verdict};
 use crate::run::{ApprovalDecision, ApprovalRequest, RunEvent};
 use crate::spec::{Action, ChosenBy, Trigger};
@@ -19,6 +20,8 @@ pub(super) enum Gate {
     Denied(String, Vec<String>),
     /// Waiting for a person: the run pauses.
     Waiting(String),
+    /// The request or decision could not be recorded: the run stops (`durable`), the call fails with this.
+    Stopped(String),
 }
 
 /// What is being asked about.
@@ -99,7 +102,7 @@ async fn ask(shared: &Shared, call: &Call<'_>, verdict: Verdict) -> Gate {
         ("run".to_owned(), shared.options.run_id.clone()),
         ("step".to_owned(), call.label.to_owned()),
         ("tool".to_owned(), call.tool.unwrap_or_default().to_owned()),
-        ("args".to_owned(), super::agent::canonical(&unmasked)),
+        ("args".to_owned(), canonical(&unmasked)),
     ]);
     let arguments = rules::redacted_args(&unmasked, &verdict.redact);
     let reason = verdict
@@ -154,6 +157,12 @@ async fn ask(shared: &Shared, call: &Call<'_>, verdict: Verdict) -> Gate {
     } else {
         None
     };
+    // A decision made while running (not one recorded earlier) is durable before the call goes ahead:
+    // a crash must not lose what a person said, nor let the call run without its approval on disk.
+    let decided_now = decision.is_some() && !approvals.decided.contains_key(&key);
+    if decided_now && let Err(e) = persist(shared, Record::ApprovalDecision).await {
+        return Gate::Stopped(e.to_string());
+    }
     match decision {
         Some(d) if d.approved => Gate::Go {
             redact: verdict.redact,
@@ -186,11 +195,8 @@ async fn ask(shared: &Shared, call: &Call<'_>, verdict: Verdict) -> Gate {
                 .journal
                 .record(Entry::ApprovalRequested(request));
             // The request is on disk before the run reports that it waits.
-            if let Err(e) = shared.options.journal.flush().wait().await {
-                return Gate::Denied(
-                    format!("the approval request could not be recorded: {e}"),
-                    verdict.redact,
-                );
+            if let Err(e) = persist(shared, Record::ApprovalRequest).await {
+                return Gate::Stopped(e.to_string());
             }
             Gate::Waiting(message)
         }
@@ -226,4 +232,24 @@ fn record(
         reason: decision.reason.clone(),
     });
     decision
+}
+
+/// JSON text with object keys sorted, so that the same arguments in another order compare equal.
+pub(super) fn canonical(value: &Json) -> String {
+    match value {
+        Json::Object(map) => {
+            let mut keys: Vec<&String> = map.keys().collect();
+            keys.sort();
+            let fields: Vec<String> = keys
+                .into_iter()
+                .map(|k| format!("{}:{}", Json::String(k.clone()), canonical(&map[k])))
+                .collect();
+            format!("{{{}}}", fields.join(","))
+        }
+        Json::Array(items) => format!(
+            "[{}]",
+            items.iter().map(canonical).collect::<Vec<_>>().join(",")
+        ),
+        other => other.to_string(),
+    }
 }

@@ -14,14 +14,14 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use minijinja::Value;
-use serde_json::{Map, Value as Json};
+use serde_json::Value as Json;
 
 use super::agent::{self, as_data, truncate};
 use super::checkpoint::{self, PlannerState};
+use super::context::{Boxed, Called, Failure, Shared, first_failure, named, results, waits};
+use super::durable::{self, Record};
 use super::gate::{self, Gate};
-use super::{
-    Boxed, Called, Failure, Shared, deeper, first_failure, named, results, schedule, waits,
-};
+use super::prompt;
 use crate::llm::config::Configured;
 use crate::llm::{FinishReason, Message, Part};
 use crate::run::render::to_text;
@@ -81,29 +81,12 @@ async fn plan_and_run(
             .map(str::to_owned)
             .collect(),
     };
-    let mut system = instructions(shared, &policy, ctx);
-    if let Some(instructions) = agent.and_then(|a| a.instructions.as_ref()) {
-        let text = shared
-            .renderer
-            .text(&instructions.value, ctx)
-            .map_err(|e| Failure::fixed(format!("agent instructions: {e}")))?;
-        system = format!("{text}\n\n{system}");
-    }
+    let system = prompt::with_instructions(shared, agent, ctx, instructions(shared, &policy, ctx))?;
     let mut user = format!("Goal: {goal}");
-    if let Some(expected) = body.expected_output {
-        let text = shared
-            .renderer
-            .text(&expected.value, ctx)
-            .map_err(|e| Failure::fixed(format!("`expected_output`: {e}")))?;
+    if let Some(text) = prompt::expected_output(shared, body, ctx)? {
         user.push_str(&format!("\n\nThe plan's result should be: {text}"));
     }
-    if let Some(context) = body.context {
-        let value = shared
-            .renderer
-            .value(context, ctx)
-            .map_err(|e| Failure::fixed(format!("`context`: {e}")))?;
-        user.push_str(&format!("\n\nContext:\n{}", to_text(&value)));
-    }
+    user.push_str(&prompt::context_section(shared, body, ctx)?);
     let mut messages = vec![Message::system(system), Message::user(user)];
     let mut usage = LlmUsage::default();
     let max_replans = spec
@@ -111,7 +94,7 @@ async fn plan_and_run(
         .as_ref()
         .and_then(|d| d.max_replans.as_ref())
         .map_or(DEFAULT_MAX_REPLANS, |m| m.value);
-    let depth = deeper(shared)?;
+    let depth = shared.deeper()?;
     let mut replan = 0;
     let mut previous: Option<Previous> = None;
     // A resumed run continues with the plan an earlier process accepted, without asking again.
@@ -166,7 +149,7 @@ async fn plan_and_run(
                 on: Trigger::OnPlan,
                 label,
                 tool: None,
-                agent: super::agent_of(shared, body),
+                agent: shared.agent_of(body),
                 chosen_by: ChosenBy::Llm,
                 args: &accepted.document,
                 sensitive: false,
@@ -178,6 +161,7 @@ async fn plan_and_run(
                     return Err(Failure::fixed(format!("the plan was {reason}")).with_llm(usage));
                 }
                 Gate::Waiting(message) => return Err(Failure::waiting(message).with_llm(usage)),
+                Gate::Stopped(message) => return Err(Failure::fixed(message).with_llm(usage)),
             }
         }
         let steps = &accepted.workflow.spec.steps;
@@ -197,39 +181,21 @@ async fn plan_and_run(
         });
         let inner = Arc::new(Shared {
             workflow: accepted.workflow.clone(),
-            composite: None,
-            options: shared.options.clone(),
-            renderer: shared.renderer.clone(),
-            base: shared.base.clone(),
-            secrets: shared.secrets.clone(),
-            tool_context: shared.tool_context.clone(),
-            depth,
-            prefix: format!("{label}/"),
-            redactor: shared.redactor.clone(),
-            llm: shared.llm.clone(),
             planned: true,
             llm_chosen: true,
             kept: Arc::new(kept),
+            ..shared.child(depth, label)
         });
-        let views = schedule(&inner).await;
+        let views = shared.nested.schedule(&inner).await;
         let failed = first_failure(steps, |i| views[i].result().status);
         let cancelled = shared.options.cancel.is_cancelled();
         let rendered = match failed {
             None if !cancelled && !accepted.workflow.spec.outputs.is_empty() => {
                 let ctx = inner.context(&named(steps, &views), false, &[]);
-                let mut outputs = Map::new();
-                let mut error = None;
-                for (name, template) in &accepted.workflow.spec.outputs {
-                    match inner.renderer.value(template, &ctx) {
-                        Ok(value) => {
-                            outputs.insert(name.value.clone(), value);
-                        }
-                        Err(e) => {
-                            error = Some(format!("the plan's output `{}`: {e}", name.value));
-                            break;
-                        }
-                    }
-                }
+                let (outputs, error) = inner
+                    .renderer
+                    .outputs(&accepted.workflow.spec.outputs, &ctx);
+                let error = error.map(|(name, e)| format!("the plan's output `{name}`: {e}"));
                 Some(error.map_or(Ok(Json::Object(outputs)), Err))
             }
             _ => None,
@@ -354,7 +320,7 @@ async fn propose(
         messages.push(Message::assistant(vec![Part::Text(text.clone())]));
         let problems = match accept(shared, label, policy, &text) {
             Ok(accepted) => {
-                drop(checkpoint::save(
+                let saved = checkpoint::save(
                     shared,
                     label,
                     &PlannerState {
@@ -364,7 +330,11 @@ async fn propose(
                         usage: usage.clone(),
                         plan: text,
                     },
-                ));
+                );
+                // The planned steps' side effects start only once the plan they follow is durable.
+                durable::durable(shared, saved, Record::Plan)
+                    .await
+                    .map_err(|e| Failure::from(e).with_llm(usage.clone()))?;
                 return Ok(accepted);
             }
             Err(problems) => problems,
@@ -578,12 +548,7 @@ fn instructions(shared: &Shared, policy: &PlanPolicy, ctx: &Value) -> String {
         text.push_str("\n\nNo tools are allowed: write `goal` steps only.");
     } else {
         text.push_str("\n\nTools:");
-        for tool in &tools {
-            text.push_str(&format!(
-                "\n- {}: {} Parameters (JSON Schema): {}",
-                tool.name, tool.description, tool.parameters
-            ));
-        }
+        text.push_str(&prompt::tool_lines(&tools, "Parameters"));
     }
     if !spec.inputs.is_empty() {
         text.push_str("\n\nThe workflow's inputs:");

@@ -6,10 +6,11 @@
 //! the exact count (with a tokenizer for OpenAI-family models) is made only once that bound passes the
 //! compaction threshold, and then once per message.
 
-use super::{Failure, Shared, complete};
+use super::model::complete;
 use crate::llm::config::Configured;
 use crate::llm::tokens::{self, Estimator};
 use crate::llm::{ChatRequest, Message, Part, Role, ToolSpec};
+use crate::run::scheduler::context::{Failure, Shared};
 use crate::run::{LlmUsage, RunEvent};
 use crate::spec::Spec;
 

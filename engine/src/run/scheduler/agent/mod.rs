@@ -7,31 +7,35 @@
 //! call; a final answer must match `output_schema` when the step has one. What the model reads is kept within
 //! its context window (`context`).
 
+mod calls;
 mod context;
+mod model;
+mod text;
 
+pub(super) use calls::offered_tools;
 pub(super) use context::as_data;
+pub(super) use model::{chosen, complete};
+pub(super) use text::parse_json;
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
-use std::time::Instant;
 
 use minijinja::Value;
 use serde_json::Value as Json;
 
-use super::checkpoint::{self, AgentState};
-use super::gate::{self, Gate};
-use super::{Called, Failure, Shared, call_declared, millis, tool_failure};
-use crate::llm::cassette::{Recorder, Replayer};
-use crate::llm::config::{self, Configured};
-use crate::llm::pricing;
+use super::checkpoint::{self, AgentState, AgentStateRef};
+use super::context::{Called, Failure, Shared};
+use super::durable::{Record, durable};
+use super::gate::{self, Gate, canonical};
+use super::prompt;
 use crate::llm::tokens::Estimator;
-use crate::llm::{ChatRequest, FinishReason, Message, Part, ToolChoice, ToolResult, ToolSpec};
-use crate::run::redact::Redacting;
+use crate::llm::{FinishReason, Message, Part, ToolChoice, ToolResult};
 use crate::run::render::to_text;
-use crate::run::tools::{self, ToolOutput};
+use crate::run::tools::ToolOutput;
 use crate::run::{LlmUsage, RunEvent, StepStatus};
-use crate::spec::{AgentDef, Body, ChosenBy, Spec, ToolMode, Trigger};
-use crate::tools::builtin;
+use crate::spec::{Body, ChosenBy, Spec, ToolMode, Trigger};
+use calls::observe;
+use model::refuses_tools;
+use text::{TextTurn, read_text_action, text_mode_instructions, written_action};
 
 /// Iterations of an agent step unless `max_iterations` says otherwise.
 pub const DEFAULT_MAX_ITERATIONS: u32 = 10;
@@ -43,101 +47,6 @@ const REPEAT_LIMIT: usize = 3;
 const PARALLEL_CALLS: usize = 4;
 /// Final answers that do not match `output_schema` are sent back this many times.
 const SCHEMA_RETRIES: usize = 2;
-
-/// The providers of a run, built when first used, and what its LLM calls used in total.
-#[derive(Debug, Default)]
-pub(crate) struct LlmContext {
-    providers: Mutex<HashMap<String, Arc<Configured>>>,
-    pub totals: Arc<Mutex<LlmUsage>>,
-    /// Plan revisions made in the run so far (limited by `defaults.max_replans`).
-    pub replans: Arc<std::sync::atomic::AtomicU32>,
-    /// Providers that refused native tool calling: agents in `auto` mode use text mode with them.
-    text_only: Mutex<std::collections::HashSet<String>>,
-}
-
-impl LlmContext {
-    /// Whether provider `name` refused native tool calling earlier in the run.
-    fn refuses_tools(&self, name: &str) -> bool {
-        self.text_only.lock().is_ok_and(|t| t.contains(name))
-    }
-
-    fn mark_refuses_tools(&self, name: &str) {
-        if let Ok(mut text_only) = self.text_only.lock() {
-            text_only.insert(name.to_owned());
-        }
-    }
-
-    /// A context for a sub-workflow: its own providers, the run's totals.
-    pub fn nested(&self) -> LlmContext {
-        LlmContext {
-            providers: Mutex::new(HashMap::new()),
-            totals: self.totals.clone(),
-            replans: self.replans.clone(),
-            text_only: Mutex::default(),
-        }
-    }
-
-    fn provider(&self, shared: &Shared, name: &str) -> Result<Arc<Configured>, Failure> {
-        let spec = &shared.workflow.spec;
-        if let Some(found) = self
-            .providers
-            .lock()
-            .ok()
-            .and_then(|p| p.get(name).cloned())
-        {
-            return Ok(found);
-        }
-        let def = spec
-            .llm
-            .as_ref()
-            .and_then(|l| l.providers.get(name))
-            .ok_or_else(|| Failure::fixed(format!("no LLM provider `{name}`")))?;
-        // Replaying needs no provider at all: not even its key.
-        if let Some(crate::run::Cassette::Replay(exchanges)) = &shared.options.cassette {
-            let built = Arc::new(Configured {
-                name: name.to_owned(),
-                kind: def.kind.value,
-                provider: Redacting::wrap(
-                    Arc::new(if def.kind.value == crate::spec::ProviderKind::Auto {
-                        Replayer::new(name, exchanges).any_model()
-                    } else {
-                        Replayer::new(name, exchanges)
-                    }),
-                    shared.redactor.clone(),
-                ),
-                model: config::model(def, &shared.options.env).unwrap_or_default(),
-                temperature: def.temperature,
-                max_tokens: def.max_tokens,
-            });
-            if let Ok(mut providers) = self.providers.lock() {
-                providers.insert(name.to_owned(), built.clone());
-            }
-            return Ok(built);
-        }
-        let dir = shared
-            .workflow
-            .path
-            .parent()
-            .map(std::path::Path::to_path_buf)
-            .unwrap_or_default();
-        let mut configured = config::build(name, def, &dir, &shared.options.env)
-            .map_err(|e| Failure::fixed(e.message))?;
-        if let Some(crate::run::Cassette::Record(file)) = &shared.options.cassette {
-            let redactor = shared.redactor.clone();
-            configured.provider = Arc::new(
-                Recorder::new(configured.provider, file.clone())
-                    .scrubbing(Arc::new(move |exchange| redactor.json(exchange))),
-            );
-        }
-        // The model never reads a secret value, whatever put it into the conversation.
-        configured.provider = Redacting::wrap(configured.provider, shared.redactor.clone());
-        let built = Arc::new(configured);
-        if let Ok(mut providers) = self.providers.lock() {
-            providers.insert(name.to_owned(), built.clone());
-        }
-        Ok(built)
-    }
-}
 
 /// Runs an agent step's body: `goal` is the rendered goal.
 pub(super) async fn run(
@@ -197,18 +106,8 @@ pub(super) async fn run(
     if !tools.is_empty() {
         system.push_str(context::DATA_RULE);
     }
-    if let Some(instructions) = agent.and_then(|a| a.instructions.as_ref()) {
-        let text = shared
-            .renderer
-            .text(&instructions.value, ctx)
-            .map_err(|e| Failure::fixed(format!("agent instructions: {e}")))?;
-        system = format!("{text}\n\n{system}");
-    }
-    if let Some(expected) = body.expected_output {
-        let text = shared
-            .renderer
-            .text(&expected.value, ctx)
-            .map_err(|e| Failure::fixed(format!("`expected_output`: {e}")))?;
+    let mut system = prompt::with_instructions(shared, agent, ctx, system)?;
+    if let Some(text) = prompt::expected_output(shared, body, ctx)? {
         system.push_str(&format!("\n\nExpected output: {text}"));
     }
     if let Some(schema) = &schema {
@@ -217,13 +116,7 @@ pub(super) async fn run(
         ));
     }
     let mut user = goal;
-    if let Some(context) = body.context {
-        let value = shared
-            .renderer
-            .value(context, ctx)
-            .map_err(|e| Failure::fixed(format!("`context`: {e}")))?;
-        user.push_str(&format!("\n\nContext:\n{}", to_text(&value)));
-    }
+    user.push_str(&prompt::context_section(shared, body, ctx)?);
     let start = |text_mode: bool| {
         let mut system = system.clone();
         if text_mode && !tools.is_empty() {
@@ -461,7 +354,8 @@ pub(super) async fn run(
                 text: truncate(thought, THOUGHT_CHARS),
             });
         }
-        let seen_before = seen_calls.clone();
+        // The calls this turn counted: taken back out of `seen_calls` if the turn waits.
+        let mut counted: Vec<String> = Vec::with_capacity(calls.len());
         conversation.push(response.message.clone());
         tool_calls += calls.len();
         // Where the step stands if this turn must wait for a person: before the turn (the conversation
@@ -484,6 +378,7 @@ pub(super) async fn run(
         let mut actions = Vec::with_capacity(calls.len());
         for call in &calls {
             let key = format!("{}:{}", call.name, canonical(&call.arguments));
+            counted.push(key.clone());
             let repeats = {
                 let n = seen_calls.entry(key).or_default();
                 *n += 1;
@@ -527,9 +422,11 @@ pub(super) async fn run(
                         turn = Turn::Denied(reason);
                     }
                     Gate::Waiting(message) => {
-                        let state = paused(seen_before, conversation.messages());
+                        let state =
+                            paused(before_turn(&seen_calls, &counted), conversation.messages());
                         return Err(pause(shared, label, state, message).await);
                     }
+                    Gate::Stopped(message) => return Err(Failure::fixed(message).with_llm(usage)),
                 }
             }
             actions.push(RunEvent::AgentAction {
@@ -568,7 +465,7 @@ pub(super) async fn run(
             if let Some(message) = observations.iter().find_map(|o| o.as_ref().err()) {
                 // A tool waits for approval: the turn is taken up again on resume (its other calls may
                 // run again).
-                let state = paused(seen_before, conversation.messages());
+                let state = paused(before_turn(&seen_calls, &counted), conversation.messages());
                 return Err(pause(shared, label, state, message.clone()).await);
             }
             for ((call, _), (output, is_error, from_tool)) in
@@ -616,22 +513,22 @@ pub(super) async fn run(
         let saved = checkpoint::save(
             shared,
             label,
-            &AgentState {
-                fingerprint: fingerprint.clone(),
+            &AgentStateRef {
+                fingerprint: &fingerprint,
                 text_mode,
                 iteration,
-                messages: conversation.messages().to_vec(),
+                messages: conversation.messages(),
                 tool_calls,
-                usage: usage.clone(),
-                seen_calls: seen_calls.clone(),
+                usage: &usage,
+                seen_calls: &seen_calls,
                 schema_retries,
                 pending: None,
             },
         );
         // Before tools that are not safe to repeat run again, this iteration's record is on disk: a crash
-        // repeats at most the calls of the iteration in flight.
-        if !repeatable {
-            let _ = saved.wait().await;
+        // repeats at most the calls of the iteration in flight. Without it, no further call starts.
+        if !repeatable && let Err(e) = durable(shared, saved, Record::AgentCheckpoint).await {
+            return Err(Failure::from(e).with_llm(usage));
         }
     }
     // Out of iterations: one last turn without tools for the best answer so far.
@@ -661,228 +558,6 @@ pub(super) async fn run(
     .with_llm(usage))
 }
 
-/// The step's agent role (its own, or `defaults.agent`), provider name and built provider: the step's
-/// `provider`, the agent's, `llm.default`, or the only (first) one declared.
-pub(super) fn chosen<'s>(
-    shared: &'s Shared,
-    body: Body<'s>,
-) -> Result<(Option<&'s AgentDef>, String, Arc<Configured>), Failure> {
-    let spec: &Spec = &shared.workflow.spec;
-    let agent = spec.agent_of(body);
-    let provider_name = body
-        .provider
-        .map(|p| p.value.clone())
-        .or_else(|| {
-            agent
-                .and_then(|a| a.provider.as_ref())
-                .map(|p| p.value.clone())
-        })
-        .or_else(|| {
-            spec.llm
-                .as_ref()
-                .and_then(|l| l.default.as_ref())
-                .map(|d| d.value.clone())
-        })
-        .or_else(|| {
-            spec.llm
-                .as_ref()
-                .and_then(|l| l.providers.keys().next())
-                .map(|k| k.value.clone())
-        })
-        .ok_or_else(|| {
-            Failure::fixed(
-                "no LLM provider is configured: add one under `llm.providers`".to_owned(),
-            )
-        })?;
-    let configured = shared.llm.provider(shared, &provider_name)?;
-    Ok((agent, provider_name, configured))
-}
-
-/// One model call, within the run's budget, counted and reported.
-pub(super) async fn complete(
-    shared: &Shared,
-    label: &str,
-    configured: &Configured,
-    request: &ChatRequest,
-    usage: &mut LlmUsage,
-) -> Result<crate::llm::ChatResponse, Failure> {
-    if let Some(exceeded) = over_budget(shared) {
-        return Err(
-            Failure::fixed(format!("LLM budget exceeded: {exceeded}")).with_llm(usage.clone())
-        );
-    }
-    let started = Instant::now();
-    let response = configured.provider.complete(request).await.map_err(|e| {
-        // What the provider's own retries could not fix, the step's `retry` may.
-        Failure {
-            retryable: e.retryable,
-            ..Failure::fixed(e.message)
-        }
-        .with_llm(usage.clone())
-    })?;
-    let pricing_config = shared
-        .workflow
-        .spec
-        .llm
-        .as_ref()
-        .and_then(|l| l.providers.get(configured.name.as_str()))
-        .and_then(|p| p.pricing.as_ref());
-    let cost = pricing::price_of(&configured.model, pricing_config)
-        .map(|p| pricing::cost(&response.usage, &p));
-    let call = LlmUsage::one(&response.usage, cost);
-    usage.add(&call);
-    if let Ok(mut totals) = shared.llm.totals.lock() {
-        totals.add(&call);
-    }
-    shared.emit(RunEvent::LlmCall {
-        step: label.to_owned(),
-        provider: configured.name.clone(),
-        model: if response.model.is_empty() {
-            configured.model.clone()
-        } else {
-            response.model.clone()
-        },
-        input_tokens: response.usage.input_tokens,
-        output_tokens: response.usage.output_tokens,
-        cost_usd: cost,
-        duration_ms: millis(started.elapsed()),
-    });
-    Ok(response)
-}
-
-/// Which of `llm.budget` the run has used up, if any.
-fn over_budget(shared: &Shared) -> Option<String> {
-    let budget = shared.workflow.spec.llm.as_ref()?.budget.as_ref()?;
-    let totals = shared.llm.totals.lock().ok()?.clone();
-    if let Some(max) = budget.max_llm_calls
-        && totals.calls >= max
-    {
-        return Some(format!("`max_llm_calls` is `{max}`"));
-    }
-    if let Some(max) = budget.max_tokens
-        && totals.input_tokens + totals.output_tokens >= max
-    {
-        return Some(format!(
-            "`max_tokens` is `{max}` and the run used `{}`",
-            totals.input_tokens + totals.output_tokens
-        ));
-    }
-    if let Some(max) = budget.max_cost_usd
-        && totals.cost_usd >= max
-    {
-        return Some(format!(
-            "`max_cost_usd` is `{max}` and the run spent `{:.4}`",
-            totals.cost_usd
-        ));
-    }
-    None
-}
-
-/// Runs one tool call the model asked for; returns the observation, whether it is an error, and whether the
-/// tool wrote it (its output or failure, shown to the model as data) rather than archon.
-async fn observe(
-    shared: &Shared,
-    label: &str,
-    tools: &[ToolSpec],
-    validators: &HashMap<String, jsonschema::Validator>,
-    name: &str,
-    arguments: &Json,
-) -> Result<(String, bool, bool), String> {
-    if !tools.iter().any(|t| t.name == name) {
-        let names: Vec<String> = tools.iter().map(|t| format!("`{}`", t.name)).collect();
-        return Ok((
-            format!(
-                "unknown tool `{name}`; the tools are {}",
-                if names.is_empty() {
-                    "none".to_owned()
-                } else {
-                    names.join(", ")
-                }
-            ),
-            true,
-            false,
-        ));
-    }
-    if let Some(validator) = validators.get(name)
-        && let Some(error) = validator.iter_errors(arguments).next()
-    {
-        let path = error.instance_path().to_string();
-        let at = if path.is_empty() {
-            "the arguments".to_owned()
-        } else {
-            format!("`{path}`")
-        };
-        return Ok((
-            format!("invalid arguments for `{name}` at {at}: {error}"),
-            true,
-            false,
-        ));
-    }
-    let call_label = format!("{label}/{name}");
-    let outcome = match shared.workflow.spec.tools.get(name) {
-        Some(def) => call_declared(shared, &call_label, name, def, arguments.clone(), true).await,
-        None => tools::call(name, arguments, &shared.tool_context, None)
-            .await
-            .map(Called::from)
-            .map_err(tool_failure),
-    };
-    match outcome {
-        Ok(called) => {
-            let ToolOutput { output, text, .. } = called.output;
-            let shown = if text.is_empty() {
-                to_text(&output)
-            } else {
-                text
-            };
-            let redacted = match shared.redactor.text(&shown) {
-                std::borrow::Cow::Owned(redacted) => Some(redacted),
-                std::borrow::Cow::Borrowed(_) => None,
-            };
-            Ok((redacted.unwrap_or(shown), false, true))
-        }
-        // A composite tool or sub-workflow one of whose steps waits for approval: the agent waits too.
-        Err(failure) if failure.status == StepStatus::WaitingApproval => Err(failure.message),
-        Err(failure) => Ok((
-            format!("error: {}", shared.redactor.text(&failure.message)),
-            true,
-            true,
-        )),
-    }
-}
-
-/// The tools an agent may call: built-ins and declared tools whose names match `patterns` (globs).
-/// Sensitive ones are offered too: each call of one asks for a person's approval unless a rule allows it.
-pub(super) fn offered_tools(spec: &Spec, patterns: &[&str]) -> Vec<ToolSpec> {
-    let globs: Vec<globset::GlobMatcher> = patterns
-        .iter()
-        .filter_map(|p| globset::Glob::new(p).ok().map(|g| g.compile_matcher()))
-        .collect();
-    let wanted = |name: &str| globs.iter().any(|g| g.is_match(name));
-    let mut offered = Vec::new();
-    for b in builtin::all() {
-        if wanted(b.name) {
-            offered.push(ToolSpec {
-                name: b.name.to_owned(),
-                description: b.description.to_owned(),
-                parameters: b.parameters.clone(),
-            });
-        }
-    }
-    for (name, def) in &spec.tools {
-        if wanted(&name.value) && def.mcp.is_none() {
-            offered.push(ToolSpec {
-                name: name.value.clone(),
-                description: def.description.clone().unwrap_or_default(),
-                parameters: def.parameters.as_ref().map_or_else(
-                    || serde_json::json!({ "type": "object" }),
-                    crate::spec::Node::to_json,
-                ),
-            });
-        }
-    }
-    offered
-}
-
 fn emit_answer(shared: &Shared, label: &str, iteration: u32, text: &str) {
     shared.emit(RunEvent::AgentAnswer {
         step: label.to_owned(),
@@ -904,82 +579,28 @@ fn answer(output: Json, usage: LlmUsage) -> Called {
     }
 }
 
-/// JSON in an answer: the whole text, or inside a fenced block, or the outermost object or list in prose.
-pub(super) fn parse_json(text: &str) -> Option<Json> {
-    let trimmed = text.trim();
-    if let Ok(value) = serde_json::from_str(trimmed) {
-        return Some(value);
-    }
-    let unfenced = trimmed
-        .strip_prefix("```json")
-        .or_else(|| trimmed.strip_prefix("```"))
-        .and_then(|t| t.strip_suffix("```"))
-        .map(str::trim);
-    if let Some(value) = unfenced.and_then(|t| serde_json::from_str(t).ok()) {
-        return Some(value);
-    }
-    for (open, close) in [('{', '}'), ('[', ']')] {
-        if let (Some(start), Some(end)) = (trimmed.find(open), trimmed.rfind(close))
-            && start < end
-            && let Ok(value) = serde_json::from_str(&trimmed[start..=end])
-        {
-            return Some(value);
-        }
-    }
-    None
-}
-
-/// Whether a provider's error says it does not take tools: servers without native tool calling answer the
-/// `tools` field with a 400 naming tools. A 400 about a tool's schema or the context length is not that.
-fn refuses_tools(message: &str) -> bool {
-    let message = message.to_ascii_lowercase();
-    message.contains("http 400")
-        && (message.contains("tool") || message.contains("function call"))
-        && !["schema", "parameters", "context", "token", "length"]
-            .iter()
-            .any(|w| message.contains(w))
-}
-
-/// An action a model offered native tools wrote as text instead: only when the answer is nothing but
-/// (optional `Thought:` lines and) an `Action:` or `<tool_call>` line, naming one of the offered tools.
-fn written_action(text: &str, iteration: u32, tools: &[ToolSpec]) -> Option<crate::llm::ToolCall> {
-    let first = text
-        .lines()
-        .map(str::trim)
-        .find(|l| !l.is_empty() && !l.starts_with("Thought:"))?;
-    if !(first.starts_with("Action:") || first.starts_with("<tool_call>"))
-        || text.contains("Final Answer:")
-    {
-        return None;
-    }
-    match read_text_action(text, iteration) {
-        TextTurn::Action(call) if tools.iter().any(|t| t.name == call.name) => Some(call),
-        _ => None,
-    }
-}
-
-/// How to call tools in text mode, appended to the system prompt.
-fn text_mode_instructions(tools: &[ToolSpec]) -> String {
-    let mut text = String::from(
-        "\n\nYou can use these tools. To call one, write a line `Action:` followed by one JSON object \
-         {\"tool\": name, \"arguments\": {...}} and stop; the result comes back as `Observation:`. You may \
-         think first on a line starting `Thought:`. When you are done, write `Final Answer:` followed by the \
-         answer.\n\nTools:",
-    );
-    for tool in tools {
-        text.push_str(&format!(
-            "\n- {}: {} Arguments (JSON Schema): {}",
-            tool.name, tool.description, tool.parameters
-        ));
-    }
-    text
-}
-
 /// Pauses the step for a person's decision: its state before the turn is on disk before it says so.
 async fn pause(shared: &Shared, label: &str, state: AgentState, message: String) -> Failure {
     let usage = state.usage.clone();
-    let _ = checkpoint::save(shared, label, &state).wait().await;
-    Failure::waiting(message).with_llm(usage)
+    let saved = checkpoint::save(shared, label, &state);
+    match durable(shared, saved, Record::AgentCheckpoint).await {
+        Ok(()) => Failure::waiting(message).with_llm(usage),
+        Err(e) => Failure::from(e).with_llm(usage),
+    }
+}
+
+/// The repeated-call counts as they were before a turn that counted the calls `counted`.
+fn before_turn(seen_calls: &HashMap<String, usize>, counted: &[String]) -> HashMap<String, usize> {
+    let mut before = seen_calls.clone();
+    for key in counted {
+        if let Some(n) = before.get_mut(key) {
+            *n -= 1;
+            if *n == 0 {
+                before.remove(key);
+            }
+        }
+    }
+    before
 }
 
 /// What becomes of one tool call of a turn.
@@ -992,143 +613,6 @@ enum Turn {
     Denied(String),
 }
 
-/// What a text-mode turn says.
-enum TextTurn {
-    Final(String),
-    Action(crate::llm::ToolCall),
-    /// Neither a readable action nor a final answer: what to tell the model.
-    Unreadable(String),
-}
-
-/// Reads a text-mode turn: `Final Answer: ...`, or `Action: {json}` (also a `<tool_call>` block), with the
-/// JSON repaired where weak models break it (code fences, trailing commas, single quotes).
-fn read_text_action(text: &str, iteration: u32) -> TextTurn {
-    let action_at = text
-        .find("Action:")
-        .map(|i| i + "Action:".len())
-        .or_else(|| text.find("<tool_call>").map(|i| i + "<tool_call>".len()));
-    let final_at = text.find("Final Answer:");
-    match (action_at, final_at) {
-        (Some(a), Some(f)) if f < a => {
-            TextTurn::Final(text[f + "Final Answer:".len()..].trim().to_owned())
-        }
-        (None, Some(f)) => TextTurn::Final(text[f + "Final Answer:".len()..].trim().to_owned()),
-        (Some(a), _) => {
-            let rest = text[a..].replace("</tool_call>", "");
-            let Some(value) = repair_json(&rest) else {
-                return TextTurn::Unreadable(
-                    "your action is not a JSON object; write `Action: {\"tool\": \"name\", \"arguments\": {...}}`"
-                        .to_owned(),
-                );
-            };
-            let name = ["tool", "name", "action"]
-                .iter()
-                .find_map(|k| value.get(*k).and_then(Json::as_str));
-            let Some(name) = name else {
-                return TextTurn::Unreadable(
-                    "your action names no tool; write `Action: {\"tool\": \"name\", \"arguments\": {...}}`".to_owned(),
-                );
-            };
-            let arguments = ["arguments", "args", "input", "parameters"]
-                .iter()
-                .find_map(|k| value.get(*k).cloned())
-                .unwrap_or_else(|| Json::Object(serde_json::Map::new()));
-            TextTurn::Action(crate::llm::ToolCall {
-                id: format!("text_{iteration}"),
-                name: name.to_owned(),
-                arguments,
-                signature: None,
-            })
-        }
-        // No marker at all: the whole text is the answer.
-        (None, None) => TextTurn::Final(text.trim().to_owned()),
-    }
-}
-
-/// The first JSON object in `text`, repaired if needed: code fences dropped, the outermost braces taken,
-/// trailing commas removed, single quotes turned into double quotes.
-fn repair_json(text: &str) -> Option<Json> {
-    let start = text.find('{')?;
-    let mut depth = 0usize;
-    let mut end = None;
-    let mut quote: Option<char> = None;
-    let mut escaped = false;
-    for (i, c) in text[start..].char_indices() {
-        if let Some(q) = quote {
-            if escaped {
-                escaped = false;
-            } else if c == '\\' {
-                escaped = true;
-            } else if c == q {
-                quote = None;
-            }
-            continue;
-        }
-        match c {
-            '"' | '\'' => quote = Some(c),
-            '{' => depth += 1,
-            '}' => {
-                depth = depth.saturating_sub(1);
-                if depth == 0 {
-                    end = Some(start + i);
-                    break;
-                }
-            }
-            _ => {}
-        }
-    }
-    let candidate = &text[start..=end?];
-    if let Ok(value) = serde_json::from_str::<Json>(candidate) {
-        return value.is_object().then_some(value);
-    }
-    let mut fixed = String::with_capacity(candidate.len());
-    let mut in_double = false;
-    let mut chars = candidate.chars().peekable();
-    while let Some(c) = chars.next() {
-        match c {
-            '"' => {
-                in_double = !in_double;
-                fixed.push(c);
-            }
-            '\'' if !in_double => fixed.push('"'),
-            ',' if !in_double => {
-                // A trailing comma before a closing bracket.
-                let mut lookahead = chars.clone();
-                while lookahead.peek().is_some_and(|c| c.is_whitespace()) {
-                    lookahead.next();
-                }
-                if !matches!(lookahead.peek(), Some('}' | ']')) {
-                    fixed.push(c);
-                }
-            }
-            _ => fixed.push(c),
-        }
-    }
-    serde_json::from_str::<Json>(&fixed)
-        .ok()
-        .filter(Json::is_object)
-}
-
-/// JSON text with object keys sorted, so that the same arguments in another order compare equal.
-pub(super) fn canonical(value: &Json) -> String {
-    match value {
-        Json::Object(map) => {
-            let mut keys: Vec<&String> = map.keys().collect();
-            keys.sort();
-            let fields: Vec<String> = keys
-                .into_iter()
-                .map(|k| format!("{}:{}", Json::String(k.clone()), canonical(&map[k])))
-                .collect();
-            format!("{{{}}}", fields.join(","))
-        }
-        Json::Array(items) => format!(
-            "[{}]",
-            items.iter().map(canonical).collect::<Vec<_>>().join(",")
-        ),
-        other => other.to_string(),
-    }
-}
-
 pub(super) fn truncate(text: &str, limit: usize) -> String {
     if text.chars().count() <= limit {
         return text.to_owned();
@@ -1138,12 +622,4 @@ pub(super) fn truncate(text: &str, limit: usize) -> String {
         "{kept}\n[... cut: {} more characters]",
         text.chars().count() - limit
     )
-}
-
-impl Failure {
-    /// The same failure, carrying what the step's LLM calls used.
-    pub(super) fn with_llm(mut self, usage: LlmUsage) -> Self {
-        self.llm = Some(Box::new(usage));
-        self
-    }
 }

@@ -1,0 +1,206 @@
+//! The model side of an agent (and planner) step: which provider it asks, built on first use; one call
+//! within the run's LLM budget, counted and reported; whether an error says the server refuses tools.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use crate::llm::ChatRequest;
+use crate::llm::cassette::{Recorder, Replayer};
+use crate::llm::config::{self, Configured};
+use crate::llm::pricing;
+use crate::run::redact::Redacting;
+use crate::run::scheduler::context::{Failure, Shared, millis};
+use crate::run::{LlmUsage, RunEvent};
+use crate::spec::{AgentDef, Body, Spec};
+
+/// The step's agent role (its own, or `defaults.agent`), provider name and built provider: the step's
+/// `provider`, the agent's, `llm.default`, or the only (first) one declared.
+pub(in crate::run::scheduler) fn chosen<'s>(
+    shared: &'s Shared,
+    body: Body<'s>,
+) -> Result<(Option<&'s AgentDef>, String, Arc<Configured>), Failure> {
+    let spec: &Spec = &shared.workflow.spec;
+    let agent = spec.agent_of(body);
+    let provider_name = body
+        .provider
+        .map(|p| p.value.clone())
+        .or_else(|| {
+            agent
+                .and_then(|a| a.provider.as_ref())
+                .map(|p| p.value.clone())
+        })
+        .or_else(|| {
+            spec.llm
+                .as_ref()
+                .and_then(|l| l.default.as_ref())
+                .map(|d| d.value.clone())
+        })
+        .or_else(|| {
+            spec.llm
+                .as_ref()
+                .and_then(|l| l.providers.keys().next())
+                .map(|k| k.value.clone())
+        })
+        .ok_or_else(|| {
+            Failure::fixed(
+                "no LLM provider is configured: add one under `llm.providers`".to_owned(),
+            )
+        })?;
+    let configured = provider(shared, &provider_name)?;
+    Ok((agent, provider_name, configured))
+}
+
+/// The provider `name` of the run, built on first use: replaying a cassette, or from the spec and the
+/// environment (recording when asked), wrapped so that the model never reads a secret value.
+fn provider(shared: &Shared, name: &str) -> Result<Arc<Configured>, Failure> {
+    let spec = &shared.workflow.spec;
+    if let Some(found) = shared
+        .llm
+        .providers
+        .lock()
+        .ok()
+        .and_then(|p| p.get(name).cloned())
+    {
+        return Ok(found);
+    }
+    let def = spec
+        .llm
+        .as_ref()
+        .and_then(|l| l.providers.get(name))
+        .ok_or_else(|| Failure::fixed(format!("no LLM provider `{name}`")))?;
+    // Replaying needs no provider at all: not even its key.
+    if let Some(crate::run::Cassette::Replay(exchanges)) = &shared.options.cassette {
+        let built = Arc::new(Configured {
+            name: name.to_owned(),
+            kind: def.kind.value,
+            provider: Redacting::wrap(
+                Arc::new(if def.kind.value == crate::spec::ProviderKind::Auto {
+                    Replayer::new(name, exchanges).any_model()
+                } else {
+                    Replayer::new(name, exchanges)
+                }),
+                shared.redactor.clone(),
+            ),
+            model: config::model(def, &shared.options.env).unwrap_or_default(),
+            temperature: def.temperature,
+            max_tokens: def.max_tokens,
+        });
+        if let Ok(mut providers) = shared.llm.providers.lock() {
+            providers.insert(name.to_owned(), built.clone());
+        }
+        return Ok(built);
+    }
+    let dir = shared
+        .workflow
+        .path
+        .parent()
+        .map(std::path::Path::to_path_buf)
+        .unwrap_or_default();
+    let mut configured = config::build(name, def, &dir, &shared.options.env)
+        .map_err(|e| Failure::fixed(e.message))?;
+    if let Some(crate::run::Cassette::Record(file)) = &shared.options.cassette {
+        let redactor = shared.redactor.clone();
+        configured.provider = Arc::new(
+            Recorder::new(configured.provider, file.clone())
+                .scrubbing(Arc::new(move |exchange| redactor.json(exchange))),
+        );
+    }
+    // The model never reads a secret value, whatever put it into the conversation.
+    configured.provider = Redacting::wrap(configured.provider, shared.redactor.clone());
+    let built = Arc::new(configured);
+    if let Ok(mut providers) = shared.llm.providers.lock() {
+        providers.insert(name.to_owned(), built.clone());
+    }
+    Ok(built)
+}
+
+/// One model call, within the run's budget, counted and reported.
+pub(in crate::run::scheduler) async fn complete(
+    shared: &Shared,
+    label: &str,
+    configured: &Configured,
+    request: &ChatRequest,
+    usage: &mut LlmUsage,
+) -> Result<crate::llm::ChatResponse, Failure> {
+    if let Some(exceeded) = over_budget(shared) {
+        return Err(
+            Failure::fixed(format!("LLM budget exceeded: {exceeded}")).with_llm(usage.clone())
+        );
+    }
+    let started = Instant::now();
+    let response = configured.provider.complete(request).await.map_err(|e| {
+        // What the provider's own retries could not fix, the step's `retry` may.
+        Failure {
+            retryable: e.retryable,
+            ..Failure::fixed(e.message)
+        }
+        .with_llm(usage.clone())
+    })?;
+    let pricing_config = shared
+        .workflow
+        .spec
+        .llm
+        .as_ref()
+        .and_then(|l| l.providers.get(configured.name.as_str()))
+        .and_then(|p| p.pricing.as_ref());
+    let cost = pricing::price_of(&configured.model, pricing_config)
+        .map(|p| pricing::cost(&response.usage, &p));
+    let call = LlmUsage::one(&response.usage, cost);
+    usage.add(&call);
+    if let Ok(mut totals) = shared.llm.totals.lock() {
+        totals.add(&call);
+    }
+    shared.emit(RunEvent::LlmCall {
+        step: label.to_owned(),
+        provider: configured.name.clone(),
+        model: if response.model.is_empty() {
+            configured.model.clone()
+        } else {
+            response.model.clone()
+        },
+        input_tokens: response.usage.input_tokens,
+        output_tokens: response.usage.output_tokens,
+        cost_usd: cost,
+        duration_ms: millis(started.elapsed()),
+    });
+    Ok(response)
+}
+
+/// Which of `llm.budget` the run has used up, if any.
+fn over_budget(shared: &Shared) -> Option<String> {
+    let budget = shared.workflow.spec.llm.as_ref()?.budget.as_ref()?;
+    let totals = shared.llm.totals.lock().ok()?.clone();
+    if let Some(max) = budget.max_llm_calls
+        && totals.calls >= max
+    {
+        return Some(format!("`max_llm_calls` is `{max}`"));
+    }
+    if let Some(max) = budget.max_tokens
+        && totals.input_tokens + totals.output_tokens >= max
+    {
+        return Some(format!(
+            "`max_tokens` is `{max}` and the run used `{}`",
+            totals.input_tokens + totals.output_tokens
+        ));
+    }
+    if let Some(max) = budget.max_cost_usd
+        && totals.cost_usd >= max
+    {
+        return Some(format!(
+            "`max_cost_usd` is `{max}` and the run spent `{:.4}`",
+            totals.cost_usd
+        ));
+    }
+    None
+}
+
+/// Whether a provider's error says it does not take tools: servers without native tool calling answer the
+/// `tools` field with a 400 naming tools. A 400 about a tool's schema or the context length is not that.
+pub(super) fn refuses_tools(message: &str) -> bool {
+    let message = message.to_ascii_lowercase();
+    message.contains("http 400")
+        && (message.contains("tool") || message.contains("function call"))
+        && !["schema", "parameters", "context", "token", "length"]
+            .iter()
+            .any(|w| message.contains(w))
+}

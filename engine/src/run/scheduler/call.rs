@@ -1,0 +1,406 @@
+//! What an attempt calls: renders the body's arguments once, asks the gate, and calls a built-in tool, a
+//! declared tool (command, HTTP request, composite tool, sub-workflow), an agent or a planner.
+
+use std::sync::Arc;
+
+use minijinja::Value;
+use serde_json::{Map, Value as Json, json};
+
+use super::agent;
+use super::context::{
+    Boxed, Called, Failure, Shared, first_failure, named, results, tool_failure, waits,
+};
+use super::gate::{self, Gate};
+use super::planner;
+use crate::run::render::{json_value, to_text};
+use crate::run::tools::{self, ToolOutput};
+use crate::run::{RunStatus, StepStatus};
+use crate::spec::{Body, ChosenBy, ToolDef, Trigger};
+use crate::store::Entry;
+
+/// Renders the body's arguments once and calls its tool or sub-workflow.
+pub(super) async fn body(
+    shared: &Shared,
+    label: &str,
+    body: Body<'_>,
+    ctx: &Value,
+) -> Result<Called, Failure> {
+    let args = match body.args {
+        Some(args) => shared
+            .renderer
+            .value(args, ctx)
+            .map_err(|e| Failure::fixed(e.to_string()))?,
+        None => Json::Object(Map::new()),
+    };
+    if let Some(path) = body.workflow {
+        return workflow(shared, label, &path.value, args).await;
+    }
+    let Some(tool) = body.tool else {
+        // An agent: the goal, or the description of a step left unspecified.
+        let (goal, plans) = match (body.goal, body.plan, body.description) {
+            (Some(goal), _, _) => (goal, false),
+            (None, Some(plan), _) => (plan, true),
+            (None, None, Some(description)) => (description, unspecified_plans(shared)),
+            (None, None, None) => {
+                return Err(Failure::fixed("the step says nothing to do".to_owned()));
+            }
+        };
+        let goal = shared.renderer.text(&goal.value, ctx).map_err(|e| {
+            Failure::fixed(format!("`{}`: {e}", if plans { "plan" } else { "goal" }))
+        })?;
+        return if plans {
+            planner::run(shared, label, body, goal, ctx).await
+        } else {
+            agent::run(shared, label, body, goal, ctx).await
+        };
+    };
+    // A planned step is a call an LLM wrote: a sensitive one asks. The steps of a composite tool an LLM
+    // called are the spec's: the tool asked as a whole (it is sensitive when they are), and rules see them
+    // as chosen by the LLM.
+    let sensitive =
+        shared.planned && crate::tools::sensitive(&shared.workflow.spec, &tool.value, &args);
+    let chosen_by = if shared.planned || shared.llm_chosen {
+        ChosenBy::Llm
+    } else {
+        ChosenBy::Spec
+    };
+    if !shared.workflow.spec.rules.is_empty() || sensitive {
+        let call = gate::Call {
+            on: Trigger::BeforeTool,
+            label,
+            tool: Some(&tool.value),
+            agent: None,
+            chosen_by,
+            args: &args,
+            sensitive,
+            required: false,
+        };
+        match gate::gate(shared, call).await {
+            Gate::Go { .. } => {}
+            Gate::Denied(reason, _) => return Err(Failure::fixed(reason)),
+            Gate::Waiting(message) => return Err(Failure::waiting(message)),
+            Gate::Stopped(message) => return Err(Failure::fixed(message)),
+        }
+    }
+    match shared.workflow.spec.tools.get(tool.value.as_str()) {
+        None => tools::call(
+            &tool.value,
+            &args,
+            &shared.tool_context,
+            spawn_watch(shared, label).as_ref().map(|w| w as _),
+        )
+        .await
+        .map(Called::from)
+        .map_err(tool_failure),
+        Some(def) => {
+            let llm_chosen = shared.planned || shared.llm_chosen;
+            declared(shared, label, &tool.value, def, args, llm_chosen).await
+        }
+    }
+}
+
+/// Whether steps left unspecified go to the planner rather than to an agent.
+fn unspecified_plans(shared: &Shared) -> bool {
+    shared
+        .workflow
+        .spec
+        .defaults
+        .as_ref()
+        .and_then(|d| d.unspecified.as_ref())
+        .is_some_and(|u| u.value == crate::spec::Unspecified::Plan)
+}
+
+/// Calls a tool the spec declares: a command, an HTTP request, a composite tool or a sub-workflow.
+pub(super) async fn declared(
+    shared: &Shared,
+    label: &str,
+    name: &str,
+    def: &ToolDef,
+    args: Json,
+    llm_chosen: bool,
+) -> Result<Called, Failure> {
+    if def.steps.is_some() {
+        return composite(shared, label, name, args, llm_chosen).await;
+    }
+    if let Some(path) = &def.workflow {
+        return workflow(shared, label, &path.value, args).await;
+    }
+    // A declared tool reads its arguments by name and as `args`.
+    let mut extra: Vec<(&str, Value)> = match &args {
+        Json::Object(values) => values
+            .iter()
+            .map(|(k, v)| (k.as_str(), json_value(v)))
+            .collect(),
+        _ => Vec::new(),
+    };
+    extra.push(("args", json_value(&args)));
+    let tool_ctx = shared.tool_definition_context(&extra);
+    let text = |t: &crate::spec::Template| {
+        shared
+            .renderer
+            .text(&t.value, &tool_ctx)
+            .map_err(|e| Failure::fixed(e.to_string()))
+    };
+    let (builtin, call_args) = if let Some(command) = &def.command {
+        let argv = command
+            .value
+            .iter()
+            .map(text)
+            .collect::<Result<Vec<_>, _>>()?;
+        let mut exec = json!({ "argv": argv });
+        if let Some(cwd) = &def.cwd {
+            exec["cwd"] = Json::String(text(cwd)?);
+        }
+        if let Some(stdin) = &def.stdin {
+            exec["stdin"] = Json::String(text(stdin)?);
+        }
+        if !def.env.is_empty() {
+            let env: Map<String, Json> = def
+                .env
+                .iter()
+                .map(|(k, v)| Ok((k.value.clone(), Json::String(text(v)?))))
+                .collect::<Result<_, Failure>>()?;
+            exec["env"] = Json::Object(env);
+        }
+        if let Some(output) = &def.output {
+            exec["output"] = serde_json::to_value(output.value).unwrap_or(Json::Null);
+        }
+        if let Some(codes) = &def.ok_exit_codes {
+            exec["ok_exit_codes"] = json!(codes);
+        }
+        ("exec", exec)
+    } else if let Some(http) = &def.http {
+        let mut request = json!({ "url": text(&http.url)? });
+        if let Some(method) = &http.method {
+            request["method"] = serde_json::to_value(method.value).unwrap_or(Json::Null);
+        }
+        if !http.headers.is_empty() {
+            let headers: Map<String, Json> = http
+                .headers
+                .iter()
+                .map(|(k, v)| Ok((k.value.clone(), Json::String(text(v)?))))
+                .collect::<Result<_, Failure>>()?;
+            request["headers"] = Json::Object(headers);
+        }
+        if let Some(body) = &http.json {
+            request["json"] = shared
+                .renderer
+                .value(body, &tool_ctx)
+                .map_err(|e| Failure::fixed(e.to_string()))?;
+        }
+        if let Some(body) = &http.body {
+            request["body"] = Json::String(text(body)?);
+        }
+        if let Some(timeout) = &def.timeout {
+            request["timeout"] = Json::String(timeout.value.clone());
+        }
+        ("http", request)
+    } else {
+        return Err(Failure::fixed(format!("tool `{name}` cannot run yet")));
+    };
+    tools::call(
+        builtin,
+        &call_args,
+        &shared.tool_context,
+        spawn_watch(shared, label).as_ref().map(|w| w as _),
+    )
+    .await
+    .map(Called::from)
+    .map_err(tool_failure)
+}
+
+/// Records the process group of each command an attempt starts, so that a resume can find a command that
+/// outlived a crashed archon. Commands inside composite tools and sub-workflows count for the run's own
+/// step that called them (`outer` of `outer/inner`).
+fn spawn_watch<'a>(shared: &'a Shared, label: &'a str) -> Option<impl Fn(u32) + Sync + 'a> {
+    let step = label.split('/').next().unwrap_or(label);
+    Some(move |pgid: u32| {
+        shared.options.journal.record(Entry::ProcessStarted {
+            step: step.to_owned(),
+            pgid,
+            started: crate::process::process_start_time(pgid),
+        });
+        // Committed at once, without waiting for it: the command is already running.
+        drop(shared.options.journal.flush());
+    })
+}
+
+/// Runs a composite tool's steps with the same scheduler, then renders its `result` (the last step's
+/// output when it has none).
+fn composite<'a>(
+    shared: &'a Shared,
+    label: &'a str,
+    name: &'a str,
+    args: Json,
+    llm_chosen: bool,
+) -> Boxed<'a, Result<Called, Failure>> {
+    Box::pin(async move {
+        let depth = shared.deeper()?;
+        let mut base = shared.base.clone();
+        if let Json::Object(values) = &args {
+            base.extend(values.iter().map(|(k, v)| (k.clone(), json_value(v))));
+        }
+        base.push(("args".to_owned(), json_value(&args)));
+        let inner = Arc::new(Shared {
+            composite: Some(name.to_owned()),
+            base,
+            planned: false,
+            llm_chosen,
+            ..shared.child(depth, label)
+        });
+        let views = shared.nested.schedule(&inner).await;
+        let steps = inner.steps();
+        let cancelled = shared.options.cancel.is_cancelled();
+        let failed = first_failure(steps, |i| views[i].result().status);
+        let def = &shared.workflow.spec.tools[name];
+        // Rendered while the views are at hand; the results are taken out of them below.
+        let rendered = match &def.result {
+            Some(template) if !cancelled && failed.is_none() => {
+                // The result becomes output that prompts and reports can see: no secrets in it.
+                let ctx = inner.context(&named(steps, &views), false, &[]);
+                Some(inner.renderer.value(template, &ctx))
+            }
+            _ => None,
+        };
+        let waits = waits(&views);
+        let results = results(steps, views);
+        if waits && !cancelled {
+            return Err(Failure {
+                steps: results,
+                ..Failure::waiting(format!("tool `{name}` waits for approval"))
+            });
+        }
+        if cancelled {
+            return Err(Failure {
+                status: StepStatus::Cancelled,
+                message: "cancelled".to_owned(),
+                exit_code: None,
+                retryable: false,
+                steps: results,
+                llm: None,
+            });
+        }
+        if let Some(failed) = failed {
+            let (id, result) = results.get_index(failed).expect("a step of the list");
+            return Err(Failure {
+                status: StepStatus::Failed,
+                message: format!(
+                    "tool `{name}`: step `{id}` {}: {}",
+                    result.status.as_str(),
+                    result.error.as_deref().unwrap_or("failed")
+                ),
+                exit_code: result.exit_code,
+                retryable: true,
+                steps: results,
+                llm: None,
+            });
+        }
+        let output = match rendered {
+            Some(Ok(value)) => value,
+            Some(Err(e)) => {
+                return Err(Failure {
+                    steps: results,
+                    ..Failure::fixed(format!("tool `{name}`: `result`: {e}"))
+                });
+            }
+            None => results.last().map_or(Json::Null, |(_, r)| r.output.clone()),
+        };
+        Ok(Called {
+            output: ToolOutput {
+                text: to_text(&output),
+                output,
+                exit_code: None,
+            },
+            steps: results,
+            llm: None,
+            plan: None,
+        })
+    })
+}
+
+/// Runs a sub-workflow with `args` as its inputs; its output is the sub-workflow's `outputs`.
+fn workflow<'a>(
+    shared: &'a Shared,
+    label: &'a str,
+    path: &'a str,
+    args: Json,
+) -> Boxed<'a, Result<Called, Failure>> {
+    Box::pin(async move {
+        let depth = shared.deeper()?;
+        let Some(workflow) = shared.workflow.subworkflows.get(path) else {
+            return Err(Failure::fixed(format!(
+                "sub-workflow `{path}` was not loaded"
+            )));
+        };
+        let given = match args {
+            Json::Object(values) => values,
+            Json::Null => Map::new(),
+            _ => {
+                return Err(Failure::fixed(format!(
+                    "sub-workflow `{path}` takes an object of inputs"
+                )));
+            }
+        };
+        let inputs = crate::inputs::resolve(&workflow.spec, given, &[]).map_err(|problems| {
+            let list: Vec<String> = problems.iter().map(|p| p.message.clone()).collect();
+            Failure::fixed(format!("sub-workflow `{path}`: {}", list.join("; ")))
+        })?;
+        let report = shared
+            .nested
+            .workflow(workflow.clone(), inputs, shared, depth, format!("{label}/"))
+            .await
+            .map_err(|e| Failure::fixed(format!("sub-workflow `{path}`: {e}")))?;
+        match report.status {
+            RunStatus::Succeeded => {
+                let output = Json::Object(report.outputs);
+                Ok(Called {
+                    output: ToolOutput {
+                        text: to_text(&output),
+                        output,
+                        exit_code: None,
+                    },
+                    steps: report.steps,
+                    llm: None,
+                    plan: None,
+                })
+            }
+            RunStatus::Cancelled => Err(Failure {
+                status: StepStatus::Cancelled,
+                message: "cancelled".to_owned(),
+                exit_code: None,
+                retryable: false,
+                steps: report.steps,
+                llm: None,
+            }),
+            RunStatus::WaitingApproval => Err(Failure {
+                status: StepStatus::WaitingApproval,
+                message: format!("sub-workflow `{path}` waits for approval"),
+                exit_code: None,
+                retryable: false,
+                steps: report.steps,
+                llm: None,
+            }),
+            RunStatus::Failed => {
+                let reason = match first_failure(&workflow.spec.steps, |i| report.steps[i].status) {
+                    Some(i) => {
+                        let (id, result) = report.steps.get_index(i).expect("a step of the list");
+                        format!(
+                            "step `{id}` {}: {}",
+                            result.status.as_str(),
+                            result.error.as_deref().unwrap_or("failed")
+                        )
+                    }
+                    None => report.error.clone().unwrap_or_else(|| "failed".to_owned()),
+                };
+                Err(Failure {
+                    status: StepStatus::Failed,
+                    message: format!("sub-workflow `{path}`: {reason}"),
+                    exit_code: None,
+                    retryable: true,
+                    steps: report.steps,
+                    llm: None,
+                })
+            }
+        }
+    })
+}

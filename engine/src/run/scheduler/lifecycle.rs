@@ -1,0 +1,495 @@
+//! One step's life: `foreach` items, `before_step` rules and `approval: required`, attempts with retries
+//! and timeouts (each attempt recorded, and durable before a side effect), the fallback, the step's
+//! `outputs`, and the `after_step` / `on_error` rules.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use indexmap::IndexMap;
+use minijinja::Value;
+use serde_json::{Map, Value as Json, json};
+use tokio::task::JoinSet;
+
+use super::call;
+use super::context::{Called, Failure, Shared, Steps, millis};
+use super::durable::{Record, persist};
+use super::gate::{self, Gate};
+use crate::run::render::{StepView, json_value, to_text};
+use crate::run::tools;
+use crate::run::{LlmUsage, RunEvent, StepResult, StepStatus};
+use crate::spec::{Backoff, Body, ChosenBy, Retry, RetryOn, Step, Trigger};
+use crate::store::Entry;
+
+pub(super) async fn execute(shared: &Arc<Shared>, index: usize, steps: Steps) -> StepResult {
+    let step = &shared.steps()[index];
+    shared.emit(RunEvent::StepStarted {
+        step: shared.label(&step.id.value),
+    });
+    let started = Instant::now();
+    let mut result = match &step.foreach {
+        Some(expr) => foreach(shared, index, &expr.value, &steps).await,
+        None => attempt_all(shared, step, &steps, None, shared.label(&step.id.value)).await,
+    };
+    if result.status == StepStatus::Succeeded && !step.outputs.is_empty() {
+        // The outputs read the step's result as it is before they are added to it.
+        let own = StepView::new(result);
+        let (outputs, failed) = {
+            let mut steps = steps;
+            steps.insert(step.id.value.clone(), own.value());
+            let ctx = shared.context(&steps, false, &[]);
+            shared.renderer.outputs(&step.outputs, &ctx)
+        };
+        let failed = failed.map(|(name, e)| format!("output `{name}`: {e}"));
+        result = own.into_result();
+        result.outputs = outputs;
+        if let Some(error) = failed {
+            result.status = StepStatus::Failed;
+            result.error = Some(error);
+        }
+    }
+    after_step(shared, step, &mut result);
+    result.duration_ms = millis(started.elapsed());
+    shared.record_result(&step.id.value, &result);
+    shared.emit(RunEvent::StepFinished {
+        step: shared.label(&step.id.value),
+        status: result.status,
+        duration_ms: result.duration_ms,
+        error: result.error.clone(),
+    });
+    result
+}
+
+/// Runs the body once per item of the `foreach` list, at most `max_parallel` at a time, results in order.
+async fn foreach(shared: &Arc<Shared>, index: usize, expr: &str, steps: &Steps) -> StepResult {
+    let step = &shared.steps()[index];
+    let ctx = shared.context(steps, false, &[]);
+    let items = match shared.renderer.expression(expr, &ctx) {
+        Ok(Json::Array(items)) => items,
+        Ok(other) => {
+            let kind = match other {
+                Json::Null => "null",
+                Json::Object(_) => "an object",
+                Json::String(_) => "a string",
+                _ => "a scalar",
+            };
+            return StepResult::ended(
+                StepStatus::Failed,
+                Some(format!("`foreach` must give a list, got {kind}")),
+            );
+        }
+        Err(e) => return StepResult::ended(StepStatus::Failed, Some(format!("`foreach`: {e}"))),
+    };
+    let limit = step
+        .max_parallel
+        .as_ref()
+        .map_or(shared.options.max_parallel, |m| m.value as usize)
+        .max(1);
+    let mut results: Vec<Option<StepResult>> = vec![None; items.len()];
+    let mut items = items.into_iter().enumerate();
+    // As for steps, an item's task is spawned only when it may run.
+    let mut set = JoinSet::new();
+    loop {
+        while set.len() < limit
+            && let Some((position, item)) = items.next()
+        {
+            let shared = shared.clone();
+            let steps = steps.clone();
+            set.spawn(Box::pin(async move {
+                let step = &shared.steps()[index];
+                let label = format!("{}[{position}]", shared.label(&step.id.value));
+                // An item's recorded result is reused only for the same item: the list may have changed.
+                let fingerprint = crate::store::spec_hash(&[(String::new(), item.to_string())]);
+                if let Some(prior) = shared.prior_item(&step.id.value, position, &fingerprint) {
+                    return (position, prior.clone());
+                }
+                let mut result =
+                    attempt_all(&shared, step, &steps, Some((item, position)), label.clone()).await;
+                result.item = Some(fingerprint);
+                shared.record_result(&label, &result);
+                (position, result)
+            }));
+        }
+        match set.join_next().await {
+            Some(Ok((position, result))) => results[position] = Some(result),
+            Some(Err(_)) => {}
+            None => break,
+        }
+    }
+    let results: Vec<StepResult> = results
+        .into_iter()
+        .map(|r| {
+            r.unwrap_or_else(|| {
+                StepResult::ended(StepStatus::Failed, Some("an item's task failed".into()))
+            })
+        })
+        .collect();
+    let failure = results
+        .iter()
+        .enumerate()
+        .find(|(_, r)| r.status != StepStatus::Succeeded);
+    let output = Json::Array(results.iter().map(|r| r.output.clone()).collect());
+    StepResult {
+        status: failure.map_or(StepStatus::Succeeded, |(_, r)| r.status),
+        text: output.to_string(),
+        output,
+        outputs: Map::new(),
+        error: failure
+            .map(|(i, r)| format!("item {i}: {}", r.error.as_deref().unwrap_or("failed"))),
+        attempts: results.iter().map(|r| r.attempts).sum(),
+        exit_code: None,
+        duration_ms: 0,
+        fallback: results.iter().any(|r| r.fallback),
+        steps: IndexMap::new(),
+        llm: results.iter().filter_map(|r| r.llm.as_ref()).fold(
+            None,
+            |sum: Option<LlmUsage>, u| {
+                let mut sum = sum.unwrap_or_default();
+                sum.add(u);
+                Some(sum)
+            },
+        ),
+        item: None,
+        plan: None,
+    }
+}
+/// Every attempt of the body, then the fallback if the last one failed. `label` names the step (or
+/// `foreach` item) in events.
+async fn attempt_all(
+    shared: &Shared,
+    step: &Step,
+    steps: &Steps,
+    item: Option<(Json, usize)>,
+    label: String,
+) -> StepResult {
+    let extra = match &item {
+        Some((item, index)) => vec![("item", json_value(item)), ("index", Value::from(*index))],
+        None => Vec::new(),
+    };
+    let ctx = shared.context(steps, true, &extra);
+    let defaults = shared.workflow.spec.defaults.as_ref();
+    let retry = step
+        .retry
+        .as_deref()
+        .or_else(|| defaults.and_then(|d| d.retry.as_ref()));
+    if let Some(stopped) =
+        before_step(shared, step, &label, &ctx, item.as_ref().map(|(i, _)| i)).await
+    {
+        return stopped;
+    }
+    let (outcome, attempts) = with_retries(shared, &label, step.body(), false, retry, &ctx).await;
+    let outcome = match (outcome, &step.fallback) {
+        // A cancelled run starts nothing new, fallbacks included.
+        (Err(failure), Some(fallback))
+            if !matches!(
+                failure.status,
+                StepStatus::Cancelled | StepStatus::WaitingApproval
+            ) =>
+        {
+            let (fallback_outcome, _) =
+                with_retries(shared, &label, fallback.body(), true, None, &ctx).await;
+            fallback_outcome.map(|o| (o, true))
+        }
+        (outcome, _) => outcome.map(|o| (o, false)),
+    };
+    match outcome {
+        Ok((
+            Called {
+                output,
+                steps,
+                llm,
+                plan,
+            },
+            fallback,
+        )) => StepResult {
+            status: StepStatus::Succeeded,
+            text: if output.text.is_empty() {
+                to_text(&output.output)
+            } else {
+                output.text
+            },
+            output: output.output,
+            outputs: Map::new(),
+            error: None,
+            attempts,
+            exit_code: output.exit_code,
+            duration_ms: 0,
+            fallback,
+            steps,
+            llm,
+            item: None,
+            plan,
+        },
+        Err(failure) => StepResult {
+            exit_code: failure.exit_code,
+            attempts,
+            steps: failure.steps,
+            llm: failure.llm.map(|u| *u),
+            ..StepResult::ended(failure.status, Some(failure.message))
+        },
+    }
+}
+
+async fn with_retries(
+    shared: &Shared,
+    label: &str,
+    body: Body<'_>,
+    fallback: bool,
+    retry: Option<&Retry>,
+    ctx: &Value,
+) -> (Result<Called, Failure>, u32) {
+    let attempts = retry.map_or(1, |r| r.attempts.value.max(1));
+    let timeout = body
+        .timeout
+        .or_else(|| {
+            shared
+                .workflow
+                .spec
+                .defaults
+                .as_ref()
+                .and_then(|d| d.timeout.as_ref())
+        })
+        .and_then(|t| tools::duration(&t.value));
+    // Before an attempt with side effects starts, its `running` record (and everything recorded before
+    // it) is on disk; an attempt that is safe to repeat does not wait, since a resume may repeat it.
+    let journaled = shared.depth == 0;
+    let must_persist = journaled && !crate::resume::body_is_idempotent(&shared.workflow, body);
+    let mut attempt = 0;
+    loop {
+        attempt += 1;
+        let mut open = None;
+        if journaled {
+            shared.options.journal.record(Entry::AttemptStarted {
+                step: label.to_owned(),
+                fallback,
+            });
+            open = Some(OpenAttempt { shared, label });
+            if must_persist && let Err(e) = persist(shared, Record::Attempt).await {
+                let failure = Failure::from(e);
+                if let Some(open) = open.take() {
+                    open.end(StepStatus::Failed, Some(failure.message.clone()));
+                }
+                return (Err(failure), attempt);
+            }
+        }
+        let call = call::body(shared, label, body, ctx);
+        let outcome = match timeout {
+            Some(limit) => match tokio::time::timeout(limit, call).await {
+                Ok(outcome) => outcome,
+                Err(_) => Err(Failure {
+                    status: StepStatus::TimedOut,
+                    message: format!("timed out after {}", humantime::format_duration(limit)),
+                    exit_code: None,
+                    retryable: true,
+                    steps: IndexMap::new(),
+                    llm: None,
+                }),
+            },
+            None => call.await,
+        };
+        if let Some(open) = open.take() {
+            match &outcome {
+                Ok(_) => open.end(StepStatus::Succeeded, None),
+                Err(f) => open.end(f.status, Some(f.message.clone())),
+            }
+        }
+        let failure = match outcome {
+            Ok(output) => return (Ok(output), attempt),
+            Err(failure) => failure,
+        };
+        let retry_on = retry.and_then(|r| r.on.as_ref());
+        let wanted = match failure.status {
+            StepStatus::TimedOut => {
+                retry_on.is_none_or(|on| on.iter().any(|o| o.value == RetryOn::Timeout))
+            }
+            StepStatus::Cancelled => false,
+            _ => retry_on.is_none_or(|on| on.iter().any(|o| o.value == RetryOn::Error)),
+        };
+        if attempt >= attempts || !failure.retryable || !wanted {
+            return (Err(failure), attempt);
+        }
+        let delay = retry.map_or(Duration::ZERO, |r| backoff(r, attempt));
+        shared.emit(RunEvent::StepRetried {
+            step: label.to_owned(),
+            attempt: attempt + 1,
+            error: failure.message.clone(),
+            delay_ms: millis(delay),
+        });
+        tokio::time::sleep(delay).await;
+    }
+}
+
+/// An attempt recorded as started: it records how it ended, or, dropped before that (the run was
+/// interrupted), that it was cancelled while running.
+struct OpenAttempt<'a> {
+    shared: &'a Shared,
+    label: &'a str,
+}
+
+impl OpenAttempt<'_> {
+    fn end(self, status: StepStatus, mut error: Option<String>) {
+        self.shared.redactor.option(&mut error);
+        self.shared.options.journal.record(Entry::AttemptEnded {
+            step: self.label.to_owned(),
+            status,
+            error,
+        });
+        std::mem::forget(self);
+    }
+}
+
+impl Drop for OpenAttempt<'_> {
+    fn drop(&mut self) {
+        self.shared.options.journal.record(Entry::AttemptEnded {
+            step: self.label.to_owned(),
+            status: StepStatus::Cancelled,
+            error: Some("cancelled while running".to_owned()),
+        });
+    }
+}
+
+/// The delay before attempt `failed + 1`: fixed, or doubling from `delay` up to `max_delay`, with full
+/// jitter unless `jitter: false`.
+fn backoff(retry: &Retry, failed: u32) -> Duration {
+    let base = retry
+        .delay
+        .as_ref()
+        .and_then(|d| tools::duration(&d.value))
+        .unwrap_or(Duration::from_secs(1));
+    let max = retry
+        .max_delay
+        .as_ref()
+        .and_then(|d| tools::duration(&d.value))
+        .unwrap_or(Duration::from_secs(60));
+    let delay = match retry
+        .backoff
+        .as_ref()
+        .map_or(Backoff::Exponential, |b| b.value)
+    {
+        Backoff::Fixed => base,
+        Backoff::Exponential => base
+            .saturating_mul(2u32.saturating_pow(failed.saturating_sub(1)))
+            .min(max),
+    };
+    if retry.jitter.unwrap_or(true) {
+        delay.mul_f64(fastrand::f64())
+    } else {
+        delay
+    }
+}
+
+/// The `before_step` rules and `approval: required`: the result that stops the step, if any. What is asked
+/// about is the step's call as it will be made: its rendered arguments and its `foreach` item.
+async fn before_step(
+    shared: &Shared,
+    step: &Step,
+    label: &str,
+    ctx: &Value,
+    item: Option<&Json>,
+) -> Option<StepResult> {
+    let required = step
+        .approval
+        .as_ref()
+        .is_some_and(|a| a.value == crate::spec::Approval::Required);
+    if !required && shared.workflow.spec.rules.is_empty() {
+        return None;
+    }
+    let body = step.body();
+    let mut call = Map::new();
+    if let Some(args) = body.args {
+        match shared.renderer.value(args, ctx) {
+            Ok(args) => {
+                call.insert("with".to_owned(), args);
+            }
+            Err(e) => return Some(StepResult::ended(StepStatus::Failed, Some(e.to_string()))),
+        }
+    }
+    if let Some(goal) = body.goal.or(body.plan).or(body.description) {
+        call.insert("goal".to_owned(), Json::String(goal.value.clone()));
+    }
+    if let Some(item) = item {
+        call.insert("item".to_owned(), item.clone());
+    }
+    let args = Json::Object(call);
+    let call = gate::Call {
+        on: Trigger::BeforeStep,
+        label,
+        tool: step.tool.as_ref().map(|t| t.value.as_str()),
+        agent: shared.agent_of(step.body()),
+        chosen_by: if shared.planned || shared.llm_chosen {
+            ChosenBy::Llm
+        } else {
+            ChosenBy::Spec
+        },
+        args: &args,
+        sensitive: false,
+        required,
+    };
+    match gate::gate(shared, call).await {
+        Gate::Go { .. } => None,
+        Gate::Denied(reason, _) | Gate::Stopped(reason) => {
+            Some(StepResult::ended(StepStatus::Failed, Some(reason)))
+        }
+        Gate::Waiting(message) => Some(StepResult::ended(
+            StepStatus::WaitingApproval,
+            Some(message),
+        )),
+    }
+}
+
+/// The `after_step` rules (a `deny` rejects the step's result) and, for a failed step, the `on_error`
+/// rules (`log`).
+fn after_step(shared: &Shared, step: &Step, result: &mut StepResult) {
+    let rules = &shared.workflow.spec.rules;
+    if rules.is_empty() || result.status == StepStatus::WaitingApproval {
+        return;
+    }
+    let label = shared.label(&step.id.value);
+    let run = json!({ "id": shared.options.run_id, "workflow": shared.workflow.name });
+    for on in [Trigger::AfterStep, Trigger::OnError] {
+        // `on_error` sees the step as `after_step` left it.
+        if on == Trigger::OnError && !result.status.is_failure() {
+            continue;
+        }
+        let event = crate::run::rules::Event {
+            on,
+            step: Some(&label),
+            tool: step.tool.as_ref().map(|t| t.value.as_str()),
+            agent: shared.agent_of(step.body()),
+            chosen_by: if shared.planned || shared.llm_chosen {
+                ChosenBy::Llm
+            } else {
+                ChosenBy::Spec
+            },
+            args: &result.output,
+            run: &run,
+        };
+        let verdict = crate::run::rules::evaluate(rules, &shared.renderer, &event);
+        for rule in &verdict.logged {
+            shared.emit(RunEvent::RuleMatched {
+                step: Some(label.clone()),
+                tool: event.tool.map(str::to_owned),
+                on,
+                rule: rule.clone(),
+                action: crate::spec::Action::Log,
+            });
+        }
+        if on == Trigger::AfterStep
+            && verdict.decision == Some(crate::spec::Action::Deny)
+            && result.status == StepStatus::Succeeded
+        {
+            let rule = verdict.rule.unwrap_or_default();
+            shared.emit(RunEvent::RuleMatched {
+                step: Some(label.clone()),
+                tool: event.tool.map(str::to_owned),
+                on,
+                rule: rule.clone(),
+                action: crate::spec::Action::Deny,
+            });
+            result.status = StepStatus::Failed;
+            result.error = Some(match verdict.reason {
+                Some(reason) => format!("its result was rejected by rule `{rule}`: {reason}"),
+                None => format!("its result was rejected by rule `{rule}`"),
+            });
+        }
+    }
+}

@@ -1,0 +1,532 @@
+//! The DAG loop: a step starts as soon as its dependencies have finished and fewer than `max_parallel`
+//! steps are running; a `JoinSet` holds the running steps and a `CancellationToken` stops them all.
+//!
+//! The layers below it, each importing only the ones after it: `lifecycle` (one step: `if`, `foreach`,
+//! retries, timeouts, fallback, rules), `call` (what an attempt calls: a tool, a declared tool, a composite
+//! tool, a sub-workflow, an agent or a planner), `planner`, `agent`, `gate`, `checkpoint`, `durable`, and
+//! `context`, which all of them share. What reaches back up (scheduling steps one level down, a declared
+//! tool an agent calls, a nested run) goes through the `Nested` hooks this module implements.
+
+mod agent;
+mod call;
+mod checkpoint;
+mod context;
+mod durable;
+mod gate;
+mod lifecycle;
+mod planner;
+mod prompt;
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
+use std::time::Instant;
+
+use serde_json::{Map, Value as Json, json};
+use tokio::task::JoinSet;
+
+use super::http::NetworkPolicy;
+use super::redact::Redactor;
+use super::render::{Renderer, StepView, context_value, json_value};
+use super::tools::ToolContext;
+use super::{REPORT_VERSION, RunEvent, RunOptions, RunReport, RunStatus, StepResult, StepStatus};
+use crate::spec::{ChosenBy, Step, ToolDef, Trigger};
+use crate::store::{Entry, RunState};
+use crate::workflow::Workflow;
+use context::{
+    Boxed, Called, Failure, Halt, LlmContext, Nested, Shared, Steps, first_failure, millis, named,
+    results, spec_dir, waits,
+};
+use gate::Gate;
+
+pub use context::RunError;
+
+/// The scheduler as its children see it (`context::Nested`).
+struct Scheduler;
+
+impl Nested for Scheduler {
+    fn schedule<'a>(&'a self, shared: &'a Arc<Shared>) -> Boxed<'a, Vec<Arc<StepView>>> {
+        Box::pin(schedule(shared))
+    }
+
+    fn declared<'a>(
+        &'a self,
+        shared: &'a Shared,
+        label: &'a str,
+        name: &'a str,
+        def: &'a ToolDef,
+        args: Json,
+        llm_chosen: bool,
+    ) -> Boxed<'a, Result<Called, Failure>> {
+        Box::pin(call::declared(shared, label, name, def, args, llm_chosen))
+    }
+
+    fn workflow(
+        &self,
+        workflow: Arc<Workflow>,
+        inputs: Map<String, Json>,
+        parent: &Shared,
+        depth: u32,
+        prefix: String,
+    ) -> Boxed<'static, Result<RunReport, RunError>> {
+        run_workflow(
+            workflow,
+            inputs,
+            parent.options.clone(),
+            (depth, prefix),
+            Inherited {
+                redactor: parent.redactor.clone(),
+                llm: Arc::new(parent.llm.nested()),
+                halt: Some(parent.halt.clone()),
+            },
+        )
+    }
+}
+
+/// Runs a validated workflow with resolved inputs. Errors only for problems found before any step starts.
+pub async fn run(
+    workflow: Arc<Workflow>,
+    inputs: Map<String, Json>,
+    options: RunOptions,
+) -> Result<RunReport, RunError> {
+    run_workflow(
+        workflow,
+        inputs,
+        options,
+        (0, String::new()),
+        Inherited {
+            redactor: Arc::new(Redactor::default()),
+            llm: Arc::new(LlmContext::default()),
+            halt: None,
+        },
+    )
+    .await
+}
+
+/// What a sub-workflow's run takes from the run that calls it: the secret values to mask, the LLM usage
+/// that counts against the budget, and the run's halt; fresh ones for the run itself.
+struct Inherited {
+    redactor: Arc<Redactor>,
+    llm: Arc<LlmContext>,
+    halt: Option<Arc<Halt>>,
+}
+
+/// Runs a workflow at a nesting depth: the run itself, or a sub-workflow called by step `prefix`.
+fn run_workflow(
+    workflow: Arc<Workflow>,
+    inputs: Map<String, Json>,
+    options: RunOptions,
+    (depth, prefix): (u32, String),
+    inherited: Inherited,
+) -> Boxed<'static, Result<RunReport, RunError>> {
+    Box::pin(async move {
+        let Inherited {
+            redactor: outer,
+            llm,
+            halt,
+        } = inherited;
+        let mut options = options;
+        // The run stops itself through a token of its own, so that stopping (a record that could not be
+        // made durable) does not look like the caller's cancel.
+        let halt = halt.unwrap_or_else(|| Arc::new(Halt::under(&options.cancel)));
+        options.cancel = halt.token.clone();
+        let started = Instant::now();
+        let spec = workflow.spec.clone();
+        let secrets = super::secrets::values(
+            spec.secrets.iter().map(|s| s.value.as_str()),
+            &options.env,
+            spec_dir(&workflow),
+        )
+        .map_err(RunError)?;
+        let own = Redactor::new(
+            secrets
+                .values()
+                .filter_map(|v| v.as_str().map(str::to_owned))
+                .filter(|v| !outer.masks(v)),
+        );
+        let redactor = Arc::new(outer.with(&own));
+        let run = json!({
+            "id": options.run_id,
+            "workflow": workflow.name,
+            "workdir": options.workdir.display().to_string(),
+            "started_at": humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string(),
+        });
+        let mut env: Map<String, Json> = options
+            .env
+            .iter()
+            .map(|(k, v)| (k.clone(), Json::String(v.clone())))
+            .collect();
+        let renderer = Arc::new(Renderer::default());
+        let mut tool_env = Vec::new();
+        {
+            let mut ctx = Map::new();
+            ctx.insert("inputs".into(), Json::Object(inputs.clone()));
+            ctx.insert("env".into(), Json::Object(env.clone()));
+            ctx.insert("run".into(), run.clone());
+            ctx.insert("secrets".into(), Json::Object(secrets.clone()));
+            let ctx = context_value(ctx);
+            for (name, template) in &spec.env {
+                let value = renderer.text(&template.value, &ctx).map_err(|e| {
+                    RunError(format!(
+                        "env `{}`: {}",
+                        name.value,
+                        redactor.text(&e.message)
+                    ))
+                })?;
+                tool_env.push((name.value.clone(), value.clone()));
+                env.insert(name.value.clone(), Json::String(value));
+            }
+        }
+        let shared = Arc::new(Shared {
+            tool_context: ToolContext {
+                workdir: options.workdir.clone(),
+                env: tool_env,
+                network: Arc::new(NetworkPolicy::new(
+                    &spec
+                        .network
+                        .iter()
+                        .flat_map(|n| n.allow.iter().map(|a| a.value.clone()))
+                        .collect::<Vec<_>>(),
+                )),
+                redactor: redactor.clone(),
+                helper: options.helper.clone(),
+            },
+            workflow: workflow.clone(),
+            composite: None,
+            options,
+            renderer,
+            base: vec![
+                (
+                    "inputs".to_owned(),
+                    json_value(&Json::Object(inputs.clone())),
+                ),
+                ("env".to_owned(), json_value(&Json::Object(env))),
+                ("run".to_owned(), json_value(&run)),
+            ],
+            llm,
+            redactor,
+            secrets: json_value(&Json::Object(secrets)),
+            depth,
+            prefix,
+            planned: false,
+            llm_chosen: false,
+            kept: Arc::default(),
+            halt,
+            nested: &Scheduler,
+        });
+        // `before_run` rules decide whether anything runs at all.
+        let mut error = None;
+        let views = match before_run(&shared).await {
+            None => schedule(&shared).await,
+            Some(stopped) => {
+                let status = match &stopped {
+                    Gate::Waiting(_) => StepStatus::WaitingApproval,
+                    _ => StepStatus::Cancelled,
+                };
+                if let Gate::Denied(reason, _) = &stopped {
+                    error = Some(reason.clone());
+                }
+                spec.steps
+                    .iter()
+                    .map(|_| StepView::new(StepResult::ended(status, None)))
+                    .collect()
+            }
+        };
+
+        let failed = first_failure(&spec.steps, |i| views[i].result().status).is_some();
+        let waiting = waits(&views);
+        // A run stopped from inside failed, with the reason; one cancelled by its caller was interrupted.
+        let halted = shared.halt.reason.get().cloned();
+        let cancelled = shared.options.cancel.is_cancelled();
+        let mut outputs = Map::new();
+        if !cancelled {
+            let ctx = shared.context(&named(&spec.steps, &views), false, &[]);
+            let (rendered, problem) = shared.renderer.outputs(&spec.outputs, &ctx);
+            outputs = rendered;
+            if let Some((name, e)) = problem
+                && !failed
+            {
+                error = Some(format!("output `{name}`: {e}"));
+            }
+        }
+        if halted.is_some() {
+            error.clone_from(&halted);
+        }
+        let steps = results(&spec.steps, views);
+        let mut status = if halted.is_some() {
+            RunStatus::Failed
+        } else if cancelled {
+            RunStatus::Cancelled
+        } else if waiting {
+            RunStatus::WaitingApproval
+        } else if failed || error.is_some() {
+            RunStatus::Failed
+        } else {
+            RunStatus::Succeeded
+        };
+        if shared.depth == 0 {
+            // The run's end is on disk before it is reported.
+            let journal = &shared.options.journal;
+            journal.record(Entry::RunEnded {
+                status: match status {
+                    RunStatus::Succeeded => RunState::Succeeded,
+                    RunStatus::Failed => RunState::Failed,
+                    RunStatus::Cancelled => RunState::Interrupted,
+                    RunStatus::WaitingApproval => RunState::WaitingApproval,
+                },
+                outputs: {
+                    let mut outputs = outputs.clone();
+                    shared.redactor.map(&mut outputs);
+                    outputs
+                },
+                error: error
+                    .as_deref()
+                    .map(|e| shared.redactor.text(e).into_owned()),
+            });
+            if let Err(e) = journal.flush().wait().await
+                && halted.is_none()
+            {
+                error = Some(format!("the run's state could not be saved: {e}"));
+                if status == RunStatus::Succeeded {
+                    status = RunStatus::Failed;
+                }
+            }
+        }
+        let (mut steps, mut outputs, mut error) = (steps, outputs, error);
+        // What leaves the run carries no secret value. A nested report is still data flowing to its
+        // caller, which may use its own secrets; but a sub-workflow's own secrets stay inside it.
+        let leaving = if shared.depth == 0 {
+            &shared.redactor
+        } else {
+            &own
+        };
+        steps.values_mut().for_each(|r| leaving.result(r));
+        leaving.map(&mut outputs);
+        leaving.option(&mut error);
+        Ok(RunReport {
+            version: REPORT_VERSION,
+            run_id: shared.options.run_id.clone(),
+            workflow: workflow.name.clone(),
+            status,
+            inputs,
+            steps,
+            outputs,
+            error,
+            duration_ms: millis(started.elapsed()),
+            llm: (shared.depth == 0)
+                .then(|| shared.llm.totals.lock().ok().map(|t| t.clone()))
+                .flatten()
+                .filter(|t| t.calls > 0),
+        })
+    })
+}
+
+/// Starts every step whose dependencies have finished, until all have ended or the run is cancelled.
+/// Returns each step's view, in step order.
+///
+/// A step's task is spawned only when it may run (fewer than `max_parallel` running): a task waiting for
+/// its turn would hold its whole future, a few kilobytes, and a wide graph has thousands ready at once.
+async fn schedule(shared: &Arc<Shared>) -> Vec<Arc<StepView>> {
+    let all_steps = shared.steps();
+    let dependencies = shared.dependencies();
+    let n = all_steps.len();
+    let mut dependents = vec![Vec::new(); n];
+    for (step, deps) in dependencies.iter().enumerate() {
+        for &dep in deps {
+            dependents[dep].push(step);
+        }
+    }
+    let mut waiting: Vec<usize> = dependencies.iter().map(Vec::len).collect();
+    let mut views: Vec<Option<Arc<StepView>>> = vec![None; n];
+    let mut ready: VecDeque<usize> = (0..n).filter(|i| waiting[*i] == 0).collect();
+    // Steps that will run, in the order they became ready, waiting for a free slot.
+    let mut startable: VecDeque<usize> = VecDeque::new();
+    let limit = shared.options.max_parallel.max(1);
+    let mut running = JoinSet::new();
+    let mut task_step = HashMap::new();
+    let mut cancelled = false;
+
+    let finish = |i: usize,
+                  result: StepResult,
+                  views: &mut Vec<Option<Arc<StepView>>>,
+                  waiting: &mut Vec<usize>,
+                  ready: &mut VecDeque<usize>| {
+        views[i] = Some(StepView::new(result));
+        for &d in &dependents[i] {
+            waiting[d] -= 1;
+            if waiting[d] == 0 {
+                ready.push_back(d);
+            }
+        }
+    };
+    // The results of a step's dependencies, as its templates see them.
+    let deps_of = |i: usize, views: &[Option<Arc<StepView>>]| -> Steps {
+        dependencies[i]
+            .iter()
+            .filter_map(|d| Some((all_steps[*d].id.value.clone(), views[*d].as_ref()?.value())))
+            .collect()
+    };
+
+    loop {
+        while let Some(i) = ready.pop_front() {
+            let step = &all_steps[i];
+            // The token, not only the flag: a step may finish (cancelled) before this loop sees the cancel.
+            let upstream = |status: StepStatus| {
+                dependencies[i].iter().find(|d| {
+                    views[**d]
+                        .as_ref()
+                        .is_some_and(|v| v.result().status == status)
+                })
+            };
+            // A step whose dependency waits for approval waits too (nothing about it is recorded).
+            if let Some(&d) = upstream(StepStatus::WaitingApproval) {
+                let result = StepResult::ended(
+                    StepStatus::WaitingApproval,
+                    Some(format!("waiting for `{}`", all_steps[d].id.value)),
+                );
+                finish(i, result, &mut views, &mut waiting, &mut ready);
+                continue;
+            }
+            let upstream_cancelled = upstream(StepStatus::Cancelled).is_some();
+            if cancelled || shared.options.cancel.is_cancelled() || upstream_cancelled {
+                let result = StepResult::ended(StepStatus::Cancelled, None);
+                finish(i, result, &mut views, &mut waiting, &mut ready);
+                continue;
+            }
+            if let Some(prior) = shared.prior(&step.id.value) {
+                shared.emit(RunEvent::StepReused {
+                    step: shared.label(&step.id.value),
+                    status: prior.status,
+                });
+                finish(i, prior.clone(), &mut views, &mut waiting, &mut ready);
+                continue;
+            }
+            match decide(shared, step, i, &views, || deps_of(i, &views)) {
+                Decision::Run => startable.push_back(i),
+                Decision::Skip(reason) => {
+                    shared.emit(RunEvent::StepSkipped {
+                        step: shared.label(&step.id.value),
+                        reason,
+                    });
+                    let result = StepResult::ended(StepStatus::Skipped, None);
+                    shared.record_result(&step.id.value, &result);
+                    finish(i, result, &mut views, &mut waiting, &mut ready);
+                }
+                Decision::Fail(error) => {
+                    shared.emit(RunEvent::StepFinished {
+                        step: shared.label(&step.id.value),
+                        status: StepStatus::Failed,
+                        duration_ms: 0,
+                        error: Some(error.clone()),
+                    });
+                    let result = StepResult::ended(StepStatus::Failed, Some(error));
+                    shared.record_result(&step.id.value, &result);
+                    finish(i, result, &mut views, &mut waiting, &mut ready);
+                }
+            }
+        }
+        while running.len() < limit
+            && let Some(i) = startable.pop_front()
+        {
+            let steps = deps_of(i, &views);
+            let shared = shared.clone();
+            // Boxed, so that tokio's task cell (cache-line aligned) stays small and the step's future,
+            // a few kilobytes, is an ordinary allocation: aligned blocks of that size, freed between the
+            // results that outlive them, fragmented glibc's heap by about 1.6 KB per step.
+            let handle = running.spawn(Box::pin(async move {
+                lifecycle::execute(&shared, i, steps).await
+            }));
+            task_step.insert(handle.id(), i);
+        }
+        if running.is_empty() {
+            break;
+        }
+        tokio::select! {
+            biased;
+            () = shared.options.cancel.cancelled(), if !cancelled => {
+                cancelled = true;
+                // Dropping the step futures kills their process groups.
+                running.abort_all();
+                // Steps still waiting for a slot never start.
+                for i in std::mem::take(&mut startable) {
+                    let result = StepResult::ended(StepStatus::Cancelled, None);
+                    finish(i, result, &mut views, &mut waiting, &mut ready);
+                }
+            }
+            Some(joined) = running.join_next_with_id() => {
+                let (i, result) = match joined {
+                    Ok((id, result)) => (task_step[&id], result),
+                    Err(err) => {
+                        let i = task_step[&err.id()];
+                        let status = if err.is_cancelled() { StepStatus::Cancelled } else { StepStatus::Failed };
+                        (i, StepResult::ended(status, (!err.is_cancelled()).then(|| "the step's task failed".to_owned())))
+                    }
+                };
+                finish(i, result, &mut views, &mut waiting, &mut ready);
+            }
+        }
+    }
+    views
+        .into_iter()
+        .map(|v| v.unwrap_or_else(|| StepView::new(StepResult::ended(StepStatus::Cancelled, None))))
+        .collect()
+}
+
+enum Decision {
+    Run,
+    Skip(String),
+    Fail(String),
+}
+
+/// `if` decides when given (over the dependencies' results, `deps`); otherwise a step runs when all its
+/// dependencies succeeded.
+fn decide(
+    shared: &Shared,
+    step: &Step,
+    index: usize,
+    views: &[Option<Arc<StepView>>],
+    deps: impl FnOnce() -> Steps,
+) -> Decision {
+    if let Some(condition) = &step.condition {
+        let ctx = shared.context(&deps(), false, &[]);
+        return match shared.renderer.condition(&condition.value, &ctx) {
+            Ok(true) => Decision::Run,
+            Ok(false) => Decision::Skip("its `if` condition is false".to_owned()),
+            Err(e) => Decision::Fail(format!("`if`: {e}")),
+        };
+    }
+    let blocked = shared.dependencies()[index].iter().find(|d| {
+        views[**d]
+            .as_ref()
+            .is_none_or(|v| v.result().status != StepStatus::Succeeded)
+    });
+    match blocked {
+        None => Decision::Run,
+        Some(&d) => {
+            let status = views[d]
+                .as_ref()
+                .map_or("did not run", |v| v.result().status.as_str());
+            Decision::Skip(format!("`{}` {status}", shared.steps()[d].id.value))
+        }
+    }
+}
+
+/// The `before_run` rules: `None` when the run may start.
+async fn before_run(shared: &Shared) -> Option<Gate> {
+    if shared.depth != 0 || shared.workflow.spec.rules.is_empty() {
+        return None;
+    }
+    let call = gate::Call {
+        on: Trigger::BeforeRun,
+        label: "",
+        tool: None,
+        agent: None,
+        chosen_by: ChosenBy::Spec,
+        args: &Json::Null,
+        sensitive: false,
+        required: false,
+    };
+    match gate::gate(shared, call).await {
+        Gate::Go { .. } => None,
+        stopped => Some(stopped),
+    }
+}
