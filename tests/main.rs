@@ -1,6 +1,7 @@
 //! The integration tests: one binary, one module per area.
 
 mod agent;
+mod architecture;
 mod cli;
 mod durable;
 mod hardening;

@@ -13,6 +13,7 @@ pub mod network;
 pub mod plan;
 pub mod process;
 pub mod record;
+pub mod report;
 pub mod resume;
 pub mod run;
 pub mod session;

@@ -123,7 +123,7 @@ pub fn failed_steps(workflow: &Workflow, run: &StoredRun) -> Vec<String> {
     for &index in &workflow.order {
         again[index] = match status(index) {
             Some(s) if s.is_failure() => true,
-            Some(crate::run::StepStatus::Skipped) => {
+            Some(crate::report::StepStatus::Skipped) => {
                 workflow.dependencies[index].iter().any(|&d| again[d])
             }
             _ => false,

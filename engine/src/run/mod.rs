@@ -21,9 +21,7 @@ use std::future::Future;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use indexmap::IndexMap;
-use serde::{Deserialize, Serialize};
-use serde_json::{Map, Value as Json};
+use serde_json::Value as Json;
 use tokio_util::sync::CancellationToken;
 
 use crate::spec::{Body, Step};
@@ -31,13 +29,14 @@ use crate::store::{Journal, MemoryJournal};
 use crate::tools::builtin;
 use crate::workflow::Workflow;
 
+pub use crate::report::{
+    ApprovalDecision, ApprovalRequest, LlmUsage, REPORT_VERSION, RunEvent, RunReport, RunStatus,
+    StepResult, StepStatus,
+};
 pub use scheduler::{RunError, run};
 
 /// Most composite tools and sub-workflows nested inside each other at run time.
 pub const MAX_DEPTH: u32 = 16;
-
-/// Version of the run report format (documented in docs/run.md).
-pub const REPORT_VERSION: u32 = 1;
 
 /// How a run is carried out.
 #[derive(Clone, Debug)]
@@ -96,30 +95,6 @@ impl std::fmt::Debug for Approvals {
     }
 }
 
-/// A decision on a call that asked.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct ApprovalDecision {
-    pub approved: bool,
-    /// Who decided: a user name, `--yes`, `timeout`.
-    pub by: String,
-    pub reason: Option<String>,
-}
-
-/// A call waiting for a person's decision, as shown to them and recorded.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct ApprovalRequest {
-    /// SHA-256 over run, step, tool and the rendered arguments: a decision holds for this exact call.
-    pub key: String,
-    pub step: String,
-    pub tool: Option<String>,
-    /// The rendered arguments, secrets redacted.
-    pub arguments: Json,
-    pub reason: String,
-    /// How long a person may take, and the decision after that.
-    pub timeout_ms: Option<u64>,
-    pub approve_on_timeout: bool,
-}
-
 /// Asks a person about a call; `None` when no answer came.
 pub trait Approver: Send + Sync {
     fn ask<'a>(
@@ -156,305 +131,6 @@ impl RunOptions {
             helper: None,
         }
     }
-}
-
-/// Progress of a run, for displays and event logs.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(tag = "event", rename_all = "snake_case")]
-pub enum RunEvent {
-    StepStarted {
-        step: String,
-    },
-    StepRetried {
-        step: String,
-        attempt: u32,
-        error: String,
-        delay_ms: u64,
-    },
-    StepFinished {
-        step: String,
-        status: StepStatus,
-        duration_ms: u64,
-        error: Option<String>,
-    },
-    StepSkipped {
-        step: String,
-        reason: String,
-    },
-    /// A resumed run reuses the result an earlier process recorded.
-    StepReused {
-        step: String,
-        status: StepStatus,
-    },
-    /// An agent step called its model.
-    LlmCall {
-        step: String,
-        provider: String,
-        model: String,
-        input_tokens: u64,
-        output_tokens: u64,
-        /// `None` when the model's price is unknown.
-        cost_usd: Option<f64>,
-        duration_ms: u64,
-    },
-    /// What the model said before acting (its text or reasoning).
-    AgentThought {
-        step: String,
-        iteration: u32,
-        text: String,
-    },
-    /// A tool call the model asked for.
-    AgentAction {
-        step: String,
-        iteration: u32,
-        tool: String,
-        arguments: Json,
-    },
-    /// What the tool call returned, as the model reads it (cut when long).
-    AgentObservation {
-        step: String,
-        iteration: u32,
-        tool: String,
-        text: String,
-        error: bool,
-        /// The whole output, when `text` is cut.
-        #[serde(skip_serializing_if = "Option::is_none")]
-        full_text: Option<String>,
-    },
-    /// The conversation neared the model's context window: earlier turns were replaced by a summary.
-    AgentCompacted {
-        step: String,
-        iteration: u32,
-        /// The assistant turns summarised.
-        turns: u32,
-        /// The prompt's estimated tokens before and after.
-        tokens_before: u64,
-        tokens_after: u64,
-    },
-    /// The agent's final answer (cut when long).
-    AgentAnswer {
-        step: String,
-        iteration: u32,
-        text: String,
-    },
-    /// The planner's model proposed a plan (its text, cut when long). `replan` counts the revisions
-    /// before it (0 for the first plan); `attempt` counts the proposals for the same revision.
-    PlanProposed {
-        step: String,
-        replan: u32,
-        attempt: u32,
-        text: String,
-    },
-    /// The validator rejected a proposed plan; the problems go back to the model.
-    PlanRejected {
-        step: String,
-        replan: u32,
-        attempt: u32,
-        problems: Vec<String>,
-    },
-    /// A plan passed the validator and its steps are scheduled. `kept` are steps of the previous plan
-    /// whose results are reused.
-    PlanAccepted {
-        step: String,
-        replan: u32,
-        steps: Vec<String>,
-        kept: Vec<String>,
-    },
-    /// An LLM step continues where an earlier process left it (`archon resume`): `from` says where.
-    Resumed {
-        step: String,
-        from: String,
-    },
-    /// A rule matched: `log` (and `redact`) rules say so; `deny` says why a call did not run.
-    RuleMatched {
-        step: Option<String>,
-        tool: Option<String>,
-        on: crate::spec::Trigger,
-        rule: String,
-        action: crate::spec::Action,
-    },
-    /// A call needs a person's approval (`key` binds it to the tool, arguments, run and step).
-    ApprovalRequested {
-        step: String,
-        tool: Option<String>,
-        arguments: Json,
-        reason: String,
-        key: String,
-    },
-    /// Someone (or `--yes`, or a timeout) decided on a call that asked.
-    ApprovalDecided {
-        step: String,
-        tool: Option<String>,
-        approved: bool,
-        by: String,
-        reason: Option<String>,
-    },
-    /// A planned step failed after its retries: the planner revises the rest of the plan.
-    PlanRevising {
-        step: String,
-        replan: u32,
-        reason: String,
-    },
-}
-
-/// What LLM calls used: per step, and for the whole run.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-pub struct LlmUsage {
-    pub calls: u64,
-    pub input_tokens: u64,
-    pub output_tokens: u64,
-    pub cached_input_tokens: u64,
-    /// The cost of the calls whose model has a known price, in USD.
-    pub cost_usd: f64,
-    /// Calls whose model has no known price (not in `cost_usd`).
-    pub unpriced_calls: u64,
-}
-
-impl LlmUsage {
-    /// One call's usage and cost.
-    pub fn one(usage: &crate::llm::Usage, cost: Option<f64>) -> Self {
-        LlmUsage {
-            calls: 1,
-            input_tokens: usage.input_tokens,
-            output_tokens: usage.output_tokens,
-            cached_input_tokens: usage.cached_input_tokens,
-            cost_usd: cost.unwrap_or(0.0),
-            unpriced_calls: u64::from(cost.is_none()),
-        }
-    }
-
-    pub fn add(&mut self, other: &LlmUsage) {
-        // Counts come from providers: a nonsense value must not overflow.
-        self.calls = self.calls.saturating_add(other.calls);
-        self.input_tokens = self.input_tokens.saturating_add(other.input_tokens);
-        self.output_tokens = self.output_tokens.saturating_add(other.output_tokens);
-        self.cached_input_tokens = self
-            .cached_input_tokens
-            .saturating_add(other.cached_input_tokens);
-        self.cost_usd += other.cost_usd;
-        self.unpriced_calls = self.unpriced_calls.saturating_add(other.unpriced_calls);
-    }
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum StepStatus {
-    Succeeded,
-    Failed,
-    TimedOut,
-    Skipped,
-    Cancelled,
-    /// An agent kept making the same call.
-    Stuck,
-    /// An agent gave no final answer within its iterations.
-    Incomplete,
-    /// A call asked for a person's approval, which the run could not get while running: the run pauses
-    /// (`archon approve`, then `archon resume`). Steps that depend on it wait too.
-    WaitingApproval,
-}
-
-impl StepStatus {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            StepStatus::Succeeded => "succeeded",
-            StepStatus::Failed => "failed",
-            StepStatus::TimedOut => "timed_out",
-            StepStatus::Skipped => "skipped",
-            StepStatus::Cancelled => "cancelled",
-            StepStatus::Stuck => "stuck",
-            StepStatus::Incomplete => "incomplete",
-            StepStatus::WaitingApproval => "waiting_approval",
-        }
-    }
-
-    /// Whether the step failed to do its job (and fails the run unless `on_error: continue`).
-    pub fn is_failure(self) -> bool {
-        matches!(
-            self,
-            StepStatus::Failed | StepStatus::TimedOut | StepStatus::Stuck | StepStatus::Incomplete
-        )
-    }
-}
-
-/// How a step ended.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct StepResult {
-    pub status: StepStatus,
-    /// The step's output as JSON (a list, in input order, for `foreach` steps).
-    pub output: Json,
-    /// The output as an LLM would read it.
-    pub text: String,
-    /// Named outputs (`outputs:`).
-    pub outputs: Map<String, Json>,
-    pub error: Option<String>,
-    /// Attempts made, the first included (summed over items for `foreach`).
-    pub attempts: u32,
-    pub exit_code: Option<i32>,
-    pub duration_ms: u64,
-    /// The fallback produced the result.
-    pub fallback: bool,
-    /// For a composite tool or sub-workflow call, the results of its own steps (not kept for `foreach`
-    /// items).
-    #[serde(default, skip_serializing_if = "IndexMap::is_empty")]
-    pub steps: IndexMap<String, StepResult>,
-    /// What the step's LLM calls used (agent steps).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub llm: Option<LlmUsage>,
-    /// For one item of a `foreach` step: the SHA-256 of the item, so that a resumed run reuses the result
-    /// only for the same item.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub item: Option<String>,
-    /// For a planner step: the plan whose steps ran (the last revision), as a document of `steps` and
-    /// `outputs` in the spec's format.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub plan: Option<Box<Json>>,
-}
-
-impl StepResult {
-    fn ended(status: StepStatus, error: Option<String>) -> Self {
-        StepResult {
-            status,
-            output: Json::Null,
-            text: String::new(),
-            outputs: Map::new(),
-            error,
-            attempts: 0,
-            exit_code: None,
-            duration_ms: 0,
-            fallback: false,
-            steps: IndexMap::new(),
-            llm: None,
-            item: None,
-            plan: None,
-        }
-    }
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum RunStatus {
-    Succeeded,
-    Failed,
-    Cancelled,
-    /// Paused until a person decides on a call (`archon approve`); exit code 3.
-    WaitingApproval,
-}
-
-/// The final report of a run (`archon run --json`).
-#[derive(Clone, Debug, Serialize)]
-pub struct RunReport {
-    pub version: u32,
-    pub run_id: String,
-    pub workflow: String,
-    pub status: RunStatus,
-    pub inputs: Map<String, Json>,
-    pub steps: IndexMap<String, StepResult>,
-    pub outputs: Map<String, Json>,
-    pub error: Option<String>,
-    pub duration_ms: u64,
-    /// What the run's LLM calls used, when it made any.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub llm: Option<LlmUsage>,
 }
 
 /// A step this version cannot execute, and why.

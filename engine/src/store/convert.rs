@@ -1,7 +1,9 @@
 //! Conversions between the runtime types a run records and the record types the store persists.
 
 use crate::record;
-use crate::run::{ApprovalDecision, ApprovalRequest, LlmUsage, RunEvent, StepResult, StepStatus};
+use crate::report::{
+    ApprovalDecision, ApprovalRequest, LlmUsage, RunEvent, StepResult, StepStatus,
+};
 
 use super::RunState;
 

@@ -14,7 +14,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value as Json};
 use tokio::sync::oneshot;
 
-use crate::run::{RunEvent, StepResult};
+use crate::report::{RunEvent, StepResult};
 
 /// A problem with the run store: it cannot be opened, is damaged, or a write failed.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -56,7 +56,7 @@ pub enum Entry {
     /// That attempt ended.
     AttemptEnded {
         step: String,
-        status: crate::run::StepStatus,
+        status: crate::report::StepStatus,
         error: Option<String>,
     },
     /// A step (or `foreach` item) has its final result; a resumed run reuses it.
@@ -65,11 +65,11 @@ pub enum Entry {
         result: Box<StepResult>,
     },
     /// A call asked for a person's approval and the run pauses for it.
-    ApprovalRequested(crate::run::ApprovalRequest),
+    ApprovalRequested(crate::report::ApprovalRequest),
     /// A decision on a call that asked (made while running: `--yes`, a person at the terminal, a timeout).
     ApprovalDecided {
         key: String,
-        decision: crate::run::ApprovalDecision,
+        decision: crate::report::ApprovalDecision,
     },
     /// Where an LLM step (agent or planner) stands after an iteration, so that a resume continues it
     /// there instead of starting over; the latest replaces the one before.
@@ -150,8 +150,8 @@ pub trait RunStore: Send + Sync + fmt::Debug {
         &self,
         id: &str,
         step: Option<&str>,
-        decision: &crate::run::ApprovalDecision,
-    ) -> Result<Vec<crate::run::ApprovalRequest>, StoreError>;
+        decision: &crate::report::ApprovalDecision,
+    ) -> Result<Vec<crate::report::ApprovalRequest>, StoreError>;
     /// Asks a run to stop for good; returns where it stands.
     fn cancel(&self, id: &str) -> Result<RunState, StoreError>;
     /// The runs, newest first.
@@ -289,9 +289,9 @@ pub struct StoredRun {
 /// A call that asked for a person's approval, and the decision.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct ApprovalRecord {
-    pub request: crate::run::ApprovalRequest,
+    pub request: crate::report::ApprovalRequest,
     pub requested_at: u64,
-    pub decision: Option<crate::run::ApprovalDecision>,
+    pub decision: Option<crate::report::ApprovalDecision>,
     pub decided_at: Option<u64>,
 }
 

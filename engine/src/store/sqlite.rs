@@ -22,7 +22,7 @@ use super::{
     RunSummary, StoreError, StoredRun, now_ms, spec_hash,
 };
 use crate::record::{self, FORMAT_VERSION, RecordError, Row};
-use crate::run::{ApprovalDecision, ApprovalRequest, StepResult};
+use crate::report::{ApprovalDecision, ApprovalRequest, StepResult};
 
 /// The database file inside the state directory.
 pub const DATABASE: &str = "state.db";
