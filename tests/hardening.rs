@@ -315,3 +315,41 @@ steps:
         ]
     );
 }
+
+/// A secret that the 1 MiB output cut would split is masked before the cut, so its head does not stay
+/// visible in the kept output.
+#[test]
+fn a_secret_split_by_the_output_cut_is_masked_before_it() {
+    let dir = TempDir::new().expect("tempdir");
+    let secret = "tok-0123456789abcdefghijklmnopqrstuvwxyz";
+    // 1 MiB less 10 bytes of `a`, then the secret: the cut falls 10 bytes into it.
+    let spec = r#"name: cut
+secrets: [TOKEN]
+steps:
+  - id: flood
+    tool: exec
+    with:
+      argv: [sh, -c, 'head -c 1048566 /dev/zero | tr "\0" a; printf "%s" "$TOKEN"; echo; echo done']
+      env: { TOKEN: "{{ secrets.TOKEN }}" }
+"#;
+    std::fs::write(dir.path().join("cut.yaml"), spec).expect("write");
+    let Output {
+        code,
+        stdout,
+        stderr,
+    } = crate::support::archon_with(
+        dir.path(),
+        &["run", "cut.yaml", "--json"],
+        &[("TOKEN", secret)],
+    );
+    assert_eq!(code, 0, "{stderr}");
+    let report: Json = serde_json::from_str(&stdout).expect("report");
+    let text = report["steps"]["flood"]["output"].as_str().expect("text");
+    assert!(!text.contains(&secret[..6]), "the secret's head is visible");
+    let tail = &text[text.len() - 60..];
+    assert_eq!(
+        tail.trim_start_matches('a'),
+        "***\ndone",
+        "masked first, the output fits under the cut and nothing is dropped"
+    );
+}

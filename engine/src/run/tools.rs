@@ -18,6 +18,10 @@ use crate::tools::builtin;
 
 /// Most bytes of a command's stdout or stderr kept; the rest is counted and dropped.
 pub const MAX_CAPTURE_BYTES: usize = 1024 * 1024;
+/// Bytes read past [`MAX_CAPTURE_BYTES`] so that a secret the cut would split is masked whole before the
+/// output is cut (longer than any encoded form of a secret a spec can hold in an environment variable).
+const MASK_SLACK_BYTES: usize = 64 * 1024;
+const CAPTURE_READ_BYTES: usize = MAX_CAPTURE_BYTES + MASK_SLACK_BYTES;
 
 /// What a tool call produced.
 #[derive(Clone, Debug, PartialEq)]
@@ -258,8 +262,8 @@ async fn exec(
         let stderr = child.stderr.take();
         let reading = async {
             tokio::join!(
-                process::read_into(stdout, &mut out.kept, &mut out.dropped, MAX_CAPTURE_BYTES),
-                process::read_into(stderr, &mut err.kept, &mut err.dropped, MAX_CAPTURE_BYTES),
+                process::read_into(stdout, &mut out.kept, &mut out.dropped, CAPTURE_READ_BYTES),
+                process::read_into(stderr, &mut err.kept, &mut err.dropped, CAPTURE_READ_BYTES),
             )
         };
         let mut reading = std::pin::pin!(reading);
@@ -284,7 +288,7 @@ async fn exec(
         }
         status
     };
-    let (out, err) = (out.text(), err.text());
+    let (out, err) = (out.text(&cx.redactor), err.text(&cx.redactor));
     let code = status.code();
     let ok_codes: Vec<i64> = args["ok_exit_codes"]
         .as_array()
@@ -338,13 +342,23 @@ struct Captured {
 }
 
 impl Captured {
-    /// The text kept, marked when bytes were dropped past [`MAX_CAPTURE_BYTES`].
-    fn text(self) -> String {
-        let mut text = String::from_utf8_lossy(&self.kept).into_owned();
-        if self.dropped > 0 {
+    /// The text kept, secrets masked, then cut at [`MAX_CAPTURE_BYTES`] and marked when bytes were
+    /// dropped. Masking comes first: a cut through a secret would leave its head unmasked.
+    fn text(self, redactor: &super::redact::Redactor) -> String {
+        let read = String::from_utf8_lossy(&self.kept);
+        let mut text = redactor.text(&read).into_owned();
+        let mut dropped = self.dropped;
+        if text.len() > MAX_CAPTURE_BYTES {
+            let mut cut = MAX_CAPTURE_BYTES;
+            while !text.is_char_boundary(cut) {
+                cut -= 1;
+            }
+            dropped += text.len() - cut;
+            text.truncate(cut);
+        }
+        if dropped > 0 {
             text.push_str(&format!(
-                "\n[archon: output truncated, {} more bytes]",
-                self.dropped
+                "\n[archon: output truncated, {dropped} more bytes]"
             ));
         }
         text
