@@ -77,6 +77,31 @@ impl Redactor {
         }
     }
 
+    /// Where to cut `text` at `at` or before so that no secret, in any form, is split by the cut: the start
+    /// of a secret the cut would go through, else `at`. What is kept then holds secrets only whole, and
+    /// whole ones are masked wherever the kept text goes.
+    pub fn cut_before(&self, text: &str, at: usize) -> usize {
+        let splits = |start: usize, end: usize| start < at && at < end;
+        let split = match &self.pattern {
+            Some(pattern) => pattern
+                .find_iter(text)
+                .take_while(|m| m.start() < at)
+                .find(|m| splits(m.start(), m.end()))
+                .map(|m| m.start()),
+            None => self
+                .values
+                .iter()
+                .flat_map(|v| literal_forms(v))
+                .filter_map(|form| {
+                    text.match_indices(form.as_str())
+                        .find(|(start, _)| splits(*start, start + form.len()))
+                        .map(|(start, _)| start)
+                })
+                .min(),
+        };
+        split.unwrap_or(at)
+    }
+
     fn string(&self, text: &mut String) {
         if let Cow::Owned(redacted) = self.text(text) {
             *text = redacted;

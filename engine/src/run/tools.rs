@@ -18,8 +18,8 @@ use crate::tools::builtin;
 
 /// Most bytes of a command's stdout or stderr kept; the rest is counted and dropped.
 pub const MAX_CAPTURE_BYTES: usize = 1024 * 1024;
-/// Bytes read past [`MAX_CAPTURE_BYTES`] so that a secret the cut would split is masked whole before the
-/// output is cut (longer than any encoded form of a secret a spec can hold in an environment variable).
+/// Bytes read past [`MAX_CAPTURE_BYTES`] so that a secret the cut would split is seen whole and left out
+/// (longer than any encoded form of a secret a spec can hold in an environment variable).
 const MASK_SLACK_BYTES: usize = 64 * 1024;
 const CAPTURE_READ_BYTES: usize = MAX_CAPTURE_BYTES + MASK_SLACK_BYTES;
 
@@ -342,14 +342,14 @@ struct Captured {
 }
 
 impl Captured {
-    /// The text kept, secrets masked, then cut at [`MAX_CAPTURE_BYTES`] and marked when bytes were
-    /// dropped. Masking comes first: a cut through a secret would leave its head unmasked.
+    /// The text kept, cut at [`MAX_CAPTURE_BYTES`] (earlier when the cut would split a secret, whose head
+    /// would then stay visible: it is read whole past the cut and left out whole), and marked when bytes
+    /// were dropped. Secrets in what is kept are masked wherever it goes, as whole values.
     fn text(self, redactor: &super::redact::Redactor) -> String {
-        let read = String::from_utf8_lossy(&self.kept);
-        let mut text = redactor.text(&read).into_owned();
+        let mut text = String::from_utf8_lossy(&self.kept).into_owned();
         let mut dropped = self.dropped;
         if text.len() > MAX_CAPTURE_BYTES {
-            let mut cut = MAX_CAPTURE_BYTES;
+            let mut cut = redactor.cut_before(&text, MAX_CAPTURE_BYTES);
             while !text.is_char_boundary(cut) {
                 cut -= 1;
             }
