@@ -1,8 +1,7 @@
 //! Findings of the adversarial test pass, each pinned by the test that failed before its fix.
 
 use std::path::Path;
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Command;
 
 use serde_json::Value as Json;
 use tempfile::TempDir;
@@ -81,19 +80,7 @@ steps:
     with: { argv: [sh, -c, 'echo $$ > pid; touch started; exec sleep 30'] }
 "#;
     std::fs::write(dir.path().join("hup.yaml"), spec).expect("write");
-    let mut child = Command::new(env!("CARGO_BIN_EXE_archon"))
-        .args(["run", "hup.yaml"])
-        .current_dir(dir.path())
-        .env("NO_COLOR", "1")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("archon starts");
-    let started = Instant::now();
-    while !dir.path().join("started").exists() {
-        assert!(started.elapsed() < Duration::from_secs(10), "never started");
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    let mut child = crate::support::spawn_until(dir.path(), &["run", "hup.yaml"], "started");
     let sleeper: i32 = std::fs::read_to_string(dir.path().join("pid"))
         .expect("pid written")
         .trim()

@@ -202,8 +202,7 @@ fn collect_rust_files(dir: &Path, files: &mut Vec<std::path::PathBuf>) {
 /// `show` does not promise a resume that `resume` would refuse: it says what resume would say.
 #[test]
 fn show_says_when_resume_would_refuse() {
-    use std::process::{Command, Stdio};
-    use std::time::{Duration, Instant};
+    use std::process::Command;
 
     let dir = TempDir::new().expect("tempdir");
     let spec = r#"name: doubt
@@ -211,18 +210,7 @@ steps:
   - { id: wait, tool: exec, with: { argv: [sh, -c, 'echo $$ > pid; touch started; exec sleep 30'] } }
 "#;
     std::fs::write(dir.path().join("doubt.yaml"), spec).expect("write");
-    let mut child = Command::new(env!("CARGO_BIN_EXE_archon"))
-        .args(["run", "doubt.yaml"])
-        .current_dir(dir.path())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("archon starts");
-    let started = Instant::now();
-    while !dir.path().join("started").exists() {
-        assert!(started.elapsed() < Duration::from_secs(10), "never started");
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    let mut child = crate::support::spawn_until(dir.path(), &["run", "doubt.yaml"], "started");
     let _ = child.kill();
     let _ = child.wait();
     // The command outlived the killed archon; end it so that the refusal does not name its process group.

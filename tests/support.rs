@@ -40,6 +40,28 @@ pub fn archon_with(dir: &Path, args: &[&str], env: &[(&str, &str)]) -> Output {
     }
 }
 
+/// Starts `archon ARGS` in `dir` (output discarded) and returns it once the file `marker` appears there,
+/// written by a step it runs; panics if it never does within 10 s.
+pub fn spawn_until(dir: &Path, args: &[&str], marker: &str) -> std::process::Child {
+    let child = Command::new(env!("CARGO_BIN_EXE_archon"))
+        .args(args)
+        .current_dir(dir)
+        .env("NO_COLOR", "1")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("archon starts");
+    let started = std::time::Instant::now();
+    while !dir.join(marker).exists() {
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "`{marker}` never appeared"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    child
+}
+
 /// The repository root.
 pub fn root() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))

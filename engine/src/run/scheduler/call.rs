@@ -15,7 +15,7 @@ use super::planner;
 use crate::run::render::{json_value, to_text};
 use crate::run::tools::{self, ToolOutput};
 use crate::run::{RunStatus, StepStatus};
-use crate::spec::{Body, ChosenBy, ToolDef, Trigger};
+use crate::spec::{Body, ToolDef, Trigger};
 use crate::store::Entry;
 
 /// Renders the body's arguments once and calls its tool or sub-workflow.
@@ -59,11 +59,7 @@ pub(super) async fn body(
     // as chosen by the LLM.
     let sensitive =
         shared.planned && crate::tools::sensitive(&shared.workflow.spec, &tool.value, &args);
-    let chosen_by = if shared.planned || shared.llm_chosen {
-        ChosenBy::Llm
-    } else {
-        ChosenBy::Spec
-    };
+    let chosen_by = shared.chosen_by();
     if !shared.workflow.spec.rules.is_empty() || sensitive {
         let call = gate::Call {
             on: Trigger::BeforeTool,

@@ -285,6 +285,16 @@ impl Shared {
     pub(super) fn label(&self, id: &str) -> String {
         format!("{}{id}", self.prefix)
     }
+
+    /// Who chose the calls of these steps, as rules see it: the LLM for planned steps and for the steps
+    /// of a composite tool an agent called, the spec otherwise.
+    pub(super) fn chosen_by(&self) -> crate::spec::ChosenBy {
+        if self.planned || self.llm_chosen {
+            crate::spec::ChosenBy::Llm
+        } else {
+            crate::spec::ChosenBy::Spec
+        }
+    }
     /// The template context of a step: inputs, env, run, the results of the steps it depends on, secrets
     /// where allowed, and `extra` names (`item`, `index`, a tool's arguments).
     ///

@@ -17,7 +17,7 @@ use super::gate::{self, Gate};
 use crate::run::render::{StepView, json_value, to_text};
 use crate::run::tools;
 use crate::run::{LlmUsage, RunEvent, StepResult, StepStatus};
-use crate::spec::{Backoff, Body, ChosenBy, Retry, RetryOn, Step, Trigger};
+use crate::spec::{Backoff, Body, Retry, RetryOn, Step, Trigger};
 use crate::store::Entry;
 
 pub(super) async fn execute(shared: &Arc<Shared>, index: usize, steps: Steps) -> StepResult {
@@ -415,11 +415,7 @@ async fn before_step(
         label,
         tool: step.tool.as_ref().map(|t| t.value.as_str()),
         agent: shared.agent_of(step.body()),
-        chosen_by: if shared.planned || shared.llm_chosen {
-            ChosenBy::Llm
-        } else {
-            ChosenBy::Spec
-        },
+        chosen_by: shared.chosen_by(),
         args: &args,
         sensitive: false,
         required,
@@ -455,11 +451,7 @@ fn after_step(shared: &Shared, step: &Step, result: &mut StepResult) {
             step: Some(&label),
             tool: step.tool.as_ref().map(|t| t.value.as_str()),
             agent: shared.agent_of(step.body()),
-            chosen_by: if shared.planned || shared.llm_chosen {
-                ChosenBy::Llm
-            } else {
-                ChosenBy::Spec
-            },
+            chosen_by: shared.chosen_by(),
             args: &result.output,
             run: &run,
         };
