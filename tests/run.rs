@@ -305,6 +305,43 @@ steps:
     panic!("grandchild {} is still running", pid.trim());
 }
 
+/// The `timeout` argument of `exec`, `shell` and `http` (documented in docs/tools.md) bounds the call, and a
+/// value that is not a duration fails the call rather than being ignored.
+#[tokio::test]
+async fn a_commands_own_timeout_argument_ends_it() {
+    let dir = TempDir::new().expect("tempdir");
+    let yaml = r#"name: t
+inputs:
+  limit: { type: string, default: "soon" }
+steps:
+  - id: slow
+    tool: exec
+    with: { argv: [sleep, "30"], timeout: 200ms }
+  - id: shell
+    tool: shell
+    with: { command: "sleep 30", timeout: 200ms }
+  - id: unreadable
+    tool: exec
+    with: { argv: ["true"], timeout: "{{ inputs.limit }}" }
+"#;
+    let report = run_yaml(yaml, Map::new(), options(dir.path(), 4)).await;
+    let errors: Vec<(StepStatus, Option<&str>)> = ["slow", "shell", "unreadable"]
+        .iter()
+        .map(|id| (report.steps[*id].status, report.steps[*id].error.as_deref()))
+        .collect();
+    assert_eq!(
+        errors,
+        [
+            (StepStatus::Failed, Some("`sleep` timed out after 200ms")),
+            (StepStatus::Failed, Some("`sh` timed out after 200ms")),
+            (
+                StepStatus::Failed,
+                Some("invalid duration `soon` for `true`")
+            ),
+        ]
+    );
+}
+
 #[test]
 fn archon_run_prints_outputs_and_exits_by_status() {
     let dir = TempDir::new().expect("tempdir");

@@ -10,6 +10,6 @@ use crate::output;
 pub fn jq() -> anyhow::Result<Status> {
     let mut request = Vec::new();
     std::io::stdin().read_to_end(&mut request)?;
-    output::stdout(&archon_engine::run::jq::serve(&request));
+    output::stdout(&archon_engine::tools::builtin::jq::serve(&request));
     Ok(Status::Success)
 }

@@ -7,12 +7,14 @@
 pub mod diagnostic;
 pub mod freeze;
 pub mod goal;
+pub mod idempotence;
 pub mod inputs;
 pub mod llm;
 pub mod network;
 pub mod plan;
 pub mod process;
 pub mod record;
+pub mod redact;
 pub mod report;
 pub mod resume;
 pub mod run;

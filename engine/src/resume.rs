@@ -6,9 +6,9 @@ use std::collections::BTreeSet;
 
 use serde_json::Value as Json;
 
+pub use crate::idempotence::{body_is_idempotent, step_idempotent};
 use crate::spec::Spec;
 use crate::store::StoredRun;
-pub use crate::tools::{body_is_idempotent, step_idempotent};
 use crate::workflow::Workflow;
 
 /// A step (or `foreach` item) whose last attempt may have had its effect without its result being

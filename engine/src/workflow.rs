@@ -3,8 +3,10 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+use crate::network::NetworkPolicy;
 use crate::source::Sources;
 use crate::spec::Spec;
+use crate::tools::Registry;
 
 /// A spec that passed validation, with its dependency graphs resolved and its sub-workflows loaded.
 #[derive(Debug, Clone)]
@@ -23,6 +25,10 @@ pub struct Workflow {
     pub subworkflows: BTreeMap<String, Arc<Workflow>>,
     /// Every file the workflow was read from (the spec and its sub-workflows).
     pub sources: Sources,
+    /// The tools it can call (built-ins and its declared tools), resolved once.
+    pub tools: Arc<Registry>,
+    /// What its `http` calls may reach (`network.allow`).
+    pub network: Arc<NetworkPolicy>,
 }
 
 /// The dependency graph of one list of steps.

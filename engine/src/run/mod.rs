@@ -5,16 +5,11 @@
 //! skipped otherwise; an explicit `if` replaces that rule. A failed step fails the run unless it has
 //! `on_error: continue`; steps that do not depend on it keep running. `retry.attempts` counts every attempt.
 
-mod calculator;
-mod files;
-pub mod http;
-pub mod jq;
 pub mod redact;
 pub mod render;
 pub mod rules;
 mod scheduler;
 pub mod secrets;
-pub mod tools;
 
 use std::collections::{BTreeMap, HashMap};
 use std::future::Future;
@@ -26,7 +21,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::spec::{Body, Step};
 use crate::store::{Journal, MemoryJournal};
-use crate::tools::builtin;
+use crate::tools::ToolRef;
 use crate::workflow::Workflow;
 
 pub use crate::report::{
@@ -182,22 +177,25 @@ impl Walk {
         };
         if let Some(tool) = body.tool {
             let name = tool.value.as_str();
-            if let Some(def) = workflow.spec.tools.get(name) {
-                if def.mcp.is_some() {
-                    refuse(format!("MCP tool `{name}` cannot run yet"));
-                } else if let Some(steps) = &def.steps {
-                    let key = (std::ptr::from_ref(workflow) as usize, name.to_owned());
-                    if self.seen.insert(key) {
-                        self.steps(workflow, &steps.value, &format!("{step}/"));
+            let def = workflow.spec.tools.get(name);
+            match workflow.tools.get(name).map(|t| t.kind) {
+                // Built-ins, commands and requests run.
+                Some(ToolRef::Builtin(_) | ToolRef::Command | ToolRef::Http) => {}
+                Some(ToolRef::Composite) => {
+                    if let Some(steps) = def.and_then(|d| d.steps.as_ref()) {
+                        let key = (std::ptr::from_ref(workflow) as usize, name.to_owned());
+                        if self.seen.insert(key) {
+                            self.steps(workflow, &steps.value, &format!("{step}/"));
+                        }
                     }
-                } else if let Some(path) = &def.workflow {
-                    self.sub_workflow(workflow, &path.value, step);
                 }
-                return;
-            }
-            // Every built-in tool runs.
-            if builtin::get(name).is_none() {
-                refuse(format!("tool `{name}` cannot run yet"));
+                Some(ToolRef::Workflow) => {
+                    if let Some(path) = def.and_then(|d| d.workflow.as_ref()) {
+                        self.sub_workflow(workflow, &path.value, step);
+                    }
+                }
+                Some(ToolRef::Mcp) => refuse(format!("MCP tool `{name}` cannot run yet")),
+                None => refuse(format!("tool `{name}` cannot run yet")),
             }
             return;
         }

@@ -1,7 +1,122 @@
-//! Tools: the built-in catalog (names, argument schemas, safety) and what every call may do: whether it
-//! is sensitive (asks a person when an LLM chose it) and whether it is safe to repeat after a crash.
+//! Tools: what a step or an LLM can call. Every tool is one [`Tool`]: its name, the JSON Schema of its
+//! arguments, what its calls may do ([`SafetyRule`]) and how it is called. The built-ins live one per file in
+//! `builtin/`; a workflow's [`Registry`] holds them together with the tools its spec declares (commands,
+//! HTTP requests, composite tools, sub-workflows; later MCP tools), resolved once by validation, and
+//! validation, planning, agents, rules and the scheduler all ask it.
 
 pub mod builtin;
+mod registry;
 mod safety;
 
-pub use safety::{Safety, SafetyRule, body_is_idempotent, reads_only, sensitive, step_idempotent};
+use std::future::Future;
+use std::path::PathBuf;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use serde_json::Value as Json;
+
+pub use registry::{Registry, RegistryEntry, ToolRef};
+pub use safety::{Safety, SafetyRule, reads_only, sensitive};
+
+use crate::network::NetworkPolicy;
+use crate::redact::Redactor;
+
+/// A future a tool call returns.
+pub type CallFuture<'a> = Pin<Box<dyn Future<Output = Result<ToolOutput, ToolError>> + Send + 'a>>;
+
+/// A tool archon can call. Arguments reach [`Tool::call`] already checked against
+/// [`Tool::parameters`].
+pub trait Tool: Send + Sync {
+    fn name(&self) -> &'static str;
+    /// One line for people and models.
+    fn description(&self) -> &'static str;
+    /// JSON Schema of the arguments (always an object schema).
+    fn parameters(&self) -> Json;
+    /// What its calls may do.
+    fn safety(&self) -> SafetyRule;
+    /// Arguments that hold a duration (`30s`): `validate` checks those written as they are.
+    fn durations(&self) -> &'static [&'static str] {
+        &[]
+    }
+    /// Calls the tool with rendered, checked arguments.
+    fn call<'a>(
+        &'a self,
+        args: &'a Json,
+        cx: &'a ToolContext,
+        on_spawn: OnSpawn<'a>,
+    ) -> CallFuture<'a>;
+}
+
+/// What a tool call produced.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ToolOutput {
+    pub output: Json,
+    pub text: String,
+    pub exit_code: Option<i32>,
+}
+
+impl ToolOutput {
+    /// An output whose text is its JSON.
+    pub fn json(output: Json) -> Self {
+        ToolOutput {
+            text: output.to_string(),
+            output,
+            exit_code: None,
+        }
+    }
+}
+
+/// Why a tool call failed.
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+#[error("{message}")]
+pub struct ToolError {
+    pub message: String,
+    pub exit_code: Option<i32>,
+}
+
+impl ToolError {
+    pub fn new(message: impl Into<String>) -> Self {
+        ToolError {
+            message: message.into(),
+            exit_code: None,
+        }
+    }
+}
+
+/// Where tools run.
+#[derive(Clone, Debug)]
+pub struct ToolContext {
+    /// File tools and commands are confined to this directory.
+    pub workdir: PathBuf,
+    /// The spec's `env`, rendered, for commands.
+    pub env: Vec<(String, String)>,
+    /// What `http` may reach.
+    pub network: Arc<NetworkPolicy>,
+    /// Secret values, masked in the excerpts errors quote before they are cut (a cut secret would no
+    /// longer be recognised).
+    pub redactor: Arc<Redactor>,
+    /// The `archon` executable, run again for work that must be killable (jq filters).
+    pub helper: Option<PathBuf>,
+}
+
+/// Told the process group id of each command a call starts, as soon as it starts.
+pub type OnSpawn<'a> = Option<&'a (dyn Fn(u32) + Sync)>;
+
+/// Runs blocking `work` on a thread of its own, so that the scheduler's thread never waits for it: a file
+/// that never answers (a FIFO nobody writes, a hung network file system) holds that thread, not the run,
+/// and the step's timeout and Ctrl-C still end the call. Not `spawn_blocking`: the runtime waits for its
+/// blocking tasks when it shuts down, so one stuck read would keep archon from exiting.
+pub async fn off_thread<T: Send + 'static>(
+    work: impl FnOnce() -> T + Send + 'static,
+) -> Result<T, ToolError> {
+    let (sender, receiver) = tokio::sync::oneshot::channel();
+    std::thread::Builder::new()
+        .name("archon-io".into())
+        .spawn(move || {
+            let _ = sender.send(work());
+        })
+        .map_err(|e| ToolError::new(format!("cannot start a thread for a tool: {e}")))?;
+    receiver
+        .await
+        .map_err(|_| ToolError::new("a tool's thread stopped without an answer"))
+}

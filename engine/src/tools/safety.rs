@@ -1,13 +1,12 @@
-//! What a call may do: the safety of built-in tools (fixed, or decided by the arguments), whether a call is
-//! sensitive, and whether every tool a step can call is safe to repeat.
+//! What a call may do: the safety of built-in tools (fixed, or decided by the arguments) and whether a call
+//! is sensitive. Whether a step is safe to repeat after a crash is for the idempotence module to say.
 
 use std::collections::HashSet;
 
 use serde_json::Value as Json;
 
 use super::builtin;
-use crate::spec::{Body, HttpMethod, Node, Spec, Step};
-use crate::workflow::Workflow;
+use crate::spec::{HttpMethod, Node, Spec, Step};
 
 /// What a call may do.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -143,93 +142,4 @@ pub fn reads_only(method: &str) -> bool {
         method.to_ascii_uppercase().as_str(),
         "GET" | "HEAD" | "OPTIONS"
     )
-}
-
-/// Whether every tool a step can call (its body and its fallback) is safe to repeat.
-pub fn step_idempotent(workflow: &Workflow, id: &str) -> bool {
-    let Some(step) = workflow.spec.steps.iter().find(|s| s.id.value == id) else {
-        return false;
-    };
-    let mut seen = HashSet::new();
-    body_idempotent(workflow, step.body(), &mut seen)
-        && step
-            .fallback
-            .as_ref()
-            .is_none_or(|f| body_idempotent(workflow, f.body(), &mut seen))
-}
-
-/// Whether every tool a step body can call is safe to repeat.
-pub fn body_is_idempotent(workflow: &Workflow, body: Body<'_>) -> bool {
-    body_idempotent(workflow, body, &mut HashSet::new())
-}
-
-fn body_idempotent(workflow: &Workflow, body: Body<'_>, seen: &mut HashSet<String>) -> bool {
-    if let Some(tool) = body.tool {
-        if let Some(b) = builtin::get(&tool.value) {
-            // The call as written: an `http` request is safe to repeat when its method only reads.
-            let args = body.args.map_or(Json::Null, Node::to_json);
-            return b.safety(Some(&args)).read_only;
-        }
-        return tool_idempotent(workflow, &tool.value, seen);
-    }
-    if let Some(path) = body.workflow {
-        return workflow_idempotent(workflow, &path.value);
-    }
-    llm_step_idempotent(workflow, body, seen)
-}
-
-fn tool_idempotent(workflow: &Workflow, name: &str, seen: &mut HashSet<String>) -> bool {
-    match workflow.spec.tools.get(name) {
-        Some(def) if def.idempotent == Some(true) => true,
-        Some(def) => match (&def.steps, &def.workflow) {
-            (Some(steps), _) => {
-                !seen.insert(name.to_owned())
-                    || steps.value.iter().all(|s| {
-                        body_idempotent(workflow, s.body(), seen)
-                            && s.fallback
-                                .as_ref()
-                                .is_none_or(|f| body_idempotent(workflow, f.body(), seen))
-                    })
-            }
-            (None, Some(path)) => workflow_idempotent(workflow, &path.value),
-            _ => false,
-        },
-        // Arguments an LLM will choose are not known: `http` may change things (with a person's
-        // approval), so it is not safe to repeat.
-        None => builtin::get(name).is_some_and(|b| b.safety(None).read_only),
-    }
-}
-
-/// An agent or planner step is safe to repeat when every tool it may use is: the tools its `tools` globs
-/// (or its agent's) allow. A checkpoint spares the iterations it completed in any case.
-fn llm_step_idempotent(workflow: &Workflow, body: Body<'_>, seen: &mut HashSet<String>) -> bool {
-    let spec = &workflow.spec;
-    let globs: Vec<globset::GlobMatcher> = spec
-        .tool_patterns(body)
-        .iter()
-        .filter_map(|p| globset::Glob::new(p).ok().map(|g| g.compile_matcher()))
-        .collect();
-    let allowed = |name: &str| globs.iter().any(|g| g.is_match(name));
-    let builtins = builtin::all()
-        .iter()
-        .filter(|b| allowed(b.name))
-        .map(|b| b.name.to_owned());
-    let declared = spec
-        .tools
-        .iter()
-        .filter(|(name, def)| def.mcp.is_none() && allowed(&name.value))
-        .map(|(name, _)| name.value.clone());
-    let usable: Vec<String> = builtins.chain(declared).collect();
-    usable
-        .iter()
-        .all(|name| tool_idempotent(workflow, name, seen))
-}
-
-fn workflow_idempotent(workflow: &Workflow, path: &str) -> bool {
-    workflow.subworkflows.get(path).is_some_and(|sub| {
-        sub.spec
-            .steps
-            .iter()
-            .all(|s| step_idempotent(sub, &s.id.value))
-    })
 }

@@ -2,6 +2,7 @@
 //! defaults, rules and outputs; and of the values they share (durations, JSON Schemas, retry policies).
 
 use crate::diagnostic::{Diagnostic, codes};
+use crate::source::Span;
 use crate::spec::{Action, Node, Retry, Spanned, Trigger};
 use crate::validate::patterns::PatternKind;
 use crate::validate::refs::{Scope, StepTable};
@@ -328,14 +329,19 @@ impl Checker<'_> {
 
     /// Checks a duration such as `30s`; returns whether it is valid.
     pub(super) fn check_duration(&mut self, text: &Spanned<String>) -> bool {
-        match humantime::parse_duration(text.value.trim()) {
+        self.check_duration_text(&text.value, text.span)
+    }
+
+    /// Checks a duration written at `span`; returns whether it is valid.
+    pub(super) fn check_duration_text(&mut self, text: &str, span: Span) -> bool {
+        match humantime::parse_duration(text.trim()) {
             Ok(_) => true,
             Err(_) => {
                 self.push(
                     Diagnostic::error(
                         codes::INVALID_DURATION,
-                        text.span,
-                        format!("invalid duration `{}`", text.value),
+                        span,
+                        format!("invalid duration `{text}`"),
                     )
                     .with_hint(
                         "write a number and a unit, such as `500ms`, `30s`, `5m` or `1h30m`",
@@ -492,7 +498,7 @@ impl Checker<'_> {
         }
     }
 
-    fn ineffective(&mut self, span: crate::source::Span, field: &str, trigger: Trigger) {
+    fn ineffective(&mut self, span: Span, field: &str, trigger: Trigger) {
         let name = serde_json::to_value(trigger)
             .ok()
             .and_then(|v| v.as_str().map(str::to_owned))

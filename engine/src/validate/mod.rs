@@ -24,8 +24,10 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use crate::diagnostic::{Diagnostic, codes};
+use crate::network::NetworkPolicy;
 use crate::source::{SourceFile, Sources, Span};
 use crate::spec::{self, Limits, Node, NodeKind, Spec};
+use crate::tools::Registry;
 use crate::workflow::{StepGraph, Workflow};
 use templates::Analyzer;
 
@@ -86,10 +88,19 @@ struct Checked {
     graph: graph::Graph,
     composites: BTreeMap<String, StepGraph>,
     subworkflows: BTreeMap<String, Arc<Workflow>>,
+    tools: Registry,
 }
 
 impl Checked {
     fn into_workflow(self, path: &Path, sources: Sources) -> Workflow {
+        let network = Arc::new(NetworkPolicy::new(
+            &self
+                .spec
+                .network
+                .iter()
+                .flat_map(|n| n.allow.iter().map(|a| a.value.clone()))
+                .collect::<Vec<_>>(),
+        ));
         Workflow {
             name: workflow_name(&self.spec, path),
             path: path.to_path_buf(),
@@ -99,6 +110,8 @@ impl Checked {
             composites: self.composites,
             subworkflows: self.subworkflows,
             sources,
+            tools: Arc::new(self.tools),
+            network,
         }
     }
 }
@@ -190,7 +203,7 @@ impl Validator {
         &mut self,
         file: &Arc<SourceFile>,
         diagnostics: &mut Vec<Diagnostic>,
-        plan: Option<(&Spec, &PlanPolicy)>,
+        plan: Option<(&Workflow, &PlanPolicy)>,
     ) -> Option<Checked> {
         let (root, parse_diagnostics) = spec::parse(file, &self.limits);
         diagnostics.extend(parse_diagnostics);
@@ -249,13 +262,15 @@ impl Validator {
         // below need neither, and a 10,000-step file would otherwise hold both through them.
         drop(root);
         if let Some((parent, _)) = plan {
-            planned::adopt(&mut spec, parent);
+            planned::adopt(&mut spec, &parent.spec);
         }
+        let tools = Registry::new(&spec);
         let canonical = canonical(&file.path);
         self.stack.push(canonical);
         let analyzer = self.analyzer.clone();
         let mut checker = Checker {
             spec: &spec,
+            tools: &tools,
             file,
             analyzer: &analyzer,
             diagnostics: Vec::new(),
@@ -281,6 +296,7 @@ impl Validator {
             graph,
             composites,
             subworkflows,
+            tools,
         })
     }
 
@@ -388,6 +404,8 @@ impl Validator {
 /// The semantic checks for one spec, writing diagnostics as it goes.
 pub(crate) struct Checker<'a> {
     pub spec: &'a Spec,
+    /// The tools the spec can call: built-ins and its declarations.
+    pub tools: &'a Registry,
     pub file: &'a SourceFile,
     pub analyzer: &'a Analyzer,
     pub diagnostics: Vec<Diagnostic>,

@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use super::{Checker, Validation, Validator};
 use crate::diagnostic::{Diagnostic, codes};
 use crate::spec::{Body, Node, Spec, Step};
-use crate::tools::{SafetyRule, builtin};
+use crate::tools::{Registry, SafetyRule};
 use crate::workflow::Workflow;
 
 /// What the steps of a plan may do.
@@ -22,29 +22,21 @@ pub struct PlanPolicy {
 impl PlanPolicy {
     /// Whether a planned step may call `name`: allowed by a glob, and not sensitive (a composite tool
     /// counts as sensitive when one of its steps calls a sensitive tool; `http` is checked per call).
-    pub fn allows(&self, spec: &Spec, name: &str) -> bool {
+    pub fn allows(&self, tools: &Registry, name: &str) -> bool {
         let wanted = self
             .tools
             .iter()
             .filter_map(|p| globset::Glob::new(p).ok())
             .any(|g| g.compile_matcher().is_match(name));
-        let sensitive = match builtin::get(name) {
-            Some(b) => !b.safety.may_be_harmless(),
-            None => {
-                !spec.tools.contains_key(name)
-                    || crate::tools::sensitive(spec, name, &serde_json::Value::Null)
-            }
-        };
-        wanted && !sensitive
+        wanted && tools.get(name).is_some_and(|t| t.safety.may_be_harmless())
     }
 
     /// The tools a planned step may call, in the order the planner is told about them.
-    pub fn allowed(&self, spec: &Spec) -> Vec<String> {
-        builtin::all()
+    pub fn allowed(&self, tools: &Registry) -> Vec<String> {
+        tools
             .iter()
-            .map(|b| b.name.to_owned())
-            .chain(spec.tools.keys().map(|k| k.value.clone()))
-            .filter(|name| self.allows(spec, name))
+            .filter(|t| self.allows(tools, &t.name))
+            .map(|t| t.name.clone())
             .collect()
     }
 }
@@ -79,7 +71,7 @@ impl Validator {
             .collect();
         let file = self.sources.add(path, text);
         let mut diagnostics = Vec::new();
-        let checked = self.check_file(&file, &mut diagnostics, Some((&parent.spec, policy)));
+        let checked = self.check_file(&file, &mut diagnostics, Some((parent, policy)));
         // The workflow's own declarations were checked with it: only the plan's problems count.
         diagnostics.retain(|d| d.span.file == file.id);
         let workflow = match checked {
@@ -159,7 +151,7 @@ pub(super) fn adopt(plan: &mut Spec, parent: &Spec) {
 impl Checker<'_> {
     /// What planned steps may not do, beyond what any spec may not.
     pub(super) fn check_plan_policy(&mut self, policy: &PlanPolicy) {
-        let allowed = policy.allowed(self.spec);
+        let allowed = policy.allowed(self.tools);
         let listed = if allowed.is_empty() {
             "no tools are allowed: write `goal` steps only".to_owned()
         } else {
@@ -213,7 +205,7 @@ impl Checker<'_> {
             ));
         }
         if let Some(tool) = body.tool {
-            if !policy.allows(self.spec, &tool.value) {
+            if !policy.allows(self.tools, &tool.value) {
                 self.push(refuse(
                     tool.span,
                     format!(
@@ -222,13 +214,13 @@ impl Checker<'_> {
                     ),
                     listed,
                 ));
-            } else if let Some(b) = builtin::get(&tool.value)
-                && b.safety == SafetyRule::ByMethod
+            } else if let Some(entry) = self.tools.get(&tool.value)
+                && entry.safety == SafetyRule::ByMethod
             {
                 // A planned request may read, not change things: those need a person's approval.
                 let args = body.args.map_or(serde_json::Value::Null, Node::to_json);
                 if let Some(method) = body.args.and_then(|a| a.get("method"))
-                    && b.safety(Some(&args)).sensitive
+                    && entry.safety.of(Some(&args)).sensitive
                 {
                     self.push(refuse(
                         method.span,
@@ -259,7 +251,7 @@ impl Checker<'_> {
             }
         }
         for pattern in body.tools.unwrap_or_default() {
-            if !policy.allows(self.spec, &pattern.value) {
+            if !policy.allows(self.tools, &pattern.value) {
                 self.push(refuse(
                     pattern.span,
                     format!(

@@ -1,14 +1,12 @@
 //! Tool checks: declared tools, calls to tools (names and arguments), sub-workflow calls and recursion
 //! through composite tools.
 
-use std::borrow::Cow;
-
 use serde_json::Value as Json;
 
 use crate::diagnostic::{Diagnostic, codes};
 use crate::source::Span;
-use crate::spec::{Node, Spanned, Spec, ToolDef};
-use crate::tools::builtin;
+use crate::spec::{Node, Spanned, ToolDef};
+use crate::tools::{Registry, ToolRef, builtin};
 use crate::validate::patterns::PatternKind;
 use crate::validate::refs::{Dep, Scope, StepTable};
 use crate::validate::steps::StepListScope;
@@ -269,10 +267,9 @@ impl Checker<'_> {
         scope: &Scope<'_>,
     ) -> Vec<Dep> {
         let name = tool.value.as_str();
-        let schema: Option<Cow<'_, Json>> = if let Some(b) = builtin::get(name) {
-            Some(Cow::Borrowed(&b.parameters))
-        } else if let Some(def) = self.spec.tools.get(name) {
-            def.parameters.as_ref().map(|p| Cow::Owned(p.to_json()))
+        let tools = self.tools;
+        let schema: Option<&Json> = if let Some(entry) = tools.get(name) {
+            (!matches!(entry.kind, ToolRef::Mcp)).then_some(&entry.parameters)
         } else if let Some(def) = name
             .split_once('.')
             .and_then(|(server, _)| self.spec.tools.get(server))
@@ -294,7 +291,7 @@ impl Checker<'_> {
             }
             None
         } else {
-            let names = tool_names(self.spec);
+            let names = tool_names(tools);
             self.push(
                 Diagnostic::error(
                     codes::UNKNOWN_TOOL,
@@ -306,10 +303,19 @@ impl Checker<'_> {
             );
             None
         };
-        if let Some(schema) = &schema {
+        if let Some(schema) = schema {
             self.check_arguments(tool, args, schema);
         }
-        if name == "shell" && builtin::get(name).is_some() {
+        if let (Some(ToolRef::Builtin(builtin)), Some(args)) =
+            (tools.get(name).map(|t| t.kind), args)
+        {
+            for value in builtin.durations.iter().filter_map(|key| args.get(key)) {
+                if let Some(text) = value.as_str().filter(|t| !is_template(t)) {
+                    self.check_duration_text(text, value.span);
+                }
+            }
+        }
+        if name == "shell" {
             self.check_shell_command(args);
         }
         args.map(|a| self.value(a, scope)).unwrap_or_default()
@@ -480,7 +486,7 @@ impl Checker<'_> {
 
     /// Checks a tool name or glob in an LLM step's, agent's or rule's `tools`.
     pub(super) fn check_tool_pattern(&mut self, pattern: &Spanned<String>) {
-        let names = tool_names(self.spec);
+        let names = tool_names(self.tools);
         // MCP servers list their tools only when they run: `server.tool` names and globs cannot be
         // checked against them now.
         let mcp_servers = self.spec.tools.iter().any(|(_, d)| d.mcp.is_some());
@@ -499,12 +505,8 @@ impl Checker<'_> {
 }
 
 /// Every tool name a step may call: built-ins, then declared tools.
-fn tool_names(spec: &Spec) -> Vec<&str> {
-    builtin::all()
-        .iter()
-        .map(|b| b.name)
-        .chain(spec.tools.keys().map(|k| k.value.as_str()))
-        .collect()
+fn tool_names(tools: &Registry) -> Vec<&str> {
+    tools.iter().map(|t| t.name.as_str()).collect()
 }
 
 /// A cycle of composite tool calls through `start`: the calls along it, each with where it is written.

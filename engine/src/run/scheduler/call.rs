@@ -13,10 +13,11 @@ use super::context::{
 use super::gate::{self, Gate};
 use super::planner;
 use crate::run::render::{json_value, to_text};
-use crate::run::tools::{self, ToolOutput};
 use crate::run::{RunStatus, StepStatus};
 use crate::spec::{Body, ToolDef, Trigger};
 use crate::store::Entry;
+use crate::tools::builtin::{self, Builtin};
+use crate::tools::{ToolOutput, ToolRef};
 
 /// Renders the body's arguments once and calls its tool or sub-workflow.
 pub(super) async fn body(
@@ -57,8 +58,7 @@ pub(super) async fn body(
     // A planned step is a call an LLM wrote: a sensitive one asks. The steps of a composite tool an LLM
     // called are the spec's: the tool asked as a whole (it is sensitive when they are), and rules see them
     // as chosen by the LLM.
-    let sensitive =
-        shared.planned && crate::tools::sensitive(&shared.workflow.spec, &tool.value, &args);
+    let sensitive = shared.planned && shared.workflow.tools.sensitive(&tool.value, Some(&args));
     let chosen_by = shared.chosen_by();
     if !shared.workflow.spec.rules.is_empty() || sensitive {
         let call = gate::Call {
@@ -78,21 +78,53 @@ pub(super) async fn body(
             Gate::Stopped(message) => return Err(Failure::fixed(message)),
         }
     }
-    match shared.workflow.spec.tools.get(tool.value.as_str()) {
-        None => tools::call(
-            &tool.value,
-            &args,
+    let llm_chosen = shared.planned || shared.llm_chosen;
+    call_tool(shared, label, &tool.value, args, llm_chosen).await
+}
+
+/// Calls what `name` resolves to in the workflow's tool registry: a built-in, or a tool the spec declares
+/// (`llm_chosen`: an LLM chose the call, as rules see the steps of a composite tool).
+pub(super) async fn call_tool(
+    shared: &Shared,
+    label: &str,
+    name: &str,
+    args: Json,
+    llm_chosen: bool,
+) -> Result<Called, Failure> {
+    let Some(entry) = shared.workflow.tools.get(name) else {
+        return Err(Failure::fixed(format!("unknown tool `{name}`")));
+    };
+    let def = shared.workflow.spec.tools.get(name);
+    match (entry.kind, def) {
+        (ToolRef::Builtin(builtin), _) => builtin_call(shared, label, builtin, &args).await,
+        (ToolRef::Composite, _) => composite(shared, label, name, args, llm_chosen).await,
+        (ToolRef::Workflow, Some(def)) if def.workflow.is_some() => {
+            let path = def.workflow.as_ref().map_or("", |p| p.value.as_str());
+            workflow(shared, label, path, args).await
+        }
+        (ToolRef::Command | ToolRef::Http, Some(def)) => {
+            declared(shared, label, name, def, args).await
+        }
+        _ => Err(Failure::fixed(format!("tool `{name}` cannot run yet"))),
+    }
+}
+
+/// Calls a built-in tool with rendered arguments, watching the commands it starts.
+async fn builtin_call(
+    shared: &Shared,
+    label: &str,
+    builtin: &Builtin,
+    args: &Json,
+) -> Result<Called, Failure> {
+    builtin
+        .call(
+            args,
             &shared.tool_context,
             spawn_watch(shared, label).as_ref().map(|w| w as _),
         )
         .await
         .map(Called::from)
-        .map_err(tool_failure),
-        Some(def) => {
-            let llm_chosen = shared.planned || shared.llm_chosen;
-            declared(shared, label, &tool.value, def, args, llm_chosen).await
-        }
-    }
+        .map_err(tool_failure)
 }
 
 /// Whether steps left unspecified go to the planner rather than to an agent.
@@ -106,21 +138,15 @@ fn unspecified_plans(shared: &Shared) -> bool {
         .is_some_and(|u| u.value == crate::spec::Unspecified::Plan)
 }
 
-/// Calls a tool the spec declares: a command, an HTTP request, a composite tool or a sub-workflow.
-pub(super) async fn declared(
+/// Calls a command or an HTTP request the spec declares, as the built-in `exec` or `http` with the
+/// declaration's templates rendered over the call's arguments.
+async fn declared(
     shared: &Shared,
     label: &str,
     name: &str,
     def: &ToolDef,
     args: Json,
-    llm_chosen: bool,
 ) -> Result<Called, Failure> {
-    if def.steps.is_some() {
-        return composite(shared, label, name, args, llm_chosen).await;
-    }
-    if let Some(path) = &def.workflow {
-        return workflow(shared, label, &path.value, args).await;
-    }
     // A declared tool reads its arguments by name and as `args`.
     let mut extra: Vec<(&str, Value)> = match &args {
         Json::Object(values) => values
@@ -194,15 +220,10 @@ pub(super) async fn declared(
     } else {
         return Err(Failure::fixed(format!("tool `{name}` cannot run yet")));
     };
-    tools::call(
-        builtin,
-        &call_args,
-        &shared.tool_context,
-        spawn_watch(shared, label).as_ref().map(|w| w as _),
-    )
-    .await
-    .map(Called::from)
-    .map_err(tool_failure)
+    let Some(builtin) = builtin::get(builtin) else {
+        return Err(Failure::fixed(format!("tool `{name}` cannot run yet")));
+    };
+    builtin_call(shared, label, builtin, &call_args).await
 }
 
 /// Records the process group of each command an attempt starts, so that a resume can find a command that

@@ -18,10 +18,10 @@ use tokio_util::sync::CancellationToken;
 use crate::llm::config::Configured;
 use crate::run::redact::Redactor;
 use crate::run::render::{Renderer, StepView};
-use crate::run::tools::{ToolContext, ToolError, ToolOutput};
 use crate::run::{LlmUsage, MAX_DEPTH, RunEvent, RunOptions, RunReport, StepResult, StepStatus};
-use crate::spec::{Body, OnError, Step, ToolDef};
+use crate::spec::{Body, OnError, Step};
 use crate::store::Entry;
+use crate::tools::{ToolContext, ToolError, ToolOutput};
 use crate::workflow::Workflow;
 
 /// The parts of the scheduler its children call back into: a composite tool's or planner's steps are
@@ -30,13 +30,12 @@ use crate::workflow::Workflow;
 pub(super) trait Nested: Send + Sync {
     /// Schedules the steps of `shared` and returns each step's view, in step order.
     fn schedule<'a>(&'a self, shared: &'a Arc<Shared>) -> Boxed<'a, Vec<Arc<StepView>>>;
-    /// Calls a tool the spec declares (`llm_chosen`: an agent chose it).
-    fn declared<'a>(
+    /// Calls a tool of the workflow's registry (`llm_chosen`: an agent chose it).
+    fn tool<'a>(
         &'a self,
         shared: &'a Shared,
         label: &'a str,
         name: &'a str,
-        def: &'a ToolDef,
         args: Json,
         llm_chosen: bool,
     ) -> Boxed<'a, Result<Called, Failure>>;

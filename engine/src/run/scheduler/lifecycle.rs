@@ -15,7 +15,6 @@ use super::context::{Called, Failure, Shared, Steps, millis};
 use super::durable::{Record, persist};
 use super::gate::{self, Gate};
 use crate::run::render::{StepView, json_value, to_text};
-use crate::run::tools;
 use crate::run::{LlmUsage, RunEvent, StepResult, StepStatus};
 use crate::spec::{Backoff, Body, Retry, RetryOn, Step, Trigger};
 use crate::store::Entry;
@@ -248,7 +247,7 @@ async fn with_retries(
                 .as_ref()
                 .and_then(|d| d.timeout.as_ref())
         })
-        .and_then(|t| tools::duration(&t.value));
+        .and_then(|t| duration(&t.value));
     // Before an attempt with side effects starts, its `running` record (and everything recorded before
     // it) is on disk; an attempt that is safe to repeat does not wait, since a resume may repeat it.
     let journaled = shared.depth == 0;
@@ -353,12 +352,12 @@ fn backoff(retry: &Retry, failed: u32) -> Duration {
     let base = retry
         .delay
         .as_ref()
-        .and_then(|d| tools::duration(&d.value))
+        .and_then(|d| duration(&d.value))
         .unwrap_or(Duration::from_secs(1));
     let max = retry
         .max_delay
         .as_ref()
-        .and_then(|d| tools::duration(&d.value))
+        .and_then(|d| duration(&d.value))
         .unwrap_or(Duration::from_secs(60));
     let delay = match retry
         .backoff
@@ -484,4 +483,8 @@ fn after_step(shared: &Shared, step: &Step, result: &mut StepResult) {
             });
         }
     }
+}
+
+fn duration(text: &str) -> Option<Duration> {
+    humantime::parse_duration(text.trim()).ok()
 }

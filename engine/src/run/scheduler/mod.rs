@@ -24,13 +24,12 @@ use std::time::Instant;
 use serde_json::{Map, Value as Json, json};
 use tokio::task::JoinSet;
 
-use super::http::NetworkPolicy;
 use super::redact::Redactor;
 use super::render::{Renderer, StepView, context_value, json_value};
-use super::tools::ToolContext;
 use super::{REPORT_VERSION, RunEvent, RunOptions, RunReport, RunStatus, StepResult, StepStatus};
-use crate::spec::{ChosenBy, Step, ToolDef, Trigger};
+use crate::spec::{ChosenBy, Step, Trigger};
 use crate::store::{Entry, RunState};
+use crate::tools::ToolContext;
 use crate::workflow::Workflow;
 use context::{
     Boxed, Called, Failure, Halt, LlmContext, Nested, Shared, Steps, first_failure, millis, named,
@@ -48,16 +47,15 @@ impl Nested for Scheduler {
         Box::pin(schedule(shared))
     }
 
-    fn declared<'a>(
+    fn tool<'a>(
         &'a self,
         shared: &'a Shared,
         label: &'a str,
         name: &'a str,
-        def: &'a ToolDef,
         args: Json,
         llm_chosen: bool,
     ) -> Boxed<'a, Result<Called, Failure>> {
-        Box::pin(call::declared(shared, label, name, def, args, llm_chosen))
+        Box::pin(call::call_tool(shared, label, name, args, llm_chosen))
     }
 
     fn workflow(
@@ -180,13 +178,7 @@ fn run_workflow(
             tool_context: ToolContext {
                 workdir: options.workdir.clone(),
                 env: tool_env,
-                network: Arc::new(NetworkPolicy::new(
-                    &spec
-                        .network
-                        .iter()
-                        .flat_map(|n| n.allow.iter().map(|a| a.value.clone()))
-                        .collect::<Vec<_>>(),
-                )),
+                network: workflow.network.clone(),
                 redactor: redactor.clone(),
                 helper: options.helper.clone(),
             },

@@ -25,9 +25,9 @@ use super::prompt;
 use crate::llm::config::Configured;
 use crate::llm::{FinishReason, Message, Part};
 use crate::run::render::to_text;
-use crate::run::tools::ToolOutput;
 use crate::run::{LlmUsage, RunEvent, StepResult, StepStatus, unsupported_steps};
 use crate::spec::{Body, ChosenBy, Limits, Trigger};
+use crate::tools::ToolOutput;
 use crate::validate::{self, PlanPolicy, Validator};
 use crate::workflow::Workflow;
 
@@ -537,12 +537,13 @@ fn instructions(shared: &Shared, policy: &PlanPolicy, ctx: &Value) -> String {
          \"outputs\" (optional) names the plan's results as templates over step results; without it the plan's \
          result is the output of its last step.",
     );
+    let registry = &shared.workflow.tools;
     let tools: Vec<_> = agent::offered_tools(
-        spec,
+        registry,
         &policy.tools.iter().map(String::as_str).collect::<Vec<_>>(),
     )
     .into_iter()
-    .filter(|t| policy.allows(spec, &t.name))
+    .filter(|t| policy.allows(registry, &t.name))
     .collect();
     if tools.is_empty() {
         text.push_str("\n\nNo tools are allowed: write `goal` steps only.");

@@ -8,10 +8,9 @@ use serde_json::Value as Json;
 use crate::llm::ToolSpec;
 use crate::run::StepStatus;
 use crate::run::render::to_text;
-use crate::run::scheduler::context::{Called, Shared, tool_failure};
-use crate::run::tools::{self, ToolOutput};
-use crate::spec::Spec;
-use crate::tools::builtin;
+use crate::run::scheduler::context::Shared;
+use crate::tools::ToolOutput;
+use crate::tools::{Registry, ToolRef};
 
 /// Runs one tool call the model asked for; returns the observation, whether it is an error, and whether the
 /// tool wrote it (its output or failure, shown to the model as data) rather than archon.
@@ -54,18 +53,10 @@ pub(super) async fn observe(
         ));
     }
     let call_label = format!("{label}/{name}");
-    let outcome = match shared.workflow.spec.tools.get(name) {
-        Some(def) => {
-            shared
-                .nested
-                .declared(shared, &call_label, name, def, arguments.clone(), true)
-                .await
-        }
-        None => tools::call(name, arguments, &shared.tool_context, None)
-            .await
-            .map(Called::from)
-            .map_err(tool_failure),
-    };
+    let outcome = shared
+        .nested
+        .tool(shared, &call_label, name, arguments.clone(), true)
+        .await;
     match outcome {
         Ok(called) => {
             let ToolOutput { output, text, .. } = called.output;
@@ -90,35 +81,24 @@ pub(super) async fn observe(
     }
 }
 
-/// The tools an agent may call: built-ins and declared tools whose names match `patterns` (globs).
-/// Sensitive ones are offered too: each call of one asks for a person's approval unless a rule allows it.
-pub(in crate::run::scheduler) fn offered_tools(spec: &Spec, patterns: &[&str]) -> Vec<ToolSpec> {
+/// The tools an agent may call: the registry's tools (built-ins and declared tools) whose names match
+/// `patterns` (globs), except MCP tools, which cannot run yet. Sensitive ones are offered too: each call of
+/// one asks for a person's approval unless a rule allows it.
+pub(in crate::run::scheduler) fn offered_tools(
+    tools: &Registry,
+    patterns: &[&str],
+) -> Vec<ToolSpec> {
     let globs: Vec<globset::GlobMatcher> = patterns
         .iter()
         .filter_map(|p| globset::Glob::new(p).ok().map(|g| g.compile_matcher()))
         .collect();
-    let wanted = |name: &str| globs.iter().any(|g| g.is_match(name));
-    let mut offered = Vec::new();
-    for b in builtin::all() {
-        if wanted(b.name) {
-            offered.push(ToolSpec {
-                name: b.name.to_owned(),
-                description: b.description.to_owned(),
-                parameters: b.parameters.clone(),
-            });
-        }
-    }
-    for (name, def) in &spec.tools {
-        if wanted(&name.value) && def.mcp.is_none() {
-            offered.push(ToolSpec {
-                name: name.value.clone(),
-                description: def.description.clone().unwrap_or_default(),
-                parameters: def.parameters.as_ref().map_or_else(
-                    || serde_json::json!({ "type": "object" }),
-                    crate::spec::Node::to_json,
-                ),
-            });
-        }
-    }
-    offered
+    tools
+        .iter()
+        .filter(|t| !matches!(t.kind, ToolRef::Mcp) && globs.iter().any(|g| g.is_match(&t.name)))
+        .map(|t| ToolSpec {
+            name: t.name.clone(),
+            description: t.description.clone(),
+            parameters: t.parameters.clone(),
+        })
+        .collect()
 }

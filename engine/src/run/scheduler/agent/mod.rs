@@ -30,9 +30,9 @@ use super::prompt;
 use crate::llm::tokens::Estimator;
 use crate::llm::{FinishReason, Message, Part, ToolChoice, ToolResult};
 use crate::run::render::to_text;
-use crate::run::tools::ToolOutput;
 use crate::run::{LlmUsage, RunEvent, StepStatus};
 use crate::spec::{Body, ChosenBy, Spec, ToolMode, Trigger};
+use crate::tools::ToolOutput;
 use calls::observe;
 use model::refuses_tools;
 use text::{TextTurn, read_text_action, text_mode_instructions, written_action};
@@ -81,7 +81,7 @@ pub(super) async fn run(
     } else {
         spec.tool_patterns(body)
     };
-    let tools = offered_tools(spec, &patterns);
+    let tools = offered_tools(&shared.workflow.tools, &patterns);
     // Text mode, for models without native tool calling: the tools are described in the prompt and the
     // model writes `Action: {json}` lines, which are read (and repaired) here. `auto` (the default) starts
     // native and changes to text for the rest of the run when the provider refuses tools.
@@ -400,7 +400,10 @@ pub(super) async fn run(
             } else {
                 Turn::Run
             };
-            let sensitive = crate::tools::sensitive(spec, &call.name, &call.arguments);
+            let sensitive = shared
+                .workflow
+                .tools
+                .sensitive(&call.name, Some(&call.arguments));
             let known = tools.iter().any(|t| t.name == call.name);
             if known && turn == Turn::Run && (sensitive || !spec.rules.is_empty()) {
                 let asked = gate::Call {

@@ -13,7 +13,7 @@ use jaq_core::{Compiler, Ctx, Vars, data, unwrap_valr};
 use jaq_json::Val;
 use serde_json::Value as Json;
 
-use super::tools::ToolError;
+use super::ToolError;
 use crate::process;
 
 /// The hidden subcommand of the `archon` executable that evaluates one filter ([`serve`]).

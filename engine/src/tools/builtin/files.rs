@@ -6,7 +6,7 @@ use std::path::{Component, Path, PathBuf};
 use globset::GlobBuilder;
 use serde_json::{Value as Json, json};
 
-use super::tools::{ToolError, ToolOutput};
+use super::{ToolError, ToolOutput};
 
 /// Largest file `read_file` returns.
 pub const MAX_READ_BYTES: u64 = 16 * 1024 * 1024;

@@ -1,7 +1,46 @@
 //! The `calculator` tool: arithmetic on numbers only (`+ - * / % ^`, parentheses, unary minus), parsed by
 //! hand so that nothing else can be evaluated.
 
-use super::tools::ToolError;
+use serde_json::{Value as Json, json};
+
+use super::{OnSpawn, READ_ONLY, Tool, ToolContext, ToolError, ToolOutput, object};
+use crate::tools::{CallFuture, SafetyRule};
+
+pub(super) struct Calculator;
+
+impl Tool for Calculator {
+    fn name(&self) -> &'static str {
+        "calculator"
+    }
+
+    fn description(&self) -> &'static str {
+        "Evaluate an arithmetic expression"
+    }
+
+    fn parameters(&self) -> Json {
+        object(
+            json!({ "expression": { "type": "string" } }),
+            &["expression"],
+        )
+    }
+
+    fn safety(&self) -> SafetyRule {
+        READ_ONLY
+    }
+
+    fn call<'a>(&'a self, args: &'a Json, _: &'a ToolContext, _: OnSpawn<'a>) -> CallFuture<'a> {
+        Box::pin(async move {
+            let value = evaluate(args["expression"].as_str().unwrap_or_default())?;
+            // Whole numbers print as integers.
+            let output = if value.fract() == 0.0 && value.abs() < 9e15 {
+                json!(value as i64)
+            } else {
+                json!(value)
+            };
+            Ok(ToolOutput::json(output))
+        })
+    }
+}
 
 /// Evaluates an arithmetic expression.
 pub fn evaluate(expression: &str) -> Result<f64, ToolError> {

@@ -5,14 +5,54 @@
 
 use std::net::{IpAddr, SocketAddr};
 
-pub use crate::network::NetworkPolicy;
+use crate::network::NetworkPolicy;
 use std::sync::Arc;
 use std::time::Duration;
 
 use reqwest::dns::{Addrs, Name, Resolve, Resolving};
 use serde_json::{Map, Value as Json, json};
 
-use super::tools::{ToolError, ToolOutput};
+use super::{OnSpawn, Tool, ToolContext, ToolError, ToolOutput, object, timeout};
+use crate::tools::{CallFuture, SafetyRule};
+
+pub(super) struct Http;
+
+impl Tool for Http {
+    fn name(&self) -> &'static str {
+        "http"
+    }
+
+    fn description(&self) -> &'static str {
+        "Make an HTTP request"
+    }
+
+    fn parameters(&self) -> Json {
+        object(
+            json!({
+                "method": { "enum": ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"] },
+                "url": { "type": "string" },
+                "headers": { "type": "object", "additionalProperties": { "type": "string" } },
+                "json": {},
+                "body": { "type": "string" },
+                "timeout": timeout(),
+            }),
+            &["url"],
+        )
+    }
+
+    /// Read-only when its method only reads; sensitive otherwise.
+    fn safety(&self) -> SafetyRule {
+        SafetyRule::ByMethod
+    }
+
+    fn durations(&self) -> &'static [&'static str] {
+        &["timeout"]
+    }
+
+    fn call<'a>(&'a self, args: &'a Json, cx: &'a ToolContext, _: OnSpawn<'a>) -> CallFuture<'a> {
+        Box::pin(request(args, &cx.network, &cx.redactor))
+    }
+}
 
 /// Most bytes of a response body kept.
 pub const MAX_BODY_BYTES: usize = 8 * 1024 * 1024;
@@ -69,7 +109,7 @@ fn check_url(url: &reqwest::Url, policy: &NetworkPolicy) -> Result<(), String> {
 pub async fn request(
     args: &Json,
     policy: &Arc<NetworkPolicy>,
-    redactor: &super::redact::Redactor,
+    redactor: &crate::redact::Redactor,
 ) -> Result<ToolOutput, ToolError> {
     let _ = rustls::crypto::ring::default_provider().install_default();
     let url_text = args["url"].as_str().unwrap_or_default();
@@ -82,10 +122,12 @@ pub async fn request(
         )));
     }
     check_url(&url, policy).map_err(ToolError::new)?;
-    let timeout = args["timeout"]
-        .as_str()
-        .and_then(super::tools::duration)
-        .unwrap_or(Duration::from_secs(30));
+    // An argument, perhaps rendered from a template, so it is read here.
+    let timeout = match args["timeout"].as_str() {
+        None => Duration::from_secs(30),
+        Some(text) => humantime::parse_duration(text.trim())
+            .map_err(|_| ToolError::new(format!("invalid duration `{text}` for `http`")))?,
+    };
     // Redirects are followed here, not by reqwest, so that what is sent on each hop is decided against
     // the origin the spec named (see `Outgoing::redirect`).
     let client = reqwest::Client::builder()
@@ -233,7 +275,7 @@ impl Outgoing {
         status: reqwest::StatusCode,
         location: &str,
         policy: &NetworkPolicy,
-        redactor: &super::redact::Redactor,
+        redactor: &crate::redact::Redactor,
     ) -> Result<(), String> {
         let next = self
             .url

@@ -1,0 +1,252 @@
+//! The `exec` tool: runs a program with arguments as an argument vector (no shell) in its own process
+//! group. A call ends when its command exits; what the command left running, and everything it started when
+//! the call is abandoned (timeout or cancellation), is killed (`process::Tracked`).
+
+use std::process::Stdio;
+use std::time::Duration;
+
+use serde_json::{Value as Json, json};
+use tokio::io::AsyncWriteExt;
+
+use super::{OnSpawn, SENSITIVE, Tool, ToolContext, ToolError, ToolOutput, object, timeout};
+use crate::process;
+use crate::tools::{CallFuture, SafetyRule};
+
+/// Most bytes of a command's stdout or stderr kept; the rest is counted and dropped.
+pub const MAX_CAPTURE_BYTES: usize = 1024 * 1024;
+/// Bytes read past [`MAX_CAPTURE_BYTES`] so that a secret the cut would split is seen whole and left out
+/// (longer than any encoded form of a secret a spec can hold in an environment variable).
+const MASK_SLACK_BYTES: usize = 64 * 1024;
+const CAPTURE_READ_BYTES: usize = MAX_CAPTURE_BYTES + MASK_SLACK_BYTES;
+
+pub(super) struct Exec;
+
+impl Tool for Exec {
+    fn name(&self) -> &'static str {
+        "exec"
+    }
+
+    fn description(&self) -> &'static str {
+        "Run a program with arguments (argv, no shell)"
+    }
+
+    fn parameters(&self) -> Json {
+        object(
+            json!({
+                "argv": { "type": "array", "items": { "type": "string" }, "minItems": 1 },
+                "cwd": { "type": "string" },
+                "env": { "type": "object", "additionalProperties": { "type": "string" } },
+                "stdin": { "type": "string" },
+                "output": { "enum": ["text", "json", "lines"] },
+                "ok_exit_codes": { "type": "array", "items": { "type": "integer" } },
+                "timeout": timeout(),
+            }),
+            &["argv"],
+        )
+    }
+
+    fn safety(&self) -> SafetyRule {
+        SENSITIVE
+    }
+
+    fn durations(&self) -> &'static [&'static str] {
+        &["timeout"]
+    }
+
+    fn call<'a>(
+        &'a self,
+        args: &'a Json,
+        cx: &'a ToolContext,
+        on_spawn: OnSpawn<'a>,
+    ) -> CallFuture<'a> {
+        Box::pin(exec(args, cx, on_spawn))
+    }
+}
+
+/// How long a command's output pipes may stay open after it exited and what it left running was killed:
+/// only a process that escaped the sweep (a new session and a cleared environment) holds them longer.
+const DRAIN_AFTER_EXIT: Duration = Duration::from_millis(500);
+
+pub(super) async fn exec(
+    args: &Json,
+    cx: &ToolContext,
+    on_spawn: OnSpawn<'_>,
+) -> Result<ToolOutput, ToolError> {
+    let argv: Vec<String> = args["argv"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|a| a.as_str().map(str::to_owned))
+        .collect();
+    let Some((program, rest)) = argv.split_first() else {
+        return Err(ToolError::new(
+            "`exec` needs at least the program in `argv`",
+        ));
+    };
+    // An argument, perhaps rendered from a template, so it is read here.
+    let limit =
+        match args["timeout"].as_str() {
+            None => None,
+            Some(text) => Some(humantime::parse_duration(text.trim()).map_err(|_| {
+                ToolError::new(format!("invalid duration `{text}` for `{program}`"))
+            })?),
+        };
+    let cwd = match args["cwd"].as_str() {
+        Some(dir) => super::files::confine(&cx.workdir, dir)?,
+        None => cx.workdir.clone(),
+    };
+    let mut command = tokio::process::Command::new(program);
+    command
+        .args(rest)
+        .current_dir(&cwd)
+        .envs(cx.env.iter().map(|(k, v)| (k, v)))
+        .stdin(if args["stdin"].is_string() {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        })
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .process_group(0)
+        .kill_on_drop(true);
+    if let Some(env) = args["env"].as_object() {
+        command.envs(env.iter().filter_map(|(k, v)| v.as_str().map(|v| (k, v))));
+    }
+    // Set last, so that the call's own `env` cannot hide a command from the sweep.
+    let tag = process::new_tag();
+    command.env(process::TAG_VAR, &tag);
+    let mut child = command.spawn().map_err(|e| {
+        ToolError::new(format!(
+            "cannot start `{program}`: {}",
+            e.to_string().to_lowercase()
+        ))
+    })?;
+    // Dropped with the call if it is abandoned: the command and all it started are killed.
+    let tracked = child.id().map(|leader| process::Tracked::new(leader, tag));
+    if let (Some(on_spawn), Some(pid)) = (on_spawn, child.id()) {
+        on_spawn(pid);
+    }
+    if let (Some(input), Some(mut stdin)) = (args["stdin"].as_str(), child.stdin.take()) {
+        let input = input.to_owned();
+        tokio::spawn(async move {
+            let _ = stdin.write_all(input.as_bytes()).await;
+        });
+    }
+    let (mut out, mut err) = (Captured::default(), Captured::default());
+    let waiting = async {
+        let stdout = child.stdout.take();
+        let stderr = child.stderr.take();
+        let reading = async {
+            tokio::join!(
+                process::read_into(stdout, &mut out.kept, &mut out.dropped, CAPTURE_READ_BYTES),
+                process::read_into(stderr, &mut err.kept, &mut err.dropped, CAPTURE_READ_BYTES),
+            )
+        };
+        let mut reading = std::pin::pin!(reading);
+        let mut drained = false;
+        // The call ends when the command exits, not when its output pipes close: a process it left
+        // running in the background may hold them open for as long as it lives.
+        let status = tokio::select! {
+            status = child.wait() => status,
+            _ = &mut reading => {
+                drained = true;
+                child.wait().await
+            }
+        };
+        let status =
+            status.map_err(|e| ToolError::new(format!("`{program}` did not finish: {e}")))?;
+        if let Some(tracked) = tracked {
+            tracked.exited();
+        }
+        if !drained {
+            // What is still in the pipes was written before the command exited or its leftovers died.
+            let _ = tokio::time::timeout(DRAIN_AFTER_EXIT, &mut reading).await;
+        }
+        Ok(status)
+    };
+    // The call's own limit; abandoning the wait kills the command and all it started.
+    let status = match limit {
+        None => waiting.await?,
+        Some(limit) => tokio::time::timeout(limit, waiting).await.map_err(|_| {
+            ToolError::new(format!(
+                "`{program}` timed out after {}",
+                humantime::format_duration(limit)
+            ))
+        })??,
+    };
+    let (out, err) = (out.text(&cx.redactor), err.text(&cx.redactor));
+    let code = status.code();
+    let ok_codes: Vec<i64> = args["ok_exit_codes"]
+        .as_array()
+        .map_or_else(|| vec![0], |c| c.iter().filter_map(Json::as_i64).collect());
+    if !code.is_some_and(|c| ok_codes.contains(&i64::from(c))) {
+        let tail: String = cx
+            .redactor
+            .text(&err)
+            .lines()
+            .rev()
+            .take(5)
+            .collect::<Vec<_>>()
+            .into_iter()
+            .rev()
+            .collect::<Vec<_>>()
+            .join("\n");
+        let how = code.map_or_else(
+            || "was killed by a signal".to_owned(),
+            |c| format!("exited with code {c}"),
+        );
+        let message = if tail.is_empty() {
+            format!("`{program}` {how}")
+        } else {
+            format!("`{program}` {how}: {tail}")
+        };
+        return Err(ToolError {
+            message,
+            exit_code: code,
+        });
+    }
+    let output = match args["output"].as_str().unwrap_or("text") {
+        "json" => serde_json::from_str(&out).map_err(|e| ToolError {
+            message: format!("`{program}` did not print valid JSON: {e}"),
+            exit_code: code,
+        })?,
+        "lines" => Json::Array(out.lines().map(|l| Json::String(l.to_owned())).collect()),
+        _ => Json::String(out.trim_end_matches('\n').to_owned()),
+    };
+    Ok(ToolOutput {
+        output,
+        text: out,
+        exit_code: code,
+    })
+}
+
+/// What was read of a command's stdout or stderr.
+#[derive(Default)]
+struct Captured {
+    kept: Vec<u8>,
+    dropped: usize,
+}
+
+impl Captured {
+    /// The text kept, cut at [`MAX_CAPTURE_BYTES`] (earlier when the cut would split a secret, whose head
+    /// would then stay visible: it is read whole past the cut and left out whole), and marked when bytes
+    /// were dropped. Secrets in what is kept are masked wherever it goes, as whole values.
+    fn text(self, redactor: &crate::redact::Redactor) -> String {
+        let mut text = String::from_utf8_lossy(&self.kept).into_owned();
+        let mut dropped = self.dropped;
+        if text.len() > MAX_CAPTURE_BYTES {
+            let mut cut = redactor.cut_before(&text, MAX_CAPTURE_BYTES);
+            while !text.is_char_boundary(cut) {
+                cut -= 1;
+            }
+            dropped += text.len() - cut;
+            text.truncate(cut);
+        }
+        if dropped > 0 {
+            text.push_str(&format!(
+                "\n[archon: output truncated, {dropped} more bytes]"
+            ));
+        }
+        text
+    }
+}

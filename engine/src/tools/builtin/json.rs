@@ -1,0 +1,38 @@
+//! The `json` tool: queries or transforms JSON with a jq filter ([`super::jq`]: plain paths in place,
+//! anything else in a killable helper process).
+
+use serde_json::{Value as Json, json};
+
+use super::{OnSpawn, READ_ONLY, Tool, ToolContext, ToolOutput, object};
+use crate::tools::{CallFuture, SafetyRule};
+
+pub(super) struct JsonQuery;
+
+impl Tool for JsonQuery {
+    fn name(&self) -> &'static str {
+        "json"
+    }
+
+    fn description(&self) -> &'static str {
+        "Query or transform JSON with a jq filter"
+    }
+
+    fn parameters(&self) -> Json {
+        object(
+            json!({ "input": {}, "query": { "type": "string" } }),
+            &["query"],
+        )
+    }
+
+    fn safety(&self) -> SafetyRule {
+        READ_ONLY
+    }
+
+    fn call<'a>(&'a self, args: &'a Json, cx: &'a ToolContext, _: OnSpawn<'a>) -> CallFuture<'a> {
+        Box::pin(async move {
+            let filter = args["query"].as_str().unwrap_or(".");
+            let output = super::jq::query(cx.helper.as_deref(), &args["input"], filter).await?;
+            Ok(ToolOutput::json(output))
+        })
+    }
+}

@@ -1,0 +1,58 @@
+//! The `shell` tool: the explicit opt-in to a shell. The command line goes to `sh -c` as one argument and
+//! runs as `exec` runs its programs.
+
+use serde_json::{Value as Json, json};
+
+use super::{OnSpawn, SENSITIVE, Tool, ToolContext, object, timeout};
+use crate::tools::{CallFuture, SafetyRule};
+
+pub(super) struct Shell;
+
+impl Tool for Shell {
+    fn name(&self) -> &'static str {
+        "shell"
+    }
+
+    fn description(&self) -> &'static str {
+        "Run a command line through `sh -c` (explicit opt-in to a shell)"
+    }
+
+    fn parameters(&self) -> Json {
+        object(
+            json!({
+                "command": { "type": "string" },
+                "cwd": { "type": "string" },
+                "env": { "type": "object", "additionalProperties": { "type": "string" } },
+                "stdin": { "type": "string" },
+                "output": { "enum": ["text", "json", "lines"] },
+                "ok_exit_codes": { "type": "array", "items": { "type": "integer" } },
+                "timeout": timeout(),
+            }),
+            &["command"],
+        )
+    }
+
+    fn safety(&self) -> SafetyRule {
+        SENSITIVE
+    }
+
+    fn durations(&self) -> &'static [&'static str] {
+        &["timeout"]
+    }
+
+    fn call<'a>(
+        &'a self,
+        args: &'a Json,
+        cx: &'a ToolContext,
+        on_spawn: OnSpawn<'a>,
+    ) -> CallFuture<'a> {
+        Box::pin(async move {
+            let mut exec_args = args.clone();
+            if let Some(object) = exec_args.as_object_mut() {
+                let command = object.remove("command").unwrap_or(Json::Null);
+                object.insert("argv".into(), json!(["sh", "-c", command]));
+            }
+            super::exec::exec(&exec_args, cx, on_spawn).await
+        })
+    }
+}

@@ -1,0 +1,39 @@
+//! The `write_file` tool. Writes a text file inside the workspace (`files::write_file`). It runs on a thread of its own, so a
+//! file that never answers holds that thread, not the run.
+
+use serde_json::{Value as Json, json};
+
+use super::{OnSpawn, SENSITIVE, Tool, ToolContext, files, object};
+use crate::tools::{CallFuture, SafetyRule, off_thread};
+
+pub(super) struct WriteFile;
+
+impl Tool for WriteFile {
+    fn name(&self) -> &'static str {
+        "write_file"
+    }
+
+    fn description(&self) -> &'static str {
+        "Write a text file inside the workspace"
+    }
+
+    fn parameters(&self) -> Json {
+        object(
+            json!({
+                "path": { "type": "string" },
+                "content": { "type": "string" },
+                "append": { "type": "boolean" },
+            }),
+            &["path", "content"],
+        )
+    }
+
+    fn safety(&self) -> SafetyRule {
+        SENSITIVE
+    }
+
+    fn call<'a>(&'a self, args: &'a Json, cx: &'a ToolContext, _: OnSpawn<'a>) -> CallFuture<'a> {
+        let (workdir, args) = (cx.workdir.clone(), args.clone());
+        Box::pin(async move { off_thread(move || files::write_file(&workdir, &args)).await? })
+    }
+}
