@@ -138,7 +138,7 @@ fn from_spec(
     let mut def = def.clone();
     if def.timeout.is_none() {
         def.timeout = Some(Spanned::new(
-            PING_TIMEOUT.to_owned(),
+            archon_engine::spec::DurationText::new(PING_TIMEOUT),
             Span::new(FileId(0), 0, 0),
         ));
     }
@@ -173,7 +173,10 @@ fn from_environment(
         api_key_env: None,
         temperature: None,
         max_tokens: None,
-        timeout: Some(Spanned::new(PING_TIMEOUT.to_owned(), nowhere)),
+        timeout: Some(Spanned::new(
+            archon_engine::spec::DurationText::new(PING_TIMEOUT),
+            nowhere,
+        )),
         tool_mode: None,
         max_concurrency: None,
         requests_per_minute: None,

@@ -71,13 +71,8 @@ fn tool_idempotent(workflow: &Workflow, name: &str, seen: &mut HashSet<String>) 
 /// An agent or planner step is safe to repeat when every tool it may use is: the tools its `tools` globs
 /// (or its agent's) allow. A checkpoint spares the iterations it completed in any case.
 fn llm_step_idempotent(workflow: &Workflow, body: Body<'_>, seen: &mut HashSet<String>) -> bool {
-    let spec = &workflow.spec;
-    let globs: Vec<globset::GlobMatcher> = spec
-        .tool_patterns(body)
-        .iter()
-        .filter_map(|p| globset::Glob::new(p).ok().map(|g| g.compile_matcher()))
-        .collect();
-    let allowed = |name: &str| globs.iter().any(|g| g.is_match(name));
+    let patterns = workflow.spec.tool_patterns(body);
+    let allowed = |name: &str| patterns.iter().any(|p| p.matches(name));
     let usable: Vec<&str> = workflow
         .tools
         .iter()

@@ -150,11 +150,7 @@ pub fn build(
     }
     let var = |key: &str| env.get(key).filter(|v| !v.is_empty()).cloned();
     let mut settings = Settings::default();
-    if let Some(timeout) = def
-        .timeout
-        .as_ref()
-        .and_then(|t| humantime::parse_duration(&t.value).ok())
-    {
+    if let Some(timeout) = def.timeout.as_ref().and_then(|t| t.value.get()) {
         settings.timeout = timeout;
     }
     if let Some(limit) = def.max_concurrency {

@@ -7,7 +7,7 @@ use minijinja::Value;
 use serde_json::{Value as Json, json};
 
 use super::render::{Renderer, json_value};
-use crate::spec::{Action, ChosenBy, Decision, Rule, Trigger};
+use crate::spec::{Action, ChosenBy, Decision, Pattern, Rule, Trigger};
 
 /// What happened, as rules see it.
 #[derive(Clone, Debug)]
@@ -92,10 +92,7 @@ pub fn evaluate(rules: &[Rule], renderer: &Renderer, event: &Event<'_>) -> Verdi
                 .map_or_else(|| format!("rules[{index}]"), |n| n.value.clone()),
         );
         verdict.reason.clone_from(&rule.reason);
-        verdict.timeout = rule
-            .timeout
-            .as_ref()
-            .and_then(|t| humantime::parse_duration(t.value.trim()).ok());
+        verdict.timeout = rule.timeout.as_ref().and_then(|t| t.value.get());
         verdict.approve_on_timeout = rule
             .default
             .as_ref()
@@ -110,17 +107,10 @@ fn matches(rule: &Rule, renderer: &Renderer, event: &Event<'_>) -> bool {
     let Some(m) = &rule.matcher else {
         return true;
     };
-    let glob = |pattern: &Option<crate::spec::Spanned<String>>, value: Option<&str>| {
-        pattern.as_ref().is_none_or(|p| {
-            value.is_some_and(|v| {
-                globset::Glob::new(&p.value)
-                    .map(|g| {
-                        let matcher = g.compile_matcher();
-                        names(v).iter().any(|n| matcher.is_match(n))
-                    })
-                    .unwrap_or(false)
-            })
-        })
+    let glob = |pattern: &Option<crate::spec::Spanned<Pattern>>, value: Option<&str>| {
+        pattern
+            .as_ref()
+            .is_none_or(|p| value.is_some_and(|v| names(v).iter().any(|n| p.value.matches(n))))
     };
     if !glob(&m.tool, event.tool) || !glob(&m.step, event.step) || !glob(&m.agent, event.agent) {
         return false;

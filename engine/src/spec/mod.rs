@@ -10,6 +10,7 @@ pub mod parse;
 pub mod schema;
 mod spanned;
 mod toml;
+mod values;
 mod yaml;
 
 use indexmap::IndexMap;
@@ -20,13 +21,14 @@ pub use de::from_node;
 pub use node::{Key, Node, NodeKind, PathSegment};
 pub use parse::{Limits, parse};
 pub use spanned::Spanned;
+pub use values::{DurationText, Pattern};
 
 /// A template string (minijinja syntax), rendered once at run time.
 pub type Template = Spanned<String>;
 /// A bare minijinja expression, as used by `if` and `foreach`.
 pub type Expression = Spanned<String>;
 /// A duration such as `30s`, `1m30s` or `500ms`.
-pub type Duration = Spanned<String>;
+pub type Duration = Spanned<DurationText>;
 /// A JSON Schema, written inline in YAML or TOML.
 pub type JsonSchemaValue = Node;
 
@@ -135,7 +137,7 @@ macro_rules! with_step_body {
             pub output_schema: Option<JsonSchemaValue>,
             /// Tools an LLM step may call (names or globs of built-in and declared tools).
             #[serde(default, skip_serializing_if = "Option::is_none")]
-            pub tools: Option<Vec<Spanned<String>>>,
+            pub tools: Option<Vec<Spanned<Pattern>>>,
             /// Most ReAct iterations for an LLM step (default 10).
             #[serde(default, skip_serializing_if = "Option::is_none")]
             pub max_iterations: Option<Spanned<u32>>,
@@ -243,12 +245,12 @@ impl Spec {
     }
 
     /// The tool names or globs an LLM step may use: its own `tools`, else its agent's.
-    pub fn tool_patterns<'a>(&'a self, body: Body<'a>) -> Vec<&'a str> {
+    pub fn tool_patterns<'a>(&'a self, body: Body<'a>) -> Vec<&'a Pattern> {
         match body.tools {
-            Some(tools) => tools.iter().map(|t| t.value.as_str()).collect(),
+            Some(tools) => tools.iter().map(|t| &t.value).collect(),
             None => self
                 .agent_of(body)
-                .map(|a| a.tools.iter().map(|t| t.value.as_str()).collect())
+                .map(|a| a.tools.iter().map(|t| &t.value).collect())
                 .unwrap_or_default(),
         }
     }
@@ -266,7 +268,7 @@ pub struct Body<'a> {
     pub context: Option<&'a Node>,
     pub expected_output: Option<&'a Template>,
     pub output_schema: Option<&'a JsonSchemaValue>,
-    pub tools: Option<&'a [Spanned<String>]>,
+    pub tools: Option<&'a [Spanned<Pattern>]>,
     pub max_iterations: Option<&'a Spanned<u32>>,
     pub agent: Option<&'a Spanned<String>>,
     pub provider: Option<&'a Spanned<String>>,
@@ -578,7 +580,7 @@ pub struct AgentDef {
     pub provider: Option<Spanned<String>>,
     /// Tools this agent may call.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub tools: Vec<Spanned<String>>,
+    pub tools: Vec<Spanned<Pattern>>,
     /// Other agents this one may delegate to.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub delegates: Vec<Spanned<String>>,
@@ -678,13 +680,13 @@ pub enum ChosenBy {
 pub struct RuleMatch {
     /// Glob over tool names.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub tool: Option<Spanned<String>>,
+    pub tool: Option<Spanned<Pattern>>,
     /// Glob over step ids.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub step: Option<Spanned<String>>,
+    pub step: Option<Spanned<Pattern>>,
     /// Glob over agent names.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub agent: Option<Spanned<String>>,
+    pub agent: Option<Spanned<Pattern>>,
     /// Who chose the call.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub chosen_by: Option<Spanned<ChosenBy>>,

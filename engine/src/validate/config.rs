@@ -3,7 +3,7 @@
 
 use crate::diagnostic::{Diagnostic, codes};
 use crate::source::Span;
-use crate::spec::{Action, Node, Retry, Spanned, Trigger};
+use crate::spec::{Action, Duration, Node, Retry, Spanned, Trigger};
 use crate::validate::patterns::PatternKind;
 use crate::validate::refs::{Scope, StepTable};
 use crate::validate::tools::pointer_segments;
@@ -328,8 +328,9 @@ impl Checker<'_> {
     }
 
     /// Checks a duration such as `30s`; returns whether it is valid.
-    pub(super) fn check_duration(&mut self, text: &Spanned<String>) -> bool {
-        self.check_duration_text(&text.value, text.span)
+    pub(super) fn check_duration(&mut self, duration: &Duration) -> bool {
+        duration.value.get().is_some()
+            || self.check_duration_text(&duration.value.text, duration.span)
     }
 
     /// Checks a duration written at `span`; returns whether it is valid.
@@ -417,7 +418,10 @@ impl Checker<'_> {
                     }
                     let ids: Vec<&str> = steps.entries.keys().map(String::as_str).collect();
                     let kind = PatternKind {
-                        known_elsewhere: self.raw_step_ids.contains(&step.value),
+                        known_elsewhere: self
+                            .raw_step_ids
+                            .iter()
+                            .any(|id| id == step.value.as_str()),
                         ..PatternKind::named("step", codes::UNKNOWN_STEP)
                     };
                     self.check_name_pattern(step, &ids, &kind);

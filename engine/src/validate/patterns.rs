@@ -4,7 +4,7 @@
 use globset::Glob;
 
 use crate::diagnostic::{Diagnostic, codes};
-use crate::spec::Spanned;
+use crate::spec::{Pattern, Spanned};
 use crate::validate::{Checker, suggest};
 
 /// What a pattern refers to, and how to report it.
@@ -40,26 +40,27 @@ pub fn is_glob(pattern: &str) -> bool {
 impl Checker<'_> {
     pub(super) fn check_name_pattern(
         &mut self,
-        pattern: &Spanned<String>,
+        pattern: &Spanned<Pattern>,
         names: &[&str],
         kind: &PatternKind,
     ) {
         let what = kind.what;
-        if !is_glob(&pattern.value) {
-            if !names.contains(&pattern.value.as_str()) && !kind.known_elsewhere {
+        let written = pattern.value.as_str();
+        if !is_glob(written) {
+            if !names.contains(&written) && !kind.known_elsewhere {
                 self.push(
                     Diagnostic::error(
                         kind.code,
                         pattern.span,
-                        format!("unknown {what} `{}`", pattern.value),
+                        format!("unknown {what} `{written}`"),
                     )
-                    .with_hint_opt(suggest::did_you_mean(&pattern.value, names.iter().copied()))
+                    .with_hint_opt(suggest::did_you_mean(written, names.iter().copied()))
                     .with_hint_opt(kind.hint.map(str::to_owned)),
                 );
             }
             return;
         }
-        match Glob::new(&pattern.value) {
+        match Glob::new(written) {
             Err(err) => self.push(Diagnostic::error(
                 codes::INVALID_GLOB,
                 pattern.span,
@@ -76,7 +77,7 @@ impl Checker<'_> {
                         Diagnostic::warning(
                             codes::PATTERN_MATCHES_NOTHING,
                             pattern.span,
-                            format!("`{}` matches no {what}", pattern.value),
+                            format!("`{written}` matches no {what}"),
                         )
                         .with_hint_opt(
                             (!names.is_empty())

@@ -8,7 +8,7 @@ use std::path::PathBuf;
 
 use super::{Checker, Validation, Validator};
 use crate::diagnostic::{Diagnostic, codes};
-use crate::spec::{Body, Node, Spec, Step};
+use crate::spec::{Body, Node, Pattern, Spec, Step};
 use crate::tools::{Registry, SafetyRule};
 use crate::workflow::Workflow;
 
@@ -16,18 +16,14 @@ use crate::workflow::Workflow;
 #[derive(Clone, Debug, Default)]
 pub struct PlanPolicy {
     /// Globs over tool names: the planning step's `tools` (or its agent's).
-    pub tools: Vec<String>,
+    pub tools: Vec<Pattern>,
 }
 
 impl PlanPolicy {
     /// Whether a planned step may call `name`: allowed by a glob, and not sensitive (a composite tool
     /// counts as sensitive when one of its steps calls a sensitive tool; `http` is checked per call).
     pub fn allows(&self, tools: &Registry, name: &str) -> bool {
-        let wanted = self
-            .tools
-            .iter()
-            .filter_map(|p| globset::Glob::new(p).ok())
-            .any(|g| g.compile_matcher().is_match(name));
+        let wanted = self.tools.iter().any(|p| p.matches(name));
         wanted && tools.get(name).is_some_and(|t| t.safety.may_be_harmless())
     }
 
@@ -251,7 +247,7 @@ impl Checker<'_> {
             }
         }
         for pattern in body.tools.unwrap_or_default() {
-            if !policy.allows(self.tools, &pattern.value) {
+            if !policy.allows(self.tools, pattern.value.as_str()) {
                 self.push(refuse(
                     pattern.span,
                     format!(

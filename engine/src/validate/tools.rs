@@ -5,7 +5,7 @@ use serde_json::Value as Json;
 
 use crate::diagnostic::{Diagnostic, codes};
 use crate::source::Span;
-use crate::spec::{Node, Spanned, ToolDef};
+use crate::spec::{Node, Pattern, Spanned, ToolDef};
 use crate::tools::{Registry, ToolRef, builtin};
 use crate::validate::patterns::PatternKind;
 use crate::validate::refs::{Dep, Scope, StepTable};
@@ -485,14 +485,18 @@ impl Checker<'_> {
     }
 
     /// Checks a tool name or glob in an LLM step's, agent's or rule's `tools`.
-    pub(super) fn check_tool_pattern(&mut self, pattern: &Spanned<String>) {
+    pub(super) fn check_tool_pattern(&mut self, pattern: &Spanned<Pattern>) {
         let names = tool_names(self.tools);
         // MCP servers list their tools only when they run: `server.tool` names and globs cannot be
         // checked against them now.
         let mcp_servers = self.spec.tools.iter().any(|(_, d)| d.mcp.is_some());
-        let mcp_tool = pattern.value.split_once('.').is_some_and(|(server, _)| {
-            self.spec.tools.get(server).is_some_and(|d| d.mcp.is_some())
-        });
+        let mcp_tool = pattern
+            .value
+            .as_str()
+            .split_once('.')
+            .is_some_and(|(server, _)| {
+                self.spec.tools.get(server).is_some_and(|d| d.mcp.is_some())
+            });
         let kind = PatternKind {
             what: "tool",
             code: codes::UNKNOWN_TOOL,

@@ -214,7 +214,7 @@ async fn declared(
             request["body"] = Json::String(text(body)?);
         }
         if let Some(timeout) = &def.timeout {
-            request["timeout"] = Json::String(timeout.value.clone());
+            request["timeout"] = Json::String(timeout.value.text.clone());
         }
         ("http", request)
     } else {

@@ -247,7 +247,7 @@ async fn with_retries(
                 .as_ref()
                 .and_then(|d| d.timeout.as_ref())
         })
-        .and_then(|t| duration(&t.value));
+        .and_then(|t| t.value.get());
     // Before an attempt with side effects starts, its `running` record (and everything recorded before
     // it) is on disk; an attempt that is safe to repeat does not wait, since a resume may repeat it.
     let journaled = shared.depth == 0;
@@ -352,12 +352,12 @@ fn backoff(retry: &Retry, failed: u32) -> Duration {
     let base = retry
         .delay
         .as_ref()
-        .and_then(|d| duration(&d.value))
+        .and_then(|d| d.value.get())
         .unwrap_or(Duration::from_secs(1));
     let max = retry
         .max_delay
         .as_ref()
-        .and_then(|d| duration(&d.value))
+        .and_then(|d| d.value.get())
         .unwrap_or(Duration::from_secs(60));
     let delay = match retry
         .backoff
@@ -483,8 +483,4 @@ fn after_step(shared: &Shared, step: &Step, result: &mut StepResult) {
             });
         }
     }
-}
-
-fn duration(text: &str) -> Option<Duration> {
-    humantime::parse_duration(text.trim()).ok()
 }

@@ -26,6 +26,7 @@ use crate::llm::config::Configured;
 use crate::llm::{FinishReason, Message, Part};
 use crate::run::render::to_text;
 use crate::run::{LlmUsage, RunEvent, StepResult, StepStatus, unsupported_steps};
+use crate::spec::Pattern;
 use crate::spec::{Body, ChosenBy, Limits, Trigger};
 use crate::tools::ToolOutput;
 use crate::validate::{self, PlanPolicy, Validator};
@@ -75,11 +76,7 @@ async fn plan_and_run(
     let spec = &shared.workflow.spec;
     let (agent, _, configured) = agent::chosen(shared, body)?;
     let policy = PlanPolicy {
-        tools: spec
-            .tool_patterns(body)
-            .into_iter()
-            .map(str::to_owned)
-            .collect(),
+        tools: spec.tool_patterns(body).into_iter().cloned().collect(),
     };
     let system = prompt::with_instructions(shared, agent, ctx, instructions(shared, &policy, ctx))?;
     let mut user = format!("Goal: {goal}");
@@ -102,7 +99,12 @@ async fn plan_and_run(
     let fingerprint = checkpoint::fingerprint(&[
         &configured.name,
         &configured.model,
-        &policy.tools.join(","),
+        &policy
+            .tools
+            .iter()
+            .map(Pattern::as_str)
+            .collect::<Vec<_>>()
+            .join(","),
         &max_replans.to_string(),
     ]);
     if let Some(state) = checkpoint::restore::<PlannerState>(shared, label, &fingerprint, &messages)
@@ -538,13 +540,10 @@ fn instructions(shared: &Shared, policy: &PlanPolicy, ctx: &Value) -> String {
          result is the output of its last step.",
     );
     let registry = &shared.workflow.tools;
-    let tools: Vec<_> = agent::offered_tools(
-        registry,
-        &policy.tools.iter().map(String::as_str).collect::<Vec<_>>(),
-    )
-    .into_iter()
-    .filter(|t| policy.allows(registry, &t.name))
-    .collect();
+    let tools: Vec<_> = agent::offered_tools(registry, &policy.tools.iter().collect::<Vec<_>>())
+        .into_iter()
+        .filter(|t| policy.allows(registry, &t.name))
+        .collect();
     if tools.is_empty() {
         text.push_str("\n\nNo tools are allowed: write `goal` steps only.");
     } else {

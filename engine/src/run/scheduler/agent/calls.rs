@@ -9,6 +9,7 @@ use crate::llm::ToolSpec;
 use crate::run::StepStatus;
 use crate::run::render::to_text;
 use crate::run::scheduler::context::Shared;
+use crate::spec::Pattern;
 use crate::tools::ToolOutput;
 use crate::tools::{Registry, ToolRef};
 
@@ -86,15 +87,11 @@ pub(super) async fn observe(
 /// one asks for a person's approval unless a rule allows it.
 pub(in crate::run::scheduler) fn offered_tools(
     tools: &Registry,
-    patterns: &[&str],
+    patterns: &[&Pattern],
 ) -> Vec<ToolSpec> {
-    let globs: Vec<globset::GlobMatcher> = patterns
-        .iter()
-        .filter_map(|p| globset::Glob::new(p).ok().map(|g| g.compile_matcher()))
-        .collect();
     tools
         .iter()
-        .filter(|t| !matches!(t.kind, ToolRef::Mcp) && globs.iter().any(|g| g.is_match(&t.name)))
+        .filter(|t| !matches!(t.kind, ToolRef::Mcp) && patterns.iter().any(|p| p.matches(&t.name)))
         .map(|t| ToolSpec {
             name: t.name.clone(),
             description: t.description.clone(),

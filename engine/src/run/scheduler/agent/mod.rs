@@ -76,7 +76,7 @@ pub(super) async fn run(
         .unwrap_or(DEFAULT_MAX_ITERATIONS)
         .max(1);
     // A planned agent has only the tools its plan gave it.
-    let patterns: Vec<&str> = if shared.planned && body.tools.is_none() {
+    let patterns: Vec<&crate::spec::Pattern> = if shared.planned && body.tools.is_none() {
         Vec::new()
     } else {
         spec.tool_patterns(body)
