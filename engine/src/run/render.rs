@@ -11,7 +11,7 @@ use minijinja::value::{Enumerator, Object, ObjectRepr};
 use minijinja::{Environment, UndefinedBehavior, Value};
 use serde_json::{Map, Value as Json};
 
-use super::StepResult;
+use crate::report::StepResult;
 use crate::spec::{Node, NodeKind, Spanned};
 use crate::validate::templates::is_template;
 

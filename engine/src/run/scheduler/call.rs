@@ -12,8 +12,8 @@ use super::context::{
 };
 use super::gate::{self, Gate};
 use super::planner;
+use crate::report::{RunStatus, StepStatus};
 use crate::run::render::{json_value, to_text};
-use crate::run::{RunStatus, StepStatus};
 use crate::spec::{Body, ToolDef, Trigger};
 use crate::store::Entry;
 use crate::tools::builtin::{self, Builtin};

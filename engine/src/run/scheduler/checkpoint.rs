@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 
 use super::context::Shared;
 use crate::llm::Message;
-use crate::run::LlmUsage;
+use crate::report::LlmUsage;
 use crate::store::{Ack, Entry};
 
 /// Where an agent step stands after a completed iteration.

@@ -16,9 +16,10 @@ use serde_json::{Map, Value as Json};
 use tokio_util::sync::CancellationToken;
 
 use crate::llm::config::Configured;
+use crate::report::{LlmUsage, RunEvent, RunReport, StepResult, StepStatus};
+use crate::run::options::{MAX_DEPTH, RunOptions};
 use crate::run::redact::Redactor;
 use crate::run::render::{Renderer, StepView};
-use crate::run::{LlmUsage, MAX_DEPTH, RunEvent, RunOptions, RunReport, StepResult, StepStatus};
 use crate::spec::{Body, OnError, Step};
 use crate::store::Entry;
 use crate::tools::{ToolContext, ToolError, ToolOutput};

@@ -6,8 +6,8 @@ use serde_json::Value as Json;
 
 use super::context::Shared;
 use super::durable::{Record, persist};
+use crate::report::{ApprovalDecision, ApprovalRequest, RunEvent};
 use crate::run::rules::{self, Event, Verdict};
-use crate::run::{ApprovalDecision, ApprovalRequest, RunEvent};
 use crate::spec::{Action, ChosenBy, Trigger};
 use crate::store::Entry;
 

@@ -14,8 +14,8 @@ use super::call;
 use super::context::{Called, Failure, Shared, Steps, millis};
 use super::durable::{Record, persist};
 use super::gate::{self, Gate};
+use crate::report::{LlmUsage, RunEvent, StepResult, StepStatus};
 use crate::run::render::{StepView, json_value, to_text};
-use crate::run::{LlmUsage, RunEvent, StepResult, StepStatus};
 use crate::spec::{Backoff, Body, Retry, RetryOn, Step, Trigger};
 use crate::store::Entry;
 

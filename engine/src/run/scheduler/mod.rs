@@ -26,7 +26,8 @@ use tokio::task::JoinSet;
 
 use super::redact::Redactor;
 use super::render::{Renderer, StepView, context_value, json_value};
-use super::{REPORT_VERSION, RunEvent, RunOptions, RunReport, RunStatus, StepResult, StepStatus};
+use crate::report::{REPORT_VERSION, RunEvent, RunReport, RunStatus, StepResult, StepStatus};
+use crate::run::options::RunOptions;
 use crate::spec::{ChosenBy, Step, Trigger};
 use crate::store::{Entry, RunState};
 use crate::tools::ToolContext;

@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use serde_json::Value as Json;
 
 use crate::llm::ToolSpec;
-use crate::run::StepStatus;
+use crate::report::StepStatus;
 use crate::run::render::to_text;
 use crate::run::scheduler::context::Shared;
 use crate::spec::Pattern;

@@ -10,8 +10,8 @@ use super::model::complete;
 use crate::llm::config::Configured;
 use crate::llm::tokens::{self, Estimator};
 use crate::llm::{ChatRequest, Message, Part, Role, ToolSpec};
+use crate::report::{LlmUsage, RunEvent};
 use crate::run::scheduler::context::{Failure, Shared};
-use crate::run::{LlmUsage, RunEvent};
 use crate::spec::Spec;
 
 /// The share of the context window at which earlier turns are compacted, unless `compact_at` says otherwise.

@@ -8,9 +8,9 @@ use crate::llm::ChatRequest;
 use crate::llm::cassette::{Recorder, Replayer};
 use crate::llm::config::{self, Configured};
 use crate::llm::pricing;
+use crate::report::{LlmUsage, RunEvent};
 use crate::run::redact::Redacting;
 use crate::run::scheduler::context::{Failure, Shared, millis};
-use crate::run::{LlmUsage, RunEvent};
 use crate::spec::{AgentDef, Body, Spec};
 
 /// The step's agent role (its own, or `defaults.agent`), provider name and built provider: the step's
@@ -69,7 +69,7 @@ fn provider(shared: &Shared, name: &str) -> Result<Arc<Configured>, Failure> {
         .and_then(|l| l.providers.get(name))
         .ok_or_else(|| Failure::fixed(format!("no LLM provider `{name}`")))?;
     // Replaying needs no provider at all: not even its key.
-    if let Some(crate::run::Cassette::Replay(exchanges)) = &shared.options.cassette {
+    if let Some(crate::run::options::Cassette::Replay(exchanges)) = &shared.options.cassette {
         let built = Arc::new(Configured {
             name: name.to_owned(),
             kind: def.kind.value,
@@ -98,7 +98,7 @@ fn provider(shared: &Shared, name: &str) -> Result<Arc<Configured>, Failure> {
         .unwrap_or_default();
     let mut configured = config::build(name, def, &dir, &shared.options.env)
         .map_err(|e| Failure::fixed(e.message))?;
-    if let Some(crate::run::Cassette::Record(file)) = &shared.options.cassette {
+    if let Some(crate::run::options::Cassette::Record(file)) = &shared.options.cassette {
         let redactor = shared.redactor.clone();
         configured.provider = Arc::new(
             Recorder::new(configured.provider, file.clone())
