@@ -1,4 +1,10 @@
-//! YAML to [`Node`] through `serde-saphyr`, keeping the byte span of every value and key.
+//! YAML to [`Node`], keeping the byte span of every value and key.
+//!
+//! Two readers give the same tree. The common case (no anchors, aliases, merge keys or tags, and scalars
+//! whose type is plain to see) is read event by event from the YAML parser itself, `granit-parser`, into
+//! `Node`s at once. Anything else, and every document with an error, is read again through `serde-saphyr`,
+//! which resolves the rest of YAML and words the errors; the event reader declines rather than guess, so
+//! the two agree wherever both read (checked over every spec in the repository by a test).
 
 use std::fmt;
 
@@ -170,6 +176,9 @@ pub(super) fn parse(file: &SourceFile, limits: &Limits) -> (Option<Node>, Vec<Di
             Vec::new(),
         );
     }
+    if let Some(read) = events::read(file, limits) {
+        return read;
+    }
     match serde_saphyr::from_str_with_options::<Located>(&file.text, options) {
         Ok(raw) => {
             let mut diagnostics = Vec::new();
@@ -200,6 +209,53 @@ fn line_col_span(file: &SourceFile, line: u64, column: u64) -> Span {
         .sum();
     let at = line_start + col;
     Span::new(file.id, at, at)
+}
+
+/// The serde-saphyr reading of `file`, for tests that compare the two readers.
+#[cfg(test)]
+pub(super) fn read_with_serde(
+    file: &SourceFile,
+    limits: &Limits,
+) -> (Option<Node>, Vec<Diagnostic>) {
+    let mut budget = Budget::default();
+    budget.max_depth = limits.max_depth;
+    budget.max_nodes = limits.max_values;
+    budget.max_events = 2 * limits.max_values;
+    budget.enforce_alias_anchor_ratio = false;
+    let mut alias_limits = AliasLimits::default();
+    alias_limits.max_total_replayed_events = limits.max_alias_replay_events;
+    let mut options = Options::default();
+    options.budget = Some(budget);
+    options.alias_limits = alias_limits;
+    options.with_snippet = false;
+    options.strict_booleans = true;
+    options.duplicate_keys = serde_saphyr::DuplicateKeyPolicy::PassThrough;
+    match serde_saphyr::from_str_with_options::<Located>(&file.text, options) {
+        Ok(raw) => {
+            let mut diagnostics = Vec::new();
+            let node = convert(raw, file, &mut diagnostics);
+            (Some(node), diagnostics)
+        }
+        Err(err) => (None, vec![error_to_diagnostic(&err, file, limits)]),
+    }
+}
+
+/// How one scalar reads when its text is all there is to go by: through serde-saphyr, as a document of
+/// its own (for the few plain scalars the event reader does not decide itself: numbers other than plain
+/// integers, and words a float parser might take).
+fn resolve_alone(text: &str) -> Option<NodeKind> {
+    let mut options = Options::default();
+    options.strict_booleans = true;
+    options.with_snippet = false;
+    let raw: Located = serde_saphyr::from_str_with_options(text, options).ok()?;
+    match raw.value {
+        Raw::Null => Some(NodeKind::Null),
+        Raw::Bool(b) => Some(NodeKind::Bool(b)),
+        Raw::Int(i) => Some(NodeKind::Int(i)),
+        Raw::Float(f) => Some(NodeKind::Float(f)),
+        Raw::Str(s) => Some(NodeKind::Str(s)),
+        Raw::Seq(_) | Raw::Map(_) => None,
+    }
 }
 
 fn convert(raw: Located, file: &SourceFile, diagnostics: &mut Vec<Diagnostic>) -> Node {
@@ -236,16 +292,25 @@ fn convert(raw: Located, file: &SourceFile, diagnostics: &mut Vec<Diagnostic>) -
                         continue;
                     }
                 };
-                let key = Key { name, span };
-                if let Some((first, _)) = out.iter().find(|(k, _)| k.name == key.name) {
-                    diagnostics.push(duplicate_key(&key, first.span));
-                    continue;
-                }
-                out.push((key, value));
+                insert(&mut out, Key { name, span }, value, diagnostics);
             }
             NodeKind::Map(out)
         }
     };
+    collection(span, kind)
+}
+
+/// Adds an entry to a mapping, or reports a key written twice (the first one stays).
+fn insert(out: &mut Vec<(Key, Node)>, key: Key, value: Node, diagnostics: &mut Vec<Diagnostic>) {
+    if let Some((first, _)) = out.iter().find(|(k, _)| k.name == key.name) {
+        diagnostics.push(duplicate_key(&key, first.span));
+        return;
+    }
+    out.push((key, value));
+}
+
+/// A node whose span, for a collection, covers its children.
+fn collection(span: Span, kind: NodeKind) -> Node {
     let span = match &kind {
         NodeKind::Seq(items) if span.is_empty() || items.len() > 1 => {
             cover(span, items.iter().map(|n| n.span))
@@ -403,5 +468,334 @@ pub(super) fn widen_to_char(span: Span, file: &SourceFile) -> Span {
     match file.text.get(start..).and_then(|rest| rest.chars().next()) {
         Some(c) if c != '\n' => Span::new(span.file, start, start + c.len_utf8()),
         _ => span,
+    }
+}
+
+/// The event reader: the YAML parser's events straight into `Node`s, for documents that need nothing
+/// beyond the parser (see the module documentation). `read` gives `None` to hand a document to serde-saphyr.
+mod events {
+    use granit_parser::{Event, Parser, ScalarStyle, Span as At};
+
+    use super::{Diagnostic, Key, Limits, Node, NodeKind, SourceFile, Span};
+
+    /// A collection being read.
+    enum Open {
+        Seq(Span, Vec<Node>),
+        /// The entries so far, and the key read whose value comes next.
+        Map(Span, Vec<(Key, Node)>, Option<Key>),
+    }
+
+    pub(super) fn read(
+        file: &SourceFile,
+        limits: &Limits,
+    ) -> Option<(Option<Node>, Vec<Diagnostic>)> {
+        let mut diagnostics = Vec::new();
+        let mut stack: Vec<Open> = Vec::new();
+        let mut root: Option<Node> = None;
+        let mut documents = 0;
+        let mut values = 0usize;
+        // Well inside serde-saphyr's limits, which it alone reports.
+        let (most_depth, most_values) = (limits.max_depth.saturating_sub(2), limits.max_values / 2);
+        for event in Parser::new_from_str(&file.text) {
+            let (event, at) = event.ok()?;
+            let sequence = matches!(event, Event::SequenceStart(..));
+            let node = match event {
+                Event::StreamStart | Event::DocumentEnd => continue,
+                Event::StreamEnd => break,
+                Event::DocumentStart(..) => {
+                    documents += 1;
+                    if documents > 1 {
+                        return None;
+                    }
+                    continue;
+                }
+                Event::Scalar(text, style, anchor, tag) => {
+                    if anchor != 0 || tag.is_some() {
+                        return None;
+                    }
+                    values += 1;
+                    let kind = scalar(text.into_owned(), style)?;
+                    Node::new(span(file, &at)?, kind)
+                }
+                Event::SequenceStart(_, anchor, tag) | Event::MappingStart(_, anchor, tag) => {
+                    if anchor != 0 || tag.is_some() || stack.len() >= most_depth {
+                        return None;
+                    }
+                    values += 1;
+                    let start = span(file, &at)?;
+                    stack.push(if sequence {
+                        Open::Seq(start, Vec::new())
+                    } else {
+                        Open::Map(start, Vec::new(), None)
+                    });
+                    continue;
+                }
+                Event::SequenceEnd => match stack.pop()? {
+                    Open::Seq(start, items) => super::collection(start, NodeKind::Seq(items)),
+                    Open::Map(..) => return None,
+                },
+                Event::MappingEnd => match stack.pop()? {
+                    Open::Map(start, entries, None) => {
+                        super::collection(start, NodeKind::Map(entries))
+                    }
+                    _ => return None,
+                },
+                // Aliases, and anything this reader does not expect.
+                _ => return None,
+            };
+            if values > most_values {
+                return None;
+            }
+            match stack.last_mut() {
+                None if root.is_none() => root = Some(node),
+                None => return None,
+                Some(Open::Seq(_, items)) => items.push(node),
+                Some(Open::Map(_, entries, key)) => match key.take() {
+                    Some(key) => super::insert(entries, key, node, &mut diagnostics),
+                    None => *key = Some(self::key(node)?),
+                },
+            }
+        }
+        if !stack.is_empty() || documents != 1 {
+            return None;
+        }
+        Some((Some(root?), diagnostics))
+    }
+
+    /// A key as serde-saphyr names it; merge keys and keys that are not scalars are its to read.
+    fn key(node: Node) -> Option<Key> {
+        let name = match node.kind {
+            NodeKind::Str(s) if s == "<<" => return None,
+            NodeKind::Str(s) => s,
+            NodeKind::Int(i) => i.to_string(),
+            NodeKind::Bool(b) => b.to_string(),
+            _ => return None,
+        };
+        Some(Key {
+            name,
+            span: node.span,
+        })
+    }
+
+    fn span(file: &SourceFile, at: &At) -> Option<Span> {
+        Some(Span::new(
+            file.id,
+            at.start.byte_offset()?,
+            at.end.byte_offset()?,
+        ))
+    }
+
+    /// What an untagged scalar is: quoted and block scalars are strings; a plain scalar is null, a
+    /// boolean (YAML 1.2: `true` and `false` in three spellings), a plain integer, or else a string, except
+    /// that anything a number parser might read (a sign, a digit or a dot first, or a word such as `inf`)
+    /// is resolved by serde-saphyr.
+    fn scalar(text: String, style: ScalarStyle) -> Option<NodeKind> {
+        if style != ScalarStyle::Plain {
+            return Some(NodeKind::Str(text));
+        }
+        Some(match text.as_str() {
+            "" | "~" | "null" | "Null" | "NULL" => NodeKind::Null,
+            "true" | "True" | "TRUE" => NodeKind::Bool(true),
+            "false" | "False" | "FALSE" => NodeKind::Bool(false),
+            t if plain_integer(t) => NodeKind::Int(t.parse().ok()?),
+            t if t.starts_with(|c: char| c.is_ascii_digit() || matches!(c, '-' | '+' | '.'))
+                || t.parse::<f64>().is_ok() =>
+            {
+                if t.starts_with("--") || t == "-" || t.starts_with("- ") {
+                    return Some(NodeKind::Str(text));
+                }
+                super::resolve_alone(t)?
+            }
+            _ => NodeKind::Str(text),
+        })
+    }
+
+    /// `0`, or up to 18 digits with an optional minus and no leading zero: an `i64` in every spelling.
+    fn plain_integer(t: &str) -> bool {
+        let digits = t.strip_prefix('-').unwrap_or(t);
+        t == "0"
+            || (!digits.is_empty()
+                && digits.len() <= 18
+                && !digits.starts_with('0')
+                && digits.bytes().all(|b| b.is_ascii_digit()))
+    }
+}
+
+#[cfg(test)]
+mod parity {
+    use std::path::{Path, PathBuf};
+
+    use super::{Limits, read_with_serde};
+    use crate::source::{FileId, Format, SourceFile};
+
+    fn file(text: &str) -> SourceFile {
+        SourceFile::new(
+            FileId(0),
+            PathBuf::from("t.yaml"),
+            text.to_owned(),
+            Format::Yaml,
+        )
+    }
+
+    /// Whether the event reader read `text`, and then whether it read it as serde-saphyr does: the same
+    /// values with the same spans, and the same diagnostics.
+    fn agrees(text: &str) -> Option<Result<(), String>> {
+        let file = file(text);
+        let limits = Limits::default();
+        let fast = super::events::read(&file, &limits)?;
+        let slow = read_with_serde(&file, &limits);
+        let shown = |(node, diagnostics): &(Option<super::Node>, Vec<super::Diagnostic>)| {
+            format!("{node:#?}\n{diagnostics:#?}")
+        };
+        Some(if shown(&fast) == shown(&slow) {
+            Ok(())
+        } else {
+            Err(format!(
+                "{text}\nevents:\n{}\nserde-saphyr:\n{}",
+                shown(&fast),
+                shown(&slow)
+            ))
+        })
+    }
+
+    #[test]
+    fn scalars_read_as_serde_saphyr_reads_them() {
+        let scalars = [
+            "x",
+            "0",
+            "-0",
+            "7",
+            "-12",
+            "+1",
+            "007",
+            "0x1F",
+            "0o17",
+            "0b101",
+            "1_000",
+            "1.5",
+            "-1.5",
+            ".5",
+            "1.",
+            "1e3",
+            "1E-3",
+            "inf",
+            "-inf",
+            ".inf",
+            "-.Inf",
+            ".nan",
+            "NaN",
+            "nan",
+            "yes",
+            "no",
+            "on",
+            "off",
+            "y",
+            "n",
+            "true",
+            "True",
+            "TRUE",
+            "tRUE",
+            "false",
+            "~",
+            "null",
+            "Null",
+            "NULL",
+            "nULL",
+            "12345678901234567890",
+            "-9223372036854775808",
+            "9223372036854775807",
+            "123456789012345678",
+            "1.2.3",
+            "v1",
+            "1a",
+            "- a",
+            "'7'",
+            "\"true\"",
+            "'~'",
+            "a b  c",
+            "{{ steps.a.output }}",
+            "-x",
+            "+x",
+            ".x",
+            "2026-11-23",
+            "1:30",
+            "0.0.0.0/0",
+            "\"\\u00e9\"",
+            "|\n  block\n",
+            ">\n  folded\n  text\n",
+        ];
+        let mut read = 0;
+        for scalar in scalars {
+            for text in [
+                format!("k: {scalar}\n"),
+                format!("- {scalar}\n"),
+                format!("[{scalar}]\n"),
+            ] {
+                if let Some(outcome) = agrees(&text) {
+                    read += 1;
+                    outcome.unwrap_or_else(|e| panic!("{e}"));
+                }
+            }
+        }
+        // Most of these are the event reader's to read.
+        eprintln!("scalars read: {read}");
+        assert!(read > 150, "{read}");
+    }
+
+    #[test]
+    fn documents_read_as_serde_saphyr_reads_them() {
+        for text in [
+            "name: t\nsteps:\n  - id: a\n    tool: echo\n    with: { v: 1, w: [1, 2, {x: y}] }\n",
+            "a:\nb: 1\n",
+            "a: 1\na: 2\n",
+            "1: one\ntrue: yes\n",
+            "? complex\n: value\n",
+            "outer:\n  - - nested\n    - [a, b]\n  - {}\n  - []\n",
+            "# only a comment\nkey: value # trailing\n",
+            "text: |\n  line one\n  line two\nnext: >-\n  folded\n",
+            "key: 'single ''quoted'''\nother: \"double \\\"quoted\\\"\"\n",
+            "plain: multi\n  line\n  plain\n",
+            "a: [1,\n  2,\n  3]\n",
+            "--- \nname: explicit start\n...\n",
+            "é: ü\n\"k\": v\n",
+        ] {
+            if let Some(outcome) = agrees(text) {
+                outcome.unwrap_or_else(|e| panic!("{e}"));
+            }
+        }
+    }
+
+    /// Every YAML file in the repository: examples, workflows, fixtures, whichever reader takes it.
+    #[test]
+    fn every_spec_in_the_repository_reads_the_same() {
+        fn collect(dir: &Path, out: &mut Vec<PathBuf>) {
+            for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+                let path = entry.path();
+                if path.is_dir() {
+                    collect(&path, out);
+                } else if path.extension().is_some_and(|e| e == "yaml" || e == "yml") {
+                    out.push(path);
+                }
+            }
+        }
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        let mut files = Vec::new();
+        for dir in ["workflows", "examples", "tests/fixtures"] {
+            collect(&root.join(dir), &mut files);
+        }
+        let mut read = 0;
+        for path in &files {
+            let text = std::fs::read_to_string(path).expect("readable");
+            if let Some(outcome) = agrees(&text) {
+                read += 1;
+                outcome.unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+            }
+        }
+        eprintln!("files read: {read} of {}", files.len());
+        assert!(
+            files.len() > 50 && read * 2 > files.len(),
+            "{read} of {}",
+            files.len()
+        );
     }
 }
