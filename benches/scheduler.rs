@@ -26,6 +26,7 @@ fn workflow(yaml: &str) -> Workflow {
 fn options(max_parallel: usize) -> RunOptions {
     RunOptions {
         max_parallel,
+        protected: Vec::new(),
         workdir: std::env::temp_dir(),
         run_id: "bench".into(),
         cancel: CancellationToken::new(),

@@ -21,6 +21,7 @@ pub(crate) async fn run_agent(dir: &Path, yaml: &str) -> (RunReport, Vec<RunEven
     let (sender, mut receiver) = tokio::sync::mpsc::unbounded_channel();
     let options = RunOptions {
         max_parallel: 4,
+        protected: Vec::new(),
         workdir: dir.to_path_buf(),
         run_id: "agent".into(),
         cancel: CancellationToken::new(),

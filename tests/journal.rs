@@ -70,6 +70,7 @@ async fn run_with_events(
     assert!(!validation.has_errors(), "{:?}", validation.diagnostics);
     let options = RunOptions {
         max_parallel: 4,
+        protected: Vec::new(),
         workdir: dir.to_path_buf(),
         run_id: "journal".into(),
         cancel: CancellationToken::new(),

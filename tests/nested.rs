@@ -14,6 +14,7 @@ use tokio_util::sync::CancellationToken;
 fn options(workdir: &Path) -> RunOptions {
     RunOptions {
         max_parallel: 4,
+        protected: Vec::new(),
         workdir: workdir.to_path_buf(),
         run_id: "nested".to_owned(),
         cancel: CancellationToken::new(),

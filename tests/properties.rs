@@ -146,6 +146,7 @@ proptest! {
         let (sender, mut receiver) = tokio::sync::mpsc::unbounded_channel();
         let options = RunOptions {
             max_parallel: parallel,
+            protected: Vec::new(),
             workdir: std::env::temp_dir(),
             run_id: "prop".into(),
             cancel: tokio_util::sync::CancellationToken::new(),

@@ -17,6 +17,7 @@ use crate::support::{Output, archon};
 fn options(workdir: &Path, max_parallel: usize) -> RunOptions {
     RunOptions {
         max_parallel,
+        protected: Vec::new(),
         workdir: workdir.to_path_buf(),
         run_id: "test".to_owned(),
         cancel: CancellationToken::new(),

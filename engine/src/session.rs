@@ -357,6 +357,7 @@ impl Session {
         let options = RunOptions {
             max_parallel: prepared.max_parallel,
             workdir: prepared.workdir,
+            protected: self.store.location().into_iter().collect(),
             run_id: prepared.run_id.clone(),
             cancel: attachments.cancel,
             events: attachments.events,

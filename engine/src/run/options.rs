@@ -22,6 +22,8 @@ pub struct RunOptions {
     pub max_parallel: usize,
     /// The workspace: where commands run and file paths point.
     pub workdir: PathBuf,
+    /// Directories file tools refuse (the run store's state directory).
+    pub protected: Vec<PathBuf>,
     pub run_id: String,
     /// Cancels the run: in-flight steps are abandoned (their process groups killed).
     pub cancel: CancellationToken,
@@ -96,6 +98,7 @@ impl RunOptions {
         RunOptions {
             max_parallel: 16,
             workdir,
+            protected: Vec::new(),
             run_id: run_id.into(),
             cancel: CancellationToken::new(),
             events: None,

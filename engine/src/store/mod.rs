@@ -9,6 +9,7 @@ mod convert;
 pub mod sqlite;
 
 use std::fmt;
+use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value as Json};
@@ -134,6 +135,10 @@ pub trait Journal: Send + Sync + fmt::Debug {
 /// Where runs are kept: what the CLI needs to start, list, show, resume, retry and cancel runs.
 /// [`sqlite::SqliteStore`] is the embedded implementation; a server database can implement the same.
 pub trait RunStore: Send + Sync + fmt::Debug {
+    /// The directory the store keeps its files in, if it has one: file tools refuse it.
+    fn location(&self) -> Option<PathBuf> {
+        None
+    }
     /// Records a new run, owned by this process, with its spec files and inputs.
     fn create_run(&self, run: &NewRun) -> Result<(), StoreError>;
     /// Takes ownership of a run no live process owns, when it is in one of the `allowed` states (to

@@ -220,6 +220,10 @@ impl SqliteStore {
 }
 
 impl RunStore for SqliteStore {
+    fn location(&self) -> Option<PathBuf> {
+        self.path.parent().map(Path::to_path_buf)
+    }
+
     /// Records a new run, owned by this process, with its spec files and inputs.
     fn create_run(&self, run: &NewRun) -> Result<(), StoreError> {
         let hash = spec_hash(&run.files);

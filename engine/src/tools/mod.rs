@@ -88,6 +88,8 @@ impl ToolError {
 pub struct ToolContext {
     /// File tools and commands are confined to this directory.
     pub workdir: PathBuf,
+    /// Directories file tools refuse, wherever they are (archon's state directory).
+    pub protected: Vec<PathBuf>,
     /// The spec's `env`, rendered, for commands.
     pub env: Vec<(String, String)>,
     /// What `http` may reach.

@@ -178,6 +178,7 @@ fn run_workflow(
         let shared = Arc::new(Shared {
             tool_context: ToolContext {
                 workdir: options.workdir.clone(),
+                protected: options.protected.clone(),
                 env: tool_env,
                 network: workflow.network.clone(),
                 redactor: redactor.clone(),

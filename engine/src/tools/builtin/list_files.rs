@@ -32,7 +32,9 @@ impl Tool for ListFiles {
     }
 
     fn call<'a>(&'a self, args: &'a Json, cx: &'a ToolContext, _: OnSpawn<'a>) -> CallFuture<'a> {
-        let (workdir, args) = (cx.workdir.clone(), args.clone());
-        Box::pin(async move { off_thread(move || files::list_files(&workdir, &args)).await? })
+        let (workdir, protected, args) = (cx.workdir.clone(), cx.protected.clone(), args.clone());
+        Box::pin(async move {
+            off_thread(move || files::list_files(&workdir, &protected, &args)).await?
+        })
     }
 }

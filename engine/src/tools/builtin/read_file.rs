@@ -26,7 +26,9 @@ impl Tool for ReadFile {
     }
 
     fn call<'a>(&'a self, args: &'a Json, cx: &'a ToolContext, _: OnSpawn<'a>) -> CallFuture<'a> {
-        let (workdir, args) = (cx.workdir.clone(), args.clone());
-        Box::pin(async move { off_thread(move || files::read_file(&workdir, &args)).await? })
+        let (workdir, protected, args) = (cx.workdir.clone(), cx.protected.clone(), args.clone());
+        Box::pin(
+            async move { off_thread(move || files::read_file(&workdir, &protected, &args)).await? },
+        )
     }
 }

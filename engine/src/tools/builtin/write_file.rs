@@ -33,7 +33,9 @@ impl Tool for WriteFile {
     }
 
     fn call<'a>(&'a self, args: &'a Json, cx: &'a ToolContext, _: OnSpawn<'a>) -> CallFuture<'a> {
-        let (workdir, args) = (cx.workdir.clone(), args.clone());
-        Box::pin(async move { off_thread(move || files::write_file(&workdir, &args)).await? })
+        let (workdir, protected, args) = (cx.workdir.clone(), cx.protected.clone(), args.clone());
+        Box::pin(async move {
+            off_thread(move || files::write_file(&workdir, &protected, &args)).await?
+        })
     }
 }
