@@ -343,6 +343,68 @@ steps:
     );
 }
 
+/// Issue 13, item 13: a step's `timeout` bounds its fallback too (as a budget of its own), unless the
+/// fallback has a `timeout` of its own; `defaults.timeout` applies only when neither says.
+#[tokio::test]
+async fn a_steps_timeout_bounds_its_fallback() {
+    let dir = TempDir::new().expect("tempdir");
+    let yaml = r#"name: t
+defaults: { timeout: 1h }
+steps:
+  - id: inherits
+    tool: sleep
+    with: { duration: 1h }
+    timeout: 200ms
+    fallback: { tool: sleep, with: { duration: 3s } }
+  - id: own
+    tool: sleep
+    with: { duration: 1h }
+    timeout: 200ms
+    fallback: { tool: sleep, with: { duration: 20ms }, timeout: 1s }
+"#;
+    let report = run_yaml(yaml, Map::new(), options(dir.path(), 4)).await;
+    let ended: Vec<(StepStatus, Option<&str>, bool)> = ["inherits", "own"]
+        .iter()
+        .map(|id| {
+            let r = &report.steps[*id];
+            (r.status, r.error.as_deref(), r.fallback)
+        })
+        .collect();
+    assert_eq!(
+        ended,
+        [
+            (StepStatus::TimedOut, Some("timed out after 200ms"), false),
+            (StepStatus::Succeeded, None, true),
+        ]
+    );
+}
+
+/// A fallback's own `retry` retries the fallback (it was accepted and ignored).
+#[tokio::test]
+async fn a_fallback_retries_as_its_retry_says() {
+    let dir = TempDir::new().expect("tempdir");
+    let yaml = r#"name: t
+steps:
+  - id: flaky
+    tool: exec
+    with: { argv: ["false"] }
+    fallback:
+      tool: shell
+      with: { command: "n=$(cat n 2>/dev/null || echo 0); n=$((n+1)); echo $n > n; [ $n -ge 3 ]" }
+      retry: { attempts: 3, delay: 1ms }
+"#;
+    let report = run_yaml(yaml, Map::new(), options(dir.path(), 4)).await;
+    let flaky = &report.steps["flaky"];
+    assert_eq!(
+        (flaky.status, flaky.fallback),
+        (StepStatus::Succeeded, true)
+    );
+    assert_eq!(
+        std::fs::read_to_string(dir.path().join("n")).expect("counted"),
+        "3\n"
+    );
+}
+
 #[test]
 fn archon_run_prints_outputs_and_exits_by_status() {
     let dir = TempDir::new().expect("tempdir");

@@ -170,6 +170,16 @@ impl Checker<'_> {
             deps.extend(self.value(value, &own));
         }
         if let Some(fallback) = &step.fallback {
+            if let Some(on_error) = &fallback.on_error {
+                self.push(
+                    Diagnostic::warning(
+                        codes::INEFFECTIVE_FIELD,
+                        on_error.span,
+                        "`on_error` has no effect in a fallback",
+                    )
+                    .with_hint("the step's own `on_error` decides what its failure does"),
+                );
+            }
             deps.extend(self.check_body(
                 fallback.body(),
                 step.id.span,

@@ -175,7 +175,7 @@ async fn attempt_all(
     {
         return stopped;
     }
-    let (outcome, attempts) = with_retries(shared, &label, step.body(), false, retry, &ctx).await;
+    let (outcome, attempts) = with_retries(shared, &label, step.body(), None, retry, &ctx).await;
     let outcome = match (outcome, &step.fallback) {
         // A cancelled run starts nothing new, fallbacks included.
         (Err(failure), Some(fallback))
@@ -184,8 +184,16 @@ async fn attempt_all(
                 StepStatus::Cancelled | StepStatus::WaitingApproval
             ) =>
         {
-            let (fallback_outcome, _) =
-                with_retries(shared, &label, fallback.body(), true, None, &ctx).await;
+            // The fallback's own `timeout`, else the step's, as a budget of its own.
+            let (fallback_outcome, _) = with_retries(
+                shared,
+                &label,
+                fallback.body(),
+                Some(step.timeout.as_ref()),
+                fallback.retry.as_deref(),
+                &ctx,
+            )
+            .await;
             fallback_outcome.map(|o| (o, true))
         }
         (outcome, _) => outcome.map(|o| (o, false)),
@@ -228,17 +236,21 @@ async fn attempt_all(
     }
 }
 
+/// The attempts of a step's body, or of its fallback (`fallback`: the step's own `timeout`, which bounds
+/// the fallback when it has none of its own). The time limit of each attempt is the body's `timeout`, else
+/// (for a fallback) the step's, else `defaults.timeout`.
 async fn with_retries(
     shared: &Shared,
     label: &str,
     body: Body<'_>,
-    fallback: bool,
+    fallback: Option<Option<&crate::spec::Duration>>,
     retry: Option<&Retry>,
     ctx: &Value,
 ) -> (Result<Called, Failure>, u32) {
     let attempts = retry.map_or(1, |r| r.attempts.value.max(1));
     let timeout = body
         .timeout
+        .or(fallback.flatten())
         .or_else(|| {
             shared
                 .workflow
@@ -259,7 +271,7 @@ async fn with_retries(
         if journaled {
             shared.options.journal.record(Entry::AttemptStarted {
                 step: label.to_owned(),
-                fallback,
+                fallback: fallback.is_some(),
             });
             open = Some(OpenAttempt { shared, label });
             if must_persist && let Err(e) = persist(shared, Record::Attempt).await {
