@@ -472,3 +472,55 @@ async fn end_to_end_against_a_real_server_when_one_is_configured() {
     );
     assert!(answer.usage.input_tokens > 0);
 }
+
+/// Issue 13, item 12: a response body larger than archon reads (16 MiB) fails the call at once, without a
+/// retry, whether its length is announced or it simply keeps coming.
+#[tokio::test]
+async fn an_oversized_response_fails_once_without_filling_memory() {
+    let (server, openai) = sequence(vec![
+        ResponseTemplate::new(200).set_body_string("x".repeat(17 * 1024 * 1024)),
+    ])
+    .await;
+    let error = openai.complete(&request()).await.expect_err("too large");
+    let announced = (
+        error.message.clone(),
+        error.retryable,
+        server.received_requests().await.expect("recorded").len(),
+    );
+
+    // A chunked body with no length: read until it passes the limit.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let address = listener.local_addr().expect("address");
+    let served = tokio::spawn(async move {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let (mut socket, _) = listener.accept().await.expect("accept");
+        let mut request = vec![0u8; 64 * 1024];
+        let _ = socket.read(&mut request).await;
+        let head = "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ntransfer-encoding: chunked\r\n\r\n";
+        socket.write_all(head.as_bytes()).await.expect("head");
+        let chunk = format!("{:x}\r\n{}\r\n", 1024 * 1024, "y".repeat(1024 * 1024));
+        let mut sent = 0;
+        // Stops when archon hangs up; 64 MiB at most.
+        while sent < 64 && socket.write_all(chunk.as_bytes()).await.is_ok() {
+            sent += 1;
+        }
+        sent
+    });
+    let streaming = OpenAi::new(
+        "local",
+        format!("http://{address}/v1"),
+        Some(ApiKey::new("sk-secret-key")),
+        llm_settings(),
+    )
+    .expect("provider");
+    let error = streaming.complete(&request()).await.expect_err("too large");
+    let sent = served.await.expect("server");
+    let too_large =
+        "provider `local`: the response is larger than 16 MiB, which archon reads at most"
+            .to_owned();
+    assert_eq!(announced, (too_large.clone(), false, 1));
+    assert_eq!((error.message, error.retryable), (too_large, false));
+    assert!(sent < 64, "archon read all {sent} MiB");
+}

@@ -11,6 +11,9 @@ use tokio::sync::{Mutex, Semaphore};
 
 use super::{LlmError, provider_message};
 
+/// Largest response body read from a provider (a model's answer is a few hundred KiB at most).
+pub const MAX_RESPONSE_BYTES: usize = 16 * 1024 * 1024;
+
 /// How a provider's requests are made.
 #[derive(Clone, Debug)]
 pub struct Settings {
@@ -192,10 +195,7 @@ impl Client {
             .iter()
             .find_map(|h| response.headers().get(*h)?.to_str().ok().map(str::to_owned));
         let retry_after = retry_after(response.headers());
-        let text = response
-            .text()
-            .await
-            .map_err(|e| self.transport_error(&e))?;
+        let text = self.body(response).await?;
         if !status.is_success() {
             let code = status.as_u16();
             let retryable = code == 429 || code == 408 || code >= 500;
@@ -222,6 +222,40 @@ impl Client {
             retry_after: None,
         })?;
         Ok(Reply { body, request_id })
+    }
+
+    /// The response body, read a chunk at a time up to [`MAX_RESPONSE_BYTES`]: a larger one fails the call
+    /// (without a retry: it would be as large again) before it can fill memory.
+    async fn body(&self, mut response: reqwest::Response) -> Result<String, LlmError> {
+        let too_large = || LlmError {
+            message: format!(
+                "provider `{}`: the response is larger than {} MiB, which archon reads at most",
+                self.name,
+                MAX_RESPONSE_BYTES / (1024 * 1024)
+            ),
+            status: None,
+            retryable: false,
+            retry_after: None,
+        };
+        if response
+            .content_length()
+            .is_some_and(|n| n > MAX_RESPONSE_BYTES as u64)
+        {
+            return Err(too_large());
+        }
+        let mut bytes = Vec::new();
+        while let Some(chunk) = response
+            .chunk()
+            .await
+            .map_err(|e| self.transport_error(&e))?
+        {
+            if bytes.len() + chunk.len() > MAX_RESPONSE_BYTES {
+                return Err(too_large());
+            }
+            bytes.extend_from_slice(&chunk);
+        }
+        Ok(String::from_utf8(bytes)
+            .unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned()))
     }
 
     /// Waits until the rate limit allows another request.
