@@ -909,3 +909,82 @@ mod tool_modes {
         );
     }
 }
+
+/// Issue 13, item 14: a hostile model. Past 16 calls in one answer, the rest are answered without running;
+/// arguments over 64 KiB are refused and not recorded; three turns in a row of nothing but invalid calls
+/// end the step instead of using up its iterations.
+#[tokio::test]
+async fn a_hostile_model_is_capped_per_turn_and_stopped_after_invalid_turns() {
+    let dir = TempDir::new().expect("tempdir");
+    // Turn 1: 20 different calls (16 run). Turn 2: arguments of 70 KiB (invalid). Turns 3 and 4: distinct
+    // unknown tools, never repeating, which the repeat guard would not catch: the third invalid turn in a
+    // row ends the step.
+    let many: Vec<String> = (0..20)
+        .map(|i| format!("{{ name: calculator, arguments: {{ expression: \"{i} + 1\" }} }}"))
+        .collect();
+    let big = "9".repeat(70 * 1024);
+    let turns = format!(
+        "        - tool_calls: [{}]\n        - tool_calls: [{{ name: calculator, arguments: {{ expression: \"{big}\" }} }}]\n        - tool_calls: [{{ name: nope_a, arguments: {{}} }}]\n        - tool_calls: [{{ name: nope_b, arguments: {{}} }}]\n        - tool_calls: [{{ name: nope_c, arguments: {{}} }}]\n        - text: never reached",
+        many.join(", ")
+    );
+    let step =
+        "  - id: answer\n    goal: add things\n    tools: [calculator]\n    max_iterations: 10\n";
+    let (report, events) = run_agent(dir.path(), &spec(&turns, step)).await;
+    let answer = &report.steps["answer"];
+    assert_eq!(
+        (
+            answer.status,
+            answer.error.as_deref(),
+            answer.llm.as_ref().map(|l| l.calls)
+        ),
+        (
+            StepStatus::Stuck,
+            Some(
+                "the model made only invalid tool calls 3 turns in a row; the last problem: unknown tool `nope_b`; the tools are `calculator`"
+            ),
+            Some(4)
+        )
+    );
+    let observations: Vec<(u32, bool, String)> = events
+        .iter()
+        .filter_map(|e| match e {
+            RunEvent::AgentObservation {
+                iteration,
+                error,
+                text,
+                ..
+            } => Some((*iteration, *error, text.clone())),
+            _ => None,
+        })
+        .collect();
+    let first: Vec<&(u32, bool, String)> = observations.iter().filter(|o| o.0 == 1).collect();
+    assert_eq!(first.len(), 20);
+    assert_eq!(first.iter().filter(|o| !o.1).count(), 16);
+    assert_eq!(
+        first[19].2,
+        "this call was not made: an answer may make at most 16 tool calls, and this one made 20"
+    );
+    let second: Vec<&(u32, bool, String)> = observations.iter().filter(|o| o.0 == 2).collect();
+    assert_eq!(
+        second.iter().map(|o| o.2.as_str()).collect::<Vec<_>>(),
+        [format!(
+            "this call was not made: its arguments are {} bytes, more than the 64 KiB a tool call may carry",
+            big.len() + 17
+        )]
+    );
+    let recorded = events.iter().find_map(|e| match e {
+        RunEvent::AgentAction {
+            iteration: 2,
+            arguments,
+            ..
+        } => Some(arguments.clone()),
+        _ => None,
+    });
+    assert_eq!(
+        recorded,
+        Some(json!(format!(
+            "[archon: {} bytes of arguments, not recorded]",
+            big.len() + 17
+        )))
+    );
+}

@@ -47,6 +47,13 @@ const REPEAT_LIMIT: usize = 3;
 const PARALLEL_CALLS: usize = 4;
 /// Final answers that do not match `output_schema` are sent back this many times.
 const SCHEMA_RETRIES: usize = 2;
+/// Most tool calls one answer of the model may make; the ones past it are answered without running.
+pub const MAX_CALLS_PER_TURN: usize = 16;
+/// Turns in a row whose every call was invalid (an unknown tool, arguments that do not fit, calls past the
+/// limit) after which the step fails instead of spending its remaining iterations.
+pub const INVALID_TURNS_LIMIT: usize = 3;
+/// Largest arguments (as JSON text) a tool call may carry; larger ones are refused and not recorded.
+pub const MAX_ARGUMENT_BYTES: usize = 64 * 1024;
 
 /// Runs an agent step's body: `goal` is the rendered goal.
 pub(super) async fn run(
@@ -136,6 +143,8 @@ pub(super) async fn run(
     let estimator = Estimator::for_model(&configured.model);
     let repeatable = crate::resume::body_is_idempotent(&shared.workflow, body);
     let mut tool_calls = 0;
+    // Turns in a row whose every call was invalid (not kept in checkpoints: a resume starts it afresh).
+    let mut invalid_turns = 0;
     // Each tool's argument schema, compiled once for the step.
     let validators: HashMap<String, jsonschema::Validator> = tools
         .iter()
@@ -356,7 +365,8 @@ pub(super) async fn run(
         }
         // The calls this turn counted: taken back out of `seen_calls` if the turn waits.
         let mut counted: Vec<String> = Vec::with_capacity(calls.len());
-        conversation.push(response.message.clone());
+        // The model's answer as the conversation keeps it: arguments too large to carry are left out.
+        conversation.push(without_oversized_arguments(&response.message));
         tool_calls += calls.len();
         // Where the step stands if this turn must wait for a person: before the turn (the conversation
         // without the answer just added), with the model's answer kept, so that a resume takes this same
@@ -376,7 +386,37 @@ pub(super) async fn run(
         // then run the turn's calls together, a few at a time.
         let mut planned = Vec::with_capacity(calls.len());
         let mut actions = Vec::with_capacity(calls.len());
-        for call in &calls {
+        for (index, call) in calls.iter().enumerate() {
+            // Too many calls, or arguments too large to keep: answered without running or counting.
+            let size = call.arguments.to_string().len();
+            let refused = if index >= MAX_CALLS_PER_TURN {
+                Some(format!(
+                    "this call was not made: an answer may make at most {MAX_CALLS_PER_TURN} tool calls, and this one made {}",
+                    calls.len()
+                ))
+            } else if size > MAX_ARGUMENT_BYTES {
+                Some(format!(
+                    "this call was not made: its arguments are {size} bytes, more than the {} KiB a tool call may carry",
+                    MAX_ARGUMENT_BYTES / 1024
+                ))
+            } else {
+                None
+            };
+            if let Some(reason) = refused {
+                let arguments = if size > MAX_ARGUMENT_BYTES {
+                    Json::String(format!("[archon: {size} bytes of arguments, not recorded]"))
+                } else {
+                    call.arguments.clone()
+                };
+                actions.push(RunEvent::AgentAction {
+                    step: label.to_owned(),
+                    iteration,
+                    tool: call.name.clone(),
+                    arguments,
+                });
+                planned.push((call, Turn::Refused(reason)));
+                continue;
+            }
             let key = format!("{}:{}", call.name, canonical(&call.arguments));
             counted.push(key.clone());
             let repeats = {
@@ -446,6 +486,9 @@ pub(super) async fn run(
         let allowed = &tools;
         let compiled = &validators;
         let shown = conversation.window.observation_tokens();
+        // Whether every call of the turn was invalid, and the first problem, for the breaker below.
+        let mut all_invalid = !planned.is_empty();
+        let mut problem: Option<String> = None;
         for chunk in planned.chunks(PARALLEL_CALLS) {
             let observations = futures_util::future::join_all(chunk.iter().map(|(call, turn)| async move {
                 match turn {
@@ -459,6 +502,7 @@ pub(super) async fn run(
                     Turn::Denied(reason) => {
                         Ok((format!("this call was not made: {reason}"), true, false))
                     }
+                    Turn::Refused(reason) => Ok((reason.clone(), true, false)),
                     Turn::Run => {
                         observe(shared, label, allowed, compiled, &call.name, &call.arguments).await
                     }
@@ -471,9 +515,15 @@ pub(super) async fn run(
                 let state = paused(before_turn(&seen_calls, &counted), conversation.messages());
                 return Err(pause(shared, label, state, message.clone()).await);
             }
-            for ((call, _), (output, is_error, from_tool)) in
+            for ((call, turn), (output, is_error, from_tool)) in
                 chunk.iter().zip(observations.into_iter().flatten())
             {
+                let invalid = matches!(turn, Turn::Refused(_))
+                    || (matches!(turn, Turn::Run) && is_error && !from_tool);
+                all_invalid &= invalid;
+                if invalid && problem.is_none() {
+                    problem = Some(output.clone());
+                }
                 let (content, full_text) = context::cut(estimator, output, shown);
                 shared.emit(RunEvent::AgentObservation {
                     step: label.to_owned(),
@@ -494,6 +544,17 @@ pub(super) async fn run(
                     is_error,
                 }));
             }
+        }
+        invalid_turns = if all_invalid { invalid_turns + 1 } else { 0 };
+        if invalid_turns >= INVALID_TURNS_LIMIT {
+            return Err(Failure {
+                status: StepStatus::Stuck,
+                ..Failure::fixed(format!(
+                    "the model made only invalid tool calls {INVALID_TURNS_LIMIT} turns in a row; the last problem: {}",
+                    problem.unwrap_or_default()
+                ))
+            }
+            .with_llm(usage));
         }
         if text_mode {
             // The model wrote its action as text: it reads the observation as text too.
@@ -614,6 +675,24 @@ enum Turn {
     Warn,
     /// A rule or a person said no.
     Denied(String),
+    /// Past the calls an answer may make, or arguments too large: invalid, not run.
+    Refused(String),
+}
+
+/// `message` with the arguments of each tool call larger than [`MAX_ARGUMENT_BYTES`] replaced by a note
+/// of their size (such a call is refused, and the conversation does not carry its arguments on).
+fn without_oversized_arguments(message: &Message) -> Message {
+    let mut message = message.clone();
+    for part in &mut message.parts {
+        if let Part::ToolCall(call) = part {
+            let size = call.arguments.to_string().len();
+            if size > MAX_ARGUMENT_BYTES {
+                call.arguments =
+                    Json::String(format!("[archon: {size} bytes of arguments, not recorded]"));
+            }
+        }
+    }
+    message
 }
 
 pub(super) fn truncate(text: &str, limit: usize) -> String {
