@@ -531,3 +531,73 @@ fn run_id_in(dir: &Path, state_dir: &str) -> String {
     let runs: Json = serde_json::from_str(&stdout).expect("runs as JSON");
     runs[0]["id"].as_str().expect("an id").to_owned()
 }
+
+/// Runs archon and gives its output, or fails the test when it has not finished within 20 s (a read that
+/// blocks on a FIFO would never end).
+fn archon_within(dir: &Path, args: &[&str]) -> (i32, String) {
+    let child = Command::new(env!("CARGO_BIN_EXE_archon"))
+        .args(args)
+        .current_dir(dir)
+        .env("NO_COLOR", "1")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("archon starts");
+    let (sender, receiver) = std::sync::mpsc::channel();
+    let pid = child.id();
+    std::thread::spawn(move || {
+        let output = child.wait_with_output().expect("archon ends");
+        let _ = sender.send(output);
+    });
+    match receiver.recv_timeout(std::time::Duration::from_secs(20)) {
+        Ok(output) => (
+            output.status.code().unwrap_or(-1),
+            String::from_utf8_lossy(&output.stdout).into_owned()
+                + &String::from_utf8_lossy(&output.stderr),
+        ),
+        Err(_) => {
+            let _ = Command::new("kill").args(["-9", &pid.to_string()]).status();
+            panic!("archon {args:?} did not finish within 20 s");
+        }
+    }
+}
+
+/// Issue 13, item 12: a FIFO, a device or a link to one given to `validate` or `--inputs` is refused at
+/// once instead of being read until memory runs out or forever.
+#[test]
+fn files_that_never_end_are_refused_before_they_are_read() {
+    let dir = TempDir::new().expect("tempdir");
+    nix::unistd::mkfifo(&dir.path().join("spec.yaml"), nix::sys::stat::Mode::S_IRWXU)
+        .expect("mkfifo");
+    std::os::unix::fs::symlink("/dev/zero", dir.path().join("zero.yaml")).expect("symlink");
+    nix::unistd::mkfifo(
+        &dir.path().join("inputs.json"),
+        nix::sys::stat::Mode::S_IRWXU,
+    )
+    .expect("mkfifo");
+    std::fs::write(
+        dir.path().join("wf.yaml"),
+        "name: t\ninputs:\n  who: { type: string }\nsteps:\n  - { id: a, tool: echo, with: { v: \"{{ inputs.who }}\" } }\n",
+    )
+    .expect("spec");
+    let fifo = archon_within(dir.path(), &["validate", "spec.yaml"]);
+    let zero = archon_within(dir.path(), &["validate", "zero.yaml"]);
+    let inputs = archon_within(dir.path(), &["run", "wf.yaml", "--inputs", "inputs.json"]);
+    let unreadable = |file: &str, what: &str| {
+        format!(
+            "error[archon::unreadable_file]: cannot read `{file}`: it is {what}, not a regular file\n --> {file}:1:1\n  |\n1 |\n  | ^\n\n1 of 1 file invalid: 1 error\n"
+        )
+    };
+    assert_eq!(
+        [fifo, zero, inputs],
+        [
+            (2, unreadable("spec.yaml", "a FIFO")),
+            (2, unreadable("zero.yaml", "a device")),
+            (
+                2,
+                "error: cannot read inputs file `inputs.json`: it is a FIFO, not a regular file\n"
+                    .to_owned()
+            ),
+        ]
+    );
+}

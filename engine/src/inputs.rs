@@ -24,16 +24,16 @@ impl InputProblem {
 
 /// Reads an inputs file (JSON, or YAML unless it ends in `.json`) holding an object of input values.
 pub fn read_inputs_file(path: &Path) -> Result<Map<String, Json>, InputProblem> {
-    let text = std::fs::read_to_string(path).map_err(|e| {
+    let unreadable = |reason: String| {
         InputProblem::new(
-            format!(
-                "cannot read inputs file `{}`: {}",
-                path.display(),
-                e.to_string().to_lowercase()
-            ),
+            format!("cannot read inputs file `{}`: {reason}", path.display()),
             None,
         )
-    })?;
+    };
+    let limit = Limits::default().max_file_bytes as u64;
+    let bytes = crate::source::read_bounded(path, limit).map_err(|e| unreadable(e.reason()))?;
+    let text =
+        String::from_utf8(bytes).map_err(|_| unreadable("it is not UTF-8 text".to_owned()))?;
     let value = if path.extension().is_some_and(|e| e == "json") {
         serde_json::from_str::<Json>(&text).map_err(|e| {
             InputProblem::new(

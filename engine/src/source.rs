@@ -140,3 +140,75 @@ impl Sources {
         self.files.iter()
     }
 }
+
+/// Why a file could not be read whole.
+#[derive(Debug)]
+pub enum ReadError {
+    Io(std::io::Error),
+    /// A FIFO, a device, a socket or a folder: reading one could block or never end.
+    NotRegular(&'static str),
+    /// Larger than the limit, in bytes (at least).
+    TooLarge(u64),
+}
+
+impl ReadError {
+    /// Why, as a user reads it after "cannot read `file`: ".
+    pub fn reason(&self) -> String {
+        match self {
+            ReadError::Io(e) => match e.kind() {
+                std::io::ErrorKind::NotFound => "no such file".to_owned(),
+                std::io::ErrorKind::PermissionDenied => "permission denied".to_owned(),
+                _ => e.to_string().to_lowercase(),
+            },
+            ReadError::NotRegular(kind) => format!("it is {kind}, not a regular file"),
+            ReadError::TooLarge(size) => format!("it is more than {size} bytes"),
+        }
+    }
+}
+
+/// Reads a regular file of at most `limit` bytes. Anything else is refused before it is read: a FIFO or a
+/// device (`/dev/zero`) could block or never end, even through a symbolic link. The file is opened without
+/// blocking and checked again once open, so swapping it for a FIFO in between does not help.
+pub fn read_bounded(path: &Path, limit: u64) -> Result<Vec<u8>, ReadError> {
+    use std::io::Read as _;
+    use std::os::unix::fs::{FileTypeExt as _, OpenOptionsExt as _};
+    let kind = |t: std::fs::FileType| -> Option<&'static str> {
+        if t.is_file() {
+            None
+        } else if t.is_dir() {
+            Some("a folder")
+        } else if t.is_fifo() {
+            Some("a FIFO")
+        } else if t.is_char_device() || t.is_block_device() {
+            Some("a device")
+        } else if t.is_socket() {
+            Some("a socket")
+        } else {
+            Some("not a file")
+        }
+    };
+    let metadata = std::fs::metadata(path).map_err(ReadError::Io)?;
+    if let Some(kind) = kind(metadata.file_type()) {
+        return Err(ReadError::NotRegular(kind));
+    }
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(rustix::fs::OFlags::NONBLOCK.bits() as i32)
+        .open(path)
+        .map_err(ReadError::Io)?;
+    let metadata = file.metadata().map_err(ReadError::Io)?;
+    if let Some(kind) = kind(metadata.file_type()) {
+        return Err(ReadError::NotRegular(kind));
+    }
+    if metadata.len() > limit {
+        return Err(ReadError::TooLarge(limit));
+    }
+    let mut bytes = Vec::with_capacity(metadata.len() as usize);
+    file.take(limit + 1)
+        .read_to_end(&mut bytes)
+        .map_err(ReadError::Io)?;
+    if bytes.len() as u64 > limit {
+        return Err(ReadError::TooLarge(limit));
+    }
+    Ok(bytes)
+}

@@ -157,35 +157,23 @@ impl Validator {
     }
 
     fn read(&mut self, path: &Path) -> Result<String, Diagnostic> {
-        let metadata = match std::fs::metadata(path) {
-            Ok(m) => m,
-            Err(e) => {
-                return Err(self.unreadable(
-                    path,
-                    format!("cannot read `{}`: {}", path.display(), io_reason(&e)),
-                ));
-            }
-        };
-        if metadata.len() > self.limits.max_file_bytes as u64 {
-            let file = self.sources.add(path.to_path_buf(), String::new());
-            return Err(Diagnostic::error(
-                codes::FILE_TOO_LARGE,
-                Span::new(file.id, 0, 0),
-                format!(
-                    "spec file is {} bytes, more than the limit of {} bytes",
-                    metadata.len(),
-                    self.limits.max_file_bytes
-                ),
-            )
-            .with_hint("split the workflow into sub-workflows (`workflow:` steps)"));
-        }
-        match std::fs::read(path) {
+        match crate::source::read_bounded(path, self.limits.max_file_bytes as u64) {
             Ok(bytes) => String::from_utf8(bytes).map_err(|_| {
                 self.unreadable(path, format!("`{}` is not valid UTF-8", path.display()))
             }),
+            Err(crate::source::ReadError::TooLarge(limit)) => {
+                let size = std::fs::metadata(path).map_or(limit + 1, |m| m.len().max(limit + 1));
+                let file = self.sources.add(path.to_path_buf(), String::new());
+                Err(Diagnostic::error(
+                    codes::FILE_TOO_LARGE,
+                    Span::new(file.id, 0, 0),
+                    format!("spec file is {size} bytes, more than the limit of {limit} bytes"),
+                )
+                .with_hint("split the workflow into sub-workflows (`workflow:` steps)"))
+            }
             Err(e) => Err(self.unreadable(
                 path,
-                format!("cannot read `{}`: {}", path.display(), io_reason(&e)),
+                format!("cannot read `{}`: {}", path.display(), e.reason()),
             )),
         }
     }
@@ -479,14 +467,6 @@ fn workflow_name(spec: &Spec, path: &Path) -> String {
 
 fn canonical(path: &Path) -> PathBuf {
     std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf())
-}
-
-fn io_reason(err: &std::io::Error) -> String {
-    match err.kind() {
-        std::io::ErrorKind::NotFound => "no such file".to_owned(),
-        std::io::ErrorKind::PermissionDenied => "permission denied".to_owned(),
-        _ => err.to_string().to_lowercase(),
-    }
 }
 
 /// Steps in the document, composite tool steps included, counted before any other check.
