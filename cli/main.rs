@@ -20,6 +20,12 @@ fn main() -> ExitCode {
     // that ends can find and kill what it left behind, even in another session. Best effort: without it,
     // only process groups are killed.
     let _ = archon_engine::process::become_subreaper();
+    // A file size limit (`ulimit -f`) makes the kernel send SIGXFSZ on a write past it, which would kill
+    // archon without a word; with the signal caught, the write fails (EFBIG) and archon says so.
+    let _ = signal_hook::flag::register(
+        signal_hook::consts::SIGXFSZ,
+        std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false)),
+    );
     match commands::run(args) {
         Ok(status) => status.into(),
         Err(err) => {

@@ -601,3 +601,37 @@ fn files_that_never_end_are_refused_before_they_are_read() {
         ]
     );
 }
+
+/// Issue 13, item 17: with a file size limit (`ulimit -f`), a store write past it used to kill archon with
+/// SIGXFSZ and no word (exit 153); now the write fails and archon says why, on stderr, and exits 1.
+#[test]
+fn a_file_size_limit_is_reported_not_fatal() {
+    let dir = TempDir::new().expect("tempdir");
+    std::fs::write(
+        dir.path().join("wf.yaml"),
+        "name: t\nsteps:\n  - { id: a, tool: echo, with: { v: 1 } }\n",
+    )
+    .expect("spec");
+    let output = Command::new("bash")
+        .arg("-c")
+        .arg(format!(
+            "ulimit -f 20; exec {} run wf.yaml",
+            env!("CARGO_BIN_EXE_archon")
+        ))
+        .current_dir(dir.path())
+        .env("NO_COLOR", "1")
+        .output()
+        .expect("bash runs");
+    assert_eq!(
+        (
+            output.status.code(),
+            String::from_utf8_lossy(&output.stdout).into_owned(),
+            String::from_utf8_lossy(&output.stderr).into_owned()
+        ),
+        (
+            Some(1),
+            String::new(),
+            "error: cannot write state database `.archon/state.db`: disk i/o error\n  hint: files are limited to 20480 bytes here (`ulimit -f`): the store may have reached that size\n".to_owned()
+        )
+    );
+}

@@ -1212,6 +1212,20 @@ fn sql_error(path: &Path, error: &rusqlite::Error) -> StoreError {
             "cannot write state database `{}`: the disk is full",
             path.display()
         )),
+        Some(ErrorCode::SystemIoFailure) => {
+            let error = StoreError::new(format!(
+                "cannot write state database `{}`: {}",
+                path.display(),
+                error.to_string().to_lowercase()
+            ));
+            // A write past `ulimit -f` fails with EFBIG, which SQLite reports as an I/O error.
+            match nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_FSIZE) {
+                Ok((limit, _)) if limit != nix::sys::resource::RLIM_INFINITY => error.with_hint(
+                    format!("files are limited to {limit} bytes here (`ulimit -f`): the store may have reached that size"),
+                ),
+                _ => error,
+            }
+        }
         _ => StoreError::new(format!(
             "state database `{}`: {}",
             path.display(),
