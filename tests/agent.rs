@@ -988,3 +988,40 @@ async fn a_hostile_model_is_capped_per_turn_and_stopped_after_invalid_turns() {
         )))
     );
 }
+
+/// Issue 13, item 15: a checkpoint this version cannot read (written by an earlier version, or damaged)
+/// is not silently dropped, which would run the tool calls it records again: the step fails saying so,
+/// before asking the model anything.
+#[tokio::test]
+async fn a_checkpoint_this_version_cannot_read_fails_the_step_instead_of_repeating_calls() {
+    let dir = TempDir::new().expect("tempdir");
+    let turns = "        - tool_calls: [{ name: calculator, arguments: { expression: \"1 + 1\" } }]\n        - text: \"2\"";
+    std::fs::write(dir.path().join("agent.yaml"), spec(turns, CALCULATE)).expect("write");
+    let validation = archon_engine::validate_file(&dir.path().join("agent.yaml"));
+    let workflow = validation.workflow.expect("valid");
+    let mut options = RunOptions::new(dir.path().to_path_buf(), "r-old");
+    options.env = BTreeMap::new();
+    // An agent checkpoint as an earlier version wrote it: no `messages`, a field renamed.
+    options.checkpoints = Arc::new(std::sync::Mutex::new(std::collections::HashMap::from([(
+        "answer".to_owned(),
+        json!({ "iteration": 1, "conversation": [], "usage": {}, "seen_calls": {}, "schema_retries": 0 }),
+    )])));
+    let report = run::run(Arc::new(workflow), Map::new(), options)
+        .await
+        .expect("run starts");
+    let answer = &report.steps["answer"];
+    assert_eq!(
+        (
+            answer.status,
+            answer.error.as_deref(),
+            report.llm.as_ref().map(|l| l.calls)
+        ),
+        (
+            StepStatus::Failed,
+            Some(
+                "the checkpoint of step `answer` cannot be read by this version of archon (missing field `calls`), and continuing without it would repeat the tool calls it records: `archon retry r-old --from answer` runs the step again from the start"
+            ),
+            None
+        )
+    );
+}

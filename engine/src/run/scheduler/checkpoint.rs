@@ -10,7 +10,7 @@ use std::collections::HashMap;
 
 use serde::{Deserialize, Serialize};
 
-use super::context::Shared;
+use super::context::{Failure, Shared};
 use crate::llm::Message;
 use crate::report::LlmUsage;
 use crate::store::{Ack, Entry};
@@ -90,6 +90,26 @@ pub(super) fn restore<T: for<'de> Deserialize<'de> + Checkpointed>(
     }
     checkpoints.remove(label);
     Some(state)
+}
+
+/// A failure when an earlier process left step `label` a checkpoint this version cannot read (written by
+/// another version of archon, or damaged): starting the step afresh would repeat the tool calls it
+/// records, so the step fails instead, saying how to start it afresh on purpose.
+pub(super) fn refuse_unreadable<T: for<'de> Deserialize<'de>>(
+    shared: &Shared,
+    label: &str,
+) -> Result<(), Failure> {
+    let Ok(checkpoints) = shared.options.checkpoints.lock() else {
+        return Ok(());
+    };
+    match checkpoints.get(label).map(|state| T::deserialize(state)) {
+        Some(Err(e)) => Err(Failure::fixed(format!(
+            "the checkpoint of step `{label}` cannot be read by this version of archon ({e}), and continuing without it would repeat the tool calls it records: `archon retry {} --from {}` runs the step again from the start",
+            shared.options.run_id,
+            label.split('/').next().unwrap_or(label)
+        ))),
+        _ => Ok(()),
+    }
 }
 
 /// The fingerprint of what an LLM step asks with: any change makes its checkpoint useless.

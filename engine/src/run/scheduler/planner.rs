@@ -108,6 +108,7 @@ async fn plan_and_run(
             .join(","),
         &max_replans.to_string(),
     ]);
+    checkpoint::refuse_unreadable::<PlannerState>(shared, label)?;
     if let Some(state) = checkpoint::restore::<PlannerState>(shared, label, &fingerprint, &messages)
         && let Ok(accepted) = accept(shared, label, &policy, &state.plan)
     {

@@ -176,6 +176,7 @@ pub(super) async fn run(
         &max_iterations.to_string(),
         &schema.as_ref().map(Json::to_string).unwrap_or_default(),
     ]);
+    checkpoint::refuse_unreadable::<AgentState>(shared, label)?;
     let mut restored =
         checkpoint::restore::<AgentState>(shared, label, &fingerprint, conversation.messages());
     if restored.is_none() && auto && !text_mode {
