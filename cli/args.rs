@@ -99,9 +99,10 @@ pub struct RunArgs {
     #[arg(long, value_name = "FILE")]
     pub save_plan: Option<PathBuf>,
 
-    /// Most steps running at once.
-    #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..))]
-    pub max_parallel: u32,
+    /// Most steps, and most commands and LLM calls, running at once [default: the spec's
+    /// `defaults.max_parallel`, else 16]
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_parallel: Option<u32>,
 
     /// The workspace commands run in (default: the spec's directory).
     #[arg(long, value_name = "DIR")]

@@ -405,6 +405,60 @@ steps:
     );
 }
 
+/// Issue 13, item 12: `max_parallel` bounds the commands running at once across the whole run, not only
+/// the steps: 8 `foreach` steps of 8 items each, at 4, never run more than 4 commands together (each
+/// command counts the commands running as it starts; without the run-wide limit, up to 32 did).
+#[tokio::test]
+async fn max_parallel_bounds_every_command_of_the_run() {
+    let dir = TempDir::new().expect("tempdir");
+    std::fs::create_dir(dir.path().join("slots")).expect("mkdir");
+    let mut yaml = String::from("name: t\nsteps:\n");
+    for step in 0..8 {
+        yaml.push_str(&format!(
+            "  - id: s{step}\n    foreach: \"[1, 2, 3, 4, 5, 6, 7, 8]\"\n    max_parallel: 8\n    tool: shell\n    with: {{ command: \"touch slots/$$; ls slots | wc -l >> counts; sleep 0.2; rm slots/$$\" }}\n"
+        ));
+    }
+    let report = run_yaml(&yaml, Map::new(), options(dir.path(), 4)).await;
+    assert_eq!(report.status, RunStatus::Succeeded);
+    let counts: Vec<usize> = std::fs::read_to_string(dir.path().join("counts"))
+        .expect("counted")
+        .lines()
+        .map(|l| l.trim().parse().expect("a count"))
+        .collect();
+    assert_eq!(counts.len(), 64);
+    let most = counts.iter().copied().max().unwrap_or(0);
+    assert!((1..=4).contains(&most), "{most} commands ran at once");
+}
+
+/// `defaults.max_parallel` is the run's limit when `--max-parallel` is not given (it was accepted and
+/// ignored); the flag still wins.
+#[test]
+fn defaults_max_parallel_limits_the_run_unless_the_flag_says_otherwise() {
+    let dir = TempDir::new().expect("tempdir");
+    std::fs::create_dir(dir.path().join("slots")).expect("mkdir");
+    let command = "touch slots/$$; ls slots | wc -l >> counts; sleep 0.2; rm slots/$$";
+    let steps: String = (0..4)
+        .map(|i| format!("  - {{ id: s{i}, tool: shell, with: {{ command: \"{command}\" }} }}\n"))
+        .collect();
+    std::fs::write(
+        dir.path().join("wf.yaml"),
+        format!("name: t\ndefaults: {{ max_parallel: 1 }}\nsteps:\n{steps}"),
+    )
+    .expect("spec");
+    let most = |args: &[&str]| {
+        let _ = std::fs::remove_file(dir.path().join("counts"));
+        let output = archon(dir.path(), args);
+        assert_eq!(output.code, 0, "{}", output.stderr);
+        std::fs::read_to_string(dir.path().join("counts"))
+            .expect("counted")
+            .lines()
+            .map(|l| l.trim().parse::<usize>().expect("a count"))
+            .max()
+    };
+    assert_eq!(most(&["run", "wf.yaml"]), Some(1));
+    assert!(most(&["run", "wf.yaml", "--max-parallel", "4"]) > Some(1));
+}
+
 #[test]
 fn archon_run_prints_outputs_and_exits_by_status() {
     let dir = TempDir::new().expect("tempdir");

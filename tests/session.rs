@@ -111,7 +111,7 @@ fn a_front_end_runs_and_retries_through_the_session_alone() {
             inputs: Map::new(),
             spec_path: spec.clone(),
             workdir: dir.path().to_path_buf(),
-            max_parallel: 4,
+            max_parallel: Some(4),
         })
         .expect("started");
     let runtime = tokio::runtime::Builder::new_current_thread()

@@ -72,7 +72,7 @@ pub fn run(args: &RunArgs, color: ColorChoice) -> anyhow::Result<Status> {
         inputs,
         spec_path: file,
         workdir,
-        max_parallel: args.max_parallel as usize,
+        max_parallel: args.max_parallel.map(|m| m as usize),
     });
     match prepared {
         Ok(prepared) => execute(

@@ -103,8 +103,13 @@ pub struct NewRunRequest {
     pub spec_path: PathBuf,
     /// The workspace: where commands run and file paths point.
     pub workdir: PathBuf,
-    pub max_parallel: usize,
+    /// Most steps, and most commands and LLM calls, running at once: given (`--max-parallel`), else the
+    /// spec's `defaults.max_parallel`, else [`DEFAULT_MAX_PARALLEL`].
+    pub max_parallel: Option<usize>,
 }
+
+/// The limit on steps, commands and LLM calls running at once when neither the request nor the spec says.
+pub const DEFAULT_MAX_PARALLEL: usize = 16;
 
 /// Which steps of a stored run run again.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -243,6 +248,14 @@ impl Session {
                 e.to_string().to_lowercase()
             ))
         })?;
+        let max_parallel = request
+            .max_parallel
+            .or_else(|| {
+                let defaults = request.workflow.spec.defaults.as_ref()?;
+                defaults.max_parallel.as_ref().map(|m| m.value as usize)
+            })
+            .unwrap_or(DEFAULT_MAX_PARALLEL)
+            .max(1);
         self.store.create_run(&NewRun {
             id: request.id.clone(),
             workflow: request.workflow.name.clone(),
@@ -250,14 +263,14 @@ impl Session {
             files: spec_files(&request.workflow, &spec_path),
             inputs: request.inputs.clone(),
             workdir: request.workdir.display().to_string(),
-            max_parallel: request.max_parallel,
+            max_parallel,
         })?;
         Ok(Prepared {
             run_id: request.id,
             workflow: request.workflow,
             inputs: request.inputs,
             workdir: request.workdir,
-            max_parallel: request.max_parallel,
+            max_parallel,
             prior: HashMap::new(),
             checkpoints: HashMap::new(),
             decided: HashMap::new(),

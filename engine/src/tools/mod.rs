@@ -34,6 +34,11 @@ pub trait Tool: Send + Sync {
     fn parameters(&self) -> Json;
     /// What its calls may do.
     fn safety(&self) -> SafetyRule;
+    /// Whether a call runs a command: such calls count against the run's limit on commands and LLM calls
+    /// running at once (`max_parallel`).
+    fn runs_commands(&self) -> bool {
+        false
+    }
     /// Arguments that hold a duration (`30s`): `validate` checks those written as they are.
     fn durations(&self) -> &'static [&'static str] {
         &[]

@@ -109,13 +109,25 @@ pub(super) async fn call_tool(
     }
 }
 
-/// Calls a built-in tool with rendered arguments, watching the commands it starts.
+/// Calls a built-in tool with rendered arguments, watching the commands it starts (each holding one of
+/// the run's `work` permits while it runs).
 async fn builtin_call(
     shared: &Shared,
     label: &str,
     builtin: &Builtin,
     args: &Json,
 ) -> Result<Called, Failure> {
+    let _permit = if builtin.runs_commands {
+        Some(
+            shared
+                .work
+                .acquire()
+                .await
+                .map_err(|_| Failure::fixed("the run is over".to_owned()))?,
+        )
+    } else {
+        None
+    };
     builtin
         .call(
             args,

@@ -145,6 +145,10 @@ pub(super) struct Shared {
     pub kept: Arc<HashMap<String, StepResult>>,
     /// Stops the run from inside, with a reason.
     pub halt: Arc<Halt>,
+    /// One limit for the whole run, nested steps, composite tools, sub-workflows and plans included: at
+    /// most `max_parallel` commands and LLM calls run at once. Held only around those calls, never while
+    /// a step waits for steps one level down, so it cannot deadlock.
+    pub work: Arc<tokio::sync::Semaphore>,
     /// The scheduler, for calls that schedule steps one level down.
     pub nested: &'static dyn Nested,
 }
@@ -180,6 +184,7 @@ impl Shared {
             llm_chosen: self.llm_chosen,
             kept: Arc::default(),
             halt: self.halt.clone(),
+            work: self.work.clone(),
             nested: self.nested,
         }
     }

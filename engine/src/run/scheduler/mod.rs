@@ -76,6 +76,7 @@ impl Nested for Scheduler {
                 redactor: parent.redactor.clone(),
                 llm: Arc::new(parent.llm.nested()),
                 halt: Some(parent.halt.clone()),
+                work: Some(parent.work.clone()),
             },
         )
     }
@@ -96,6 +97,7 @@ pub async fn run(
             redactor: Arc::new(Redactor::default()),
             llm: Arc::new(LlmContext::default()),
             halt: None,
+            work: None,
         },
     )
     .await
@@ -107,6 +109,8 @@ struct Inherited {
     redactor: Arc<Redactor>,
     llm: Arc<LlmContext>,
     halt: Option<Arc<Halt>>,
+    /// The run's limit on commands and LLM calls running at once (`Shared::work`), for a nested run.
+    work: Option<Arc<tokio::sync::Semaphore>>,
 }
 
 /// Runs a workflow at a nesting depth: the run itself, or a sub-workflow called by step `prefix`.
@@ -122,7 +126,10 @@ fn run_workflow(
             redactor: outer,
             llm,
             halt,
+            work,
         } = inherited;
+        let work = work
+            .unwrap_or_else(|| Arc::new(tokio::sync::Semaphore::new(options.max_parallel.max(1))));
         let mut options = options;
         // The run stops itself through a token of its own, so that stopping (a record that could not be
         // made durable) does not look like the caller's cancel.
@@ -205,6 +212,7 @@ fn run_workflow(
             llm_chosen: false,
             kept: Arc::default(),
             halt,
+            work,
             nested: &Scheduler,
         });
         // `before_run` rules decide whether anything runs at all.

@@ -49,6 +49,10 @@ impl Tool for Exec {
         SENSITIVE
     }
 
+    fn runs_commands(&self) -> bool {
+        true
+    }
+
     fn durations(&self) -> &'static [&'static str] {
         &["timeout"]
     }

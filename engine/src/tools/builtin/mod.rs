@@ -50,6 +50,8 @@ pub struct Builtin {
     pub safety: SafetyRule,
     /// Arguments that hold a duration.
     pub durations: &'static [&'static str],
+    /// Its calls run commands (and count against the run's limit of them).
+    pub runs_commands: bool,
     tool: &'static dyn Tool,
     /// Compiled on the first call.
     validator: OnceLock<Option<jsonschema::Validator>>,
@@ -118,6 +120,7 @@ pub fn all() -> &'static [Builtin] {
                 parameters: tool.parameters(),
                 safety: tool.safety(),
                 durations: tool.durations(),
+                runs_commands: tool.runs_commands(),
                 tool,
                 validator: OnceLock::new(),
             })

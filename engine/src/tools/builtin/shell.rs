@@ -36,6 +36,10 @@ impl Tool for Shell {
         SENSITIVE
     }
 
+    fn runs_commands(&self) -> bool {
+        true
+    }
+
     fn durations(&self) -> &'static [&'static str] {
         &["timeout"]
     }

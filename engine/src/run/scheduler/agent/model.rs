@@ -127,8 +127,16 @@ pub(in crate::run::scheduler) async fn complete(
             Failure::fixed(format!("LLM budget exceeded: {exceeded}")).with_llm(usage.clone())
         );
     }
+    // One of the run's `work` permits for the call's duration (not for the time queued for one).
+    let permit = shared
+        .work
+        .acquire()
+        .await
+        .map_err(|_| Failure::fixed("the run is over".to_owned()))?;
     let started = Instant::now();
-    let response = configured.provider.complete(request).await.map_err(|e| {
+    let response = configured.provider.complete(request).await;
+    drop(permit);
+    let response = response.map_err(|e| {
         // What the provider's own retries could not fix, the step's `retry` may.
         Failure {
             retryable: e.retryable,
