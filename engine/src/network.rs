@@ -39,6 +39,14 @@ impl NetworkPolicy {
             .any(|h| h.eq_ignore_ascii_case(host.trim_end_matches('.')))
     }
 
+    /// Whether `network.allow` lists an address itself or a range holding it.
+    pub fn lists(&self, ip: IpAddr) -> bool {
+        let ip = canonical(ip);
+        self.ranges
+            .iter()
+            .any(|range| range.contains(&ip) || canonical_net(range).contains(&ip))
+    }
+
     /// Whether an address may be reached: globally reachable addresses always, others only when allowed.
     pub fn ip_allowed(&self, ip: IpAddr) -> bool {
         self.refusal(ip).is_none()

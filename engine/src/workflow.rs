@@ -29,6 +29,76 @@ pub struct Workflow {
     pub tools: Arc<Registry>,
     /// What its `http` calls may reach (`network.allow`).
     pub network: Arc<NetworkPolicy>,
+    /// The hosts the spec names itself (in URLs it writes out, and in `network.allow`), lowercase: an
+    /// LLM's request to any other host asks a person first, since its URL could carry data out.
+    pub hosts: Arc<std::collections::BTreeSet<String>>,
+}
+
+impl Workflow {
+    /// The host of a request `args` describe when the spec does not name it (`None` when it does, or when
+    /// the URL has no host to speak of).
+    pub fn unnamed_host(&self, args: &serde_json::Value) -> Option<String> {
+        let url = url::Url::parse(args.get("url")?.as_str()?).ok()?;
+        let listed = match url.host()? {
+            url::Host::Ipv4(ip) => self.network.lists(ip.into()),
+            url::Host::Ipv6(ip) => self.network.lists(ip.into()),
+            url::Host::Domain(_) => false,
+        };
+        let host = url.host_str()?.trim_end_matches('.').to_ascii_lowercase();
+        (!listed && !self.hosts.contains(&host)).then_some(host)
+    }
+}
+
+/// The hosts `spec` names: of every URL written out (not built by a template) in step and tool
+/// arguments, declared HTTP tools, `env` and input defaults, and the host names in `network.allow`.
+pub fn named_hosts(spec: &Spec) -> std::collections::BTreeSet<String> {
+    let mut hosts = std::collections::BTreeSet::new();
+    let mut add = |text: &str| {
+        let Some(rest) = text
+            .strip_prefix("https://")
+            .or_else(|| text.strip_prefix("http://"))
+        else {
+            return;
+        };
+        let authority = rest.split(['/', '?', '#']).next().unwrap_or(rest);
+        if authority.contains("{{") || authority.contains("{%") {
+            return;
+        }
+        if let Ok(url) = url::Url::parse(&format!("http://{authority}/"))
+            && let Some(host) = url.host_str()
+        {
+            hosts.insert(host.trim_end_matches('.').to_ascii_lowercase());
+        }
+    };
+    let mut steps: Vec<&crate::spec::Step> = spec.steps.iter().collect();
+    for def in spec.tools.values() {
+        if let Some(http) = &def.http {
+            add(&http.url.value);
+        }
+        if let Some(inner) = &def.steps {
+            steps.extend(inner.value.iter());
+        }
+    }
+    for step in steps {
+        let bodies = std::iter::once(step.body()).chain(step.fallback.as_ref().map(|f| f.body()));
+        for body in bodies {
+            if let Some(args) = body.args {
+                args.for_each_str(&mut |s, _| add(s));
+            }
+        }
+    }
+    for value in spec.env.values() {
+        add(&value.value);
+    }
+    for schema in spec.inputs.values() {
+        schema.for_each_str(&mut |s, _| add(s));
+    }
+    for allowed in spec.network.iter().flat_map(|n| n.allow.iter()) {
+        if crate::network::parse_range(&allowed.value).is_none() {
+            hosts.insert(allowed.value.trim_end_matches('.').to_ascii_lowercase());
+        }
+    }
+    hosts
 }
 
 /// The dependency graph of one list of steps.

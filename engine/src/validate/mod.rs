@@ -101,6 +101,7 @@ impl Checked {
                 .flat_map(|n| n.allow.iter().map(|a| a.value.clone()))
                 .collect::<Vec<_>>(),
         ));
+        let hosts = Arc::new(crate::workflow::named_hosts(&self.spec));
         Workflow {
             name: workflow_name(&self.spec, path),
             path: path.to_path_buf(),
@@ -112,6 +113,7 @@ impl Checked {
             sources,
             tools: Arc::new(self.tools),
             network,
+            hosts,
         }
     }
 }

@@ -72,7 +72,10 @@ impl Validator {
         diagnostics.retain(|d| d.span.file == file.id);
         let workflow = match checked {
             Some(checked) if !diagnostics.iter().any(Diagnostic::is_error) => {
-                Some(checked.into_workflow(&file.path, self.sources.clone()))
+                let mut workflow = checked.into_workflow(&file.path, self.sources.clone());
+                // The URLs in a plan are the model's: only the planning workflow's hosts are named.
+                workflow.hosts = parent.hosts.clone();
+                Some(workflow)
             }
             _ => None,
         };

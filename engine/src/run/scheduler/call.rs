@@ -58,7 +58,7 @@ pub(super) async fn body(
     // A planned step is a call an LLM wrote: a sensitive one asks. The steps of a composite tool an LLM
     // called are the spec's: the tool asked as a whole (it is sensitive when they are), and rules see them
     // as chosen by the LLM.
-    let sensitive = shared.planned && shared.workflow.tools.sensitive(&tool.value, Some(&args));
+    let sensitive = shared.planned && shared.llm_call_asks(&tool.value, &args);
     let chosen_by = shared.chosen_by();
     if !shared.workflow.spec.rules.is_empty() || sensitive {
         let call = gate::Call {

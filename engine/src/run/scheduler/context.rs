@@ -189,6 +189,22 @@ impl Shared {
         }
     }
 
+    /// Whether a call an LLM chose asks a person unless a rule allows it: its tool is sensitive, or it is a
+    /// request (a tool that reaches hosts) to a host the spec does not name, whose URL could carry data
+    /// out.
+    pub(super) fn llm_call_asks(&self, tool: &str, args: &Json) -> bool {
+        self.workflow.tools.sensitive(tool, Some(args)) || self.unnamed_host(tool, args).is_some()
+    }
+
+    /// The host of a request to a host the spec does not name, for a tool that reaches hosts.
+    pub(super) fn unnamed_host(&self, tool: &str, args: &Json) -> Option<String> {
+        let entry = self.workflow.tools.get(tool)?;
+        if entry.safety != crate::tools::SafetyRule::ByMethod {
+            return None;
+        }
+        self.workflow.unnamed_host(args)
+    }
+
     /// One level deeper, or the failure that stops a runaway nesting.
     pub(super) fn deeper(&self) -> Result<u32, Failure> {
         let depth = self.depth + 1;

@@ -52,6 +52,18 @@ pub(super) async fn gate(shared: &Shared, call: Call<'_>) -> Gate {
     };
     let mut verdict = rules::evaluate(&shared.workflow.spec.rules, &shared.renderer, &event)
         .default_for(call.sensitive, call.chosen_by);
+    // Asking because of where a request goes rather than what the tool does: say so.
+    if verdict.rule.is_none()
+        && verdict.decision == Some(Action::Ask)
+        && call.chosen_by == ChosenBy::Llm
+        && let Some(tool) = call.tool
+        && !shared.workflow.tools.sensitive(tool, Some(call.args))
+        && let Some(host) = shared.unnamed_host(tool, call.args)
+    {
+        verdict.reason = Some(format!(
+            "a request an LLM chose to `{host}`, a host the spec does not name, needs a person's approval"
+        ));
+    }
     if call.required && verdict.decision != Some(Action::Deny) {
         verdict.decision = Some(Action::Ask);
         verdict

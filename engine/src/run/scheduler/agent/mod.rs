@@ -441,10 +441,7 @@ pub(super) async fn run(
             } else {
                 Turn::Run
             };
-            let sensitive = shared
-                .workflow
-                .tools
-                .sensitive(&call.name, Some(&call.arguments));
+            let sensitive = shared.llm_call_asks(&call.name, &call.arguments);
             let known = tools.iter().any(|t| t.name == call.name);
             if known && turn == Turn::Run && (sensitive || !spec.rules.is_empty()) {
                 let asked = gate::Call {
