@@ -231,3 +231,134 @@ steps:
         ]
     );
 }
+
+/// A store whose `claim` finds the run already claimed by a rival, as when two `archon resume`s race: the
+/// rival claims between this one's load and its claim.
+#[derive(Debug)]
+struct Racing {
+    inner: archon_engine::store::sqlite::SqliteStore,
+    rival: archon_engine::store::sqlite::SqliteStore,
+}
+
+impl archon_engine::store::RunStore for Racing {
+    fn create_run(
+        &self,
+        run: &archon_engine::store::NewRun,
+    ) -> Result<(), archon_engine::store::StoreError> {
+        self.inner.create_run(run)
+    }
+    fn claim(
+        &self,
+        id: &str,
+        allowed: &[RunState],
+    ) -> Result<RunState, archon_engine::store::StoreError> {
+        self.rival.claim(id, allowed)?;
+        self.inner.claim(id, allowed)
+    }
+    fn release(&self, id: &str, status: RunState) -> Result<(), archon_engine::store::StoreError> {
+        self.inner.release(id, status)
+    }
+    fn forget_results(
+        &self,
+        id: &str,
+        steps: &[String],
+    ) -> Result<u32, archon_engine::store::StoreError> {
+        self.inner.forget_results(id, steps)
+    }
+    fn decide(
+        &self,
+        id: &str,
+        step: Option<&str>,
+        decision: &archon_engine::report::ApprovalDecision,
+    ) -> Result<Vec<archon_engine::report::ApprovalRequest>, archon_engine::store::StoreError> {
+        self.inner.decide(id, step, decision)
+    }
+    fn cancel(&self, id: &str) -> Result<RunState, archon_engine::store::StoreError> {
+        self.inner.cancel(id)
+    }
+    fn list(
+        &self,
+    ) -> Result<Vec<archon_engine::store::RunSummary>, archon_engine::store::StoreError> {
+        self.inner.list()
+    }
+    fn load(
+        &self,
+        id: &str,
+    ) -> Result<archon_engine::store::StoredRun, archon_engine::store::StoreError> {
+        self.inner.load(id)
+    }
+    fn files(&self, id: &str) -> Result<Vec<(String, String)>, archon_engine::store::StoreError> {
+        self.inner.files(id)
+    }
+    fn replace_files(
+        &self,
+        id: &str,
+        files: &[(String, String)],
+    ) -> Result<(), archon_engine::store::StoreError> {
+        self.inner.replace_files(id, files)
+    }
+    fn events(&self, id: &str) -> Result<Vec<Json>, archon_engine::store::StoreError> {
+        self.inner.events(id)
+    }
+    fn check(&self) -> Result<Vec<String>, archon_engine::store::StoreError> {
+        self.inner.check()
+    }
+    fn journal(
+        &self,
+        id: &str,
+        cancel: tokio_util::sync::CancellationToken,
+    ) -> Result<std::sync::Arc<dyn archon_engine::store::Journal>, archon_engine::store::StoreError>
+    {
+        self.inner.journal(id, cancel)
+    }
+}
+
+/// Issue 13, item 17: two `resume`s that race refuse the same way, whichever comes second by a hair (its
+/// claim fails) or by a wide margin (the run is already running when it looks).
+#[test]
+fn racing_resumes_refuse_the_same_way() {
+    use archon_engine::store::RunStore as _;
+    use archon_engine::store::sqlite::SqliteStore;
+    let dir = TempDir::new().expect("tempdir");
+    let state = dir.path().join("state");
+    let spec = dir.path().join("failing.yaml");
+    std::fs::write(&spec, FAILING).expect("write");
+    let store = SqliteStore::open(&state).expect("store");
+    store
+        .create_run(&archon_engine::store::NewRun {
+            id: "r-race".to_owned(),
+            workflow: "failing".to_owned(),
+            spec_path: spec.display().to_string(),
+            files: vec![(spec.display().to_string(), FAILING.to_owned())],
+            inputs: Map::new(),
+            workdir: dir.path().display().to_string(),
+            max_parallel: 4,
+        })
+        .expect("created");
+    store
+        .release("r-race", RunState::Interrupted)
+        .expect("interrupted");
+    let racing = Session::over(Box::new(Racing {
+        inner: SqliteStore::open(&state).expect("store"),
+        rival: SqliteStore::open(&state).expect("store"),
+    }));
+    let by_a_hair = racing
+        .continue_run("r-race", Continue::Resume, &ContinueOptions::default())
+        .map(|_| ());
+    let later = Session::open(&state)
+        .expect("store")
+        .continue_run("r-race", Continue::Resume, &ContinueOptions::default())
+        .map(|_| ());
+    let refusal = |outcome: Result<(), SessionError>| match outcome {
+        Err(SessionError::Refused { message, .. }) => Some(message),
+        _ => None,
+    };
+    let (first, second) = (refusal(by_a_hair), refusal(later));
+    assert!(
+        first
+            .as_deref()
+            .is_some_and(|m| m.starts_with("run `r-race` is being run by process")),
+        "{first:?}"
+    );
+    assert_eq!(first, second);
+}

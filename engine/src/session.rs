@@ -294,7 +294,17 @@ impl Session {
             Continue::From(_) => &[RunState::Interrupted, RunState::Succeeded, RunState::Failed],
             Continue::Failed => &[RunState::Interrupted, RunState::Failed],
         };
-        let previous = self.store.claim(id, allowed)?;
+        let previous = match self.store.claim(id, allowed) {
+            Ok(previous) => previous,
+            // Another process claimed it (or ended it) since it was loaded: the same refusal, worded and
+            // exited as when this process comes second by a wider margin.
+            Err(e) => {
+                if let Ok(now) = self.store.load(id) {
+                    refuse_state(&now, how)?;
+                }
+                return Err(e.into());
+            }
+        };
         let plan = match self.plan_continuation(id, how, options) {
             Ok(plan) => plan,
             Err(e) => {
