@@ -362,3 +362,60 @@ fn racing_resumes_refuse_the_same_way() {
     );
     assert_eq!(first, second);
 }
+
+/// Issue 13, item 16: a step that is not safe to repeat and finished is not reported in doubt because a
+/// step safe to repeat was running after it at the crash: its result is durable before the run goes on.
+#[test]
+fn a_finished_step_is_not_in_doubt_because_a_later_safe_step_was_running() {
+    use std::os::unix::fs::OpenOptionsExt as _;
+
+    let dir = TempDir::new().expect("tempdir");
+    // `later` reads a FIFO: it is safe to repeat, and it runs until a writer comes.
+    nix::unistd::mkfifo(&dir.path().join("pipe"), nix::sys::stat::Mode::S_IRWXU).expect("mkfifo");
+    let spec = r#"name: doubt
+steps:
+  - { id: effect, tool: exec, with: { argv: [sh, -c, 'echo done >> effects'] } }
+  - { id: later, tool: read_file, with: { path: pipe }, needs: [effect] }
+"#;
+    std::fs::write(dir.path().join("doubt.yaml"), spec).expect("write");
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_archon"))
+        .args(["run", "doubt.yaml"])
+        .current_dir(dir.path())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("archon starts");
+    // Opening the FIFO to write without blocking succeeds once `later` has it open to read.
+    let started = std::time::Instant::now();
+    let writer = loop {
+        match std::fs::OpenOptions::new()
+            .write(true)
+            .custom_flags(nix::fcntl::OFlag::O_NONBLOCK.bits())
+            .open(dir.path().join("pipe"))
+        {
+            Ok(writer) => break writer,
+            Err(_) => {
+                assert!(started.elapsed().as_secs() < 10, "`later` never started");
+                std::thread::yield_now();
+            }
+        }
+    };
+    let _ = child.kill();
+    let _ = child.wait();
+    drop(writer);
+
+    let Output { stdout, .. } = archon(dir.path(), &["runs", "--json"]);
+    let runs: Json = serde_json::from_str(&stdout).expect("runs");
+    let id = runs[0]["id"].as_str().expect("id").to_owned();
+    std::fs::remove_file(dir.path().join("pipe")).expect("rm");
+    std::fs::write(dir.path().join("pipe"), "now a file").expect("write");
+    let resumed = archon(dir.path(), &["resume", &id]);
+    assert_eq!(
+        (resumed.code, resumed.stderr.lines().next()),
+        (0, Some("reused    effect (succeeded earlier)"))
+    );
+    assert_eq!(
+        std::fs::read_to_string(dir.path().join("effects")).expect("effects"),
+        "done\n"
+    );
+}

@@ -243,6 +243,22 @@ impl Shared {
         }
     }
 
+    /// Waits until the result just recorded for `step` (or one of its items) is durable, when the step is
+    /// not safe to repeat: a crash while later steps run must not leave a finished step in doubt.
+    pub(super) async fn result_durable(&self, step: &Step) {
+        let repeatable = || {
+            crate::resume::body_is_idempotent(&self.workflow, step.body())
+                && step
+                    .fallback
+                    .as_ref()
+                    .is_none_or(|f| crate::resume::body_is_idempotent(&self.workflow, f.body()))
+        };
+        if self.depth == 0 && !repeatable() {
+            // A store that fails here fails the next step's own write before its effect.
+            let _ = self.options.journal.flush().wait().await;
+        }
+    }
+
     /// The result an earlier process recorded for the `foreach` item of step `id` whose fingerprint is
     /// `fingerprint`: at the same position, or, when the list changed order, at another.
     pub(super) fn prior_item(

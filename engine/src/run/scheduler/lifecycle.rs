@@ -49,6 +49,7 @@ pub(super) async fn execute(shared: &Arc<Shared>, index: usize, steps: Steps) ->
     after_step(shared, step, &mut result);
     result.duration_ms = millis(started.elapsed());
     shared.record_result(&step.id.value, &result);
+    shared.result_durable(step).await;
     shared.emit(RunEvent::StepFinished {
         step: shared.label(&step.id.value),
         status: result.status,
@@ -105,6 +106,7 @@ async fn foreach(shared: &Arc<Shared>, index: usize, expr: &str, steps: &Steps) 
                     attempt_all(&shared, step, &steps, Some((item, position)), label.clone()).await;
                 result.item = Some(fingerprint);
                 shared.record_result(&label, &result);
+                shared.result_durable(step).await;
                 (position, result)
             }));
         }
