@@ -148,6 +148,23 @@ impl<'de> Visitor<'de> for RawVisitor {
 }
 
 pub(super) fn parse(file: &SourceFile, limits: &Limits) -> (Option<Node>, Vec<Diagnostic>) {
+    if file.text.trim().is_empty() {
+        return (
+            Some(Node::new(
+                Span::new(file.id, 0, 0),
+                NodeKind::Map(Vec::new()),
+            )),
+            Vec::new(),
+        );
+    }
+    if let Some(read) = events::read(file, limits) {
+        return read;
+    }
+    with_serde(file, limits)
+}
+
+/// Reads `file` through serde-saphyr, which resolves all of YAML and words the errors.
+fn with_serde(file: &SourceFile, limits: &Limits) -> (Option<Node>, Vec<Diagnostic>) {
     let mut budget = Budget::default();
     budget.max_depth = limits.max_depth;
     // The file size limit already bounds how many values a document can have; these only need to stay
@@ -166,19 +183,6 @@ pub(super) fn parse(file: &SourceFile, limits: &Limits) -> (Option<Node>, Vec<Di
     options.strict_booleans = true;
     // Duplicate keys are reported by us, with both locations, and do not stop validation.
     options.duplicate_keys = serde_saphyr::DuplicateKeyPolicy::PassThrough;
-
-    if file.text.trim().is_empty() {
-        return (
-            Some(Node::new(
-                Span::new(file.id, 0, 0),
-                NodeKind::Map(Vec::new()),
-            )),
-            Vec::new(),
-        );
-    }
-    if let Some(read) = events::read(file, limits) {
-        return read;
-    }
     match serde_saphyr::from_str_with_options::<Located>(&file.text, options) {
         Ok(raw) => {
             let mut diagnostics = Vec::new();
@@ -209,35 +213,6 @@ fn line_col_span(file: &SourceFile, line: u64, column: u64) -> Span {
         .sum();
     let at = line_start + col;
     Span::new(file.id, at, at)
-}
-
-/// The serde-saphyr reading of `file`, for tests that compare the two readers.
-#[cfg(test)]
-pub(super) fn read_with_serde(
-    file: &SourceFile,
-    limits: &Limits,
-) -> (Option<Node>, Vec<Diagnostic>) {
-    let mut budget = Budget::default();
-    budget.max_depth = limits.max_depth;
-    budget.max_nodes = limits.max_values;
-    budget.max_events = 2 * limits.max_values;
-    budget.enforce_alias_anchor_ratio = false;
-    let mut alias_limits = AliasLimits::default();
-    alias_limits.max_total_replayed_events = limits.max_alias_replay_events;
-    let mut options = Options::default();
-    options.budget = Some(budget);
-    options.alias_limits = alias_limits;
-    options.with_snippet = false;
-    options.strict_booleans = true;
-    options.duplicate_keys = serde_saphyr::DuplicateKeyPolicy::PassThrough;
-    match serde_saphyr::from_str_with_options::<Located>(&file.text, options) {
-        Ok(raw) => {
-            let mut diagnostics = Vec::new();
-            let node = convert(raw, file, &mut diagnostics);
-            (Some(node), diagnostics)
-        }
-        Err(err) => (None, vec![error_to_diagnostic(&err, file, limits)]),
-    }
 }
 
 /// How one scalar reads when its text is all there is to go by: through serde-saphyr, as a document of
@@ -625,7 +600,7 @@ mod events {
 mod parity {
     use std::path::{Path, PathBuf};
 
-    use super::{Limits, read_with_serde};
+    use super::{Limits, with_serde as read_with_serde};
     use crate::source::{FileId, Format, SourceFile};
 
     fn file(text: &str) -> SourceFile {

@@ -21,6 +21,23 @@ const CAPTURE_READ_BYTES: usize = MAX_CAPTURE_BYTES + MASK_SLACK_BYTES;
 
 pub(super) struct Exec;
 
+/// The arguments of a tool that runs a command: what to run (`what`, required, with its schema), and how.
+pub(super) fn command_parameters(what: &str, schema: Json) -> Json {
+    // What to run comes first, as models read the schema in order.
+    let mut properties = serde_json::Map::from_iter([(what.to_owned(), schema)]);
+    if let Json::Object(how) = json!({
+        "cwd": { "type": "string" },
+        "env": { "type": "object", "additionalProperties": { "type": "string" } },
+        "stdin": { "type": "string" },
+        "output": { "enum": ["text", "json", "lines"] },
+        "ok_exit_codes": { "type": "array", "items": { "type": "integer" } },
+        "timeout": timeout(),
+    }) {
+        properties.extend(how);
+    }
+    object(Json::Object(properties), &[what])
+}
+
 impl Tool for Exec {
     fn name(&self) -> &'static str {
         "exec"
@@ -31,17 +48,9 @@ impl Tool for Exec {
     }
 
     fn parameters(&self) -> Json {
-        object(
-            json!({
-                "argv": { "type": "array", "items": { "type": "string" }, "minItems": 1 },
-                "cwd": { "type": "string" },
-                "env": { "type": "object", "additionalProperties": { "type": "string" } },
-                "stdin": { "type": "string" },
-                "output": { "enum": ["text", "json", "lines"] },
-                "ok_exit_codes": { "type": "array", "items": { "type": "integer" } },
-                "timeout": timeout(),
-            }),
-            &["argv"],
+        command_parameters(
+            "argv",
+            json!({ "type": "array", "items": { "type": "string" }, "minItems": 1 }),
         )
     }
 

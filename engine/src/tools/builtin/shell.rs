@@ -3,7 +3,7 @@
 
 use serde_json::{Value as Json, json};
 
-use super::{OnSpawn, SENSITIVE, Tool, ToolContext, object, timeout};
+use super::{OnSpawn, SENSITIVE, Tool, ToolContext};
 use crate::tools::{CallFuture, SafetyRule};
 
 pub(super) struct Shell;
@@ -18,18 +18,7 @@ impl Tool for Shell {
     }
 
     fn parameters(&self) -> Json {
-        object(
-            json!({
-                "command": { "type": "string" },
-                "cwd": { "type": "string" },
-                "env": { "type": "object", "additionalProperties": { "type": "string" } },
-                "stdin": { "type": "string" },
-                "output": { "enum": ["text", "json", "lines"] },
-                "ok_exit_codes": { "type": "array", "items": { "type": "integer" } },
-                "timeout": timeout(),
-            }),
-            &["command"],
-        )
+        super::exec::command_parameters("command", json!({ "type": "string" }))
     }
 
     fn safety(&self) -> SafetyRule {
