@@ -466,6 +466,14 @@ fn a_path_through_a_folder_and_back_stays_inside() {
         std::fs::read_to_string(dir.path().join("inside.txt")).expect("written inside"),
         "here"
     );
+    // Listed paths stay relative to the workspace, whatever way the folder is written.
+    let listed = ["", ".", "sub/.."].map(|path| {
+        call_file_tool("list_files", serde_json::json!({ "path": path }), &cx)
+            .map(|o| o.as_array().map(Vec::len).unwrap_or(0))
+    });
+    let named = call_file_tool("list_files", serde_json::json!({ "path": "sub/.." }), &cx);
+    assert_eq!(listed, [Ok(1), Ok(1), Ok(1)]);
+    assert_eq!(named, Ok(serde_json::json!(["inside.txt"])));
 }
 
 /// Issue 13, item 4: file tools refuse archon's state directory, the default one and one given with

@@ -273,10 +273,13 @@ pub fn list_files(
         .open_dir(base_path)
         .map_err(|e| workspace.refused("list", relative, &e))?;
     // Shown relative to the workspace: the base as it resolves inside it.
-    let shown_base = workspace
+    let shown_base: PathBuf = workspace
         .dir
         .canonicalize(base_path)
-        .map_err(|e| workspace.refused("list", relative, &e))?;
+        .map_err(|e| workspace.refused("list", relative, &e))?
+        .components()
+        .filter(|c| !matches!(c, Component::CurDir))
+        .collect();
     let mut found = Vec::new();
     let mut pending = vec![(base, PathBuf::new())];
     while let Some((dir, under)) = pending.pop() {
