@@ -341,6 +341,28 @@ fn too_large(configured: &Configured, window: &Window, tokens: usize, why: &str)
     ))
 }
 
+/// Outputs up to this size are measured in place; larger ones on a blocking thread.
+const MEASURED_IN_PLACE: usize = 16 * 1024;
+
+/// [`cut`], off the scheduler's thread for a large output: counting the tokens of a megabyte of text takes
+/// long enough to hold every other step, timeout and Ctrl-C of the run.
+pub(super) async fn cut_off_thread(
+    estimator: Estimator,
+    text: String,
+    max_tokens: usize,
+) -> (String, Option<String>) {
+    if text.len() <= MEASURED_IN_PLACE {
+        return cut(estimator, text, max_tokens);
+    }
+    let shown = format!(
+        "[archon: an output of {} bytes could not be measured]",
+        text.len()
+    );
+    tokio::task::spawn_blocking(move || cut(estimator, text, max_tokens))
+        .await
+        .unwrap_or((shown, None))
+}
+
 /// A tool's output as the model reads it: whole, or cut at `max_tokens` with a marker saying how much was
 /// left out. The second value is the whole output when it was cut.
 pub(super) fn cut(
@@ -428,7 +450,43 @@ pub(in crate::run::scheduler) fn as_data(text: &str) -> String {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
     use super::as_data;
+    use crate::llm::tokens::Estimator;
+
+    /// Issue 12, item 4: measuring a large tool output does not hold the scheduler's thread. On a
+    /// current-thread runtime, another task gets to run while it is measured (measured in place, it
+    /// could not run before the measurement returned).
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_large_output_is_measured_while_the_run_goes_on() {
+        let ticks = Arc::new(AtomicUsize::new(0));
+        let ticker = {
+            let ticks = ticks.clone();
+            tokio::spawn(async move {
+                loop {
+                    ticks.fetch_add(1, Ordering::Relaxed);
+                    tokio::task::yield_now().await;
+                }
+            })
+        };
+        let text = "word ".repeat(400_000);
+        let (shown, whole) =
+            super::cut_off_thread(Estimator::for_model("gpt-4o"), text, 1000).await;
+        let during = ticks.load(Ordering::Relaxed);
+        ticker.abort();
+        assert_eq!(whole.map(|w| w.len()), Some(2_000_000));
+        assert!(
+            shown.contains("[... cut: "),
+            "{}",
+            &shown[shown.len() - 100..]
+        );
+        assert!(
+            during > 0,
+            "no other task ran while the output was measured"
+        );
+    }
 
     #[test]
     fn tool_output_cannot_close_its_own_data_block() {

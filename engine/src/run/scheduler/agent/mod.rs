@@ -522,7 +522,7 @@ pub(super) async fn run(
                 if invalid && problem.is_none() {
                     problem = Some(output.clone());
                 }
-                let (content, full_text) = context::cut(estimator, output, shown);
+                let (content, full_text) = context::cut_off_thread(estimator, output, shown).await;
                 shared.emit(RunEvent::AgentObservation {
                     step: label.to_owned(),
                     iteration,
