@@ -7,7 +7,7 @@ use std::collections::HashSet;
 use serde_json::Value as Json;
 
 use crate::spec::{Body, Node};
-use crate::tools::ToolRef;
+use crate::tools::{SafetyRule, ToolRef};
 use crate::workflow::Workflow;
 
 /// Whether every tool a step can call (its body and its fallback) is safe to repeat.
@@ -31,9 +31,15 @@ pub fn body_is_idempotent(workflow: &Workflow, body: Body<'_>) -> bool {
 fn body_idempotent(workflow: &Workflow, body: Body<'_>, seen: &mut HashSet<String>) -> bool {
     if let Some(tool) = body.tool {
         if let Some(ToolRef::Builtin(b)) = workflow.tools.get(&tool.value).map(|t| t.kind) {
-            // The call as written: an `http` request is safe to repeat when its method only reads.
-            let args = body.args.map_or(Json::Null, Node::to_json);
-            return b.safety(Some(&args)).read_only;
+            // The call as written: an `http` request is safe to repeat when its method only reads. Only
+            // such a rule reads the arguments; this runs twice for every step, so others skip converting them.
+            return match b.safety {
+                SafetyRule::Fixed(safety) => safety.read_only,
+                rule => {
+                    let args = body.args.map_or(Json::Null, Node::to_json);
+                    rule.of(Some(&args)).read_only
+                }
+            };
         }
         return tool_idempotent(workflow, &tool.value, seen);
     }

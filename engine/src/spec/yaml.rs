@@ -713,7 +713,6 @@ mod parity {
             }
         }
         // Most of these are the event reader's to read.
-        eprintln!("scalars read: {read}");
         assert!(read > 150, "{read}");
     }
 
@@ -766,7 +765,6 @@ mod parity {
                 outcome.unwrap_or_else(|e| panic!("{}: {e}", path.display()));
             }
         }
-        eprintln!("files read: {read} of {}", files.len());
         assert!(
             files.len() > 50 && read * 2 > files.len(),
             "{read} of {}",
