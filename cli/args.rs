@@ -46,6 +46,10 @@ pub enum Command {
     /// Evaluates one jq filter for a running `archon`, in a process of its own (internal).
     #[command(name = "__jq", hide = true)]
     Jq,
+
+    /// Renders one template for a running `archon`, in a process of its own (internal).
+    #[command(name = "__render", hide = true)]
+    Render,
 }
 
 /// A workflow file and its inputs, as `plan` and `run` take them.

@@ -643,3 +643,88 @@ fn a_file_size_limit_is_reported_not_fatal() {
         )
     );
 }
+
+/// Issue 13, item 2: templates that build without end, from the spec and from a step's output, fail their
+/// step with a message instead of exhausting memory or overflowing the stack (a string doubled in a loop
+/// reached 23 GB; `replace` and `indent` over an output built gigabytes; a list nested 100,000 deep
+/// aborted the process, and `resume` aborted the same way). archon runs under a 1 GiB data limit, so a
+/// template that escaped its 256 MiB budget would end it with an allocation failure.
+#[test]
+fn templates_that_build_without_end_fail_their_step_within_the_budget() {
+    let dir = TempDir::new().expect("tempdir");
+    let spec = r#"name: bombs
+steps:
+  - id: double
+    tool: echo
+    with: { text: "{% set ns = namespace(s='ab') %}{% for i in range(40) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}{{ ns.s | length }}" }
+  - id: deep_json
+    tool: echo
+    with: { text: "{% set ns = namespace(l=[]) %}{% for i in range(100000) %}{% set ns.l = [ns.l] %}{% endfor %}{{ ns.l | tojson }}" }
+  - id: big
+    tool: echo
+    with: { text: "{{ 'x' * 1000000 }}" }
+  - id: replaced
+    tool: echo
+    with: { text: "{{ steps.big.output.text | replace('x', steps.big.output.text) | length }}" }
+  - id: indented
+    tool: echo
+    with: { text: "{{ steps.big.output.text | replace('x', 'x\n') | indent(100000) | length }}" }
+  - id: small
+    tool: echo
+    with: { text: "{% for i in range(3) %}{{ i ~ steps.big.output.text | length }}{% endfor %}" }
+"#;
+    std::fs::write(dir.path().join("bombs.yaml"), spec).expect("spec");
+    let output = Command::new("sh")
+        .args([
+            "-c",
+            "ulimit -d 1048576 && exec \"$0\" run bombs.yaml --json",
+        ])
+        .arg(env!("CARGO_BIN_EXE_archon"))
+        .current_dir(dir.path())
+        .env("NO_COLOR", "1")
+        // Without it, mimalloc's reserved arena counts against the limit.
+        .env("MIMALLOC_ARENA_RESERVE", "0")
+        .output()
+        .expect("archon runs");
+    assert_eq!(
+        output.status.code(),
+        Some(1),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let report: Json = serde_json::from_slice(&output.stdout).expect("report");
+    let step = |id: &str| {
+        let step = &report["steps"][id];
+        (
+            step["status"].as_str().unwrap_or_default().to_owned(),
+            step["error"].as_str().unwrap_or_default().to_owned(),
+        )
+    };
+    let failed = |error: &str| ("failed".to_owned(), error.to_owned());
+    assert_eq!(
+        [
+            step("double"),
+            step("deep_json"),
+            step("replaced"),
+            step("indented"),
+        ],
+        [
+            failed(
+                "cannot render template `{% set ns = namespace(s='ab') %}{% for i in range(40) %}{% set ns.s = ns.s ~ ns.`: it needed more than 256 MiB of memory"
+            ),
+            failed(
+                "cannot render template `{% set ns = namespace(l=[]) %}{% for i in range(100000) %}{% set ns.l = [ns.l] %`: cannot write the value as JSON: it is nested more than 256 levels deep"
+            ),
+            failed(
+                "cannot render expression `steps.big.output.text | replace('x', steps.big.output.text) | length`: it needed more than 256 MiB of memory"
+            ),
+            failed(
+                "cannot render expression `steps.big.output.text | replace('x', 'x\n') | indent(100000) | length`: it needed more than 256 MiB of memory"
+            ),
+        ]
+    );
+    assert_eq!(
+        report["steps"]["small"]["output"]["text"],
+        "010000001100000021000000"
+    );
+}

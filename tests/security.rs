@@ -333,6 +333,7 @@ async fn run_in(
         archon_engine::inputs::resolve(&workflow.spec, inputs, &[]).expect("inputs resolve");
     let (sender, mut receiver) = tokio::sync::mpsc::unbounded_channel();
     let mut options = RunOptions::new(dir.to_path_buf(), "security");
+    options.helper = Some(env!("CARGO_BIN_EXE_archon").into());
     options.events = Some(sender);
     options.env = env
         .iter()
@@ -589,7 +590,7 @@ fn ten_gigabytes_of_stdout_are_cut_without_memory_growth() {
 async fn hostile_templates_fail_fast_instead_of_hanging_or_exhausting_memory() {
     use archon_engine::run::render::{MAX_OUTPUT_BYTES, Renderer, context_value};
 
-    let renderer = Renderer::default();
+    let renderer = Renderer::new(Some(env!("CARGO_BIN_EXE_archon").into()));
     let ctx = context_value(serde_json::Map::new());
     let too_large = format!("its output is larger than {MAX_OUTPUT_BYTES} bytes");
     let cases = [
@@ -613,6 +614,7 @@ async fn hostile_templates_fail_fast_instead_of_hanging_or_exhausting_memory() {
         let started = Instant::now();
         let error = renderer
             .text(template, &ctx)
+            .await
             .expect_err(template)
             .to_string();
         assert!(

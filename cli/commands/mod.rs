@@ -53,6 +53,7 @@ pub fn run(cli: Cli) -> anyhow::Result<Status> {
         Command::Approve(args) => runs::approve(&args),
         Command::Llm(LlmCommand::Ping(args)) => llm::ping(&args),
         Command::Schema => schema::run(),
-        Command::Jq => helper::jq(),
+        Command::Jq => helper::serve(archon_engine::tools::builtin::jq::serve),
+        Command::Render => helper::serve(archon_engine::run::render::helper::serve),
     }
 }

@@ -1,5 +1,6 @@
 //! Child processes: the commands a run starts and everything they leave behind, the `/proc` facts resume
-//! reads about a crashed run's commands, and the killable helper process that evaluates jq filters.
+//! reads about a crashed run's commands, and the killable helper processes that evaluate jq filters and
+//! templates that could outgrow their inputs, under limits of their own ([`HelperLimits`]).
 //!
 //! A command runs as the leader of its own process group, with [`TAG_VAR`] in its environment. When it
 //! exits, or is abandoned (timeout, cancellation), [`Tracked`] kills what it leaves: its group, and every
@@ -279,6 +280,10 @@ pub async fn run_helper(
     let mut child = tokio::process::Command::new(program)
         .args(args)
         .env(TAG_VAR, &tag)
+        // mimalloc (the `archon` executable's allocator) reserves 1 GiB of address space at start
+        // unless told not to; reserved, it would count as data already held, and the helper's memory
+        // limit would be that much larger than it says.
+        .env("MIMALLOC_ARENA_RESERVE", "0")
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -343,4 +348,61 @@ pub async fn read_into(
             }
         }
     }
+}
+
+/// What a helper process may use: memory and CPU time (its stack is the thread it evaluates on).
+#[derive(Debug, Clone, Copy)]
+pub struct HelperLimits {
+    /// Most memory (data: heap and thread stacks) beyond what the process held when it limited itself.
+    pub memory_bytes: u64,
+    /// Most CPU time: `SIGXCPU` at this soft limit, `SIGKILL` five seconds later.
+    pub cpu_seconds: u64,
+}
+
+impl HelperLimits {
+    /// Limits this process (the helper's side, first thing): memory, CPU time, and no core dump when a
+    /// runaway evaluation aborts it.
+    pub fn apply(self) {
+        use nix::sys::resource::{Resource, setrlimit};
+        let _ = setrlimit(Resource::RLIMIT_CORE, 0, 0);
+        // On top of what the process already holds: an allocator may reserve a large arena at start, which
+        // counts as data although it is not used yet.
+        let data = data_bytes().saturating_add(self.memory_bytes);
+        let _ = setrlimit(Resource::RLIMIT_DATA, data, data);
+        let _ = setrlimit(Resource::RLIMIT_CPU, self.cpu_seconds, self.cpu_seconds + 5);
+    }
+
+    /// Why a helper that did not exit normally failed, as words to follow its subject ("jq filter `…`
+    /// recursed too deeply"): too deep a recursion, too much memory, too much CPU time, another signal,
+    /// or the last line it left.
+    pub fn failure(self, output: &HelperOutput) -> String {
+        use std::os::unix::process::ExitStatusExt;
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        let signal = output.status.signal();
+        if stderr.contains("has overflowed its stack") {
+            "recursed too deeply".to_owned()
+        } else if stderr.contains("memory allocation of") {
+            format!("needed more than {} MiB of memory", self.memory_bytes >> 20)
+        } else if signal == Some(Signal::SIGXCPU as i32) {
+            format!("used more than {} s of CPU time", self.cpu_seconds)
+        } else {
+            let last = stderr.lines().last().unwrap_or_default().trim();
+            match (signal, last.is_empty()) {
+                (Some(signal), _) => format!("failed: its process was killed by signal {signal}"),
+                (None, true) => format!("failed: {}", output.status),
+                (None, false) => format!("failed: {last}"),
+            }
+        }
+    }
+}
+
+/// This process's data segment now (`VmData` of `/proc/self/status`), in bytes.
+fn data_bytes() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|status| {
+            let line = status.lines().find(|l| l.starts_with("VmData:"))?;
+            line.split_whitespace().nth(1)?.parse::<u64>().ok()
+        })
+        .map_or(0, |kib| kib * 1024)
 }

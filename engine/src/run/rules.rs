@@ -54,11 +54,11 @@ impl Verdict {
 }
 
 /// The rules of a workflow, checked against events.
-pub fn evaluate(rules: &[Rule], renderer: &Renderer, event: &Event<'_>) -> Verdict {
+pub async fn evaluate(rules: &[Rule], renderer: &Renderer, event: &Event<'_>) -> Verdict {
     let mut verdict = Verdict::default();
     let mut best: Option<(u8, usize)> = None;
     for (index, rule) in rules.iter().enumerate() {
-        if rule.on.value != event.on || !matches(rule, renderer, event) {
+        if rule.on.value != event.on || !matches(rule, renderer, event).await {
             continue;
         }
         let name = rule
@@ -103,7 +103,7 @@ pub fn evaluate(rules: &[Rule], renderer: &Renderer, event: &Event<'_>) -> Verdi
 
 /// Whether `rule`'s `match` fits `event`. A condition that cannot be evaluated fits a rule that denies or
 /// asks (failing closed) and not one that allows.
-fn matches(rule: &Rule, renderer: &Renderer, event: &Event<'_>) -> bool {
+async fn matches(rule: &Rule, renderer: &Renderer, event: &Event<'_>) -> bool {
     let Some(m) = &rule.matcher else {
         return true;
     };
@@ -136,7 +136,7 @@ fn matches(rule: &Rule, renderer: &Renderer, event: &Event<'_>) -> bool {
         ("run", json_value(event.run)),
         ("chosen_by", Value::from(chosen_by)),
     ]));
-    match renderer.condition(&condition.value, &ctx) {
+    match renderer.condition(&condition.value, &ctx).await {
         Ok(fits) => fits,
         Err(_) => matches!(rule.action.value, Action::Deny | Action::Ask),
     }

@@ -30,6 +30,7 @@ pub(super) async fn body(
         Some(args) => shared
             .renderer
             .value(args, ctx)
+            .await
             .map_err(|e| Failure::fixed(e.to_string()))?,
         None => Json::Object(Map::new()),
     };
@@ -46,7 +47,7 @@ pub(super) async fn body(
                 return Err(Failure::fixed("the step says nothing to do".to_owned()));
             }
         };
-        let goal = shared.renderer.text(&goal.value, ctx).map_err(|e| {
+        let goal = shared.renderer.text(&goal.value, ctx).await.map_err(|e| {
             Failure::fixed(format!("`{}`: {e}", if plans { "plan" } else { "goal" }))
         })?;
         return if plans {
@@ -169,31 +170,30 @@ async fn declared(
     };
     extra.push(("args", json_value(&args)));
     let tool_ctx = shared.tool_definition_context(&extra);
-    let text = |t: &crate::spec::Template| {
+    let text = async |t: &crate::spec::Template| {
         shared
             .renderer
             .text(&t.value, &tool_ctx)
+            .await
             .map_err(|e| Failure::fixed(e.to_string()))
     };
     let (builtin, call_args) = if let Some(command) = &def.command {
-        let argv = command
-            .value
-            .iter()
-            .map(text)
-            .collect::<Result<Vec<_>, _>>()?;
+        let mut argv = Vec::with_capacity(command.value.len());
+        for arg in &command.value {
+            argv.push(text(arg).await?);
+        }
         let mut exec = json!({ "argv": argv });
         if let Some(cwd) = &def.cwd {
-            exec["cwd"] = Json::String(text(cwd)?);
+            exec["cwd"] = Json::String(text(cwd).await?);
         }
         if let Some(stdin) = &def.stdin {
-            exec["stdin"] = Json::String(text(stdin)?);
+            exec["stdin"] = Json::String(text(stdin).await?);
         }
         if !def.env.is_empty() {
-            let env: Map<String, Json> = def
-                .env
-                .iter()
-                .map(|(k, v)| Ok((k.value.clone(), Json::String(text(v)?))))
-                .collect::<Result<_, Failure>>()?;
+            let mut env = Map::new();
+            for (k, v) in &def.env {
+                env.insert(k.value.clone(), Json::String(text(v).await?));
+            }
             exec["env"] = Json::Object(env);
         }
         if let Some(output) = &def.output {
@@ -204,26 +204,26 @@ async fn declared(
         }
         ("exec", exec)
     } else if let Some(http) = &def.http {
-        let mut request = json!({ "url": text(&http.url)? });
+        let mut request = json!({ "url": text(&http.url).await? });
         if let Some(method) = &http.method {
             request["method"] = serde_json::to_value(method.value).unwrap_or(Json::Null);
         }
         if !http.headers.is_empty() {
-            let headers: Map<String, Json> = http
-                .headers
-                .iter()
-                .map(|(k, v)| Ok((k.value.clone(), Json::String(text(v)?))))
-                .collect::<Result<_, Failure>>()?;
+            let mut headers = Map::new();
+            for (k, v) in &http.headers {
+                headers.insert(k.value.clone(), Json::String(text(v).await?));
+            }
             request["headers"] = Json::Object(headers);
         }
         if let Some(body) = &http.json {
             request["json"] = shared
                 .renderer
                 .value(body, &tool_ctx)
+                .await
                 .map_err(|e| Failure::fixed(e.to_string()))?;
         }
         if let Some(body) = &http.body {
-            request["body"] = Json::String(text(body)?);
+            request["body"] = Json::String(text(body).await?);
         }
         if let Some(timeout) = &def.timeout {
             request["timeout"] = Json::String(timeout.value.text.clone());
@@ -287,7 +287,7 @@ fn composite<'a>(
             Some(template) if !cancelled && failed.is_none() => {
                 // The result becomes output that prompts and reports can see: no secrets in it.
                 let ctx = inner.context(&named(steps, &views), false, &[]);
-                Some(inner.renderer.value(template, &ctx))
+                Some(inner.renderer.value(template, &ctx).await)
             }
             _ => None,
         };

@@ -51,6 +51,7 @@ pub(super) async fn gate(shared: &Shared, call: Call<'_>) -> Gate {
         run: &run,
     };
     let mut verdict = rules::evaluate(&shared.workflow.spec.rules, &shared.renderer, &event)
+        .await
         .default_for(call.sensitive, call.chosen_by);
     // Asking because of where a request goes rather than what the tool does: say so.
     if verdict.rule.is_none()

@@ -36,7 +36,7 @@ pub(super) async fn execute(shared: &Arc<Shared>, index: usize, steps: Steps) ->
             let mut steps = steps;
             steps.insert(step.id.value.clone(), own.value());
             let ctx = shared.context(&steps, false, &[]);
-            shared.renderer.outputs(&step.outputs, &ctx)
+            shared.renderer.outputs(&step.outputs, &ctx).await
         };
         let failed = failed.map(|(name, e)| format!("output `{name}`: {e}"));
         result = own.into_result();
@@ -46,7 +46,7 @@ pub(super) async fn execute(shared: &Arc<Shared>, index: usize, steps: Steps) ->
             result.error = Some(error);
         }
     }
-    after_step(shared, step, &mut result);
+    after_step(shared, step, &mut result).await;
     result.duration_ms = millis(started.elapsed());
     shared.record_result(&step.id.value, &result);
     shared.result_durable(step).await;
@@ -63,7 +63,7 @@ pub(super) async fn execute(shared: &Arc<Shared>, index: usize, steps: Steps) ->
 async fn foreach(shared: &Arc<Shared>, index: usize, expr: &str, steps: &Steps) -> StepResult {
     let step = &shared.steps()[index];
     let ctx = shared.context(steps, false, &[]);
-    let items = match shared.renderer.expression(expr, &ctx) {
+    let items = match shared.renderer.expression(expr, &ctx).await {
         Ok(Json::Array(items)) => items,
         Ok(other) => {
             let kind = match other {
@@ -409,7 +409,7 @@ async fn before_step(
     let body = step.body();
     let mut call = Map::new();
     if let Some(args) = body.args {
-        match shared.renderer.value(args, ctx) {
+        match shared.renderer.value(args, ctx).await {
             Ok(args) => {
                 call.insert("with".to_owned(), args);
             }
@@ -447,7 +447,7 @@ async fn before_step(
 
 /// The `after_step` rules (a `deny` rejects the step's result) and, for a failed step, the `on_error`
 /// rules (`log`).
-fn after_step(shared: &Shared, step: &Step, result: &mut StepResult) {
+async fn after_step(shared: &Shared, step: &Step, result: &mut StepResult) {
     let rules = &shared.workflow.spec.rules;
     if rules.is_empty() || result.status == StepStatus::WaitingApproval {
         return;
@@ -468,7 +468,7 @@ fn after_step(shared: &Shared, step: &Step, result: &mut StepResult) {
             args: &result.output,
             run: &run,
         };
-        let verdict = crate::run::rules::evaluate(rules, &shared.renderer, &event);
+        let verdict = crate::run::rules::evaluate(rules, &shared.renderer, &event).await;
         for rule in &verdict.logged {
             shared.emit(RunEvent::RuleMatched {
                 step: Some(label.clone()),

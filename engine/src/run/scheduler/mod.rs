@@ -161,7 +161,7 @@ fn run_workflow(
             .iter()
             .map(|(k, v)| (k.clone(), Json::String(v.clone())))
             .collect();
-        let renderer = Arc::new(Renderer::default());
+        let renderer = Arc::new(Renderer::new(options.helper.clone()));
         let mut tool_env = Vec::new();
         {
             let mut ctx = Map::new();
@@ -171,7 +171,7 @@ fn run_workflow(
             ctx.insert("secrets".into(), Json::Object(secrets.clone()));
             let ctx = context_value(ctx);
             for (name, template) in &spec.env {
-                let value = renderer.text(&template.value, &ctx).map_err(|e| {
+                let value = renderer.text(&template.value, &ctx).await.map_err(|e| {
                     RunError(format!(
                         "env `{}`: {}",
                         name.value,
@@ -242,7 +242,7 @@ fn run_workflow(
         let mut outputs = Map::new();
         if !cancelled {
             let ctx = shared.context(&named(&spec.steps, &views), false, &[]);
-            let (rendered, problem) = shared.renderer.outputs(&spec.outputs, &ctx);
+            let (rendered, problem) = shared.renderer.outputs(&spec.outputs, &ctx).await;
             outputs = rendered;
             if let Some((name, e)) = problem
                 && !failed
@@ -402,8 +402,12 @@ async fn schedule(shared: &Arc<Shared>) -> Vec<Arc<StepView>> {
                 finish(i, prior.clone(), &mut views, &mut waiting, &mut ready);
                 continue;
             }
-            match decide(shared, step, i, &views, || deps_of(i, &views)) {
+            match decide(shared, step, i, &views, || deps_of(i, &views)).await {
                 Decision::Run => startable.push_back(i),
+                Decision::Cancelled => {
+                    let result = StepResult::ended(StepStatus::Cancelled, None);
+                    finish(i, result, &mut views, &mut waiting, &mut ready);
+                }
                 Decision::Skip(reason) => {
                     shared.emit(RunEvent::StepSkipped {
                         step: shared.label(&step.id.value),
@@ -477,11 +481,13 @@ enum Decision {
     Run,
     Skip(String),
     Fail(String),
+    /// The run was cancelled while the condition was being decided.
+    Cancelled,
 }
 
 /// `if` decides when given (over the dependencies' results, `deps`); otherwise a step runs when all its
 /// dependencies succeeded.
-fn decide(
+async fn decide(
     shared: &Shared,
     step: &Step,
     index: usize,
@@ -490,7 +496,12 @@ fn decide(
 ) -> Decision {
     if let Some(condition) = &step.condition {
         let ctx = shared.context(&deps(), false, &[]);
-        return match shared.renderer.condition(&condition.value, &ctx) {
+        // A condition that renders in the helper process waits for it; Ctrl-C does not.
+        let decided = tokio::select! {
+            decided = shared.renderer.condition(&condition.value, &ctx) => decided,
+            () = shared.options.cancel.cancelled() => return Decision::Cancelled,
+        };
+        return match decided {
             Ok(true) => Decision::Run,
             Ok(false) => Decision::Skip("its `if` condition is false".to_owned()),
             Err(e) => Decision::Fail(format!("`if`: {e}")),

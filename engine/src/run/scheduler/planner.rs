@@ -79,12 +79,13 @@ async fn plan_and_run(
     let policy = PlanPolicy {
         tools: spec.tool_patterns(body).into_iter().cloned().collect(),
     };
-    let system = prompt::with_instructions(shared, agent, ctx, instructions(shared, &policy, ctx))?;
+    let system =
+        prompt::with_instructions(shared, agent, ctx, instructions(shared, &policy, ctx)).await?;
     let mut user = format!("Goal: {goal}");
-    if let Some(text) = prompt::expected_output(shared, body, ctx)? {
+    if let Some(text) = prompt::expected_output(shared, body, ctx).await? {
         user.push_str(&format!("\n\nThe plan's result should be: {text}"));
     }
-    user.push_str(&prompt::context_section(shared, body, ctx)?);
+    user.push_str(&prompt::context_section(shared, body, ctx).await?);
     let mut messages = vec![Message::system(system), Message::user(user)];
     let mut usage = LlmUsage::default();
     let max_replans = spec
@@ -198,7 +199,8 @@ async fn plan_and_run(
                 let ctx = inner.context(&named(steps, &views), false, &[]);
                 let (outputs, error) = inner
                     .renderer
-                    .outputs(&accepted.workflow.spec.outputs, &ctx);
+                    .outputs(&accepted.workflow.spec.outputs, &ctx)
+                    .await;
                 let error = error.map(|(name, e)| format!("the plan's output `{name}`: {e}"));
                 Some(error.map_or(Ok(Json::Object(outputs)), Err))
             }

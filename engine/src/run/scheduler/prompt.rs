@@ -10,7 +10,7 @@ use crate::run::render::to_text;
 use crate::spec::{AgentDef, Body};
 
 /// `system`, after the agent role's rendered `instructions` when it has them.
-pub(super) fn with_instructions(
+pub(super) async fn with_instructions(
     shared: &Shared,
     agent: Option<&AgentDef>,
     ctx: &Value,
@@ -22,28 +22,30 @@ pub(super) fn with_instructions(
     let text = shared
         .renderer
         .text(&instructions.value, ctx)
+        .await
         .map_err(|e| Failure::fixed(format!("agent instructions: {e}")))?;
     Ok(format!("{text}\n\n{system}"))
 }
 
 /// The step's rendered `expected_output`, if it has one.
-pub(super) fn expected_output(
+pub(super) async fn expected_output(
     shared: &Shared,
     body: Body<'_>,
     ctx: &Value,
 ) -> Result<Option<String>, Failure> {
-    body.expected_output
-        .map(|expected| {
-            shared
-                .renderer
-                .text(&expected.value, ctx)
-                .map_err(|e| Failure::fixed(format!("`expected_output`: {e}")))
-        })
-        .transpose()
+    let Some(expected) = body.expected_output else {
+        return Ok(None);
+    };
+    let text = shared
+        .renderer
+        .text(&expected.value, ctx)
+        .await
+        .map_err(|e| Failure::fixed(format!("`expected_output`: {e}")))?;
+    Ok(Some(text))
 }
 
 /// The step's rendered `context`, as a section to append to the goal (empty without one).
-pub(super) fn context_section(
+pub(super) async fn context_section(
     shared: &Shared,
     body: Body<'_>,
     ctx: &Value,
@@ -54,6 +56,7 @@ pub(super) fn context_section(
     let value = shared
         .renderer
         .value(context, ctx)
+        .await
         .map_err(|e| Failure::fixed(format!("`context`: {e}")))?;
     Ok(format!("\n\nContext:\n{}", to_text(&value)))
 }

@@ -22,12 +22,12 @@ pub const HELPER_COMMAND: &str = "__jq";
 /// Most results one filter may produce.
 const MAX_RESULTS: usize = 100_000;
 
-/// Most memory a filter's process may use (its data: heap and thread stacks) beyond what it held when it
-/// started.
-pub const MEMORY_LIMIT_BYTES: u64 = 1 << 30;
-
-/// Most CPU time a filter's process may use, whatever the step's timeout (a step may have none).
-pub const CPU_LIMIT_SECONDS: u64 = 60;
+/// What a filter's process may use: 1 GiB of memory, and 60 s of CPU time whatever the step's timeout (a
+/// step may have none).
+pub const LIMITS: process::HelperLimits = process::HelperLimits {
+    memory_bytes: 1 << 30,
+    cpu_seconds: 60,
+};
 
 /// The stack of the thread evaluating a filter: far more than any real filter needs, so that running
 /// out means runaway recursion.
@@ -60,7 +60,8 @@ pub async fn query(helper: Option<&Path>, input: &Json, filter: &str) -> Result<
     .await
     .map_err(|e| ToolError::new(e.to_string()))?;
     if !output.status.success() {
-        return Err(ToolError::new(crash_message(filter, &output)));
+        let why = LIMITS.failure(&output);
+        return Err(ToolError::new(format!("jq filter `{filter}` {why}")));
     }
     if output.stdout_truncated {
         return Err(ToolError::new(format!(
@@ -105,32 +106,6 @@ pub fn is_path(filter: &str) -> bool {
     filter.len() <= 256 && path.is_match(filter)
 }
 
-/// Why a helper process that did not exit normally failed, from its status and the message it left.
-fn crash_message(filter: &str, output: &process::HelperOutput) -> String {
-    use std::os::unix::process::ExitStatusExt;
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    let signal = output.status.signal();
-    if stderr.contains("has overflowed its stack") {
-        format!("jq filter `{filter}` recursed too deeply")
-    } else if stderr.contains("memory allocation of") {
-        format!(
-            "jq filter `{filter}` needed more than {} MiB of memory",
-            MEMORY_LIMIT_BYTES >> 20
-        )
-    } else if signal == Some(nix::sys::signal::Signal::SIGXCPU as i32) {
-        format!("jq filter `{filter}` used more than {CPU_LIMIT_SECONDS} s of CPU time")
-    } else {
-        let last = stderr.lines().last().unwrap_or_default().trim();
-        match (signal, last.is_empty()) {
-            (Some(signal), _) => {
-                format!("jq filter `{filter}` failed: its process was killed by signal {signal}")
-            }
-            (None, true) => format!("jq filter `{filter}` failed: {}", output.status),
-            (None, false) => format!("jq filter `{filter}` failed: {last}"),
-        }
-    }
-}
-
 /// The helper's side (`archon __jq`): limits this process, evaluates the filter on the first line of
 /// `request` (a JSON string) against the input after it, and returns the answer to write to standard
 /// output: `ok` and one result per line, or `error` and the message.
@@ -138,7 +113,7 @@ fn crash_message(filter: &str, output: &process::HelperOutput) -> String {
 /// A filter that recurses without end, allocates without end or spins ends this process (a stack
 /// overflow, an allocation failure or `SIGXCPU`), which the caller reports ([`query`]).
 pub fn serve(request: &[u8]) -> String {
-    limit_self();
+    LIMITS.apply();
     let (filter, input) = match request.iter().position(|b| *b == b'\n') {
         Some(at) => (&request[..at], &request[at + 1..]),
         None => (request, &b""[..]),
@@ -168,33 +143,6 @@ pub fn serve(request: &[u8]) -> String {
         }
         Err(message) => format!("error\n{message}"),
     }
-}
-
-/// Limits this process: memory, CPU time, and no core dump when a runaway filter aborts it.
-fn limit_self() {
-    use nix::sys::resource::{Resource, setrlimit};
-    let _ = setrlimit(Resource::RLIMIT_CORE, 0, 0);
-    // On top of what the process already holds: an allocator may reserve a large arena at start, which
-    // counts as data although it is not used yet.
-    let data = data_bytes().saturating_add(MEMORY_LIMIT_BYTES);
-    let _ = setrlimit(Resource::RLIMIT_DATA, data, data);
-    // SIGXCPU at the soft limit ends the process; the hard limit (SIGKILL) is the backstop.
-    let _ = setrlimit(
-        Resource::RLIMIT_CPU,
-        CPU_LIMIT_SECONDS,
-        CPU_LIMIT_SECONDS + 5,
-    );
-}
-
-/// This process's data segment now (`VmData` of `/proc/self/status`), in bytes.
-fn data_bytes() -> u64 {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|status| {
-            let line = status.lines().find(|l| l.starts_with("VmData:"))?;
-            line.split_whitespace().nth(1)?.parse::<u64>().ok()
-        })
-        .map_or(0, |kib| kib * 1024)
 }
 
 /// Runs `filter` on the JSON text `input`; each result as compact JSON text.

@@ -113,8 +113,8 @@ pub(super) async fn run(
     if !tools.is_empty() {
         system.push_str(context::DATA_RULE);
     }
-    let mut system = prompt::with_instructions(shared, agent, ctx, system)?;
-    if let Some(text) = prompt::expected_output(shared, body, ctx)? {
+    let mut system = prompt::with_instructions(shared, agent, ctx, system).await?;
+    if let Some(text) = prompt::expected_output(shared, body, ctx).await? {
         system.push_str(&format!("\n\nExpected output: {text}"));
     }
     if let Some(schema) = &schema {
@@ -123,7 +123,7 @@ pub(super) async fn run(
         ));
     }
     let mut user = goal;
-    user.push_str(&prompt::context_section(shared, body, ctx)?);
+    user.push_str(&prompt::context_section(shared, body, ctx).await?);
     let start = |text_mode: bool| {
         let mut system = system.clone();
         if text_mode && !tools.is_empty() {

@@ -4,6 +4,7 @@
 //! any other template renders to a string. Values that come out of a render are data: nothing rendered is
 //! ever rendered again.
 
+use std::path::PathBuf;
 use std::sync::{Arc, OnceLock};
 
 use indexmap::IndexMap;
@@ -11,16 +12,21 @@ use minijinja::value::{Enumerator, Object, ObjectRepr};
 use minijinja::{Environment, UndefinedBehavior, Value};
 use serde_json::{Map, Value as Json};
 
+use crate::process;
 use crate::report::StepResult;
 use crate::spec::{Node, NodeKind, Spanned};
 use crate::validate::templates::is_template;
 
+pub mod helper;
+pub mod limits;
+pub mod plain;
+
+use helper::Mode;
+use limits::{Bounded, Oversized, measure};
+pub use limits::{MAX_DEPTH, MAX_OUTPUT_BYTES};
+
 /// Most work one template may do (minijinja fuel), so a hostile template cannot spin forever.
 pub const FUEL: u64 = 1_000_000;
-/// Most bytes one template may render, or one expression's value may hold: as much as the largest output
-/// a tool gives (`read_file`), so that passing data on always fits, while a template that writes without
-/// end fails instead of exhausting memory.
-pub const MAX_OUTPUT_BYTES: usize = 16 * 1024 * 1024;
 
 /// A template or expression that failed at run time (undefined value, type error, out of fuel...).
 #[derive(Debug, Clone, thiserror::Error)]
@@ -34,52 +40,69 @@ impl RenderError {
         let detail = err
             .detail()
             .map_or_else(|| err.kind().to_string(), str::to_owned);
+        Self::because(what, text, &detail)
+    }
+
+    fn because(what: &str, text: &str, why: &str) -> Self {
         let shown: String = text.chars().take(80).collect();
         RenderError {
-            message: format!("cannot render {what} `{shown}`: {detail}"),
+            message: format!("cannot render {what} `{shown}`: {why}"),
         }
     }
 }
 
-/// Renders templates with strict undefined values and a fuel limit.
+/// Renders templates with strict undefined values and a fuel limit: plain templates
+/// ([`plain::is_plain`]) here, every other one in the helper process ([`helper`]), so that no template
+/// can make archon use more memory than [`helper::LIMITS`] allows a render, or overflow its stack.
 #[derive(Debug)]
 pub struct Renderer {
     env: Environment<'static>,
+    /// The `archon` executable, run as `archon __render` for templates that are not plain; without
+    /// it, such a template fails.
+    helper: Option<PathBuf>,
 }
 
 impl Default for Renderer {
     fn default() -> Self {
-        let mut env = Environment::new();
-        env.set_undefined_behavior(UndefinedBehavior::Strict);
-        env.set_fuel(Some(FUEL));
-        Renderer { env }
+        Renderer::new(None)
     }
 }
 
 impl Renderer {
+    /// A renderer that renders templates that are not plain in `helper` (the `archon` executable).
+    pub fn new(helper: Option<PathBuf>) -> Self {
+        let mut env = Environment::new();
+        env.set_undefined_behavior(UndefinedBehavior::Strict);
+        env.set_fuel(Some(FUEL));
+        env.add_filter("tojson", limits::tojson);
+        Renderer { env, helper }
+    }
+
     /// Renders every string inside a spec value; other values pass through unchanged.
-    pub fn value(&self, node: &Node, ctx: &Value) -> Result<Json, RenderError> {
+    pub async fn value(&self, node: &Node, ctx: &Value) -> Result<Json, RenderError> {
         Ok(match &node.kind {
-            NodeKind::Str(s) => self.string(s, ctx)?,
-            NodeKind::Seq(items) => Json::Array(
-                items
-                    .iter()
-                    .map(|n| self.value(n, ctx))
-                    .collect::<Result<_, _>>()?,
-            ),
-            NodeKind::Map(entries) => Json::Object(
-                entries
-                    .iter()
-                    .map(|(k, v)| Ok((k.name.clone(), self.value(v, ctx)?)))
-                    .collect::<Result<_, RenderError>>()?,
-            ),
+            NodeKind::Str(s) => self.string(s, ctx).await?,
+            NodeKind::Seq(items) => {
+                let mut values = Vec::with_capacity(items.len());
+                for item in items {
+                    values.push(Box::pin(self.value(item, ctx)).await?);
+                }
+                Json::Array(values)
+            }
+            NodeKind::Map(entries) => {
+                let mut values = Map::new();
+                for (key, item) in entries {
+                    values.insert(key.name.clone(), Box::pin(self.value(item, ctx)).await?);
+                }
+                Json::Object(values)
+            }
             _ => node.to_json(),
         })
     }
 
     /// Renders named templates (the `outputs` of a run, of a step, of a plan) in one context: the values
     /// that rendered, by name, and the first one that did not, with its name.
-    pub fn outputs(
+    pub async fn outputs(
         &self,
         templates: &IndexMap<Spanned<String>, Node>,
         ctx: &Value,
@@ -87,7 +110,7 @@ impl Renderer {
         let mut values = Map::new();
         let mut failed = None;
         for (name, template) in templates {
-            match self.value(template, ctx) {
+            match self.value(template, ctx).await {
                 Ok(value) => {
                     values.insert(name.value.clone(), value);
                 }
@@ -100,13 +123,48 @@ impl Renderer {
     }
 
     /// Renders one template string. `{{ expr }}` alone keeps the expression's type.
-    pub fn string(&self, text: &str, ctx: &Value) -> Result<Json, RenderError> {
+    pub async fn string(&self, text: &str, ctx: &Value) -> Result<Json, RenderError> {
         if !is_template(text) {
             return Ok(Json::String(text.to_owned()));
         }
         if let Some(expr) = sole_expression(text) {
-            return self.expression(expr, ctx);
+            return self.expression(expr, ctx).await;
         }
+        if plain::is_plain(text, false) {
+            return self.template_here(text, ctx);
+        }
+        self.in_helper(Mode::Template, text, ctx).await
+    }
+
+    /// Renders a template to text (for prompts, command arguments, file contents).
+    pub async fn text(&self, text: &str, ctx: &Value) -> Result<String, RenderError> {
+        Ok(match self.string(text, ctx).await? {
+            Json::String(s) => s,
+            other => to_text(&other),
+        })
+    }
+
+    /// Evaluates a bare expression to a JSON value.
+    pub async fn expression(&self, text: &str, ctx: &Value) -> Result<Json, RenderError> {
+        if plain::is_plain(text, true) {
+            return self.expression_here(text, ctx);
+        }
+        self.in_helper(Mode::Expression, text, ctx).await
+    }
+
+    /// Evaluates a condition: Jinja truthiness of the expression's value.
+    pub async fn condition(&self, text: &str, ctx: &Value) -> Result<bool, RenderError> {
+        if plain::is_plain(text, true) {
+            return self.condition_here(text, ctx);
+        }
+        match self.in_helper(Mode::Condition, text, ctx).await? {
+            Json::Bool(truth) => Ok(truth),
+            other => Ok(json_value(&other).is_true()),
+        }
+    }
+
+    /// Renders a template in this process (plain, or in the helper).
+    fn template_here(&self, text: &str, ctx: &Value) -> Result<Json, RenderError> {
         let template = self
             .env
             .template_from_str(text)
@@ -122,28 +180,17 @@ impl Renderer {
         }
     }
 
-    /// Renders a template to text (for prompts, command arguments, file contents).
-    pub fn text(&self, text: &str, ctx: &Value) -> Result<String, RenderError> {
-        Ok(match self.string(text, ctx)? {
-            Json::String(s) => s,
-            other => to_text(&other),
+    /// Evaluates an expression in this process; its value is measured before it is converted.
+    fn expression_here(&self, text: &str, ctx: &Value) -> Result<Json, RenderError> {
+        let value = self.evaluate("expression", text, ctx)?;
+        measure(&value, MAX_OUTPUT_BYTES)
+            .map_err(|why| RenderError::because("expression", text, &why.describe()))?;
+        serde_json::to_value(&value).map_err(|e| RenderError {
+            message: format!("cannot use the value of `{text}`: {e}"),
         })
     }
 
-    /// Evaluates a bare expression to a JSON value.
-    pub fn expression(&self, text: &str, ctx: &Value) -> Result<Json, RenderError> {
-        let value = self.evaluate("expression", text, ctx)?;
-        let json = serde_json::to_value(&value).map_err(|e| RenderError {
-            message: format!("cannot use the value of `{text}`: {e}"),
-        })?;
-        if size_over(&json, MAX_OUTPUT_BYTES) {
-            return Err(too_large("expression", text));
-        }
-        Ok(json)
-    }
-
-    /// Evaluates a condition: Jinja truthiness of the expression's value.
-    pub fn condition(&self, text: &str, ctx: &Value) -> Result<bool, RenderError> {
+    fn condition_here(&self, text: &str, ctx: &Value) -> Result<bool, RenderError> {
         Ok(self.evaluate("condition", text, ctx)?.is_true())
     }
 
@@ -161,68 +208,67 @@ impl Renderer {
         }
         Ok(value)
     }
-}
 
-/// The output of a template, refused past [`MAX_OUTPUT_BYTES`].
-#[derive(Default)]
-struct Bounded {
-    bytes: Vec<u8>,
-    full: bool,
-}
-
-impl std::io::Write for Bounded {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        if self.bytes.len() + buf.len() > MAX_OUTPUT_BYTES {
-            self.full = true;
-            return Err(std::io::Error::other("the output limit is reached"));
+    /// Renders in the helper process.
+    async fn in_helper(&self, mode: Mode, text: &str, ctx: &Value) -> Result<Json, RenderError> {
+        let what = mode.what();
+        let Some(program) = &self.helper else {
+            return Err(RenderError::because(
+                what,
+                text,
+                "it needs the helper process, and no helper executable is configured\n  hint: set `RunOptions::helper` to the `archon` executable",
+            ));
+        };
+        let request = helper::Request {
+            mode,
+            text,
+            context: ctx,
+        };
+        let request = serde_json::to_vec(&request)
+            .map_err(|e| RenderError::because(what, text, &format!("cannot send its data: {e}")))?;
+        let output = process::run_helper(
+            program,
+            &[helper::HELPER_COMMAND],
+            request,
+            helper::MAX_ANSWER_BYTES,
+        )
+        .await
+        .map_err(|e| RenderError::because(what, text, &e.to_string()))?;
+        if !output.status.success() {
+            let why = helper::LIMITS.failure(&output);
+            return Err(RenderError::because(what, text, &format!("it {why}")));
         }
-        self.bytes.extend_from_slice(buf);
-        Ok(buf.len())
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
+        if output.stdout_truncated {
+            return Err(too_large(what, text));
+        }
+        let answer = String::from_utf8_lossy(&output.stdout);
+        let (kind, rest) = answer.split_once('\n').unwrap_or((&answer, ""));
+        match kind {
+            "ok" => serde_json::from_str(rest).map_err(|e| {
+                let why = if e.to_string().contains("recursion limit") {
+                    Oversized::Deep.describe()
+                } else {
+                    format!("the helper answered something else than a value: {e}")
+                };
+                RenderError::because(what, text, &why)
+            }),
+            "error" => Err(RenderError {
+                message: rest.trim_end_matches('\n').to_owned(),
+            }),
+            _ => Err(RenderError::because(
+                what,
+                text,
+                &format!(
+                    "the helper `{}` answered something else than a value",
+                    program.display()
+                ),
+            )),
+        }
     }
 }
 
 fn too_large(what: &str, text: &str) -> RenderError {
-    let shown: String = text.chars().take(80).collect();
-    RenderError {
-        message: format!(
-            "cannot render {what} `{shown}`: its output is larger than {MAX_OUTPUT_BYTES} bytes"
-        ),
-    }
-}
-
-/// Whether a value's JSON text would take more than `limit` bytes (counted roughly, stopping early).
-fn size_over(value: &Json, limit: usize) -> bool {
-    /// Takes `n` bytes from the budget; false when there are not that many left.
-    fn take(budget: &mut usize, n: usize) -> bool {
-        match budget.checked_sub(n) {
-            Some(left) => {
-                *budget = left;
-                true
-            }
-            None => false,
-        }
-    }
-    fn fits(value: &Json, budget: &mut usize) -> bool {
-        match value {
-            Json::String(s) => take(budget, s.len() + 2),
-            Json::Array(items) => {
-                take(budget, 2) && items.iter().all(|i| take(budget, 1) && fits(i, budget))
-            }
-            Json::Object(map) => {
-                take(budget, 2)
-                    && map
-                        .iter()
-                        .all(|(k, v)| take(budget, k.len() + 4) && fits(v, budget))
-            }
-            _ => take(budget, 8),
-        }
-    }
-    let mut budget = limit;
-    !fits(value, &mut budget)
+    RenderError::because(what, text, &Oversized::Large.describe())
 }
 
 /// Strict undefined for expressions: an expression whose value is undefined is an error, as in templates.
