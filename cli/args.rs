@@ -36,6 +36,9 @@ pub enum Command {
     Cancel(CancelArgs),
     /// Approve (or deny) the calls a paused run waits for; `archon resume` then continues it.
     Approve(ApproveArgs),
+    /// Record what became of a step in doubt (it was running when the run stopped, and left no result),
+    /// so that `archon resume` goes on from there instead of refusing.
+    Resolve(ResolveArgs),
     /// Work with LLM providers.
     #[command(subcommand)]
     Llm(LlmCommand),
@@ -268,6 +271,37 @@ pub struct ApproveArgs {
     pub deny: bool,
 
     /// Why, recorded with the decision.
+    #[arg(long, value_name = "TEXT")]
+    pub reason: Option<String>,
+
+    #[command(flatten)]
+    pub state: StateArgs,
+}
+
+#[derive(Debug, clap::Args)]
+#[command(group(clap::ArgGroup::new("outcome").required(true).args(["succeeded", "failed"])))]
+pub struct ResolveArgs {
+    /// The run id, as `archon runs` lists it.
+    #[arg(value_name = "RUN")]
+    pub run: String,
+
+    /// The step in doubt, as `archon resume` names it (`step`, or `step[i]` for an item of a `foreach`).
+    #[arg(value_name = "STEP")]
+    pub step: String,
+
+    /// The step had its effect: it succeeded.
+    #[arg(long)]
+    pub succeeded: bool,
+
+    /// Its output, as JSON (with `--succeeded`; default: null).
+    #[arg(long, value_name = "JSON", requires = "succeeded")]
+    pub output: Option<String>,
+
+    /// The step did not have its effect: it failed, and `archon retry RUN --failed` runs it again.
+    #[arg(long)]
+    pub failed: bool,
+
+    /// Why, recorded with the result.
     #[arg(long, value_name = "TEXT")]
     pub reason: Option<String>,
 

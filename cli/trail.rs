@@ -82,6 +82,21 @@ pub(crate) fn describe(event: &RunEvent) -> (&'static str, String) {
             },
         ),
         RunEvent::StepSkipped { step, reason } => ("skipped", format!("{step}: {reason}")),
+        RunEvent::StepResolved {
+            step,
+            status,
+            by,
+            reason,
+        } => (
+            "resolved",
+            format!(
+                "{step} as {} by {by}{}",
+                status.as_str(),
+                reason
+                    .as_deref()
+                    .map_or_else(String::new, |r| format!(": {r}"))
+            ),
+        ),
         RunEvent::StepReused { step, status } => (
             "reused",
             format!("{step} ({} by an earlier process)", status.as_str()),

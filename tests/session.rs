@@ -226,8 +226,12 @@ steps:
     assert_eq!(
         hints,
         [
-            format!("  hint: `archon resume {id}` would refuse: run `{id}` stopped while a step was running, and it may have had its effect: `wait`"),
-            "  hint: check what it did; `--rerun-in-doubt` runs it again anyway (steps that are safe to repeat are marked `idempotent: true` on their tool)".to_owned(),
+            format!(
+                "  hint: `archon resume {id}` would refuse: run `{id}` stopped while a step was running, and it may have had its effect: `wait`"
+            ),
+            format!(
+                "  hint: check what it did, then `archon resolve {id} STEP --succeeded` (or `--failed`) records it; `--rerun-in-doubt` runs it again anyway (steps that are safe to repeat are marked `idempotent: true` on their tool)"
+            ),
         ]
     );
 }
@@ -417,5 +421,160 @@ steps:
     assert_eq!(
         std::fs::read_to_string(dir.path().join("effects")).expect("effects"),
         "done\n"
+    );
+}
+
+/// Starts `spec` (written to `doubt.yaml`), kills archon once its step `send` has written `started`, and
+/// ends the command it left running; returns the run's id, with `send` in doubt.
+fn crash_in_doubt(dir: &Path, spec: &str) -> String {
+    std::fs::write(dir.join("doubt.yaml"), spec).expect("write");
+    let mut child = crate::support::spawn_until(dir, &["run", "doubt.yaml"], "started");
+    let _ = child.kill();
+    let _ = child.wait();
+    let pid = std::fs::read_to_string(dir.join("pid")).expect("pid");
+    let _ = std::process::Command::new("kill")
+        .args(["-KILL", pid.trim()])
+        .status();
+    let Output { stdout, .. } = archon(dir, &["runs", "--json"]);
+    let runs: Json = serde_json::from_str(&stdout).expect("runs");
+    runs[0]["id"].as_str().expect("id").to_owned()
+}
+
+/// Issue 13, item 16: a person who checked what a step in doubt did records it with `archon resolve`:
+/// `--succeeded --output JSON` makes it a finished step whose output the steps after it read, so `resume`
+/// goes on without running it again; `--failed` makes it a failed step that `retry --failed` runs again.
+/// The decision is in the run's log, with who made it.
+#[test]
+fn a_person_resolves_a_step_in_doubt_and_the_run_goes_on() {
+    let spec = r#"name: doubt
+steps:
+  - { id: send, tool: exec, with: { argv: [sh, -c, 'echo sent >> effects; echo $$ > pid; touch started; exec sleep 30'] } }
+  - { id: after, tool: echo, with: { id: "{{ steps.send.output.id }}" } }
+"#;
+    let dir = TempDir::new().expect("tempdir");
+    let id = crash_in_doubt(dir.path(), spec);
+    let user = [("USER", "ana")];
+    let resolved = crate::support::archon_with(
+        dir.path(),
+        &[
+            "resolve",
+            &id,
+            "send",
+            "--succeeded",
+            "--output",
+            r#"{"id": 7}"#,
+            "--reason",
+            "the mail went out",
+        ],
+        &user,
+    );
+    assert_eq!(
+        (
+            resolved.code,
+            resolved.stdout.as_str(),
+            resolved.stderr.as_str()
+        ),
+        (
+            0,
+            format!("resolved send as succeeded\n  hint: `archon resume {id}` continues the run\n")
+                .as_str(),
+            ""
+        )
+    );
+    let resumed = archon(dir.path(), &["resume", &id, "--json"]);
+    assert_eq!(resumed.code, 0, "{}", resumed.stderr);
+    let report: Json = serde_json::from_str(&resumed.stdout).expect("report");
+    assert_eq!(
+        report["steps"]["after"]["output"],
+        serde_json::json!({"id": 7})
+    );
+    assert_eq!(
+        std::fs::read_to_string(dir.path().join("effects")).expect("effects"),
+        "sent\n",
+        "`send` did not run again"
+    );
+    let events = archon(dir.path(), &["show", &id, "--events"]);
+    assert!(
+        events.stdout.lines().any(|l| l.contains("resolved")
+            && l.ends_with("send as succeeded by ana: the mail went out")),
+        "{}",
+        events.stdout
+    );
+
+    // Resolved as failed, the step is what `retry --failed` runs again.
+    let dir = TempDir::new().expect("tempdir");
+    let id = crash_in_doubt(dir.path(), spec);
+    let resolved = archon(dir.path(), &["resolve", &id, "send", "--failed"]);
+    assert_eq!(
+        (resolved.code, resolved.stdout),
+        (
+            0,
+            format!(
+                "resolved send as failed\n  hint: `archon retry {id} --failed` runs it again\n"
+            )
+        )
+    );
+    std::fs::write(dir.path().join("out.json"), r#"{"id": 8}"#).expect("write");
+    std::fs::write(
+        dir.path().join("doubt.yaml"),
+        spec.replace("exec sleep 30'] }", "exec cat out.json'], output: json }"),
+    )
+    .expect("write");
+    let retried = archon(
+        dir.path(),
+        &["retry", &id, "--failed", "--allow-changed-spec", "--json"],
+    );
+    assert_eq!(retried.code, 0, "{}", retried.stderr);
+    let report: Json = serde_json::from_str(&retried.stdout).expect("report");
+    assert_eq!(
+        report["steps"]["after"]["output"],
+        serde_json::json!({"id": 8})
+    );
+}
+
+/// `archon resolve` refuses what it cannot record: a step that is not in doubt, a run that is not
+/// interrupted, output that is not JSON, and neither `--succeeded` nor `--failed`.
+#[test]
+fn resolve_refuses_what_it_cannot_record() {
+    let spec = r#"name: doubt
+steps:
+  - { id: first, tool: echo, with: { a: 1 } }
+  - { id: send, tool: exec, with: { argv: [sh, -c, 'echo $$ > pid; touch started; exec sleep 30'] }, needs: [first] }
+"#;
+    let dir = TempDir::new().expect("tempdir");
+    let id = crash_in_doubt(dir.path(), spec);
+    let refused = |args: &[&str]| {
+        let out = archon(dir.path(), args);
+        (out.code, out.stderr)
+    };
+    assert_eq!(
+        refused(&["resolve", &id, "first", "--succeeded"]),
+        (
+            2,
+            format!(
+                "error: step `first` of run `{id}` is not in doubt\n  hint: in doubt: `send`\n"
+            )
+        )
+    );
+    assert_eq!(
+        refused(&["resolve", &id, "send", "--succeeded", "--output", "done"]),
+        (2, "error: `--output` is not JSON: expected value at line 1 column 1\n  hint: write text as a JSON string, quoted for the shell: `--output '\"done\"'`\n".to_owned())
+    );
+    let (code, stderr) = refused(&["resolve", &id, "send"]);
+    assert_eq!(code, 2, "{stderr}");
+    assert!(
+        stderr.starts_with("error: the following required arguments were not provided:"),
+        "{stderr}"
+    );
+    assert_eq!(refused(&["resolve", &id, "send", "--failed"]).0, 0);
+    assert_eq!(refused(&["resume", &id]).0, 1, "the run ends failed");
+    assert_eq!(
+        refused(&["resolve", &id, "send", "--failed"]),
+        (
+            2,
+            format!(
+                "error: run `{id}` has no step in doubt: it is `failed`\n  hint: `archon show {id}` shows where the run stands\n"
+            )
+        )
     );
 }

@@ -51,6 +51,7 @@ pub fn run(cli: Cli) -> anyhow::Result<Status> {
         Command::Retry(args) => runs::retry(&args, cli.color),
         Command::Cancel(args) => runs::cancel(&args),
         Command::Approve(args) => runs::approve(&args),
+        Command::Resolve(args) => runs::resolve(&args),
         Command::Llm(LlmCommand::Ping(args)) => llm::ping(&args),
         Command::Schema => schema::run(),
         Command::Jq => helper::serve(archon_engine::tools::builtin::jq::serve),

@@ -339,7 +339,8 @@ impl Display {
                     | RunEvent::Resumed { .. }
                     | RunEvent::RuleMatched { .. }
                     | RunEvent::ApprovalRequested { .. }
-                    | RunEvent::ApprovalDecided { .. } => text.push_str(&event_line(event)),
+                    | RunEvent::ApprovalDecided { .. }
+                    | RunEvent::StepResolved { .. } => text.push_str(&event_line(event)),
                     RunEvent::PlanProposed { .. } => {}
                     RunEvent::LlmCall { .. }
                     | RunEvent::AgentThought { .. }
@@ -457,6 +458,7 @@ fn raw_event_line(event: &RunEvent) -> String {
         RunEvent::StepReused { step, status } => {
             format!("reused    {step} ({} earlier)\n", status.as_str())
         }
+        RunEvent::StepResolved { .. } => format!("resolved  {}\n", crate::trail::describe(event).1),
         RunEvent::PlanProposed { step, text, .. } => {
             format!("proposed  {step}: {}\n", one_line(text))
         }

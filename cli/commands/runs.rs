@@ -1,17 +1,20 @@
-//! The stored runs: `archon runs`, `archon show`, `archon cancel`, `archon resume` and `archon retry`.
+//! The stored runs: `archon runs`, `archon show`, `archon cancel`, `archon approve`, `archon resolve`,
+//! `archon resume` and `archon retry`.
 
 use std::collections::{HashMap, HashSet};
 use std::fmt::Write as _;
 
 use archon_engine::resume;
 use archon_engine::session::{
-    self, Cancelled, Continue, ContinueOptions, RunState, Session, SessionError, StoredRun,
+    self, Cancelled, Continue, ContinueOptions, Resolution, Resolved, RunState, Session,
+    SessionError, StoredRun,
 };
 
 use super::Status;
 use super::run::{execute, existing_session, outputs_text, session_error, store_error};
 use crate::args::{
-    ApproveArgs, CancelArgs, ColorChoice, ContinueArgs, ResumeArgs, RetryArgs, RunsArgs, ShowArgs,
+    ApproveArgs, CancelArgs, ColorChoice, ContinueArgs, ResolveArgs, ResumeArgs, RetryArgs,
+    RunsArgs, ShowArgs,
 };
 use crate::output;
 
@@ -264,6 +267,49 @@ pub fn approve(args: &ApproveArgs) -> anyhow::Result<Status> {
         args.run
     );
     output::stdout(&output::printable(&text));
+    Ok(Status::Success)
+}
+
+pub fn resolve(args: &ResolveArgs) -> anyhow::Result<Status> {
+    let outcome = match &args.output {
+        _ if args.failed => Resolved::Failed,
+        None => Resolved::Succeeded(serde_json::Value::Null),
+        Some(text) => match serde_json::from_str(text) {
+            Ok(output) => Resolved::Succeeded(output),
+            Err(e) => {
+                return Ok(refuse(
+                    &format!("`--output` is not JSON: {e}"),
+                    "write text as a JSON string, quoted for the shell: `--output '\"done\"'`",
+                ));
+            }
+        },
+    };
+    let session = match existing_session(&args.state) {
+        Ok(Some(session)) => session,
+        Ok(None) => return Ok(no_store(&args.run, &args.state)),
+        Err(status) => return Ok(status),
+    };
+    let resolution = Resolution {
+        outcome,
+        by: std::env::var("USER").unwrap_or_else(|_| "someone".to_owned()),
+        reason: args.reason.clone(),
+    };
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    if let Err(e) = runtime.block_on(session.resolve(&args.run, &args.step, &resolution)) {
+        return Ok(session_error(&e, ColorChoice::Never));
+    }
+    let status = if args.failed { "failed" } else { "succeeded" };
+    let next = if args.failed {
+        format!("`archon retry {} --failed` runs it again", args.run)
+    } else {
+        format!("`archon resume {}` continues the run", args.run)
+    };
+    output::stdout(&output::printable(&format!(
+        "resolved {} as {status}\n  hint: {next}\n",
+        args.step
+    )));
     Ok(Status::Success)
 }
 

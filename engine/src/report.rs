@@ -56,6 +56,13 @@ pub enum RunEvent {
         step: String,
         reason: String,
     },
+    /// A person recorded what became of a step in doubt (`archon resolve`).
+    StepResolved {
+        step: String,
+        status: StepStatus,
+        by: String,
+        reason: Option<String>,
+    },
     /// A resumed run reuses the result an earlier process recorded.
     StepReused {
         step: String,

@@ -15,7 +15,7 @@ use tokio_util::sync::CancellationToken;
 use crate::resume;
 use crate::run::{
     self, ApprovalDecision, ApprovalRequest, Approver, Cassette, RunError, RunEvent, RunOptions,
-    RunReport, RunStatus, StepResult, Unsupported,
+    RunReport, RunStatus, StepResult, StepStatus, Unsupported,
 };
 use crate::store::sqlite::{DATABASE, SqliteStore};
 use crate::store::{Entry, NewRun, RunStore, spec_hash};
@@ -166,7 +166,8 @@ pub struct Attachments {
     pub approver: Option<Arc<dyn Approver>>,
     /// Record or replay the run's LLM calls.
     pub cassette: Option<Cassette>,
-    /// The executable that evaluates jq filters in a process of its own (`archon __jq`).
+    /// The executable that evaluates jq filters and renders templates that are not plain in a process
+    /// of its own (`archon __jq`, `archon __render`).
     pub helper: Option<PathBuf>,
 }
 
@@ -186,6 +187,25 @@ pub struct Outcome {
     pub report: RunReport,
     /// The run was stopped (Ctrl-C, a signal) and can be resumed, rather than cancelled for good.
     pub resumable: bool,
+}
+
+/// What a person says became of a step in doubt ([`Session::resolve`]).
+#[derive(Clone, Debug)]
+pub struct Resolution {
+    pub outcome: Resolved,
+    /// Who says so.
+    pub by: String,
+    /// Why, recorded with the result.
+    pub reason: Option<String>,
+}
+
+/// The outcome of a step in doubt, as a person found it.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Resolved {
+    /// It had its effect; this is its output.
+    Succeeded(Json),
+    /// It did not: it failed, and `retry --failed` runs it again.
+    Failed,
 }
 
 /// What `cancel` did.
@@ -454,6 +474,84 @@ impl Session {
         Ok(decided)
     }
 
+    /// Records what a person says became of a step in doubt (`archon resolve`): the result of its last
+    /// attempt, which was running when the run stopped and left no record. `resume` then reuses it like
+    /// any finished step instead of refusing. Only an interrupted run's steps in doubt can be resolved,
+    /// and not while a command the step started is still running.
+    pub async fn resolve(
+        &self,
+        id: &str,
+        name: &str,
+        resolution: &Resolution,
+    ) -> Result<(), SessionError> {
+        let stored = self.store.load(id)?;
+        if stored.status != RunState::Interrupted {
+            return Err(SessionError::refused(
+                format!(
+                    "run `{id}` has no step in doubt: it is `{}`",
+                    stored.status.as_str()
+                ),
+                format!("`archon show {id}` shows where the run stands"),
+            ));
+        }
+        let workflow = current_workflow(Path::new(&stored.spec_path))?;
+        let in_doubt = resume::in_doubt(&workflow, &stored);
+        let Some(doubt) = in_doubt.iter().find(|d| d.name == name) else {
+            let names: Vec<String> = in_doubt.iter().map(|d| format!("`{}`", d.name)).collect();
+            return Err(SessionError::refused(
+                format!("step `{name}` of run `{id}` is not in doubt"),
+                if names.is_empty() {
+                    format!("no step of run `{id}` is in doubt: `archon resume {id}` continues it")
+                } else {
+                    format!("in doubt: {}", names.join(", "))
+                },
+            ));
+        };
+        if let Some(pgid) = doubt.leftover {
+            return Err(SessionError::refused(
+                format!(
+                    "step `{name}` of run `{id}` is still running a command (process group `{pgid}`)"
+                ),
+                format!(
+                    "wait for it to end, or stop it with `kill -- -{pgid}`, then resolve the step"
+                ),
+            ));
+        }
+        let previous = self.store.claim(id, &[RunState::Interrupted])?;
+        let recorded = async {
+            let journal = self.store.journal(id, CancellationToken::new())?;
+            let (status, output, error) = match &resolution.outcome {
+                Resolved::Succeeded(output) => (StepStatus::Succeeded, output.clone(), None),
+                Resolved::Failed => (
+                    StepStatus::Failed,
+                    Json::Null,
+                    Some(format!("resolved as failed by {}", resolution.by)),
+                ),
+            };
+            let mut result = StepResult::ended(status, error);
+            result.text = run::render::to_text(&output);
+            result.output = output;
+            journal.record(Entry::StepFinished {
+                step: name.to_owned(),
+                result: Box::new(result),
+            });
+            journal.record(Entry::Event(RunEvent::StepResolved {
+                step: name.to_owned(),
+                status,
+                by: resolution.by.clone(),
+                reason: resolution.reason.clone(),
+            }));
+            let flushed = journal.flush().wait().await;
+            journal.close();
+            flushed
+        }
+        .await;
+        // The run goes back to where it was (interrupted), whatever became of the record.
+        self.store.release(id, previous)?;
+        recorded?;
+        Ok(())
+    }
+
     /// Stops a run for good.
     pub fn cancel(&self, id: &str) -> Result<Cancelled, SessionError> {
         match self.store.cancel(id)? {
@@ -612,8 +710,11 @@ fn in_doubt_refusal(id: &str, doubtful: &[&resume::InDoubt]) -> SessionError {
             if one { "its" } else { "their" },
             names.join(", ")
         ),
-        "check what it did; `--rerun-in-doubt` runs it again anyway (steps that are safe to repeat are \
-         marked `idempotent: true` on their tool)",
+        format!(
+            "check what it did, then `archon resolve {id} STEP --succeeded` (or `--failed`) records it; \
+             `--rerun-in-doubt` runs it again anyway (steps that are safe to repeat are marked \
+             `idempotent: true` on their tool)"
+        ),
     )
 }
 

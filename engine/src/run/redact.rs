@@ -41,7 +41,9 @@ impl Redactor {
             }
             RunEvent::AgentAction { arguments, .. }
             | RunEvent::ApprovalRequested { arguments, .. } => self.json(arguments),
-            RunEvent::ApprovalDecided { reason, .. } => self.option(reason),
+            RunEvent::ApprovalDecided { reason, .. } | RunEvent::StepResolved { reason, .. } => {
+                self.option(reason);
+            }
             RunEvent::PlanProposed { text, .. } => self.string(text),
             RunEvent::PlanRejected { problems, .. } => {
                 problems.iter_mut().for_each(|p| self.string(p))
