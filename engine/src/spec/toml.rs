@@ -13,7 +13,7 @@ pub(super) fn parse(file: &SourceFile) -> (Option<Node>, Vec<Diagnostic>) {
         Ok(table) => {
             let span = Span::new(file.id, table.span().start, table.span().end);
             (
-                Some(Node::new(span, table_kind(table.get_ref(), file))),
+                Some(Node::new(span, table_kind(table.into_inner(), file))),
                 Vec::new(),
             )
         }
@@ -34,10 +34,13 @@ pub(super) fn parse(file: &SourceFile) -> (Option<Node>, Vec<Diagnostic>) {
     }
 }
 
-fn table_kind(table: &DeTable<'_>, file: &SourceFile) -> NodeKind {
+// The document is taken apart as it is converted, each value freed once its node is built, so that the
+// two trees are never both whole in memory.
+
+fn table_kind(table: DeTable<'_>, file: &SourceFile) -> NodeKind {
     NodeKind::Map(
         table
-            .iter()
+            .into_iter()
             .map(|(k, v)| {
                 let key = Key {
                     name: k.get_ref().to_string(),
@@ -49,13 +52,21 @@ fn table_kind(table: &DeTable<'_>, file: &SourceFile) -> NodeKind {
     )
 }
 
-fn array_kind(array: &DeArray<'_>, file: &SourceFile) -> NodeKind {
-    NodeKind::Seq(array.iter().map(|v| convert(v, file)).collect())
+fn array_kind(mut array: DeArray<'_>, file: &SourceFile) -> NodeKind {
+    NodeKind::Seq(
+        array
+            .iter_mut()
+            .map(|v| {
+                let taken = std::mem::replace(v, Spanned::new(0..0, DeValue::Boolean(false)));
+                convert(taken, file)
+            })
+            .collect(),
+    )
 }
 
-fn convert(value: &Spanned<DeValue<'_>>, file: &SourceFile) -> Node {
+fn convert(value: Spanned<DeValue<'_>>, file: &SourceFile) -> Node {
     let span = Span::new(file.id, value.span().start, value.span().end);
-    let kind = match value.get_ref() {
+    let kind = match value.into_inner() {
         DeValue::String(s) => NodeKind::Str(s.to_string()),
         DeValue::Integer(i) => match i64::from_str_radix(&i.as_str().replace('_', ""), i.radix()) {
             Ok(n) => NodeKind::Int(n),
@@ -65,7 +76,7 @@ fn convert(value: &Spanned<DeValue<'_>>, file: &SourceFile) -> Node {
             Ok(n) => NodeKind::Float(n),
             Err(_) => NodeKind::Str(f.as_str().to_owned()),
         },
-        DeValue::Boolean(b) => NodeKind::Bool(*b),
+        DeValue::Boolean(b) => NodeKind::Bool(b),
         // Specs have no date type: a TOML datetime is kept as its RFC 3339 text.
         DeValue::Datetime(d) => NodeKind::Str(d.to_string()),
         DeValue::Array(a) => array_kind(a, file),
