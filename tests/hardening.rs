@@ -728,3 +728,71 @@ steps:
         "010000001100000021000000"
     );
 }
+
+/// Issue 13, item 17: a store in a folder archon cannot write, without the `-shm` file SQLite keeps beside
+/// its write-ahead log (copied from a backup, on a read-only mount), could not be listed ("unable to open
+/// database file"). It is now read from a private copy: `runs`, `show` and `runs --check` work, and a
+/// change is refused with a message. The read-only mount is made in a mount namespace of its own
+/// (`unshare -m`, as root); where that is not allowed the test is skipped, except in CI.
+#[test]
+fn a_read_only_store_without_its_shm_file_can_be_listed() {
+    let dir = TempDir::new().expect("tempdir");
+    std::fs::write(
+        dir.path().join("t.yaml"),
+        "name: t\nsteps:\n  - { id: a, tool: echo, with: { x: 1 } }\n",
+    )
+    .expect("spec");
+    assert_eq!(archon(dir.path(), &["run", "t.yaml"]).code, 0);
+    let id = run_id(dir.path());
+    let state = dir.path().join(".archon");
+    let _ = std::fs::remove_file(state.join("state.db-shm"));
+    assert!(
+        state.join("state.db-wal").exists(),
+        "the run's records are still in the log"
+    );
+    let script = format!(
+        "mount --bind \"$0\" \"$0\" && mount -o remount,ro,bind \"$0\" || exit 99
+         touch \"$0/probe\" 2>/dev/null && exit 98
+         \"$1\" runs; echo \"exit $?\"
+         \"$1\" show {id} | head -3; \"$1\" runs --check; echo \"exit $?\"
+         \"$1\" run t.yaml; echo \"exit $?\""
+    );
+    let output = Command::new("unshare")
+        .args(["-m", "sh", "-c", &script])
+        .arg(&state)
+        .arg(env!("CARGO_BIN_EXE_archon"))
+        .current_dir(dir.path())
+        .env("NO_COLOR", "1")
+        .output();
+    let output = match output {
+        Ok(output) if output.status.code() != Some(99) => output,
+        other => {
+            let why = format!("cannot make a read-only mount here: {other:?}");
+            assert!(std::env::var("CI").as_deref() != Ok("true"), "{why}");
+            eprintln!("skipped: {why}");
+            return;
+        }
+    };
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    let started = stdout
+        .lines()
+        .nth(1)
+        .and_then(|l| l.get(42..62))
+        .unwrap_or_default();
+    assert_eq!(
+        (stdout.replace(started, "TIME"), stderr.as_ref()),
+        (
+            format!(
+                "RUN                  WORKFLOW  STATUS     STARTED               DURATION\n{id}  t         succeeded  TIME  {}\nexit 0\nrun       {id}\nworkflow  t ({})\nstatus    succeeded\n`.archon/state.db`: no damage found\nexit 0\nexit 1\n",
+                stdout
+                    .lines()
+                    .nth(1)
+                    .and_then(|l| l.get(64..))
+                    .unwrap_or_default(),
+                dir.path().join("t.yaml").display()
+            ),
+            "error: the run store `.archon` is read-only: its runs can be listed and shown, not changed\n  hint: run the command where the state directory can be written, or point `--state-dir` at a copy\n"
+        )
+    );
+}

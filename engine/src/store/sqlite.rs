@@ -141,6 +141,9 @@ ALTER TABLE approvals ADD COLUMN format INTEGER NOT NULL DEFAULT 0;
 pub struct SqliteStore {
     path: PathBuf,
     conn: Mutex<Connection>,
+    /// For a store that can only be read where it is (a read-only folder without the `-shm` file SQLite
+    /// needs beside a write-ahead log): the store's folder, and the private copy that is read instead.
+    read_only: Option<(PathBuf, tempfile::TempDir)>,
     /// The ownership tokens of the runs this process owns, by run id. Every write of a run's journal
     /// checks that the run still carries its token, so a process that lost a run stops writing to it.
     tokens: Mutex<HashMap<String, String>>,
@@ -150,6 +153,53 @@ impl SqliteStore {
     /// Opens (or creates) the store in `dir`, checking that the database is Archon's, of a known version,
     /// and intact.
     pub fn open(dir: &Path) -> Result<Self, StoreError> {
+        match Self::open_in_place(dir) {
+            Err(e) if dir.join(DATABASE).is_file() && !writable(dir) => {
+                Self::open_copy(dir).map_err(|_| e)
+            }
+            opened => opened,
+        }
+    }
+
+    /// Opens a store in a folder this process cannot write, whose database SQLite cannot open there (it
+    /// would have to create the `-shm` file of the write-ahead log): the database and its log are copied to
+    /// a private folder and read from there, and every change is refused.
+    fn open_copy(dir: &Path) -> Result<Self, StoreError> {
+        let copy = tempfile::Builder::new()
+            .prefix("archon-read-only-")
+            .tempdir()
+            .map_err(|e| {
+                StoreError::new(format!("cannot make a folder to read the store from: {e}"))
+            })?;
+        for name in [DATABASE.to_owned(), format!("{DATABASE}-wal")] {
+            let from = dir.join(&name);
+            if from.is_file() {
+                std::fs::copy(&from, copy.path().join(&name)).map_err(|e| {
+                    StoreError::new(format!("cannot read `{}`: {e}", from.display()))
+                })?;
+            }
+        }
+        let mut store = Self::open_in_place(copy.path())?;
+        store
+            .with(|c| c.execute_batch("PRAGMA query_only = ON;"))
+            .map_err(|e| StoreError::new(e.message))?;
+        store.read_only = Some((dir.to_path_buf(), copy));
+        Ok(store)
+    }
+
+    /// Refuses a change to a store that can only be read.
+    fn changeable(&self) -> Result<(), StoreError> {
+        match &self.read_only {
+            None => Ok(()),
+            Some((dir, _)) => Err(StoreError::new(format!(
+                "the run store `{}` is read-only: its runs can be listed and shown, not changed",
+                dir.display()
+            ))
+            .with_hint("run the command where the state directory can be written, or point `--state-dir` at a copy")),
+        }
+    }
+
+    fn open_in_place(dir: &Path) -> Result<Self, StoreError> {
         std::fs::create_dir_all(dir).map_err(|e| {
             StoreError::new(format!(
                 "cannot create state directory `{}`: {e}",
@@ -181,6 +231,7 @@ impl SqliteStore {
         Ok(SqliteStore {
             path,
             conn: Mutex::new(conn),
+            read_only: None,
             tokens: Mutex::new(HashMap::new()),
         })
     }
@@ -221,11 +272,15 @@ impl SqliteStore {
 
 impl RunStore for SqliteStore {
     fn location(&self) -> Option<PathBuf> {
-        self.path.parent().map(Path::to_path_buf)
+        match &self.read_only {
+            Some((dir, _)) => Some(dir.clone()),
+            None => self.path.parent().map(Path::to_path_buf),
+        }
     }
 
     /// Records a new run, owned by this process, with its spec files and inputs.
     fn create_run(&self, run: &NewRun) -> Result<(), StoreError> {
+        self.changeable()?;
         let hash = spec_hash(&run.files);
         let inputs = record::encode(&run.inputs);
         let now = now_ms();
@@ -271,6 +326,7 @@ impl RunStore for SqliteStore {
     }
 
     fn claim(&self, id: &str, allowed: &[RunState]) -> Result<RunState, StoreError> {
+        self.changeable()?;
         let token = self.new_token(id);
         let outcome = self.with(|conn| {
             let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
@@ -380,6 +436,7 @@ impl RunStore for SqliteStore {
         step: Option<&str>,
         decision: &ApprovalDecision,
     ) -> Result<Vec<ApprovalRequest>, StoreError> {
+        self.changeable()?;
         let run = self.load(id)?;
         if run.status != RunState::WaitingApproval {
             let mut error = StoreError::new(format!(
@@ -428,6 +485,7 @@ impl RunStore for SqliteStore {
     /// Asks the run to stop for good: a live owner notices within a few seconds (and is sent SIGTERM when
     /// it runs on this host); a run nobody owns is marked cancelled at once.
     fn cancel(&self, id: &str) -> Result<RunState, StoreError> {
+        self.changeable()?;
         let run = self.load(id)?;
         match run.status {
             RunState::Succeeded | RunState::Failed | RunState::Cancelled => Ok(run.status),
@@ -1713,4 +1771,10 @@ mod tests {
         head.extend_from_slice(&second);
         assert_eq!(wal_damage(&head), None);
     }
+}
+
+/// Whether this process may create files in `dir` (the kernel says: a read-only mount, or a folder without
+/// write permission for this user, is not).
+fn writable(dir: &Path) -> bool {
+    nix::unistd::access(dir, nix::unistd::AccessFlags::W_OK).is_ok()
 }
