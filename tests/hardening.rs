@@ -735,6 +735,7 @@ steps:
 /// change is refused with a message. The read-only mount is made in a mount namespace of its own
 /// (`unshare -m`, as root); where that is not allowed the test is skipped, except in CI.
 #[test]
+#[allow(clippy::print_stderr)]
 fn a_read_only_store_without_its_shm_file_can_be_listed() {
     let dir = TempDir::new().expect("tempdir");
     std::fs::write(
