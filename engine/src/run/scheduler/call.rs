@@ -13,7 +13,7 @@ use super::context::{
 use super::gate::{self, Gate};
 use super::planner;
 use crate::report::{RunStatus, StepStatus};
-use crate::run::render::{json_value, to_text};
+use crate::run::render::{RenderError, json_value, to_text};
 use crate::spec::{Body, ToolDef, Trigger};
 use crate::store::Entry;
 use crate::tools::builtin::{self, Builtin};
@@ -31,7 +31,7 @@ pub(super) async fn body(
             .renderer
             .value(args, ctx)
             .await
-            .map_err(|e| Failure::fixed(e.to_string()))?,
+            .map_err(CallError::render(None))?,
         None => Json::Object(Map::new()),
     };
     if let Some(path) = body.workflow {
@@ -44,12 +44,14 @@ pub(super) async fn body(
             (None, Some(plan), _) => (plan, true),
             (None, None, Some(description)) => (description, unspecified_plans(shared)),
             (None, None, None) => {
-                return Err(Failure::fixed("the step says nothing to do".to_owned()));
+                return Err(CallError::NothingToDo.into());
             }
         };
-        let goal = shared.renderer.text(&goal.value, ctx).await.map_err(|e| {
-            Failure::fixed(format!("`{}`: {e}", if plans { "plan" } else { "goal" }))
-        })?;
+        let goal = shared
+            .renderer
+            .text(&goal.value, ctx)
+            .await
+            .map_err(CallError::render(Some(if plans { "plan" } else { "goal" })))?;
         return if plans {
             planner::run(shared, label, body, goal, ctx).await
         } else {
@@ -76,7 +78,7 @@ pub(super) async fn body(
             Gate::Go { .. } => {}
             Gate::Denied(reason, _) => return Err(Failure::fixed(reason)),
             Gate::Waiting(message) => return Err(Failure::waiting(message)),
-            Gate::Stopped(message) => return Err(Failure::fixed(message)),
+            Gate::Stopped(e) => return Err(Failure::from(e)),
         }
     }
     let llm_chosen = shared.planned || shared.llm_chosen;
@@ -93,7 +95,7 @@ pub(super) async fn call_tool(
     llm_chosen: bool,
 ) -> Result<Called, Failure> {
     let Some(entry) = shared.workflow.tools.get(name) else {
-        return Err(Failure::fixed(format!("unknown tool `{name}`")));
+        return Err(CallError::UnknownTool(name.to_owned()).into());
     };
     let def = shared.workflow.spec.tools.get(name);
     match (entry.kind, def) {
@@ -106,7 +108,7 @@ pub(super) async fn call_tool(
         (ToolRef::Command | ToolRef::Http, Some(def)) => {
             declared(shared, label, name, def, args).await
         }
-        _ => Err(Failure::fixed(format!("tool `{name}` cannot run yet"))),
+        _ => Err(CallError::CannotRun(name.to_owned()).into()),
     }
 }
 
@@ -124,7 +126,7 @@ async fn builtin_call(
                 .work
                 .acquire()
                 .await
-                .map_err(|_| Failure::fixed("the run is over".to_owned()))?,
+                .map_err(|_| CallError::RunOver)?,
         )
     } else {
         None
@@ -175,7 +177,7 @@ async fn declared(
             .renderer
             .text(&t.value, &tool_ctx)
             .await
-            .map_err(|e| Failure::fixed(e.to_string()))
+            .map_err(|e| Failure::from(CallError::render(None)(e)))
     };
     let (builtin, call_args) = if let Some(command) = &def.command {
         let mut argv = Vec::with_capacity(command.value.len());
@@ -220,7 +222,7 @@ async fn declared(
                 .renderer
                 .value(body, &tool_ctx)
                 .await
-                .map_err(|e| Failure::fixed(e.to_string()))?;
+                .map_err(CallError::render(None))?;
         }
         if let Some(body) = &http.body {
             request["body"] = Json::String(text(body).await?);
@@ -230,10 +232,10 @@ async fn declared(
         }
         ("http", request)
     } else {
-        return Err(Failure::fixed(format!("tool `{name}` cannot run yet")));
+        return Err(CallError::CannotRun(name.to_owned()).into());
     };
     let Some(builtin) = builtin::get(builtin) else {
-        return Err(Failure::fixed(format!("tool `{name}` cannot run yet")));
+        return Err(CallError::CannotRun(name.to_owned()).into());
     };
     builtin_call(shared, label, builtin, &call_args).await
 }
@@ -329,7 +331,10 @@ fn composite<'a>(
             Some(Err(e)) => {
                 return Err(Failure {
                     steps: results,
-                    ..Failure::fixed(format!("tool `{name}`: `result`: {e}"))
+                    ..Failure::from(CallError::Result {
+                        tool: name.to_owned(),
+                        source: e,
+                    })
                 });
             }
             None => results.last().map_or(Json::Null, |(_, r)| r.output.clone()),
@@ -357,28 +362,29 @@ fn workflow<'a>(
     Box::pin(async move {
         let depth = shared.deeper()?;
         let Some(workflow) = shared.workflow.subworkflows.get(path) else {
-            return Err(Failure::fixed(format!(
-                "sub-workflow `{path}` was not loaded"
-            )));
+            return Err(CallError::NotLoaded(path.to_owned()).into());
         };
         let given = match args {
             Json::Object(values) => values,
             Json::Null => Map::new(),
             _ => {
-                return Err(Failure::fixed(format!(
-                    "sub-workflow `{path}` takes an object of inputs"
-                )));
+                return Err(CallError::NotAnObject(path.to_owned()).into());
             }
         };
         let inputs = crate::inputs::resolve(&workflow.spec, given, &[]).map_err(|problems| {
-            let list: Vec<String> = problems.iter().map(|p| p.message.clone()).collect();
-            Failure::fixed(format!("sub-workflow `{path}`: {}", list.join("; ")))
+            CallError::Inputs {
+                path: path.to_owned(),
+                problems: problems.iter().map(|p| p.message.clone()).collect(),
+            }
         })?;
         let report = shared
             .nested
             .workflow(workflow.clone(), inputs, shared, depth, format!("{label}/"))
             .await
-            .map_err(|e| Failure::fixed(format!("sub-workflow `{path}`: {e}")))?;
+            .map_err(|source| CallError::Start {
+                path: path.to_owned(),
+                source,
+            })?;
         match report.status {
             RunStatus::Succeeded => {
                 let output = Json::Object(report.outputs);
@@ -432,4 +438,56 @@ fn workflow<'a>(
             }
         }
     })
+}
+
+/// Why a call could not be made, or its result not used: a tool that does not resolve, arguments or a
+/// result template that do not render, a sub-workflow that cannot start.
+#[derive(Debug, thiserror::Error)]
+pub(super) enum CallError {
+    #[error("the step says nothing to do")]
+    NothingToDo,
+    /// An argument, goal or plan template that does not render (`what` names it when it is not the
+    /// arguments).
+    #[error("{}{source}", .what.map_or_else(String::new, |w| format!("`{w}`: ")))]
+    Render {
+        what: Option<&'static str>,
+        #[source]
+        source: RenderError,
+    },
+    #[error("unknown tool `{0}`")]
+    UnknownTool(String),
+    #[error("tool `{0}` cannot run yet")]
+    CannotRun(String),
+    #[error("the run is over")]
+    RunOver,
+    #[error("tool `{tool}`: `result`: {source}")]
+    Result {
+        tool: String,
+        #[source]
+        source: RenderError,
+    },
+    #[error("sub-workflow `{0}` was not loaded")]
+    NotLoaded(String),
+    #[error("sub-workflow `{0}` takes an object of inputs")]
+    NotAnObject(String),
+    #[error("sub-workflow `{path}`: {}", .problems.join("; "))]
+    Inputs { path: String, problems: Vec<String> },
+    #[error("sub-workflow `{path}`: {source}")]
+    Start {
+        path: String,
+        #[source]
+        source: crate::run::RunError,
+    },
+}
+
+impl From<CallError> for Failure {
+    fn from(error: CallError) -> Self {
+        Failure::fixed(error.to_string())
+    }
+}
+
+impl CallError {
+    fn render(what: Option<&'static str>) -> impl FnOnce(RenderError) -> CallError {
+        move |source| CallError::Render { what, source }
+    }
 }

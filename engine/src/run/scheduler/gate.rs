@@ -5,7 +5,7 @@
 use serde_json::Value as Json;
 
 use super::context::Shared;
-use super::durable::{Record, persist};
+use super::durable::{PersistError, Record, persist};
 use crate::report::{ApprovalDecision, ApprovalRequest, RunEvent};
 use crate::run::rules::{self, Event, Verdict};
 use crate::spec::{Action, ChosenBy, Trigger};
@@ -21,7 +21,7 @@ pub(super) enum Gate {
     /// Waiting for a person: the run pauses.
     Waiting(String),
     /// The request or decision could not be recorded: the run stops (`durable`), the call fails with this.
-    Stopped(String),
+    Stopped(PersistError),
 }
 
 /// What is being asked about.
@@ -174,7 +174,7 @@ async fn ask(shared: &Shared, call: &Call<'_>, verdict: Verdict) -> Gate {
     // a crash must not lose what a person said, nor let the call run without its approval on disk.
     let decided_now = decision.is_some() && !approvals.decided.contains_key(&key);
     if decided_now && let Err(e) = persist(shared, Record::ApprovalDecision).await {
-        return Gate::Stopped(e.to_string());
+        return Gate::Stopped(e);
     }
     match decision {
         Some(d) if d.approved => Gate::Go {
@@ -209,7 +209,7 @@ async fn ask(shared: &Shared, call: &Call<'_>, verdict: Verdict) -> Gate {
                 .record(Entry::ApprovalRequested(request));
             // The request is on disk before the run reports that it waits.
             if let Err(e) = persist(shared, Record::ApprovalRequest).await {
-                return Gate::Stopped(e.to_string());
+                return Gate::Stopped(e);
             }
             Gate::Waiting(message)
         }

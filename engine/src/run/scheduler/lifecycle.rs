@@ -435,9 +435,8 @@ async fn before_step(
     };
     match gate::gate(shared, call).await {
         Gate::Go { .. } => None,
-        Gate::Denied(reason, _) | Gate::Stopped(reason) => {
-            Some(StepResult::ended(StepStatus::Failed, Some(reason)))
-        }
+        Gate::Denied(reason, _) => Some(StepResult::ended(StepStatus::Failed, Some(reason))),
+        Gate::Stopped(e) => Some(StepResult::ended(StepStatus::Failed, Some(e.to_string()))),
         Gate::Waiting(message) => Some(StepResult::ended(
             StepStatus::WaitingApproval,
             Some(message),

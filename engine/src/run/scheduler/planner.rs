@@ -163,10 +163,10 @@ async fn plan_and_run(
             match gate::gate(shared, call).await {
                 Gate::Go { .. } => {}
                 Gate::Denied(reason, _) => {
-                    return Err(Failure::fixed(format!("the plan was {reason}")).with_llm(usage));
+                    return Err(Failure::from(PlanError::Denied(reason)).with_llm(usage));
                 }
                 Gate::Waiting(message) => return Err(Failure::waiting(message).with_llm(usage)),
-                Gate::Stopped(message) => return Err(Failure::fixed(message).with_llm(usage)),
+                Gate::Stopped(e) => return Err(Failure::from(e).with_llm(usage)),
             }
         }
         let steps = &accepted.workflow.spec.steps;
@@ -306,14 +306,10 @@ async fn propose(
         let text = response.text();
         match &response.finish_reason {
             FinishReason::Length => {
-                return Err(Failure::fixed(
-                    "the plan was cut off at the token limit: raise `max_tokens`".to_owned(),
-                )
-                .with_llm(usage.clone()));
+                return Err(Failure::from(PlanError::CutOff).with_llm(usage.clone()));
             }
             FinishReason::ContentFilter => {
-                return Err(Failure::fixed("the provider filtered the plan".to_owned())
-                    .with_llm(usage.clone()));
+                return Err(Failure::from(PlanError::Filtered).with_llm(usage.clone()));
             }
             _ => {}
         }
@@ -352,11 +348,11 @@ async fn propose(
             problems: problems.clone(),
         });
         if attempt == PLAN_ATTEMPTS {
-            return Err(Failure::fixed(format!(
-                "the validator rejected the planner's plan {PLAN_ATTEMPTS} times; last problems: {}",
-                problems.join("; ")
-            ))
-            .with_llm(usage.clone()));
+            let rejected = PlanError::Rejected {
+                attempts: PLAN_ATTEMPTS,
+                problems,
+            };
+            return Err(Failure::from(rejected).with_llm(usage.clone()));
         }
         messages.push(Message::user(format!(
             "The validator rejected this plan:\n- {}\nWrite the whole corrected plan, as JSON only.",
@@ -567,4 +563,27 @@ fn instructions(shared: &Shared, policy: &PlanPolicy, ctx: &Value) -> String {
         }
     }
     text
+}
+
+/// Why a planner step failed before, or instead of, running its plan (its model calls fail as an
+/// [`agent::AgentError`]; a planned step's failure is the step's own).
+#[derive(Debug, thiserror::Error)]
+pub(super) enum PlanError {
+    #[error("the plan was {0}")]
+    Denied(String),
+    #[error("the plan was cut off at the token limit: raise `max_tokens`")]
+    CutOff,
+    #[error("the provider filtered the plan")]
+    Filtered,
+    #[error("the validator rejected the planner's plan {attempts} times; last problems: {}", .problems.join("; "))]
+    Rejected {
+        attempts: u32,
+        problems: Vec<String>,
+    },
+}
+
+impl From<PlanError> for Failure {
+    fn from(error: PlanError) -> Self {
+        Failure::fixed(error.to_string())
+    }
 }

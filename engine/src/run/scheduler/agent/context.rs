@@ -6,6 +6,7 @@
 //! the exact count (with a tokenizer for OpenAI-family models) is made only once that bound passes the
 //! compaction threshold, and then once per message.
 
+use super::error::AgentError;
 use super::model::complete;
 use crate::llm::config::Configured;
 use crate::llm::tokens::{self, Estimator};
@@ -303,10 +304,7 @@ pub(super) async fn fit(
     let response = complete(shared, label, configured, &request, usage).await?;
     let summary = response.text();
     if summary.trim().is_empty() {
-        return Err(Failure::fixed(
-            "the model gave an empty summary of the earlier turns".to_owned(),
-        )
-        .with_llm(usage.clone()));
+        return Err(Failure::from(AgentError::EmptySummary).with_llm(usage.clone()));
     }
     conversation.compact(cut, summary.trim());
     let after = conversation.estimate(note);
@@ -329,16 +327,24 @@ pub(super) async fn fit(
     Ok(())
 }
 
-fn too_large(configured: &Configured, window: &Window, tokens: usize, why: &str) -> Failure {
+fn too_large(
+    configured: &Configured,
+    window: &Window,
+    tokens: usize,
+    why: &'static str,
+) -> Failure {
     let reserved = if window.reserved > 0 {
         format!(" with `{}` kept for the answer", window.reserved)
     } else {
         String::new()
     };
-    Failure::fixed(format!(
-        "the prompt needs about `{tokens}` tokens, more than the `{}`-token context window of `{}` allows{reserved}, {why}",
-        window.size, configured.model
-    ))
+    Failure::from(AgentError::TooLarge {
+        tokens,
+        window: window.size,
+        model: configured.model.clone(),
+        reserved,
+        why,
+    })
 }
 
 /// Outputs up to this size are measured in place; larger ones on a blocking thread.

@@ -9,6 +9,7 @@
 
 mod calls;
 mod context;
+mod error;
 mod model;
 mod text;
 
@@ -29,11 +30,12 @@ use super::gate::{self, Gate, canonical};
 use super::prompt;
 use crate::llm::tokens::Estimator;
 use crate::llm::{FinishReason, Message, Part, ToolChoice, ToolResult};
-use crate::report::{LlmUsage, RunEvent, StepStatus};
+use crate::report::{LlmUsage, RunEvent};
 use crate::run::render::to_text;
 use crate::spec::{Body, ChosenBy, Spec, ToolMode, Trigger};
 use crate::tools::ToolOutput;
 use calls::observe;
+pub(super) use error::AgentError;
 use model::refuses_tools;
 use text::{TextTurn, read_text_action, text_mode_instructions, written_action};
 
@@ -159,9 +161,7 @@ pub(super) async fn run(
     let mut seen_calls: HashMap<String, usize> = HashMap::new();
     let mut schema_retries = 0;
     let validator = match &schema {
-        Some(s) => Some(jsonschema::validator_for(s).map_err(|e| {
-            Failure::fixed(format!("`output_schema` is not a valid JSON Schema: {e}"))
-        })?),
+        Some(s) => Some(jsonschema::validator_for(s).map_err(|e| AgentError::Schema(Box::new(e)))?),
         None => None,
     };
     // A resumed run continues after the last iteration an earlier process completed.
@@ -301,16 +301,10 @@ pub(super) async fn run(
             match &response.finish_reason {
                 FinishReason::Stop | FinishReason::ToolCalls => {}
                 FinishReason::Length => {
-                    return Err(Failure::fixed(
-                        "the answer was cut off at the token limit: raise `max_tokens`".to_owned(),
-                    )
-                    .with_llm(usage));
+                    return Err(Failure::from(AgentError::CutOff).with_llm(usage));
                 }
                 FinishReason::ContentFilter => {
-                    return Err(
-                        Failure::fixed("the provider filtered the answer".to_owned())
-                            .with_llm(usage),
-                    );
+                    return Err(Failure::from(AgentError::Filtered).with_llm(usage));
                 }
                 FinishReason::Other(reason) if text.trim().is_empty() => {
                     return Err(Failure::fixed(format!(
@@ -331,10 +325,9 @@ pub(super) async fn run(
                 }
                 parsed => {
                     if schema_retries >= SCHEMA_RETRIES {
-                        return Err(Failure::fixed(format!(
-                            "the final answer does not match `output_schema` after {SCHEMA_RETRIES} corrections"
-                        ))
-                        .with_llm(usage));
+                        return Err(
+                            Failure::from(AgentError::Mismatch(SCHEMA_RETRIES)).with_llm(usage)
+                        );
                     }
                     schema_retries += 1;
                     let problem = match &parsed {
@@ -426,14 +419,11 @@ pub(super) async fn run(
                 *n
             };
             if repeats > REPEAT_LIMIT {
-                return Err(Failure {
-                    status: StepStatus::Stuck,
-                    ..Failure::fixed(format!(
-                        "the agent called `{}` with the same arguments {repeats} times",
-                        call.name
-                    ))
-                }
-                .with_llm(usage));
+                let repeating = AgentError::Repeating {
+                    tool: call.name.clone(),
+                    times: repeats,
+                };
+                return Err(Failure::from(repeating).with_llm(usage));
             }
             let mut arguments = call.arguments.clone();
             let mut turn = if repeats == REPEAT_LIMIT {
@@ -467,7 +457,7 @@ pub(super) async fn run(
                             paused(before_turn(&seen_calls, &counted), conversation.messages());
                         return Err(pause(shared, label, state, message).await);
                     }
-                    Gate::Stopped(message) => return Err(Failure::fixed(message).with_llm(usage)),
+                    Gate::Stopped(e) => return Err(Failure::from(e).with_llm(usage)),
                 }
             }
             actions.push(RunEvent::AgentAction {
@@ -545,14 +535,11 @@ pub(super) async fn run(
         }
         invalid_turns = if all_invalid { invalid_turns + 1 } else { 0 };
         if invalid_turns >= INVALID_TURNS_LIMIT {
-            return Err(Failure {
-                status: StepStatus::Stuck,
-                ..Failure::fixed(format!(
-                    "the model made only invalid tool calls {INVALID_TURNS_LIMIT} turns in a row; the last problem: {}",
-                    problem.unwrap_or_default()
-                ))
-            }
-            .with_llm(usage));
+            let invalid = AgentError::InvalidTurns {
+                turns: INVALID_TURNS_LIMIT,
+                problem: problem.unwrap_or_default(),
+            };
+            return Err(Failure::from(invalid).with_llm(usage));
         }
         if text_mode {
             // The model wrote its action as text: it reads the observation as text too.
@@ -611,13 +598,11 @@ pub(super) async fn run(
     request.tool_choice = ToolChoice::None;
     let response = complete(shared, label, &configured, &request, &mut usage).await?;
     let best: String = response.text().chars().take(500).collect();
-    Err(Failure {
-        status: StepStatus::Incomplete,
-        ..Failure::fixed(format!(
-            "no final answer within {max_iterations} iterations; best answer: {best}"
-        ))
-    }
-    .with_llm(usage))
+    let incomplete = AgentError::NoAnswer {
+        iterations: max_iterations,
+        best,
+    };
+    Err(Failure::from(incomplete).with_llm(usage))
 }
 
 fn emit_answer(shared: &Shared, label: &str, iteration: u32, text: &str) {

@@ -4,6 +4,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
+use super::error::AgentError;
 use crate::llm::ChatRequest;
 use crate::llm::cassette::{Recorder, Replayer};
 use crate::llm::config::{self, Configured};
@@ -41,11 +42,7 @@ pub(in crate::run::scheduler) fn chosen<'s>(
                 .and_then(|l| l.providers.keys().next())
                 .map(|k| k.value.clone())
         })
-        .ok_or_else(|| {
-            Failure::fixed(
-                "no LLM provider is configured: add one under `llm.providers`".to_owned(),
-            )
-        })?;
+        .ok_or(AgentError::NoProvider)?;
     let configured = provider(shared, &provider_name)?;
     Ok((agent, provider_name, configured))
 }
@@ -67,7 +64,7 @@ fn provider(shared: &Shared, name: &str) -> Result<Arc<Configured>, Failure> {
         .llm
         .as_ref()
         .and_then(|l| l.providers.get(name))
-        .ok_or_else(|| Failure::fixed(format!("no LLM provider `{name}`")))?;
+        .ok_or_else(|| AgentError::UnknownProvider(name.to_owned()))?;
     // Replaying needs no provider at all: not even its key.
     if let Some(crate::run::options::Cassette::Replay(exchanges)) = &shared.options.cassette {
         let built = Arc::new(Configured {
@@ -96,8 +93,8 @@ fn provider(shared: &Shared, name: &str) -> Result<Arc<Configured>, Failure> {
         .parent()
         .map(std::path::Path::to_path_buf)
         .unwrap_or_default();
-    let mut configured = config::build(name, def, &dir, &shared.options.env)
-        .map_err(|e| Failure::fixed(e.message))?;
+    let mut configured =
+        config::build(name, def, &dir, &shared.options.env).map_err(AgentError::Provider)?;
     if let Some(crate::run::options::Cassette::Record(file)) = &shared.options.cassette {
         let redactor = shared.redactor.clone();
         configured.provider = Arc::new(
@@ -123,27 +120,20 @@ pub(in crate::run::scheduler) async fn complete(
     usage: &mut LlmUsage,
 ) -> Result<crate::llm::ChatResponse, Failure> {
     if let Some(exceeded) = over_budget(shared) {
-        return Err(
-            Failure::fixed(format!("LLM budget exceeded: {exceeded}")).with_llm(usage.clone())
-        );
+        return Err(Failure::from(AgentError::Budget(exceeded)).with_llm(usage.clone()));
     }
     // One of the run's `work` permits for the call's duration (not for the time queued for one).
     let permit = shared
         .work
         .acquire()
         .await
-        .map_err(|_| Failure::fixed("the run is over".to_owned()))?;
+        .map_err(|_| AgentError::RunOver)?;
     let started = Instant::now();
     let response = configured.provider.complete(request).await;
     drop(permit);
-    let response = response.map_err(|e| {
-        // What the provider's own retries could not fix, the step's `retry` may.
-        Failure {
-            retryable: e.retryable,
-            ..Failure::fixed(e.message)
-        }
-        .with_llm(usage.clone())
-    })?;
+    // What the provider's own retries could not fix, the step's `retry` may.
+    let response =
+        response.map_err(|e| Failure::from(AgentError::Call(e)).with_llm(usage.clone()))?;
     let pricing_config = shared
         .workflow
         .spec

@@ -1,0 +1,79 @@
+//! Why an LLM step (an agent, or a planner's model calls) failed: one enum, so that each cause is named
+//! once, with its words, its status (`failed`, `stuck`, `incomplete`) and whether a retry may help.
+
+use crate::llm::LlmError;
+use crate::report::StepStatus;
+use crate::run::scheduler::context::Failure;
+
+#[derive(Debug, thiserror::Error)]
+pub(in crate::run::scheduler) enum AgentError {
+    #[error("no LLM provider is configured: add one under `llm.providers`")]
+    NoProvider,
+    #[error("no LLM provider `{0}`")]
+    UnknownProvider(String),
+    /// The provider's settings do not build (a missing key, a bad base URL).
+    #[error("{}", .0.message)]
+    Provider(#[source] LlmError),
+    #[error("LLM budget exceeded: {0}")]
+    Budget(String),
+    #[error("the run is over")]
+    RunOver,
+    /// A model call failed after the provider's own retries.
+    #[error("{}", .0.message)]
+    Call(#[source] LlmError),
+    #[error("`output_schema` is not a valid JSON Schema: {0}")]
+    Schema(#[source] Box<jsonschema::ValidationError<'static>>),
+    #[error("the answer was cut off at the token limit: raise `max_tokens`")]
+    CutOff,
+    #[error("the provider filtered the answer")]
+    Filtered,
+    #[error("the final answer does not match `output_schema` after {0} corrections")]
+    Mismatch(usize),
+    #[error("the agent called `{tool}` with the same arguments {times} times")]
+    Repeating { tool: String, times: usize },
+    #[error(
+        "the model made only invalid tool calls {turns} turns in a row; the last problem: {problem}"
+    )]
+    InvalidTurns { turns: usize, problem: String },
+    #[error("no final answer within {iterations} iterations; best answer: {best}")]
+    NoAnswer { iterations: u32, best: String },
+    #[error("the model gave an empty summary of the earlier turns")]
+    EmptySummary,
+    #[error(
+        "the prompt needs about `{tokens}` tokens, more than the `{window}`-token context window of `{model}` allows{reserved}, {why}"
+    )]
+    TooLarge {
+        tokens: usize,
+        window: usize,
+        model: String,
+        /// ` with `N` kept for the answer`, or nothing.
+        reserved: String,
+        why: &'static str,
+    },
+}
+
+impl AgentError {
+    /// The status of the step it ends.
+    fn status(&self) -> StepStatus {
+        match self {
+            AgentError::Repeating { .. } | AgentError::InvalidTurns { .. } => StepStatus::Stuck,
+            AgentError::NoAnswer { .. } => StepStatus::Incomplete,
+            _ => StepStatus::Failed,
+        }
+    }
+
+    /// Whether the step's `retry` may help: what the provider's own retries could not fix.
+    fn retryable(&self) -> bool {
+        matches!(self, AgentError::Call(e) if e.retryable)
+    }
+}
+
+impl From<AgentError> for Failure {
+    fn from(error: AgentError) -> Self {
+        Failure {
+            status: error.status(),
+            retryable: error.retryable(),
+            ..Failure::fixed(error.to_string())
+        }
+    }
+}
