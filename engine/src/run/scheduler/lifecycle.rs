@@ -124,6 +124,30 @@ async fn foreach(shared: &Arc<Shared>, index: usize, expr: &str, steps: &Steps) 
             })
         })
         .collect();
+    gathered(results).await
+}
+
+/// Items whose texts add up to more than this are gathered into the step's result on a blocking thread.
+const GATHERED_IN_PLACE: usize = 64 * 1024;
+
+/// The result of a `foreach` step from its items' results: on a blocking thread when they are large, since
+/// copying their outputs and writing them as one JSON text (megabytes, for items that read files) would
+/// hold every other step, timeout and Ctrl-C of the run.
+async fn gathered(results: Vec<StepResult>) -> StepResult {
+    if results.iter().map(|r| r.text.len()).sum::<usize>() <= GATHERED_IN_PLACE {
+        return gather(&results);
+    }
+    tokio::task::spawn_blocking(move || gather(&results))
+        .await
+        .unwrap_or_else(|_| {
+            StepResult::ended(
+                StepStatus::Failed,
+                Some("the items' results could not be gathered".into()),
+            )
+        })
+}
+
+fn gather(results: &[StepResult]) -> StepResult {
     let failure = results
         .iter()
         .enumerate()
@@ -495,5 +519,49 @@ async fn after_step(shared: &Shared, step: &Step, result: &mut StepResult) {
                 None => format!("its result was rejected by rule `{rule}`"),
             });
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use super::*;
+
+    /// Gathering a `foreach` step's large items into its result (their outputs copied, the whole written
+    /// as one JSON text) lets the run's other tasks go on: done in place, on the run's one thread, no other
+    /// task could run until it ended.
+    #[tokio::test]
+    async fn large_items_are_gathered_while_the_run_goes_on() {
+        let ticks = Arc::new(AtomicUsize::new(0));
+        let ticker = {
+            let ticks = ticks.clone();
+            tokio::spawn(async move {
+                loop {
+                    ticks.fetch_add(1, Ordering::Relaxed);
+                    tokio::task::yield_now().await;
+                }
+            })
+        };
+        let item = |text: &str| {
+            let mut result = StepResult::ended(StepStatus::Succeeded, None);
+            result.output = Json::String(text.to_owned());
+            result.text = text.to_owned();
+            result
+        };
+        let big = "x".repeat(4 << 20);
+        let gathered = gathered(vec![item(&big), item(&big), item("small")]).await;
+        let during = ticks.load(Ordering::Relaxed);
+        ticker.abort();
+        assert_eq!(gathered.status, StepStatus::Succeeded);
+        assert_eq!(
+            gathered.text.len(),
+            2 * (big.len() + 2) + "\"small\"".len() + 4
+        );
+        assert!(
+            during > 0,
+            "no other task ran while the items were gathered"
+        );
     }
 }
