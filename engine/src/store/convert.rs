@@ -192,24 +192,53 @@ impl From<record::ApprovalDecision> for ApprovalDecision {
     }
 }
 
-impl From<&RunEvent> for record::Event {
-    fn from(event: &RunEvent) -> Self {
-        // An event's record is its kind and its fields as the run reported them; the log is shown as written.
-        match serde_json::to_value(event) {
-            Ok(serde_json::Value::Object(mut fields)) => {
-                let kind = match fields.remove("event") {
-                    Some(serde_json::Value::String(kind)) => kind,
-                    _ => String::new(),
-                };
-                record::Event {
-                    event: kind,
-                    fields,
-                }
-            }
-            _ => record::Event {
-                event: String::new(),
-                fields: serde_json::Map::new(),
+/// The text of an event's record (`record::Event`): the event's kind, then its fields as the run reported
+/// them, written straight from the event without a JSON value between (the log is shown as written).
+pub(super) fn event_text(event: &RunEvent) -> String {
+    record::encode(event)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::report::StepStatus;
+
+    #[test]
+    fn an_events_text_is_its_record() {
+        let events = [
+            RunEvent::StepStarted { step: "a".into() },
+            RunEvent::StepFinished {
+                step: "b[2]".into(),
+                status: StepStatus::Failed,
+                duration_ms: 12,
+                error: Some("exit 2: \"quoted\"\nline".into()),
             },
+            RunEvent::StepRetried {
+                step: "c".into(),
+                attempt: 2,
+                error: "timed out".into(),
+                delay_ms: 1500,
+            },
+        ];
+        for event in events {
+            let text = event_text(&event);
+            let row = record::Row {
+                run: "r",
+                table: "events",
+                row: "1",
+            };
+            let decoded: record::Event =
+                record::decode(row, record::FORMAT_VERSION.into(), text.as_bytes())
+                    .expect("decodes as a record");
+            let serde_json::Value::Object(mut fields) =
+                serde_json::to_value(&event).expect("a value")
+            else {
+                panic!("an object");
+            };
+            let kind = fields.shift_remove("event").expect("a kind");
+            assert_eq!(serde_json::Value::String(decoded.event.clone()), kind);
+            assert_eq!(decoded.fields, fields, "{text}");
+            assert!(text.starts_with(&format!("{{\"event\":{kind}")), "{text}");
         }
     }
 }

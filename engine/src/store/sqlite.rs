@@ -5,9 +5,9 @@
 //! `archon cancel`. A damaged or foreign database is reported, never reset.
 
 use std::collections::HashMap;
+use std::fmt;
 use std::path::{Path, PathBuf};
-use std::sync::mpsc::{self, RecvTimeoutError};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -701,6 +701,10 @@ impl RunStore for SqliteStore {
                     .with_hint("a run is recorded by the process that created or claimed it")
             })?;
         let conn = connect(&self.path)?;
+        // Every row the writer adds belongs to its run, which exists (each transaction first checks that
+        // it still owns it): checking the foreign key of each row again costs a lookup per row.
+        conn.execute_batch("PRAGMA foreign_keys = OFF;")
+            .map_err(|e| sql_error(&self.path, &e))?;
         let (generation, next_attempt, seq) = self.with(|c| {
             let generation: u32 =
                 c.query_row("SELECT generation FROM runs WHERE id = ?1", [id], |r| {
@@ -719,7 +723,7 @@ impl RunStore for SqliteStore {
             )?;
             Ok((generation, next, seq))
         })?;
-        let (sender, receiver) = mpsc::channel();
+        let queue = Arc::new(Queue::default());
         let writer = Writer {
             conn,
             path: self.path.clone(),
@@ -733,12 +737,15 @@ impl RunStore for SqliteStore {
             broken: None,
             released: false,
         };
-        let thread = std::thread::Builder::new()
-            .name("archon-journal".to_owned())
-            .spawn(move || writer.run(&receiver))
-            .map_err(|e| StoreError::new(format!("cannot start the journal writer: {e}")))?;
+        let thread = {
+            let queue = queue.clone();
+            std::thread::Builder::new()
+                .name("archon-journal".to_owned())
+                .spawn(move || writer.run(&queue))
+                .map_err(|e| StoreError::new(format!("cannot start the journal writer: {e}")))?
+        };
         Ok(Arc::new(SqliteJournal {
-            sender: Mutex::new(Some(sender)),
+            queue,
             thread: Mutex::new(Some(thread)),
         }))
     }
@@ -747,23 +754,162 @@ impl RunStore for SqliteStore {
 /// The journal of one run, written by a thread of its own.
 #[derive(Debug)]
 pub struct SqliteJournal {
-    sender: Mutex<Option<mpsc::Sender<Message>>>,
+    queue: Arc<Queue>,
     thread: Mutex<Option<JoinHandle<()>>>,
 }
 
 enum Message {
-    Entry(Entry),
+    Entry(Write),
     Flush(oneshot::Sender<Result<(), StoreError>>),
 }
 
-impl SqliteJournal {
-    fn send(&self, message: Message) -> bool {
-        self.sender
-            .lock()
-            .ok()
-            .and_then(|s| s.as_ref().map(|s| s.send(message).is_ok()))
-            .unwrap_or(false)
+/// What the writer applies: an entry as recorded, or one whose record the thread that recorded it encoded
+/// already (events, and step results of small outputs), so that the writer's work, which every run's end
+/// waits for, is mostly SQLite's.
+enum Write {
+    /// An attempt started.
+    Started { step: String, fallback: bool },
+    /// Its command started.
+    Process {
+        step: String,
+        pgid: u32,
+        started: Option<u64>,
+    },
+    /// It ended.
+    Ended {
+        step: String,
+        status: crate::report::StepStatus,
+        error: Option<String>,
+    },
+    /// An event's record.
+    Event(String),
+    /// A step's final result and its record.
+    Result {
+        step: String,
+        status: &'static str,
+        text: String,
+    },
+    /// Anything else, as recorded (boxed: the queue holds many of the others).
+    Other(Box<Entry>),
+}
+
+/// Step results whose text is at most this long are encoded by the thread that records them; larger ones
+/// (which may need a blob, and take time to encode) by the writer.
+const ENCODED_WHERE_RECORDED: usize = 16 * 1024;
+
+impl Write {
+    fn of(entry: Entry) -> Self {
+        match entry {
+            Entry::AttemptStarted { step, fallback } => Write::Started { step, fallback },
+            Entry::ProcessStarted {
+                step,
+                pgid,
+                started,
+            } => Write::Process {
+                step,
+                pgid,
+                started,
+            },
+            Entry::AttemptEnded {
+                step,
+                status,
+                error,
+            } => Write::Ended {
+                step,
+                status,
+                error,
+            },
+            Entry::Event(event) => Write::Event(super::convert::event_text(&event)),
+            Entry::StepFinished { step, result }
+                if result.text.len() <= ENCODED_WHERE_RECORDED
+                    && result.steps.is_empty()
+                    && result.plan.is_none() =>
+            {
+                let text = record::encode(&record::StepResult::from(&*result));
+                if text.len() > INLINE_OUTPUT_BYTES {
+                    return Write::Other(Box::new(Entry::StepFinished { step, result }));
+                }
+                Write::Result {
+                    step,
+                    status: result.status.as_str(),
+                    text,
+                }
+            }
+            entry => Write::Other(Box::new(entry)),
+        }
     }
+}
+
+/// What the run recorded and its writer has not taken yet. Recording only pushes under a lock: the writer
+/// is woken when something waits for it (a flush), when a batch is full, when the first record of a
+/// batch arrives (so that it commits within `WINDOW`), and when the journal closes, never once per record.
+#[derive(Debug, Default)]
+struct Queue {
+    pending: Mutex<Pending>,
+    wake: Condvar,
+}
+
+#[derive(Default)]
+struct Pending {
+    messages: std::collections::VecDeque<Message>,
+    /// When the oldest of `messages` arrived.
+    since: Option<Instant>,
+    /// A flush is among `messages`.
+    flush: bool,
+    /// Nothing more will be recorded.
+    closed: bool,
+    /// The writer is waiting on `Queue::wake`.
+    asleep: bool,
+}
+
+impl fmt::Debug for Pending {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Pending")
+            .field("messages", &self.messages.len())
+            .field("closed", &self.closed)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Queue {
+    /// Adds a message; false once the journal is closed (or its writer gone).
+    fn push(&self, message: Message) -> bool {
+        let Ok(mut pending) = self.pending.lock() else {
+            return false;
+        };
+        if pending.closed {
+            return false;
+        }
+        let first = pending.since.is_none();
+        if first {
+            pending.since = Some(Instant::now());
+        }
+        let flush = matches!(message, Message::Flush(_));
+        pending.flush |= flush;
+        pending.messages.push_back(message);
+        if pending.asleep && (first || flush || pending.messages.len() == BATCH) {
+            pending.asleep = false;
+            self.wake.notify_one();
+        }
+        true
+    }
+
+    fn close(&self) {
+        if let Ok(mut pending) = self.pending.lock() {
+            pending.closed = true;
+            self.wake.notify_one();
+        }
+    }
+}
+
+/// What the writer's wait for the queue gave.
+enum Taken {
+    /// Messages to commit now (at most `BATCH` per transaction), and whether the lease is due.
+    Batch(Vec<Message>, bool),
+    /// The lease is due and nothing is pending: the run is idle.
+    Heartbeat,
+    /// The journal closed and everything was taken.
+    Closed,
 }
 
 impl Drop for SqliteJournal {
@@ -774,14 +920,12 @@ impl Drop for SqliteJournal {
 
 impl Journal for SqliteJournal {
     fn record(&self, entry: Entry) {
-        self.send(Message::Entry(entry));
+        self.queue.push(Message::Entry(Write::of(entry)));
     }
 
     /// Stops the writer after it has applied everything sent so far, and releases the run's lease.
     fn close(&self) {
-        if let Ok(mut sender) = self.sender.lock() {
-            sender.take();
-        }
+        self.queue.close();
         if let Some(thread) = self.thread.lock().ok().and_then(|mut t| t.take()) {
             let _ = thread.join();
         }
@@ -789,11 +933,74 @@ impl Journal for SqliteJournal {
 
     fn flush(&self) -> Ack {
         let (done, wait) = oneshot::channel();
-        if self.send(Message::Flush(done)) {
+        if self.queue.push(Message::Flush(done)) {
             Ack::pending(wait)
         } else {
             Ack::failed(StoreError::new("the run store stopped"))
         }
+    }
+}
+
+/// Waits until the queue has something to commit (a flush, a full batch, a batch whose window has
+/// passed, the journal closing) or the lease is due, and takes it.
+fn take(queue: &Queue, last_heartbeat: &mut Instant) -> Taken {
+    let mut pending = queue
+        .pending
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    loop {
+        let heartbeat = last_heartbeat.elapsed() >= HEARTBEAT;
+        let due = pending.flush
+            || pending.closed
+            || pending.messages.len() >= BATCH
+            || pending.since.is_some_and(|since| since.elapsed() >= WINDOW);
+        if due && !pending.messages.is_empty() {
+            // At most `BATCH` go now; the rest stay, due at once.
+            let taken = pending.messages.len().min(BATCH);
+            let batch: Vec<Message> = pending.messages.drain(..taken).collect();
+            if pending.messages.is_empty() {
+                pending.since = None;
+                pending.flush = false;
+            }
+            if heartbeat {
+                *last_heartbeat = Instant::now();
+            }
+            return Taken::Batch(batch, heartbeat);
+        }
+        if pending.closed {
+            return Taken::Closed;
+        }
+        if heartbeat {
+            *last_heartbeat = Instant::now();
+            return Taken::Heartbeat;
+        }
+        let until_heartbeat = HEARTBEAT.saturating_sub(last_heartbeat.elapsed());
+        let wait = pending.since.map_or(until_heartbeat, |since| {
+            WINDOW.saturating_sub(since.elapsed()).min(until_heartbeat)
+        });
+        pending.asleep = true;
+        pending = queue
+            .wake
+            .wait_timeout(pending, wait)
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .0;
+        pending.asleep = false;
+    }
+}
+
+/// Closes the queue when the writer thread ends, however it ends: what is still queued is dropped, so
+/// that a flush waiting for it fails instead of waiting forever.
+struct Closing<'a>(&'a Queue);
+
+impl Drop for Closing<'_> {
+    fn drop(&mut self) {
+        let mut pending = self
+            .0
+            .pending
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        pending.closed = true;
+        pending.messages.clear();
     }
 }
 
@@ -822,7 +1029,7 @@ struct Writer {
 const CHECKPOINT_FRAMES: u32 = 128;
 
 /// Most messages applied in one transaction.
-const BATCH: usize = 8192;
+const BATCH: usize = 4096;
 /// Longest a record that nothing waits for stays uncommitted.
 const WINDOW: Duration = Duration::from_millis(200);
 
@@ -830,54 +1037,18 @@ impl Writer {
     /// Collects messages and commits them together: at once when something waits for them (a flush), and
     /// otherwise when `BATCH` have gathered or the oldest has waited `WINDOW`, so that a run of steps that
     /// are safe to repeat costs a commit per batch, not per step.
-    fn run(mut self, receiver: &mpsc::Receiver<Message>) {
+    fn run(mut self, queue: &Queue) {
+        // However this thread ends, whoever waits for a flush learns that the store stopped.
+        let _closing = Closing(queue);
         let mut last_heartbeat = Instant::now();
-        let mut pending: Vec<Message> = Vec::new();
-        let mut oldest = Instant::now();
-        let mut open = true;
-        while open || !pending.is_empty() {
-            let wait = if pending.is_empty() {
-                HEARTBEAT
-            } else {
-                WINDOW.saturating_sub(oldest.elapsed())
-            };
-            let mut flush = false;
-            if open {
-                match receiver.recv_timeout(wait) {
-                    Ok(message) => {
-                        if pending.is_empty() {
-                            oldest = Instant::now();
-                        }
-                        flush |= matches!(message, Message::Flush(_));
-                        pending.push(message);
-                        while pending.len() < BATCH {
-                            match receiver.try_recv() {
-                                Ok(message) => {
-                                    flush |= matches!(message, Message::Flush(_));
-                                    pending.push(message);
-                                }
-                                Err(_) => break,
-                            }
-                        }
-                    }
-                    Err(RecvTimeoutError::Timeout) => {
-                        if pending.is_empty() {
-                            self.checkpoint_when_due();
-                        }
-                    }
-                    Err(RecvTimeoutError::Disconnected) => open = false,
+        loop {
+            match take(queue, &mut last_heartbeat) {
+                Taken::Batch(batch, heartbeat) => self.apply(batch, heartbeat),
+                Taken::Heartbeat => {
+                    self.apply(Vec::new(), true);
+                    self.checkpoint_when_due();
                 }
-            }
-            let heartbeat = last_heartbeat.elapsed() >= HEARTBEAT;
-            let due = flush
-                || !open
-                || pending.len() >= BATCH
-                || (!pending.is_empty() && oldest.elapsed() >= WINDOW);
-            if due || heartbeat {
-                if heartbeat {
-                    last_heartbeat = Instant::now();
-                }
-                self.apply(std::mem::take(&mut pending), heartbeat);
+                Taken::Closed => break,
             }
         }
         // Everything sent has been applied: give the run up, if its end did not.
@@ -951,7 +1122,7 @@ impl Writer {
 
     /// Applies entries in one transaction; returns whether a cancel was requested, or `None` when the run
     /// no longer carries this process's token.
-    fn write(&mut self, entries: &[Entry], heartbeat: bool) -> rusqlite::Result<Option<bool>> {
+    fn write(&mut self, entries: &[Write], heartbeat: bool) -> rusqlite::Result<Option<bool>> {
         let now = now_ms() as i64;
         let tx = self
             .conn
@@ -964,19 +1135,57 @@ impl Writer {
         if owner.as_deref() != Some(self.token.as_str()) {
             return Ok(None);
         }
-        for entry in entries {
-            match entry {
-                Entry::AttemptStarted { step, fallback } => {
+        let merged = merge_attempts(entries);
+        let mut insert_attempt = None;
+        let mut insert_event = None;
+        let mut insert_result = None;
+        for (index, write) in entries.iter().enumerate() {
+            let entry = match write {
+                Write::Other(entry) => &**entry,
+                Write::Started { step, fallback } => {
                     let attempt = self.last_attempt.entry(step.clone()).or_insert(0);
                     *attempt += 1;
-                    self.open.insert(step.clone(), *attempt);
-                    tx.prepare_cached(
-                        "INSERT INTO attempts (run_id, step, attempt, generation, fallback, status, started_at)
-                         VALUES (?1, ?2, ?3, ?4, ?5, 'running', ?6)",
+                    let (process, end) = merged.attempt(index);
+                    let (pgid, started) = match process.map(|i| &entries[i]) {
+                        Some(Write::Process { pgid, started, .. }) => {
+                            (Some(*pgid), started.map(|s| s as i64))
+                        }
+                        _ => (None, None),
+                    };
+                    let (status, error, ended) = match end.map(|i| &entries[i]) {
+                        Some(Write::Ended { status, error, .. }) => {
+                            (status.as_str(), error.as_deref(), Some(now))
+                        }
+                        _ => {
+                            self.open.insert(step.clone(), *attempt);
+                            ("running", None, None)
+                        }
+                    };
+                    statement(
+                        &tx,
+                        &mut insert_attempt,
+                        "INSERT INTO attempts (run_id, step, attempt, generation, fallback, status, error,
+                            started_at, ended_at, pgid, pgid_started)
+                         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
                     )?
-                    .execute(params![self.run, step, *attempt, self.generation, fallback, now])?;
+                    .execute(params![
+                        self.run,
+                        step,
+                        *attempt,
+                        self.generation,
+                        fallback,
+                        status,
+                        error,
+                        now,
+                        ended,
+                        pgid,
+                        started
+                    ])?;
+                    continue;
                 }
-                Entry::ProcessStarted {
+                // Written with their attempt, which started in this batch.
+                Write::Process { .. } | Write::Ended { .. } if merged.folded(index) => continue,
+                Write::Process {
                     step,
                     pgid,
                     started,
@@ -994,8 +1203,9 @@ impl Writer {
                             started.map(|s| s as i64)
                         ])?;
                     }
+                    continue;
                 }
-                Entry::AttemptEnded {
+                Write::Ended {
                     step,
                     status,
                     error,
@@ -1014,7 +1224,44 @@ impl Writer {
                             now
                         ])?;
                     }
+                    continue;
                 }
+                Write::Event(text) => {
+                    self.seq += 1;
+                    statement(
+                        &tx,
+                        &mut insert_event,
+                        "INSERT INTO events (run_id, seq, at, event, format) VALUES (?1, ?2, ?3, ?4, ?5)",
+                    )?
+                    .execute(params![self.run, self.seq, now, text, FORMAT_VERSION])?;
+                    continue;
+                }
+                Write::Result { step, status, text } => {
+                    statement(
+                        &tx,
+                        &mut insert_result,
+                        "INSERT OR REPLACE INTO results (run_id, step, generation, status, result, output_blob,
+                            finished_at, format)
+                         VALUES (?1, ?2, ?3, ?4, ?5, NULL, ?6, ?7)",
+                    )?
+                    .execute(params![
+                        self.run,
+                        step,
+                        self.generation,
+                        status,
+                        text,
+                        now,
+                        FORMAT_VERSION
+                    ])?;
+                    continue;
+                }
+            };
+            match entry {
+                // Never here: `Write::of` gives each of these a variant of its own.
+                Entry::AttemptStarted { .. }
+                | Entry::ProcessStarted { .. }
+                | Entry::AttemptEnded { .. }
+                | Entry::Event(_) => {}
                 Entry::StepFinished { step, result } => {
                     let output = json_text(&result.output);
                     let (text, blob) = if output.len() > INLINE_OUTPUT_BYTES {
@@ -1030,6 +1277,8 @@ impl Writer {
                     } else {
                         (record::encode(&record::StepResult::from(&**result)), None)
                     };
+                    // Rare (large outputs, composite and planned steps): not kept in a slot, whose
+                    // statement is the one for results encoded where they were recorded.
                     tx.prepare_cached(
                         "INSERT OR REPLACE INTO results (run_id, step, generation, status, result, output_blob,
                             finished_at, format)
@@ -1091,14 +1340,6 @@ impl Writer {
                         FORMAT_VERSION
                     ])?;
                 }
-                Entry::Event(event) => {
-                    self.seq += 1;
-                    let text = record::encode(&record::Event::from(event));
-                    tx.prepare_cached(
-                        "INSERT INTO events (run_id, seq, at, event, format) VALUES (?1, ?2, ?3, ?4, ?5)",
-                    )?
-                    .execute(params![self.run, self.seq, now, text, FORMAT_VERSION])?;
-                }
                 Entry::RunEnded {
                     status,
                     outputs,
@@ -1134,6 +1375,7 @@ impl Writer {
                 }
             }
         }
+        drop((insert_attempt, insert_event, insert_result));
         let mut cancel_requested = false;
         if heartbeat {
             tx.execute(
@@ -1149,6 +1391,69 @@ impl Writer {
         tx.commit()?;
         Ok(Some(cancel_requested))
     }
+}
+
+/// A statement of the transaction, prepared on its first use and kept for the rest of the batch.
+fn statement<'a, 'b>(
+    tx: &'a rusqlite::Transaction<'_>,
+    slot: &'b mut Option<rusqlite::CachedStatement<'a>>,
+    sql: &str,
+) -> rusqlite::Result<&'b mut rusqlite::CachedStatement<'a>> {
+    if slot.is_none() {
+        *slot = Some(tx.prepare_cached(sql)?);
+    }
+    Ok(slot.as_mut().expect("just prepared"))
+}
+
+/// Which records of a batch are written with the attempt they belong to: an attempt that starts and
+/// ends (or starts its command) in the same batch is written once, whole, instead of inserted and
+/// updated, in the order the attempts started.
+struct Merged {
+    /// For each entry that starts an attempt: the entry that started its command, and the one that
+    /// ended it, in this batch.
+    attempts: HashMap<usize, (Option<usize>, Option<usize>)>,
+    /// Entries written with their attempt.
+    folded: std::collections::HashSet<usize>,
+}
+
+impl Merged {
+    fn attempt(&self, index: usize) -> (Option<usize>, Option<usize>) {
+        self.attempts.get(&index).copied().unwrap_or((None, None))
+    }
+
+    fn folded(&self, index: usize) -> bool {
+        self.folded.contains(&index)
+    }
+}
+
+fn merge_attempts(entries: &[Write]) -> Merged {
+    let mut merged = Merged {
+        attempts: HashMap::new(),
+        folded: std::collections::HashSet::new(),
+    };
+    // The attempt of each step started in this batch and not ended yet.
+    let mut started: HashMap<&str, usize> = HashMap::new();
+    for (index, write) in entries.iter().enumerate() {
+        match write {
+            Write::Started { step, .. } => {
+                started.insert(step, index);
+            }
+            Write::Process { step, .. } => {
+                if let Some(&start) = started.get(step.as_str()) {
+                    merged.attempts.entry(start).or_default().0 = Some(index);
+                    merged.folded.insert(index);
+                }
+            }
+            Write::Ended { step, .. } => {
+                if let Some(start) = started.remove(step.as_str()) {
+                    merged.attempts.entry(start).or_default().1 = Some(index);
+                    merged.folded.insert(index);
+                }
+            }
+            _ => {}
+        }
+    }
+    merged
 }
 
 fn connect(path: &Path) -> Result<Connection, StoreError> {
@@ -1755,6 +2060,165 @@ mod tests {
             Some("its first frame does not match its checksum")
         );
         assert_eq!(wal_damage(&head[..20]), Some("its header is cut short"));
+    }
+
+    /// A store in a fresh folder with one run this process owns, and that run's journal.
+    fn journaled() -> (tempfile::TempDir, SqliteStore, Arc<dyn Journal>) {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = SqliteStore::open(dir.path()).expect("opens");
+        store
+            .create_run(&NewRun {
+                id: "r1".into(),
+                workflow: "w".into(),
+                spec_path: "/w.yaml".into(),
+                files: vec![("/w.yaml".into(), "name: w".into())],
+                inputs: Map::new(),
+                workdir: "/".into(),
+                max_parallel: 4,
+            })
+            .expect("created");
+        let journal = store
+            .journal("r1", CancellationToken::new())
+            .expect("journal");
+        (dir, store, journal)
+    }
+
+    fn started(step: &str) -> Entry {
+        Entry::AttemptStarted {
+            step: step.into(),
+            fallback: false,
+        }
+    }
+
+    fn ended(step: &str, status: crate::report::StepStatus) -> Entry {
+        Entry::AttemptEnded {
+            step: step.into(),
+            status,
+            error: None,
+        }
+    }
+
+    fn attempts(store: &SqliteStore) -> Vec<(String, u32, String, Option<u32>, bool)> {
+        store
+            .load("r1")
+            .expect("loads")
+            .attempts
+            .into_iter()
+            .map(|a| {
+                let ended = a.ended_at.is_some();
+                (a.step, a.attempt, a.status, a.pgid, ended)
+            })
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn attempts_written_whole_or_in_two_batches_read_the_same_in_the_order_they_started() {
+        use crate::report::StepStatus::{Failed, Succeeded};
+        let (_dir, store, journal) = journaled();
+        // One batch: `a` and `b` start, `b` starts a command and ends, `a` ends; `c` starts and stays open.
+        journal.record(started("a"));
+        journal.record(started("b"));
+        journal.record(Entry::ProcessStarted {
+            step: "b".into(),
+            pgid: 77,
+            started: Some(5),
+        });
+        journal.record(ended("b", Failed));
+        journal.record(ended("a", Succeeded));
+        journal.record(started("c"));
+        journal.flush().wait().await.expect("durable");
+        let c_open = attempts(&store);
+        assert_eq!(
+            c_open,
+            vec![
+                ("a".into(), 1, "succeeded".into(), None, true),
+                ("b".into(), 1, "failed".into(), Some(77), true),
+                ("c".into(), 1, "running".into(), None, false),
+            ]
+        );
+        // The next batch: `c` starts its command and ends; `b` is tried again, whole in this batch.
+        journal.record(Entry::ProcessStarted {
+            step: "c".into(),
+            pgid: 88,
+            started: None,
+        });
+        journal.record(ended("c", Succeeded));
+        journal.record(started("b"));
+        journal.record(ended("b", Succeeded));
+        journal.flush().wait().await.expect("durable");
+        assert_eq!(
+            attempts(&store),
+            vec![
+                ("a".into(), 1, "succeeded".into(), None, true),
+                ("b".into(), 1, "failed".into(), Some(77), true),
+                ("c".into(), 1, "succeeded".into(), Some(88), true),
+                ("b".into(), 2, "succeeded".into(), None, true),
+            ]
+        );
+        journal.close();
+    }
+
+    #[tokio::test]
+    async fn results_small_and_large_in_one_batch_are_both_kept() {
+        use crate::report::{StepResult, StepStatus};
+        let (_dir, store, journal) = journaled();
+        let result = |output: Json| {
+            let mut result = StepResult::ended(StepStatus::Succeeded, None);
+            result.text = output.to_string();
+            result.output = output;
+            result
+        };
+        // Encoded where recorded; then one too large for that, whose output goes to a blob.
+        let small = result(serde_json::json!({ "v": 1 }));
+        let large = result(Json::String("x".repeat(INLINE_OUTPUT_BYTES + 1)));
+        for (step, result) in [("small", &small), ("large", &large), ("again", &small)] {
+            journal.record(Entry::StepFinished {
+                step: step.into(),
+                result: Box::new(result.clone()),
+            });
+        }
+        journal.flush().wait().await.expect("durable");
+        let results = store.load("r1").expect("loads").results;
+        assert_eq!(
+            results.keys().collect::<Vec<_>>(),
+            ["small", "large", "again"]
+        );
+        assert_eq!(results["small"], small);
+        assert_eq!(results["large"], large);
+        assert_eq!(results["again"], small);
+        journal.close();
+    }
+
+    #[tokio::test]
+    async fn a_record_nothing_waits_for_is_committed_within_the_window() {
+        let (_dir, store, journal) = journaled();
+        journal.record(Entry::Event(crate::report::RunEvent::StepStarted {
+            step: "a".into(),
+        }));
+        // No flush: the writer commits the record once it has waited `WINDOW`.
+        let deadline = Instant::now() + WINDOW * 20;
+        while store.events("r1").expect("events").is_empty() {
+            assert!(
+                Instant::now() < deadline,
+                "not committed within {:?}",
+                WINDOW * 20
+            );
+            tokio::time::sleep(WINDOW / 4).await;
+        }
+        assert_eq!(
+            store.events("r1").expect("events")[0]["event"],
+            "step_started"
+        );
+        journal.close();
+    }
+
+    #[tokio::test]
+    async fn a_flush_after_the_journal_closed_fails_instead_of_waiting() {
+        let (_dir, _store, journal) = journaled();
+        journal.close();
+        journal.record(started("a"));
+        let error = journal.flush().wait().await.expect_err("closed");
+        assert_eq!(error.message, "the run store stopped");
     }
 
     #[test]
