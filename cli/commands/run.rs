@@ -236,13 +236,36 @@ pub fn execute(
             }
             watcher.cancel();
         });
+        // Events that arrived together are written together: one write to standard error (and to the
+        // events file) for all of them, rather than one per line, which cost a wide run of 10,000 steps
+        // 20,000 system calls; an event that arrives alone is written at once.
         let printer = tokio::spawn(async move {
+            let (mut text, mut saved) = (String::new(), Vec::new());
             while let Some(event) = receiver.recv().await {
-                if let Some(file) = events_file.as_mut() {
-                    let _ =
-                        serde_json::to_writer(&mut *file, &event).map(|()| file.write_all(b"\n"));
+                let mut next = Some(event);
+                let mut taken = 0;
+                while let Some(event) = next {
+                    if events_file.is_some() {
+                        let _ = serde_json::to_writer(&mut saved, &event);
+                        saved.push(b'\n');
+                    }
+                    display.show(&event, &mut text);
+                    taken += 1;
+                    next = if taken < PRINTED_TOGETHER {
+                        receiver.try_recv().ok()
+                    } else {
+                        None
+                    };
                 }
-                display.show(&event);
+                display.redraw(&mut text);
+                if let Some(file) = events_file.as_mut() {
+                    let _ = file.write_all(&saved);
+                }
+                if !text.is_empty() {
+                    output::stderr(&text);
+                }
+                text.clear();
+                saved.clear();
             }
             display
         });
@@ -292,6 +315,9 @@ pub fn execute(
     Ok(status)
 }
 
+/// Most events written to standard error in one write.
+const PRINTED_TOGETHER: usize = 1024;
+
 /// How progress is shown on standard error.
 enum Display {
     /// `--json`: nothing but the report.
@@ -308,15 +334,19 @@ struct Live {
     succeeded: usize,
     failed: usize,
     skipped: usize,
+    /// Something changed since the status line was last drawn.
+    changed: bool,
 }
 
 impl Display {
-    fn show(&mut self, event: &RunEvent) {
+    /// Adds what `event` shows to `out`; the live status line is drawn by [`Display::redraw`].
+    fn show(&mut self, event: &RunEvent, out: &mut String) {
         match self {
             Display::Quiet => {}
-            Display::Lines => output::stderr(&event_line(event)),
+            Display::Lines => out.push_str(&event_line(event)),
             Display::Live(live) => {
-                let mut text = String::from("\r\x1b[2K");
+                live.changed = true;
+                let mut text = String::new();
                 match event {
                     RunEvent::StepStarted { step } => live.running.push(step.clone()),
                     RunEvent::StepFinished { step, status, .. } => {
@@ -353,6 +383,24 @@ impl Display {
                     },
                     RunEvent::StepRetried { .. } => text.push_str(&event_line(event)),
                 }
+                if !text.is_empty() {
+                    // Printed above the status line, which is cleared first.
+                    out.push_str("\r\x1b[2K");
+                    out.push_str(&text);
+                }
+            }
+        }
+    }
+
+    /// Draws the live status line again after the events added to `out`.
+    fn redraw(&mut self, out: &mut String) {
+        match self {
+            Display::Quiet | Display::Lines => {}
+            Display::Live(live) => {
+                if !std::mem::take(&mut live.changed) {
+                    return;
+                }
+                out.push_str("\r\x1b[2K");
                 let mut status = format!(
                     "running {} | done {} | failed {} | skipped {}",
                     live.running.len(),
@@ -376,8 +424,7 @@ impl Display {
                     );
                 }
                 let width = terminal_width();
-                text.extend(status.chars().take(width.saturating_sub(1)));
-                output::stderr(&text);
+                out.extend(status.chars().take(width.saturating_sub(1)));
             }
         }
     }
