@@ -109,7 +109,7 @@ pub fn freeze_plans(
         }
         let goal = step
             .plan
-            .as_ref()
+            .as_deref()
             .or(step.description.as_ref())
             .map_or_else(String::new, |g| g.value.clone());
         let mut tool = Map::new();

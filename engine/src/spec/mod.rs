@@ -72,6 +72,7 @@ pub struct Spec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub memory: Option<MemoryConfig>,
     /// The task graph.
+    #[serde(deserialize_with = "exact_list")]
     pub steps: Vec<Step>,
     /// Interception rules.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -117,43 +118,44 @@ macro_rules! with_step_body {
             pub goal: Option<Template>,
             /// A goal for the LLM planner, which writes sub-steps in this same format.
             #[serde(default, skip_serializing_if = "Option::is_none")]
-            pub plan: Option<Template>,
+            pub plan: Option<Box<Template>>,
             /// A sub-workflow file, relative to this spec.
             #[serde(default, skip_serializing_if = "Option::is_none")]
-            pub workflow: Option<Spanned<String>>,
+            pub workflow: Option<Box<Spanned<String>>>,
             /// Arguments for `tool` or inputs for `workflow` (strings inside are templates).
             #[serde(rename = "with", default, skip_serializing_if = "Option::is_none")]
             #[schemars(schema_with = "args_schema")]
             pub args: Option<Node>,
             /// Extra context for an LLM step (template or structured value).
             #[serde(default, skip_serializing_if = "Option::is_none")]
-            pub context: Option<Node>,
+            pub context: Option<Box<Node>>,
             /// What the final answer should look like (goes into the prompt).
             #[serde(default, skip_serializing_if = "Option::is_none")]
-            pub expected_output: Option<Template>,
+            pub expected_output: Option<Box<Template>>,
             /// JSON Schema the step's output must match.
             #[serde(default, skip_serializing_if = "Option::is_none")]
             #[schemars(schema_with = "json_schema_schema")]
-            pub output_schema: Option<JsonSchemaValue>,
+            pub output_schema: Option<Box<JsonSchemaValue>>,
             /// Tools an LLM step may call (names or globs of built-in and declared tools).
             #[serde(default, skip_serializing_if = "Option::is_none")]
             pub tools: Option<Vec<Spanned<Pattern>>>,
             /// Most ReAct iterations for an LLM step (default 10).
             #[serde(default, skip_serializing_if = "Option::is_none")]
-            pub max_iterations: Option<Spanned<u32>>,
+            pub max_iterations: Option<Box<Spanned<u32>>>,
             /// A named agent from `agents` to run an LLM step as.
             #[serde(default, skip_serializing_if = "Option::is_none")]
-            pub agent: Option<Spanned<String>>,
+            pub agent: Option<Box<Spanned<String>>>,
             /// An LLM provider from `llm.providers` for this step.
             #[serde(default, skip_serializing_if = "Option::is_none")]
-            pub provider: Option<Spanned<String>>,
+            pub provider: Option<Box<Spanned<String>>>,
             /// Retry policy; `attempts` counts every attempt.
-            // Boxed: rarely written, and 144 bytes in every step and fallback otherwise.
+            // Boxed, as are the fields an LLM step alone uses and the rarer ones: a step of 10,000 keeps
+            // 8 bytes for each it does not write, instead of up to 144.
             #[serde(default, skip_serializing_if = "Option::is_none")]
             pub retry: Option<Box<Retry>>,
             /// Time limit for one attempt, such as `30s`.
             #[serde(default, skip_serializing_if = "Option::is_none")]
-            pub timeout: Option<Duration>,
+            pub timeout: Option<Box<Duration>>,
             /// `fail` (default) fails the run; `continue` lets dependents decide with `if`.
             #[serde(default, skip_serializing_if = "Option::is_none")]
             pub on_error: Option<Spanned<OnError>>,
@@ -166,18 +168,18 @@ macro_rules! with_step_body {
                     description: self.description.as_ref(),
                     tool: self.tool.as_ref(),
                     goal: self.goal.as_ref(),
-                    plan: self.plan.as_ref(),
-                    workflow: self.workflow.as_ref(),
+                    plan: self.plan.as_deref(),
+                    workflow: self.workflow.as_deref(),
                     args: self.args.as_ref(),
-                    context: self.context.as_ref(),
-                    expected_output: self.expected_output.as_ref(),
-                    output_schema: self.output_schema.as_ref(),
+                    context: self.context.as_deref(),
+                    expected_output: self.expected_output.as_deref(),
+                    output_schema: self.output_schema.as_deref(),
                     tools: self.tools.as_deref(),
-                    max_iterations: self.max_iterations.as_ref(),
-                    agent: self.agent.as_ref(),
-                    provider: self.provider.as_ref(),
+                    max_iterations: self.max_iterations.as_deref(),
+                    agent: self.agent.as_deref(),
+                    provider: self.provider.as_deref(),
                     retry: self.retry.as_deref(),
-                    timeout: self.timeout.as_ref(),
+                    timeout: self.timeout.as_deref(),
                     on_error: self.on_error.as_ref(),
                 }
             }
@@ -740,4 +742,53 @@ fn inputs_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
 
 fn args_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
     schemars::json_schema!({ "type": "object", "additionalProperties": true })
+}
+
+/// A list read into a vector of exactly its length. serde's own reserves at most 1 MiB and then doubles,
+/// which left the steps of a 10,000-step spec in room for 19,776 (8 MB unused for as long as the
+/// workflow lives). The length comes from the spec's own tree, whose size the parser bounds; it is capped
+/// all the same for any other deserializer.
+fn exact_list<'de, D, T>(deserializer: D) -> Result<Vec<T>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: Deserialize<'de>,
+{
+    struct Exact<T>(std::marker::PhantomData<T>);
+
+    impl<'de, T: Deserialize<'de>> serde::de::Visitor<'de> for Exact<T> {
+        type Value = Vec<T>;
+
+        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("a list")
+        }
+
+        fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Vec<T>, A::Error> {
+            let most = Limits::default().max_steps;
+            let mut items = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(most));
+            while let Some(item) = seq.next_element()? {
+                items.push(item);
+            }
+            Ok(items)
+        }
+    }
+
+    deserializer.deserialize_seq(Exact(std::marker::PhantomData))
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_steps_of_a_large_spec_take_the_room_they_need_and_no_more() {
+        let mut text = String::from("name: wide\nsteps:\n");
+        for i in 0..3000 {
+            text.push_str(&format!(
+                "  - {{ id: s{i}, tool: echo, with: {{ v: {i} }} }}\n"
+            ));
+        }
+        let validation = crate::validate::validate_source("wide.yaml", text);
+        let workflow = validation.workflow.expect("valid");
+        // serde's own list would have reserved at most 1 MiB of steps and then doubled.
+        assert_eq!(workflow.spec.steps.len(), 3000);
+        assert_eq!(workflow.spec.steps.capacity(), 3000);
+    }
 }

@@ -215,7 +215,7 @@ async fn attempt_all(
                 shared,
                 &label,
                 fallback.body(),
-                Some(step.timeout.as_ref()),
+                Some(step.timeout.as_deref()),
                 fallback.retry.as_deref(),
                 &ctx,
             )
