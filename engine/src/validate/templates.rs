@@ -70,6 +70,35 @@ pub fn is_template(text: &str) -> bool {
     text.contains("{{") || text.contains("{%") || text.contains("{#")
 }
 
+/// Names that mean something else than a variable at the start of an expression: literals and the
+/// words of operators.
+const NOT_VARIABLES: &[&str] = &[
+    "true", "True", "false", "False", "none", "None", "not", "and", "or", "in", "is", "if", "else",
+];
+
+/// The most common expression, `steps.fetch.output`: ASCII names joined by dots and nothing else (spaces
+/// around it aside). Its meaning needs no parser: it reads that variable path, as minijinja would
+/// (`undeclared_variables` names it whole, and evaluating it looks each name up in turn), so validation
+/// and rendering take it as it is instead of compiling it.
+pub fn simple_path(expression: &str) -> Option<&str> {
+    let path = expression.trim();
+    let mut names = path.split('.');
+    let first = names.next()?;
+    let name = |n: &str| {
+        n.bytes()
+            .next()
+            .is_some_and(|b| b.is_ascii_alphabetic() || b == b'_')
+            && n.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_')
+    };
+    (name(first) && !NOT_VARIABLES.contains(&first) && names.all(name)).then_some(path)
+}
+
+/// The expression of a template that is exactly `{{ expression }}` (no whitespace control).
+pub fn sole_path(template: &str) -> Option<&str> {
+    let inner = template.trim().strip_prefix("{{")?.strip_suffix("}}")?;
+    simple_path(inner)
+}
+
 impl Analyzer {
     /// Analyzes a template string written at `span` in `file`.
     pub fn template(
@@ -80,6 +109,9 @@ impl Analyzer {
     ) -> Result<Vec<Reference>, Diagnostic> {
         if !is_template(text) {
             return Ok(Vec::new());
+        }
+        if let Some(path) = sole_path(text) {
+            return Ok(self.references(file, span, text, [path.to_owned()].into()));
         }
         match self.env.template_from_str(text) {
             Ok(template) => {
@@ -119,6 +151,9 @@ impl Analyzer {
                 "write `{}`",
                 text.replace("{{", "").replace("}}", "").trim()
             )));
+        }
+        if let Some(path) = simple_path(text) {
+            return Ok(self.references(file, span, text, [path.to_owned()].into()));
         }
         match self.env.compile_expression(text) {
             Ok(expr) => Ok(self.references(file, span, text, expr.undeclared_variables(true))),
@@ -266,4 +301,79 @@ fn locate_by_lines(raw: &str, value: &str, offset: usize) -> Option<usize> {
         line_start = line_end + 1;
     }
     None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What minijinja itself says a template or expression reads.
+    fn parsed(text: &str, expression: bool) -> Option<Vec<String>> {
+        let env = Analyzer::default().env;
+        let mut names: Vec<String> = if expression {
+            env.compile_expression(text)
+                .ok()?
+                .undeclared_variables(true)
+        } else {
+            env.template_from_str(text).ok()?.undeclared_variables(true)
+        }
+        .into_iter()
+        .collect();
+        names.sort();
+        Some(names)
+    }
+
+    #[test]
+    fn a_simple_path_reads_what_minijinja_says_it_reads() {
+        let expressions = [
+            "steps.fetch.output",
+            " steps.s0.output.v ",
+            "inputs.who",
+            "x",
+            "_a1._b2",
+            "steps.a.output.if",
+            "loop.index",
+            "range",
+        ];
+        for text in expressions {
+            let path = simple_path(text).expect(text);
+            assert_eq!(parsed(text, true), Some(vec![path.to_owned()]), "{text}");
+            let template = format!("{{{{{text}}}}}");
+            assert_eq!(sole_path(&template), Some(path), "{template}");
+            assert_eq!(
+                parsed(&template, false),
+                Some(vec![path.to_owned()]),
+                "{template}"
+            );
+        }
+        // Not simple paths: minijinja decides what they read, or that they are wrong.
+        for text in [
+            "true",
+            "None",
+            "not",
+            "not x",
+            "none.x",
+            "a.",
+            ".a",
+            "a..b",
+            "a.0",
+            "a[0]",
+            "a | upper",
+            "a.b()",
+            "é.a",
+            "a b",
+            "1a",
+            "",
+        ] {
+            assert_eq!(simple_path(text), None, "{text}");
+        }
+        for template in [
+            "{{- a -}}",
+            "{{ a }} {{ b }}",
+            "x {{ a }}",
+            "{% if a %}{{ a }}{% endif %}",
+        ] {
+            assert_eq!(sole_path(template), None, "{template}");
+        }
+    }
 }

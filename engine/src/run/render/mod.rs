@@ -15,7 +15,7 @@ use serde_json::{Map, Value as Json};
 use crate::process;
 use crate::report::StepResult;
 use crate::spec::{Node, NodeKind, Spanned};
-use crate::validate::templates::is_template;
+use crate::validate::templates::{is_template, simple_path};
 
 pub mod helper;
 pub mod limits;
@@ -196,6 +196,9 @@ impl Renderer {
 
     /// Compiles and evaluates an expression; an undefined result is an error, as in templates.
     fn evaluate(&self, what: &str, text: &str, ctx: &Value) -> Result<Value, RenderError> {
+        if let Some(value) = simple_path(text).and_then(|path| look_up(ctx, path)) {
+            return Ok(value);
+        }
         let expr = self
             .env
             .compile_expression(text)
@@ -280,6 +283,20 @@ fn undefined(text: &str) -> RenderError {
 }
 
 /// The expression inside a template that is exactly `{{ expression }}` (surrounding spaces allowed).
+/// The value a variable path (`validate::templates::simple_path`) reads, looked up name by name as
+/// minijinja's own lookup does; `None` for anything it would not find (an undefined name, a global function,
+/// a value that is not an object), which the full evaluation then reports or resolves.
+fn look_up(ctx: &Value, path: &str) -> Option<Value> {
+    let mut value = ctx.clone();
+    for name in path.split('.') {
+        value = value.get_attr(name).ok()?;
+        if value.is_undefined() || value.kind() == minijinja::value::ValueKind::Invalid {
+            return None;
+        }
+    }
+    Some(value)
+}
+
 fn sole_expression(text: &str) -> Option<&str> {
     let inner = text.trim().strip_prefix("{{")?.strip_suffix("}}")?;
     let inner = inner.strip_prefix('-').unwrap_or(inner);
@@ -390,4 +407,72 @@ impl Object for StepView {
 /// Plain data as a template value.
 pub fn json_value(json: &Json) -> Value {
     serde::Deserialize::deserialize(json).unwrap_or_default()
+}
+
+#[cfg(test)]
+mod path_tests {
+    use super::*;
+    use crate::report::StepStatus;
+
+    #[test]
+    fn a_path_looked_up_gives_what_minijinja_evaluates() {
+        let mut result = StepResult::ended(StepStatus::Succeeded, None);
+        result.output =
+            serde_json::json!({ "v": 3, "list": [1, 2], "nested": { "if": "kw", "none": null } });
+        result.text = result.output.to_string();
+        let mut views = std::collections::BTreeMap::new();
+        views.insert("a", StepView::new(result).value());
+        let mut root = std::collections::BTreeMap::new();
+        root.insert(
+            "inputs",
+            json_value(&serde_json::json!({ "who": "archon", "n": 2.5 })),
+        );
+        root.insert("steps", Value::from(views));
+        let root = Value::from(root);
+        let renderer = Renderer::default();
+        let compiled = |text: &str| {
+            renderer
+                .env
+                .compile_expression(text)
+                .and_then(|e| e.eval(&root))
+                .ok()
+                .filter(|v| !v.is_undefined())
+        };
+        for path in [
+            "inputs",
+            "inputs.who",
+            "inputs.n",
+            "steps.a",
+            "steps.a.output",
+            "steps.a.output.v",
+            "steps.a.output.list",
+            "steps.a.output.nested.if",
+            "steps.a.output.nested.none",
+            "steps.a.status",
+            "steps.a.text",
+            "steps.a.attempts",
+        ] {
+            let looked = look_up(&root, path).expect(path);
+            assert_eq!(Some(looked.clone()), compiled(path), "{path}");
+            assert_eq!(
+                serde_json::to_value(&looked).ok(),
+                serde_json::to_value(compiled(path).expect(path)).ok(),
+                "{path}"
+            );
+        }
+        // Not found here: the full evaluation reports it (or finds a global).
+        for path in [
+            "nothing",
+            "inputs.nothing",
+            "steps.a.output.v.deeper",
+            "steps.b",
+            "range",
+        ] {
+            assert_eq!(look_up(&root, path), None, "{path}");
+        }
+        assert!(
+            compiled("range").is_some(),
+            "a global the lookup leaves to minijinja"
+        );
+    }
 }
