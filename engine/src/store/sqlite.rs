@@ -887,7 +887,7 @@ impl Queue {
         let flush = matches!(message, Message::Flush(_));
         pending.flush |= flush;
         pending.messages.push_back(message);
-        if pending.asleep && (first || flush || pending.messages.len() == BATCH) {
+        if pending.asleep && (first || flush || pending.messages.len() == GATHERED) {
             pending.asleep = false;
             self.wake.notify_one();
         }
@@ -952,7 +952,7 @@ fn take(queue: &Queue, last_heartbeat: &mut Instant) -> Taken {
         let heartbeat = last_heartbeat.elapsed() >= HEARTBEAT;
         let due = pending.flush
             || pending.closed
-            || pending.messages.len() >= BATCH
+            || pending.messages.len() >= GATHERED
             || pending.since.is_some_and(|since| since.elapsed() >= WINDOW);
         if due && !pending.messages.is_empty() {
             // At most `BATCH` go now; the rest stay, due at once.
@@ -1030,6 +1030,8 @@ const CHECKPOINT_FRAMES: u32 = 128;
 
 /// Most messages applied in one transaction.
 const BATCH: usize = 4096;
+/// Messages that make a batch due without waiting for `WINDOW`.
+const GATHERED: usize = 256;
 /// Longest a record that nothing waits for stays uncommitted.
 const WINDOW: Duration = Duration::from_millis(200);
 
