@@ -349,6 +349,34 @@ fn harness() {
             .collect(),
     );
 
+    // 100 MB of step output: a `foreach` step of 100 commands printing 1 MB each. Its items' results and
+    // the step's own (100 MB of output and 100 MB of text) are kept in the store as blobs; the figures are
+    // the peak memory of the run, of `show` (a summary) and of `show --json` (everything), next to the
+    // output's size.
+    std::fs::write(
+        dir.path().join("outputs.yaml"),
+        "name: outputs\nsteps:\n  - id: many\n    foreach: \"range(100)\"\n    tool: exec\n    with:\n      argv: [sh, -c, \"head -c 1000000 /dev/zero | tr '\\\\0' x\"]\n",
+    )
+    .unwrap();
+    let outputs = tempfile::TempDir::new().unwrap();
+    let spec = dir.path().join("outputs.yaml");
+    let (_, run_rss) = measure(&archon, &["run", spec.to_str().unwrap()], outputs.path());
+    let listed = Command::new(&archon)
+        .args(["runs", "--json"])
+        .current_dir(outputs.path())
+        .output()
+        .unwrap();
+    let runs: serde_json::Value = serde_json::from_slice(&listed.stdout).unwrap();
+    let id = runs[0]["id"].as_str().unwrap().to_owned();
+    let (_, show_rss) = measure(&archon, &["show", &id], outputs.path());
+    let (_, json_rss) = measure(&archon, &["show", &id, "--json"], outputs.path());
+    println!(
+        "100 MB of step output (100 items of 1 MB): peak RSS of run {} MB, show {} MB, show --json {} MB",
+        run_rss / 1024,
+        show_rss / 1024,
+        json_rss / 1024
+    );
+
     for (shape, steps) in [("wide", 10_002.0), ("chain", 100.0)] {
         let spec = format!("{shape}.yaml");
         let state = dir.path().join(format!("handcoded-{shape}"));

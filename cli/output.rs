@@ -11,6 +11,15 @@ pub fn stdout(text: &str) {
     let _ = out.write_all(text.as_bytes()).and_then(|()| out.flush());
 }
 
+/// Writes a value to standard output as indented JSON and a newline, as it is serialized.
+pub fn stdout_json(value: &impl serde::Serialize) {
+    let mut out = std::io::BufWriter::new(std::io::stdout().lock());
+    let _ = serde_json::to_writer_pretty(&mut out, value)
+        .map_err(std::io::Error::from)
+        .and_then(|()| out.write_all(b"\n"))
+        .and_then(|()| out.flush());
+}
+
 /// Writes diagnostics and problems to standard error.
 pub fn stderr(text: &str) {
     let mut err = std::io::stderr().lock();

@@ -92,7 +92,13 @@ pub fn show(args: &ShowArgs) -> anyhow::Result<Status> {
         Ok(None) => return Ok(no_store(&args.run, &args.state)),
         Err(status) => return Ok(status),
     };
-    let run = match session.load(&args.run) {
+    // The summary shows no step's output: large ones, kept apart, are left where they are.
+    let loaded = if args.json {
+        session.load(&args.run)
+    } else {
+        session.load_brief(&args.run)
+    };
+    let run = match loaded {
         Ok(run) => run,
         Err(e) => return Ok(store_error(&e)),
     };
@@ -105,13 +111,17 @@ pub fn show(args: &ShowArgs) -> anyhow::Result<Status> {
         None
     };
     if args.json {
-        let mut value = serde_json::to_value(&run)?;
-        if let (Some(events), serde_json::Value::Object(map)) = (events, &mut value) {
-            map.insert("events".to_owned(), serde_json::Value::Array(events));
+        /// The run as `show --json` writes it: the stored run, and its events when asked for.
+        #[derive(serde::Serialize)]
+        struct Shown<'a> {
+            #[serde(flatten)]
+            run: &'a StoredRun,
+            #[serde(skip_serializing_if = "Option::is_none")]
+            events: Option<Vec<serde_json::Value>>,
         }
-        let mut text = serde_json::to_string_pretty(&value)?;
-        text.push('\n');
-        output::stdout(&text);
+        // Written as it is serialized, not built as one text first: a run with large outputs is shown
+        // without holding them twice more.
+        output::stdout_json(&Shown { run: &run, events });
         return Ok(Status::Success);
     }
     if let Some(events) = events {

@@ -247,6 +247,12 @@ impl Session {
         self.store.load(id)
     }
 
+    /// One run without the large step outputs and texts its store keeps apart (those outputs read as
+    /// null, those texts as empty): what a summary of it needs, in memory that does not grow with them.
+    pub fn load_brief(&self, id: &str) -> Result<StoredRun, StoreError> {
+        self.store.load_brief(id)
+    }
+
     /// Reads the whole store and says what is wrong with it: damaged pages and every row that does not
     /// decode (in time proportional to its size).
     pub fn check(&self) -> Result<Vec<String>, StoreError> {
@@ -533,7 +539,7 @@ impl Session {
             result.output = output;
             journal.record(Entry::StepFinished {
                 step: name.to_owned(),
-                result: Box::new(result),
+                result: Arc::new(result),
             });
             journal.record(Entry::Event(RunEvent::StepResolved {
                 step: name.to_owned(),

@@ -36,6 +36,13 @@ pub enum RecordError {
         row: String,
         format: i64,
     },
+    #[error("run `{run}`: {table} row `{row}` {problem}")]
+    Text {
+        run: String,
+        table: &'static str,
+        row: String,
+        problem: &'static str,
+    },
 }
 
 /// Where a record was read from, for its error.
@@ -64,6 +71,31 @@ pub fn decode_value<T: DeserializeOwned>(
 ) -> Result<T, RecordError> {
     known(at, format)?;
     serde_json::from_value(value).map_err(|source| at.error(source))
+}
+
+/// Decodes a record (this format's JSON) as it is read from `reader`, without holding its text whole.
+pub fn decode_from<T: DeserializeOwned>(
+    at: Row<'_>,
+    reader: impl std::io::Read,
+) -> Result<T, RecordError> {
+    serde_json::from_reader(reader).map_err(|source| at.error(source))
+}
+
+/// A text kept apart as raw UTF-8 (a step's large text, in `blobs`), as it was read; `None` when the row
+/// it should be in is missing.
+pub fn text(at: Row<'_>, read: Option<std::io::Result<String>>) -> Result<String, RecordError> {
+    let problem = match read {
+        Some(Ok(text)) => return Ok(text),
+        Some(Err(e)) if e.kind() == std::io::ErrorKind::InvalidData => "is not UTF-8 text",
+        Some(Err(_)) => "cannot be read",
+        None => "is missing",
+    };
+    Err(RecordError::Text {
+        run: at.run.to_owned(),
+        table: at.table,
+        row: at.row.to_owned(),
+        problem,
+    })
 }
 
 fn known(at: Row<'_>, format: i64) -> Result<(), RecordError> {

@@ -90,12 +90,13 @@ impl From<record::Usage> for LlmUsage {
 }
 
 impl record::StepResult {
-    /// The record of `result`, with `output` in its place (the store keeps a large output apart).
-    pub(crate) fn of(result: &StepResult, output: serde_json::Value) -> Self {
+    /// The record of `result`, with `output` and `text` in their places (the store keeps large ones
+    /// apart, and puts a null and an empty text here).
+    pub(crate) fn of(result: &StepResult, output: serde_json::Value, text: String) -> Self {
         record::StepResult {
             status: result.status.into(),
             output,
-            text: result.text.clone(),
+            text,
             outputs: result.outputs.clone(),
             error: result.error.clone(),
             attempts: result.attempts,
@@ -116,7 +117,7 @@ impl record::StepResult {
 
 impl From<&StepResult> for record::StepResult {
     fn from(result: &StepResult) -> Self {
-        record::StepResult::of(result, result.output.clone())
+        record::StepResult::of(result, result.output.clone(), result.text.clone())
     }
 }
 

@@ -63,7 +63,8 @@ pub enum Entry {
     /// A step (or `foreach` item) has its final result; a resumed run reuses it.
     StepFinished {
         step: String,
-        result: Box<StepResult>,
+        /// Shared with the run, which keeps it too: a large result is not copied to be recorded.
+        result: std::sync::Arc<StepResult>,
     },
     /// A call asked for a person's approval and the run pauses for it.
     ApprovalRequested(crate::report::ApprovalRequest),
@@ -163,6 +164,11 @@ pub trait RunStore: Send + Sync + fmt::Debug {
     fn list(&self) -> Result<Vec<RunSummary>, StoreError>;
     /// Everything about one run.
     fn load(&self, id: &str) -> Result<StoredRun, StoreError>;
+    /// One run without the step outputs and texts a store keeps apart because they are large (those
+    /// outputs read as null and those texts as empty): what a summary of the run needs.
+    fn load_brief(&self, id: &str) -> Result<StoredRun, StoreError> {
+        self.load(id)
+    }
     /// The spec files a run was started with.
     fn files(&self, id: &str) -> Result<Vec<(String, String)>, StoreError>;
     /// Replaces a run's spec files (continuing with a changed spec).

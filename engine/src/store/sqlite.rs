@@ -134,6 +134,11 @@ ALTER TABLE events ADD COLUMN format INTEGER NOT NULL DEFAULT 0;
 ALTER TABLE checkpoints ADD COLUMN format INTEGER NOT NULL DEFAULT 0;
 ALTER TABLE approvals ADD COLUMN format INTEGER NOT NULL DEFAULT 0;
 ",
+    // A step's large text (over `INLINE_OUTPUT_BYTES`) is kept apart too, as raw UTF-8; when it is its
+    // output's JSON text (a `foreach` step's), both name the same blob.
+    r"
+ALTER TABLE results ADD COLUMN text_blob TEXT REFERENCES blobs(hash);
+",
 ];
 
 /// Runs kept in an SQLite database under a state directory.
@@ -238,6 +243,19 @@ impl SqliteStore {
 
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    fn load_with(&self, id: &str, blobs: Blobs) -> Result<StoredRun, StoreError> {
+        let mut damage = Vec::new();
+        let run = self.with(|conn| {
+            // One read transaction: a consistent snapshot even while the run's writer commits.
+            let conn = conn.transaction()?;
+            load_run(&conn, id, &mut damage, blobs)
+        })?;
+        if !damage.is_empty() {
+            return Err(damaged_rows(&self.path, &damage));
+        }
+        run.ok_or_else(|| unknown_run(id))
     }
 
     fn with<T>(
@@ -561,16 +579,11 @@ impl RunStore for SqliteStore {
 
     /// Everything about one run. A row that does not decode fails the load, naming every such row.
     fn load(&self, id: &str) -> Result<StoredRun, StoreError> {
-        let mut damage = Vec::new();
-        let run = self.with(|conn| {
-            // One read transaction: a consistent snapshot even while the run's writer commits.
-            let conn = conn.transaction()?;
-            load_run(&conn, id, &mut damage)
-        })?;
-        if !damage.is_empty() {
-            return Err(damaged_rows(&self.path, &damage));
-        }
-        run.ok_or_else(|| unknown_run(id))
+        self.load_with(id, Blobs::Read)
+    }
+
+    fn load_brief(&self, id: &str) -> Result<StoredRun, StoreError> {
+        self.load_with(id, Blobs::Skip)
     }
 
     /// The spec files a run was started with: path (relative to the spec's directory) and text.
@@ -663,7 +676,7 @@ impl RunStore for SqliteStore {
                 .query_map([], |r| r.get::<_, String>(0))?
                 .collect::<rusqlite::Result<Vec<_>>>()?;
             for id in ids {
-                load_run(&conn, &id, &mut damage)?;
+                load_run(&conn, &id, &mut damage, Blobs::Read)?;
                 let mut stmt = conn.prepare_cached(
                     "SELECT seq, format, event FROM events WHERE run_id = ?1 ORDER BY seq",
                 )?;
@@ -1265,26 +1278,31 @@ impl Writer {
                 | Entry::AttemptEnded { .. }
                 | Entry::Event(_) => {}
                 Entry::StepFinished { step, result } => {
-                    let output = json_text(&result.output);
-                    let (text, blob) = if output.len() > INLINE_OUTPUT_BYTES {
-                        let hash = spec_hash(&[(String::new(), output.clone())]);
-                        tx.prepare_cached(
-                            "INSERT OR IGNORE INTO blobs (hash, data) VALUES (?1, ?2)",
-                        )?
-                        .execute(params![hash, output.as_bytes()])?;
-                        (
-                            record::encode(&record::StepResult::of(result, Json::Null)),
-                            Some(hash),
-                        )
-                    } else {
-                        (record::encode(&record::StepResult::from(&**result)), None)
+                    // A large output, and a large text, go to `blobs` once each (the same blob when
+                    // the text is the output's JSON), streamed into it from the result.
+                    let output = |out: &mut dyn std::io::Write| {
+                        serde_json::to_writer(out, &result.output).map_err(std::io::Error::from)
                     };
+                    let output_blob = put_blob(&tx, output, INLINE_OUTPUT_BYTES)?;
+                    let text = |out: &mut dyn std::io::Write| out.write_all(result.text.as_bytes());
+                    let text_blob = put_blob(&tx, text, INLINE_OUTPUT_BYTES)?;
+                    let text = record::encode(&record::StepResult::of(
+                        result,
+                        match output_blob {
+                            Some(_) => Json::Null,
+                            None => result.output.clone(),
+                        },
+                        match text_blob {
+                            Some(_) => String::new(),
+                            None => result.text.clone(),
+                        },
+                    ));
                     // Rare (large outputs, composite and planned steps): not kept in a slot, whose
                     // statement is the one for results encoded where they were recorded.
                     tx.prepare_cached(
                         "INSERT OR REPLACE INTO results (run_id, step, generation, status, result, output_blob,
-                            finished_at, format)
-                         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+                            text_blob, finished_at, format)
+                         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
                     )?
                     .execute(params![
                         self.run,
@@ -1292,7 +1310,8 @@ impl Writer {
                         self.generation,
                         result.status.as_str(),
                         text,
-                        blob,
+                        output_blob,
+                        text_blob,
                         now,
                         FORMAT_VERSION
                     ])?;
@@ -1678,6 +1697,68 @@ fn json_text(value: &Json) -> String {
     serde_json::to_string(value).unwrap_or_else(|_| "null".to_owned())
 }
 
+/// Stores what `write` writes as a blob when it is longer than `inline` bytes, and names it (`None` for a
+/// shorter one, which the caller keeps in its row). It is streamed, never held whole: `write` runs once
+/// to measure and name it (the SHA-256 of its bytes), and, unless a blob of that name is already stored,
+/// once more into the blob's own room, so that a 100 MB output costs the writer neither its JSON text nor
+/// SQLite's copy of it. (Blobs written before were named by `spec_hash`; names only need to be unique.)
+fn put_blob(
+    tx: &rusqlite::Transaction<'_>,
+    mut write: impl FnMut(&mut dyn std::io::Write) -> std::io::Result<()>,
+    inline: usize,
+) -> rusqlite::Result<Option<String>> {
+    let io = |e: std::io::Error| rusqlite::Error::ToSqlConversionFailure(Box::new(e));
+    let mut measured = Measured::default();
+    write(&mut measured).map_err(io)?;
+    if measured.length <= inline as u64 {
+        return Ok(None);
+    }
+    let length = measured.length;
+    let name = measured.name();
+    let stored = tx
+        .prepare_cached("INSERT OR IGNORE INTO blobs (hash, data) VALUES (?1, zeroblob(?2))")?
+        .execute(params![name, length as i64])?;
+    if stored == 1 {
+        let mut blob = tx.blob_open("main", "blobs", "data", tx.last_insert_rowid(), false)?;
+        let mut out = std::io::BufWriter::with_capacity(1 << 16, &mut blob);
+        write(&mut out).map_err(io)?;
+        std::io::Write::flush(&mut out).map_err(io)?;
+    }
+    Ok(Some(name))
+}
+
+/// Counts and hashes what is written to it.
+#[derive(Default)]
+struct Measured {
+    length: u64,
+    hasher: sha2::Sha256,
+}
+
+impl Measured {
+    /// The blob's name: the SHA-256 of its bytes.
+    fn name(self) -> String {
+        use sha2::Digest;
+        self.hasher
+            .finalize()
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect()
+    }
+}
+
+impl std::io::Write for Measured {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        use sha2::Digest;
+        self.hasher.update(bytes);
+        self.length += bytes.len() as u64;
+        Ok(bytes.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
 /// The bytes of a text or blob column; nothing for another type, which then fails to decode.
 fn bytes(value: rusqlite::types::ValueRef<'_>) -> &[u8] {
     match value {
@@ -1688,10 +1769,19 @@ fn bytes(value: rusqlite::types::ValueRef<'_>) -> &[u8] {
 
 /// Reads run `id` in the read transaction `conn`; every row that does not decode goes to `damage`
 /// (and the run read is then incomplete).
+/// Whether a load reads the outputs and texts kept apart in `blobs`.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Blobs {
+    Read,
+    /// Leaves them out: those outputs read as null and those texts as empty.
+    Skip,
+}
+
 fn load_run(
     conn: &Connection,
     id: &str,
     damage: &mut Vec<RecordError>,
+    blobs: Blobs,
 ) -> rusqlite::Result<Option<StoredRun>> {
     let mut stmt = conn.prepare_cached(
         "SELECT id, workflow, spec_path, spec_hash, status, inputs, workdir, max_parallel,
@@ -1756,11 +1846,18 @@ fn load_run(
     };
     drop(rows);
 
-    let mut stmt = conn.prepare_cached(
-        "SELECT r.step, r.format, r.result, r.output_blob, b.data
-         FROM results r LEFT JOIN blobs b ON b.hash = r.output_blob
-         WHERE r.run_id = ?1 ORDER BY r.rowid",
-    )?;
+    let mut stmt = conn.prepare_cached(match blobs {
+        Blobs::Read => {
+            "SELECT r.step, r.format, r.result, r.output_blob, b.rowid, r.text_blob, t.rowid
+             FROM results r LEFT JOIN blobs b ON b.hash = r.output_blob
+                LEFT JOIN blobs t ON t.hash = r.text_blob
+             WHERE r.run_id = ?1 ORDER BY r.rowid"
+        }
+        Blobs::Skip => {
+            "SELECT r.step, r.format, r.result, NULL, NULL, NULL, NULL
+             FROM results r WHERE r.run_id = ?1 ORDER BY r.rowid"
+        }
+    })?;
     let mut rows = stmt.query([id])?;
     while let Some(r) = rows.next()? {
         let step: String = r.get(0)?;
@@ -1769,17 +1866,35 @@ fn load_run(
             table: "results",
             row: &step,
         };
-        let kept_apart = r.get_ref(3)? != rusqlite::types::ValueRef::Null;
-        let blob = bytes(r.get_ref(4)?);
+        let output_apart = r.get_ref(3)? != rusqlite::types::ValueRef::Null;
+        let text_apart = r.get_ref(5)? != rusqlite::types::ValueRef::Null;
+        // Blobs are read as they are decoded, not copied out whole first.
+        let blob = |rowid: Option<i64>| -> rusqlite::Result<Option<rusqlite::blob::Blob<'_>>> {
+            rowid
+                .map(|rowid| conn.blob_open("main", "blobs", "data", rowid, true))
+                .transpose()
+        };
+        let output_blob = blob(r.get(4)?)?;
+        let text_blob = blob(r.get(6)?)?;
         let result = record::decode::<record::StepResult>(at, r.get(1)?, bytes(r.get_ref(2)?))
             .and_then(|mut result| {
-                if kept_apart {
+                let at = Row {
+                    table: "blobs",
+                    ..at
+                };
+                if output_apart {
                     // A missing blob reads as no JSON at all, and is reported.
-                    let at = Row {
-                        table: "blobs",
-                        ..at
+                    result.output = match output_blob {
+                        Some(blob) => record::decode_from(at, std::io::BufReader::new(blob))?,
+                        None => record::decode(at, FORMAT_VERSION.into(), b"")?,
                     };
-                    result.output = record::decode(at, FORMAT_VERSION.into(), blob)?;
+                }
+                if text_apart {
+                    let read = text_blob.map(|mut blob| {
+                        let mut text = String::with_capacity(blob.len());
+                        std::io::Read::read_to_string(&mut blob, &mut text).map(|_| text)
+                    });
+                    result.text = record::text(at, read)?;
                 }
                 Ok(result)
             });
@@ -2176,7 +2291,7 @@ mod tests {
         for (step, result) in [("small", &small), ("large", &large), ("again", &small)] {
             journal.record(Entry::StepFinished {
                 step: step.into(),
-                result: Box::new(result.clone()),
+                result: Arc::new(result.clone()),
             });
         }
         journal.flush().wait().await.expect("durable");
@@ -2188,6 +2303,60 @@ mod tests {
         assert_eq!(results["small"], small);
         assert_eq!(results["large"], large);
         assert_eq!(results["again"], small);
+        journal.close();
+    }
+
+    #[tokio::test]
+    async fn large_outputs_and_texts_are_kept_apart_once_and_read_back_whole() {
+        use crate::report::{StepResult, StepStatus};
+        let (dir, store, journal) = journaled();
+        let big = "é".repeat(INLINE_OUTPUT_BYTES);
+        // A command's: its output a string, its text that string (two blobs: the JSON is quoted).
+        let mut command = StepResult::ended(StepStatus::Succeeded, None);
+        command.output = Json::String(big.clone());
+        command.text = big.clone();
+        // A `foreach` step's: its text is its output's JSON (one blob for both).
+        let mut items = StepResult::ended(StepStatus::Succeeded, None);
+        items.output = serde_json::json!([big, "x"]);
+        items.text = items.output.to_string();
+        for (step, result) in [("command", &command), ("items", &items)] {
+            journal.record(Entry::StepFinished {
+                step: step.into(),
+                result: Arc::new(result.clone()),
+            });
+        }
+        journal.flush().wait().await.expect("durable");
+        let results = store.load("r1").expect("loads").results;
+        assert_eq!(results["command"], command);
+        assert_eq!(results["items"], items);
+        let conn = Connection::open(dir.path().join(DATABASE)).expect("opens");
+        let count = |sql: &str| -> i64 { conn.query_row(sql, [], |r| r.get(0)).expect(sql) };
+        assert_eq!(count("SELECT COUNT(*) FROM blobs"), 3);
+        assert_eq!(
+            count("SELECT COUNT(*) FROM results WHERE output_blob = text_blob"),
+            1
+        );
+        // A summary leaves them where they are.
+        let brief = store.load_brief("r1").expect("loads").results;
+        assert_eq!(brief["items"].output, Json::Null);
+        assert_eq!(brief["items"].text, "");
+        assert_eq!(brief["items"].status, StepStatus::Succeeded);
+        // A text whose blob is gone is reported, not read as empty.
+        conn.execute_batch("PRAGMA foreign_keys = OFF;")
+            .expect("damage allowed");
+        conn.execute(
+            "DELETE FROM blobs WHERE hash = (SELECT text_blob FROM results WHERE step = 'command')",
+            [],
+        )
+        .expect("deleted");
+        let error = store.load("r1").expect_err("damaged");
+        assert!(
+            error
+                .message
+                .ends_with("run `r1`: blobs row `command` is missing"),
+            "{}",
+            error.message
+        );
         journal.close();
     }
 

@@ -326,7 +326,7 @@ pub fn to_text(value: &Json) -> String {
 /// a converted map; the JSON values are converted to template values on first read, once.
 #[derive(Debug)]
 pub struct StepView {
-    result: StepResult,
+    result: Arc<StepResult>,
     output: OnceLock<Value>,
     outputs: OnceLock<Value>,
     text: OnceLock<Value>,
@@ -334,6 +334,11 @@ pub struct StepView {
 
 impl StepView {
     pub fn new(result: StepResult) -> Arc<Self> {
+        Self::shared(Arc::new(result))
+    }
+
+    /// A view of a result the run shares with its record.
+    pub fn shared(result: Arc<StepResult>) -> Arc<Self> {
         Arc::new(StepView {
             result,
             output: OnceLock::new(),
@@ -351,9 +356,11 @@ impl StepView {
         Value::from_dyn_object(self.clone())
     }
 
-    /// The result back, without a copy unless a template context still holds the view.
+    /// The result back, without a copy unless a template context or the run's record still holds it.
     pub fn into_result(self: Arc<Self>) -> StepResult {
-        Arc::try_unwrap(self).map_or_else(|shared| shared.result.clone(), |view| view.result)
+        let result =
+            Arc::try_unwrap(self).map_or_else(|shared| shared.result.clone(), |view| view.result);
+        Arc::try_unwrap(result).unwrap_or_else(|shared| StepResult::clone(&shared))
     }
 }
 

@@ -227,15 +227,21 @@ impl Shared {
 
     /// Records the final result of a step or `foreach` item of the run's own steps (nested steps are
     /// part of their caller's attempt). Cancelled steps have no final result: a resume runs them.
-    pub(super) fn record_result(&self, name: &str, result: &StepResult) {
+    pub(super) fn record_result(&self, name: &str, result: &Arc<StepResult>) {
         if self.depth == 0
             && !matches!(
                 result.status,
                 StepStatus::Cancelled | StepStatus::WaitingApproval
             )
         {
-            let mut result = Box::new(result.clone());
-            self.redactor.result(&mut result);
+            // The run and its record share the result, unless secrets must be masked in the record.
+            let result = if self.redactor.is_empty() {
+                result.clone()
+            } else {
+                let mut masked = StepResult::clone(result);
+                self.redactor.result(&mut masked);
+                Arc::new(masked)
+            };
             self.options.journal.record(Entry::StepFinished {
                 step: name.to_owned(),
                 result,

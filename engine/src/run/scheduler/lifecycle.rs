@@ -19,7 +19,7 @@ use crate::run::render::{StepView, json_value, to_text};
 use crate::spec::{Backoff, Body, Retry, RetryOn, Step, Trigger};
 use crate::store::Entry;
 
-pub(super) async fn execute(shared: &Arc<Shared>, index: usize, steps: Steps) -> StepResult {
+pub(super) async fn execute(shared: &Arc<Shared>, index: usize, steps: Steps) -> Arc<StepResult> {
     let step = &shared.steps()[index];
     shared.emit(RunEvent::StepStarted {
         step: shared.label(&step.id.value),
@@ -48,6 +48,7 @@ pub(super) async fn execute(shared: &Arc<Shared>, index: usize, steps: Steps) ->
     }
     after_step(shared, step, &mut result).await;
     result.duration_ms = millis(started.elapsed());
+    let result = Arc::new(result);
     shared.record_result(&step.id.value, &result);
     shared.result_durable(step).await;
     shared.emit(RunEvent::StepFinished {
@@ -84,7 +85,7 @@ async fn foreach(shared: &Arc<Shared>, index: usize, expr: &str, steps: &Steps) 
         .as_ref()
         .map_or(shared.options.max_parallel, |m| m.value as usize)
         .max(1);
-    let mut results: Vec<Option<StepResult>> = vec![None; items.len()];
+    let mut results: Vec<Option<Arc<StepResult>>> = vec![None; items.len()];
     let mut items = items.into_iter().enumerate();
     // As for steps, an item's task is spawned only when it may run.
     let mut set = JoinSet::new();
@@ -100,11 +101,12 @@ async fn foreach(shared: &Arc<Shared>, index: usize, expr: &str, steps: &Steps) 
                 // An item's recorded result is reused only for the same item: the list may have changed.
                 let fingerprint = crate::store::spec_hash(&[(String::new(), item.to_string())]);
                 if let Some(prior) = shared.prior_item(&step.id.value, position, &fingerprint) {
-                    return (position, prior.clone());
+                    return (position, Arc::new(prior.clone()));
                 }
                 let mut result =
                     attempt_all(&shared, step, &steps, Some((item, position)), label.clone()).await;
                 result.item = Some(fingerprint);
+                let result = Arc::new(result);
                 shared.record_result(&label, &result);
                 shared.result_durable(step).await;
                 (position, result)
@@ -116,12 +118,12 @@ async fn foreach(shared: &Arc<Shared>, index: usize, expr: &str, steps: &Steps) 
             None => break,
         }
     }
+    // An item's result is taken back from its record, copied only if the record is not written yet.
     let results: Vec<StepResult> = results
         .into_iter()
-        .map(|r| {
-            r.unwrap_or_else(|| {
-                StepResult::ended(StepStatus::Failed, Some("an item's task failed".into()))
-            })
+        .map(|r| match r {
+            Some(result) => Arc::try_unwrap(result).unwrap_or_else(|r| StepResult::clone(&r)),
+            None => StepResult::ended(StepStatus::Failed, Some("an item's task failed".into())),
         })
         .collect();
     gathered(results).await
@@ -135,9 +137,9 @@ const GATHERED_IN_PLACE: usize = 64 * 1024;
 /// hold every other step, timeout and Ctrl-C of the run.
 async fn gathered(results: Vec<StepResult>) -> StepResult {
     if results.iter().map(|r| r.text.len()).sum::<usize>() <= GATHERED_IN_PLACE {
-        return gather(&results);
+        return gather(results);
     }
-    tokio::task::spawn_blocking(move || gather(&results))
+    tokio::task::spawn_blocking(move || gather(results))
         .await
         .unwrap_or_else(|_| {
             StepResult::ended(
@@ -147,32 +149,48 @@ async fn gathered(results: Vec<StepResult>) -> StepResult {
         })
 }
 
-fn gather(results: &[StepResult]) -> StepResult {
+/// The items' outputs are moved into the step's, not copied, and its text is written once, into room
+/// for about what the items' texts take: a step of 100 items of 1 MB holds 200 MB, not 400.
+fn gather(results: Vec<StepResult>) -> StepResult {
     let failure = results
         .iter()
         .enumerate()
-        .find(|(_, r)| r.status != StepStatus::Succeeded);
-    let output = Json::Array(results.iter().map(|r| r.output.clone()).collect());
-    StepResult {
-        status: failure.map_or(StepStatus::Succeeded, |(_, r)| r.status),
-        text: output.to_string(),
-        output,
-        outputs: Map::new(),
-        error: failure
-            .map(|(i, r)| format!("item {i}: {}", r.error.as_deref().unwrap_or("failed"))),
-        attempts: results.iter().map(|r| r.attempts).sum(),
-        exit_code: None,
-        duration_ms: 0,
-        fallback: results.iter().any(|r| r.fallback),
-        steps: IndexMap::new(),
-        llm: results.iter().filter_map(|r| r.llm.as_ref()).fold(
-            None,
-            |sum: Option<LlmUsage>, u| {
+        .find(|(_, r)| r.status != StepStatus::Succeeded)
+        .map(|(i, r)| {
+            (
+                r.status,
+                format!("item {i}: {}", r.error.as_deref().unwrap_or("failed")),
+            )
+        });
+    let attempts = results.iter().map(|r| r.attempts).sum();
+    let fallback = results.iter().any(|r| r.fallback);
+    let llm =
+        results
+            .iter()
+            .filter_map(|r| r.llm.as_ref())
+            .fold(None, |sum: Option<LlmUsage>, u| {
                 let mut sum = sum.unwrap_or_default();
                 sum.add(u);
                 Some(sum)
-            },
-        ),
+            });
+    let room = results.iter().map(|r| r.text.len() + 8).sum::<usize>() + 2;
+    let output = Json::Array(results.into_iter().map(|r| r.output).collect());
+    let mut text = Vec::with_capacity(room);
+    // Writing a JSON value to memory cannot fail.
+    let _ = serde_json::to_writer(&mut text, &output);
+    let (status, error) = failure.map_or((StepStatus::Succeeded, None), |(s, e)| (s, Some(e)));
+    StepResult {
+        status,
+        text: String::from_utf8(text).unwrap_or_default(),
+        output,
+        outputs: Map::new(),
+        error,
+        attempts,
+        exit_code: None,
+        duration_ms: 0,
+        fallback,
+        steps: IndexMap::new(),
+        llm,
         item: None,
         plan: None,
     }

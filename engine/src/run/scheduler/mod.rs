@@ -348,11 +348,11 @@ async fn schedule(shared: &Arc<Shared>) -> Vec<Arc<StepView>> {
     let mut cancelled = false;
 
     let finish = |i: usize,
-                  result: StepResult,
+                  result: Arc<StepResult>,
                   views: &mut Vec<Option<Arc<StepView>>>,
                   waiting: &mut Vec<usize>,
                   ready: &mut VecDeque<usize>| {
-        views[i] = Some(StepView::new(result));
+        views[i] = Some(StepView::shared(result));
         for &d in &dependents[i] {
             waiting[d] -= 1;
             if waiting[d] == 0 {
@@ -381,16 +381,16 @@ async fn schedule(shared: &Arc<Shared>) -> Vec<Arc<StepView>> {
             };
             // A step whose dependency waits for approval waits too (nothing about it is recorded).
             if let Some(&d) = upstream(StepStatus::WaitingApproval) {
-                let result = StepResult::ended(
+                let result = Arc::new(StepResult::ended(
                     StepStatus::WaitingApproval,
                     Some(format!("waiting for `{}`", all_steps[d].id.value)),
-                );
+                ));
                 finish(i, result, &mut views, &mut waiting, &mut ready);
                 continue;
             }
             let upstream_cancelled = upstream(StepStatus::Cancelled).is_some();
             if cancelled || shared.options.cancel.is_cancelled() || upstream_cancelled {
-                let result = StepResult::ended(StepStatus::Cancelled, None);
+                let result = Arc::new(StepResult::ended(StepStatus::Cancelled, None));
                 finish(i, result, &mut views, &mut waiting, &mut ready);
                 continue;
             }
@@ -399,13 +399,19 @@ async fn schedule(shared: &Arc<Shared>) -> Vec<Arc<StepView>> {
                     step: shared.label(&step.id.value),
                     status: prior.status,
                 });
-                finish(i, prior.clone(), &mut views, &mut waiting, &mut ready);
+                finish(
+                    i,
+                    Arc::new(prior.clone()),
+                    &mut views,
+                    &mut waiting,
+                    &mut ready,
+                );
                 continue;
             }
             match decide(shared, step, i, &views, || deps_of(i, &views)).await {
                 Decision::Run => startable.push_back(i),
                 Decision::Cancelled => {
-                    let result = StepResult::ended(StepStatus::Cancelled, None);
+                    let result = Arc::new(StepResult::ended(StepStatus::Cancelled, None));
                     finish(i, result, &mut views, &mut waiting, &mut ready);
                 }
                 Decision::Skip(reason) => {
@@ -413,7 +419,7 @@ async fn schedule(shared: &Arc<Shared>) -> Vec<Arc<StepView>> {
                         step: shared.label(&step.id.value),
                         reason,
                     });
-                    let result = StepResult::ended(StepStatus::Skipped, None);
+                    let result = Arc::new(StepResult::ended(StepStatus::Skipped, None));
                     shared.record_result(&step.id.value, &result);
                     finish(i, result, &mut views, &mut waiting, &mut ready);
                 }
@@ -424,7 +430,7 @@ async fn schedule(shared: &Arc<Shared>) -> Vec<Arc<StepView>> {
                         duration_ms: 0,
                         error: Some(error.clone()),
                     });
-                    let result = StepResult::ended(StepStatus::Failed, Some(error));
+                    let result = Arc::new(StepResult::ended(StepStatus::Failed, Some(error)));
                     shared.record_result(&step.id.value, &result);
                     finish(i, result, &mut views, &mut waiting, &mut ready);
                 }
@@ -454,7 +460,7 @@ async fn schedule(shared: &Arc<Shared>) -> Vec<Arc<StepView>> {
                 running.abort_all();
                 // Steps still waiting for a slot never start.
                 for i in std::mem::take(&mut startable) {
-                    let result = StepResult::ended(StepStatus::Cancelled, None);
+                    let result = Arc::new(StepResult::ended(StepStatus::Cancelled, None));
                     finish(i, result, &mut views, &mut waiting, &mut ready);
                 }
             }
@@ -464,7 +470,7 @@ async fn schedule(shared: &Arc<Shared>) -> Vec<Arc<StepView>> {
                     Err(err) => {
                         let i = task_step[&err.id()];
                         let status = if err.is_cancelled() { StepStatus::Cancelled } else { StepStatus::Failed };
-                        (i, StepResult::ended(status, (!err.is_cancelled()).then(|| "the step's task failed".to_owned())))
+                        (i, Arc::new(StepResult::ended(status, (!err.is_cancelled()).then(|| "the step's task failed".to_owned()))))
                     }
                 };
                 finish(i, result, &mut views, &mut waiting, &mut ready);
