@@ -107,12 +107,22 @@ fn groups<'a>(d: &'a Diagnostic, sources: &'a Sources) -> Vec<Group<'a>> {
     let mut group = Group::with_title(level.primary_title(d.message.as_str()).id(d.code));
     let primary = sources.get(d.span.file);
     if let Some(file) = primary {
-        let mut snippet =
-            snippet(file).annotation(AnnotationKind::Primary.span(clamp(file, d.span)));
-        for label in d.labels.iter().filter(|l| l.span.file == d.span.file) {
+        let labels: Vec<_> = d
+            .labels
+            .iter()
+            .filter(|l| l.span.file == d.span.file)
+            .collect();
+        let window = Window::around(
+            file,
+            std::iter::once(d.span).chain(labels.iter().map(|l| l.span)),
+        );
+        let mut snippet = window
+            .snippet(file)
+            .annotation(AnnotationKind::Primary.span(window.range(file, d.span)));
+        for label in labels {
             snippet = snippet.annotation(
                 AnnotationKind::Context
-                    .span(clamp(file, label.span))
+                    .span(window.range(file, label.span))
                     .label(label.message.as_str()),
             );
         }
@@ -120,10 +130,11 @@ fn groups<'a>(d: &'a Diagnostic, sources: &'a Sources) -> Vec<Group<'a>> {
     }
     for label in d.labels.iter().filter(|l| l.span.file != d.span.file) {
         if let Some(file) = sources.get(label.span.file) {
+            let window = Window::around(file, std::iter::once(label.span));
             group = group.element(
-                snippet(file).annotation(
+                window.snippet(file).annotation(
                     AnnotationKind::Context
-                        .span(clamp(file, label.span))
+                        .span(window.range(file, label.span))
                         .label(label.message.as_str()),
                 ),
             );
@@ -135,11 +146,49 @@ fn groups<'a>(d: &'a Diagnostic, sources: &'a Sources) -> Vec<Group<'a>> {
     vec![group]
 }
 
-fn snippet(file: &SourceFile) -> Snippet<'_, annotate_snippets::Annotation<'_>> {
-    Snippet::source(file.text.as_str())
-        .path(display_path(&file.path))
-        .line_start(1)
-        .fold(true)
+/// The whole lines of a file that a diagnostic's spans touch: only they are given to the snippet renderer,
+/// which lays out every line it is given (8 MB of blank lines once made it use 450 MB to show one).
+struct Window {
+    start: usize,
+    end: usize,
+}
+
+impl Window {
+    fn around(file: &SourceFile, spans: impl Iterator<Item = Span>) -> Window {
+        let text = file.text.as_bytes();
+        let (mut first, mut last) = (text.len(), 0);
+        for span in spans {
+            let range = clamp(file, span);
+            first = first.min(range.start);
+            last = last.max(range.end);
+        }
+        if first > last {
+            (first, last) = (0, 0);
+        }
+        let start = text[..first]
+            .iter()
+            .rposition(|&b| b == b'\n')
+            .map_or(0, |i| i + 1);
+        let end = text[last..]
+            .iter()
+            .position(|&b| b == b'\n')
+            .map_or(text.len(), |i| last + i);
+        Window { start, end }
+    }
+
+    fn snippet<'a>(&self, file: &'a SourceFile) -> Snippet<'a, annotate_snippets::Annotation<'a>> {
+        Snippet::source(&file.text[self.start..self.end])
+            .path(display_path(&file.path))
+            .line_start(file.line_col(self.start).0)
+            .fold(true)
+    }
+
+    /// `span` within the window.
+    fn range(&self, file: &SourceFile, span: Span) -> std::ops::Range<usize> {
+        let range = clamp(file, span);
+        let inside = |at: usize| at.clamp(self.start, self.end) - self.start;
+        inside(range.start)..inside(range.end)
+    }
 }
 
 fn clamp(file: &SourceFile, span: Span) -> std::ops::Range<usize> {
@@ -204,5 +253,66 @@ fn location(sources: &Sources, span: Span) -> Value {
             json!({ "file": display_path(&file.path), "line": line, "column": column, "end_line": end_line, "end_column": end_column })
         }
         None => json!({ "file": null, "line": 1, "column": 1, "end_line": 1, "end_column": 1 }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use archon_engine::diagnostic::Label;
+    use archon_engine::source::{FileId, Format};
+
+    use super::*;
+
+    /// Only the lines a diagnostic's spans touch are laid out, and they show as the whole file would.
+    #[test]
+    fn a_snippet_shows_the_lines_of_its_spans_as_the_whole_file_would() {
+        let text = format!(
+            "name: x\n{}steps:\n  - id: a\n    tool: nope\n{}  - id: b\n    tool: echo\n{}",
+            "\n".repeat(1000),
+            "# between\n".repeat(50),
+            "\n".repeat(1000)
+        );
+        let file = SourceFile::new(FileId(0), "w.yaml".into(), text.clone(), Format::Yaml);
+        let at = |needle: &str| {
+            let start = text.find(needle).expect(needle);
+            Span::new(FileId(0), start, start + needle.len())
+        };
+        let mut diagnostic = Diagnostic::error("archon::unknown_tool", at("nope"), "unknown tool");
+        diagnostic.labels.push(Label {
+            span: at("id: b"),
+            message: "and here".into(),
+        });
+        let window = Window::around(&file, [diagnostic.span, at("id: b")].into_iter());
+        assert!(
+            window.end - window.start < 1000,
+            "the window is the lines between the spans"
+        );
+        let windowed = window
+            .snippet(&file)
+            .annotation(AnnotationKind::Primary.span(window.range(&file, at("nope"))))
+            .annotation(
+                AnnotationKind::Context
+                    .span(window.range(&file, at("id: b")))
+                    .label("and here"),
+            );
+        let whole = Snippet::source(text.as_str())
+            .path("w.yaml")
+            .line_start(1)
+            .fold(true)
+            .annotation(AnnotationKind::Primary.span(clamp(&file, at("nope"))))
+            .annotation(
+                AnnotationKind::Context
+                    .span(clamp(&file, at("id: b")))
+                    .label("and here"),
+            );
+        let render = |snippet| {
+            Renderer::plain()
+                .render(&[
+                    Group::with_title(Level::ERROR.primary_title("unknown tool")).element(snippet),
+                ])
+        };
+        let shown = render(windowed);
+        assert_eq!(shown, render(whole));
+        assert!(shown.contains("1004 |     tool: nope"), "{shown}");
     }
 }

@@ -73,33 +73,43 @@ pub struct SourceFile {
     pub path: PathBuf,
     pub text: String,
     pub format: Format,
-    line_starts: Vec<usize>,
+    /// Where each line starts, made when a position is first asked for (most files valid, never).
+    line_starts: std::sync::OnceLock<Vec<usize>>,
 }
 
 impl SourceFile {
     pub fn new(id: FileId, path: PathBuf, text: String, format: Format) -> Self {
-        let line_starts = std::iter::once(0)
-            .chain(
-                text.bytes()
-                    .enumerate()
-                    .filter(|(_, b)| *b == b'\n')
-                    .map(|(i, _)| i + 1),
-            )
-            .collect();
         SourceFile {
             id,
             path,
             text,
             format,
-            line_starts,
+            line_starts: std::sync::OnceLock::new(),
         }
+    }
+
+    fn line_starts(&self) -> &[usize] {
+        self.line_starts.get_or_init(|| {
+            let bytes = self.text.as_bytes();
+            let mut starts = Vec::with_capacity(1 + bytes.iter().filter(|&&b| b == b'\n').count());
+            starts.push(0);
+            starts.extend(
+                bytes
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, b)| **b == b'\n')
+                    .map(|(i, _)| i + 1),
+            );
+            starts
+        })
     }
 
     /// 1-based line and column (in characters) of a byte offset.
     pub fn line_col(&self, offset: usize) -> (usize, usize) {
         let offset = offset.min(self.text.len());
-        let line = self.line_starts.partition_point(|&s| s <= offset) - 1;
-        let start = self.line_starts[line];
+        let line_starts = self.line_starts();
+        let line = line_starts.partition_point(|&s| s <= offset) - 1;
+        let start = line_starts[line];
         let column = self
             .text
             .get(start..offset)
