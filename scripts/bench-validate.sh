@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Benchmark `archon validate` as a whole process: a generated 1,000-step spec (target: <= 50 ms wall),
-# and the 30-level YAML alias bomb (target: rejected in < 100 ms and < 50 MB peak RSS).
+# the 30-level YAML alias bomb (target: rejected in < 100 ms and < 50 MB peak RSS), and files at each
+# limit of docs/spec.md, YAML and TOML (target: < 100 MB peak RSS each; scripts/limits.py writes them).
 #
 # usage: scripts/bench-validate.sh [RUNS]     (needs python3; uses hyperfine and /usr/bin/time when present)
 set -euo pipefail
@@ -50,5 +51,9 @@ fi
 if [ -x /usr/bin/time ]; then
   for f in spec-1000.yaml bomb.yaml; do
     /usr/bin/time -f "$f: peak RSS %M KB" "$bin" validate "$work/$f" > /dev/null || true
+  done
+  python3 scripts/limits.py "$work"
+  for f in "$work"/yaml-*.yaml "$work"/toml-*.toml; do
+    /usr/bin/time -q -f "$(basename "$f") ($(wc -c < "$f") bytes): peak RSS %M KB" "$bin" validate "$f" > /dev/null || true
   done
 fi

@@ -136,11 +136,11 @@ fn ten_megabyte_file_gives_a_size_error() {
 
 #[test]
 fn too_many_steps_is_reported_before_anything_else() {
-    let mut text = String::from("name = \"many\"\n");
-    for i in 0..60_000 {
-        text.push_str(&format!("[[steps]]\nid = \"s{i}\"\ntool = \"echo\"\n"));
+    let mut text = String::from("name: many\nsteps:\n");
+    for i in 0..25_000 {
+        text.push_str(&format!("  - {{ id: s{i}, tool: echo }}\n"));
     }
-    let (code, codes, _) = validate_with_binary("many.toml", text.as_bytes());
+    let (code, codes, _) = validate_with_binary("many.yaml", text.as_bytes());
     assert_eq!(
         (code, codes),
         (2, vec!["archon::too_many_steps".to_owned()])
@@ -223,12 +223,13 @@ fn template_errors_next_to_multibyte_characters_do_not_panic() {
 }
 
 /// A TOML spec past the step limit is refused from its text, before the TOML parser builds a document of
-/// several hundred bytes a value (100,000 steps used 452 MB before being refused).
+/// several hundred bytes a value (100,000 steps used 452 MB before being refused); one past its size
+/// limit is refused before anything is read of it.
 #[test]
 fn a_toml_spec_with_too_many_steps_is_refused_before_it_is_parsed() {
     let mut text = String::from("name = \"many\"\n");
-    for i in 0..100_000 {
-        text.push_str(&format!("[[steps]]\nid = \"s{i}\"\ntool = \"echo\"\n"));
+    for _ in 0..25_000 {
+        text.push_str("[[steps]]\n");
     }
     let diagnostics = validate_source(Path::new("many.toml"), text.clone()).diagnostics;
     let shown: Vec<(&str, String, usize)> = diagnostics
@@ -237,24 +238,38 @@ fn a_toml_spec_with_too_many_steps_is_refused_before_it_is_parsed() {
         .collect();
     let at = text
         .match_indices("[[steps]]")
-        .nth(50_000)
+        .nth(20_000)
         .map(|(i, _)| i)
-        .expect("a 50,001st step");
+        .expect("a 20,001st step");
     assert_eq!(
         shown,
         [(
             "archon::too_many_steps",
-            "workflow has more than 50000 steps, the limit".to_owned(),
+            "workflow has more than 20000 steps, the limit".to_owned(),
             at
+        )]
+    );
+    let large = format!("name = \"many\"\nsteps = []\n{}", "\n".repeat(512 * 1024));
+    let diagnostics = validate_source(Path::new("large.toml"), large).diagnostics;
+    let shown: Vec<(&str, &str)> = diagnostics
+        .iter()
+        .map(|d| (d.code, d.message.as_str()))
+        .collect();
+    assert_eq!(
+        shown,
+        [(
+            "archon::file_too_large",
+            "TOML spec file is 524313 bytes, more than the limit of 524288 bytes for TOML"
         )]
     );
 }
 
-/// Eight megabytes of empty inline tables (675 MB before) and a million-element YAML list are refused at
-/// the value limit, while they are read.
+/// A million-element YAML list is refused at the value limit while it is read, and so is a TOML list of
+/// more separators than that limit, from its text. (Eight megabytes of empty TOML tables, 675 MB before,
+/// are now refused by the TOML size limit.)
 #[test]
 fn too_many_values_are_refused_in_both_formats() {
-    let tables = format!("name = \"b\"\nx = [{}]\n", vec!["{}"; 2_700_000].join(","));
+    let tables = format!("name = \"b\"\nx = [{}]\n", ",".repeat(510_000));
     let list = format!("name: b\nx: [{}]\n", vec!["1"; 1_000_000].join(","));
     for (name, text) in [("tables.toml", tables), ("list.yaml", list)] {
         let diagnostics = validate_source(Path::new(name), text).diagnostics;

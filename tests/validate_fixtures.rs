@@ -12,9 +12,9 @@ use crate::support::{archon, root, spec_files};
 const COVERED_BY_HOSTILE_TESTS: &[&str] = &[
     // only a plan written by the LLM planner can break these rules: `tests/planner.rs`
     "archon::plan_not_allowed",
-    // needs a file over the 8 MiB limit
+    // needs a file over the 8 MiB limit (512 KiB for TOML)
     "archon::file_too_large",
-    // needs more than 50,000 steps
+    // needs more than 20,000 steps
     "archon::too_many_steps",
     // needs a missing, unreadable or non-UTF-8 file, which a checked-in fixture cannot be
     "archon::unreadable_file",

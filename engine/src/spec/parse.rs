@@ -12,6 +12,9 @@ pub const MAX_VALUES: usize = 500_000;
 pub struct Limits {
     /// Largest spec file accepted, in bytes.
     pub max_file_bytes: usize,
+    /// Largest TOML spec file accepted, in bytes: the TOML parser holds every token of a file, and then
+    /// the whole document, at up to about 150 bytes of memory per byte of text.
+    pub max_toml_bytes: usize,
     /// Deepest nesting of mappings and sequences.
     pub max_depth: usize,
     /// Most YAML events an alias (`*name`) may replay in one file: bounds "billion laughs" expansion.
@@ -27,9 +30,10 @@ impl Default for Limits {
     fn default() -> Self {
         Limits {
             max_file_bytes: 8 * 1024 * 1024,
+            max_toml_bytes: 512 * 1024,
             max_depth: 64,
             max_alias_replay_events: 20_000,
-            max_steps: 50_000,
+            max_steps: 20_000,
             max_values: MAX_VALUES,
         }
     }
@@ -50,6 +54,19 @@ pub fn parse(file: &SourceFile, limits: &Limits) -> (Option<Node>, Vec<Diagnosti
             ),
         )
         .with_hint("split the workflow into sub-workflows (`workflow:` steps)");
+        return (None, vec![d]);
+    }
+    if file.format == Format::Toml && file.text.len() > limits.max_toml_bytes {
+        let d = Diagnostic::error(
+            codes::FILE_TOO_LARGE,
+            whole,
+            format!(
+                "TOML spec file is {} bytes, more than the limit of {} bytes for TOML",
+                file.text.len(),
+                limits.max_toml_bytes
+            ),
+        )
+        .with_hint("write a workflow this large in YAML (up to 8 MiB), or split it into sub-workflows (`workflow:` steps)");
         return (None, vec![d]);
     }
     if let Some(offset) = too_deep(&file.text, limits.max_depth) {
