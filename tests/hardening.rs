@@ -797,3 +797,71 @@ fn a_read_only_store_without_its_shm_file_can_be_listed() {
         )
     );
 }
+
+/// Issue 13, item 17: the run's store failing mid-run (here a file size limit reached by the log; a full
+/// disk is the same failure) ends the run failed, exit 1, with the error and what to do on standard error.
+/// It exited 130, Ctrl-C's code, as if a person had interrupted it, with the error on standard output and
+/// a hint to resume at once. Lifted the limit, `resume` continues the run as it was last saved.
+#[test]
+fn a_store_that_fails_mid_run_fails_the_run_and_says_so() {
+    let dir = TempDir::new().expect("tempdir");
+    std::fs::write(
+        dir.path().join("wf.yaml"),
+        // The step's output is written when it has ended, and goes past the limit.
+        "name: t\nsteps:\n  - id: many\n    tool: echo\n    with: { v: \"{{ 'x' * 3000000 }}\" }\n",
+    )
+    .expect("spec");
+    let output = Command::new("bash")
+        .arg("-c")
+        .arg(format!(
+            "ulimit -f 2000; exec {} run wf.yaml",
+            env!("CARGO_BIN_EXE_archon")
+        ))
+        .current_dir(dir.path())
+        .env("NO_COLOR", "1")
+        .output()
+        .expect("bash runs");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let id = stdout
+        .split_whitespace()
+        .nth(1)
+        .expect("a run id")
+        .to_owned();
+    // The run's id, and durations (`12 ms`), vary.
+    let shown = |text: &[u8]| {
+        let text = String::from_utf8_lossy(text).replace(&id, "RUN");
+        let mut out = String::new();
+        let mut rest = text.as_str();
+        while let Some(at) = rest.find(" ms") {
+            let digits = rest[..at].len()
+                - rest[..at]
+                    .trim_end_matches(|c: char| c.is_ascii_digit())
+                    .len();
+            out.push_str(&rest[..at - digits]);
+            out.push_str(if digits > 0 { "N ms" } else { " ms" });
+            rest = &rest[at + 3..];
+        }
+        out.push_str(rest);
+        out
+    };
+    assert_eq!(
+        (output.status.code(), shown(&output.stdout), shown(&output.stderr)),
+        (
+            Some(1),
+            "run RUN of `t` failed in N ms: 1 succeeded\n".to_owned(),
+            "started   many\nsucceeded many (N ms)\nerror: the run's state could not be saved: cannot write state database `.archon/state.db`: disk i/o error\n  hint: files are limited to 2048000 bytes here (`ulimit -f`): the store may have reached that size\n  hint: the store keeps the run as it was last saved; once the state directory can be written again, `archon resume RUN` continues it\n".to_owned()
+        )
+    );
+    let resumed = Command::new(env!("CARGO_BIN_EXE_archon"))
+        .args(["resume", &id])
+        .current_dir(dir.path())
+        .env("NO_COLOR", "1")
+        .output()
+        .expect("archon runs");
+    assert_eq!(
+        resumed.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&resumed.stderr)
+    );
+}

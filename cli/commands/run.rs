@@ -275,7 +275,11 @@ pub fn execute(
         }
         Ok::<_, std::io::Error>(outcome)
     })?;
-    let Outcome { report, resumable } = match outcome {
+    let Outcome {
+        mut report,
+        resumable,
+        unsaved,
+    } = match outcome {
         Ok(outcome) => outcome,
         Err(SessionError::Run(err)) => {
             output::stderr(&output::printable(&format!("error: {err}\n")));
@@ -287,6 +291,20 @@ pub fn execute(
         let mut text = serde_json::to_string_pretty(&report)?;
         text.push('\n');
         output::stdout(&text);
+    } else if let Some(error) = &unsaved {
+        // Archon's own failure, not the workflow's: said on standard error, with what to do.
+        report.error = None;
+        output::stdout(&output::printable(&summary(&report, resumable)));
+        let mut text = format!("error: the run's state could not be saved: {error}\n");
+        if let Some(hint) = &error.hint {
+            let _ = writeln!(text, "  hint: {hint}");
+        }
+        let _ = writeln!(
+            text,
+            "  hint: the store keeps the run as it was last saved; once the state directory can be written again, `archon resume {}` continues it",
+            report.run_id
+        );
+        output::stderr(&output::printable(&text));
     } else {
         output::stdout(&output::printable(&summary(&report, resumable)));
     }

@@ -187,6 +187,9 @@ pub struct Outcome {
     pub report: RunReport,
     /// The run was stopped (Ctrl-C, a signal) and can be resumed, rather than cancelled for good.
     pub resumable: bool,
+    /// The write of the run's state that failed and stopped it (a full disk, a lost store): the store
+    /// keeps the run as it was last saved, which `resume` continues once the store can be written.
+    pub unsaved: Option<StoreError>,
 }
 
 /// What a person says became of a step in doubt ([`Session::resolve`]).
@@ -438,13 +441,18 @@ impl Session {
         };
         // Everything recorded is applied before the caller goes on; the run's lease is released.
         journal.close();
+        let unsaved = journal.failure();
         // Ctrl-C leaves the run resumable; `cancel` ends it for good.
         let resumable = report.status == RunStatus::Cancelled
             && self
                 .store
                 .load(&report.run_id)
                 .is_ok_and(|r| r.status == RunState::Interrupted);
-        Ok(Outcome { report, resumable })
+        Ok(Outcome {
+            report,
+            resumable,
+            unsaved,
+        })
     }
 
     /// Whether the run could be continued as asked now, without claiming it: what `continue_run` would

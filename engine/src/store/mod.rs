@@ -131,6 +131,11 @@ pub trait Journal: Send + Sync + fmt::Debug {
     fn flush(&self) -> Ack;
     /// Applies everything recorded, then stops recording; the run's owner lets go of it.
     fn close(&self) {}
+    /// The write that failed, once one has: nothing recorded after it is kept, and the run must stop
+    /// as failed (not as interrupted by a person, although the journal stops it the same way).
+    fn failure(&self) -> Option<StoreError> {
+        None
+    }
 }
 
 /// Where runs are kept: what the CLI needs to start, list, show, resume, retry and cancel runs.

@@ -873,6 +873,8 @@ struct Pending {
     closed: bool,
     /// The writer is waiting on `Queue::wake`.
     asleep: bool,
+    /// The write that failed (`Journal::failure`).
+    broken: Option<StoreError>,
 }
 
 impl fmt::Debug for Pending {
@@ -942,6 +944,14 @@ impl Journal for SqliteJournal {
         if let Some(thread) = self.thread.lock().ok().and_then(|mut t| t.take()) {
             let _ = thread.join();
         }
+    }
+
+    fn failure(&self) -> Option<StoreError> {
+        self.queue
+            .pending
+            .lock()
+            .ok()
+            .and_then(|pending| pending.broken.clone())
     }
 
     fn flush(&self) -> Ack {
@@ -1058,9 +1068,9 @@ impl Writer {
         let mut last_heartbeat = Instant::now();
         loop {
             match take(queue, &mut last_heartbeat) {
-                Taken::Batch(batch, heartbeat) => self.apply(batch, heartbeat),
+                Taken::Batch(batch, heartbeat) => self.apply(batch, heartbeat, queue),
                 Taken::Heartbeat => {
-                    self.apply(Vec::new(), true);
+                    self.apply(Vec::new(), true, queue);
                     self.checkpoint_when_due();
                 }
                 Taken::Closed => break,
@@ -1094,7 +1104,7 @@ impl Writer {
         }
     }
 
-    fn apply(&mut self, batch: Vec<Message>, heartbeat: bool) {
+    fn apply(&mut self, batch: Vec<Message>, heartbeat: bool, queue: &Queue) {
         let mut flushes = Vec::new();
         let mut entries = Vec::new();
         for message in batch {
@@ -1113,17 +1123,16 @@ impl Writer {
                 }
                 Ok(None) => {
                     // Another process took the run over: stop, and write nothing more.
-                    self.broken = Some(StoreError::new(format!(
-                        "run `{}` was taken over by another process; this one stopped recording it",
-                        self.run
-                    )));
                     self.released = true;
-                    self.cancel.cancel();
+                    self.fail(
+                        StoreError::new(format!(
+                            "run `{}` was taken over by another process; this one stopped recording it",
+                            self.run
+                        )),
+                        queue,
+                    );
                 }
-                Err(e) => {
-                    self.broken = Some(sql_error(&self.path, &e));
-                    self.cancel.cancel();
-                }
+                Err(e) => self.fail(sql_error(&self.path, &e), queue),
             }
         }
         let outcome = match &self.broken {
@@ -1133,6 +1142,18 @@ impl Writer {
         for done in flushes {
             let _ = done.send(outcome.clone());
         }
+    }
+
+    /// Stops recording after a failed write: the journal reports the failure (`Journal::failure`) before
+    /// the run is stopped, so that the run ends failed with it rather than interrupted.
+    fn fail(&mut self, error: StoreError, queue: &Queue) {
+        queue
+            .pending
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .broken = Some(error.clone());
+        self.broken = Some(error);
+        self.cancel.cancel();
     }
 
     /// Applies entries in one transaction; returns whether a cancel was requested, or `None` when the run
@@ -1707,7 +1728,16 @@ fn put_blob(
     mut write: impl FnMut(&mut dyn std::io::Write) -> std::io::Result<()>,
     inline: usize,
 ) -> rusqlite::Result<Option<String>> {
-    let io = |e: std::io::Error| rusqlite::Error::ToSqlConversionFailure(Box::new(e));
+    // A failed write into the blob is SQLite's error (a full disk, a file size limit): kept as it is, so that
+    // it is reported as any other failed write.
+    let io = |e: std::io::Error| match e
+        .into_inner()
+        .map(|inner| inner.downcast::<rusqlite::Error>())
+    {
+        Some(Ok(sqlite)) => *sqlite,
+        Some(Err(other)) => rusqlite::Error::ToSqlConversionFailure(other),
+        None => rusqlite::Error::ToSqlConversionFailure("the blob could not be written".into()),
+    };
     let mut measured = Measured::default();
     write(&mut measured).map_err(io)?;
     if measured.length <= inline as u64 {

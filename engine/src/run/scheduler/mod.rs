@@ -237,7 +237,13 @@ fn run_workflow(
         let failed = first_failure(&spec.steps, |i| views[i].result().status).is_some();
         let waiting = waits(&views);
         // A run stopped from inside failed, with the reason; one cancelled by its caller was interrupted.
-        let halted = shared.halt.reason.get().cloned();
+        // A journal that could not write stopped the run too, and the run failed with that.
+        let halted = shared.halt.reason.get().cloned().or_else(|| {
+            (shared.depth == 0)
+                .then(|| shared.options.journal.failure())
+                .flatten()
+                .map(|e| format!("the run's state could not be saved: {e}"))
+        });
         let cancelled = shared.options.cancel.is_cancelled();
         let mut outputs = Map::new();
         if !cancelled {
