@@ -464,3 +464,43 @@ async fn plans_are_checked_against_the_sub_workflows_loaded_with_the_run() {
     assert_eq!(p.status, StepStatus::Succeeded, "{p:?}");
     assert_eq!(p.output, json!({ "v": "original" }));
 }
+
+/// Issue 13, item 2: a plan's templates are held to the same budget as a spec's. A planned step whose
+/// template doubles a string forty times fails within the 256 MiB a render may use (it reached 23 GB
+/// before), the planner is told, and its revised plan runs.
+#[tokio::test]
+async fn a_planned_template_that_builds_without_end_fails_its_step_within_the_budget() {
+    let dir = TempDir::new().expect("tempdir");
+    let bomb = json!({
+        "steps": [
+            { "id": "double", "tool": "echo", "with": { "text": "{% set ns = namespace(s='ab') %}{% for i in range(40) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}{{ ns.s | length }}" } }
+        ]
+    });
+    let revised = json!({
+        "steps": [ { "id": "double", "tool": "echo", "with": { "text": "{{ 'ab' ~ 'ab' }}" } } ]
+    });
+    let turns = turn(Some("failed"), &revised) + &turn(None, &bomb);
+    let (report, events) = run_agent(dir.path(), &spec(&turns, STEP)).await;
+    let failed: Vec<&Option<String>> = events
+        .iter()
+        .filter_map(|e| match e {
+            RunEvent::StepFinished {
+                step,
+                status: StepStatus::Failed,
+                error,
+                ..
+            } if step == "p/double" => Some(error),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        failed,
+        [&Some(
+            "cannot render template `{% set ns = namespace(s='ab') %}{% for i in range(40) %}{% set ns.s = ns.s ~ ns.`: it needed more than 256 MiB of memory"
+                .to_owned()
+        )]
+    );
+    let p = &report.steps["p"];
+    assert_eq!(p.status, StepStatus::Succeeded, "{p:?}");
+    assert_eq!(p.steps["double"].output, json!({ "text": "abab" }));
+}
