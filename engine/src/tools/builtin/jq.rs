@@ -38,19 +38,36 @@ const MAX_OUTPUT_BYTES: usize = 64 << 20;
 
 /// Runs `filter` on `input`: a plain path ([`is_path`]) here, anything else in the helper process
 /// `helper` (the `archon` executable). One result is returned as is; zero or several come back as a list.
+///
+/// An input or a result larger than [`IN_PLACE`] is written, evaluated or read on a blocking thread, so
+/// that a large JSON value does not hold the run's other steps, timeouts and Ctrl-C.
 pub async fn query(helper: Option<&Path>, input: &Json, filter: &str) -> Result<Json, ToolError> {
+    let large = larger_than(input, IN_PLACE);
     if is_path(filter) {
-        let results = evaluate(input.to_string().as_bytes(), filter).map_err(ToolError::new)?;
-        return Ok(collect(results.iter().map(String::as_str)));
+        let (input, filter) = (input.clone(), filter.to_owned());
+        return off_thread(large, move || {
+            let results = evaluate(input.to_string().as_bytes(), &filter)?;
+            Ok(collect(results.iter().map(String::as_str)))
+        })
+        .await
+        .map_err(ToolError::new);
     }
     let Some(helper) = helper else {
         return Err(ToolError::new(
             "cannot run a jq filter: no helper executable is configured\n  hint: set `RunOptions::helper` to the `archon` executable",
         ));
     };
-    let mut request = serde_json::to_string(filter).unwrap_or_default();
-    request.push('\n');
-    request.push_str(&input.to_string());
+    let request = {
+        let (input, filter) = (input.clone(), filter.to_owned());
+        off_thread(large, move || {
+            let mut request = serde_json::to_string(&filter).unwrap_or_default();
+            request.push('\n');
+            request.push_str(&input.to_string());
+            Ok(request)
+        })
+        .await
+        .map_err(ToolError::new)?
+    };
     let output = process::run_helper(
         helper,
         &[HELPER_COMMAND],
@@ -69,16 +86,63 @@ pub async fn query(helper: Option<&Path>, input: &Json, filter: &str) -> Result<
             MAX_OUTPUT_BYTES >> 20
         )));
     }
-    let text = String::from_utf8_lossy(&output.stdout);
-    let (kind, rest) = text.split_once('\n').unwrap_or((&text, ""));
-    match kind {
-        "ok" => Ok(collect(rest.lines())),
-        "error" => Err(ToolError::new(rest.trim_end_matches('\n'))),
-        _ => Err(ToolError::new(format!(
-            "the jq helper `{}` answered something else than results",
-            helper.display()
-        ))),
+    let large = output.stdout.len() > IN_PLACE;
+    let helper = helper.display().to_string();
+    off_thread(large, move || {
+        let text = String::from_utf8_lossy(&output.stdout);
+        let (kind, rest) = text.split_once('\n').unwrap_or((&text, ""));
+        match kind {
+            "ok" => Ok(collect(rest.lines())),
+            "error" => Err(rest.trim_end_matches('\n').to_owned()),
+            _ => Err(format!(
+                "the jq helper `{helper}` answered something else than results"
+            )),
+        }
+    })
+    .await
+    .map_err(ToolError::new)
+}
+
+/// JSON up to this size is written and read on the run's thread; larger, on a blocking thread.
+pub const IN_PLACE: usize = 64 * 1024;
+
+/// Whether `value` as JSON text would be longer than `most` bytes, found without recursion and without
+/// writing it (an estimate: string lengths, numbers and punctuation), stopping once it is.
+pub fn larger_than(value: &Json, most: usize) -> bool {
+    let mut size = 0usize;
+    let mut pending = vec![value];
+    while let Some(value) = pending.pop() {
+        size += match value {
+            Json::Null | Json::Bool(_) => 5,
+            Json::Number(_) => 20,
+            Json::String(s) => s.len() + 2,
+            Json::Array(items) => {
+                pending.extend(items);
+                items.len() + 2
+            }
+            Json::Object(entries) => {
+                pending.extend(entries.values());
+                entries.keys().map(|k| k.len() + 4).sum::<usize>() + 2
+            }
+        };
+        if size > most {
+            return true;
+        }
     }
+    false
+}
+
+/// Runs `work` here, or on a blocking thread when it is `large`.
+async fn off_thread<T: Send + 'static>(
+    large: bool,
+    work: impl FnOnce() -> Result<T, String> + Send + 'static,
+) -> Result<T, String> {
+    if !large {
+        return work();
+    }
+    tokio::task::spawn_blocking(work)
+        .await
+        .unwrap_or_else(|_| Err("the JSON could not be processed".to_owned()))
 }
 
 /// Results as JSON text made into one value: one result as is, zero or several as a list.
@@ -183,7 +247,7 @@ fn evaluate(input: &[u8], filter: &str) -> Result<Vec<String>, String> {
 
 #[cfg(test)]
 mod tests {
-    use super::is_path;
+    use super::{IN_PLACE, Json, is_path, larger_than, query};
 
     #[test]
     fn only_plain_paths_are_evaluated_in_place() {
@@ -213,5 +277,34 @@ mod tests {
             assert!(!is_path(filter), "{filter}");
         }
         assert!(!is_path(&".a".repeat(200)));
+    }
+
+    /// A large input is written and queried on a blocking thread: done in place, on the run's one thread,
+    /// no other task (another step, a timeout, Ctrl-C) could run until it ended.
+    #[tokio::test]
+    async fn a_large_input_is_queried_while_the_run_goes_on() {
+        use std::sync::Arc;
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        let ticks = Arc::new(AtomicUsize::new(0));
+        let ticker = {
+            let ticks = ticks.clone();
+            tokio::spawn(async move {
+                loop {
+                    ticks.fetch_add(1, Ordering::Relaxed);
+                    tokio::task::yield_now().await;
+                }
+            })
+        };
+        let input = serde_json::json!({ "items": vec!["x".repeat(1000); 20_000] });
+        let first = query(None, &input, ".items[0]").await.expect("queried");
+        let during = ticks.load(Ordering::Relaxed);
+        ticker.abort();
+        assert_eq!(first, Json::String("x".repeat(1000)));
+        assert!(during > 0, "no other task ran while the input was queried");
+        assert!(larger_than(&input, IN_PLACE));
+        assert!(!larger_than(
+            &serde_json::json!({ "a": [1, 2, "three"] }),
+            IN_PLACE
+        ));
     }
 }

@@ -32,7 +32,13 @@ impl Tool for JsonQuery {
         Box::pin(async move {
             let filter = args["query"].as_str().unwrap_or(".");
             let output = super::jq::query(cx.helper.as_deref(), &args["input"], filter).await?;
-            Ok(ToolOutput::json(output))
+            if !super::jq::larger_than(&output, super::jq::IN_PLACE) {
+                return Ok(ToolOutput::json(output));
+            }
+            // Writing a large result as its text, too, is done on a blocking thread.
+            tokio::task::spawn_blocking(move || ToolOutput::json(output))
+                .await
+                .map_err(|_| crate::tools::ToolError::new("the result could not be written"))
         })
     }
 }
