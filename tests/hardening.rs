@@ -610,26 +610,31 @@ fn files_that_never_end_are_refused_before_they_are_read() {
     );
 }
 
+/// `archon run wf.yaml` of `spec` in `dir`, with files limited to `blocks` of 1 KiB (`ulimit -f`).
+fn run_under_file_size_limit(dir: &Path, spec: &str, blocks: u32) -> std::process::Output {
+    std::fs::write(dir.join("wf.yaml"), spec).expect("spec");
+    Command::new("bash")
+        .arg("-c")
+        .arg(format!(
+            "ulimit -f {blocks}; exec {} run wf.yaml",
+            env!("CARGO_BIN_EXE_archon")
+        ))
+        .current_dir(dir)
+        .env("NO_COLOR", "1")
+        .output()
+        .expect("bash runs")
+}
+
 /// Issue 13, item 17: with a file size limit (`ulimit -f`), a store write past it used to kill archon with
 /// SIGXFSZ and no word (exit 153); now the write fails and archon says why, on stderr, and exits 1.
 #[test]
 fn a_file_size_limit_is_reported_not_fatal() {
     let dir = TempDir::new().expect("tempdir");
-    std::fs::write(
-        dir.path().join("wf.yaml"),
+    let output = run_under_file_size_limit(
+        dir.path(),
         "name: t\nsteps:\n  - { id: a, tool: echo, with: { v: 1 } }\n",
-    )
-    .expect("spec");
-    let output = Command::new("bash")
-        .arg("-c")
-        .arg(format!(
-            "ulimit -f 20; exec {} run wf.yaml",
-            env!("CARGO_BIN_EXE_archon")
-        ))
-        .current_dir(dir.path())
-        .env("NO_COLOR", "1")
-        .output()
-        .expect("bash runs");
+        20,
+    );
     assert_eq!(
         (
             output.status.code(),
@@ -805,22 +810,12 @@ fn a_read_only_store_without_its_shm_file_can_be_listed() {
 #[test]
 fn a_store_that_fails_mid_run_fails_the_run_and_says_so() {
     let dir = TempDir::new().expect("tempdir");
-    std::fs::write(
-        dir.path().join("wf.yaml"),
+    let output = run_under_file_size_limit(
+        dir.path(),
         // The step's output is written when it has ended, and goes past the limit.
         "name: t\nsteps:\n  - id: many\n    tool: echo\n    with: { v: \"{{ 'x' * 3000000 }}\" }\n",
-    )
-    .expect("spec");
-    let output = Command::new("bash")
-        .arg("-c")
-        .arg(format!(
-            "ulimit -f 2000; exec {} run wf.yaml",
-            env!("CARGO_BIN_EXE_archon")
-        ))
-        .current_dir(dir.path())
-        .env("NO_COLOR", "1")
-        .output()
-        .expect("bash runs");
+        2000,
+    );
     let stdout = String::from_utf8_lossy(&output.stdout);
     let id = stdout
         .split_whitespace()

@@ -37,6 +37,15 @@ fn validate_with_binary(name: &str, text: &[u8]) -> (i32, Vec<String>, Duration)
     (output.status.code().unwrap_or(-1), codes, elapsed)
 }
 
+/// The code and message of each diagnostic of `text`, validated in this process.
+fn codes_and_messages(name: &str, text: String) -> Vec<(&'static str, String)> {
+    validate_source(Path::new(name), text)
+        .diagnostics
+        .into_iter()
+        .map(|d| (d.code, d.message))
+        .collect()
+}
+
 fn codes_in_process(name: &str, text: String) -> Vec<&'static str> {
     validate_source(Path::new(name), text)
         .diagnostics
@@ -250,16 +259,12 @@ fn a_toml_spec_with_too_many_steps_is_refused_before_it_is_parsed() {
         )]
     );
     let large = format!("name = \"many\"\nsteps = []\n{}", "\n".repeat(512 * 1024));
-    let diagnostics = validate_source(Path::new("large.toml"), large).diagnostics;
-    let shown: Vec<(&str, &str)> = diagnostics
-        .iter()
-        .map(|d| (d.code, d.message.as_str()))
-        .collect();
     assert_eq!(
-        shown,
+        codes_and_messages("large.toml", large),
         [(
             "archon::file_too_large",
             "TOML spec file is 524313 bytes, more than the limit of 524288 bytes for TOML"
+                .to_owned()
         )]
     );
 }
@@ -272,16 +277,11 @@ fn too_many_values_are_refused_in_both_formats() {
     let tables = format!("name = \"b\"\nx = [{}]\n", ",".repeat(510_000));
     let list = format!("name: b\nx: [{}]\n", vec!["1"; 1_000_000].join(","));
     for (name, text) in [("tables.toml", tables), ("list.yaml", list)] {
-        let diagnostics = validate_source(Path::new(name), text).diagnostics;
-        let shown: Vec<(&str, &str)> = diagnostics
-            .iter()
-            .map(|d| (d.code, d.message.as_str()))
-            .collect();
         assert_eq!(
-            shown,
+            codes_and_messages(name, text),
             [(
                 "archon::file_too_large",
-                "spec file holds more than 500000 values, the limit"
+                "spec file holds more than 500000 values, the limit".to_owned()
             )],
             "{name}"
         );

@@ -22,6 +22,8 @@ pub mod session;
 pub mod source;
 pub mod spec;
 pub mod store;
+#[cfg(test)]
+mod testing;
 pub mod tools;
 pub mod validate;
 pub mod workflow;

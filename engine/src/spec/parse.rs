@@ -43,30 +43,30 @@ impl Default for Limits {
 /// problem found on the way (duplicate keys do not stop parsing; syntax errors and limits do).
 pub fn parse(file: &SourceFile, limits: &Limits) -> (Option<Node>, Vec<Diagnostic>) {
     let whole = Span::new(file.id, 0, 0);
-    if file.text.len() > limits.max_file_bytes {
+    let (most, what, hint) = match file.format {
+        Format::Toml if limits.max_toml_bytes < limits.max_file_bytes => (
+            limits.max_toml_bytes,
+            ("TOML spec file", " for TOML"),
+            "write a workflow this large in YAML (up to 8 MiB), or split it into sub-workflows (`workflow:` steps)",
+        ),
+        _ => (
+            limits.max_file_bytes,
+            ("spec file", ""),
+            "split the workflow into sub-workflows (`workflow:` steps)",
+        ),
+    };
+    if file.text.len() > most {
         let d = Diagnostic::error(
             codes::FILE_TOO_LARGE,
             whole,
             format!(
-                "spec file is {} bytes, more than the limit of {} bytes",
+                "{} is {} bytes, more than the limit of {most} bytes{}",
+                what.0,
                 file.text.len(),
-                limits.max_file_bytes
+                what.1
             ),
         )
-        .with_hint("split the workflow into sub-workflows (`workflow:` steps)");
-        return (None, vec![d]);
-    }
-    if file.format == Format::Toml && file.text.len() > limits.max_toml_bytes {
-        let d = Diagnostic::error(
-            codes::FILE_TOO_LARGE,
-            whole,
-            format!(
-                "TOML spec file is {} bytes, more than the limit of {} bytes for TOML",
-                file.text.len(),
-                limits.max_toml_bytes
-            ),
-        )
-        .with_hint("write a workflow this large in YAML (up to 8 MiB), or split it into sub-workflows (`workflow:` steps)");
+        .with_hint(hint);
         return (None, vec![d]);
     }
     if let Some(offset) = too_deep(&file.text, limits.max_depth) {

@@ -542,26 +542,14 @@ async fn after_step(shared: &Shared, step: &Step, result: &mut StepResult) {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::Arc;
-    use std::sync::atomic::{AtomicUsize, Ordering};
-
     use super::*;
+    use crate::testing::others_ran_during;
 
     /// Gathering a `foreach` step's large items into its result (their outputs copied, the whole written
     /// as one JSON text) lets the run's other tasks go on: done in place, on the run's one thread, no other
     /// task could run until it ended.
     #[tokio::test]
     async fn large_items_are_gathered_while_the_run_goes_on() {
-        let ticks = Arc::new(AtomicUsize::new(0));
-        let ticker = {
-            let ticks = ticks.clone();
-            tokio::spawn(async move {
-                loop {
-                    ticks.fetch_add(1, Ordering::Relaxed);
-                    tokio::task::yield_now().await;
-                }
-            })
-        };
         let item = |text: &str| {
             let mut result = StepResult::ended(StepStatus::Succeeded, None);
             result.output = Json::String(text.to_owned());
@@ -569,9 +557,8 @@ mod tests {
             result
         };
         let big = "x".repeat(4 << 20);
-        let gathered = gathered(vec![item(&big), item(&big), item("small")]).await;
-        let during = ticks.load(Ordering::Relaxed);
-        ticker.abort();
+        let (gathered, during) =
+            others_ran_during(gathered(vec![item(&big), item(&big), item("small")])).await;
         assert_eq!(gathered.status, StepStatus::Succeeded);
         assert_eq!(
             gathered.text.len(),

@@ -283,22 +283,10 @@ mod tests {
     /// no other task (another step, a timeout, Ctrl-C) could run until it ended.
     #[tokio::test]
     async fn a_large_input_is_queried_while_the_run_goes_on() {
-        use std::sync::Arc;
-        use std::sync::atomic::{AtomicUsize, Ordering};
-        let ticks = Arc::new(AtomicUsize::new(0));
-        let ticker = {
-            let ticks = ticks.clone();
-            tokio::spawn(async move {
-                loop {
-                    ticks.fetch_add(1, Ordering::Relaxed);
-                    tokio::task::yield_now().await;
-                }
-            })
-        };
         let input = serde_json::json!({ "items": vec!["x".repeat(1000); 20_000] });
-        let first = query(None, &input, ".items[0]").await.expect("queried");
-        let during = ticks.load(Ordering::Relaxed);
-        ticker.abort();
+        let (first, during) =
+            crate::testing::others_ran_during(query(None, &input, ".items[0]")).await;
+        let first = first.expect("queried");
         assert_eq!(first, Json::String("x".repeat(1000)));
         assert!(during > 0, "no other task ran while the input was queried");
         assert!(larger_than(&input, IN_PLACE));

@@ -456,32 +456,22 @@ pub(in crate::run::scheduler) fn as_data(text: &str) -> String {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::Arc;
-    use std::sync::atomic::{AtomicUsize, Ordering};
-
     use super::as_data;
     use crate::llm::tokens::Estimator;
+    use crate::testing::others_ran_during;
 
     /// Issue 12, item 4: measuring a large tool output does not hold the scheduler's thread. On a
     /// current-thread runtime, another task gets to run while it is measured (measured in place, it
     /// could not run before the measurement returned).
     #[tokio::test(flavor = "current_thread")]
     async fn a_large_output_is_measured_while_the_run_goes_on() {
-        let ticks = Arc::new(AtomicUsize::new(0));
-        let ticker = {
-            let ticks = ticks.clone();
-            tokio::spawn(async move {
-                loop {
-                    ticks.fetch_add(1, Ordering::Relaxed);
-                    tokio::task::yield_now().await;
-                }
-            })
-        };
         let text = "word ".repeat(400_000);
-        let (shown, whole) =
-            super::cut_off_thread(Estimator::for_model("gpt-4o"), text, 1000).await;
-        let during = ticks.load(Ordering::Relaxed);
-        ticker.abort();
+        let ((shown, whole), during) = others_ran_during(super::cut_off_thread(
+            Estimator::for_model("gpt-4o"),
+            text,
+            1000,
+        ))
+        .await;
         assert_eq!(whole.map(|w| w.len()), Some(2_000_000));
         assert!(
             shown.contains("[... cut: "),
