@@ -107,26 +107,39 @@ fn groups<'a>(d: &'a Diagnostic, sources: &'a Sources) -> Vec<Group<'a>> {
     let mut group = Group::with_title(level.primary_title(d.message.as_str()).id(d.code));
     let primary = sources.get(d.span.file);
     if let Some(file) = primary {
-        let labels: Vec<_> = d
-            .labels
-            .iter()
-            .filter(|l| l.span.file == d.span.file)
+        // The primary span and the labels in the same file, in file order; spans close together share a
+        // snippet, and those far apart get one each, so that no snippet holds the lines between them.
+        let mut spans: Vec<(Span, Option<&str>)> = std::iter::once((d.span, None))
+            .chain(
+                d.labels
+                    .iter()
+                    .filter(|l| l.span.file == d.span.file)
+                    .map(|l| (l.span, Some(l.message.as_str()))),
+            )
             .collect();
-        let window = Window::around(
-            file,
-            std::iter::once(d.span).chain(labels.iter().map(|l| l.span)),
-        );
-        let mut snippet = window
-            .snippet(file)
-            .annotation(AnnotationKind::Primary.span(window.range(file, d.span)));
-        for label in labels {
-            snippet = snippet.annotation(
-                AnnotationKind::Context
-                    .span(window.range(file, label.span))
-                    .label(label.message.as_str()),
-            );
+        spans.sort_by_key(|(span, _)| span.start);
+        let mut start = 0;
+        while start < spans.len() {
+            let mut end = start + 1;
+            let mut reach = spans[start].0.end;
+            while end < spans.len() && spans[end].0.start <= reach.saturating_add(NEARBY) {
+                reach = reach.max(spans[end].0.end);
+                end += 1;
+            }
+            let near = &spans[start..end];
+            let window = Window::around(file, near.iter().map(|(span, _)| *span));
+            let mut snippet = window.snippet(file);
+            for (span, label) in near {
+                snippet = snippet.annotation(match label {
+                    None => AnnotationKind::Primary.span(window.range(file, *span)),
+                    Some(label) => AnnotationKind::Context
+                        .span(window.range(file, *span))
+                        .label(*label),
+                });
+            }
+            group = group.element(snippet);
+            start = end;
         }
-        group = group.element(snippet);
     }
     for label in d.labels.iter().filter(|l| l.span.file != d.span.file) {
         if let Some(file) = sources.get(label.span.file) {
@@ -145,6 +158,9 @@ fn groups<'a>(d: &'a Diagnostic, sources: &'a Sources) -> Vec<Group<'a>> {
     }
     vec![group]
 }
+
+/// Spans of one diagnostic at most this many bytes apart are shown in one snippet.
+const NEARBY: u32 = 16 * 1024;
 
 /// The whole lines of a file that a diagnostic's spans touch: only they are given to the snippet renderer,
 /// which lays out every line it is given (8 MB of blank lines once made it use 450 MB to show one).
@@ -314,5 +330,30 @@ mod tests {
         let shown = render(windowed);
         assert_eq!(shown, render(whole));
         assert!(shown.contains("1004 |     tool: nope"), "{shown}");
+    }
+
+    /// Spans far apart each get a snippet of their own lines: one window over both would lay out every
+    /// line between them (8 MB of blank lines between two duplicate ids took 957 MB).
+    #[test]
+    fn spans_far_apart_are_shown_in_snippets_of_their_own() {
+        let text = format!("steps:\n  - id: a\n{}  - id: a\n", "\n".repeat(100_000));
+        let mut sources = Sources::default();
+        let file = sources.add("w.yaml".into(), text.clone());
+        let first = text.find("id: a").expect("first") + 4;
+        let second = text.rfind("id: a").expect("second") + 4;
+        let mut diagnostic = Diagnostic::error(
+            "archon::duplicate_step",
+            Span::new(file.id, second, second + 1),
+            "duplicate step id `a`",
+        );
+        diagnostic.labels.push(Label {
+            span: Span::new(file.id, first, first + 1),
+            message: "first used here".into(),
+        });
+        let shown = Renderer::plain().render(&groups(&diagnostic, &sources));
+        assert_eq!(
+            shown,
+            "error[archon::duplicate_step]: duplicate step id `a`\n      --> w.yaml:2:9\n       |\n     2 |   - id: a\n       |         - first used here\n       |\n      ::: w.yaml:100003:9\n       |\n100003 |   - id: a\n       |         ^"
+        );
     }
 }

@@ -295,15 +295,23 @@ pub fn execute(
         // Archon's own failure, not the workflow's: said on standard error, with what to do.
         report.error = None;
         output::stdout(&output::printable(&summary(&report, resumable)));
-        let mut text = format!("error: the run's state could not be saved: {error}\n");
-        if let Some(hint) = &error.hint {
-            let _ = writeln!(text, "  hint: {hint}");
-        }
-        let _ = writeln!(
-            text,
-            "  hint: the store keeps the run as it was last saved; once the state directory can be written again, `archon resume {}` continues it",
-            report.run_id
-        );
+        let text = if error.taken_over {
+            format!(
+                "error: {error}\n  hint: `archon show {}` shows where it stands\n",
+                report.run_id
+            )
+        } else {
+            let mut text = format!("error: the run's state could not be saved: {error}\n");
+            if let Some(hint) = &error.hint {
+                let _ = writeln!(text, "  hint: {hint}");
+            }
+            let _ = writeln!(
+                text,
+                "  hint: the store keeps the run as it was last saved; once the state directory can be written again, `archon resume {}` continues it",
+                report.run_id
+            );
+            text
+        };
         output::stderr(&output::printable(&text));
     } else {
         output::stdout(&output::printable(&summary(&report, resumable)));

@@ -25,6 +25,9 @@ pub struct StoreError {
     pub hint: Option<String>,
     /// The run asked for does not exist (a usage problem, not a store failure).
     pub unknown_run: bool,
+    /// Another process took the run over (its lease had lapsed): this one stopped recording it, and the
+    /// run goes on there.
+    pub taken_over: bool,
 }
 
 impl StoreError {
@@ -33,6 +36,7 @@ impl StoreError {
             message: message.into(),
             hint: None,
             unknown_run: false,
+            taken_over: false,
         }
     }
 

@@ -1125,16 +1125,22 @@ impl Writer {
                     // Another process took the run over: stop, and write nothing more.
                     self.released = true;
                     self.fail(
-                        StoreError::new(format!(
-                            "run `{}` was taken over by another process; this one stopped recording it",
-                            self.run
-                        )),
+                        StoreError {
+                            taken_over: true,
+                            ..StoreError::new(format!(
+                                "run `{}` was taken over by another process; this one stopped recording it",
+                                self.run
+                            ))
+                        },
                         queue,
                     );
                 }
                 Err(e) => self.fail(sql_error(&self.path, &e), queue),
             }
         }
+        // The records let go of the results they share with the run before anyone waiting is told, so
+        // that the run takes its results back without a copy.
+        drop(entries);
         let outcome = match &self.broken {
             None => Ok(()),
             Some(e) => Err(e.clone()),
@@ -1720,9 +1726,10 @@ fn json_text(value: &Json) -> String {
 
 /// Stores what `write` writes as a blob when it is longer than `inline` bytes, and names it (`None` for a
 /// shorter one, which the caller keeps in its row). It is streamed, never held whole: `write` runs once
-/// to measure and name it (the SHA-256 of its bytes), and, unless a blob of that name is already stored,
-/// once more into the blob's own room, so that a 100 MB output costs the writer neither its JSON text nor
-/// SQLite's copy of it. (Blobs written before were named by `spec_hash`; names only need to be unique.)
+/// to measure and name it (`sha256:` and the SHA-256 of its bytes), and, unless a blob of that name is
+/// already stored, once more into the blob's own room, so that a 100 MB output costs the writer neither its
+/// JSON text nor SQLite's copy of it. (Blobs written before were named by `spec_hash`, bare hex digits: the
+/// prefix keeps the two kinds of names apart, so that no text can be taken for an older blob.)
 fn put_blob(
     tx: &rusqlite::Transaction<'_>,
     mut write: impl FnMut(&mut dyn std::io::Write) -> std::io::Result<()>,
@@ -1765,14 +1772,14 @@ struct Measured {
 }
 
 impl Measured {
-    /// The blob's name: the SHA-256 of its bytes.
+    /// The blob's name: `sha256:` and the SHA-256 of its bytes.
     fn name(self) -> String {
         use sha2::Digest;
-        self.hasher
-            .finalize()
-            .iter()
-            .map(|b| format!("{b:02x}"))
-            .collect()
+        let mut name = String::from("sha256:");
+        for b in self.hasher.finalize() {
+            name.push_str(&format!("{b:02x}"));
+        }
+        name
     }
 }
 
@@ -2387,6 +2394,64 @@ mod tests {
             "{}",
             error.message
         );
+        journal.close();
+    }
+
+    /// Blobs written before were named by `spec_hash`, which hashes the bytes framed by their length: a
+    /// text made of that framing and an older blob's bytes hashes, unframed, to the older blob's name.
+    /// New names carry a prefix of their own, so it is stored as itself.
+    #[tokio::test]
+    async fn a_text_is_never_taken_for_an_older_blob() {
+        use crate::report::{StepResult, StepStatus};
+        let (dir, store, journal) = journaled();
+        let older = format!("\"{}\"", "y".repeat(INLINE_OUTPUT_BYTES + 63));
+        let conn = Connection::open(dir.path().join(DATABASE)).expect("opens");
+        conn.execute(
+            "INSERT INTO blobs (hash, data) VALUES (?1, ?2)",
+            params![
+                spec_hash(&[(String::new(), older.clone())]),
+                older.as_bytes()
+            ],
+        )
+        .expect("an older blob");
+        let mut framed = Vec::new();
+        framed.extend_from_slice(&0u64.to_le_bytes());
+        framed.extend_from_slice(&(older.len() as u64).to_le_bytes());
+        framed.extend_from_slice(older.as_bytes());
+        let mut result = StepResult::ended(StepStatus::Succeeded, None);
+        result.text = String::from_utf8(framed).expect("utf-8");
+        journal.record(Entry::StepFinished {
+            step: "cmd".into(),
+            result: Arc::new(result.clone()),
+        });
+        journal.flush().wait().await.expect("durable");
+        assert_eq!(store.load("r1").expect("loads").results["cmd"], result);
+        journal.close();
+    }
+
+    /// A failed write is the journal's failure, which the run ends with; a run another process took
+    /// over says so, since resuming it here is not what to do.
+    #[tokio::test]
+    async fn a_journal_that_cannot_write_says_why() {
+        let (dir, _store, journal) = journaled();
+        assert!(journal.failure().is_none());
+        let conn = Connection::open(dir.path().join(DATABASE)).expect("opens");
+        conn.execute(
+            "UPDATE runs SET owner_token = 'another' WHERE id = 'r1'",
+            [],
+        )
+        .expect("taken over");
+        journal.record(started("a"));
+        let error = journal.flush().wait().await.expect_err("not written");
+        let failure = journal.failure().expect("a failure");
+        assert_eq!(
+            (failure.taken_over, failure.message.as_str()),
+            (
+                true,
+                "run `r1` was taken over by another process; this one stopped recording it"
+            )
+        );
+        assert_eq!(error, failure);
         journal.close();
     }
 

@@ -81,7 +81,8 @@ const NOT_VARIABLES: &[&str] = &[
 /// (`undeclared_variables` names it whole, and evaluating it looks each name up in turn), so validation
 /// and rendering take it as it is instead of compiling it.
 pub fn simple_path(expression: &str) -> Option<&str> {
-    let path = expression.trim();
+    // minijinja skips ASCII white space only: any other is a syntax error it must report.
+    let path = expression.trim_matches(|c: char| c.is_ascii_whitespace());
     let mut names = path.split('.');
     let first = names.next()?;
     let name = |n: &str| {
@@ -95,7 +96,10 @@ pub fn simple_path(expression: &str) -> Option<&str> {
 
 /// The expression of a template that is exactly `{{ expression }}` (no whitespace control).
 pub fn sole_path(template: &str) -> Option<&str> {
-    let inner = template.trim().strip_prefix("{{")?.strip_suffix("}}")?;
+    let inner = template
+        .trim_matches(|c: char| c.is_ascii_whitespace())
+        .strip_prefix("{{")?
+        .strip_suffix("}}")?;
     simple_path(inner)
 }
 
@@ -364,6 +368,10 @@ mod tests {
             "a b",
             "1a",
             "",
+            "a\u{a0}",
+            "\u{3000}a.b",
+            "a\u{2028}",
+            "a\u{b}",
         ] {
             assert_eq!(simple_path(text), None, "{text}");
         }
@@ -374,6 +382,22 @@ mod tests {
             "{% if a %}{{ a }}{% endif %}",
         ] {
             assert_eq!(sole_path(template), None, "{template}");
+        }
+        // White space minijinja does not skip is a syntax error for it, and no path here.
+        for text in [
+            "a\u{a0}",
+            "\u{a0}a",
+            "a\u{b}",
+            "a\u{2003}",
+            "a\u{3000}",
+            "a\u{85}",
+            "a\u{2028}",
+        ] {
+            assert_eq!(parsed(text, true), None, "{text:?}");
+            assert_eq!(simple_path(text), None, "{text:?}");
+            let template = format!("{{{{{text}}}}}");
+            assert_eq!(parsed(&template, false), None, "{template:?}");
+            assert_eq!(sole_path(&template), None, "{template:?}");
         }
     }
 }

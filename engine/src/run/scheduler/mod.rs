@@ -242,7 +242,7 @@ fn run_workflow(
             (shared.depth == 0)
                 .then(|| shared.options.journal.failure())
                 .flatten()
-                .map(|e| format!("the run's state could not be saved: {e}"))
+                .map(|e| unsaved(&e))
         });
         let cancelled = shared.options.cancel.is_cancelled();
         let mut outputs = Map::new();
@@ -290,13 +290,13 @@ fn run_workflow(
                     .as_deref()
                     .map(|e| shared.redactor.text(e).into_owned()),
             });
+            // A run whose end could not be saved failed, however it ended: its record (an approval it
+            // waits for, the outputs) is not what it reports.
             if let Err(e) = journal.flush().wait().await
                 && halted.is_none()
             {
-                error = Some(format!("the run's state could not be saved: {e}"));
-                if status == RunStatus::Succeeded {
-                    status = RunStatus::Failed;
-                }
+                error = Some(unsaved(&e));
+                status = RunStatus::Failed;
             }
         }
         let (mut steps, mut outputs, mut error) = (steps, outputs, error);
@@ -326,6 +326,15 @@ fn run_workflow(
                 .filter(|t| t.calls > 0),
         })
     })
+}
+
+/// Why a run whose journal failed ended: its state could not be saved, or another process took it over.
+fn unsaved(error: &crate::store::StoreError) -> String {
+    if error.taken_over {
+        error.message.clone()
+    } else {
+        format!("the run's state could not be saved: {error}")
+    }
 }
 
 /// Starts every step whose dependencies have finished, until all have ended or the run is cancelled.
