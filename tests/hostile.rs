@@ -287,3 +287,49 @@ fn too_many_values_are_refused_in_both_formats() {
         );
     }
 }
+
+/// A template or expression chaining 100,000 operators (`x.a.a…`, `1+1+…`, `x[0][0]…`, `1|string|…`) made
+/// minijinja overflow the stack and abort archon (exit 134), from a spec, from `resume` of its run and from
+/// a plan a model wrote, which goes through the same validator. It is refused, named, before minijinja
+/// reads it; a long flat list or a long string in a tag is not a chain.
+#[test]
+fn templates_that_chain_without_end_are_refused_not_fatal() {
+    let chain = |link: &str| format!("x{}", link.repeat(100_000));
+    let cases = [
+        ("dots.yaml", format!("{{{{ {} }}}}", chain(".a"))),
+        ("plus.yaml", format!("{{{{ 1{} }}}}", "+1".repeat(100_000))),
+        ("index.yaml", format!("{{{{ {} }}}}", chain("[0]"))),
+        (
+            "filters.yaml",
+            format!("{{{{ x{} }}}}", "|string".repeat(100_000)),
+        ),
+    ];
+    for (name, template) in cases {
+        let text = format!(
+            "name: deep\ninputs:\n  x: {{ type: string, default: a }}\nsteps:\n  - id: a\n    tool: echo\n    with: {{ v: \"{template}\" }}\n"
+        );
+        let (code, codes, _) = validate_with_binary(name, text.as_bytes());
+        assert_eq!(
+            (code, codes),
+            (2, vec!["archon::template_syntax".to_owned()]),
+            "{name}"
+        );
+    }
+    let condition = format!(
+        "name: deep\nsteps:\n  - id: a\n    tool: echo\n    if: \"true{}\"\n",
+        " and true".repeat(100_000)
+    );
+    assert_eq!(
+        codes_and_messages("if.yaml", condition),
+        [(
+            "archon::expression_syntax",
+            "expression chains more than 256 operators in one tag".to_owned()
+        )]
+    );
+    let flat = format!(
+        "name: flat\nsteps:\n  - id: a\n    tool: echo\n    with: {{ v: \"{{{{ [{}] | length }}}} {{{{ '{}' }}}}\" }}\n",
+        vec!["1"; 5_000].join(", "),
+        ".".repeat(5_000)
+    );
+    assert_eq!(codes_and_messages("flat.yaml", flat), []);
+}

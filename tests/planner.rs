@@ -504,3 +504,34 @@ async fn a_planned_template_that_builds_without_end_fails_its_step_within_the_bu
     assert_eq!(p.status, StepStatus::Succeeded, "{p:?}");
     assert_eq!(p.steps["double"].output, json!({ "text": "abab" }));
 }
+
+/// A plan whose template chains 100,000 operators made minijinja overflow the stack while the plan was
+/// validated, aborting the whole run; it is now rejected like any invalid plan, and the corrected plan runs.
+#[tokio::test]
+async fn a_plan_whose_template_chains_without_end_is_rejected_not_fatal() {
+    let dir = TempDir::new().expect("tempdir");
+    let deep = json!({
+        "steps": [
+            { "id": "say", "tool": "echo", "with": { "message": format!("{{{{ 1{} }}}}", "+1".repeat(100_000)) } }
+        ]
+    });
+    let turns = turn(Some("rejected"), &good_plan()) + &turn(None, &deep);
+    let (report, events) = run_agent(dir.path(), &spec(&turns, STEP)).await;
+    let rejected: Vec<&Vec<String>> = events
+        .iter()
+        .filter_map(|e| match e {
+            RunEvent::PlanRejected { problems, .. } => Some(problems),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(rejected.len(), 1, "{events:?}");
+    assert!(
+        rejected[0]
+            .iter()
+            .any(|p| p.contains("template chains more than 256 operators in one tag")),
+        "{rejected:?}"
+    );
+    let p = &report.steps["p"];
+    assert_eq!(p.status, StepStatus::Succeeded, "{p:?}");
+    assert_eq!(p.output, json!({ "answer": "the answer is 10" }));
+}

@@ -70,6 +70,106 @@ pub fn is_template(text: &str) -> bool {
     text.contains("{{") || text.contains("{%") || text.contains("{#")
 }
 
+/// Most operators one `{{ }}` or `{% %}` tag, or one expression, may chain (`.`, `[`, `(`, `|`, arithmetic,
+/// comparisons, `and`, `or`, `not`, `in`, `is`, `if`, `else`). minijinja builds its syntax tree one level
+/// deeper for each and walks it recursively: a chain of 100,000 (`x.a.a.a…`, `1+1+…`) overflowed the
+/// stack and aborted archon, from a spec and from a plan a model wrote. Real templates chain a few dozen
+/// at most.
+pub const MAX_OPERATORS: usize = 256;
+
+/// The byte range of the first tag (the whole text, for an `expression`) that chains more than
+/// [`MAX_OPERATORS`] operators, counted without parsing: outside string literals and comments, every
+/// operator character and operator word counts, so the count is an upper bound on the depth.
+pub fn too_many_operators(text: &str, expression: bool) -> Option<std::ops::Range<usize>> {
+    if expression {
+        return (operators(text.as_bytes()) > MAX_OPERATORS).then_some(0..text.len());
+    }
+    // Bytes, not characters: every delimiter is ASCII, and nothing is sliced inside a character.
+    let bytes = text.as_bytes();
+    let mut i = 0;
+    while let Some(open) = find(bytes, i, b"{") {
+        let close: &[u8] = match bytes.get(open + 1) {
+            Some(b'{') => b"}}",
+            Some(b'%') => b"%}",
+            Some(b'#') => {
+                i = find(bytes, open + 2, b"#}").map_or(bytes.len(), |c| c + 2);
+                continue;
+            }
+            _ => {
+                i = open + 1;
+                continue;
+            }
+        };
+        let (start, end) = (open + 2, tag_end(bytes, open + 2, close));
+        if operators(&bytes[start..end]) > MAX_OPERATORS {
+            return Some(start..end);
+        }
+        i = end + 2;
+    }
+    None
+}
+
+/// Where `needle` is found at or after `from`.
+fn find(bytes: &[u8], from: usize, needle: &[u8]) -> Option<usize> {
+    bytes
+        .get(from..)?
+        .windows(needle.len())
+        .position(|w| w == needle)
+        .map(|p| from + p)
+}
+
+/// Where a tag opened at `from` closes (`close`, outside string literals), or the end of the text.
+fn tag_end(bytes: &[u8], from: usize, close: &[u8]) -> usize {
+    let mut i = from;
+    while i < bytes.len() {
+        match bytes[i] {
+            quote @ (b'"' | b'\'') => i = string_end(bytes, i, quote),
+            _ if bytes[i..].starts_with(close) => return i,
+            _ => i += 1,
+        }
+    }
+    bytes.len()
+}
+
+/// The index after the string literal opened by `quote` at `at` (at most the end of the text).
+fn string_end(bytes: &[u8], at: usize, quote: u8) -> usize {
+    let mut i = at + 1;
+    while i < bytes.len() && bytes[i] != quote {
+        i += if bytes[i] == b'\\' { 2 } else { 1 };
+    }
+    (i + 1).min(bytes.len())
+}
+
+/// How many operators `code` (one tag's or expression's text) holds, string literals left out.
+fn operators(code: &[u8]) -> usize {
+    const WORDS: &[&[u8]] = &[b"and", b"or", b"not", b"in", b"is", b"if", b"else"];
+    let (mut count, mut i) = (0, 0);
+    while i < code.len() {
+        match code[i] {
+            quote @ (b'"' | b'\'') => {
+                i = string_end(code, i, quote);
+                continue;
+            }
+            b'.' | b'[' | b'(' | b'|' | b'+' | b'-' | b'*' | b'/' | b'%' | b'~' | b'<' | b'>'
+            | b'=' | b'!' => count += 1,
+            b if b.is_ascii_alphabetic() || b == b'_' => {
+                let word = code[i..]
+                    .iter()
+                    .take_while(|b| b.is_ascii_alphanumeric() || **b == b'_')
+                    .count();
+                if WORDS.contains(&&code[i..i + word]) {
+                    count += 1;
+                }
+                i += word;
+                continue;
+            }
+            _ => {}
+        }
+        i += 1;
+    }
+    count
+}
+
 /// Names that mean something else than a variable at the start of an expression: literals and the
 /// words of operators.
 const NOT_VARIABLES: &[&str] = &[
@@ -114,6 +214,16 @@ impl Analyzer {
         if !is_template(text) {
             return Ok(Vec::new());
         }
+        if let Some(range) = too_many_operators(text, false) {
+            return Err(chains_too_far(
+                codes::TEMPLATE_SYNTAX,
+                "template",
+                file,
+                span,
+                text,
+                range,
+            ));
+        }
         if let Some(path) = sole_path(text) {
             return Ok(self.references(file, span, text, [path.to_owned()].into()));
         }
@@ -155,6 +265,16 @@ impl Analyzer {
                 "write `{}`",
                 text.replace("{{", "").replace("}}", "").trim()
             )));
+        }
+        if let Some(range) = too_many_operators(text, true) {
+            return Err(chains_too_far(
+                codes::EXPRESSION_SYNTAX,
+                "expression",
+                file,
+                span,
+                text,
+                range,
+            ));
         }
         if let Some(path) = simple_path(text) {
             return Ok(self.references(file, span, text, [path.to_owned()].into()));
@@ -204,6 +324,24 @@ impl Analyzer {
             })
             .collect()
     }
+}
+
+/// A tag or expression past [`MAX_OPERATORS`], refused before minijinja reads it.
+fn chains_too_far(
+    code: &'static str,
+    what: &str,
+    file: &SourceFile,
+    span: Span,
+    text: &str,
+    range: std::ops::Range<usize>,
+) -> Diagnostic {
+    let start = range.start;
+    Diagnostic::error(
+        code,
+        locate(file, span, text, start..start),
+        format!("{what} chains more than {MAX_OPERATORS} operators in one tag"),
+    )
+    .with_hint("split it across steps or `outputs`, or compute the value with a tool such as `json` or `calculator`")
 }
 
 fn syntax_error(
@@ -399,5 +537,34 @@ mod tests {
             assert_eq!(parsed(&template, false), None, "{template:?}");
             assert_eq!(sole_path(&template), None, "{template:?}");
         }
+    }
+
+    #[test]
+    fn operators_are_counted_per_tag_outside_strings_and_comments() {
+        let chain = |n: usize| format!("x{}", ".a".repeat(n));
+        assert_eq!(
+            too_many_operators(&format!("{{{{ {} }}}}", chain(256)), false),
+            None
+        );
+        let text = format!("ab {{{{ {} }}}} cd", chain(257));
+        assert_eq!(too_many_operators(&text, false), Some(5..5 + 258 * 2 + 1));
+        assert_eq!(too_many_operators(&chain(257), true), Some(0..257 * 2 + 1));
+        // Strings, comments and text outside tags are not chains; each tag counts on its own.
+        let quiet = format!(
+            "{}{{{{ '{}' ~ \"{}\" }}}}{{# {} #}}{{{{ {} }}}}{{% if {} %}}",
+            ".".repeat(1000),
+            "+".repeat(1000),
+            "|\\\"|".repeat(500),
+            ".".repeat(1000),
+            chain(200),
+            chain(200)
+        );
+        assert_eq!(too_many_operators(&quiet, false), None);
+        assert!(too_many_operators(&format!("{{% if {} %}}", chain(300)), false).is_some());
+        // Characters of several bytes, escaped or not, open or unclosed, are read as bytes.
+        for text in ["{{ '\\é' ~ \"é\" }} é {# é", "é{{ 'é", "{{ \"\\", "{é{%é"] {
+            assert_eq!(too_many_operators(text, false), None, "{text}");
+        }
+        assert!(too_many_operators(&format!("true{}", " and true".repeat(300)), true).is_some());
     }
 }

@@ -53,6 +53,11 @@ const FUNCTIONS: &[&str] = &["range"];
 /// Whether `template` is plain (see the module's documentation). `expression` says that the whole text
 /// is one expression (a condition, a `foreach`), not a template with `{{ … }}` in it.
 pub fn is_plain(text: &str, expression: bool) -> bool {
+    // A chain minijinja could not compile without overflowing a stack is compiled in the helper, where
+    // overflowing one ends only the helper.
+    if crate::validate::templates::too_many_operators(text, expression).is_some() {
+        return false;
+    }
     if expression {
         return expression_is_plain(text).is_some_and(|rest| rest.trim().is_empty());
     }
