@@ -363,7 +363,7 @@ fn call_file_tool(
         .build()
         .expect("runtime");
     runtime
-        .block_on(tool.call(&args, cx, None))
+        .block_on(tool.call(args, cx, None))
         .map(|o| o.output)
         .map_err(|e| e.message)
 }

@@ -217,25 +217,26 @@ pub fn execute(
         cassette,
         helper: std::env::current_exe().ok(),
     };
-    let outcome = runtime.block_on(async move {
-        // Registered before any step starts, so an early Ctrl-C or SIGTERM is never missed.
-        use tokio::signal::unix::{SignalKind, signal};
-        // Closing the terminal (SIGHUP) stops the run like Ctrl-C: its commands are killed and the run is
-        // left resumable, rather than archon dying at once with its children still running.
-        let (mut interrupt, mut terminate, mut hangup) = (
-            signal(SignalKind::interrupt())?,
-            signal(SignalKind::terminate())?,
-            signal(SignalKind::hangup())?,
-        );
-        let watcher = cancel.clone();
-        tokio::spawn(async move {
-            tokio::select! {
-                _ = interrupt.recv() => {}
-                _ = terminate.recv() => {}
-                _ = hangup.recv() => {}
+    // Registered before any step starts, so an early Ctrl-C or SIGTERM is never missed. Closing the
+    // terminal (SIGHUP) stops the run like Ctrl-C: its commands are killed and the run is left
+    // resumable, rather than archon dying at once with its children still running. The signals are
+    // watched on a thread of their own, so that the run is stopped at once even while its own thread is
+    // busy: no step or command starts after Ctrl-C.
+    let mut signals = signal_hook::iterator::Signals::new([
+        signal_hook::consts::SIGINT,
+        signal_hook::consts::SIGTERM,
+        signal_hook::consts::SIGHUP,
+    ])?;
+    let signal_handle = signals.handle();
+    let watcher = cancel.clone();
+    std::thread::Builder::new()
+        .name("archon-signals".to_owned())
+        .spawn(move || {
+            for _ in signals.forever() {
+                watcher.cancel();
             }
-            watcher.cancel();
-        });
+        })?;
+    let outcome = runtime.block_on(async move {
         // Events that arrived together are written together: one write to standard error (and to the
         // events file) for all of them, rather than one per line, which cost a wide run of 10,000 steps
         // 20,000 system calls; an event that arrives alone is written at once.
@@ -275,6 +276,10 @@ pub fn execute(
         }
         Ok::<_, std::io::Error>(outcome)
     })?;
+    // The run is over and recorded: work a stopped step left on a blocking thread (a render over a large
+    // output, say) is abandoned rather than waited for.
+    runtime.shutdown_background();
+    signal_handle.close();
     let Outcome {
         mut report,
         resumable,

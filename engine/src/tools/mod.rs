@@ -43,13 +43,10 @@ pub trait Tool: Send + Sync {
     fn durations(&self) -> &'static [&'static str] {
         &[]
     }
-    /// Calls the tool with rendered, checked arguments.
-    fn call<'a>(
-        &'a self,
-        args: &'a Json,
-        cx: &'a ToolContext,
-        on_spawn: OnSpawn<'a>,
-    ) -> CallFuture<'a>;
+    /// Calls the tool with rendered, checked arguments, which it owns: a large value can be moved to
+    /// another thread without a copy on the run's.
+    fn call<'a>(&'a self, args: Json, cx: &'a ToolContext, on_spawn: OnSpawn<'a>)
+    -> CallFuture<'a>;
 }
 
 /// What a tool call produced.

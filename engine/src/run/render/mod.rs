@@ -56,7 +56,7 @@ impl RenderError {
 /// can make archon use more memory than [`helper::LIMITS`] allows a render, or overflow its stack.
 #[derive(Debug)]
 pub struct Renderer {
-    env: Environment<'static>,
+    env: Arc<Environment<'static>>,
     /// The `archon` executable, run as `archon __render` for templates that are not plain; without
     /// it, such a template fails.
     helper: Option<PathBuf>,
@@ -75,7 +75,10 @@ impl Renderer {
         env.set_undefined_behavior(UndefinedBehavior::Strict);
         env.set_fuel(Some(FUEL));
         env.add_filter("tojson", limits::tojson);
-        Renderer { env, helper }
+        Renderer {
+            env: Arc::new(env),
+            helper,
+        }
     }
 
     /// Renders every string inside a spec value; other values pass through unchanged.
@@ -131,7 +134,7 @@ impl Renderer {
             return self.expression(expr, ctx).await;
         }
         if plain::is_plain(text, false) {
-            return self.template_here(text, ctx);
+            return self.here(text, ctx, Self::template_here).await;
         }
         self.in_helper(Mode::Template, text, ctx).await
     }
@@ -147,7 +150,7 @@ impl Renderer {
     /// Evaluates a bare expression to a JSON value.
     pub async fn expression(&self, text: &str, ctx: &Value) -> Result<Json, RenderError> {
         if plain::is_plain(text, true) {
-            return self.expression_here(text, ctx);
+            return self.here(text, ctx, Self::expression_here).await;
         }
         self.in_helper(Mode::Expression, text, ctx).await
     }
@@ -155,12 +158,36 @@ impl Renderer {
     /// Evaluates a condition: Jinja truthiness of the expression's value.
     pub async fn condition(&self, text: &str, ctx: &Value) -> Result<bool, RenderError> {
         if plain::is_plain(text, true) {
-            return self.condition_here(text, ctx);
+            return self.here(text, ctx, Self::condition_here).await;
         }
         match self.in_helper(Mode::Condition, text, ctx).await? {
             Json::Bool(truth) => Ok(truth),
             other => Ok(json_value(&other).is_true()),
         }
+    }
+
+    /// Runs `render` in this process: on the run's own thread, or on a blocking thread when the data the
+    /// context holds is large ([`heavy`]), since reading it (converting a step's 15 MB output, writing it
+    /// as JSON) takes long enough to hold every other step, timeout and Ctrl-C of the run. The renderer's
+    /// environment and the context are shared, not copied.
+    async fn here<T: Send + 'static>(
+        &self,
+        text: &str,
+        ctx: &Value,
+        render: fn(&Renderer, &str, &Value) -> Result<T, RenderError>,
+    ) -> Result<T, RenderError> {
+        if !heavy(ctx) {
+            return render(self, text, ctx);
+        }
+        let renderer = Renderer {
+            env: self.env.clone(),
+            helper: None,
+        };
+        let (text, ctx) = (text.to_owned(), ctx.clone());
+        let failed = RenderError::because("template", &text, "its render stopped");
+        tokio::task::spawn_blocking(move || render(&renderer, &text, &ctx))
+            .await
+            .unwrap_or(Err(failed))
     }
 
     /// Renders a template in this process (plain, or in the helper).
@@ -222,13 +249,26 @@ impl Renderer {
                 "it needs the helper process, and no helper executable is configured\n  hint: set `RunOptions::helper` to the `archon` executable",
             ));
         };
-        let request = helper::Request {
-            mode,
-            text,
-            context: ctx,
+        // Writing a large context as JSON is done off the run's thread, as rendering over it is.
+        let write = move |text: &str, ctx: &Value| {
+            let request = helper::Request {
+                mode,
+                text,
+                context: ctx,
+            };
+            serde_json::to_vec(&request).map_err(|e| {
+                RenderError::because(what, text, &format!("cannot send its data: {e}"))
+            })
         };
-        let request = serde_json::to_vec(&request)
-            .map_err(|e| RenderError::because(what, text, &format!("cannot send its data: {e}")))?;
+        let request = if heavy(ctx) {
+            let (owned, ctx) = (text.to_owned(), ctx.clone());
+            let failed = RenderError::because(what, text, "its data could not be written");
+            tokio::task::spawn_blocking(move || write(&owned, &ctx))
+                .await
+                .unwrap_or(Err(failed))?
+        } else {
+            write(text, ctx)?
+        };
         let output = process::run_helper(
             program,
             &[helper::HELPER_COMMAND],
@@ -282,7 +322,51 @@ fn undefined(text: &str) -> RenderError {
     }
 }
 
-/// The expression inside a template that is exactly `{{ expression }}` (surrounding spaces allowed).
+/// Data in a context past this many bytes (roughly) is rendered over off the run's thread.
+const HEAVY_BYTES: usize = 64 * 1024;
+
+/// Whether a context holds more than [`HEAVY_BYTES`] of data, estimated without converting anything: a
+/// finished step counts its result's text (about its output's size), other values are walked, without
+/// recursion, until the estimate passes the bound.
+fn heavy(ctx: &Value) -> bool {
+    let mut left = HEAVY_BYTES;
+    let mut pending = vec![ctx.clone()];
+    while let Some(value) = pending.pop() {
+        let weight = if let Some(view) = value.downcast_object_ref::<StepView>() {
+            view.result.text.len()
+        } else {
+            match value.kind() {
+                minijinja::value::ValueKind::String | minijinja::value::ValueKind::Bytes => {
+                    value.as_str().map_or(8, str::len)
+                }
+                minijinja::value::ValueKind::Seq | minijinja::value::ValueKind::Map => {
+                    if let Ok(items) = value.try_iter() {
+                        for item in items {
+                            if value.kind() == minijinja::value::ValueKind::Map {
+                                if let Ok(entry) = value.get_item(&item) {
+                                    pending.push(entry);
+                                }
+                            } else {
+                                pending.push(item);
+                            }
+                        }
+                    }
+                    8
+                }
+                _ => 8,
+            }
+        };
+        match left.checked_sub(weight) {
+            Some(rest) => left = rest,
+            None => return true,
+        }
+        if pending.len() > HEAVY_BYTES / 8 {
+            return true;
+        }
+    }
+    false
+}
+
 /// The value a variable path (`validate::templates::simple_path`) reads, looked up name by name as
 /// minijinja's own lookup does; `None` for anything it would not find (an undefined name, a global function,
 /// a value that is not an object), which the full evaluation then reports or resolves.
@@ -297,6 +381,7 @@ fn look_up(ctx: &Value, path: &str) -> Option<Value> {
     Some(value)
 }
 
+/// The expression inside a template that is exactly `{{ expression }}` (surrounding spaces allowed).
 fn sole_expression(text: &str) -> Option<&str> {
     let inner = text.trim().strip_prefix("{{")?.strip_suffix("}}")?;
     let inner = inner.strip_prefix('-').unwrap_or(inner);
@@ -481,5 +566,44 @@ mod path_tests {
             compiled("range").is_some(),
             "a global the lookup leaves to minijinja"
         );
+    }
+
+    /// The context of a step whose dependency gave a large output.
+    fn with_output(output: Json) -> Value {
+        let mut result = StepResult::ended(StepStatus::Succeeded, None);
+        result.text = output.to_string();
+        result.output = output;
+        let mut views = std::collections::BTreeMap::new();
+        views.insert("a", StepView::new(result).value());
+        let mut root = std::collections::BTreeMap::new();
+        root.insert("steps", Value::from(views));
+        Value::from(root)
+    }
+
+    /// Rendering over a large output (converting it, writing it as JSON) is done off the run's thread:
+    /// on it, no other task (another step, a timeout, Ctrl-C) could run until it ended. Over small data
+    /// it is done in place, where it costs no thread.
+    #[tokio::test]
+    async fn a_template_over_a_large_output_renders_while_the_run_goes_on() {
+        let renderer = Renderer::default();
+        let large = with_output(serde_json::json!({ "items": vec!["x".repeat(100); 20_000] }));
+        let (length, during) = crate::testing::others_ran_during(
+            renderer.string("{{ steps.a.output | tojson | length }}", &large),
+        )
+        .await;
+        assert_eq!(length.expect("rendered"), Json::from(2_080_011));
+        assert!(during > 0, "no other task ran while the template rendered");
+
+        let small = with_output(serde_json::json!({ "items": ["x"] }));
+        let (length, during) = crate::testing::others_ran_during(
+            renderer.string("{{ steps.a.output | tojson | length }}", &small),
+        )
+        .await;
+        assert_eq!(
+            length.expect("rendered"),
+            Json::from(r#"{"items": ["x"]}"#.len())
+        );
+        assert_eq!(during, 0, "a small render left the run's thread");
+        assert!(heavy(&large) && !heavy(&small));
     }
 }

@@ -99,7 +99,7 @@ pub(super) async fn call_tool(
     };
     let def = shared.workflow.spec.tools.get(name);
     match (entry.kind, def) {
-        (ToolRef::Builtin(builtin), _) => builtin_call(shared, label, builtin, &args).await,
+        (ToolRef::Builtin(builtin), _) => builtin_call(shared, label, builtin, args).await,
         (ToolRef::Composite, _) => composite(shared, label, name, args, llm_chosen).await,
         (ToolRef::Workflow, Some(def)) if def.workflow.is_some() => {
             let path = def.workflow.as_ref().map_or("", |p| p.value.as_str());
@@ -118,7 +118,7 @@ async fn builtin_call(
     shared: &Shared,
     label: &str,
     builtin: &Builtin,
-    args: &Json,
+    args: Json,
 ) -> Result<Called, Failure> {
     let _permit = if builtin.runs_commands {
         Some(
@@ -237,7 +237,7 @@ async fn declared(
     let Some(builtin) = builtin::get(builtin) else {
         return Err(CallError::CannotRun(name.to_owned()).into());
     };
-    builtin_call(shared, label, builtin, &call_args).await
+    builtin_call(shared, label, builtin, call_args).await
 }
 
 /// Records the process group of each command an attempt starts, so that a resume can find a command that

@@ -325,6 +325,21 @@ async fn with_retries(
                 }
                 return (Err(failure), attempt);
             }
+            // Stopped (Ctrl-C, `archon cancel`) while its record was made durable: a side effect starts
+            // only in a run that goes on.
+            if must_persist && shared.options.cancel.is_cancelled() {
+                let message = "cancelled before it started".to_owned();
+                if let Some(open) = open.take() {
+                    open.end(StepStatus::Cancelled, Some(message.clone()));
+                }
+                return (
+                    Err(Failure {
+                        status: StepStatus::Cancelled,
+                        ..Failure::fixed(message)
+                    }),
+                    attempt,
+                );
+            }
         }
         let call = call::body(shared, label, body, ctx);
         let outcome = match timeout {

@@ -28,7 +28,7 @@ impl Tool for Calculator {
         READ_ONLY
     }
 
-    fn call<'a>(&'a self, args: &'a Json, _: &'a ToolContext, _: OnSpawn<'a>) -> CallFuture<'a> {
+    fn call<'a>(&'a self, args: Json, _: &'a ToolContext, _: OnSpawn<'a>) -> CallFuture<'a> {
         Box::pin(async move {
             let value = evaluate(args["expression"].as_str().unwrap_or_default())?;
             // Whole numbers print as integers.

@@ -24,7 +24,15 @@ impl Tool for Echo {
         READ_ONLY
     }
 
-    fn call<'a>(&'a self, args: &'a Json, _: &'a ToolContext, _: OnSpawn<'a>) -> CallFuture<'a> {
-        Box::pin(async move { Ok(ToolOutput::json(args.clone())) })
+    fn call<'a>(&'a self, args: Json, _: &'a ToolContext, _: OnSpawn<'a>) -> CallFuture<'a> {
+        // Writing a large value as its text is done on a blocking thread, off the run's.
+        Box::pin(async move {
+            if !super::jq::larger_than(&args, super::jq::IN_PLACE) {
+                return Ok(ToolOutput::json(args));
+            }
+            tokio::task::spawn_blocking(move || ToolOutput::json(args))
+                .await
+                .map_err(|_| crate::tools::ToolError::new("the value could not be written"))
+        })
     }
 }

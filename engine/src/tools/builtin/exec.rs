@@ -68,11 +68,11 @@ impl Tool for Exec {
 
     fn call<'a>(
         &'a self,
-        args: &'a Json,
+        args: Json,
         cx: &'a ToolContext,
         on_spawn: OnSpawn<'a>,
     ) -> CallFuture<'a> {
-        Box::pin(exec(args, cx, on_spawn))
+        Box::pin(async move { exec(&args, cx, on_spawn).await })
     }
 }
 

@@ -49,8 +49,8 @@ impl Tool for Http {
         &["timeout"]
     }
 
-    fn call<'a>(&'a self, args: &'a Json, cx: &'a ToolContext, _: OnSpawn<'a>) -> CallFuture<'a> {
-        Box::pin(request(args, &cx.network, &cx.redactor))
+    fn call<'a>(&'a self, args: Json, cx: &'a ToolContext, _: OnSpawn<'a>) -> CallFuture<'a> {
+        Box::pin(async move { request(&args, &cx.network, &cx.redactor).await })
     }
 }
 

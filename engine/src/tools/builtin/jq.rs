@@ -41,10 +41,10 @@ const MAX_OUTPUT_BYTES: usize = 64 << 20;
 ///
 /// An input or a result larger than [`IN_PLACE`] is written, evaluated or read on a blocking thread, so
 /// that a large JSON value does not hold the run's other steps, timeouts and Ctrl-C.
-pub async fn query(helper: Option<&Path>, input: &Json, filter: &str) -> Result<Json, ToolError> {
-    let large = larger_than(input, IN_PLACE);
+pub async fn query(helper: Option<&Path>, input: Json, filter: &str) -> Result<Json, ToolError> {
+    let large = larger_than(&input, IN_PLACE);
     if is_path(filter) {
-        let (input, filter) = (input.clone(), filter.to_owned());
+        let filter = filter.to_owned();
         return off_thread(large, move || {
             let results = evaluate(input.to_string().as_bytes(), &filter)?;
             Ok(collect(results.iter().map(String::as_str)))
@@ -58,7 +58,7 @@ pub async fn query(helper: Option<&Path>, input: &Json, filter: &str) -> Result<
         ));
     };
     let request = {
-        let (input, filter) = (input.clone(), filter.to_owned());
+        let filter = filter.to_owned();
         off_thread(large, move || {
             let mut request = serde_json::to_string(&filter).unwrap_or_default();
             request.push('\n');
@@ -285,7 +285,7 @@ mod tests {
     async fn a_large_input_is_queried_while_the_run_goes_on() {
         let input = serde_json::json!({ "items": vec!["x".repeat(1000); 20_000] });
         let (first, during) =
-            crate::testing::others_ran_during(query(None, &input, ".items[0]")).await;
+            crate::testing::others_ran_during(query(None, input.clone(), ".items[0]")).await;
         let first = first.expect("queried");
         assert_eq!(first, Json::String("x".repeat(1000)));
         assert!(during > 0, "no other task ran while the input was queried");

@@ -28,10 +28,12 @@ impl Tool for JsonQuery {
         READ_ONLY
     }
 
-    fn call<'a>(&'a self, args: &'a Json, cx: &'a ToolContext, _: OnSpawn<'a>) -> CallFuture<'a> {
+    fn call<'a>(&'a self, args: Json, cx: &'a ToolContext, _: OnSpawn<'a>) -> CallFuture<'a> {
         Box::pin(async move {
-            let filter = args["query"].as_str().unwrap_or(".");
-            let output = super::jq::query(cx.helper.as_deref(), &args["input"], filter).await?;
+            let mut args = args;
+            let filter = args["query"].as_str().unwrap_or(".").to_owned();
+            let input = args["input"].take();
+            let output = super::jq::query(cx.helper.as_deref(), input, &filter).await?;
             if !super::jq::larger_than(&output, super::jq::IN_PLACE) {
                 return Ok(ToolOutput::json(output));
             }

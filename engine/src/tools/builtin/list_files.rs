@@ -31,7 +31,7 @@ impl Tool for ListFiles {
         READ_ONLY
     }
 
-    fn call<'a>(&'a self, args: &'a Json, cx: &'a ToolContext, _: OnSpawn<'a>) -> CallFuture<'a> {
+    fn call<'a>(&'a self, args: Json, cx: &'a ToolContext, _: OnSpawn<'a>) -> CallFuture<'a> {
         let (workdir, protected, args) = (cx.workdir.clone(), cx.protected.clone(), args.clone());
         Box::pin(async move {
             off_thread(move || files::list_files(&workdir, &protected, &args)).await?

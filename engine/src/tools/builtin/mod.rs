@@ -75,11 +75,11 @@ impl Builtin {
     /// Checks `args` against the tool's schema, then calls it.
     pub async fn call(
         &self,
-        args: &Value,
+        args: Value,
         cx: &ToolContext,
         on_spawn: OnSpawn<'_>,
     ) -> Result<ToolOutput, ToolError> {
-        self.check(args)?;
+        self.check(&args)?;
         self.tool.call(args, cx, on_spawn).await
     }
 

@@ -25,7 +25,7 @@ impl Tool for ReadFile {
         READ_ONLY
     }
 
-    fn call<'a>(&'a self, args: &'a Json, cx: &'a ToolContext, _: OnSpawn<'a>) -> CallFuture<'a> {
+    fn call<'a>(&'a self, args: Json, cx: &'a ToolContext, _: OnSpawn<'a>) -> CallFuture<'a> {
         let (workdir, protected, args) = (cx.workdir.clone(), cx.protected.clone(), args.clone());
         Box::pin(
             async move { off_thread(move || files::read_file(&workdir, &protected, &args)).await? },

@@ -35,12 +35,12 @@ impl Tool for Shell {
 
     fn call<'a>(
         &'a self,
-        args: &'a Json,
+        args: Json,
         cx: &'a ToolContext,
         on_spawn: OnSpawn<'a>,
     ) -> CallFuture<'a> {
         Box::pin(async move {
-            let mut exec_args = args.clone();
+            let mut exec_args = args;
             if let Some(object) = exec_args.as_object_mut() {
                 let command = object.remove("command").unwrap_or(Json::Null);
                 object.insert("argv".into(), json!(["sh", "-c", command]));

@@ -28,7 +28,7 @@ impl Tool for Sleep {
         &["duration"]
     }
 
-    fn call<'a>(&'a self, args: &'a Json, _: &'a ToolContext, _: OnSpawn<'a>) -> CallFuture<'a> {
+    fn call<'a>(&'a self, args: Json, _: &'a ToolContext, _: OnSpawn<'a>) -> CallFuture<'a> {
         Box::pin(async move {
             // The argument may be rendered from a template, so it is read here, not by validation.
             let text = args["duration"].as_str().unwrap_or_default();

@@ -32,7 +32,7 @@ impl Tool for WriteFile {
         SENSITIVE
     }
 
-    fn call<'a>(&'a self, args: &'a Json, cx: &'a ToolContext, _: OnSpawn<'a>) -> CallFuture<'a> {
+    fn call<'a>(&'a self, args: Json, cx: &'a ToolContext, _: OnSpawn<'a>) -> CallFuture<'a> {
         let (workdir, protected, args) = (cx.workdir.clone(), cx.protected.clone(), args.clone());
         Box::pin(async move {
             off_thread(move || files::write_file(&workdir, &protected, &args)).await?
