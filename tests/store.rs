@@ -265,6 +265,89 @@ fn a_damaged_write_ahead_log_is_reported_and_left_alone() {
     }
 }
 
+/// The state a crash leaves in the middle of a large transaction: SQLite has written (spilled) its pages
+/// to the log before committing, written some of them again in place, and would recompute the frames'
+/// checksums only as it commits. The log's first frame no longer matches its checksum, yet nothing
+/// committed is lost: the store opens with every run it had. Taken by copying the files while the
+/// transaction is open, which is what a kill -9 at that moment leaves on disk.
+#[test]
+fn a_transaction_a_crash_left_in_the_log_is_not_damage() {
+    let dir = TempDir::new().expect("tempdir");
+    let ids = {
+        run_hello(dir.path(), 2);
+        run_ids(dir.path())
+    };
+    let conn = Connection::open(db(dir.path())).expect("opens");
+    conn.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()))
+        .expect("checkpoint");
+    conn.execute_batch(
+        "PRAGMA cache_size = 8;
+         BEGIN;
+         CREATE TABLE filler (v BLOB);
+         WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 400)
+           INSERT INTO filler SELECT randomblob(3000) FROM n;
+         UPDATE filler SET v = randomblob(3000);",
+    )
+    .expect("written, not committed");
+    let copy = TempDir::new().expect("tempdir");
+    std::fs::create_dir(copy.path().join(".archon")).expect("mkdir");
+    for file in ["state.db", "state.db-wal"] {
+        std::fs::copy(
+            dir.path().join(".archon").join(file),
+            copy.path().join(".archon").join(file),
+        )
+        .expect("copy");
+    }
+    drop(conn);
+    std::fs::copy(
+        dir.path().join("hello.yaml"),
+        copy.path().join("hello.yaml"),
+    )
+    .expect("copy");
+    let log = std::fs::read(copy.path().join(".archon/state.db-wal")).expect("log");
+    assert!(log.len() > 32 + 100 * (24 + 4096), "{} bytes", log.len());
+    assert_eq!(
+        (first_frame_matches(&log), commit_frames(&log)),
+        (false, 0),
+        "the crash's state: a first frame rewritten in place, no commit"
+    );
+    assert_eq!(run_ids(copy.path()), ids);
+    ok(copy.path(), &["run", "hello.yaml"]);
+    assert_eq!(run_ids(copy.path()).len(), 3);
+}
+
+/// Whether the log's first frame matches its checksum (SQLite's, in the log's byte order).
+fn first_frame_matches(log: &[u8]) -> bool {
+    let big_endian = log[3] & 1 == 1;
+    let word = |b: &[u8]| {
+        let b = [b[0], b[1], b[2], b[3]];
+        if big_endian {
+            u32::from_be_bytes(b)
+        } else {
+            u32::from_le_bytes(b)
+        }
+    };
+    let sum = |(mut s0, mut s1): (u32, u32), data: &[u8]| {
+        for pair in data.chunks_exact(8) {
+            s0 = s0.wrapping_add(word(&pair[..4])).wrapping_add(s1);
+            s1 = s1.wrapping_add(word(&pair[4..])).wrapping_add(s0);
+        }
+        (s0, s1)
+    };
+    let be = |at: usize| u32::from_be_bytes(log[at..at + 4].try_into().expect("four bytes"));
+    let header = sum((0, 0), &log[..24]);
+    let frame = sum(sum(header, &log[32..40]), &log[56..56 + 4096]);
+    frame == (be(48), be(52))
+}
+
+/// How many frames of the log's current salts end a transaction.
+fn commit_frames(log: &[u8]) -> usize {
+    log[32..]
+        .chunks(24 + 4096)
+        .filter(|frame| frame.len() >= 24 && frame[8..16] == log[16..24] && frame[4..8] != [0; 4])
+        .count()
+}
+
 #[test]
 fn the_database_file_alone_is_never_taken_for_a_new_store() {
     let dir = TempDir::new().expect("tempdir");

@@ -2042,8 +2042,9 @@ fn checkpoint(conn: &Connection, mode: &str) -> rusqlite::Result<()> {
 
 /// Refuses a write-ahead log that SQLite would take for an empty one and overwrite: a header that is not a
 /// log's or does not match its checksum, or a first frame of the current log that does not match its
-/// checksum although the frame after it was written too (a first frame cut short by a crash, which SQLite
-/// rightly ignores, is followed by nothing of the current log).
+/// checksum although the frame after it was written too and a commit follows (a first frame cut short
+/// by a crash, which SQLite rightly ignores, is followed by nothing of the current log; one a crash left
+/// in the middle of a transaction, by no commit).
 fn check_log(path: &Path) -> Result<(), StoreError> {
     let log = wal_path(path);
     let read = || -> Result<Vec<u8>, StoreError> {
@@ -2054,6 +2055,16 @@ fn check_log(path: &Path) -> Result<(), StoreError> {
     let Some(detail) = wal_damage(&head) else {
         return Ok(());
     };
+    // A first frame that no longer matches its checksum, with no commit after it, is what a crash leaves
+    // in the middle of a large transaction: SQLite writes its pages to the log before it commits, may
+    // write a page again in place, and recomputes the checksums only as it commits. Nothing committed is
+    // lost; SQLite ignores the frames, as it should.
+    if detail == FIRST_FRAME_DAMAGED
+        && !commits_after_first_frame(&log, &head)
+            .map_err(|e| StoreError::new(format!("cannot read `{}`: {e}", log.display())))?
+    {
+        return Ok(());
+    }
     // Another process may be writing the start of the log at this moment (it restarts the log after a
     // complete checkpoint): only damage that stays put is damage.
     std::thread::sleep(Duration::from_millis(50));
@@ -2113,6 +2124,34 @@ fn wal_path(path: &Path) -> PathBuf {
     PathBuf::from(log)
 }
 
+const FIRST_FRAME_DAMAGED: &str = "its first frame does not match its checksum";
+
+/// Whether a frame of the current log (its salts), the first or one after it, ends a transaction (a
+/// commit frame gives the database's size in pages): only then would the frames SQLite ignores from the
+/// first on hold committed data. Each frame's header is read, not its page.
+fn commits_after_first_frame(log: &Path, head: &[u8]) -> std::io::Result<bool> {
+    use std::io::{Read as _, Seek as _, SeekFrom};
+    let page = u64::from(u32::from_be_bytes([head[8], head[9], head[10], head[11]]));
+    let mut file = std::fs::File::open(log)?;
+    let mut frame = [0u8; 24];
+    for n in 0.. {
+        file.seek(SeekFrom::Start(32 + n * (24 + page)))?;
+        match file.read_exact(&mut frame) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(false),
+            Err(e) => return Err(e),
+        }
+        if frame[8..16] != head[16..24] {
+            // A frame of an earlier log: the current one ends before it.
+            return Ok(false);
+        }
+        if frame[4..8] != [0; 4] {
+            return Ok(true);
+        }
+    }
+    Ok(false)
+}
+
 /// What is wrong with the start of a write-ahead log (its header and first frame), if anything.
 fn wal_damage(head: &[u8]) -> Option<&'static str> {
     if head.is_empty() {
@@ -2146,7 +2185,7 @@ fn wal_damage(head: &[u8]) -> Option<&'static str> {
     let sum = wal_checksum(header_sum, &frame[..8], big_endian);
     let sum = wal_checksum(sum, &frame[24..24 + page], big_endian);
     if sum != (word(32 + 16), word(32 + 20)) {
-        return Some("its first frame does not match its checksum");
+        return Some(FIRST_FRAME_DAMAGED);
     }
     None
 }
