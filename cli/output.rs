@@ -20,6 +20,18 @@ pub fn stdout_json(value: &impl serde::Serialize) {
         .and_then(|()| out.flush());
 }
 
+/// Standard output, buffered, for `write` to write to as it goes; an error writing (a closed pipe) stops it.
+pub fn stdout_with(write: impl FnOnce(&mut dyn Write) -> std::io::Result<()>) {
+    let mut out = std::io::BufWriter::new(std::io::stdout().lock());
+    let _ = write(&mut out).and_then(|()| out.flush());
+}
+
+/// Standard error, buffered, for `write` to write to as it goes.
+pub fn stderr_with(write: impl FnOnce(&mut dyn Write) -> std::io::Result<()>) {
+    let mut err = std::io::BufWriter::new(std::io::stderr().lock());
+    let _ = write(&mut err).and_then(|()| err.flush());
+}
+
 /// Writes diagnostics and problems to standard error.
 pub fn stderr(text: &str) {
     let mut err = std::io::stderr().lock();

@@ -1,11 +1,11 @@
 //! Rendering diagnostics for people (source snippets with carets) and for machines (JSON).
 
 use std::collections::HashSet;
+use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use annotate_snippets::{AnnotationKind, Group, Level, Renderer, Snippet};
 use archon_engine::source::{SourceFile, Sources, Span};
-use archon_engine::validate::Validation;
 use archon_engine::{Diagnostic, Severity};
 use serde_json::{Value, json};
 
@@ -16,19 +16,21 @@ pub const JSON_VERSION: u32 = 1;
 #[derive(Default)]
 pub struct Report {
     files: Vec<(PathBuf, usize, usize)>,
-    entries: Vec<(Diagnostic, Sources)>,
+    /// Each diagnostic, with the index of its files in `sources`.
+    entries: Vec<(Diagnostic, usize)>,
+    sources: Vec<Sources>,
+    /// The hashes of the entries' identities (file, span, code, message), to find one reported already.
+    seen: HashSet<u64>,
+    hasher: std::hash::RandomState,
 }
 
 impl Report {
     /// Adds a file's diagnostics, skipping any already reported (a sub-workflow shared by two specs).
-    pub fn add(
-        &mut self,
-        path: &Path,
-        validation: &Validation,
-        seen: &mut HashSet<(PathBuf, u32, u32, &'static str, String)>,
-    ) {
-        let mut diagnostics: Vec<&Diagnostic> = validation.diagnostics.iter().collect();
+    pub fn add(&mut self, path: &Path, mut diagnostics: Vec<Diagnostic>, sources: &Sources) {
+        use std::hash::BuildHasher as _;
         diagnostics.sort_by_key(|d| (d.span.file, d.span.start));
+        let here = self.sources.len();
+        self.sources.push(sources.clone());
         let mut errors = 0;
         let mut warnings = 0;
         for d in diagnostics {
@@ -36,13 +38,19 @@ impl Report {
                 Severity::Error => errors += 1,
                 Severity::Warning => warnings += 1,
             }
-            let file = validation
-                .sources
-                .get(d.span.file)
-                .map(|f| f.path.clone())
-                .unwrap_or_default();
-            if seen.insert((file, d.span.start, d.span.end, d.code, d.message.clone())) {
-                self.entries.push((d.clone(), validation.sources.clone()));
+            let identity = |d: &Diagnostic, sources: &Sources| {
+                let file = sources.get(d.span.file).map(|f| f.path.clone());
+                (file, d.span.start, d.span.end, d.code, d.message.clone())
+            };
+            let hash = self.hasher.hash_one(identity(&d, sources));
+            // A hash seen before is (almost always) the same diagnostic: compared in full to be sure.
+            let reported = !self.seen.insert(hash)
+                && self
+                    .entries
+                    .iter()
+                    .any(|(e, at)| identity(e, &self.sources[*at]) == identity(&d, sources));
+            if !reported {
+                self.entries.push((d, here));
             }
         }
         self.files.push((path.to_path_buf(), errors, warnings));
@@ -63,17 +71,18 @@ impl Report {
     }
 }
 
-/// Human-readable output: every diagnostic with its snippet, then a summary line.
-pub fn text(report: &Report, color: bool) -> String {
+/// Human-readable output: every diagnostic with its snippet, then a summary line, written as each is
+/// laid out (a file may have 100,000 diagnostics).
+pub fn write_text(report: &Report, color: bool, out: &mut dyn Write) -> std::io::Result<()> {
     let renderer = if color {
         Renderer::styled()
     } else {
         Renderer::plain()
     };
-    let mut out = String::new();
     for (diagnostic, sources) in &report.entries {
-        out.push_str(&renderer.render(&groups(diagnostic, sources)));
-        out.push_str("\n\n");
+        let sources = &report.sources[*sources];
+        out.write_all(renderer.render(&groups(diagnostic, sources)).as_bytes())?;
+        out.write_all(b"\n\n")?;
     }
     let files = report.files.len();
     let plural = |n: usize, what: &str| format!("{n} {what}{}", if n == 1 { "" } else { "s" });
@@ -94,9 +103,7 @@ pub fn text(report: &Report, color: bool) -> String {
             s
         }
     };
-    out.push_str(&summary);
-    out.push('\n');
-    out
+    writeln!(out, "{summary}")
 }
 
 fn groups<'a>(d: &'a Diagnostic, sources: &'a Sources) -> Vec<Group<'a>> {
@@ -218,46 +225,62 @@ fn display_path(path: &Path) -> String {
 }
 
 /// Machine-readable output (schema in `docs/cli.md`).
-pub fn json(report: &Report) -> String {
-    let diagnostics: Vec<Value> = report
-        .entries
-        .iter()
-        .map(|(d, sources)| {
-            let mut value = location(sources, d.span);
-            let object = value.as_object_mut().expect("location is an object");
-            object.insert("code".into(), json!(d.code));
-            object.insert("severity".into(), json!(d.severity.as_str()));
-            object.insert("message".into(), json!(d.message));
-            object.insert("hints".into(), json!(d.hints));
-            let labels: Vec<Value> = d
-                .labels
-                .iter()
-                .map(|l| {
-                    let mut v = location(sources, l.span);
-                    v.as_object_mut()
-                        .expect("location is an object")
-                        .insert("message".into(), json!(l.message));
-                    v
-                })
-                .collect();
-            object.insert("labels".into(), json!(labels));
-            value
-        })
-        .collect();
-    let files: Vec<Value> = report
+/// The diagnostics as one JSON document, written as each is serialized.
+pub fn write_json(report: &Report, out: &mut dyn Write) -> std::io::Result<()> {
+    /// The diagnostics, each made into a JSON value only as it is written.
+    struct Diagnostics<'a>(&'a Report);
+    impl serde::Serialize for Diagnostics<'_> {
+        fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+            serializer.collect_seq(
+                self.0
+                    .entries
+                    .iter()
+                    .map(|(d, at)| diagnostic(d, &self.0.sources[*at])),
+            )
+        }
+    }
+    #[derive(serde::Serialize)]
+    struct Document<'a> {
+        version: u32,
+        files: Vec<Value>,
+        diagnostics: Diagnostics<'a>,
+        summary: Value,
+    }
+    let files = report
         .files
         .iter()
         .map(|(path, errors, warnings)| json!({ "path": display_path(path), "valid": *errors == 0, "errors": errors, "warnings": warnings }))
         .collect();
-    let value = json!({
-        "version": JSON_VERSION,
-        "files": files,
-        "diagnostics": diagnostics,
-        "summary": { "files": report.files.len(), "errors": report.errors(), "warnings": report.warnings() },
-    });
-    let mut text = serde_json::to_string_pretty(&value).unwrap_or_default();
-    text.push('\n');
-    text
+    let document = Document {
+        version: JSON_VERSION,
+        files,
+        diagnostics: Diagnostics(report),
+        summary: json!({ "files": report.files.len(), "errors": report.errors(), "warnings": report.warnings() }),
+    };
+    serde_json::to_writer_pretty(&mut *out, &document)?;
+    out.write_all(b"\n")
+}
+
+fn diagnostic(d: &Diagnostic, sources: &Sources) -> Value {
+    let mut value = location(sources, d.span);
+    let object = value.as_object_mut().expect("location is an object");
+    object.insert("code".into(), json!(d.code));
+    object.insert("severity".into(), json!(d.severity.as_str()));
+    object.insert("message".into(), json!(d.message));
+    object.insert("hints".into(), json!(d.hints));
+    let labels: Vec<Value> = d
+        .labels
+        .iter()
+        .map(|l| {
+            let mut v = location(sources, l.span);
+            v.as_object_mut()
+                .expect("location is an object")
+                .insert("message".into(), json!(l.message));
+            v
+        })
+        .collect();
+    object.insert("labels".into(), json!(labels));
+    value
 }
 
 /// File, 1-based line and column of the start, and the exclusive end.

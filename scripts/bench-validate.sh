@@ -56,4 +56,5 @@ if [ -x /usr/bin/time ]; then
   for f in "$work"/yaml-*.yaml "$work"/toml-*.toml; do
     /usr/bin/time -q -f "$(basename "$f") ($(wc -c < "$f") bytes): peak RSS %M KB" "$bin" validate "$f" > /dev/null || true
   done
+  /usr/bin/time -q -f "yaml-unknown-keys.yaml as JSON: peak RSS %M KB" "$bin" validate --format json "$work/yaml-unknown-keys.yaml" > /dev/null || true
 fi

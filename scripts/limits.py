@@ -22,11 +22,15 @@ def steps(n, line):
     return "".join(line.format(i=i) for i in range(n))
 
 
-# YAML: the step limit (20,000 steps of a few values each), the value limit (a list of 499,000),
-# 8 MiB of blank lines and of comments, and a file just past the step limit.
+# YAML: the step limit (20,000 steps of a few values each), the value limit (a list of 499,000, and
+# mappings of many keys), 8 MiB of blank lines and of comments, and a file just past the step limit.
 write("yaml-steps.yaml", "name: big\nsteps:\n" + steps(20_000, "  - {{ id: s{i}, tool: echo, with: {{ v: {i}, w: [1, 2, 3], x: {{ a: b }} }} }}\n"))
 write("yaml-steps-past.yaml", "name: big\nsteps:\n" + steps(20_001, "  - {{ id: s{i}, tool: echo }}\n"))
 write("yaml-values.yaml", "name: big\nsteps:\n  - id: a\n    tool: echo\n    with:\n      v: [" + ",".join(["1"] * 499_000) + "]\n")
+# Many keys in one mapping, up to the value limit: inputs (each a mapping of its own), and keys no
+# workflow has (each an error, its diagnostic written as text and as JSON by bench-validate.sh).
+write("yaml-keys.yaml", "name: big\ninputs:\n" + steps(124_000, "  x{i}: {{ type: string }}\n") + "steps:\n  - { id: a, tool: echo }\n")
+write("yaml-unknown-keys.yaml", "name: big\nsteps: []\n" + steps(240_000, "x{i}: 1\n"))
 write("yaml-blank-lines.yaml", "name: x\nsteps: []\n" + "\n" * YAML_BYTES)
 write("yaml-comments.yaml", "name: x\nsteps: []\n" + "#\n" * (YAML_BYTES // 2))
 # TOML, up to its own size limit: as many steps as fit, a list of values, empty inline tables, blank

@@ -288,6 +288,46 @@ fn too_many_values_are_refused_in_both_formats() {
     }
 }
 
+/// A file of many problems of one kind (240,000 unknown keys took 266 MB to validate, and as many
+/// diagnostics in JSON 550 MB) shows the first thousand of each pass over it and says how many more there
+/// are; what later passes find is still reported.
+#[test]
+fn a_file_of_many_problems_shows_a_thousand_and_counts_the_rest() {
+    let unknown: String = (0..2_500).map(|i| format!("x{i}: 1\n")).collect();
+    let duplicated = "a: 1\n".repeat(1_500);
+    let text = format!("name: many\nsteps: []\n{unknown}{duplicated}");
+    let found = codes_and_messages("many.yaml", text);
+    let counted = |code: &str| found.iter().filter(|(c, _)| *c == code).count();
+    // The parse keeps 1,000 duplicate keys of 1,499; the structure check, which reads what the parse
+    // kept, 1,000 unknown keys of 2,501 (`a` once, the 2,500 others).
+    assert_eq!(
+        (
+            counted("archon::duplicate_key"),
+            counted("archon::unknown_key"),
+            found.len()
+        ),
+        (1_000, 1_000, 2_003),
+        "{:?}",
+        &found[found.len() - 3..]
+    );
+    let summaries: Vec<_> = found
+        .iter()
+        .filter(|(code, _)| *code == "archon::too_many_problems")
+        .map(|(_, message)| message.as_str())
+        .collect();
+    assert_eq!(
+        summaries,
+        [
+            "499 more problems like those above are not shown",
+            "1501 more problems like those above are not shown",
+        ]
+    );
+    assert_eq!(
+        found.last().map(|(c, _)| *c),
+        Some("archon::empty_workflow")
+    );
+}
+
 /// A template or expression chaining 100,000 operators (`x.a.a…`, `1+1+…`, `x[0][0]…`, `1|string|…`) made
 /// minijinja overflow the stack and abort archon (exit 134), from a spec, from `resume` of its run and from
 /// a plan a model wrote, which goes through the same validator. It is refused, named, before minijinja

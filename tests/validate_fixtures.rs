@@ -16,6 +16,8 @@ const COVERED_BY_HOSTILE_TESTS: &[&str] = &[
     "archon::file_too_large",
     // needs more than 20,000 steps
     "archon::too_many_steps",
+    // needs more than 1,000 problems in one file
+    "archon::too_many_problems",
     // needs a missing, unreadable or non-UTF-8 file, which a checked-in fixture cannot be
     "archon::unreadable_file",
 ];

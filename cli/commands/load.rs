@@ -1,7 +1,6 @@
 //! Loading a workflow for `plan` and `run`: validate it and resolve its inputs, reporting every problem
 //! on standard error.
 
-use std::collections::HashSet;
 use std::fmt::Write as _;
 
 use archon_engine::Workflow;
@@ -23,8 +22,10 @@ pub fn workflow_and_inputs(
     let validation = validate_file(file);
     if validation.has_errors() {
         let mut report = Report::default();
-        report.add(file, &validation, &mut HashSet::new());
-        output::stderr(&render::text(&report, output::use_color_stderr(color)));
+        report.add(file, validation.diagnostics, &validation.sources);
+        output::stderr_with(|err| {
+            render::write_text(&report, output::use_color_stderr(color), err)
+        });
         return Err(Status::Invalid);
     }
     let workflow = validation.workflow.ok_or(Status::Invalid)?;

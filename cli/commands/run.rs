@@ -1,7 +1,6 @@
 //! `archon run FILE`: run a workflow, showing each step as it starts and ends, then the outputs (or the
 //! whole report with `--json`). Ctrl-C cancels the running steps and exits 130.
 
-use std::collections::HashSet;
 use std::fmt::Write as _;
 use std::future::Future;
 use std::io::Write as _;
@@ -141,8 +140,10 @@ pub fn session_error(error: &SessionError, color: ColorChoice) -> Status {
         }
         SessionError::Invalid { path, validation } => {
             let mut report = Report::default();
-            report.add(path, validation, &mut HashSet::new());
-            output::stderr(&render::text(&report, output::use_color_stderr(color)));
+            report.add(path, validation.diagnostics.clone(), &validation.sources);
+            output::stderr_with(|err| {
+                render::write_text(&report, output::use_color_stderr(color), err)
+            });
         }
         SessionError::Unsupported(unsupported) => return unsupported_error(unsupported),
         SessionError::Write { path, source } => output::stderr(&format!(

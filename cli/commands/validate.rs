@@ -1,6 +1,5 @@
 //! `archon validate PATH...`: check spec files and report every diagnostic.
 
-use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 
 use archon_engine::validate::{Validation, validate_file};
@@ -13,16 +12,14 @@ use crate::render::{self, Report};
 pub fn run(args: &ValidateArgs, color: ColorChoice) -> anyhow::Result<Status> {
     let files = collect(&args.paths)?;
     let mut report = Report::default();
-    let mut seen = HashSet::new();
     for file in &files {
         let validation: Validation = validate_file(file);
-        report.add(file, &validation, &mut seen);
+        report.add(file, validation.diagnostics, &validation.sources);
     }
-    let text = match args.format {
-        Format::Json => render::json(&report),
-        Format::Text => render::text(&report, output::use_color(color)),
-    };
-    output::stdout(&text);
+    output::stdout_with(|out| match args.format {
+        Format::Json => render::write_json(&report, out),
+        Format::Text => render::write_text(&report, output::use_color(color), out),
+    });
     Ok(if report.errors() > 0 {
         Status::Invalid
     } else {

@@ -81,11 +81,57 @@ impl Diagnostic {
     }
 }
 
+/// The problems one pass over a file keeps: at most [`Bounded::MOST`], then only how many more there were,
+/// so that a file of 200,000 unknown keys costs the memory of a thousand diagnostics, not of 200,000.
+#[derive(Debug, Default)]
+pub(crate) struct Bounded {
+    list: Vec<Diagnostic>,
+    omitted: usize,
+    first_omitted: Option<Span>,
+}
+
+impl Bounded {
+    /// Problems kept from one pass over a file.
+    pub(crate) const MOST: usize = 1_000;
+
+    pub(crate) fn push(&mut self, diagnostic: Diagnostic) {
+        if self.list.len() < Self::MOST {
+            self.list.push(diagnostic);
+        } else {
+            self.omitted += 1;
+            self.first_omitted.get_or_insert(diagnostic.span);
+        }
+    }
+
+    pub(crate) fn is_empty(&self) -> bool {
+        self.list.is_empty()
+    }
+
+    /// The problems kept, and then, if any were not, one that says how many.
+    pub(crate) fn into_vec(mut self) -> Vec<Diagnostic> {
+        if let Some(at) = self.first_omitted {
+            self.list.push(
+                Diagnostic::error(
+                    codes::TOO_MANY_PROBLEMS,
+                    at,
+                    format!(
+                        "{} more problems like those above are not shown",
+                        self.omitted
+                    ),
+                )
+                .with_hint("fix the problems shown and validate again"),
+            );
+        }
+        self.list
+    }
+}
+
 /// Every diagnostic code the validator emits, one per line of `docs/diagnostics.md`.
 pub mod codes {
     pub const YAML_SYNTAX: &str = "archon::yaml_syntax";
     pub const TOML_SYNTAX: &str = "archon::toml_syntax";
     pub const FILE_TOO_LARGE: &str = "archon::file_too_large";
+    pub const TOO_MANY_PROBLEMS: &str = "archon::too_many_problems";
     pub const NESTING_TOO_DEEP: &str = "archon::nesting_too_deep";
     pub const ALIAS_BUDGET: &str = "archon::alias_budget";
     pub const TOO_MANY_STEPS: &str = "archon::too_many_steps";

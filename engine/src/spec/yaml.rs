@@ -13,7 +13,7 @@ use serde_saphyr::budget::{Budget, BudgetBreach};
 use serde_saphyr::options::AliasLimits;
 use serde_saphyr::{Error as YamlError, Options, Spanned};
 
-use crate::diagnostic::{Diagnostic, codes};
+use crate::diagnostic::{Bounded, Diagnostic, codes};
 use crate::source::{SourceFile, Span};
 use crate::spec::node::{Key, Node, NodeKind};
 use crate::spec::parse::Limits;
@@ -185,9 +185,9 @@ fn with_serde(file: &SourceFile, limits: &Limits) -> (Option<Node>, Vec<Diagnost
     options.duplicate_keys = serde_saphyr::DuplicateKeyPolicy::PassThrough;
     match serde_saphyr::from_str_with_options::<Located>(&file.text, options) {
         Ok(raw) => {
-            let mut diagnostics = Vec::new();
+            let mut diagnostics = Bounded::default();
             let node = convert(raw, file, &mut diagnostics);
-            (Some(node), diagnostics)
+            (Some(node), diagnostics.into_vec())
         }
         Err(err) => (None, vec![error_to_diagnostic(&err, file, limits)]),
     }
@@ -233,7 +233,7 @@ fn resolve_alone(text: &str) -> Option<NodeKind> {
     }
 }
 
-fn convert(raw: Located, file: &SourceFile, diagnostics: &mut Vec<Diagnostic>) -> Node {
+fn convert(raw: Located, file: &SourceFile, diagnostics: &mut Bounded) -> Node {
     let span = raw.at.span(file);
     let kind = match raw.value {
         Raw::Null => NodeKind::Null,
@@ -248,7 +248,7 @@ fn convert(raw: Located, file: &SourceFile, diagnostics: &mut Vec<Diagnostic>) -
                 .collect(),
         ),
         Raw::Map(entries) => {
-            let mut out: Vec<(Key, Node)> = Vec::with_capacity(entries.len());
+            let mut out = Entries::with_capacity(entries.len());
             for (k, v) in entries {
                 let key_node = convert(k, file, diagnostics);
                 let value = convert(v, file, diagnostics);
@@ -267,21 +267,59 @@ fn convert(raw: Located, file: &SourceFile, diagnostics: &mut Vec<Diagnostic>) -
                         continue;
                     }
                 };
-                insert(&mut out, Key { name, span }, value, diagnostics);
+                out.insert(Key { name, span }, value, diagnostics);
             }
-            NodeKind::Map(out)
+            NodeKind::Map(out.into_list())
         }
     };
     collection(span, kind)
 }
 
-/// Adds an entry to a mapping, or reports a key written twice (the first one stays).
-fn insert(out: &mut Vec<(Key, Node)>, key: Key, value: Node, diagnostics: &mut Vec<Diagnostic>) {
-    if let Some((first, _)) = out.iter().find(|(k, _)| k.name == key.name) {
-        diagnostics.push(duplicate_key(&key, first.span));
-        return;
+/// A mapping's entries as they are read, each key once: a key written twice is reported (the first one
+/// stays). Once the mapping is no longer small, the hashes of its keys are kept, so that a new key (almost
+/// always) is known new without a search: a mapping of many keys is read in linear time.
+#[derive(Default)]
+struct Entries {
+    list: Vec<(Key, Node)>,
+    hashes: std::collections::HashSet<u64>,
+    hasher: std::hash::RandomState,
+}
+
+impl Entries {
+    /// Past this many entries, keys are hashed.
+    const SMALL: usize = 16;
+
+    fn with_capacity(capacity: usize) -> Self {
+        Entries {
+            list: Vec::with_capacity(capacity),
+            ..Entries::default()
+        }
     }
-    out.push((key, value));
+
+    fn insert(&mut self, key: Key, value: Node, diagnostics: &mut Bounded) {
+        use std::hash::BuildHasher as _;
+        let hash = |name: &str| self.hasher.hash_one(name);
+        let search = if self.list.len() < Self::SMALL {
+            true
+        } else {
+            if self.hashes.is_empty() {
+                self.hashes = self.list.iter().map(|(k, _)| hash(&k.name)).collect();
+            }
+            !self.hashes.insert(hash(&key.name))
+        };
+        if search && let Some((first, _)) = self.list.iter().find(|(k, _)| k.name == key.name) {
+            diagnostics.push(duplicate_key(&key, first.span));
+            return;
+        }
+        self.list.push((key, value));
+    }
+
+    /// The entries, taking no more room than they need.
+    fn into_list(self) -> Vec<(Key, Node)> {
+        let mut list = self.list;
+        list.shrink_to_fit();
+        list
+    }
 }
 
 /// A node whose span, for a collection, covers its children.
@@ -451,28 +489,34 @@ pub(super) fn widen_to_char(span: Span, file: &SourceFile) -> Span {
 mod events {
     use granit_parser::{Event, Parser, ScalarStyle, Span as At};
 
-    use super::{Diagnostic, Key, Limits, Node, NodeKind, SourceFile, Span};
+    use super::{Bounded, Diagnostic, Key, Limits, Node, NodeKind, SourceFile, Span};
 
     /// A collection being read.
     enum Open {
         Seq(Span, Vec<Node>),
         /// The entries so far, and the key read whose value comes next.
-        Map(Span, Vec<(Key, Node)>, Option<Key>),
+        Map(Span, super::Entries, Option<Key>),
     }
 
     pub(super) fn read(
         file: &SourceFile,
         limits: &Limits,
     ) -> Option<(Option<Node>, Vec<Diagnostic>)> {
-        let mut diagnostics = Vec::new();
+        let mut diagnostics = Bounded::default();
         let mut stack: Vec<Open> = Vec::new();
         let mut root: Option<Node> = None;
         let mut documents = 0;
-        let mut values = 0usize;
-        // Well inside serde-saphyr's limits, which it alone reports.
-        let (most_depth, most_values) = (limits.max_depth.saturating_sub(2), limits.max_values / 2);
+        let (mut values, mut events) = (0usize, 0usize);
+        // serde-saphyr's limits: it counts values as nodes, and every event (a collection's end too)
+        // against twice as many.
+        let most_depth = limits.max_depth.saturating_sub(2);
+        let (most_values, most_events) = (limits.max_values, 2 * limits.max_values);
         for event in Parser::new_from_str(&file.text) {
             let (event, at) = event.ok()?;
+            events += 1;
+            if events > most_events {
+                return too_many(file, &at, limits);
+            }
             let sequence = matches!(event, Event::SequenceStart(..));
             let node = match event {
                 Event::StreamStart | Event::DocumentEnd => continue,
@@ -489,6 +533,9 @@ mod events {
                         return None;
                     }
                     values += 1;
+                    if values > most_values {
+                        return too_many(file, &at, limits);
+                    }
                     let kind = scalar(text.into_owned(), style)?;
                     Node::new(span(file, &at)?, kind)
                 }
@@ -497,36 +544,39 @@ mod events {
                         return None;
                     }
                     values += 1;
+                    if values > most_values {
+                        return too_many(file, &at, limits);
+                    }
                     let start = span(file, &at)?;
                     stack.push(if sequence {
                         Open::Seq(start, Vec::new())
                     } else {
-                        Open::Map(start, Vec::new(), None)
+                        Open::Map(start, super::Entries::default(), None)
                     });
                     continue;
                 }
                 Event::SequenceEnd => match stack.pop()? {
-                    Open::Seq(start, items) => super::collection(start, NodeKind::Seq(items)),
+                    Open::Seq(start, mut items) => {
+                        items.shrink_to_fit();
+                        super::collection(start, NodeKind::Seq(items))
+                    }
                     Open::Map(..) => return None,
                 },
                 Event::MappingEnd => match stack.pop()? {
                     Open::Map(start, entries, None) => {
-                        super::collection(start, NodeKind::Map(entries))
+                        super::collection(start, NodeKind::Map(entries.into_list()))
                     }
                     _ => return None,
                 },
                 // Aliases, and anything this reader does not expect.
                 _ => return None,
             };
-            if values > most_values {
-                return None;
-            }
             match stack.last_mut() {
                 None if root.is_none() => root = Some(node),
                 None => return None,
                 Some(Open::Seq(_, items)) => items.push(node),
                 Some(Open::Map(_, entries, key)) => match key.take() {
-                    Some(key) => super::insert(entries, key, node, &mut diagnostics),
+                    Some(key) => entries.insert(key, node, &mut diagnostics),
                     None => *key = Some(self::key(node)?),
                 },
             }
@@ -534,7 +584,20 @@ mod events {
         if !stack.is_empty() || documents != 1 {
             return None;
         }
-        Some((Some(root?), diagnostics))
+        Some((Some(root?), diagnostics.into_vec()))
+    }
+
+    /// A document past the value limit, refused where serde-saphyr refuses it (its budget counts values
+    /// and events as this reader does), before the rest is read.
+    fn too_many(
+        file: &SourceFile,
+        at: &At,
+        limits: &Limits,
+    ) -> Option<(Option<Node>, Vec<Diagnostic>)> {
+        Some((
+            None,
+            vec![crate::spec::parse::too_many_values(span(file, at)?, limits)],
+        ))
     }
 
     /// A key as serde-saphyr names it; merge keys and keys that are not scalars are its to read.
@@ -615,10 +678,13 @@ mod parity {
     /// Whether the event reader read `text`, and then whether it read it as serde-saphyr does: the same
     /// values with the same spans, and the same diagnostics.
     fn agrees(text: &str) -> Option<Result<(), String>> {
+        agrees_within(text, &Limits::default())
+    }
+
+    fn agrees_within(text: &str, limits: &Limits) -> Option<Result<(), String>> {
         let file = file(text);
-        let limits = Limits::default();
-        let fast = super::events::read(&file, &limits)?;
-        let slow = read_with_serde(&file, &limits);
+        let fast = super::events::read(&file, limits)?;
+        let slow = read_with_serde(&file, limits);
         let shown = |(node, diagnostics): &(Option<super::Node>, Vec<super::Diagnostic>)| {
             format!("{node:#?}\n{diagnostics:#?}")
         };
@@ -714,6 +780,80 @@ mod parity {
         }
         // Most of these are the event reader's to read.
         assert!(read > 150, "{read}");
+    }
+
+    /// The event reader refuses a document past the value limit where serde-saphyr does, with the same
+    /// diagnostic, whether the value past it is a scalar or a collection, or the events (a collection's
+    /// end too) run out first; a document at the limit is read by both.
+    #[test]
+    fn the_value_limit_is_where_serde_saphyr_puts_it() {
+        let limits = Limits {
+            max_values: 12,
+            ..Limits::default()
+        };
+        let refused = |text: &str| {
+            let read = super::events::read(&file(text), &limits).expect("read");
+            (read.0.is_none() && read.1.len() == 1).then(|| read.1[0].message.clone())
+        };
+        for (text, within) in [
+            // 12 values: the mapping, 5 keys, 5 scalars, the list.
+            ("a: 1\nb: 2\nc: 3\nd: 4\ne: []\n", true),
+            ("a: 1\nb: 2\nc: 3\nd: 4\ne: 5\nf: 6\n", false),
+            ("a: 1\nb: 2\nc: 3\nd: 4\ne: 5\nf: []\n", false),
+            ("a: 1\nb: 2\nc: 3\nd: 4\ne: 5\nf: [x]\n", false),
+            // 24 events: the stream's, the document's and the list's starts and ends, 9 empty lists.
+            ("[[], [], [], [], [], [], [], [], []]\n", true),
+            // 11 values, but 26 events.
+            ("[[], [], [], [], [], [], [], [], [], []]\n", false),
+        ] {
+            agrees_within(text, &limits)
+                .expect("the event reader's to read")
+                .unwrap_or_else(|e| panic!("{e}"));
+            assert_eq!(
+                refused(text),
+                (!within).then(|| "spec file holds more than 12 values, the limit".to_owned()),
+                "{text}"
+            );
+        }
+    }
+
+    /// A key written twice is found in a mapping of any size (past 16 keys, through their hashes), at
+    /// both of its places, and the first stays.
+    #[test]
+    fn a_key_written_twice_is_reported_in_a_mapping_of_any_size() {
+        let text: String = (0..40)
+            .chain([3, 30, 30])
+            .map(|i| format!("k{i}: {i}\n"))
+            .collect();
+        agrees(&text)
+            .expect("the event reader's to read")
+            .unwrap_or_else(|e| panic!("{e}"));
+        let (node, diagnostics) =
+            super::events::read(&file(&text), &Limits::default()).expect("read");
+        let line = |n: usize| text.lines().take(n).map(|l| l.len() + 1).sum::<usize>();
+        let found: Vec<_> = diagnostics
+            .iter()
+            .map(|d| {
+                (
+                    d.message.as_str(),
+                    d.span.start as usize,
+                    d.labels[0].span.start as usize,
+                )
+            })
+            .collect();
+        assert_eq!(
+            found,
+            [
+                ("duplicate key `k3`", line(40), line(3)),
+                ("duplicate key `k30`", line(41), line(30)),
+                ("duplicate key `k30`", line(42), line(30)),
+            ]
+        );
+        let super::NodeKind::Map(entries) = node.expect("a node").kind else {
+            panic!("a mapping")
+        };
+        assert_eq!(entries.len(), 40);
+        assert_eq!(entries[30].1.to_json(), serde_json::json!(30));
     }
 
     #[test]

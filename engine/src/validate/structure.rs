@@ -8,7 +8,7 @@ use std::borrow::Cow;
 
 use serde_json::Value as Json;
 
-use crate::diagnostic::{Diagnostic, codes};
+use crate::diagnostic::{Bounded, Diagnostic, codes};
 use crate::spec::node::{Key, Node, NodeKind};
 use crate::validate::shape::{Additional, Shape, ShapeId, Shapes, Typed};
 use crate::validate::suggest;
@@ -21,21 +21,23 @@ pub fn check<'n>(root: &'n Node, diagnostics: &mut Vec<Diagnostic>) -> Option<Co
         def: "Spec",
         key: None,
     };
-    let before = diagnostics.len();
-    Walker {
+    let mut found = Bounded::default();
+    let checked = Walker {
         shapes,
-        diagnostics,
+        diagnostics: Some(&mut found),
         prune: false,
     }
-    .check(root, shapes.root, &cx)?;
-    if diagnostics.len() == before {
+    .check(root, shapes.root, &cx);
+    let clean = found.is_empty();
+    diagnostics.extend(found.into_vec());
+    checked?;
+    if clean {
         return Some(Cow::Borrowed(root));
     }
-    // Something was reported: walk again, this time building the pruned copy.
-    let mut again = Vec::new();
+    // Something was reported: walk again, this time building the pruned copy (and reporting nothing).
     Walker {
         shapes,
-        diagnostics: &mut again,
+        diagnostics: None,
         prune: true,
     }
     .check(root, shapes.root, &cx)
@@ -44,7 +46,8 @@ pub fn check<'n>(root: &'n Node, diagnostics: &mut Vec<Diagnostic>) -> Option<Co
 
 struct Walker<'a> {
     shapes: &'static Shapes,
-    diagnostics: &'a mut Vec<Diagnostic>,
+    /// Where problems go; none on the second walk, which only prunes.
+    diagnostics: Option<&'a mut Bounded>,
     /// Build the pruned copy; the first, checking-only walk returns cheap placeholders instead.
     prune: bool,
 }
@@ -102,6 +105,12 @@ fn enum_code(def: &str) -> &'static str {
 }
 
 impl Walker<'_> {
+    fn report(&mut self, diagnostic: Diagnostic) {
+        if let Some(found) = self.diagnostics.as_deref_mut() {
+            found.push(diagnostic);
+        }
+    }
+
     /// The value itself, when building the pruned copy; a placeholder otherwise.
     fn keep(&self, node: &Node) -> Node {
         if self.prune {
@@ -123,7 +132,7 @@ impl Walker<'_> {
         match &shapes.nodes[id] {
             Shape::Any => Some(self.keep(node)),
             Shape::Never => {
-                self.diagnostics.push(Diagnostic::error(
+                self.report(Diagnostic::error(
                     codes::UNKNOWN_KEY,
                     node.span,
                     format!("{} is not allowed here", cx.subject()),
@@ -186,12 +195,22 @@ impl Walker<'_> {
     ) -> Option<Node> {
         let mut kept = Vec::with_capacity(if self.prune { entries.len() } else { 0 });
         let mut broken = false;
+        // The keys an unknown key may have meant: those allowed here and not written, found once per
+        // mapping (a mapping of many unknown keys was quadratic).
+        let mut candidates = None;
         for (key, value) in entries {
             let child = match typed.properties.iter().find(|(name, _)| *name == key.name) {
                 Some((_, id)) => *id,
                 None => match typed.additional {
                     Additional::Denied => {
-                        self.unknown_key(key, &typed.properties, entries, cx);
+                        let candidates = candidates.get_or_insert_with(|| {
+                            let present = |name: &str| entries.iter().any(|(k, _)| k.name == name);
+                            (typed.properties.iter())
+                                .map(|(name, _)| name.as_str())
+                                .filter(|k| !present(k))
+                                .collect::<Vec<&str>>()
+                        });
+                        self.unknown_key(key, candidates, cx);
                         continue;
                     }
                     Additional::Schema(id) => id,
@@ -217,7 +236,7 @@ impl Walker<'_> {
         for name in &typed.required {
             if !entries.iter().any(|(k, _)| k.name == *name) {
                 let at = entries.first().map_or(node.span, |(k, _)| k.span);
-                self.diagnostics.push(
+                self.report(
                     Diagnostic::error(
                         codes::MISSING_KEY,
                         at,
@@ -234,19 +253,7 @@ impl Walker<'_> {
         (!broken).then(|| Node::new(node.span, NodeKind::Map(kept)))
     }
 
-    fn unknown_key(
-        &mut self,
-        key: &Key,
-        properties: &[(String, ShapeId)],
-        entries: &[(Key, Node)],
-        cx: &Context<'_>,
-    ) {
-        let present = |name: &str| entries.iter().any(|(k, _)| k.name == name);
-        let candidates: Vec<&str> = properties
-            .iter()
-            .map(|(name, _)| name.as_str())
-            .filter(|k| !present(k))
-            .collect();
+    fn unknown_key(&mut self, key: &Key, candidates: &[&str], cx: &Context<'_>) {
         let mut d = Diagnostic::error(
             codes::UNKNOWN_KEY,
             key.span,
@@ -255,11 +262,11 @@ impl Walker<'_> {
         d = match suggest::did_you_mean(&key.name, candidates.iter().copied()) {
             Some(hint) => d.with_hint(hint),
             None if !candidates.is_empty() && candidates.len() <= 12 => {
-                d.with_hint(format!("valid keys here: {}", suggest::list(&candidates)))
+                d.with_hint(format!("valid keys here: {}", suggest::list(candidates)))
             }
             None => d.with_hint("see docs/spec.md for the keys this section accepts"),
         };
-        self.diagnostics.push(d);
+        self.report(d);
     }
 
     fn check_enum(&mut self, node: &Node, values: &[Json], cx: &Context<'_>) -> Option<Node> {
@@ -286,8 +293,7 @@ impl Walker<'_> {
         if let Some(s) = node.as_str() {
             d = d.with_hint_opt(suggest::did_you_mean(s, names.iter().copied()));
         }
-        self.diagnostics
-            .push(d.with_hint(format!("expected one of {}", suggest::list(&names))));
+        self.report(d.with_hint(format!("expected one of {}", suggest::list(&names))));
         None
     }
 
@@ -305,7 +311,7 @@ impl Walker<'_> {
             } else {
                 format!("between {min} and {max}")
             };
-            self.diagnostics.push(Diagnostic::error(
+            self.report(Diagnostic::error(
                 codes::INVALID_VALUE,
                 node.span,
                 format!("{} must be {range}, found {value}", cx.subject()),
@@ -338,7 +344,7 @@ impl Walker<'_> {
         if let Some(hint) = type_hint(cx.key, &expected, node) {
             d = d.with_hint(hint);
         }
-        self.diagnostics.push(d);
+        self.report(d);
     }
 }
 
