@@ -328,6 +328,34 @@ fn a_file_of_many_problems_shows_a_thousand_and_counts_the_rest() {
     );
 }
 
+/// One template string of 550,000 tags (8 MB of `{{ inputs.x }}`) took 240 MB to validate, as many in a
+/// loop 365 MB: minijinja holds the whole syntax tree. A template is refused past 10,000 tags, at the
+/// first one past them; 10,000 are read.
+#[test]
+fn a_template_of_too_many_tags_is_refused_before_it_is_parsed() {
+    let spec = |tags: usize| {
+        format!(
+            "name: t\ninputs:\n  x: {{ type: string }}\nsteps:\n  - id: a\n    tool: echo\n    with:\n      text: \"{{% for i in [1] %}}{}{{% endfor %}}\"\n",
+            "{{ inputs.x }}".repeat(tags)
+        )
+    };
+    assert_eq!(codes_and_messages("within.yaml", spec(9_998)), []);
+    let text = spec(550_000);
+    let at = text.find("{{ inputs.x }}").expect("a tag") + 9_999 * "{{ inputs.x }}".len() + 2;
+    let found = validate_source(Path::new("many.yaml"), text).diagnostics;
+    assert_eq!(
+        found
+            .iter()
+            .map(|d| (d.code, d.message.as_str(), d.span.start as usize))
+            .collect::<Vec<_>>(),
+        [(
+            "archon::template_syntax",
+            "template has more than 10000 tags (`{{ }}` and `{% %}`)",
+            at
+        )]
+    );
+}
+
 /// A template or expression chaining 100,000 operators (`x.a.a…`, `1+1+…`, `x[0][0]…`, `1|string|…`) made
 /// minijinja overflow the stack and abort archon (exit 134), from a spec, from `resume` of its run and from
 /// a plan a model wrote, which goes through the same validator. It is refused, named, before minijinja

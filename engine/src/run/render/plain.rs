@@ -53,9 +53,11 @@ const FUNCTIONS: &[&str] = &["range"];
 /// Whether `template` is plain (see the module's documentation). `expression` says that the whole text
 /// is one expression (a condition, a `foreach`), not a template with `{{ … }}` in it.
 pub fn is_plain(text: &str, expression: bool) -> bool {
-    // A chain minijinja could not compile without overflowing a stack is compiled in the helper, where
-    // overflowing one ends only the helper.
-    if crate::validate::templates::too_many_operators(text, expression).is_some() {
+    // A chain minijinja could not compile without overflowing a stack, or a syntax tree of too many
+    // tags, is compiled in the helper, where overflowing one ends only the helper.
+    if crate::validate::templates::too_many_operators(text, expression).is_some()
+        || (!expression && crate::validate::templates::too_many_tags(text).is_some())
+    {
         return false;
     }
     if expression {
