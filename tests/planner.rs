@@ -37,6 +37,17 @@ fn good_plan() -> serde_json::Value {
     })
 }
 
+/// The problems of each plan the validator rejected, in order.
+fn rejected_plans(events: &[RunEvent]) -> Vec<&Vec<String>> {
+    events
+        .iter()
+        .filter_map(|e| match e {
+            RunEvent::PlanRejected { problems, .. } => Some(problems),
+            _ => None,
+        })
+        .collect()
+}
+
 fn plan_events(events: &[RunEvent]) -> Vec<&RunEvent> {
     events
         .iter()
@@ -90,13 +101,7 @@ async fn a_plan_with_a_cycle_is_rejected_and_the_corrected_plan_runs() {
     let (report, events) = run_agent(dir.path(), &spec(&turns, STEP)).await;
     let p = &report.steps["p"];
     assert_eq!(p.status, StepStatus::Succeeded, "{p:?}");
-    let rejected: Vec<&Vec<String>> = events
-        .iter()
-        .filter_map(|e| match e {
-            RunEvent::PlanRejected { problems, .. } => Some(problems),
-            _ => None,
-        })
-        .collect();
+    let rejected = rejected_plans(&events);
     assert_eq!(rejected.len(), 1, "{events:?}");
     assert!(
         rejected[0].iter().any(|p| p.contains("cycle")),
@@ -517,13 +522,7 @@ async fn a_plan_whose_template_chains_without_end_is_rejected_not_fatal() {
     });
     let turns = turn(Some("rejected"), &good_plan()) + &turn(None, &deep);
     let (report, events) = run_agent(dir.path(), &spec(&turns, STEP)).await;
-    let rejected: Vec<&Vec<String>> = events
-        .iter()
-        .filter_map(|e| match e {
-            RunEvent::PlanRejected { problems, .. } => Some(problems),
-            _ => None,
-        })
-        .collect();
+    let rejected = rejected_plans(&events);
     assert_eq!(rejected.len(), 1, "{events:?}");
     assert!(
         rejected[0]
