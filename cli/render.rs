@@ -1,6 +1,6 @@
 //! Rendering diagnostics for people (source snippets with carets) and for machines (JSON).
 
-use std::collections::HashSet;
+use std::collections::HashMap;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
@@ -19,8 +19,8 @@ pub struct Report {
     /// Each diagnostic, with the index of its files in `sources`.
     entries: Vec<(Diagnostic, usize)>,
     sources: Vec<Sources>,
-    /// The hashes of the entries' identities (file, span, code, message), to find one reported already.
-    seen: HashSet<u64>,
+    /// The entries by the hash of their identity (file, span, code, message), to find one reported already.
+    seen: HashMap<u64, Vec<usize>>,
     hasher: std::hash::RandomState,
 }
 
@@ -43,13 +43,14 @@ impl Report {
                 (file, d.span.start, d.span.end, d.code, d.message.clone())
             };
             let hash = self.hasher.hash_one(identity(&d, sources));
-            // A hash seen before is (almost always) the same diagnostic: compared in full to be sure.
-            let reported = !self.seen.insert(hash)
-                && self
-                    .entries
-                    .iter()
-                    .any(|(e, at)| identity(e, &self.sources[*at]) == identity(&d, sources));
+            // The entries of the same hash are (almost always) the same diagnostic: compared in full.
+            let same = self.seen.entry(hash).or_default();
+            let reported = same.iter().any(|&i| {
+                let (e, at) = &self.entries[i];
+                identity(e, &self.sources[*at]) == identity(&d, sources)
+            });
             if !reported {
+                same.push(self.entries.len());
                 self.entries.push((d, here));
             }
         }

@@ -30,6 +30,7 @@ write("yaml-values.yaml", "name: big\nsteps:\n  - id: a\n    tool: echo\n    wit
 # Many keys in one mapping, up to the value limit: inputs (each a mapping of its own), and keys no
 # workflow has (each an error, its diagnostic written as text and as JSON by bench-validate.sh).
 write("yaml-keys.yaml", "name: big\ninputs:\n" + steps(124_000, "  x{i}: {{ type: string }}\n") + "steps:\n  - { id: a, tool: echo }\n")
+write("yaml-repeated-keys.yaml", "name: big\nsteps:\n  - id: a\n    tool: echo\n    with:\n" + steps(120_000, "      k{i:06}: 1\n") + "      k119999: 1\n" * 120_000)
 write("yaml-unknown-keys.yaml", "name: big\nsteps: []\n" + steps(240_000, "x{i}: 1\n"))
 write("yaml-blank-lines.yaml", "name: x\nsteps: []\n" + "\n" * YAML_BYTES)
 write("yaml-comments.yaml", "name: x\nsteps: []\n" + "#\n" * (YAML_BYTES // 2))

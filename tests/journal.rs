@@ -19,6 +19,11 @@ struct FailingJournal {
     fails_from: fn(&Entry) -> bool,
     failing: AtomicBool,
     flushes: Mutex<Vec<bool>>,
+    /// Instead of failing, the flush stops the run (the run's token, as Ctrl-C does) and succeeds.
+    stops_instead: bool,
+    cancel: CancellationToken,
+    /// The status and error of every attempt that ended, by step.
+    ended: Mutex<Vec<(String, StepStatus, Option<String>)>>,
 }
 
 impl FailingJournal {
@@ -27,7 +32,18 @@ impl FailingJournal {
             fails_from,
             failing: AtomicBool::new(false),
             flushes: Mutex::new(Vec::new()),
+            stops_instead: false,
+            cancel: CancellationToken::new(),
+            ended: Mutex::new(Vec::new()),
         })
+    }
+
+    /// A journal whose flush, once `from` has been recorded, is where Ctrl-C arrives: the run is stopped
+    /// while the record is made durable, and the record is.
+    fn stopping(from: fn(&Entry) -> bool) -> Arc<Self> {
+        let mut journal = Arc::into_inner(Self::new(from)).expect("one");
+        journal.stops_instead = true;
+        Arc::new(journal)
     }
 
     /// Whether a flush failed: the test's trigger was reached.
@@ -41,10 +57,27 @@ impl Journal for FailingJournal {
         if (self.fails_from)(&entry) {
             self.failing.store(true, Ordering::SeqCst);
         }
+        if let Entry::AttemptEnded {
+            step,
+            status,
+            error,
+        } = entry
+        {
+            self.ended
+                .lock()
+                .expect("ended")
+                .push((step, status, error));
+        }
     }
 
     fn flush(&self) -> Ack {
         let failing = self.failing.load(Ordering::SeqCst);
+        if self.stops_instead {
+            if failing {
+                self.cancel.cancel();
+            }
+            return Ack::done();
+        }
         self.flushes.lock().expect("flushes").push(!failing);
         if failing {
             Ack::failed(StoreError::new("disk full"))
@@ -73,7 +106,7 @@ async fn run_with_events(
         protected: Vec::new(),
         workdir: dir.to_path_buf(),
         run_id: "journal".into(),
-        cancel: CancellationToken::new(),
+        cancel: journal.cancel.clone(),
         events: Some(sender),
         env: BTreeMap::new(),
         journal,
@@ -119,6 +152,31 @@ async fn a_command_does_not_start_when_its_attempt_cannot_be_recorded() {
     assert_eq!(report.steps["later"].status, StepStatus::Cancelled);
     assert_eq!(report.status, RunStatus::Failed);
     assert_eq!(report.error.as_deref(), Some(expected));
+}
+
+/// Ctrl-C while a command's attempt is being made durable: the command does not start, and its attempt
+/// says it was skipped, not cancelled, so that `resume` does not take it for one that may have had its
+/// effect (a cancelled attempt may have: its command was killed while it ran).
+#[tokio::test]
+async fn a_command_stopped_while_its_attempt_is_recorded_does_not_start_and_is_not_in_doubt() {
+    let dir = TempDir::new().expect("tempdir");
+    let journal = FailingJournal::stopping(attempt_of_write);
+    let yaml =
+        "name: j\nsteps:\n  - { id: write, tool: exec, with: { argv: [touch, effect.txt] } }\n";
+    let report = run_with(dir.path(), yaml, journal.clone(), false).await;
+    assert!(!dir.path().join("effect.txt").exists(), "the command ran");
+    assert_eq!(
+        (report.status, report.steps["write"].status),
+        (RunStatus::Cancelled, StepStatus::Cancelled)
+    );
+    assert_eq!(
+        *journal.ended.lock().expect("ended"),
+        [(
+            "write".to_owned(),
+            StepStatus::Skipped,
+            Some("the run was stopped before it started".to_owned())
+        )]
+    );
 }
 
 #[tokio::test]

@@ -276,17 +276,18 @@ fn convert(raw: Located, file: &SourceFile, diagnostics: &mut Bounded) -> Node {
 }
 
 /// A mapping's entries as they are read, each key once: a key written twice is reported (the first one
-/// stays). Once the mapping is no longer small, the hashes of its keys are kept, so that a new key (almost
-/// always) is known new without a search: a mapping of many keys is read in linear time.
+/// stays). Once the mapping is no longer small, its keys' hashes point at their entries, so that a key is
+/// found, or known new, without a search: a mapping of many keys is read in linear time.
 #[derive(Default)]
 struct Entries {
     list: Vec<(Key, Node)>,
-    hashes: std::collections::HashSet<u64>,
+    /// The entry of each key's hash; another key of the same hash (a collision) is searched for.
+    index: std::collections::HashMap<u64, usize>,
     hasher: std::hash::RandomState,
 }
 
 impl Entries {
-    /// Past this many entries, keys are hashed.
+    /// Past this many entries, keys are indexed.
     const SMALL: usize = 16;
 
     fn with_capacity(capacity: usize) -> Self {
@@ -299,17 +300,26 @@ impl Entries {
     fn insert(&mut self, key: Key, value: Node, diagnostics: &mut Bounded) {
         use std::hash::BuildHasher as _;
         let hash = |name: &str| self.hasher.hash_one(name);
-        let search = if self.list.len() < Self::SMALL {
-            true
+        let first = if self.list.len() < Self::SMALL {
+            self.list.iter().position(|(k, _)| k.name == key.name)
         } else {
-            if self.hashes.is_empty() {
-                self.hashes = self.list.iter().map(|(k, _)| hash(&k.name)).collect();
+            if self.index.is_empty() {
+                for (i, (k, _)) in self.list.iter().enumerate() {
+                    self.index.entry(hash(&k.name)).or_insert(i);
+                }
             }
-            !self.hashes.insert(hash(&key.name))
+            match self.index.get(&hash(&key.name)) {
+                None => None,
+                Some(&i) if self.list[i].0.name == key.name => Some(i),
+                Some(_) => self.list.iter().position(|(k, _)| k.name == key.name),
+            }
         };
-        if search && let Some((first, _)) = self.list.iter().find(|(k, _)| k.name == key.name) {
-            diagnostics.push(duplicate_key(&key, first.span));
+        if let Some(first) = first {
+            diagnostics.push(duplicate_key(&key, self.list[first].0.span));
             return;
+        }
+        if !self.index.is_empty() {
+            self.index.entry(hash(&key.name)).or_insert(self.list.len());
         }
         self.list.push((key, value));
     }

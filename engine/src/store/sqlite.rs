@@ -1113,7 +1113,9 @@ impl Writer {
                 Message::Flush(done) => flushes.push(done),
             }
         }
-        if self.broken.is_none() {
+        // Once the run's end is recorded, the run is no longer this process's: nothing more is written,
+        // not even a heartbeat (which would find the lease given up and take that for a takeover).
+        if self.broken.is_none() && !self.released {
             let outcome = self.write(&entries, heartbeat);
             match outcome {
                 Ok(Some(cancel_requested)) => {
@@ -2514,6 +2516,29 @@ mod tests {
             store.events("r1").expect("events")[0]["event"],
             "step_started"
         );
+        journal.close();
+    }
+
+    /// The run's end gives up its lease; what the writer does after it (a heartbeat, a late record) must
+    /// not take the given-up lease for another process's takeover: a run that succeeded printed "taken
+    /// over by another process" when its last heartbeat fell after its end.
+    #[tokio::test]
+    async fn nothing_after_the_runs_end_is_taken_for_a_takeover() {
+        let (_dir, store, journal) = journaled();
+        journal.record(Entry::RunEnded {
+            status: RunState::Succeeded,
+            outputs: Map::new(),
+            error: None,
+        });
+        journal.flush().wait().await.expect("ended");
+        journal.record(started("late"));
+        journal
+            .flush()
+            .wait()
+            .await
+            .expect("nothing written, nothing failed");
+        assert_eq!(journal.failure(), None);
+        assert_eq!(store.load("r1").expect("loads").attempts.len(), 0);
         journal.close();
     }
 

@@ -118,10 +118,40 @@ fn tags(bytes: &[u8]) -> impl Iterator<Item = std::ops::Range<usize>> + '_ {
             };
             let (start, end) = (open + 2, tag_end(bytes, open + 2, close));
             i = end + 2;
+            // What a raw block holds is text, not tags: the tags are those that open and close it.
+            if close == b"%}" && statement(&bytes[start..end]) == b"raw" {
+                i = (open_tags(bytes, i))
+                    .find(|&at| {
+                        let end = tag_end(bytes, at + 2, b"%}");
+                        statement(&bytes[at + 2..end]) == b"endraw"
+                    })
+                    .unwrap_or(bytes.len());
+            }
             return Some(start..end);
         }
         None
     })
+}
+
+/// Where each `{%` at or after `from` is.
+fn open_tags(bytes: &[u8], from: usize) -> impl Iterator<Item = usize> + '_ {
+    let mut i = from;
+    std::iter::from_fn(move || {
+        let at = find(bytes, i, b"{%")?;
+        i = at + 2;
+        Some(at)
+    })
+}
+
+/// A statement tag's contents without the white space and the `-` / `+` markers around them.
+fn statement(inside: &[u8]) -> &[u8] {
+    let trim = |c: &u8| c.is_ascii_whitespace() || *c == b'-' || *c == b'+';
+    let start = inside.iter().position(|c| !trim(c)).unwrap_or(inside.len());
+    let end = inside
+        .iter()
+        .rposition(|c| !trim(c))
+        .map_or(start, |p| p + 1);
+    &inside[start..end]
 }
 
 /// Where `needle` is found at or after `from`.
@@ -589,5 +619,32 @@ mod tests {
             assert_eq!(too_many_operators(text, false), None, "{text}");
         }
         assert!(too_many_operators(&format!("true{}", " and true".repeat(300)), true).is_some());
+    }
+
+    /// What a raw block holds is text: its `{{ }}` are neither tags nor chains; the block's own tags are
+    /// (`{%- raw %}` and `{% endraw -%}` too), and counting goes on after it.
+    #[test]
+    fn a_raw_block_holds_no_tags() {
+        let many = "{{ x }}".repeat(MAX_TAGS + 1);
+        let chained = format!("{{{{ {} }}}}", format!("x{}", ".a".repeat(300)));
+        for (open, close) in [
+            ("{% raw %}", "{% endraw %}"),
+            ("{%- raw -%}", "{%+ endraw -%}"),
+        ] {
+            let text = format!("{open}{many}{chained}{close}");
+            assert_eq!(too_many_tags(&text), None, "{open}");
+            assert_eq!(too_many_operators(&text, false), None, "{open}");
+            assert_eq!(tags(text.as_bytes()).count(), 2, "{open}");
+            let after = format!("{text}{{{{ y }}}}");
+            assert_eq!(tags(after.as_bytes()).count(), 3, "{open}");
+        }
+        // A raw block left open holds the rest of the text.
+        assert_eq!(tags(format!("{{% raw %}}{many}").as_bytes()).count(), 1);
+        // Tags around a raw block are counted as before.
+        let text = format!("{many}{{% raw %}}{{% endraw %}}");
+        assert_eq!(
+            too_many_tags(&text).map(|r| r.start),
+            Some(MAX_TAGS * 7 + 2)
+        );
     }
 }

@@ -4,11 +4,12 @@
 //! any other template renders to a string. Values that come out of a render are data: nothing rendered is
 //! ever rendered again.
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::{Arc, OnceLock};
 
 use indexmap::IndexMap;
-use minijinja::value::{Enumerator, Object, ObjectRepr};
+use minijinja::value::{Enumerator, Object, ObjectRepr, ValueKind};
 use minijinja::{Environment, UndefinedBehavior, Value};
 use serde_json::{Map, Value as Json};
 
@@ -325,46 +326,108 @@ fn undefined(text: &str) -> RenderError {
 /// Data in a context past this many bytes (roughly) is rendered over off the run's thread.
 const HEAVY_BYTES: usize = 64 * 1024;
 
-/// Whether a context holds more than [`HEAVY_BYTES`] of data, estimated without converting anything: a
-/// finished step counts its result's text (about its output's size), other values are walked, without
-/// recursion, until the estimate passes the bound.
+/// Whether a context holds more than [`HEAVY_BYTES`] of data: a [`Root`] knows (it was weighed as it was
+/// built, from weights its parts keep); any other value is weighed here.
 fn heavy(ctx: &Value) -> bool {
-    let mut left = HEAVY_BYTES;
-    let mut pending = vec![ctx.clone()];
+    match ctx.downcast_object_ref::<Root>() {
+        Some(root) => root.weight > HEAVY_BYTES,
+        None => weight(ctx) > HEAVY_BYTES,
+    }
+}
+
+/// About how many bytes of data a value holds, counted up to a little past [`HEAVY_BYTES`] and no
+/// further, without converting anything and without recursion: a step's view counts what it keeps
+/// ([`StepView::weight`], worked out once), a string its length, anything else 8 bytes and its items.
+pub fn weight(value: &Value) -> usize {
+    let mut total = 0usize;
+    let mut pending = vec![value.clone()];
     while let Some(value) = pending.pop() {
-        let weight = if let Some(view) = value.downcast_object_ref::<StepView>() {
-            view.result.text.len()
+        let here = if let Some(view) = value.downcast_object_ref::<StepView>() {
+            view.weight()
+        } else if let Some(root) = value.downcast_object_ref::<Root>() {
+            root.weight
         } else {
             match value.kind() {
-                minijinja::value::ValueKind::String | minijinja::value::ValueKind::Bytes => {
-                    value.as_str().map_or(8, str::len)
-                }
-                minijinja::value::ValueKind::Seq | minijinja::value::ValueKind::Map => {
-                    if let Ok(items) = value.try_iter() {
-                        for item in items {
-                            if value.kind() == minijinja::value::ValueKind::Map {
-                                if let Ok(entry) = value.get_item(&item) {
-                                    pending.push(entry);
-                                }
-                            } else {
-                                pending.push(item);
-                            }
-                        }
+                ValueKind::String | ValueKind::Bytes => value.as_str().map_or(8, str::len),
+                ValueKind::Seq | ValueKind::Map => {
+                    let map = value.kind() == ValueKind::Map;
+                    for item in value.try_iter().into_iter().flatten() {
+                        pending.push(if map {
+                            value.get_item(&item).unwrap_or_default()
+                        } else {
+                            item
+                        });
                     }
                     8
                 }
                 _ => 8,
             }
         };
-        match left.checked_sub(weight) {
-            Some(rest) => left = rest,
-            None => return true,
-        }
-        if pending.len() > HEAVY_BYTES / 8 {
-            return true;
+        total = total.saturating_add(here);
+        if total > HEAVY_BYTES || pending.len() > HEAVY_BYTES / 8 {
+            return HEAVY_BYTES + 1;
         }
     }
-    false
+    total
+}
+
+/// About how many bytes of data a JSON value holds, counted as [`weight`] counts.
+fn json_weight(json: &Json) -> usize {
+    let mut total = 0usize;
+    let mut pending = vec![json];
+    while let Some(json) = pending.pop() {
+        total = total.saturating_add(match json {
+            Json::String(s) => s.len(),
+            Json::Array(items) => {
+                pending.extend(items);
+                8
+            }
+            Json::Object(entries) => {
+                pending.extend(entries.values());
+                8 * (1 + entries.len())
+            }
+            _ => 8,
+        });
+        if total > HEAVY_BYTES || pending.len() > HEAVY_BYTES / 8 {
+            return HEAVY_BYTES + 1;
+        }
+    }
+    total
+}
+
+/// The root of a template context: its names, and about how much data they hold ([`weight`]), worked
+/// out as the context is made from weights its parts keep, so that choosing where to render costs
+/// nothing per render. Templates see a mapping of the names.
+#[derive(Debug)]
+pub struct Root {
+    names: BTreeMap<Value, Value>,
+    weight: usize,
+}
+
+impl Root {
+    /// A context of `names`, which hold about `weight` bytes of data.
+    pub fn value<'a>(names: impl IntoIterator<Item = (&'a str, Value)>, weight: usize) -> Value {
+        Value::from_object(Root {
+            names: (names.into_iter())
+                .map(|(name, value)| (Value::from(name), value))
+                .collect(),
+            weight,
+        })
+    }
+}
+
+impl Object for Root {
+    fn repr(self: &Arc<Self>) -> ObjectRepr {
+        ObjectRepr::Map
+    }
+
+    fn get_value(self: &Arc<Self>, key: &Value) -> Option<Value> {
+        self.names.get(key).cloned()
+    }
+
+    fn enumerate(self: &Arc<Self>) -> Enumerator {
+        Enumerator::Values(self.names.keys().cloned().collect())
+    }
 }
 
 /// The value a variable path (`validate::templates::simple_path`) reads, looked up name by name as
@@ -374,7 +437,7 @@ fn look_up(ctx: &Value, path: &str) -> Option<Value> {
     let mut value = ctx.clone();
     for name in path.split('.') {
         value = value.get_attr(name).ok()?;
-        if value.is_undefined() || value.kind() == minijinja::value::ValueKind::Invalid {
+        if value.is_undefined() || value.kind() == ValueKind::Invalid {
             return None;
         }
     }
@@ -415,6 +478,7 @@ pub struct StepView {
     output: OnceLock<Value>,
     outputs: OnceLock<Value>,
     text: OnceLock<Value>,
+    weight: OnceLock<usize>,
 }
 
 impl StepView {
@@ -429,6 +493,18 @@ impl StepView {
             output: OnceLock::new(),
             outputs: OnceLock::new(),
             text: OnceLock::new(),
+            weight: OnceLock::new(),
+        })
+    }
+
+    /// About how many bytes of data the result holds for templates (its text, its output, its named
+    /// outputs), counted up to a little past [`HEAVY_BYTES`], once.
+    pub fn weight(&self) -> usize {
+        *self.weight.get_or_init(|| {
+            let result = &self.result;
+            let outputs = result.outputs.values().map(json_weight);
+            let data = outputs.fold(json_weight(&result.output), usize::saturating_add);
+            data.max(result.text.len()).min(HEAVY_BYTES + 1)
         })
     }
 
@@ -605,5 +681,32 @@ mod path_tests {
         );
         assert_eq!(during, 0, "a small render left the run's thread");
         assert!(heavy(&large) && !heavy(&small));
+
+        // A step whose text is short but whose named outputs are large weighs what they hold.
+        let mut result = StepResult::ended(StepStatus::Succeeded, None);
+        result.text = "ok".to_owned();
+        result.outputs.insert(
+            "data".to_owned(),
+            serde_json::json!(vec!["x".repeat(100); 1_000]),
+        );
+        let view = StepView::new(result);
+        assert!(view.weight() > HEAVY_BYTES);
+
+        // A context made by the scheduler says what it weighs; templates read its names as a mapping's.
+        let root = |weight: usize| {
+            Root::value([("steps", small.get_attr("steps").expect("steps"))], weight)
+        };
+        let length = renderer
+            .string(
+                "{{ steps.a.output | tojson | length }}",
+                &root(HEAVY_BYTES + 1),
+            )
+            .await;
+        assert_eq!(
+            length.expect("rendered"),
+            Json::from(r#"{"items": ["x"]}"#.len())
+        );
+        assert!(heavy(&root(HEAVY_BYTES + 1)) && !heavy(&root(HEAVY_BYTES)));
+        assert_eq!(weight(&root(100)), 100);
     }
 }

@@ -267,14 +267,14 @@ fn composite<'a>(
 ) -> Boxed<'a, Result<Called, Failure>> {
     Box::pin(async move {
         let depth = shared.deeper()?;
-        let mut base = shared.base.clone();
+        let mut names = shared.base.names().to_vec();
         if let Json::Object(values) = &args {
-            base.extend(values.iter().map(|(k, v)| (k.clone(), json_value(v))));
+            names.extend(values.iter().map(|(k, v)| (k.clone(), json_value(v))));
         }
-        base.push(("args".to_owned(), json_value(&args)));
+        names.push(("args".to_owned(), json_value(&args)));
         let inner = Arc::new(Shared {
             composite: Some(name.to_owned()),
-            base,
+            base: super::context::Base::new(names, &shared.secrets),
             planned: false,
             llm_chosen,
             ..shared.child(depth, label)

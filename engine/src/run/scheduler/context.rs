@@ -125,7 +125,7 @@ pub(super) struct Shared {
     pub renderer: Arc<Renderer>,
     /// `inputs`, `env` (the process environment overlaid with the spec's rendered `env`), `run` and, in a
     /// composite tool, `args` and each argument by name, converted once; every template context shares them.
-    pub base: Vec<(String, Value)>,
+    pub base: Base,
     pub secrets: Value,
     pub tool_context: ToolContext,
     /// How many composite tools and sub-workflows this step list runs inside.
@@ -151,6 +151,28 @@ pub(super) struct Shared {
     pub work: Arc<tokio::sync::Semaphore>,
     /// The scheduler, for calls that schedule steps one level down.
     pub nested: &'static dyn Nested,
+}
+
+/// The names every template context of a step list shares, and about how much data they and the secrets
+/// hold (`render::weight`), worked out once for every context made from them.
+#[derive(Clone)]
+pub(super) struct Base {
+    names: Vec<(String, Value)>,
+    weight: usize,
+}
+
+impl Base {
+    pub(super) fn new(names: Vec<(String, Value)>, secrets: &Value) -> Base {
+        let weight = (names.iter().map(|(_, value)| value))
+            .chain([secrets])
+            .map(crate::run::render::weight)
+            .fold(0, usize::saturating_add);
+        Base { names, weight }
+    }
+
+    pub(super) fn names(&self) -> &[(String, Value)] {
+        &self.names
+    }
 }
 
 /// Results of finished steps as templates see them, by step id.
@@ -363,9 +385,7 @@ impl Shared {
         with_env: bool,
         extra: &[(&str, Value)],
     ) -> Value {
-        let mut ctx: BTreeMap<&str, Value> = self
-            .base
-            .iter()
+        let mut ctx: BTreeMap<&str, Value> = (self.base.names.iter())
             .filter(|(k, _)| with_env || k != "env")
             .map(|(k, v)| (k.as_str(), v.clone()))
             .collect();
@@ -376,7 +396,11 @@ impl Shared {
         for (name, value) in extra {
             ctx.insert(name, value.clone());
         }
-        Value::from(ctx)
+        // What the base and the secrets hold was weighed once; the steps' views keep their own weights.
+        let weight = (steps.values().chain(extra.iter().map(|(_, value)| value)))
+            .map(crate::run::render::weight)
+            .fold(self.base.weight, usize::saturating_add);
+        crate::run::render::Root::value(ctx, weight)
     }
 }
 

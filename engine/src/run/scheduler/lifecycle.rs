@@ -326,11 +326,12 @@ async fn with_retries(
                 return (Err(failure), attempt);
             }
             // Stopped (Ctrl-C, `archon cancel`) while its record was made durable: a side effect starts
-            // only in a run that goes on.
+            // only in a run that goes on. The attempt is recorded as skipped, not cancelled, so that a
+            // resume knows it had no effect.
             if must_persist && shared.options.cancel.is_cancelled() {
-                let message = "cancelled before it started".to_owned();
+                let message = "the run was stopped before it started".to_owned();
                 if let Some(open) = open.take() {
-                    open.end(StepStatus::Cancelled, Some(message.clone()));
+                    open.end(StepStatus::Skipped, Some(message.clone()));
                 }
                 return (
                     Err(Failure {

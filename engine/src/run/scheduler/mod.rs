@@ -182,6 +182,7 @@ fn run_workflow(
                 env.insert(name.value.clone(), Json::String(value));
             }
         }
+        let secrets = json_value(&Json::Object(secrets));
         let shared = Arc::new(Shared {
             tool_context: ToolContext {
                 workdir: options.workdir.clone(),
@@ -195,17 +196,20 @@ fn run_workflow(
             composite: None,
             options,
             renderer,
-            base: vec![
-                (
-                    "inputs".to_owned(),
-                    json_value(&Json::Object(inputs.clone())),
-                ),
-                ("env".to_owned(), json_value(&Json::Object(env))),
-                ("run".to_owned(), json_value(&run)),
-            ],
+            base: context::Base::new(
+                vec![
+                    (
+                        "inputs".to_owned(),
+                        json_value(&Json::Object(inputs.clone())),
+                    ),
+                    ("env".to_owned(), json_value(&Json::Object(env))),
+                    ("run".to_owned(), json_value(&run)),
+                ],
+                &secrets,
+            ),
             llm,
             redactor,
-            secrets: json_value(&Json::Object(secrets)),
+            secrets,
             depth,
             prefix,
             planned: false,
