@@ -781,22 +781,26 @@ fn a_read_only_store_without_its_shm_file_can_be_listed() {
     };
     let stdout = String::from_utf8_lossy(&output.stdout);
     let stderr = String::from_utf8_lossy(&output.stderr);
-    let started = stdout
-        .lines()
-        .nth(1)
-        .and_then(|l| l.get(42..62))
-        .unwrap_or_default();
+    // The time and the duration vary, and the columns' width with the run id's length: both are read
+    // where the header puts them.
+    let (header, row) = (
+        stdout.lines().next().unwrap_or_default(),
+        stdout.lines().nth(1).unwrap_or_default(),
+    );
+    let column = |name: &str| header.find(name).unwrap_or(header.len());
+    let started = row
+        .get(column("STARTED")..column("DURATION"))
+        .unwrap_or_default()
+        .trim_end();
+    let duration = row.get(column("DURATION")..).unwrap_or_default();
     assert_eq!(
         (stdout.replace(started, "TIME"), stderr.as_ref()),
         (
             format!(
-                "RUN                  WORKFLOW  STATUS     STARTED               DURATION\n{id}  t         succeeded  TIME  {}\nexit 0\nrun       {id}\nworkflow  t ({})\nstatus    succeeded\n`.archon/state.db`: no damage found\nexit 0\nexit 1\n",
-                stdout
-                    .lines()
-                    .nth(1)
-                    .and_then(|l| l.get(64..))
-                    .unwrap_or_default(),
-                dir.path().join("t.yaml").display()
+                "{:<width$}WORKFLOW  STATUS     STARTED               DURATION\n{id}  t         succeeded  TIME  {duration}\nexit 0\nrun       {id}\nworkflow  t ({})\nstatus    succeeded\n`.archon/state.db`: no damage found\nexit 0\nexit 1\n",
+                "RUN",
+                dir.path().join("t.yaml").display(),
+                width = id.len() + 2,
             ),
             "error: the run store `.archon` is read-only: its runs can be listed and shown, not changed\n  hint: run the command where the state directory can be written, or point `--state-dir` at a copy\n"
         )
