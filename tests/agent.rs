@@ -162,6 +162,60 @@ async fn an_answer_that_misses_the_output_schema_is_sent_back() {
     assert_eq!(answer.llm.as_ref().map(|l| l.calls), Some(3));
 }
 
+/// Issue 14, item 1: an `output_schema` whose root is not an object (the release-notes workflow's
+/// `{type: string, enum: [feature, fix, chore]}`) was sent as it is, which OpenAI's structured outputs and
+/// Anthropic's tool `input_schema` refuse. It is sent as the one required property `value` of an object,
+/// and the answer is taken back out of it; a bare `fix` or `"fix"` is accepted as it is, not corrected.
+#[tokio::test]
+async fn an_answer_schema_that_is_not_an_object_is_sent_wrapped_and_answers_come_back_unwrapped() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let schema = json!({ "type": "string", "enum": ["feature", "fix", "chore"] });
+    for (answer, expected) in [
+        (r#"{"value": "fix"}"#, "fix"),
+        ("chore", "chore"),
+        ("\"feature\"", "feature"),
+    ] {
+        let server = wiremock::MockServer::start().await;
+        let answered = AtomicUsize::new(0);
+        wiremock::Mock::given(wiremock::matchers::method("POST"))
+            .respond_with(move |_: &wiremock::Request| {
+                answered.fetch_add(1, Ordering::SeqCst);
+                crate::support::chat_completion(json!({ "role": "assistant", "content": answer }))
+            })
+            .mount(&server)
+            .await;
+        let dir = TempDir::new().expect("tempdir");
+        let yaml = format!(
+            "name: kinds\nllm:\n  providers:\n    local: {{ kind: openai, base_url: \"{}/v1\", model: m }}\nsteps:\n  - id: kind\n    goal: classify `fix the parser`\n    output_schema: {schema}\n",
+            server.uri()
+        );
+        let (report, _) = run_agent(dir.path(), &yaml).await;
+        let kind = &report.steps["kind"];
+        assert_eq!(
+            (
+                kind.status,
+                &kind.output,
+                kind.llm.as_ref().map(|l| l.calls)
+            ),
+            (StepStatus::Succeeded, &json!(expected), Some(1)),
+            "{answer}: {kind:?}"
+        );
+        let sent: Vec<serde_json::Value> =
+            (server.received_requests().await.unwrap_or_default().iter())
+                .map(|r| serde_json::from_slice(&r.body).expect("JSON"))
+                .collect();
+        assert_eq!(
+            sent[0]["response_format"],
+            json!({ "type": "json_schema", "json_schema": { "name": "output", "schema": {
+                "type": "object",
+                "properties": { "value": schema },
+                "required": ["value"],
+                "additionalProperties": false
+            } } })
+        );
+    }
+}
+
 #[tokio::test]
 async fn the_llm_budget_stops_the_step_with_a_clear_error() {
     let dir = TempDir::new().expect("tempdir");

@@ -23,7 +23,7 @@ use std::pin::Pin;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
-use serde_json::{Map, Value as Json};
+use serde_json::{Map, Value as Json, json};
 
 /// How the note an agent step adds to each request about its progress begins. The note is not part of the
 /// conversation: it is written fresh for every request and never kept, and the `mock` provider's `match`
@@ -301,6 +301,53 @@ impl fmt::Display for ApiKey {
     }
 }
 
+/// The property of the object a final answer is wrapped in when its schema's root is not an object.
+pub const ANSWER_PROPERTY: &str = "value";
+
+/// The schema sent to a provider for a step's final answer (`ChatRequest::output_schema`). Structured
+/// outputs need an object at the root (OpenAI's `response_format` and Anthropic's tool `input_schema`
+/// refuse anything else), so any other schema (`{type: string, enum: [feature, fix, chore]}`) is sent as the
+/// one required property [`ANSWER_PROPERTY`] of an object; [`answer_value`] takes the answer back out.
+pub fn answer_schema(schema: &Json) -> Json {
+    if schema.get("type").and_then(Json::as_str) == Some("object") {
+        return schema.clone();
+    }
+    json!({
+        "type": "object",
+        "properties": { ANSWER_PROPERTY: schema },
+        "required": [ANSWER_PROPERTY],
+        "additionalProperties": false,
+    })
+}
+
+/// A final answer's value, for a step whose schema is `schema`, from the `text` the model gave and that
+/// text read as JSON (`parsed`): the JSON when `schema` accepts it; else, for a schema sent wrapped
+/// ([`answer_schema`]), the wrapped value when `schema` accepts it; else the text itself, trimmed, when
+/// `schema` accepts a string (a bare `fix` against an enum of strings). `None` when nothing matches.
+pub fn answer_value(
+    schema: &Json,
+    accepts: impl Fn(&Json) -> bool,
+    text: &str,
+    parsed: Option<Json>,
+) -> Option<Json> {
+    if let Some(value) = parsed {
+        if accepts(&value) {
+            return Some(value);
+        }
+        let wrapped = answer_schema(schema) != *schema;
+        if wrapped
+            && let Json::Object(mut map) = value
+            && map.len() == 1
+            && let Some(inner) = map.remove(ANSWER_PROPERTY)
+            && accepts(&inner)
+        {
+            return Some(inner);
+        }
+    }
+    let bare = Json::String(text.trim().to_owned());
+    accepts(&bare).then_some(bare)
+}
+
 /// Tool arguments as the model wrote them: parsed when they are JSON text, kept as text otherwise (weak
 /// models write broken JSON; the agent layer decides what to do with it).
 pub fn arguments_from_text(text: &str) -> Json {
@@ -338,4 +385,34 @@ pub fn provider_message(body: &str) -> String {
             shown
         }
     })
+}
+
+#[cfg(test)]
+mod answer_tests {
+    use super::*;
+
+    #[test]
+    fn an_answer_is_taken_from_json_from_its_wrapping_or_bare() {
+        let kinds = json!({ "type": "string", "enum": ["feature", "fix"] });
+        let object = json!({ "type": "object", "properties": { "value": { "type": "number" } } });
+        assert_eq!(answer_schema(&object), object, "an object is sent as it is");
+        assert_eq!(answer_schema(&kinds)["properties"]["value"], kinds);
+        let is_kind = |v: &Json| v == "feature" || v == "fix";
+        let read =
+            |text: &str| answer_value(&kinds, is_kind, text, serde_json::from_str(text).ok());
+        assert_eq!(read(r#"{"value": "fix"}"#), Some(json!("fix")));
+        assert_eq!(read(r#""fix""#), Some(json!("fix")));
+        assert_eq!(read(" fix\n"), Some(json!("fix")));
+        assert_eq!(read(r#"{"value": "fix", "more": 1}"#), None);
+        assert_eq!(read(r#"{"value": "chore"}"#), None);
+        assert_eq!(read("chore"), None);
+        // An object schema's answer is never unwrapped: `value` is one of its own properties.
+        let is_object = |v: &Json| v.is_object();
+        let wrapped = json!({ "value": 1 });
+        assert_eq!(
+            answer_value(&object, is_object, "", Some(wrapped.clone())),
+            Some(wrapped)
+        );
+        assert_eq!(answer_value(&object, is_object, "ten", None), None);
+    }
 }

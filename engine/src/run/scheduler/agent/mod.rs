@@ -107,6 +107,8 @@ pub(super) async fn run(
     let mut text_mode =
         mode == ToolMode::Text || (auto && shared.llm.refuses_tools(&provider_name));
     let schema = body.output_schema.map(crate::spec::Node::to_json);
+    // What providers are sent: an object at the root, the step's schema wrapped when it is not one.
+    let wire_schema = schema.as_ref().map(crate::llm::answer_schema);
 
     let mut system = String::from(
         "You are an agent completing one step of a workflow. Use the tools when they help; when you are done, \
@@ -223,7 +225,7 @@ pub(super) async fn run(
         )
         .await?;
         let mut request = configured.request(conversation.request(Some(&note)), offered.clone());
-        request.output_schema.clone_from(&schema);
+        request.output_schema.clone_from(&wire_schema);
         if let Some(t) = agent.and_then(|a| a.temperature) {
             request.temperature = Some(t);
         }
@@ -254,7 +256,7 @@ pub(super) async fn run(
                 (offered, conversation) = start(true);
                 let mut request =
                     configured.request(conversation.request(Some(&note)), offered.clone());
-                request.output_schema.clone_from(&schema);
+                request.output_schema.clone_from(&wire_schema);
                 if let Some(t) = agent.and_then(|a| a.temperature) {
                     request.temperature = Some(t);
                 }
@@ -318,12 +320,15 @@ pub(super) async fn run(
                 emit_answer(shared, label, iteration, &text);
                 return Ok(answer(Json::String(text), usage));
             };
-            match parse_json(&text) {
-                Some(value) if validator.is_valid(&value) => {
+            let parsed = parse_json(&text);
+            let schema = schema.as_ref().unwrap_or(&Json::Null);
+            let accepts = |value: &Json| validator.is_valid(value);
+            match crate::llm::answer_value(schema, accepts, &text, parsed.clone()) {
+                Some(value) => {
                     emit_answer(shared, label, iteration, &text);
                     return Ok(answer(value, usage));
                 }
-                parsed => {
+                None => {
                     if schema_retries >= SCHEMA_RETRIES {
                         return Err(
                             Failure::from(AgentError::Mismatch(SCHEMA_RETRIES)).with_llm(usage)
