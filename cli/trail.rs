@@ -29,9 +29,10 @@ pub fn render(events: &[Json]) -> String {
         };
         let (label, body) = describe(&event);
         let mut lines = body.lines();
+        // A label as long as the column (`incomplete`, `waiting_approval`) still has a space after it.
         let _ = writeln!(
             text,
-            "{at:>9}  {label:<10}{}",
+            "{at:>9}  {label:<9} {}",
             lines.next().unwrap_or_default()
         );
         let rest: Vec<&str> = lines.collect();
@@ -273,5 +274,25 @@ fn revision(replan: u32) -> String {
         String::new()
     } else {
         format!(" revision {replan}")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    /// Statuses as long as the label column or longer ran into the step's name (`incompleteagent`).
+    #[test]
+    fn a_long_status_is_set_apart_from_the_step() {
+        let finished = |status: &str| json!({ "event": "step_finished", "step": "agent", "status": status, "duration_ms": 5, "at_ms": 1000 });
+        let events = [
+            finished("succeeded"),
+            finished("incomplete"),
+            finished("waiting_approval"),
+        ];
+        assert_eq!(
+            super::render(&events),
+            "   0.000s  succeeded agent (5 ms)\n   0.000s  incomplete agent (5 ms)\n   0.000s  waiting_approval agent (5 ms)\n"
+        );
     }
 }

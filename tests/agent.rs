@@ -148,6 +148,14 @@ async fn the_iteration_limit_asks_for_a_best_answer_and_says_incomplete() {
         Some("no final answer within 2 iterations; best answer: probably 10")
     );
     assert_eq!(answer.llm.as_ref().map(|l| l.calls), Some(3));
+    // A model that gives no best answer either: no empty `best answer: ` is shown.
+    let dir = TempDir::new().expect("tempdir");
+    let silent = turns.replace("probably 10", " ");
+    let (report, _) = run_agent(dir.path(), &spec(&silent, step)).await;
+    assert_eq!(
+        report.steps["answer"].error.as_deref(),
+        Some("no final answer within 2 iterations")
+    );
 }
 
 #[tokio::test]
@@ -398,6 +406,41 @@ fn agents_with_delegation_or_memory_are_refused_before_running() {
         assert_eq!(refused.len(), 1, "{what}: {refused:?}");
         assert!(refused[0].reason.contains(what), "{what}: {refused:?}");
     }
+}
+
+/// Issue 14, item 13: `llm ping` printed the model's answer as it came, newlines and escape sequences
+/// included; it is one line, escaped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn llm_ping_prints_the_answer_on_one_line() {
+    let server = wiremock::MockServer::start().await;
+    wiremock::Mock::given(wiremock::matchers::method("POST"))
+        .respond_with(crate::support::chat_completion(json!({
+            "role": "assistant", "content": "pong,\n  twice\u{1b}[31m\n"
+        })))
+        .mount(&server)
+        .await;
+    let dir = TempDir::new().expect("tempdir");
+    std::fs::write(
+        dir.path().join("spec.yaml"),
+        format!(
+            "name: p\nllm:\n  providers:\n    local: {{ kind: openai, base_url: \"{}/v1\", model: m }}\nsteps:\n  - {{ id: a, goal: say pong }}\n",
+            server.uri()
+        ),
+    )
+    .expect("spec");
+    let path = dir.path().to_path_buf();
+    let out = tokio::task::spawn_blocking(move || {
+        crate::support::archon(&path, &["llm", "ping", "local", "--spec", "spec.yaml"])
+    })
+    .await
+    .expect("ran");
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    let answer: Vec<&str> = out
+        .stdout
+        .lines()
+        .filter(|l| l.starts_with("answer"))
+        .collect();
+    assert_eq!(answer, ["answer    pong, twice\\u{001b}[31m"]);
 }
 
 #[test]

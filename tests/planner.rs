@@ -534,3 +534,21 @@ async fn a_plan_whose_template_chains_without_end_is_rejected_not_fatal() {
     assert_eq!(p.status, StepStatus::Succeeded, "{p:?}");
     assert_eq!(p.output, json!({ "answer": "the answer is 10" }));
 }
+
+/// Issue 14, item 13: a plan that is not a mapping was told to "start with `name:` and `steps:`", which a
+/// plan must not have (`name` is refused in a plan); it is told what a plan is.
+#[tokio::test]
+async fn a_plan_that_is_not_a_mapping_is_told_what_a_plan_is() {
+    let dir = TempDir::new().expect("tempdir");
+    let turns = turn(Some("rejected"), &good_plan()) + &turn(None, &json!(["percent", "say"]));
+    let (report, events) = run_agent(dir.path(), &spec(&turns, STEP)).await;
+    assert_eq!(report.steps["p"].status, StepStatus::Succeeded);
+    let rejected = rejected_plans(&events);
+    assert_eq!(rejected.len(), 1, "{events:?}");
+    assert_eq!(
+        *rejected[0],
+        [
+            "line 1, column 1: a plan must be a mapping of keys, found array (hint: a plan is a mapping of `steps:` and, if it gives outputs, `outputs:`)"
+        ]
+    );
+}

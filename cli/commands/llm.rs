@@ -51,7 +51,14 @@ pub fn ping(args: &LlmPingArgs) -> anyhow::Result<Status> {
     let latency = started.elapsed();
     match answer {
         Ok(response) => {
-            let text: String = response.text().chars().take(80).collect();
+            // One line, whatever the model wrote: its lines are joined and what would drive the terminal
+            // is escaped.
+            let text = response
+                .text()
+                .split_whitespace()
+                .collect::<Vec<_>>()
+                .join(" ");
+            let text = output::printable(&text.chars().take(80).collect::<String>());
             let usage = if response.usage_reported {
                 format!(
                     "{} in, {} out",

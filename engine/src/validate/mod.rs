@@ -204,11 +204,16 @@ impl Validator {
                     codes::WRONG_TYPE,
                     root.span,
                     format!(
-                        "a workflow must be a mapping of keys, found {}",
+                        "a {} must be a mapping of keys, found {}",
+                        if plan.is_some() { "plan" } else { "workflow" },
                         root.type_name()
                     ),
                 )
-                .with_hint("start with `name:` and `steps:`"),
+                .with_hint(if plan.is_some() {
+                    "a plan is a mapping of `steps:` and, if it gives outputs, `outputs:`"
+                } else {
+                    "start with `name:` and `steps:`"
+                }),
             );
             return None;
         }

@@ -35,7 +35,7 @@ pub(in crate::run::scheduler) enum AgentError {
         "the model made only invalid tool calls {turns} turns in a row; the last problem: {problem}"
     )]
     InvalidTurns { turns: usize, problem: String },
-    #[error("no final answer within {iterations} iterations; best answer: {best}")]
+    #[error("no final answer within {iterations} iterations{}", best_answer(best))]
     NoAnswer { iterations: u32, best: String },
     #[error("the model gave an empty summary of the earlier turns")]
     EmptySummary,
@@ -75,5 +75,15 @@ impl From<AgentError> for Failure {
             retryable: error.retryable(),
             ..Failure::fixed(error.to_string())
         }
+    }
+}
+
+/// `; best answer: …` after [`AgentError::NoAnswer`]'s message, when the model gave one.
+fn best_answer(best: &str) -> String {
+    let best = best.trim();
+    if best.is_empty() {
+        String::new()
+    } else {
+        format!("; best answer: {best}")
     }
 }
