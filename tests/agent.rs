@@ -224,6 +224,28 @@ async fn an_answer_schema_that_is_not_an_object_is_sent_wrapped_and_answers_come
     }
 }
 
+/// Issue 14, item 6: a model offered native tools that writes its final answer the text-mode way kept
+/// `Thought: … Final Answer: 10` as the step's output; the output is `10`, the thought is in the trail.
+#[tokio::test]
+async fn a_final_answer_written_as_text_gives_the_answer_and_keeps_the_thought_in_the_trail() {
+    let dir = TempDir::new().expect("tempdir");
+    let turns = "        - text: \"Thought: a fifth of 50.\\nFinal Answer: 10\"";
+    let (report, events) = run_agent(dir.path(), &spec(turns, CALCULATE)).await;
+    let answer = &report.steps["answer"];
+    assert_eq!(
+        (answer.status, &answer.output),
+        (StepStatus::Succeeded, &json!("10"))
+    );
+    let thoughts: Vec<&str> = events
+        .iter()
+        .filter_map(|e| match e {
+            RunEvent::AgentThought { text, .. } => Some(text.as_str()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(thoughts, ["a fifth of 50."]);
+}
+
 #[tokio::test]
 async fn the_llm_budget_stops_the_step_with_a_clear_error() {
     let dir = TempDir::new().expect("tempdir");

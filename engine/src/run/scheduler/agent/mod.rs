@@ -273,9 +273,22 @@ pub(super) async fn run(
         {
             response.message.parts = vec![Part::ToolCall(call)];
         }
+        // A final answer written the text-mode way (`Thought: … Final Answer: 4`), which models offered
+        // native tools write too: the answer is what follows the marker, the thought goes to the trail.
+        let written_final = auto
+            && !text_mode
+            && response.tool_calls().next().is_none()
+            && response.text().contains(FINAL_ANSWER);
+        if written_final
+            && let TextTurn::Final(answer) = read_text_action(&response.text(), iteration)
+        {
+            emit_written_thought(shared, label, iteration, &response.text());
+            response.message.parts = vec![Part::Text(answer)];
+        }
         if text_mode && !tools.is_empty() {
             match read_text_action(&response.text(), iteration) {
                 TextTurn::Final(answer) => {
+                    emit_written_thought(shared, label, iteration, &response.text());
                     response.message.parts = vec![Part::Text(answer)];
                 }
                 TextTurn::Action(call) => {
@@ -608,6 +621,25 @@ pub(super) async fn run(
         best,
     };
     Err(Failure::from(incomplete).with_llm(usage))
+}
+
+/// The marker of a final answer written as text.
+const FINAL_ANSWER: &str = "Final Answer:";
+
+/// The thought written before a text-mode `Final Answer:` (without its `Thought:` marker), to the trail.
+fn emit_written_thought(shared: &Shared, label: &str, iteration: u32, text: &str) {
+    let Some(at) = text.find(FINAL_ANSWER) else {
+        return;
+    };
+    let thought = text[..at].trim();
+    let thought = thought.strip_prefix("Thought:").unwrap_or(thought).trim();
+    if !thought.is_empty() {
+        shared.emit(RunEvent::AgentThought {
+            step: label.to_owned(),
+            iteration,
+            text: truncate(thought, THOUGHT_CHARS),
+        });
+    }
 }
 
 fn emit_answer(shared: &Shared, label: &str, iteration: u32, text: &str) {
