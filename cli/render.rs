@@ -38,10 +38,6 @@ impl Report {
                 Severity::Error => errors += 1,
                 Severity::Warning => warnings += 1,
             }
-            let identity = |d: &Diagnostic, sources: &Sources| {
-                let file = sources.get(d.span.file).map(|f| f.path.clone());
-                (file, d.span.start, d.span.end, d.code, d.message.clone())
-            };
             let hash = self.hasher.hash_one(identity(&d, sources));
             // The entries of the same hash are (almost always) the same diagnostic: compared in full.
             let same = self.seen.entry(hash).or_default();
@@ -70,6 +66,15 @@ impl Report {
             .filter(|(d, _)| d.severity == Severity::Warning)
             .count()
     }
+}
+
+/// What makes two diagnostics the same: their file, span, code and message (borrowed, not copied).
+fn identity<'a>(
+    d: &'a Diagnostic,
+    sources: &'a Sources,
+) -> (Option<&'a Path>, u32, u32, &'static str, &'a str) {
+    let file = sources.get(d.span.file).map(|f| f.path.as_path());
+    (file, d.span.start, d.span.end, d.code, d.message.as_str())
 }
 
 /// Human-readable output: every diagnostic with its snippet, then a summary line, written as each is
