@@ -939,45 +939,151 @@ mod tool_modes {
         run_agent(dir.path(), &yaml).await
     }
 
+    /// What llama.cpp without `--jinja`, Ollama with a model without a tool template, and vLLM without
+    /// `--enable-auto-tool-choice` answer a request that offers tools (issue 14, item 4).
+    fn refusals() -> Vec<(&'static str, u16, Json)> {
+        vec![
+            (
+                "llama.cpp",
+                500,
+                json!({ "error": { "code": 500, "message": "tools param requires --jinja flag", "type": "server_error" } }),
+            ),
+            (
+                "ollama",
+                400,
+                json!({ "error": { "message": "gemma:2b does not support tools", "type": "api_error", "param": null, "code": null } }),
+            ),
+            (
+                "vllm",
+                400,
+                json!({
+                    "object": "error",
+                    "message": "\"auto\" tool choice requires --enable-auto-tool-choice and --tool-call-parser to be set",
+                    "type": "BadRequestError",
+                    "param": null,
+                    "code": 400
+                }),
+            ),
+        ]
+    }
+
     #[tokio::test]
     async fn a_server_that_refuses_tools_gets_text_mode() {
+        for (server_kind, status, refusal) in refusals() {
+            let server = MockServer::start().await;
+            Mock::given(method("POST"))
+                .respond_with(move |request: &Request| {
+                    let body: Json = serde_json::from_slice(&request.body).unwrap_or_default();
+                    if body.get("tools").is_some() {
+                        return ResponseTemplate::new(status).set_body_json(refusal.clone());
+                    }
+                    let observed = body
+                        .to_string()
+                        .contains("Observation: <tool_output>\\n10\\n</tool_output>");
+                    completion(json!({ "role": "assistant", "content": if observed {
+                        "Final Answer: 10"
+                    } else {
+                        "Thought: I should compute.\nAction: {\"tool\": \"calculator\", \"arguments\": {\"expression\": \"50 * 20 / 100\"}}"
+                    } }))
+                })
+                .mount(&server)
+                .await;
+            let (report, events) = run(&server).await;
+            let answer = &report.steps["answer"];
+            assert_eq!(
+                answer.status,
+                StepStatus::Succeeded,
+                "{server_kind}: {answer:?}"
+            );
+            assert_eq!(answer.output, json!("10"), "{server_kind}");
+            assert!(
+                events.iter().any(|e| matches!(
+                    e,
+                    RunEvent::AgentObservation { text, .. } if text.contains("continuing in text mode")
+                )),
+                "{server_kind}"
+            );
+            let sent = bodies(&server).await;
+            assert_eq!(
+                sent.len(),
+                3,
+                "{server_kind}: one refused request, not retried, then two in text mode"
+            );
+            assert!(sent[1].get("tools").is_none(), "{server_kind}");
+            let system = sent[1]["messages"][0]["content"]
+                .as_str()
+                .unwrap_or_default();
+            assert!(
+                system.contains("Action:"),
+                "{server_kind}: the tools are described in the prompt: {system}"
+            );
+        }
+    }
+
+    /// A 400 about a tool's schema is the spec's problem, not a server without tools: no text mode.
+    #[tokio::test]
+    async fn a_refused_tool_schema_is_not_taken_for_a_server_without_tools() {
+        let server = MockServer::start().await;
+        Mock::given(method("POST"))
+            .respond_with(ResponseTemplate::new(400).set_body_json(json!({
+                "error": {
+                    "message": "Invalid schema for function 'calculator': 'integer' is not valid under any of the given schemas.",
+                    "type": "invalid_request_error",
+                    "param": "tools[0].function.parameters",
+                    "code": "invalid_function_parameters"
+                }
+            })))
+            .mount(&server)
+            .await;
+        let (report, _) = run(&server).await;
+        let answer = &report.steps["answer"];
+        assert_eq!(answer.status, StepStatus::Failed);
+        assert_eq!(
+            answer.error.as_deref(),
+            Some(
+                "provider `local`: HTTP 400: Invalid schema for function 'calculator': 'integer' is not valid under any of the given schemas."
+            )
+        );
+        assert_eq!(bodies(&server).await.len(), 1);
+    }
+
+    /// `output_schema` in text mode constrains the final answer only: no request carries an answer format
+    /// (which would forbid the written actions), the model uses its tool, and its final answer is checked
+    /// against the schema (issue 14, item 5).
+    #[tokio::test]
+    async fn an_output_schema_in_text_mode_leaves_the_model_free_to_act() {
         let server = MockServer::start().await;
         Mock::given(method("POST"))
             .respond_with(|request: &Request| {
                 let body: Json = serde_json::from_slice(&request.body).unwrap_or_default();
-                if body.get("tools").is_some() {
-                    return ResponseTemplate::new(400).set_body_json(json!({
-                        "error": { "message": "tools param requires --jinja flag", "type": "invalid_request_error" }
-                    }));
-                }
-                let observed = body
-                    .to_string()
-                    .contains("Observation: <tool_output>\\n10\\n</tool_output>");
+                let observed = body.to_string().contains("Observation: <tool_output>");
                 completion(json!({ "role": "assistant", "content": if observed {
-                    "Final Answer: 10"
+                    "Thought: the tool said 10.\nFinal Answer: {\"value\": 10}"
                 } else {
                     "Thought: I should compute.\nAction: {\"tool\": \"calculator\", \"arguments\": {\"expression\": \"50 * 20 / 100\"}}"
                 } }))
             })
             .mount(&server)
             .await;
-        let (report, events) = run(&server).await;
+        let dir = TempDir::new().expect("tempdir");
+        let yaml = spec(
+            &server,
+            "model: local-model, tool_mode: text",
+            "goal: What is 20% of 50?, tools: [calculator], max_iterations: 4, output_schema: { type: object, properties: { value: { type: number } }, required: [value] }",
+        );
+        let (report, events) = run_agent(dir.path(), &yaml).await;
         let answer = &report.steps["answer"];
         assert_eq!(answer.status, StepStatus::Succeeded, "{answer:?}");
-        assert_eq!(answer.output, json!("10"));
+        assert_eq!(answer.output, json!({ "value": 10 }));
         assert!(events.iter().any(|e| matches!(
             e,
-            RunEvent::AgentObservation { text, .. } if text.contains("continuing in text mode")
+            RunEvent::AgentAction { tool, .. } if tool == "calculator"
         )));
         let sent = bodies(&server).await;
-        assert_eq!(sent.len(), 3, "one refused request, then two in text mode");
-        assert!(sent[1].get("tools").is_none());
-        let system = sent[1]["messages"][0]["content"]
-            .as_str()
-            .unwrap_or_default();
+        assert_eq!(sent.len(), 2);
         assert!(
-            system.contains("Action:"),
-            "the tools are described in the prompt: {system}"
+            sent.iter().all(|b| b.get("response_format").is_none()),
+            "no answer format forces the final answer early: {sent:?}"
         );
     }
 
@@ -1181,4 +1287,132 @@ async fn a_request_to_a_host_the_spec_does_not_name_asks_first() {
             .any(|e| matches!(e, RunEvent::ApprovalRequested { .. })),
         "{events:?}"
     );
+}
+
+/// A refusal is a failed step naming it, never an answer, from every provider: OpenAI's
+/// `message.refusal` (sent with `finish_reason: stop`), Anthropic's `stop_reason: refusal`, Gemini's
+/// `finishReason: SAFETY` (issue 14, item 8).
+#[tokio::test]
+async fn a_refusal_fails_the_step_with_what_the_model_said() {
+    use wiremock::matchers::method;
+    use wiremock::{Mock, MockServer, ResponseTemplate};
+    let filtered = "the model refused or the provider filtered the answer";
+    let cases = [
+        (
+            "openai",
+            "/v1",
+            json!({
+                "id": "chatcmpl-1",
+                "object": "chat.completion",
+                "model": "gpt-4o",
+                "choices": [{
+                    "index": 0,
+                    "message": { "role": "assistant", "content": null, "refusal": "I can't help with that." },
+                    "finish_reason": "stop"
+                }],
+                "usage": { "prompt_tokens": 20, "completion_tokens": 6, "total_tokens": 26 }
+            }),
+            format!("{filtered}: I can't help with that."),
+        ),
+        (
+            "anthropic",
+            "",
+            json!({
+                "id": "msg_1",
+                "type": "message",
+                "role": "assistant",
+                "model": "claude-sonnet-4-5",
+                "content": [],
+                "stop_reason": "refusal",
+                "stop_sequence": null,
+                "usage": { "input_tokens": 20, "output_tokens": 0 }
+            }),
+            filtered.to_owned(),
+        ),
+        (
+            "gemini",
+            "",
+            json!({
+                "candidates": [{
+                    "index": 0,
+                    "finishReason": "SAFETY",
+                    "safetyRatings": [{ "category": "HARM_CATEGORY_DANGEROUS_CONTENT", "probability": "HIGH", "blocked": true }]
+                }],
+                "usageMetadata": { "promptTokenCount": 20, "totalTokenCount": 20 },
+                "modelVersion": "gemini-2.5-flash"
+            }),
+            filtered.to_owned(),
+        ),
+    ];
+    for (kind, suffix, body, error) in cases {
+        let server = MockServer::start().await;
+        Mock::given(method("POST"))
+            .respond_with(ResponseTemplate::new(200).set_body_json(body))
+            .mount(&server)
+            .await;
+        let dir = TempDir::new().expect("tempdir");
+        let yaml = format!(
+            "name: refusal\nllm:\n  providers:\n    p: {{ kind: {kind}, base_url: \"{}{suffix}\", model: m }}\nsteps:\n  - {{ id: answer, goal: Say something you should not }}\n",
+            server.uri()
+        );
+        let (report, events) = run_agent(dir.path(), &yaml).await;
+        let answer = &report.steps["answer"];
+        assert_eq!(answer.status, StepStatus::Failed, "{kind}");
+        assert_eq!(answer.error.as_deref(), Some(error.as_str()), "{kind}");
+        assert!(
+            !events
+                .iter()
+                .any(|e| matches!(e, RunEvent::AgentAnswer { .. })),
+            "{kind}: a refusal is not an answer"
+        );
+    }
+}
+
+/// `ARCHON_OPENAI_BASE_URL` and `ARCHON_OPENAI_MODEL` point a run at another server and model whatever the
+/// spec's own `base_url` and `model` say, as the README tells users to run the bundled workflows against a
+/// local server (issue 14, item 11).
+#[tokio::test]
+async fn the_environment_points_a_run_at_another_server_and_model() {
+    use wiremock::matchers::method;
+    use wiremock::{Mock, MockServer};
+    let server = MockServer::start().await;
+    Mock::given(method("POST"))
+        .respond_with(crate::support::chat_completion(
+            json!({ "role": "assistant", "content": "fix" }),
+        ))
+        .mount(&server)
+        .await;
+    let dir = TempDir::new().expect("tempdir");
+    // Where the spec points: a port nobody listens on.
+    let unused = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port");
+    std::fs::write(
+        dir.path().join("classify.yaml"),
+        format!(
+            "name: classify\nllm:\n  providers:\n    local: {{ kind: openai, base_url: \"http://{unused}/v1\", model: qwen2.5-7b-instruct }}\nsteps:\n  - id: kind\n    goal: \"Classify this commit subject as feature, fix or chore: mend the parser\"\n    output_schema: {{ type: string, enum: [feature, fix, chore] }}\n"
+        ),
+    )
+    .expect("write");
+    let url = format!("{}/v1", server.uri());
+    let path = dir.path().to_path_buf();
+    let output = tokio::task::spawn_blocking(move || {
+        crate::support::archon_with(
+            &path,
+            &["run", "classify.yaml", "--json"],
+            &[
+                ("ARCHON_OPENAI_BASE_URL", url.as_str()),
+                ("ARCHON_OPENAI_MODEL", "gemma-3-270m"),
+            ],
+        )
+    })
+    .await
+    .expect("archon ran");
+    assert_eq!(output.code, 0, "{}", output.stderr);
+    let report: serde_json::Value = serde_json::from_str(&output.stdout).expect("a JSON report");
+    assert_eq!(report["steps"]["kind"]["output"], "fix");
+    let sent = server.received_requests().await.expect("recorded");
+    assert_eq!(sent.len(), 1);
+    let body: serde_json::Value = serde_json::from_slice(&sent[0].body).expect("JSON");
+    assert_eq!(body["model"], "gemma-3-270m");
 }

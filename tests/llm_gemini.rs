@@ -171,7 +171,7 @@ async fn the_request_on_the_wire() {
             "tools": [{ "functionDeclarations": [{
                 "name": "weather",
                 "description": "current weather for a city",
-                "parameters": { "type": "object", "properties": { "city": { "type": "string" } }, "required": ["city"] }
+                "parameters": { "type": "OBJECT", "properties": { "city": { "type": "STRING" } }, "required": ["city"] }
             }] }],
             "toolConfig": { "functionCallingConfig": { "mode": "AUTO" } },
             "generationConfig": { "temperature": 0.2, "maxOutputTokens": 256, "stopSequences": ["END"] }
@@ -486,31 +486,31 @@ async fn tool_schemas_arrive_normalised() {
     }];
     provider(&server).complete(&chat).await.expect("answer");
     let body = sent(&server, 0).await;
-    let person = json!({ "type": "object", "properties": { "name": { "type": "string" } }, "required": ["name"] });
+    let person = json!({ "type": "OBJECT", "properties": { "name": { "type": "STRING" } }, "required": ["name"] });
     assert_eq!(
         body["tools"][0]["functionDeclarations"][0]["parameters"],
         json!({
-            "type": "object",
+            "type": "OBJECT",
             "properties": {
                 "traveller": {
-                    "type": "object",
+                    "type": "OBJECT",
                     "description": "who travels",
-                    "properties": { "name": { "type": "string" } },
+                    "properties": { "name": { "type": "STRING" } },
                     "required": ["name"]
                 },
-                "note": { "type": "string", "nullable": true },
-                "when": { "type": "string", "format": "date-time" },
-                "site": { "type": "string" },
-                "kind": { "type": "string", "enum": ["trip"] },
-                "seats": { "type": "integer", "minimum": 1, "maximum": 9 },
+                "note": { "type": "STRING", "nullable": true },
+                "when": { "type": "STRING", "format": "date-time" },
+                "site": { "type": "STRING" },
+                "kind": { "type": "STRING", "enum": ["trip"] },
+                "seats": { "type": "INTEGER", "minimum": 1, "maximum": 9 },
                 "legs": {
-                    "type": "array",
-                    "items": { "type": "object", "properties": { "to": { "type": "string" } }, "required": ["to"] },
+                    "type": "ARRAY",
+                    "items": { "type": "OBJECT", "properties": { "to": { "type": "STRING" } }, "required": ["to"] },
                     "minItems": 1,
                     "maxItems": 4
                 },
-                "pay": { "anyOf": [{ "type": "string", "enum": ["card", "cash"] }, { "type": "integer" }] },
-                "agent": { "type": "object", "properties": person["properties"], "required": ["name"], "nullable": true }
+                "pay": { "anyOf": [{ "type": "STRING", "enum": ["card", "cash"] }, { "type": "INTEGER" }] },
+                "agent": { "type": "OBJECT", "properties": person["properties"], "required": ["name"], "nullable": true }
             },
             "required": ["traveller", "legs"]
         })
@@ -541,7 +541,7 @@ fn schema_normalisation_edge_cases() {
         archon_engine::llm::gemini::MAX_REF_DEPTH,
         "{normalized:#}"
     );
-    assert_eq!(node, &json!({ "type": "object" }));
+    assert_eq!(node, &json!({ "type": "OBJECT" }));
 
     // A schema that refers to itself from the root.
     let list = json!({ "type": "object", "properties": { "next": { "$ref": "#" } } });
@@ -579,18 +579,18 @@ fn schema_normalisation_edge_cases() {
             "required": ["c"]
         })),
         json!({
-            "properties": { "a": { "type": "string" }, "b": { "type": "number", "format": "double" } },
+            "properties": { "a": { "type": "STRING" }, "b": { "type": "NUMBER", "format": "double" } },
             "required": ["a", "b"],
-            "type": "object"
+            "type": "OBJECT"
         })
     );
     assert_eq!(
         normalize_schema(&json!({ "type": ["string", "integer", "null"] })),
-        json!({ "anyOf": [{ "type": "string" }, { "type": "integer" }], "nullable": true })
+        json!({ "anyOf": [{ "type": "STRING" }, { "type": "INTEGER" }], "nullable": true })
     );
     assert_eq!(
         normalize_schema(&json!({ "type": "string", "enum": ["a", null] })),
-        json!({ "type": "string", "enum": ["a"], "nullable": true })
+        json!({ "type": "STRING", "enum": ["a"], "nullable": true })
     );
 }
 
@@ -623,8 +623,8 @@ async fn structured_output() {
         json!({
             "responseMimeType": "application/json",
             "responseSchema": {
-                "type": "object",
-                "properties": { "city": { "type": "string" }, "celsius": { "type": "number", "nullable": true } },
+                "type": "OBJECT",
+                "properties": { "city": { "type": "STRING" }, "celsius": { "type": "NUMBER", "nullable": true } },
                 "required": ["city", "celsius"]
             }
         })

@@ -524,3 +524,88 @@ async fn an_oversized_response_fails_once_without_filling_memory() {
     assert_eq!((error.message, error.retryable), (too_large, false));
     assert!(sent < 64, "archon read all {sent} MiB");
 }
+
+/// The bodies the server received, in order.
+async fn sent(server: &MockServer) -> Vec<Json> {
+    server
+        .received_requests()
+        .await
+        .expect("recorded")
+        .iter()
+        .map(|r| serde_json::from_slice(&r.body).expect("a JSON body"))
+        .collect()
+}
+
+/// The token limit travels as `max_completion_tokens`, what the Chat Completions API defines, whatever the
+/// base URL; `max_tokens_param: max_tokens` sends the older field, and a server that refuses the newer one
+/// is sent the older one from then on (issue 14, item 2).
+#[tokio::test]
+async fn the_token_limit_field_is_chosen_by_setting_not_by_url() {
+    let limited = ChatRequest {
+        max_tokens: Some(300),
+        ..request()
+    };
+    let (server, openai) = sequence(vec![ok()]).await;
+    openai.complete(&limited).await.expect("answer");
+    let body = &sent(&server).await[0];
+    assert_eq!(body["max_completion_tokens"], 300);
+    assert_eq!(body.get("max_tokens"), None);
+
+    let (server, openai) = sequence(vec![ok()]).await;
+    let openai = openai.with_max_tokens_param(archon_engine::spec::MaxTokensParam::MaxTokens);
+    openai.complete(&limited).await.expect("answer");
+    let body = &sent(&server).await[0];
+    assert_eq!(body["max_tokens"], 300);
+    assert_eq!(body.get("max_completion_tokens"), None);
+
+    // What an older compatible server answers an argument it does not know.
+    let (server, openai) = sequence(vec![
+        error(
+            400,
+            "Unrecognized request argument supplied: max_completion_tokens",
+        ),
+        ok(),
+    ])
+    .await;
+    openai.complete(&limited).await.expect("answer");
+    openai.complete(&limited).await.expect("answer");
+    let limits: Vec<(Json, Json)> = sent(&server)
+        .await
+        .iter()
+        .map(|b| {
+            (
+                b.get("max_completion_tokens").cloned().unwrap_or_default(),
+                b.get("max_tokens").cloned().unwrap_or_default(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        limits,
+        [
+            (json!(300), Json::Null),
+            (Json::Null, json!(300)),
+            (Json::Null, json!(300))
+        ]
+    );
+}
+
+/// A refusal (`message.refusal`, with `finish_reason: stop` as the API sends it) is no answer (item 8).
+#[tokio::test]
+async fn a_refusal_is_a_filtered_answer_not_a_stop() {
+    let server = MockServer::start().await;
+    mount(
+        &server,
+        ResponseTemplate::new(200).set_body_json(completion(
+            json!({ "role": "assistant", "content": null, "refusal": "I can't help with that." }),
+            json!("stop"),
+            Some(usage()),
+        )),
+    )
+    .await;
+    let response = provider(&server)
+        .complete(&request())
+        .await
+        .expect("a response");
+    assert_eq!(response.finish_reason, FinishReason::ContentFilter);
+    assert_eq!(response.text(), "I can't help with that.");
+}

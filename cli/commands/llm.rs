@@ -185,6 +185,7 @@ fn from_environment(
             nowhere,
         )),
         tool_mode: None,
+        max_tokens_param: None,
         max_concurrency: None,
         requests_per_minute: None,
         context_window: None,

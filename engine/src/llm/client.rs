@@ -198,13 +198,16 @@ impl Client {
         let text = self.body(response).await?;
         if !status.is_success() {
             let code = status.as_u16();
-            let retryable = code == 429 || code == 408 || code >= 500;
+            let message = format!(
+                "provider `{}`: HTTP {code}: {}",
+                self.name,
+                provider_message(&text)
+            );
+            // A server that does not take tools (llama.cpp answers 500) will not take them next time.
+            let retryable = (code == 429 || code == 408 || code >= 500)
+                && !(body.get("tools").is_some() && super::refuses_tools(&message));
             return Err(LlmError {
-                message: format!(
-                    "provider `{}`: HTTP {code}: {}",
-                    self.name,
-                    provider_message(&text)
-                ),
+                message,
                 status: Some(code),
                 retryable,
                 retry_after: if retryable { retry_after } else { None },

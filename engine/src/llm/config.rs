@@ -214,7 +214,14 @@ pub fn build(
                 openai::DEFAULT_BASE_URL,
             )?;
             (
-                Arc::new(openai::OpenAi::new(name, base, key, settings)?),
+                Arc::new(
+                    openai::OpenAi::new(name, base, key, settings)?.with_max_tokens_param(
+                        def.max_tokens_param
+                            .as_ref()
+                            .map(|p| p.value)
+                            .unwrap_or_default(),
+                    ),
+                ),
                 model,
             )
         }

@@ -175,12 +175,9 @@ pub fn request_body(request: &ChatRequest) -> Json {
                     declaration["description"] = json!(t.description);
                 }
                 let parameters = normalize_schema(&t.parameters);
-                let empty_object = parameters.get("type").and_then(Json::as_str) == Some("object")
-                    && parameters
-                        .get("properties")
-                        .and_then(Json::as_object)
-                        .is_none_or(Map::is_empty);
-                if !empty_object && parameters.as_object().is_some_and(|p| !p.is_empty()) {
+                if !is_empty_object(&parameters)
+                    && parameters.as_object().is_some_and(|p| !p.is_empty())
+                {
                     declaration["parameters"] = parameters;
                 }
                 declaration
@@ -342,9 +339,13 @@ pub fn normalize_schema(schema: &Json) -> Json {
 
 /// What Gemini refuses even in the subset above: an `OBJECT` with no properties below the top (such a
 /// property is dropped, and no longer required), and an `enum` of values that are not strings (dropped;
-/// the values are listed in the description instead).
+/// the values are listed in the description instead). Types go out in upper case (`STRING`, `OBJECT`),
+/// the values of the API's `Type` enum.
 fn fit_gemini(schema: &mut Json) {
     let Json::Object(map) = schema else { return };
+    if let Some(Json::String(kind)) = map.get_mut("type") {
+        kind.make_ascii_uppercase();
+    }
     if let Some(Json::Array(values)) = map.get("enum")
         && !values.iter().all(Json::is_string)
     {
@@ -382,7 +383,10 @@ fn fit_gemini(schema: &mut Json) {
 
 /// An object schema with no properties, which Gemini rejects.
 fn is_empty_object(schema: &Json) -> bool {
-    schema.get("type").and_then(Json::as_str) == Some("object")
+    schema
+        .get("type")
+        .and_then(Json::as_str)
+        .is_some_and(|t| t.eq_ignore_ascii_case("object"))
         && schema
             .get("properties")
             .and_then(Json::as_object)

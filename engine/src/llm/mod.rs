@@ -365,8 +365,11 @@ pub fn arguments_to_text(arguments: &Json) -> String {
     }
 }
 
+/// Most characters of a provider's error message kept (in the report, the trail and the step's error).
+pub const PROVIDER_MESSAGE_CHARS: usize = 2000;
+
 /// The provider's own error message from an error body: `error.message`, `message` or `error` as text, or
-/// the start of the body.
+/// the start of the body; at most [`PROVIDER_MESSAGE_CHARS`] characters of it, with a note of the rest.
 pub fn provider_message(body: &str) -> String {
     let parsed: Option<Json> = serde_json::from_str(body).ok();
     let found = parsed.as_ref().and_then(|v| {
@@ -374,17 +377,55 @@ pub fn provider_message(body: &str) -> String {
             .or_else(|| v.get("message"))
             .or_else(|| v.get("error").filter(|e| e.is_string()))
             .and_then(Json::as_str)
-            .map(str::to_owned)
     });
-    found.unwrap_or_else(|| {
-        let trimmed = body.trim();
-        let shown: String = trimmed.chars().take(200).collect();
-        if shown.is_empty() {
+    let Some(message) = found else {
+        let shown: String = body.trim().chars().take(200).collect();
+        return if shown.is_empty() {
             "no message".to_owned()
         } else {
             shown
-        }
-    })
+        };
+    };
+    let mut chars = message.char_indices();
+    match chars.nth(PROVIDER_MESSAGE_CHARS) {
+        None => message.to_owned(),
+        Some((end, _)) => format!(
+            "{} [... cut: {} more characters]",
+            &message[..end],
+            message[end..].chars().count()
+        ),
+    }
+}
+
+/// What servers without native tool calling answer a request that offers tools: llama.cpp started without
+/// `--jinja` (HTTP 500), Ollama with a model that has no tool template, vLLM started without
+/// `--enable-auto-tool-choice`, and the like.
+const TOOLS_UNSUPPORTED: &[&str] = &[
+    "tools param requires --jinja",
+    "does not support tools",
+    "tool choice requires --enable-auto-tool-choice",
+    "does not support function calling",
+    "tools are not supported",
+    "tool calling is not supported",
+    "function calling is not supported",
+];
+
+/// Whether a failed call's message (`provider `x`: HTTP 500: ...`) says the server does not take tools:
+/// one of the known answers above, whatever the status, or a 400 naming tools that is not about a tool's
+/// schema or the context length.
+pub fn refuses_tools(message: &str) -> bool {
+    let message = message.to_ascii_lowercase();
+    if TOOLS_UNSUPPORTED
+        .iter()
+        .any(|known| message.contains(known))
+    {
+        return true;
+    }
+    message.contains("http 400")
+        && (message.contains("tool") || message.contains("function call"))
+        && !["schema", "parameters", "context", "token", "length"]
+            .iter()
+            .any(|w| message.contains(w))
 }
 
 #[cfg(test)]

@@ -3,6 +3,8 @@
 //! `usage`, tool arguments as a JSON string or as an object, content as a string or a list of parts,
 //! reasoning in `reasoning_content`, tool calls without an id.
 
+use std::sync::atomic::{AtomicBool, Ordering};
+
 use serde_json::{Map, Value as Json, json};
 
 use super::client::{Endpoint, Settings};
@@ -10,13 +12,19 @@ use super::{
     ApiKey, BoxFuture, ChatRequest, ChatResponse, FinishReason, LlmError, Message, Part, Provider,
     Role, ToolCall, ToolChoice, Usage, arguments_from_text, arguments_to_text,
 };
+use crate::spec::MaxTokensParam;
 
 /// The public OpenAI API, used unless `base_url` (or `OPENAI_BASE_URL`) says otherwise.
 pub const DEFAULT_BASE_URL: &str = "https://api.openai.com/v1";
 
 /// A Chat Completions endpoint.
 #[derive(Debug)]
-pub struct OpenAi(Endpoint);
+pub struct OpenAi {
+    endpoint: Endpoint,
+    /// The token limit goes as `max_tokens`: set so, or learnt from a server that refused
+    /// `max_completion_tokens`.
+    legacy_limit: AtomicBool,
+}
 
 impl OpenAi {
     pub fn new(
@@ -25,13 +33,38 @@ impl OpenAi {
         key: Option<ApiKey>,
         settings: Settings,
     ) -> Result<Self, LlmError> {
-        Endpoint::new(name, base_url, key, settings).map(OpenAi)
+        Ok(OpenAi {
+            endpoint: Endpoint::new(name, base_url, key, settings)?,
+            legacy_limit: AtomicBool::new(false),
+        })
+    }
+
+    /// Which field carries the token limit (`max_completion_tokens` unless told otherwise).
+    #[must_use]
+    pub fn with_max_tokens_param(self, param: MaxTokensParam) -> Self {
+        self.legacy_limit
+            .store(param == MaxTokensParam::MaxTokens, Ordering::Relaxed);
+        self
+    }
+
+    async fn send(&self, body: &Json) -> Result<ChatResponse, LlmError> {
+        let mut headers = Vec::new();
+        if let Some(key) = &self.endpoint.key {
+            headers.push(("authorization", format!("Bearer {}", key.expose())));
+        }
+        let url = format!("{}/chat/completions", self.endpoint.base_url);
+        self.endpoint
+            .client
+            .post_and_read(&url, &headers, body, |reply| {
+                parse_response(self.name(), &reply.body, reply.request_id)
+            })
+            .await
     }
 }
 
 impl Provider for OpenAi {
     fn name(&self) -> &str {
-        self.0.client.name()
+        self.endpoint.client.name()
     }
 
     fn complete<'a>(
@@ -40,30 +73,44 @@ impl Provider for OpenAi {
     ) -> BoxFuture<'a, Result<ChatResponse, LlmError>> {
         Box::pin(async move {
             let mut body = request_body(request);
-            // The public API wants `max_completion_tokens` (its reasoning models refuse `max_tokens`);
-            // compatible servers know only `max_tokens`.
-            if self.0.base_url == DEFAULT_BASE_URL
-                && let Some(object) = body.as_object_mut()
-                && let Some(limit) = object.remove("max_tokens")
-            {
-                object.insert("max_completion_tokens".into(), limit);
+            // The API defines `max_completion_tokens` (its reasoning models refuse `max_tokens`); a
+            // compatible server that knows only `max_tokens` says so once, and is sent that from then on.
+            if self.legacy_limit.load(Ordering::Relaxed) {
+                return self.send(&body).await;
             }
-            let mut headers = Vec::new();
-            if let Some(key) = &self.0.key {
-                headers.push(("authorization", format!("Bearer {}", key.expose())));
+            let limited = rename(&mut body, "max_tokens", "max_completion_tokens");
+            match self.send(&body).await {
+                Err(e) if limited && refuses_completion_tokens(&e) => {
+                    self.legacy_limit.store(true, Ordering::Relaxed);
+                    rename(&mut body, "max_completion_tokens", "max_tokens");
+                    self.send(&body).await
+                }
+                other => other,
             }
-            let url = format!("{}/chat/completions", self.0.base_url);
-            self.0
-                .client
-                .post_and_read(&url, &headers, &body, |reply| {
-                    parse_response(self.name(), &reply.body, reply.request_id)
-                })
-                .await
         })
     }
 }
 
-/// The Chat Completions request for `request`.
+/// Moves `body[from]` to `body[to]`; whether there was one.
+fn rename(body: &mut Json, from: &str, to: &str) -> bool {
+    let Some(object) = body.as_object_mut() else {
+        return false;
+    };
+    match object.remove(from) {
+        Some(value) => {
+            object.insert(to.to_owned(), value);
+            true
+        }
+        None => false,
+    }
+}
+
+/// Whether a server refused the request for its `max_completion_tokens` field (a 400 or 422 naming it).
+fn refuses_completion_tokens(e: &LlmError) -> bool {
+    matches!(e.status, Some(400 | 422)) && e.message.contains("max_completion_tokens")
+}
+
+/// The Chat Completions request for `request`, its token limit as `max_tokens` (see [`OpenAi`]).
 pub fn request_body(request: &ChatRequest) -> Json {
     let mut messages = Vec::with_capacity(request.messages.len());
     for message in &request.messages {
@@ -230,11 +277,12 @@ pub fn parse_response(
     }
     let has_calls = parts.iter().any(|p| matches!(p, Part::ToolCall(_)));
     let finish_reason = match choice.get("finish_reason").and_then(Json::as_str) {
+        // A refusal comes with `finish_reason: stop`: it is no answer all the same.
+        _ if refusal.is_some() => FinishReason::ContentFilter,
         Some("stop") => FinishReason::Stop,
         Some("tool_calls" | "function_call") => FinishReason::ToolCalls,
         Some("length") => FinishReason::Length,
         Some("content_filter") => FinishReason::ContentFilter,
-        _ if refusal.is_some() => FinishReason::ContentFilter,
         // Empty or unknown: what the message holds says more.
         _ if has_calls => FinishReason::ToolCalls,
         Some(other) if !other.is_empty() => FinishReason::Other(other.to_owned()),

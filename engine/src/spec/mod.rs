@@ -372,6 +372,10 @@ pub struct ProviderDef {
     /// How tools are offered to the model: `native`, `text` or `auto` (default).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tool_mode: Option<Spanned<ToolMode>>,
+    /// For `openai`: the request field `max_tokens` is sent as, `max_completion_tokens` (default, what the
+    /// Chat Completions API defines) or `max_tokens` (for servers that know only that one).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_tokens_param: Option<Spanned<MaxTokensParam>>,
     /// Most requests in flight at once.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_concurrency: Option<u32>,
@@ -406,6 +410,15 @@ pub enum ProviderKind {
     /// Whichever of `openai`, `anthropic` and `gemini` the environment configures: `ARCHON_PROVIDER`, else
     /// the first with a key (or, for `openai`, a base URL) set.
     Auto,
+}
+
+/// The field of a Chat Completions request that carries the token limit.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum MaxTokensParam {
+    #[default]
+    MaxCompletionTokens,
+    MaxTokens,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]

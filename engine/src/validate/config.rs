@@ -189,6 +189,24 @@ impl Checker<'_> {
                     .with_hint("it is a share of the context window, such as `0.8` for 80%"),
                 );
             }
+            if let Some(param) = &provider.max_tokens_param
+                && !matches!(
+                    provider.kind.value,
+                    crate::spec::ProviderKind::Openai | crate::spec::ProviderKind::Auto
+                )
+            {
+                self.push(
+                    Diagnostic::error(
+                        codes::INVALID_VALUE,
+                        param.span,
+                        format!(
+                            "`max_tokens_param` applies only to `openai` providers, and `{}` is not one",
+                            name.value
+                        ),
+                    )
+                    .with_hint("remove it: this provider's API has one token limit field"),
+                );
+            }
             let is_mock = provider.kind.value == crate::spec::ProviderKind::Mock;
             if !is_mock && (!provider.turns.is_empty() || provider.script.is_some()) {
                 self.push(Diagnostic::warning(

@@ -588,9 +588,9 @@ mod path_tests {
         result.output =
             serde_json::json!({ "v": 3, "list": [1, 2], "nested": { "if": "kw", "none": null } });
         result.text = result.output.to_string();
-        let mut views = std::collections::BTreeMap::new();
+        let mut views = BTreeMap::new();
         views.insert("a", StepView::new(result).value());
-        let mut root = std::collections::BTreeMap::new();
+        let mut root = BTreeMap::new();
         root.insert(
             "inputs",
             json_value(&serde_json::json!({ "who": "archon", "n": 2.5 })),
@@ -649,9 +649,9 @@ mod path_tests {
         let mut result = StepResult::ended(StepStatus::Succeeded, None);
         result.text = output.to_string();
         result.output = output;
-        let mut views = std::collections::BTreeMap::new();
+        let mut views = BTreeMap::new();
         views.insert("a", StepView::new(result).value());
-        let mut root = std::collections::BTreeMap::new();
+        let mut root = BTreeMap::new();
         root.insert("steps", Value::from(views));
         Value::from(root)
     }

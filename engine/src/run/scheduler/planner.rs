@@ -309,7 +309,7 @@ async fn propose(
                 return Err(Failure::from(PlanError::CutOff).with_llm(usage.clone()));
             }
             FinishReason::ContentFilter => {
-                return Err(Failure::from(PlanError::Filtered).with_llm(usage.clone()));
+                return Err(Failure::from(PlanError::Filtered(text)).with_llm(usage.clone()));
             }
             _ => {}
         }
@@ -573,8 +573,8 @@ pub(super) enum PlanError {
     Denied(String),
     #[error("the plan was cut off at the token limit: raise `max_tokens`")]
     CutOff,
-    #[error("the provider filtered the plan")]
-    Filtered,
+    #[error("the model refused or the provider filtered the plan{}", super::agent::said(.0))]
+    Filtered(String),
     #[error("the validator rejected the planner's plan {attempts} times; last problems: {}", .problems.join("; "))]
     Rejected {
         attempts: u32,

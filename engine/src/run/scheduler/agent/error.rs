@@ -25,8 +25,9 @@ pub(in crate::run::scheduler) enum AgentError {
     Schema(#[source] Box<jsonschema::ValidationError<'static>>),
     #[error("the answer was cut off at the token limit: raise `max_tokens`")]
     CutOff,
-    #[error("the provider filtered the answer")]
-    Filtered,
+    /// A refusal or a safety filter, with what the model said, if anything.
+    #[error("the model refused or the provider filtered the answer{}", said(.0))]
+    Filtered(String),
     #[error("the final answer does not match `output_schema` after {0} corrections")]
     Mismatch(usize),
     #[error("the agent called `{tool}` with the same arguments {times} times")]
@@ -79,6 +80,16 @@ impl From<AgentError> for Failure {
 }
 
 /// `; best answer: …` after [`AgentError::NoAnswer`]'s message, when the model gave one.
+/// `: what the model said` (its first 500 characters), or nothing.
+pub(in crate::run::scheduler) fn said(text: &str) -> String {
+    let text = text.trim();
+    if text.is_empty() {
+        String::new()
+    } else {
+        format!(": {}", text.chars().take(500).collect::<String>())
+    }
+}
+
 fn best_answer(best: &str) -> String {
     let best = best.trim();
     if best.is_empty() {

@@ -35,8 +35,7 @@ use crate::run::render::to_text;
 use crate::spec::{Body, ChosenBy, Spec, ToolMode, Trigger};
 use crate::tools::ToolOutput;
 use calls::observe;
-pub(super) use error::AgentError;
-use model::refuses_tools;
+pub(super) use error::{AgentError, said};
 use text::{TextTurn, read_text_action, text_mode_instructions, written_action};
 
 /// Iterations of an agent step unless `max_iterations` says otherwise.
@@ -144,6 +143,19 @@ pub(super) async fn run(
         (offered, conversation)
     };
     let (mut offered, mut conversation) = start(text_mode);
+    // One turn's request. The answer format constrains the final answer only: in text mode, where the
+    // model writes its actions as text, a format sent with every request would forbid actions from the
+    // first turn, so the schema is in the prompt and the final answer is checked (and corrected) here.
+    let ask = |messages: Vec<Message>, offered: Vec<crate::llm::ToolSpec>, text_mode: bool| {
+        let mut request = configured.request(messages, offered);
+        if !(text_mode && !tools.is_empty()) {
+            request.output_schema.clone_from(&wire_schema);
+        }
+        if let Some(t) = agent.and_then(|a| a.temperature) {
+            request.temperature = Some(t);
+        }
+        request
+    };
     let estimator = Estimator::for_model(&configured.model);
     let repeatable = crate::resume::body_is_idempotent(&shared.workflow, body);
     let mut tool_calls = 0;
@@ -224,11 +236,11 @@ pub(super) async fn run(
             &mut usage,
         )
         .await?;
-        let mut request = configured.request(conversation.request(Some(&note)), offered.clone());
-        request.output_schema.clone_from(&wire_schema);
-        if let Some(t) = agent.and_then(|a| a.temperature) {
-            request.temperature = Some(t);
-        }
+        let request = ask(
+            conversation.request(Some(&note)),
+            offered.clone(),
+            text_mode,
+        );
         let reply = match pending.take() {
             // The turn that waited for approval, taken up again as it was.
             Some(response) => Ok(response),
@@ -238,7 +250,10 @@ pub(super) async fn run(
             // A server without native tool calling: the step starts again in text mode, before any tool
             // ran, and later steps asking the same provider start there.
             Err(failure)
-                if auto && !text_mode && iteration == 1 && refuses_tools(&failure.message) =>
+                if auto
+                    && !text_mode
+                    && iteration == 1
+                    && crate::llm::refuses_tools(&failure.message) =>
             {
                 shared.llm.mark_refuses_tools(&provider_name);
                 shared.emit(RunEvent::AgentObservation {
@@ -254,12 +269,7 @@ pub(super) async fn run(
                 });
                 text_mode = true;
                 (offered, conversation) = start(true);
-                let mut request =
-                    configured.request(conversation.request(Some(&note)), offered.clone());
-                request.output_schema.clone_from(&wire_schema);
-                if let Some(t) = agent.and_then(|a| a.temperature) {
-                    request.temperature = Some(t);
-                }
+                let request = ask(conversation.request(Some(&note)), offered.clone(), true);
                 complete(shared, label, &configured, &request, &mut usage).await?
             }
             other => other?,
@@ -319,7 +329,7 @@ pub(super) async fn run(
                     return Err(Failure::from(AgentError::CutOff).with_llm(usage));
                 }
                 FinishReason::ContentFilter => {
-                    return Err(Failure::from(AgentError::Filtered).with_llm(usage));
+                    return Err(Failure::from(AgentError::Filtered(text)).with_llm(usage));
                 }
                 FinishReason::Other(reason) if text.trim().is_empty() => {
                     return Err(Failure::fixed(format!(
@@ -612,7 +622,7 @@ pub(super) async fn run(
         &mut usage,
     )
     .await?;
-    let mut request = configured.request(conversation.request(None), offered);
+    let mut request = ask(conversation.request(None), offered, text_mode);
     request.tool_choice = ToolChoice::None;
     let response = complete(shared, label, &configured, &request, &mut usage).await?;
     let best: String = response.text().chars().take(500).collect();

@@ -1,5 +1,5 @@
 //! The model side of an agent (and planner) step: which provider it asks, built on first use; one call
-//! within the run's LLM budget, counted and reported; whether an error says the server refuses tools.
+//! within the run's LLM budget, counted and reported.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -190,15 +190,4 @@ fn over_budget(shared: &Shared) -> Option<String> {
         ));
     }
     None
-}
-
-/// Whether a provider's error says it does not take tools: servers without native tool calling answer the
-/// `tools` field with a 400 naming tools. A 400 about a tool's schema or the context length is not that.
-pub(super) fn refuses_tools(message: &str) -> bool {
-    let message = message.to_ascii_lowercase();
-    message.contains("http 400")
-        && (message.contains("tool") || message.contains("function call"))
-        && !["schema", "parameters", "context", "token", "length"]
-            .iter()
-            .any(|w| message.contains(w))
 }
