@@ -119,6 +119,21 @@ pub(crate) fn describe(event: &RunEvent) -> (&'static str, String) {
                 ),
             )
         }
+        RunEvent::LlmCallFailed {
+            step,
+            provider,
+            model,
+            attempt,
+            error,
+            retrying,
+            duration_ms,
+        } => (
+            "llm!",
+            format!(
+                "{step}: `{provider}` ({model}) request {attempt} failed after {duration_ms} ms{}: {error}",
+                if *retrying { ", retrying" } else { "" }
+            ),
+        ),
         RunEvent::AgentThought {
             step,
             iteration,
@@ -147,10 +162,27 @@ pub(crate) fn describe(event: &RunEvent) -> (&'static str, String) {
             turns,
             tokens_before,
             tokens_after,
+            summary,
         } => (
             "compacted",
             format!(
-                "{step} #{iteration}: {turns} earlier turns summarised, about {tokens_before} -> {tokens_after} tokens"
+                "{step} #{iteration}: {turns} earlier turns summarised, about {tokens_before} -> {tokens_after} tokens{}",
+                summary
+                    .as_deref()
+                    .map_or_else(String::new, |s| format!(":\n{}", s.trim_end()))
+            ),
+        ),
+        RunEvent::AgentAnswerRejected {
+            step,
+            iteration,
+            text,
+            correction,
+        } => (
+            "rejected",
+            format!(
+                "{step} #{iteration}: {}\n-> {}",
+                text.trim(),
+                correction.trim()
             ),
         ),
         RunEvent::AgentAnswer {

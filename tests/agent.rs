@@ -1416,3 +1416,89 @@ async fn the_environment_points_a_run_at_another_server_and_model() {
     let body: serde_json::Value = serde_json::from_slice(&sent[0].body).expect("JSON");
     assert_eq!(body["model"], "gemma-3-270m");
 }
+
+/// A request that times out is an event as it fails (with its duration and whether the provider tries
+/// again) and counts as a call of the step, beside the retry that answered; the call's `llm_call` event is
+/// stamped when its request started, not when it was recorded (issue 14, items 7 and 12).
+#[tokio::test]
+async fn a_timed_out_request_is_in_the_trail_and_counted_as_a_call() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::time::Duration;
+    use wiremock::matchers::method;
+    use wiremock::{Mock, MockServer, Request};
+    let server = MockServer::start().await;
+    let served = AtomicUsize::new(0);
+    Mock::given(method("POST"))
+        .respond_with(move |_: &Request| {
+            let answer =
+                crate::support::chat_completion(json!({ "role": "assistant", "content": "done" }));
+            if served.fetch_add(1, Ordering::SeqCst) == 0 {
+                answer.set_delay(Duration::from_secs(5))
+            } else {
+                answer.set_delay(Duration::from_millis(400))
+            }
+        })
+        .mount(&server)
+        .await;
+    let dir = TempDir::new().expect("tempdir");
+    std::fs::write(
+        dir.path().join("slow.yaml"),
+        format!(
+            "name: slow\nllm:\n  providers:\n    local: {{ kind: openai, base_url: \"{}/v1\", model: m, timeout: 1s }}\nsteps:\n  - {{ id: answer, goal: Say done }}\n",
+            server.uri()
+        ),
+    )
+    .expect("write");
+    let path = dir.path().to_path_buf();
+    let (run, shown) = tokio::task::spawn_blocking(move || {
+        let run = crate::support::archon(&path, &["run", "slow.yaml", "--json"]);
+        let id = serde_json::from_str::<serde_json::Value>(&run.stdout).expect("report")["run_id"]
+            .as_str()
+            .expect("id")
+            .to_owned();
+        let shown = crate::support::archon(&path, &["show", &id, "--json", "--events"]);
+        (run, shown)
+    })
+    .await
+    .expect("archon ran");
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    let report: serde_json::Value = serde_json::from_str(&run.stdout).expect("report");
+    assert_eq!(report["steps"]["answer"]["output"], "done");
+    assert_eq!(report["steps"]["answer"]["llm"]["calls"], 2);
+    assert_eq!(report["steps"]["answer"]["llm"]["failed_calls"], 1);
+    let shown: serde_json::Value = serde_json::from_str(&shown.stdout).expect("shown");
+    let events = shown["events"].as_array().expect("events");
+    let of = |kind: &str| {
+        events
+            .iter()
+            .find(|e| e["event"] == kind)
+            .unwrap_or_else(|| panic!("no `{kind}` event in {events:?}"))
+    };
+    let failed = of("llm_call_failed");
+    assert_eq!(
+        (
+            &failed["step"],
+            &failed["attempt"],
+            &failed["retrying"],
+            &failed["error"]
+        ),
+        (
+            &json!("answer"),
+            &json!(1),
+            &json!(true),
+            &json!("provider `local`: no answer within 1s: operation timed out")
+        )
+    );
+    let took = failed["duration_ms"].as_u64().expect("duration");
+    assert!((1000..5000).contains(&took), "{took} ms");
+    let call = of("llm_call");
+    let finished = of("step_finished");
+    let (started, ended) = (
+        call["at_ms"].as_u64().expect("at_ms"),
+        finished["at_ms"].as_u64().expect("at_ms"),
+    );
+    assert!(
+        ended - started >= 400,
+        "the call is stamped when its 400 ms request started: {started} vs the step's end {ended}"
+    );
+}

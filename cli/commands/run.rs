@@ -404,7 +404,9 @@ impl Display {
                     | RunEvent::ApprovalDecided { .. }
                     | RunEvent::StepResolved { .. } => text.push_str(&event_line(event)),
                     RunEvent::PlanProposed { .. } => {}
+                    RunEvent::LlmCallFailed { .. } => text.push_str(&event_line(event)),
                     RunEvent::LlmCall { .. }
+                    | RunEvent::AgentAnswerRejected { .. }
                     | RunEvent::AgentThought { .. }
                     | RunEvent::AgentObservation { .. }
                     | RunEvent::AgentAnswer { .. } => {}
@@ -507,6 +509,12 @@ fn raw_event_line(event: &RunEvent) -> String {
         },
         RunEvent::StepSkipped { step, reason } => format!("skipped   {step}: {reason}\n"),
         RunEvent::LlmCall { .. } => format!("llm       {}\n", crate::trail::describe(event).1),
+        RunEvent::LlmCallFailed { .. } => {
+            format!("llm!      {}\n", crate::trail::describe(event).1)
+        }
+        RunEvent::AgentAnswerRejected { step, text, .. } => {
+            format!("rejected  {step}: {}\n", one_line(text))
+        }
         RunEvent::AgentThought { step, text, .. } => {
             format!("thought   {step}: {}\n", one_line(text))
         }

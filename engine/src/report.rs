@@ -79,6 +79,18 @@ pub enum RunEvent {
         cost_usd: Option<f64>,
         duration_ms: u64,
     },
+    /// One request of a model call that failed (a timeout, an HTTP error, a broken body), as it fails:
+    /// the provider tries again when `retrying`, else the call fails with the same error.
+    LlmCallFailed {
+        step: String,
+        provider: String,
+        model: String,
+        /// 1 for the call's first request.
+        attempt: u32,
+        error: String,
+        retrying: bool,
+        duration_ms: u64,
+    },
     /// What the model said before acting (its text or reasoning).
     AgentThought {
         step: String,
@@ -112,6 +124,17 @@ pub enum RunEvent {
         /// The prompt's estimated tokens before and after.
         tokens_before: u64,
         tokens_after: u64,
+        /// The summary that replaced them (cut when long).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        summary: Option<String>,
+    },
+    /// A final answer that did not match `output_schema`, and the correction sent back to the model.
+    AgentAnswerRejected {
+        step: String,
+        iteration: u32,
+        /// The answer (cut when long).
+        text: String,
+        correction: String,
     },
     /// The agent's final answer (cut when long).
     AgentAnswer {
@@ -182,7 +205,11 @@ pub enum RunEvent {
 /// What LLM calls used: per step, and for the whole run.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct LlmUsage {
+    /// Requests sent to a model, failed ones included.
     pub calls: u64,
+    /// Of those, the ones that failed (a timeout, an HTTP error), which reported no usage.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub failed_calls: u64,
     pub input_tokens: u64,
     pub output_tokens: u64,
     pub cached_input_tokens: u64,
@@ -193,10 +220,20 @@ pub struct LlmUsage {
 }
 
 impl LlmUsage {
+    /// One request that failed: it counts as a call, with no usage known.
+    pub fn failed() -> Self {
+        LlmUsage {
+            calls: 1,
+            failed_calls: 1,
+            ..LlmUsage::default()
+        }
+    }
+
     /// One call's usage and cost.
     pub fn one(usage: &crate::llm::Usage, cost: Option<f64>) -> Self {
         LlmUsage {
             calls: 1,
+            failed_calls: 0,
             input_tokens: usage.input_tokens,
             output_tokens: usage.output_tokens,
             cached_input_tokens: usage.cached_input_tokens,
@@ -208,6 +245,7 @@ impl LlmUsage {
     pub fn add(&mut self, other: &LlmUsage) {
         // Counts come from providers: a nonsense value must not overflow.
         self.calls = self.calls.saturating_add(other.calls);
+        self.failed_calls = self.failed_calls.saturating_add(other.failed_calls);
         self.input_tokens = self.input_tokens.saturating_add(other.input_tokens);
         self.output_tokens = self.output_tokens.saturating_add(other.output_tokens);
         self.cached_input_tokens = self
@@ -337,4 +375,8 @@ pub struct RunReport {
     /// What the run's LLM calls used, when it made any.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub llm: Option<LlmUsage>,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }

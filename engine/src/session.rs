@@ -549,12 +549,15 @@ impl Session {
                 step: name.to_owned(),
                 result: Arc::new(result),
             });
-            journal.record(Entry::Event(RunEvent::StepResolved {
-                step: name.to_owned(),
-                status,
-                by: resolution.by.clone(),
-                reason: resolution.reason.clone(),
-            }));
+            journal.record(Entry::Event {
+                event: RunEvent::StepResolved {
+                    step: name.to_owned(),
+                    status,
+                    by: resolution.by.clone(),
+                    reason: resolution.reason.clone(),
+                },
+                at_ms: crate::store::now_ms(),
+            });
             let flushed = journal.flush().wait().await;
             journal.close();
             flushed

@@ -154,15 +154,25 @@ impl Client {
             .with_min_delay(settings.base_delay)
             .with_max_delay(settings.max_delay)
             .with_max_times(settings.retries);
-        let attempt = || async { read(self.attempt(url, headers, body).await?) };
+        let number = std::sync::atomic::AtomicU32::new(0);
+        let attempt = || async {
+            let started = Instant::now();
+            let number = number.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
+            let outcome = self.attempt(url, headers, body).await.and_then(&read);
+            if let Err(e) = &outcome {
+                super::attempts::report(super::attempts::FailedAttempt {
+                    number,
+                    duration: started.elapsed(),
+                    error: e.message.clone(),
+                    retrying: self.retries(e) && (number as usize) <= settings.retries,
+                });
+            }
+            outcome
+        };
         attempt
             .retry(backoff)
             .sleep(tokio::time::sleep)
-            .when(|e: &LlmError| {
-                e.retryable
-                    && e.retry_after
-                        .is_none_or(|wait| wait <= self.settings.max_retry_after)
-            })
+            .when(|e: &LlmError| self.retries(e))
             // Full jitter: a delay drawn between zero and the exponential delay; `Retry-After` wins.
             // `None` from the backoff means the retries are used up, whatever `Retry-After` says.
             .adjust(|e: &LlmError, delay| match (delay, e.retry_after) {
@@ -171,6 +181,14 @@ impl Client {
                 (Some(d), None) => Some(d.mul_f64(fastrand::f64())),
             })
             .await
+    }
+
+    /// Whether a failed attempt is tried again (while attempts are left): a retryable error whose
+    /// `Retry-After`, if any, is not longer than the longest honoured.
+    fn retries(&self, e: &LlmError) -> bool {
+        e.retryable
+            && e.retry_after
+                .is_none_or(|wait| wait <= self.settings.max_retry_after)
     }
 
     async fn attempt(

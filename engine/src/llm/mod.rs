@@ -8,6 +8,7 @@
 //! concurrency limit and a request rate limit. API keys are held as [`ApiKey`], which never prints.
 
 pub mod anthropic;
+pub mod attempts;
 pub mod cassette;
 pub mod client;
 pub mod config;

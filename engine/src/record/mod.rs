@@ -160,6 +160,9 @@ pub enum StepStatus {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Usage {
     pub calls: u64,
+    /// Added in this format without a version change: a record without it had none.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub failed_calls: u64,
     pub input_tokens: u64,
     pub output_tokens: u64,
     pub cached_input_tokens: u64,
@@ -265,4 +268,8 @@ mod tests {
         );
         assert_eq!(decode::<Event>(AT, 1, &text).expect("event"), event);
     }
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }

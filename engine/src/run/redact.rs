@@ -33,6 +33,14 @@ impl Redactor {
             RunEvent::AgentThought { text, .. } | RunEvent::AgentAnswer { text, .. } => {
                 self.string(text);
             }
+            RunEvent::LlmCallFailed { error, .. } => self.string(error),
+            RunEvent::AgentAnswerRejected {
+                text, correction, ..
+            } => {
+                self.string(text);
+                self.string(correction);
+            }
+            RunEvent::AgentCompacted { summary, .. } => self.option(summary),
             RunEvent::AgentObservation {
                 text, full_text, ..
             } => {
@@ -54,8 +62,7 @@ impl Redactor {
             | RunEvent::Resumed { .. }
             | RunEvent::RuleMatched { .. }
             | RunEvent::StepReused { .. }
-            | RunEvent::LlmCall { .. }
-            | RunEvent::AgentCompacted { .. } => {}
+            | RunEvent::LlmCall { .. } => {}
         }
     }
 

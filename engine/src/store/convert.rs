@@ -67,6 +67,7 @@ impl From<&LlmUsage> for record::Usage {
     fn from(usage: &LlmUsage) -> Self {
         record::Usage {
             calls: usage.calls,
+            failed_calls: usage.failed_calls,
             input_tokens: usage.input_tokens,
             output_tokens: usage.output_tokens,
             cached_input_tokens: usage.cached_input_tokens,
@@ -80,6 +81,7 @@ impl From<record::Usage> for LlmUsage {
     fn from(usage: record::Usage) -> Self {
         LlmUsage {
             calls: usage.calls,
+            failed_calls: usage.failed_calls,
             input_tokens: usage.input_tokens,
             output_tokens: usage.output_tokens,
             cached_input_tokens: usage.cached_input_tokens,

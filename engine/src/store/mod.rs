@@ -80,8 +80,8 @@ pub enum Entry {
     /// Where an LLM step (agent or planner) stands after an iteration, so that a resume continues it
     /// there instead of starting over; the latest replaces the one before.
     Checkpoint { step: String, state: Json },
-    /// A progress event, for the event log.
-    Event(RunEvent),
+    /// A progress event, for the event log, stamped (milliseconds since the epoch) when it happened.
+    Event { event: RunEvent, at_ms: u64 },
     /// The run ended (or was interrupted, when `status` is `interrupted`).
     RunEnded {
         status: RunState,

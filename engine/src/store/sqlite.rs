@@ -794,8 +794,8 @@ enum Write {
         status: crate::report::StepStatus,
         error: Option<String>,
     },
-    /// An event's record.
-    Event(String),
+    /// An event's record, and when it happened.
+    Event { text: String, at_ms: u64 },
     /// A step's final result and its record.
     Result {
         step: String,
@@ -832,7 +832,10 @@ impl Write {
                 status,
                 error,
             },
-            Entry::Event(event) => Write::Event(super::convert::event_text(&event)),
+            Entry::Event { event, at_ms } => Write::Event {
+                text: super::convert::event_text(&event),
+                at_ms,
+            },
             Entry::StepFinished { step, result }
                 if result.text.len() <= ENCODED_WHERE_RECORDED
                     && result.steps.is_empty()
@@ -1270,14 +1273,14 @@ impl Writer {
                     }
                     continue;
                 }
-                Write::Event(text) => {
+                Write::Event { text, at_ms } => {
                     self.seq += 1;
                     statement(
                         &tx,
                         &mut insert_event,
                         "INSERT INTO events (run_id, seq, at, event, format) VALUES (?1, ?2, ?3, ?4, ?5)",
                     )?
-                    .execute(params![self.run, self.seq, now, text, FORMAT_VERSION])?;
+                    .execute(params![self.run, self.seq, *at_ms as i64, text, FORMAT_VERSION])?;
                     continue;
                 }
                 Write::Result { step, status, text } => {
@@ -1305,7 +1308,7 @@ impl Writer {
                 Entry::AttemptStarted { .. }
                 | Entry::ProcessStarted { .. }
                 | Entry::AttemptEnded { .. }
-                | Entry::Event(_) => {}
+                | Entry::Event { .. } => {}
                 Entry::StepFinished { step, result } => {
                     // A large output, and a large text, go to `blobs` once each (the same blob when
                     // the text is the output's JSON), streamed into it from the result.
@@ -2499,9 +2502,10 @@ mod tests {
     #[tokio::test]
     async fn a_record_nothing_waits_for_is_committed_within_the_window() {
         let (_dir, store, journal) = journaled();
-        journal.record(Entry::Event(crate::report::RunEvent::StepStarted {
-            step: "a".into(),
-        }));
+        journal.record(Entry::Event {
+            event: crate::report::RunEvent::StepStarted { step: "a".into() },
+            at_ms: now_ms(),
+        });
         // No flush: the writer commits the record once it has waited `WINDOW`.
         let deadline = Instant::now() + WINDOW * 20;
         while store.events("r1").expect("events").is_empty() {

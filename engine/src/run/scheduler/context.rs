@@ -179,12 +179,18 @@ impl Base {
 pub(super) type Steps = BTreeMap<String, Value>;
 
 impl Shared {
-    pub(super) fn emit(&self, mut event: RunEvent) {
+    pub(super) fn emit(&self, event: RunEvent) {
+        self.emit_at(event, crate::store::now_ms());
+    }
+
+    /// Emits `event` as having happened at `at_ms` (milliseconds since the epoch): a model call is
+    /// stamped when its request started, and recorded when it ended.
+    pub(super) fn emit_at(&self, mut event: RunEvent, at_ms: u64) {
         self.redactor.event(&mut event);
         if let Some(events) = &self.options.events {
             let _ = events.send(event.clone());
         }
-        self.options.journal.record(Entry::Event(event));
+        self.options.journal.record(Entry::Event { event, at_ms });
     }
 
     /// The context of a step list one level down (a composite tool's or a plan's steps), named after

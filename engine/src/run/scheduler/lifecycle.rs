@@ -280,6 +280,10 @@ async fn attempt_all(
     }
 }
 
+/// The time limit of an attempt of an agent or planner step unless `timeout` (the step's, its fallback's
+/// or `defaults.timeout`) says otherwise.
+pub const LLM_STEP_TIMEOUT: Duration = Duration::from_secs(15 * 60);
+
 /// The attempts of a step's body, or of its fallback (`fallback`: the step's own `timeout`, which bounds
 /// the fallback when it has none of its own). The time limit of each attempt is the body's `timeout`, else
 /// (for a fallback) the step's, else `defaults.timeout`.
@@ -303,7 +307,10 @@ async fn with_retries(
                 .as_ref()
                 .and_then(|d| d.timeout.as_ref())
         })
-        .and_then(|t| t.value.get());
+        .and_then(|t| t.value.get())
+        // An agent or planner step is bounded even when nothing says how long it may take: a model that
+        // never answers (each request retried after its own timeout) must not hold the run for ever.
+        .or((body.tool.is_none() && body.workflow.is_none()).then_some(LLM_STEP_TIMEOUT));
     // Before an attempt with side effects starts, its `running` record (and everything recorded before
     // it) is on disk; an attempt that is safe to repeat does not wait, since a resume may repeat it.
     let journaled = shared.depth == 0;

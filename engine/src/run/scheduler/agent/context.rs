@@ -314,6 +314,7 @@ pub(super) async fn fit(
         turns,
         tokens_before: before as u64,
         tokens_after: after as u64,
+        summary: Some(super::truncate(summary.trim(), super::THOUGHT_CHARS)),
     });
     if after > window.room() {
         return Err(too_large(

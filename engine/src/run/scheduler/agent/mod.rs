@@ -366,10 +366,17 @@ pub(super) async fn run(
                             .map(|e| format!("at `{}`: {e}", e.instance_path()))
                             .unwrap_or_else(|| "it does not match".to_owned()),
                     };
-                    conversation.push(response.message.clone());
-                    conversation.push(Message::user(format!(
+                    let correction = format!(
                         "Your answer does not match the required JSON Schema ({problem}). Answer again with JSON only."
-                    )));
+                    );
+                    shared.emit(RunEvent::AgentAnswerRejected {
+                        step: label.to_owned(),
+                        iteration,
+                        text: truncate(&text, THOUGHT_CHARS),
+                        correction: correction.clone(),
+                    });
+                    conversation.push(response.message.clone());
+                    conversation.push(Message::user(correction));
                     continue;
                 }
             }

@@ -6,6 +6,7 @@ use std::time::Instant;
 
 use super::error::AgentError;
 use crate::llm::ChatRequest;
+use crate::llm::attempts::FailedAttempt;
 use crate::llm::cassette::{Recorder, Replayer};
 use crate::llm::config::{self, Configured};
 use crate::llm::pricing;
@@ -111,7 +112,8 @@ fn provider(shared: &Shared, name: &str) -> Result<Arc<Configured>, Failure> {
     Ok(built)
 }
 
-/// One model call, within the run's budget, counted and reported.
+/// One model call, within the run's budget, counted and reported: each request that fails (and is
+/// retried by the provider, or ends the call) is an event as it fails, and counts as a call.
 pub(in crate::run::scheduler) async fn complete(
     shared: &Shared,
     label: &str,
@@ -129,7 +131,20 @@ pub(in crate::run::scheduler) async fn complete(
         .await
         .map_err(|_| AgentError::RunOver)?;
     let started = Instant::now();
-    let response = configured.provider.complete(request).await;
+    let started_at = crate::store::now_ms();
+    let (observer, mut failed) = tokio::sync::mpsc::unbounded_channel();
+    let call = crate::llm::attempts::observed(observer, configured.provider.complete(request));
+    tokio::pin!(call);
+    let response = loop {
+        tokio::select! {
+            biased;
+            Some(attempt) = failed.recv() => attempt_failed(shared, label, configured, &attempt, usage),
+            response = &mut call => break response,
+        }
+    };
+    while let Ok(attempt) = failed.try_recv() {
+        attempt_failed(shared, label, configured, &attempt, usage);
+    }
     drop(permit);
     // What the provider's own retries could not fix, the step's `retry` may.
     let response =
@@ -148,20 +163,48 @@ pub(in crate::run::scheduler) async fn complete(
     if let Ok(mut totals) = shared.llm.totals.lock() {
         totals.add(&call);
     }
-    shared.emit(RunEvent::LlmCall {
+    // Stamped when the request started: `duration_ms` says how long it took.
+    shared.emit_at(
+        RunEvent::LlmCall {
+            step: label.to_owned(),
+            provider: configured.name.clone(),
+            model: if response.model.is_empty() {
+                configured.model.clone()
+            } else {
+                response.model.clone()
+            },
+            input_tokens: response.usage.input_tokens,
+            output_tokens: response.usage.output_tokens,
+            cost_usd: cost,
+            duration_ms: millis(started.elapsed()),
+        },
+        started_at,
+    );
+    Ok(response)
+}
+
+/// A request of a call failed: an event, and a call counted (for the step and the run's budget).
+fn attempt_failed(
+    shared: &Shared,
+    label: &str,
+    configured: &Configured,
+    attempt: &FailedAttempt,
+    usage: &mut LlmUsage,
+) {
+    let failed = LlmUsage::failed();
+    usage.add(&failed);
+    if let Ok(mut totals) = shared.llm.totals.lock() {
+        totals.add(&failed);
+    }
+    shared.emit(RunEvent::LlmCallFailed {
         step: label.to_owned(),
         provider: configured.name.clone(),
-        model: if response.model.is_empty() {
-            configured.model.clone()
-        } else {
-            response.model.clone()
-        },
-        input_tokens: response.usage.input_tokens,
-        output_tokens: response.usage.output_tokens,
-        cost_usd: cost,
-        duration_ms: millis(started.elapsed()),
+        model: configured.model.clone(),
+        attempt: attempt.number,
+        error: attempt.error.clone(),
+        retrying: attempt.retrying,
+        duration_ms: millis(attempt.duration),
     });
-    Ok(response)
 }
 
 /// Which of `llm.budget` the run has used up, if any.
