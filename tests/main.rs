@@ -3,6 +3,7 @@
 mod agent;
 mod architecture;
 mod cli;
+mod conformance;
 mod durable;
 mod hardening;
 mod hostile;

@@ -170,10 +170,13 @@ pub fn request_body(request: &ChatRequest) -> Json {
             .tools
             .iter()
             .map(|t| {
-                let mut declaration = json!({ "name": t.name });
-                if !t.description.is_empty() {
-                    declaration["description"] = json!(t.description);
-                }
+                // The API requires a description: a tool declared without one is described by its name.
+                let description = if t.description.trim().is_empty() {
+                    &t.name
+                } else {
+                    &t.description
+                };
+                let mut declaration = json!({ "name": t.name, "description": description });
                 let parameters = normalize_schema(&t.parameters);
                 if !is_empty_object(&parameters)
                     && parameters.as_object().is_some_and(|p| !p.is_empty())
