@@ -274,6 +274,10 @@ pub struct ApproveArgs {
     #[arg(long, value_name = "TEXT")]
     pub reason: Option<String>,
 
+    /// Who decides, as recorded (default: the user running the command).
+    #[arg(long = "as", value_name = "NAME")]
+    pub by: Option<String>,
+
     #[command(flatten)]
     pub state: StateArgs,
 }
@@ -304,6 +308,10 @@ pub struct ResolveArgs {
     /// Why, recorded with the result.
     #[arg(long, value_name = "TEXT")]
     pub reason: Option<String>,
+
+    /// Who resolves, as recorded (default: the user running the command).
+    #[arg(long = "as", value_name = "NAME")]
+    pub by: Option<String>,
 
     #[command(flatten)]
     pub state: StateArgs,

@@ -489,3 +489,74 @@ mod review {
         assert_eq!(report.status, RunStatus::WaitingApproval);
     }
 }
+
+/// `archon approve` records who decided (the user running it, or the name given with `--as`) and puts
+/// the decision in the run's trail, not only in the approvals table (issue 14, item 12).
+#[test]
+fn an_approval_decision_is_in_the_trail_with_who_made_it() {
+    let dir = TempDir::new().expect("tempdir");
+    std::fs::write(dir.path().join("approve.yaml"), APPROVE).expect("write");
+    let Output { stdout, .. } =
+        archon(dir.path(), &["run", "approve.yaml", "--no-input", "--json"]);
+    let id = run_id(&stdout);
+    let Output { code, stderr, .. } = archon(
+        dir.path(),
+        &[
+            "approve",
+            &id,
+            "--deny",
+            "--reason",
+            "not today",
+            "--as",
+            "alice",
+        ],
+    );
+    assert_eq!(code, 0, "{stderr}");
+    let Output { stdout, .. } = archon(dir.path(), &["show", &id, "--json", "--events"]);
+    let shown: Json = serde_json::from_str(&stdout).expect("json");
+    let decided: Vec<&Json> = shown["events"]
+        .as_array()
+        .expect("events")
+        .iter()
+        .filter(|e| e["event"] == "approval_decided")
+        .collect();
+    assert_eq!(decided.len(), 1, "{shown}");
+    assert_eq!(
+        (
+            &decided[0]["step"],
+            &decided[0]["approved"],
+            &decided[0]["by"],
+            &decided[0]["reason"]
+        ),
+        (
+            &serde_json::json!("pay"),
+            &serde_json::json!(false),
+            &serde_json::json!("alice"),
+            &serde_json::json!("not today")
+        )
+    );
+    let Output { stdout, .. } = archon(dir.path(), &["show", &id, "--events"]);
+    let line: Vec<&str> = stdout.lines().filter(|l| l.contains("alice")).collect();
+    assert_eq!(line.len(), 1, "{stdout}");
+    assert!(
+        line[0].ends_with("denied    pay exec by alice: not today"),
+        "{stdout}"
+    );
+
+    // Without `--as`, the user running the command.
+    let Output { stdout, .. } =
+        archon(dir.path(), &["run", "approve.yaml", "--no-input", "--json"]);
+    let id = run_id(&stdout);
+    assert_eq!(archon(dir.path(), &["approve", &id]).code, 0);
+    let Output { stdout, .. } = archon(dir.path(), &["show", &id, "--json", "--events"]);
+    let shown: Json = serde_json::from_str(&stdout).expect("json");
+    let by = shown["events"]
+        .as_array()
+        .expect("events")
+        .iter()
+        .find(|e| e["event"] == "approval_decided")
+        .map(|e| e["by"].clone())
+        .expect("decided");
+    assert_eq!(by, archon_engine::session::person(None));
+    assert_ne!(by, "someone");
+}

@@ -242,7 +242,7 @@ fn nested_rows(name: &str, result: &archon_engine::run::StepResult, rows: &mut V
     }
 }
 
-/// `archon approve RUN [--step S] [--deny] [--reason TEXT]`.
+/// `archon approve RUN [--step S] [--deny] [--reason TEXT] [--as NAME]`.
 pub fn approve(args: &ApproveArgs) -> anyhow::Result<Status> {
     let session = match existing_session(&args.state) {
         Ok(Some(session)) => session,
@@ -251,7 +251,7 @@ pub fn approve(args: &ApproveArgs) -> anyhow::Result<Status> {
     };
     let decision = archon_engine::run::ApprovalDecision {
         approved: !args.deny,
-        by: std::env::var("USER").unwrap_or_else(|_| "someone".to_owned()),
+        by: session::person(args.by.as_deref()),
         reason: args.reason.clone(),
     };
     let decided = match session.decide(&args.run, args.step.as_deref(), &decision) {
@@ -301,7 +301,7 @@ pub fn resolve(args: &ResolveArgs) -> anyhow::Result<Status> {
     };
     let resolution = Resolution {
         outcome,
-        by: std::env::var("USER").unwrap_or_else(|_| "someone".to_owned()),
+        by: session::person(args.by.as_deref()),
         reason: args.reason.clone(),
     };
     let runtime = tokio::runtime::Builder::new_current_thread()

@@ -488,11 +488,32 @@ impl RunStore for SqliteStore {
         let now = now as i64;
         self.with(|conn| {
             let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+            // The decision is in the run's trail too, after what the run recorded before it paused.
+            let mut seq: i64 = tx.query_row(
+                "SELECT COALESCE(MAX(seq), 0) FROM events WHERE run_id = ?1",
+                [id],
+                |r| r.get(0),
+            )?;
             for request in &pending {
-                tx.execute(
+                let changed = tx.execute(
                     "UPDATE approvals SET decision = ?3, decided_at = ?4, format = ?5
                      WHERE run_id = ?1 AND key = ?2 AND decision IS NULL",
                     params![id, request.key, text, now, FORMAT_VERSION],
+                )?;
+                if changed == 0 {
+                    continue;
+                }
+                seq += 1;
+                let event = super::convert::event_text(&crate::report::RunEvent::ApprovalDecided {
+                    step: request.step.clone(),
+                    tool: request.tool.clone(),
+                    approved: decision.approved,
+                    by: decision.by.clone(),
+                    reason: decision.reason.clone(),
+                });
+                tx.execute(
+                    "INSERT INTO events (run_id, seq, at, event, format) VALUES (?1, ?2, ?3, ?4, ?5)",
+                    params![id, seq, now, event, FORMAT_VERSION],
                 )?;
             }
             tx.commit()
