@@ -9,6 +9,8 @@ use serde_json::Value as Json;
 
 /// Most lines of one thought, observation or plan shown; the rest is counted.
 const SHOWN_LINES: usize = 12;
+/// Most characters of one line shown; the rest is counted.
+const SHOWN_LINE_CHARS: usize = 2000;
 
 /// The trail of a stored event log (events as the store returns them, with `at_ms`).
 pub fn render(events: &[Json]) -> String {
@@ -24,7 +26,7 @@ pub fn render(events: &[Json]) -> String {
             .map_or_else(String::new, |ms| clock(ms.saturating_sub(start)));
         let Ok(event) = serde_json::from_value::<RunEvent>(raw.clone()) else {
             // An event this version does not know: shown as it is stored.
-            let _ = writeln!(text, "{at:>9}  {raw}");
+            let _ = writeln!(text, "{at:>9}  {}", shown(&raw.to_string()));
             continue;
         };
         let (label, body) = describe(&event);
@@ -33,11 +35,11 @@ pub fn render(events: &[Json]) -> String {
         let _ = writeln!(
             text,
             "{at:>9}  {label:<9} {}",
-            lines.next().unwrap_or_default()
+            shown(lines.next().unwrap_or_default())
         );
         let rest: Vec<&str> = lines.collect();
         for line in rest.iter().take(SHOWN_LINES) {
-            let _ = writeln!(text, "{:>9}  {:<10}{line}", "", "");
+            let _ = writeln!(text, "{:>9}  {:<10}{}", "", "", shown(line));
         }
         if rest.len() > SHOWN_LINES {
             let _ = writeln!(
@@ -50,6 +52,19 @@ pub fn render(events: &[Json]) -> String {
         }
     }
     crate::output::printable(&text)
+}
+
+/// `line`, or its first [`SHOWN_LINE_CHARS`] characters and a count of the rest.
+fn shown(line: &str) -> std::borrow::Cow<'_, str> {
+    match line.char_indices().nth(SHOWN_LINE_CHARS) {
+        None => line.into(),
+        Some((end, _)) => format!(
+            "{} [... {} more characters]",
+            &line[..end],
+            line[end..].chars().count()
+        )
+        .into(),
+    }
 }
 
 /// `12.345s`: time since the run's first event.
@@ -326,5 +341,23 @@ mod tests {
             super::render(&events),
             "   0.000s  succeeded agent (5 ms)\n   0.000s  incomplete agent (5 ms)\n   0.000s  waiting_approval agent (5 ms)\n"
         );
+    }
+
+    /// A 10 MB error is one line of 2,000 characters and a count, not 10 MB on the terminal (issue 14,
+    /// item 10).
+    #[test]
+    fn a_huge_line_is_cut() {
+        let error = "e".repeat(10_000_000);
+        let events = [
+            json!({ "event": "step_finished", "step": "s", "status": "failed", "duration_ms": 5, "error": error, "at_ms": 1000 }),
+        ];
+        let shown = super::render(&events);
+        assert_eq!(shown.len(), 2052, "{}", &shown[..100]);
+        assert!(
+            shown.ends_with("eee [... 9998010 more characters]\n"),
+            "{}",
+            &shown[shown.len() - 100..]
+        );
+        assert!(shown.starts_with("   0.000s  failed    s (5 ms): eee"));
     }
 }

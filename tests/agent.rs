@@ -1502,3 +1502,101 @@ async fn a_timed_out_request_is_in_the_trail_and_counted_as_a_call() {
         "the call is stamped when its 400 ms request started: {started} vs the step's end {ended}"
     );
 }
+
+/// One oversized answer of the model (a 10 MB thought beside its tool call) no longer fails the step for
+/// good: the conversation carries the model's own text on cut to 32 KiB, as it does tool results, so the
+/// next prompt fits (issue 14, item 9).
+#[tokio::test]
+async fn an_oversized_thought_is_cut_when_sent_back() {
+    use wiremock::matchers::method;
+    use wiremock::{Mock, MockServer, Request};
+    let server = MockServer::start().await;
+    let thought = "I am thinking very hard. ".repeat(420_000);
+    Mock::given(method("POST"))
+        .respond_with(move |request: &Request| {
+            let body: serde_json::Value =
+                serde_json::from_slice(&request.body).unwrap_or_default();
+            let observed = body["messages"]
+                .as_array()
+                .is_some_and(|m| m.iter().any(|m| m["role"] == "tool"));
+            crate::support::chat_completion(if observed {
+                json!({ "role": "assistant", "content": "10" })
+            } else {
+                json!({
+                    "role": "assistant",
+                    "content": thought,
+                    "tool_calls": [{
+                        "id": "call_1",
+                        "type": "function",
+                        "function": { "name": "calculator", "arguments": "{\"expression\": \"50 * 20 / 100\"}" }
+                    }]
+                })
+            })
+        })
+        .mount(&server)
+        .await;
+    let dir = TempDir::new().expect("tempdir");
+    let yaml = format!(
+        "name: big\nllm:\n  providers:\n    local: {{ kind: openai, base_url: \"{}/v1\", model: m, context_window: 128000 }}\nsteps:\n  - {{ id: answer, goal: What is 20% of 50?, tools: [calculator] }}\n",
+        server.uri()
+    );
+    let (report, _) = run_agent(dir.path(), &yaml).await;
+    let answer = &report.steps["answer"];
+    assert_eq!(answer.status, StepStatus::Succeeded, "{answer:?}");
+    assert_eq!(answer.output, json!("10"));
+    let sent = server.received_requests().await.expect("recorded");
+    assert_eq!(sent.len(), 2);
+    let second: serde_json::Value = serde_json::from_slice(&sent[1].body).expect("JSON");
+    let carried = second["messages"][2]["content"]
+        .as_str()
+        .expect("the thought");
+    assert_eq!(
+        carried.len(),
+        32 * 1024
+            + format!(
+                "\n[archon: {} more bytes of this answer were cut]",
+                10_500_000 - 32 * 1024
+            )
+            .len()
+    );
+    assert!(carried.ends_with("\n[archon: 10467232 more bytes of this answer were cut]"));
+
+    // Through the CLI and its store: the 10 MB answer adds about the cut 32 KiB (in the checkpoint), not
+    // tens of megabytes.
+    let cli = TempDir::new().expect("tempdir");
+    std::fs::write(cli.path().join("big.yaml"), &yaml).expect("write");
+    let path = cli.path().to_path_buf();
+    let run = tokio::task::spawn_blocking(move || {
+        crate::support::archon(&path, &["run", "big.yaml", "--json"])
+    })
+    .await
+    .expect("archon ran");
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    let files: Vec<std::path::PathBuf> = walk(cli.path())
+        .into_iter()
+        .filter(|p| p.file_name().is_some_and(|n| n != "big.yaml"))
+        .collect();
+    assert!(
+        files.iter().any(|p| p.ends_with(".archon/state.db")),
+        "{files:?}"
+    );
+    let stored: u64 = files
+        .iter()
+        .map(|p| std::fs::metadata(p).map_or(0, |m| m.len()))
+        .sum();
+    assert!(stored < 2 * 1024 * 1024, "the store holds {stored} bytes");
+}
+
+/// Every file under `dir`.
+fn walk(dir: &Path) -> Vec<std::path::PathBuf> {
+    let mut files = Vec::new();
+    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let path = entry.path();
+        if path.is_dir() {
+            files.extend(walk(&path));
+        } else {
+            files.push(path);
+        }
+    }
+    files
+}

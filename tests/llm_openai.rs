@@ -609,3 +609,18 @@ async fn a_refusal_is_a_filtered_answer_not_a_stop() {
     assert_eq!(response.finish_reason, FinishReason::ContentFilter);
     assert_eq!(response.text(), "I can't help with that.");
 }
+
+/// A provider's 5 MB error message is kept to its first 2,000 characters and a count, in the error and so
+/// in the report (issue 14, item 10).
+#[tokio::test]
+async fn a_huge_error_message_is_cut() {
+    let huge = "x".repeat(5 * 1024 * 1024);
+    let (_server, openai) = sequence(vec![error(400, &huge)]).await;
+    let err = openai.complete(&request()).await.expect_err("refused");
+    let expected = format!(
+        "provider `local`: HTTP 400: {} [... cut: {} more characters]",
+        "x".repeat(2000),
+        5 * 1024 * 1024 - 2000
+    );
+    assert_eq!(err.message, expected);
+}

@@ -552,3 +552,23 @@ async fn a_plan_that_is_not_a_mapping_is_told_what_a_plan_is() {
         ]
     );
 }
+
+/// A plan of more than 200 steps is rejected and corrected like any invalid plan, not run (issue 14,
+/// item 10: a 20,000-step plan was accepted).
+#[tokio::test]
+async fn a_plan_of_too_many_steps_is_rejected() {
+    let dir = TempDir::new().expect("tempdir");
+    let steps: Vec<serde_json::Value> = (0..201)
+        .map(|i| json!({ "id": format!("s{i}"), "tool": "echo", "with": { "message": "x" } }))
+        .collect();
+    let turns = turn(Some("rejected"), &good_plan()) + &turn(None, &json!({ "steps": steps }));
+    let (report, events) = run_agent(dir.path(), &spec(&turns, STEP)).await;
+    assert_eq!(report.steps["p"].status, StepStatus::Succeeded);
+    let rejected = rejected_plans(&events);
+    assert_eq!(
+        rejected,
+        [&vec![
+            "line 1, column 2: the plan has 201 steps, more than the limit of 200 (hint: plan fewer, larger steps)".to_owned()
+        ]]
+    );
+}

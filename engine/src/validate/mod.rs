@@ -223,16 +223,24 @@ impl Validator {
         let step_count = count_steps(&root);
         if step_count > self.limits.max_steps {
             let at = root.entry("steps").map_or(root.span, |(k, _)| k.span);
+            let (what, hint) = if plan.is_some() {
+                ("the plan", "plan fewer, larger steps")
+            } else {
+                (
+                    "workflow",
+                    "split the workflow into sub-workflows (`workflow:` steps)",
+                )
+            };
             diagnostics.push(
                 Diagnostic::error(
                     codes::TOO_MANY_STEPS,
                     at,
                     format!(
-                        "workflow has {step_count} steps, more than the limit of {}",
+                        "{what} has {step_count} steps, more than the limit of {}",
                         self.limits.max_steps
                     ),
                 )
-                .with_hint("split the workflow into sub-workflows (`workflow:` steps)"),
+                .with_hint(hint),
             );
             return None;
         }

@@ -35,6 +35,10 @@ use crate::workflow::Workflow;
 
 /// Proposals for one plan (or one revision): the first and two corrections.
 const PLAN_ATTEMPTS: u32 = 3;
+/// Most steps a plan may have: a model's plan is read by people and checked before it runs.
+pub const MAX_PLAN_STEPS: usize = 200;
+/// Largest plan a model may write, in bytes.
+pub const MAX_PLAN_BYTES: usize = 256 * 1024;
 /// Plan revisions in a run unless `defaults.max_replans` says otherwise.
 pub const DEFAULT_MAX_REPLANS: u32 = 2;
 /// Most characters of a proposal kept in its event.
@@ -319,7 +323,10 @@ async fn propose(
             attempt,
             text: truncate(&text, SHOWN_CHARS),
         });
-        messages.push(Message::assistant(vec![Part::Text(text.clone())]));
+        // Sent back for corrections: an oversized plan is cut, and refused below.
+        let mut kept = text.clone();
+        agent::cut_own(&mut kept);
+        messages.push(Message::assistant(vec![Part::Text(kept)]));
         let problems = match accept(shared, label, policy, &text) {
             Ok(accepted) => {
                 let saved = checkpoint::save(
@@ -369,8 +376,20 @@ fn accept(
     policy: &PlanPolicy,
     text: &str,
 ) -> Result<Accepted, Vec<String>> {
+    if text.len() > MAX_PLAN_BYTES {
+        return Err(vec![format!(
+            "the plan is {} bytes, more than the {} KiB a plan may be: plan fewer, larger steps",
+            text.len(),
+            MAX_PLAN_BYTES / 1024
+        )]);
+    }
     let path = plan_path(&shared.workflow, label);
-    let validation = Validator::new(Limits::default()).validate_plan(
+    let limits = Limits {
+        max_steps: MAX_PLAN_STEPS,
+        max_file_bytes: MAX_PLAN_BYTES,
+        ..Limits::default()
+    };
+    let validation = Validator::new(limits).validate_plan(
         &shared.workflow,
         path.clone(),
         document_text(text),

@@ -55,6 +55,9 @@ pub const MAX_CALLS_PER_TURN: usize = 16;
 pub const INVALID_TURNS_LIMIT: usize = 3;
 /// Largest arguments (as JSON text) a tool call may carry; larger ones are refused and not recorded.
 pub const MAX_ARGUMENT_BYTES: usize = 64 * 1024;
+/// Most bytes of one text (or unsigned reasoning) of the model's own answer carried on in the
+/// conversation; the rest is cut with a note.
+pub const MAX_TURN_TEXT_BYTES: usize = 32 * 1024;
 
 /// Runs an agent step's body: `goal` is the rendered goal.
 pub(super) async fn run(
@@ -148,7 +151,7 @@ pub(super) async fn run(
     // first turn, so the schema is in the prompt and the final answer is checked (and corrected) here.
     let ask = |messages: Vec<Message>, offered: Vec<crate::llm::ToolSpec>, text_mode: bool| {
         let mut request = configured.request(messages, offered);
-        if !(text_mode && !tools.is_empty()) {
+        if !text_mode || tools.is_empty() {
             request.output_schema.clone_from(&wire_schema);
         }
         if let Some(t) = agent.and_then(|a| a.temperature) {
@@ -313,7 +316,9 @@ pub(super) async fn run(
                         error: true,
                         full_text: None,
                     });
-                    conversation.push(Message::assistant(vec![Part::Text(response.text())]));
+                    conversation.push(as_kept(&Message::assistant(vec![Part::Text(
+                        response.text(),
+                    )])));
                     conversation.push(Message::user(format!("Observation: {problem}")));
                     continue;
                 }
@@ -375,7 +380,7 @@ pub(super) async fn run(
                         text: truncate(&text, THOUGHT_CHARS),
                         correction: correction.clone(),
                     });
-                    conversation.push(response.message.clone());
+                    conversation.push(as_kept(&response.message));
                     conversation.push(Message::user(correction));
                     continue;
                 }
@@ -395,7 +400,7 @@ pub(super) async fn run(
         // The calls this turn counted: taken back out of `seen_calls` if the turn waits.
         let mut counted: Vec<String> = Vec::with_capacity(calls.len());
         // The model's answer as the conversation keeps it: arguments too large to carry are left out.
-        conversation.push(without_oversized_arguments(&response.message));
+        conversation.push(as_kept(&response.message));
         tool_calls += calls.len();
         // Where the step stands if this turn must wait for a person: before the turn (the conversation
         // without the answer just added), with the model's answer kept, so that a resume takes this same
@@ -409,7 +414,10 @@ pub(super) async fn run(
             usage: usage.clone(),
             seen_calls,
             schema_retries,
-            pending: Some(response.clone()),
+            pending: Some(crate::llm::ChatResponse {
+                message: as_kept(&response.message),
+                ..response.clone()
+            }),
         };
         // Guard against loops first, in order, and ask the rules (and, for sensitive tools, a person);
         // then run the turn's calls together, a few at a time.
@@ -579,7 +587,9 @@ pub(super) async fn run(
         if text_mode {
             // The model wrote its action as text: it reads the observation as text too.
             conversation.pop();
-            conversation.push(Message::assistant(vec![Part::Text(response.text())]));
+            conversation.push(as_kept(&Message::assistant(vec![Part::Text(
+                response.text(),
+            )])));
             let observations: Vec<String> = results
                 .iter()
                 .filter_map(|p| match p {
@@ -716,20 +726,47 @@ enum Turn {
     Refused(String),
 }
 
-/// `message` with the arguments of each tool call larger than [`MAX_ARGUMENT_BYTES`] replaced by a note
-/// of their size (such a call is refused, and the conversation does not carry its arguments on).
-fn without_oversized_arguments(message: &Message) -> Message {
+/// `message`, the model's own answer, as the conversation carries it on: the arguments of each tool call
+/// larger than [`MAX_ARGUMENT_BYTES`] replaced by a note of their size (such a call is refused), and each
+/// text or unsigned reasoning longer than [`MAX_TURN_TEXT_BYTES`] cut with a note, as tool results are, so
+/// that one oversized answer cannot make every later prompt too large. (Signed reasoning goes back
+/// unchanged: the provider checks its signature.)
+fn as_kept(message: &Message) -> Message {
     let mut message = message.clone();
     for part in &mut message.parts {
-        if let Part::ToolCall(call) = part {
-            let size = call.arguments.to_string().len();
-            if size > MAX_ARGUMENT_BYTES {
-                call.arguments =
-                    Json::String(format!("[archon: {size} bytes of arguments, not recorded]"));
+        match part {
+            Part::ToolCall(call) => {
+                let size = call.arguments.to_string().len();
+                if size > MAX_ARGUMENT_BYTES {
+                    call.arguments =
+                        Json::String(format!("[archon: {size} bytes of arguments, not recorded]"));
+                }
             }
+            Part::Text(text)
+            | Part::Reasoning {
+                text,
+                signature: None,
+            } => cut_own(text),
+            _ => {}
         }
     }
     message
+}
+
+/// Cuts `text` to [`MAX_TURN_TEXT_BYTES`] (at a character boundary), noting how much was left out.
+pub(super) fn cut_own(text: &mut String) {
+    if text.len() <= MAX_TURN_TEXT_BYTES {
+        return;
+    }
+    let mut end = MAX_TURN_TEXT_BYTES;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    let left_out = text.len() - end;
+    text.truncate(end);
+    text.push_str(&format!(
+        "\n[archon: {left_out} more bytes of this answer were cut]"
+    ));
 }
 
 pub(super) fn truncate(text: &str, limit: usize) -> String {
