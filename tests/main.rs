@@ -8,6 +8,7 @@ mod durable;
 mod hardening;
 mod hostile;
 mod journal;
+mod live;
 mod llm;
 mod llm_anthropic;
 mod llm_gemini;
