@@ -145,8 +145,12 @@ pub(crate) fn describe(event: &RunEvent) -> (&'static str, String) {
         } => (
             "llm!",
             format!(
-                "{step}: `{provider}` ({model}) request {attempt} failed after {duration_ms} ms{}: {error}",
-                if *retrying { ", retrying" } else { "" }
+                "{step}: `{provider}` ({model}) request {attempt} failed after {duration_ms} ms{}: {}",
+                if *retrying { ", retrying" } else { "" },
+                // The error names the provider already.
+                error
+                    .strip_prefix(&format!("provider `{provider}`: "))
+                    .unwrap_or(error)
             ),
         ),
         RunEvent::AgentThought {

@@ -1492,6 +1492,11 @@ async fn a_timed_out_request_is_in_the_trail_and_counted_as_a_call() {
     let took = failed["duration_ms"].as_u64().expect("duration");
     assert!((1000..5000).contains(&took), "{took} ms");
     let call = of("llm_call");
+    let answered = call["duration_ms"].as_u64().expect("duration");
+    assert!(
+        (400..1000).contains(&answered),
+        "the call's time is the answering request's, not the failed one's too: {answered} ms"
+    );
     let finished = of("step_finished");
     let (started, ended) = (
         call["at_ms"].as_u64().expect("at_ms"),
@@ -1599,4 +1604,50 @@ fn walk(dir: &Path) -> Vec<std::path::PathBuf> {
         }
     }
     files
+}
+
+/// A step whose `timeout` ends it while a request waits for the model reports that request as a failed
+/// call, in its usage and in the trail, instead of losing it (issue 14, item 7).
+#[tokio::test]
+async fn a_step_timed_out_during_a_model_call_counts_the_request() {
+    use std::time::Duration;
+    use wiremock::matchers::method;
+    use wiremock::{Mock, MockServer};
+    let server = MockServer::start().await;
+    Mock::given(method("POST"))
+        .respond_with(
+            crate::support::chat_completion(json!({ "role": "assistant", "content": "late" }))
+                .set_delay(Duration::from_secs(10)),
+        )
+        .mount(&server)
+        .await;
+    let dir = TempDir::new().expect("tempdir");
+    let yaml = format!(
+        "name: hung\nllm:\n  providers:\n    local: {{ kind: openai, base_url: \"{}/v1\", model: m }}\nsteps:\n  - {{ id: answer, goal: Say done, timeout: 300ms }}\n",
+        server.uri()
+    );
+    let (report, events) = run_agent(dir.path(), &yaml).await;
+    let answer = &report.steps["answer"];
+    assert_eq!(
+        (answer.status, answer.error.as_deref()),
+        (StepStatus::TimedOut, Some("timed out after 300ms"))
+    );
+    let usage = answer.llm.as_ref().expect("the step's usage");
+    assert_eq!((usage.calls, usage.failed_calls), (1, 1));
+    let stopped: Vec<(&str, bool)> = events
+        .iter()
+        .filter_map(|e| match e {
+            RunEvent::LlmCallFailed {
+                error, retrying, ..
+            } => Some((error.as_str(), *retrying)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        stopped,
+        [(
+            "stopped while waiting for the model: the step timed out or the run was stopped",
+            false
+        )]
+    );
 }

@@ -309,6 +309,17 @@ async fn client_errors_are_not_retried_and_never_show_the_key() {
         );
         assert!(!err.message.contains("sk-secret-key"));
     }
+    // A gateway that echoes the key it was sent: masked in the error, and so in events and the store.
+    let (_server, openai) = sequence(vec![error(
+        401,
+        "key sk-secret-key is not valid for this route",
+    )])
+    .await;
+    let err = openai.complete(&request()).await.expect_err("fails");
+    assert_eq!(
+        err.message,
+        "provider `local`: HTTP 401: key *** is not valid for this route"
+    );
 }
 
 #[tokio::test]
@@ -536,40 +547,9 @@ async fn sent(server: &MockServer) -> Vec<Json> {
         .collect()
 }
 
-/// The token limit travels as `max_completion_tokens`, what the Chat Completions API defines, whatever the
-/// base URL; `max_tokens_param: max_tokens` sends the older field, and a server that refuses the newer one
-/// is sent the older one from then on (issue 14, item 2).
-#[tokio::test]
-async fn the_token_limit_field_is_chosen_by_setting_not_by_url() {
-    let limited = ChatRequest {
-        max_tokens: Some(300),
-        ..request()
-    };
-    let (server, openai) = sequence(vec![ok()]).await;
-    openai.complete(&limited).await.expect("answer");
-    let body = &sent(&server).await[0];
-    assert_eq!(body["max_completion_tokens"], 300);
-    assert_eq!(body.get("max_tokens"), None);
-
-    let (server, openai) = sequence(vec![ok()]).await;
-    let openai = openai.with_max_tokens_param(archon_engine::spec::MaxTokensParam::MaxTokens);
-    openai.complete(&limited).await.expect("answer");
-    let body = &sent(&server).await[0];
-    assert_eq!(body["max_tokens"], 300);
-    assert_eq!(body.get("max_completion_tokens"), None);
-
-    // What an older compatible server answers an argument it does not know.
-    let (server, openai) = sequence(vec![
-        error(
-            400,
-            "Unrecognized request argument supplied: max_completion_tokens",
-        ),
-        ok(),
-    ])
-    .await;
-    openai.complete(&limited).await.expect("answer");
-    openai.complete(&limited).await.expect("answer");
-    let limits: Vec<(Json, Json)> = sent(&server)
+/// The token limit field of each request, in order: (`max_completion_tokens`, `max_tokens`).
+async fn limits(server: &MockServer) -> Vec<(Json, Json)> {
+    sent(server)
         .await
         .iter()
         .map(|b| {
@@ -578,15 +558,105 @@ async fn the_token_limit_field_is_chosen_by_setting_not_by_url() {
                 b.get("max_tokens").cloned().unwrap_or_default(),
             )
         })
-        .collect();
+        .collect()
+}
+
+/// The token limit goes in the field the model needs, whatever the base URL: `max_completion_tokens` for
+/// OpenAI's reasoning models (which refuse `max_tokens`), `max_tokens` for the others (every compatible
+/// server knows it; one that does not know a field ignores it, which would lose the limit without a word);
+/// `max_tokens_param` pins one; a server that refuses the field it was sent, naming it, is sent the other
+/// at once and from then on (issue 14, item 2).
+#[tokio::test]
+async fn the_token_limit_field_is_chosen_by_model_setting_or_refusal_not_by_url() {
+    use archon_engine::spec::MaxTokensParam;
+    let limited = |model: &str| ChatRequest {
+        model: model.into(),
+        max_tokens: Some(300),
+        ..request()
+    };
+    let completion = (json!(300), Json::Null);
+    let legacy = (Json::Null, json!(300));
+    for (model, field) in [
+        ("gpt-4o", &legacy),
+        ("qwen2.5-7b-instruct", &legacy),
+        ("o3-mini", &completion),
+        ("o1", &completion),
+        ("openai/gpt-5", &completion),
+        ("gpt-5.1-codex", &completion),
+        ("o4x", &legacy),
+    ] {
+        let (server, openai) = sequence(vec![ok()]).await;
+        openai.complete(&limited(model)).await.expect("answer");
+        assert_eq!(&limits(&server).await[0], field, "{model}");
+    }
+    for (param, model, field) in [
+        (MaxTokensParam::MaxCompletionTokens, "gpt-4o", &completion),
+        (MaxTokensParam::MaxTokens, "o3", &legacy),
+    ] {
+        let (server, openai) = sequence(vec![ok()]).await;
+        let openai = openai.with_max_tokens_param(param);
+        openai.complete(&limited(model)).await.expect("answer");
+        assert_eq!(&limits(&server).await[0], field, "{param:?}");
+    }
+
+    // OpenAI's answer to `max_tokens` for a reasoning model behind a deployment name it cannot tell.
+    let (server, openai) = sequence(vec![
+        error(
+            400,
+            "Unsupported parameter: 'max_tokens' is not supported with this model. Use 'max_completion_tokens' instead.",
+        ),
+        ok(),
+    ])
+    .await;
+    openai
+        .complete(&limited("my-deployment"))
+        .await
+        .expect("answer");
+    openai
+        .complete(&limited("my-deployment"))
+        .await
+        .expect("answer");
     assert_eq!(
-        limits,
-        [
-            (json!(300), Json::Null),
-            (Json::Null, json!(300)),
-            (Json::Null, json!(300))
-        ]
+        limits(&server).await,
+        [legacy.clone(), completion.clone(), completion.clone()]
     );
+
+    // An older compatible server's answer to an argument it does not know.
+    let (server, openai) = sequence(vec![
+        error(
+            400,
+            "Unrecognized request argument supplied: max_completion_tokens",
+        ),
+        ok(),
+    ])
+    .await;
+    openai.complete(&limited("o3")).await.expect("answer");
+    assert_eq!(limits(&server).await, [completion.clone(), legacy.clone()]);
+
+    // A limit too large for the context names both fields: not a refusal of either.
+    let (server, openai) = sequence(vec![error(
+        400,
+        "'max_tokens' or 'max_completion_tokens' is too large: 300. This model's maximum context length is 256 tokens",
+    )])
+    .await;
+    openai
+        .complete(&limited("gpt-4o"))
+        .await
+        .expect_err("refused");
+    assert_eq!(limits(&server).await, [legacy]);
+
+    // A pinned field is kept: the server's refusal is the error.
+    let (server, openai) = sequence(vec![error(
+        400,
+        "Unrecognized request argument supplied: max_completion_tokens",
+    )])
+    .await;
+    let openai = openai.with_max_tokens_param(MaxTokensParam::MaxCompletionTokens);
+    openai
+        .complete(&limited("gpt-4o"))
+        .await
+        .expect_err("refused");
+    assert_eq!(limits(&server).await, [completion]);
 }
 
 /// A refusal (`message.refusal`, with `finish_reason: stop` as the API sends it) is no answer (item 8).

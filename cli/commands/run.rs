@@ -510,7 +510,7 @@ fn raw_event_line(event: &RunEvent) -> String {
         RunEvent::StepSkipped { step, reason } => format!("skipped   {step}: {reason}\n"),
         RunEvent::LlmCall { .. } => format!("llm       {}\n", crate::trail::describe(event).1),
         RunEvent::LlmCallFailed { .. } => {
-            format!("llm!      {}\n", crate::trail::describe(event).1)
+            format!("llm!      {}\n", one_line(&crate::trail::describe(event).1))
         }
         RunEvent::AgentAnswerRejected { step, text, .. } => {
             format!("rejected  {step}: {}\n", one_line(text))
@@ -654,14 +654,20 @@ fn summary(report: &RunReport, resumable: bool) -> String {
         let _ = writeln!(text, "error: {error}");
     }
     if let Some(llm) = &report.llm {
-        let cost = if llm.unpriced_calls == llm.calls {
+        // Failed requests have no price either way: only answered calls say whether the model has one.
+        let cost = if llm.unpriced_calls >= llm.calls.saturating_sub(llm.failed_calls) {
             String::new()
         } else {
             format!(", ${:.4}", llm.cost_usd)
         };
+        let failed = if llm.failed_calls > 0 {
+            format!(" ({} failed)", llm.failed_calls)
+        } else {
+            String::new()
+        };
         let _ = writeln!(
             text,
-            "llm: {} calls, {} tokens in, {} out{cost}",
+            "llm: {} calls{failed}, {} tokens in, {} out{cost}",
             llm.calls, llm.input_tokens, llm.output_tokens
         );
     }
@@ -764,7 +770,7 @@ impl run::Approver for TerminalApprover {
             let line = lines.recv().await?;
             Some(run::ApprovalDecision {
                 approved: line.trim() == code,
-                by: std::env::var("USER").unwrap_or_else(|_| "terminal".to_owned()),
+                by: session::person(None),
                 reason: None,
             })
         })

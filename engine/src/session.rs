@@ -871,16 +871,18 @@ pub fn save_plan(workflow: &Workflow, report: &RunReport, path: &Path) -> Result
 }
 
 /// Who a person's decision (`archon approve`, `archon resolve`) is recorded as: the name given (`--as`),
-/// else the user running the command as the system knows its user id, else `$USER`, else the user id.
+/// else the user running the command (`$USER`, else the name the system gives its user id), else the
+/// user id.
 pub fn person(given: Option<&str>) -> String {
     if let Some(name) = given.map(str::trim).filter(|n| !n.is_empty()) {
         return name.to_owned();
+    }
+    if let Some(user) = std::env::var("USER").ok().filter(|u| !u.trim().is_empty()) {
+        return user;
     }
     let uid = nix::unistd::getuid();
     nix::unistd::User::from_uid(uid)
         .ok()
         .flatten()
-        .map(|u| u.name)
-        .or_else(|| std::env::var("USER").ok().filter(|u| !u.is_empty()))
-        .unwrap_or_else(|| format!("uid {uid}"))
+        .map_or_else(|| format!("uid {uid}"), |u| u.name)
 }

@@ -149,24 +149,40 @@ impl Client {
         body: &Json,
         read: impl Fn(Reply) -> Result<T, LlmError>,
     ) -> Result<T, LlmError> {
+        self.post_and_read_resending(url, headers, body, read, |_| false)
+            .await
+    }
+
+    /// As [`Client::post_and_read`], for a caller that sends the request again itself (changed) after an
+    /// error `resends` accepts: such a request is reported as followed by another.
+    pub async fn post_and_read_resending<T>(
+        &self,
+        url: &str,
+        headers: &[(&str, String)],
+        body: &Json,
+        read: impl Fn(Reply) -> Result<T, LlmError>,
+        resends: impl Fn(&LlmError) -> bool,
+    ) -> Result<T, LlmError> {
         let settings = &self.settings;
         let backoff = ExponentialBuilder::default()
             .with_min_delay(settings.base_delay)
             .with_max_delay(settings.max_delay)
             .with_max_times(settings.retries);
-        let number = std::sync::atomic::AtomicU32::new(0);
+        let made = std::sync::atomic::AtomicUsize::new(0);
         let attempt = || async {
             let started = Instant::now();
-            let number = number.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
+            let started_at = std::time::SystemTime::now();
+            let made = made.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
             let outcome = self.attempt(url, headers, body).await.and_then(&read);
-            if let Err(e) = &outcome {
-                super::attempts::report(super::attempts::FailedAttempt {
-                    number,
-                    duration: started.elapsed(),
-                    error: e.message.clone(),
-                    retrying: self.retries(e) && (number as usize) <= settings.retries,
-                });
-            }
+            super::attempts::report(super::attempts::Attempt {
+                started: started_at,
+                duration: started.elapsed(),
+                error: outcome.as_ref().err().map(|e| e.message.clone()),
+                retrying: outcome
+                    .as_ref()
+                    .err()
+                    .is_some_and(|e| (self.retries(e) && made <= settings.retries) || resends(e)),
+            });
             outcome
         };
         attempt
@@ -216,10 +232,14 @@ impl Client {
         let text = self.body(response).await?;
         if !status.is_success() {
             let code = status.as_u16();
-            let message = format!(
-                "provider `{}`: HTTP {code}: {}",
-                self.name,
-                provider_message(&text)
+            // Some gateways echo the key they were sent: it never reaches a message.
+            let message = without_keys(
+                format!(
+                    "provider `{}`: HTTP {code}: {}",
+                    self.name,
+                    provider_message(&text)
+                ),
+                headers,
             );
             // A server that does not take tools (llama.cpp answers 500) will not take them next time.
             let retryable = (code == 429 || code == 408 || code >= 500)
@@ -232,10 +252,13 @@ impl Client {
             });
         }
         let body = serde_json::from_str(&text).map_err(|e| LlmError {
-            message: format!(
-                "provider `{}`: the response is not valid JSON ({e}): `{}`",
-                self.name,
-                text.chars().take(120).collect::<String>()
+            message: without_keys(
+                format!(
+                    "provider `{}`: the response is not valid JSON ({e}): `{}`",
+                    self.name,
+                    text.chars().take(120).collect::<String>()
+                ),
+                headers,
             ),
             status: Some(status.as_u16()),
             // A truncated body is a transport accident; a well-delivered non-JSON body will not improve.
@@ -323,6 +346,17 @@ impl Client {
             retry_after: None,
         }
     }
+}
+
+/// `message` with the value of every header sent (the key, with or without its `Bearer ` scheme) masked.
+fn without_keys(mut message: String, headers: &[(&str, String)]) -> String {
+    for (_, value) in headers {
+        let key = value.strip_prefix("Bearer ").unwrap_or(value).trim();
+        if key.len() >= 8 && message.contains(key) {
+            message = message.replace(key, "***");
+        }
+    }
+    message
 }
 
 /// `Retry-After` as seconds or an HTTP date.

@@ -213,17 +213,11 @@ pub fn build(
                 "OPENAI_BASE_URL",
                 openai::DEFAULT_BASE_URL,
             )?;
-            (
-                Arc::new(
-                    openai::OpenAi::new(name, base, key, settings)?.with_max_tokens_param(
-                        def.max_tokens_param
-                            .as_ref()
-                            .map(|p| p.value)
-                            .unwrap_or_default(),
-                    ),
-                ),
-                model,
-            )
+            let mut openai = openai::OpenAi::new(name, base, key, settings)?;
+            if let Some(param) = &def.max_tokens_param {
+                openai = openai.with_max_tokens_param(param.value);
+            }
+            (Arc::new(openai), model)
         }
         ProviderKind::Anthropic => {
             let (key, base, model) = endpoint(

@@ -421,10 +421,13 @@ impl Normalizer<'_> {
             Some(Json::Array(list)) => list.iter().filter_map(Json::as_str).collect(),
             _ => Vec::new(),
         };
-        if types.contains(&"null") {
+        if types.iter().any(|t| t.eq_ignore_ascii_case("null")) {
             nullable = true;
         }
-        let types: Vec<&str> = types.into_iter().filter(|t| *t != "null").collect();
+        let types: Vec<&str> = types
+            .into_iter()
+            .filter(|t| !t.eq_ignore_ascii_case("null"))
+            .collect();
         match types.as_slice() {
             [] => {}
             [one] => {
@@ -462,7 +465,11 @@ impl Normalizer<'_> {
 
         // After `enum`, which may have settled the type.
         if let Some(format) = map.get("format").and_then(Json::as_str) {
-            let known = match out.get("type").and_then(Json::as_str) {
+            let kind = out
+                .get("type")
+                .and_then(Json::as_str)
+                .map(str::to_ascii_lowercase);
+            let known = match kind.as_deref() {
                 Some("string") => ["enum", "date-time"].contains(&format),
                 Some("number") => ["float", "double"].contains(&format),
                 Some("integer") => ["int32", "int64"].contains(&format),

@@ -3,7 +3,7 @@
 //! `usage`, tool arguments as a JSON string or as an object, content as a string or a list of parts,
 //! reasoning in `reasoning_content`, tool calls without an id.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicU8, Ordering};
 
 use serde_json::{Map, Value as Json, json};
 
@@ -21,10 +21,18 @@ pub const DEFAULT_BASE_URL: &str = "https://api.openai.com/v1";
 #[derive(Debug)]
 pub struct OpenAi {
     endpoint: Endpoint,
-    /// The token limit goes as `max_tokens`: set so, or learnt from a server that refused
-    /// `max_completion_tokens`.
-    legacy_limit: AtomicBool,
+    /// Which field carries the token limit: [`BY_MODEL`], [`COMPLETION`] or [`LEGACY`].
+    limit_field: AtomicU8,
+    /// Set by the spec (`max_tokens_param`): kept even when a server refuses it.
+    pinned: bool,
 }
+
+/// The token limit goes as the model's family needs, until a server says otherwise.
+const BY_MODEL: u8 = 0;
+/// As `max_completion_tokens`.
+const COMPLETION: u8 = 1;
+/// As `max_tokens`.
+const LEGACY: u8 = 2;
 
 impl OpenAi {
     pub fn new(
@@ -35,19 +43,38 @@ impl OpenAi {
     ) -> Result<Self, LlmError> {
         Ok(OpenAi {
             endpoint: Endpoint::new(name, base_url, key, settings)?,
-            legacy_limit: AtomicBool::new(false),
+            limit_field: AtomicU8::new(BY_MODEL),
+            pinned: false,
         })
     }
 
-    /// Which field carries the token limit (`max_completion_tokens` unless told otherwise).
+    /// Which field carries the token limit, whatever the model and the server say.
     #[must_use]
-    pub fn with_max_tokens_param(self, param: MaxTokensParam) -> Self {
-        self.legacy_limit
-            .store(param == MaxTokensParam::MaxTokens, Ordering::Relaxed);
+    pub fn with_max_tokens_param(mut self, param: MaxTokensParam) -> Self {
+        let field = match param {
+            MaxTokensParam::MaxCompletionTokens => COMPLETION,
+            MaxTokensParam::MaxTokens => LEGACY,
+        };
+        self.limit_field.store(field, Ordering::Relaxed);
+        self.pinned = true;
         self
     }
 
-    async fn send(&self, body: &Json) -> Result<ChatResponse, LlmError> {
+    /// The field the token limit of a request for `model` goes in.
+    fn limit_field(&self, model: &str) -> &'static str {
+        match self.limit_field.load(Ordering::Relaxed) {
+            COMPLETION => "max_completion_tokens",
+            LEGACY => "max_tokens",
+            _ if is_reasoning_model(model) => "max_completion_tokens",
+            _ => "max_tokens",
+        }
+    }
+
+    async fn send(
+        &self,
+        body: &Json,
+        resends: impl Fn(&LlmError) -> bool,
+    ) -> Result<ChatResponse, LlmError> {
         let mut headers = Vec::new();
         if let Some(key) = &self.endpoint.key {
             headers.push(("authorization", format!("Bearer {}", key.expose())));
@@ -55,9 +82,13 @@ impl OpenAi {
         let url = format!("{}/chat/completions", self.endpoint.base_url);
         self.endpoint
             .client
-            .post_and_read(&url, &headers, body, |reply| {
-                parse_response(self.name(), &reply.body, reply.request_id)
-            })
+            .post_and_read_resending(
+                &url,
+                &headers,
+                body,
+                |reply| parse_response(self.name(), &reply.body, reply.request_id),
+                resends,
+            )
             .await
     }
 }
@@ -73,22 +104,43 @@ impl Provider for OpenAi {
     ) -> BoxFuture<'a, Result<ChatResponse, LlmError>> {
         Box::pin(async move {
             let mut body = request_body(request);
-            // The API defines `max_completion_tokens` (its reasoning models refuse `max_tokens`); a
-            // compatible server that knows only `max_tokens` says so once, and is sent that from then on.
-            if self.legacy_limit.load(Ordering::Relaxed) {
-                return self.send(&body).await;
-            }
-            let limited = rename(&mut body, "max_tokens", "max_completion_tokens");
-            match self.send(&body).await {
-                Err(e) if limited && refuses_completion_tokens(&e) => {
-                    self.legacy_limit.store(true, Ordering::Relaxed);
-                    rename(&mut body, "max_completion_tokens", "max_tokens");
-                    self.send(&body).await
+            // `max_tokens` is what every compatible server knows (one that does not know a field ignores
+            // it, and the limit would be lost without a word); OpenAI's reasoning models refuse it and
+            // want `max_completion_tokens`. A server that refuses the field it was sent, naming it, is
+            // sent the other one at once, and from then on.
+            let field = self.limit_field(&request.model);
+            let other = if field == "max_tokens" {
+                "max_completion_tokens"
+            } else {
+                "max_tokens"
+            };
+            let limited = rename(&mut body, "max_tokens", field);
+            let switches = |e: &LlmError| limited && !self.pinned && refuses_field(e, field, other);
+            match self.send(&body, switches).await {
+                Err(e) if switches(&e) => {
+                    let learnt = if other == "max_tokens" {
+                        LEGACY
+                    } else {
+                        COMPLETION
+                    };
+                    self.limit_field.store(learnt, Ordering::Relaxed);
+                    rename(&mut body, field, other);
+                    self.send(&body, |_| false).await
                 }
                 other => other,
             }
         })
     }
+}
+
+/// OpenAI's reasoning models (`o1`, `o3`, `o4`, `gpt-5` and their variants, with or without a `vendor/`
+/// prefix), which refuse `max_tokens`.
+pub fn is_reasoning_model(model: &str) -> bool {
+    let name = model.rsplit('/').next().unwrap_or(model);
+    ["o1", "o3", "o4", "gpt-5"].iter().any(|family| {
+        name.strip_prefix(family)
+            .is_some_and(|rest| rest.is_empty() || rest.starts_with(['-', '.', ':']))
+    })
 }
 
 /// Moves `body[from]` to `body[to]`; whether there was one.
@@ -105,9 +157,27 @@ fn rename(body: &mut Json, from: &str, to: &str) -> bool {
     }
 }
 
-/// Whether a server refused the request for its `max_completion_tokens` field (a 400 or 422 naming it).
-fn refuses_completion_tokens(e: &LlmError) -> bool {
-    matches!(e.status, Some(400 | 422)) && e.message.contains("max_completion_tokens")
+/// Whether a server refused the request because it does not take the field `sent` (a 400 or 422 saying
+/// so, naming it before `other` when it names both, as OpenAI's "Unsupported parameter: 'max_tokens' ...
+/// Use 'max_completion_tokens' instead" does). A limit too large for the context is not that.
+fn refuses_field(e: &LlmError, sent: &str, other: &str) -> bool {
+    let message = e.message.to_ascii_lowercase();
+    let Some(at) = message.find(sent) else {
+        return false;
+    };
+    matches!(e.status, Some(400 | 422))
+        && [
+            "unsupported",
+            "not supported",
+            "unrecognized",
+            "unknown",
+            "not permitted",
+            "not allowed",
+            "extra inputs",
+        ]
+        .iter()
+        .any(|w| message.contains(w))
+        && message.find(other).is_none_or(|o| at < o)
 }
 
 /// The Chat Completions request for `request`, its token limit as `max_tokens` (see [`OpenAi`]).
@@ -270,9 +340,9 @@ pub fn parse_response(
             signature: None,
         }));
     }
-    if let Some(refusal) = refusal
-        && !parts.iter().any(|p| matches!(p, Part::Text(_)))
-    {
+    // A refusal is what the model said, whatever content came with it.
+    if let Some(refusal) = refusal {
+        parts.retain(|p| !matches!(p, Part::Text(_)));
         parts.push(Part::Text(refusal.to_owned()));
     }
     let has_calls = parts.iter().any(|p| matches!(p, Part::ToolCall(_)));

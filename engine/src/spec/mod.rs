@@ -372,8 +372,9 @@ pub struct ProviderDef {
     /// How tools are offered to the model: `native`, `text` or `auto` (default).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tool_mode: Option<Spanned<ToolMode>>,
-    /// For `openai`: the request field `max_tokens` is sent as, `max_completion_tokens` (default, what the
-    /// Chat Completions API defines) or `max_tokens` (for servers that know only that one).
+    /// For `openai`: the request field the token limit always goes in, `max_completion_tokens` or
+    /// `max_tokens`. Without it: `max_completion_tokens` for OpenAI's reasoning models (`o1`, `o3`, `o4`,
+    /// `gpt-5`), `max_tokens` for other models, and the other field once a server refuses one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_tokens_param: Option<Spanned<MaxTokensParam>>,
     /// Most requests in flight at once.
@@ -413,10 +414,9 @@ pub enum ProviderKind {
 }
 
 /// The field of a Chat Completions request that carries the token limit.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum MaxTokensParam {
-    #[default]
     MaxCompletionTokens,
     MaxTokens,
 }

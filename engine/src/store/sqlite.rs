@@ -486,8 +486,14 @@ impl RunStore for SqliteStore {
             .collect();
         let text = record::encode(&record::ApprovalDecision::from(decision));
         let now = now as i64;
-        self.with(|conn| {
+        let still_waiting = self.with(|conn| {
             let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+            // A process may have taken the run up since it was read: then its writer owns the trail.
+            let status: String =
+                tx.query_row("SELECT status FROM runs WHERE id = ?1", [id], |r| r.get(0))?;
+            if status != RunState::WaitingApproval.as_str() {
+                return Ok(false);
+            }
             // The decision is in the run's trail too, after what the run recorded before it paused.
             let mut seq: i64 = tx.query_row(
                 "SELECT COALESCE(MAX(seq), 0) FROM events WHERE run_id = ?1",
@@ -516,8 +522,15 @@ impl RunStore for SqliteStore {
                     params![id, seq, now, event, FORMAT_VERSION],
                 )?;
             }
-            tx.commit()
+            tx.commit().map(|()| true)
         })?;
+        if !still_waiting {
+            let mut error = StoreError::new(format!(
+                "run `{id}` is no longer waiting for approval: a process took it up"
+            ));
+            error.unknown_run = true;
+            return Err(error);
+        }
         Ok(pending)
     }
 

@@ -190,10 +190,7 @@ impl Checker<'_> {
                 );
             }
             if let Some(param) = &provider.max_tokens_param
-                && !matches!(
-                    provider.kind.value,
-                    crate::spec::ProviderKind::Openai | crate::spec::ProviderKind::Auto
-                )
+                && provider.kind.value != crate::spec::ProviderKind::Openai
             {
                 self.push(
                     Diagnostic::error(
@@ -204,7 +201,9 @@ impl Checker<'_> {
                             name.value
                         ),
                     )
-                    .with_hint("remove it: this provider's API has one token limit field"),
+                    .with_hint(
+                        "remove it: other APIs have one token limit field, and `auto` may become one of them",
+                    ),
                 );
             }
             let is_mock = provider.kind.value == crate::spec::ProviderKind::Mock;

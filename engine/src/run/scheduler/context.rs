@@ -60,6 +60,18 @@ pub(crate) struct LlmContext {
     pub replans: Arc<AtomicU32>,
     /// Providers that refused native tool calling: agents in `auto` mode use text mode with them.
     text_only: Mutex<HashSet<String>>,
+    /// What the model calls of each LLM step's attempt under way spent, by step label.
+    meters: Arc<Mutex<HashMap<String, Meter>>>,
+}
+
+/// What the model calls of one attempt of an LLM step spent: their time, against `limit` (the step's
+/// model time when nothing else bounds the attempt), and the step's usage, which a timed-out attempt
+/// reports.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Meter {
+    pub limit: Option<Duration>,
+    pub spent: Duration,
+    pub usage: LlmUsage,
 }
 
 impl LlmContext {
@@ -81,6 +93,53 @@ impl LlmContext {
             totals: self.totals.clone(),
             replans: self.replans.clone(),
             text_only: Mutex::default(),
+            meters: self.meters.clone(),
+        }
+    }
+
+    /// An attempt of LLM step `label` starts, its model calls limited to `limit` in all.
+    pub fn begin_step(&self, label: &str, limit: Option<Duration>) {
+        if let Ok(mut meters) = self.meters.lock() {
+            meters.insert(
+                label.to_owned(),
+                Meter {
+                    limit,
+                    ..Meter::default()
+                },
+            );
+        }
+    }
+
+    /// The attempt of step `label` ended: what it spent.
+    pub fn end_step(&self, label: &str) -> Option<Meter> {
+        self.meters.lock().ok()?.remove(label)
+    }
+
+    /// The model-time limit of step `label`'s attempt and the time its calls took so far.
+    pub fn model_time(&self, label: &str) -> (Option<Duration>, Duration) {
+        self.meters
+            .lock()
+            .ok()
+            .and_then(|m| m.get(label).map(|m| (m.limit, m.spent)))
+            .unwrap_or_default()
+    }
+
+    /// Step `label`'s calls took `took` more, and its usage is now `usage`.
+    pub fn spend(&self, label: &str, took: Duration, usage: &LlmUsage) {
+        if let Ok(mut meters) = self.meters.lock()
+            && let Some(meter) = meters.get_mut(label)
+        {
+            meter.spent += took;
+            meter.usage.clone_from(usage);
+        }
+    }
+
+    /// Adds `more` to step `label`'s usage (a request counted after the step lost its own).
+    pub fn add_to_step(&self, label: &str, more: &LlmUsage) {
+        if let Ok(mut meters) = self.meters.lock()
+            && let Some(meter) = meters.get_mut(label)
+        {
+            meter.usage.add(more);
         }
     }
 }

@@ -280,10 +280,6 @@ async fn attempt_all(
     }
 }
 
-/// The time limit of an attempt of an agent or planner step unless `timeout` (the step's, its fallback's
-/// or `defaults.timeout`) says otherwise.
-pub const LLM_STEP_TIMEOUT: Duration = Duration::from_secs(15 * 60);
-
 /// The attempts of a step's body, or of its fallback (`fallback`: the step's own `timeout`, which bounds
 /// the fallback when it has none of its own). The time limit of each attempt is the body's `timeout`, else
 /// (for a fallback) the step's, else `defaults.timeout`.
@@ -307,10 +303,12 @@ async fn with_retries(
                 .as_ref()
                 .and_then(|d| d.timeout.as_ref())
         })
-        .and_then(|t| t.value.get())
-        // An agent or planner step is bounded even when nothing says how long it may take: a model that
-        // never answers (each request retried after its own timeout) must not hold the run for ever.
-        .or((body.tool.is_none() && body.workflow.is_none()).then_some(LLM_STEP_TIMEOUT));
+        .and_then(|t| t.value.get());
+    // An agent or planner step is bounded even when nothing says how long it may take: without a
+    // `timeout`, the time of its model calls (retries included) is, so that a model that never answers
+    // cannot hold the run for ever, while its tools, a person's approval and a plan's steps take theirs.
+    let llm_step = body.tool.is_none() && body.workflow.is_none();
+    let model_time = timeout.is_none().then_some(super::agent::MODEL_TIME);
     // Before an attempt with side effects starts, its `running` record (and everything recorded before
     // it) is on disk; an attempt that is safe to repeat does not wait, since a resume may repeat it.
     let journaled = shared.depth == 0;
@@ -349,6 +347,9 @@ async fn with_retries(
                 );
             }
         }
+        if llm_step {
+            shared.llm.begin_step(label, model_time);
+        }
         let call = call::body(shared, label, body, ctx);
         let outcome = match timeout {
             Some(limit) => match tokio::time::timeout(limit, call).await {
@@ -359,11 +360,19 @@ async fn with_retries(
                     exit_code: None,
                     retryable: true,
                     steps: IndexMap::new(),
-                    llm: None,
+                    // What its model calls used until then, which the dropped step could not report.
+                    llm: shared
+                        .llm
+                        .end_step(label)
+                        .filter(|m| m.usage.calls > 0)
+                        .map(|m| Box::new(m.usage)),
                 }),
             },
             None => call.await,
         };
+        if llm_step {
+            shared.llm.end_step(label);
+        }
         if let Some(open) = open.take() {
             match &outcome {
                 Ok(_) => open.end(StepStatus::Succeeded, None),

@@ -303,6 +303,16 @@ pub(super) async fn fit(
     let request = conversation.summary_request(configured, cut);
     let response = complete(shared, label, configured, &request, usage).await?;
     let summary = response.text();
+    // A refusal or a summary cut at the token limit must not stand in for the turns it replaces.
+    match &response.finish_reason {
+        crate::llm::FinishReason::ContentFilter => {
+            return Err(Failure::from(AgentError::Filtered(summary)).with_llm(usage.clone()));
+        }
+        crate::llm::FinishReason::Length => {
+            return Err(Failure::from(AgentError::CutOff).with_llm(usage.clone()));
+        }
+        _ => {}
+    }
     if summary.trim().is_empty() {
         return Err(Failure::from(AgentError::EmptySummary).with_llm(usage.clone()));
     }

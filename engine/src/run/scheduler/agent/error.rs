@@ -16,6 +16,12 @@ pub(in crate::run::scheduler) enum AgentError {
     Provider(#[source] LlmError),
     #[error("LLM budget exceeded: {0}")]
     Budget(String),
+    /// The step's model calls reached [`super::model::MODEL_TIME`] (no `timeout` bounds the attempt).
+    #[error(
+        "the model calls of this attempt reached their time limit of `{}`: a `timeout` on the step replaces it",
+        humantime::format_duration(*.0)
+    )]
+    ModelTime(std::time::Duration),
     #[error("the run is over")]
     RunOver,
     /// A model call failed after the provider's own retries.
@@ -59,6 +65,7 @@ impl AgentError {
         match self {
             AgentError::Repeating { .. } | AgentError::InvalidTurns { .. } => StepStatus::Stuck,
             AgentError::NoAnswer { .. } => StepStatus::Incomplete,
+            AgentError::ModelTime(_) => StepStatus::TimedOut,
             _ => StepStatus::Failed,
         }
     }
@@ -66,6 +73,7 @@ impl AgentError {
     /// Whether the step's `retry` may help: what the provider's own retries could not fix.
     fn retryable(&self) -> bool {
         matches!(self, AgentError::Call(e) if e.retryable)
+            || matches!(self, AgentError::ModelTime(_))
     }
 }
 
@@ -80,13 +88,17 @@ impl From<AgentError> for Failure {
 }
 
 /// `; best answer: …` after [`AgentError::NoAnswer`]'s message, when the model gave one.
-/// `: what the model said` (its first 500 characters), or nothing.
+/// `: what the model said` (its first 500 characters, with a note of the rest), or nothing.
 pub(in crate::run::scheduler) fn said(text: &str) -> String {
     let text = text.trim();
-    if text.is_empty() {
-        String::new()
-    } else {
-        format!(": {}", text.chars().take(500).collect::<String>())
+    match text.char_indices().nth(500) {
+        _ if text.is_empty() => String::new(),
+        None => format!(": {text}"),
+        Some((end, _)) => format!(
+            ": {} [... {} more characters]",
+            &text[..end],
+            text[end..].chars().count()
+        ),
     }
 }
 

@@ -15,7 +15,7 @@ mod text;
 
 pub(super) use calls::offered_tools;
 pub(super) use context::as_data;
-pub(super) use model::{chosen, complete};
+pub(super) use model::{MODEL_TIME, chosen, complete};
 pub(super) use text::parse_json;
 
 use std::collections::HashMap;

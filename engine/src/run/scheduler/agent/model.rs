@@ -2,11 +2,11 @@
 //! within the run's LLM budget, counted and reported.
 
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use super::error::AgentError;
 use crate::llm::ChatRequest;
-use crate::llm::attempts::FailedAttempt;
+use crate::llm::attempts::Attempt;
 use crate::llm::cassette::{Recorder, Replayer};
 use crate::llm::config::{self, Configured};
 use crate::llm::pricing;
@@ -112,8 +112,13 @@ fn provider(shared: &Shared, name: &str) -> Result<Arc<Configured>, Failure> {
     Ok(built)
 }
 
-/// One model call, within the run's budget, counted and reported: each request that fails (and is
-/// retried by the provider, or ends the call) is an event as it fails, and counts as a call.
+/// The time the model calls of one attempt of an agent or planner step may take, in all, when neither the
+/// step nor `defaults` sets a `timeout` (which then bounds the whole attempt instead).
+pub const MODEL_TIME: Duration = Duration::from_secs(15 * 60);
+
+/// One model call, within the run's budget and the step's model time, counted and reported: each request
+/// that fails (and is retried by the provider, or ends the call) is an `llm_call_failed` event as it fails,
+/// and counts as a call; the call's `llm_call` event has the time of the request that answered.
 pub(in crate::run::scheduler) async fn complete(
     shared: &Shared,
     label: &str,
@@ -124,27 +129,68 @@ pub(in crate::run::scheduler) async fn complete(
     if let Some(exceeded) = over_budget(shared) {
         return Err(Failure::from(AgentError::Budget(exceeded)).with_llm(usage.clone()));
     }
+    let (limit, spent) = shared.llm.model_time(label);
+    let remaining = limit.map(|l| l.saturating_sub(spent));
+    if let (Some(limit), Some(Duration::ZERO)) = (limit, remaining) {
+        return Err(Failure::from(AgentError::ModelTime(limit)).with_llm(usage.clone()));
+    }
     // One of the run's `work` permits for the call's duration (not for the time queued for one).
     let permit = shared
         .work
         .acquire()
         .await
         .map_err(|_| AgentError::RunOver)?;
-    let started = Instant::now();
-    let started_at = crate::store::now_ms();
-    let (observer, mut failed) = tokio::sync::mpsc::unbounded_channel();
+    let mut flight = InFlight {
+        shared,
+        label,
+        configured,
+        started: Instant::now(),
+        request_started: Instant::now(),
+        failed: 0,
+        done: false,
+    };
+    let (observer, mut attempts) = tokio::sync::mpsc::unbounded_channel();
     let call = crate::llm::attempts::observed(observer, configured.provider.complete(request));
     tokio::pin!(call);
-    let response = loop {
-        tokio::select! {
-            biased;
-            Some(attempt) = failed.recv() => attempt_failed(shared, label, configured, &attempt, usage),
-            response = &mut call => break response,
+    let mut answered: Option<Attempt> = None;
+    let waited = {
+        let flight = &mut flight;
+        let answered = &mut answered;
+        let usage = &mut *usage;
+        let watched = async move {
+            let response = loop {
+                tokio::select! {
+                    biased;
+                    Some(attempt) = attempts.recv() => flight.ended(attempt, usage, answered),
+                    response = &mut call => break response,
+                }
+            };
+            while let Ok(attempt) = attempts.try_recv() {
+                flight.ended(attempt, usage, answered);
+            }
+            response
+        };
+        match remaining {
+            Some(remaining) => tokio::time::timeout(remaining, watched).await.ok(),
+            None => Some(watched.await),
         }
     };
-    while let Ok(attempt) = failed.try_recv() {
-        attempt_failed(shared, label, configured, &attempt, usage);
-    }
+    let took = flight.started.elapsed();
+    shared.llm.spend(label, took, usage);
+    let Some(response) = waited else {
+        // The step's model time ran out with a request in flight: it is reported as stopped.
+        let limit = limit.unwrap_or(MODEL_TIME);
+        flight.stopped(
+            &format!(
+                "stopped: the step's model calls reached their time limit of {}",
+                humantime::format_duration(limit)
+            ),
+            Some(usage),
+        );
+        shared.llm.spend(label, Duration::ZERO, usage);
+        return Err(Failure::from(AgentError::ModelTime(limit)).with_llm(usage.clone()));
+    };
+    flight.done = true;
     drop(permit);
     // What the provider's own retries could not fix, the step's `retry` may.
     let response =
@@ -163,7 +209,13 @@ pub(in crate::run::scheduler) async fn complete(
     if let Ok(mut totals) = shared.llm.totals.lock() {
         totals.add(&call);
     }
-    // Stamped when the request started: `duration_ms` says how long it took.
+    shared.llm.spend(label, Duration::ZERO, usage);
+    // Stamped when the request that answered started, with its own duration (a provider that reports no
+    // requests, such as `mock`, is timed as a whole).
+    let (at_ms, duration) = match &answered {
+        Some(attempt) => (epoch_ms(attempt.started), attempt.duration),
+        None => (crate::store::now_ms().saturating_sub(millis(took)), took),
+    };
     shared.emit_at(
         RunEvent::LlmCall {
             step: label.to_owned(),
@@ -176,35 +228,103 @@ pub(in crate::run::scheduler) async fn complete(
             input_tokens: response.usage.input_tokens,
             output_tokens: response.usage.output_tokens,
             cost_usd: cost,
-            duration_ms: millis(started.elapsed()),
+            duration_ms: millis(duration),
         },
-        started_at,
+        at_ms,
     );
     Ok(response)
 }
 
-/// A request of a call failed: an event, and a call counted (for the step and the run's budget).
-fn attempt_failed(
-    shared: &Shared,
-    label: &str,
-    configured: &Configured,
-    attempt: &FailedAttempt,
-    usage: &mut LlmUsage,
-) {
-    let failed = LlmUsage::failed();
-    usage.add(&failed);
-    if let Ok(mut totals) = shared.llm.totals.lock() {
-        totals.add(&failed);
+fn epoch_ms(at: SystemTime) -> u64 {
+    at.duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+/// A model call in flight: reports each request as it ends, and, dropped before the call ended (the
+/// step timed out, the run was stopped), the request that was still waiting, so that no request the
+/// provider may have worked on goes uncounted.
+struct InFlight<'a> {
+    shared: &'a Shared,
+    label: &'a str,
+    configured: &'a Configured,
+    started: Instant,
+    /// When the request now in flight started (about: after the last one ended).
+    request_started: Instant,
+    failed: u32,
+    done: bool,
+}
+
+impl InFlight<'_> {
+    /// A request ended: a failed one is an event and a call counted; an answered one is kept for the
+    /// call's own event.
+    fn ended(&mut self, attempt: Attempt, usage: &mut LlmUsage, answered: &mut Option<Attempt>) {
+        self.request_started = Instant::now();
+        let Some(error) = &attempt.error else {
+            *answered = Some(attempt);
+            return;
+        };
+        self.failed += 1;
+        self.count_failed(Some(usage));
+        self.shared.emit_at(
+            RunEvent::LlmCallFailed {
+                step: self.label.to_owned(),
+                provider: self.configured.name.clone(),
+                model: self.configured.model.clone(),
+                attempt: self.failed,
+                error: error.clone(),
+                retrying: attempt.retrying,
+                duration_ms: millis(attempt.duration),
+            },
+            epoch_ms(attempt.started),
+        );
     }
-    shared.emit(RunEvent::LlmCallFailed {
-        step: label.to_owned(),
-        provider: configured.name.clone(),
-        model: configured.model.clone(),
-        attempt: attempt.number,
-        error: attempt.error.clone(),
-        retrying: attempt.retrying,
-        duration_ms: millis(attempt.duration),
-    });
+
+    /// The request in flight will not end: reported as failed with `why`.
+    fn stopped(&mut self, why: &str, usage: Option<&mut LlmUsage>) {
+        self.done = true;
+        self.failed += 1;
+        self.count_failed(usage);
+        let duration = self.request_started.elapsed();
+        self.shared.emit_at(
+            RunEvent::LlmCallFailed {
+                step: self.label.to_owned(),
+                provider: self.configured.name.clone(),
+                model: self.configured.model.clone(),
+                attempt: self.failed,
+                error: why.to_owned(),
+                retrying: false,
+                duration_ms: millis(duration),
+            },
+            crate::store::now_ms().saturating_sub(millis(duration)),
+        );
+    }
+
+    /// A failed request counts as a call: for the step (`usage`, when the step still has it, and the
+    /// usage a timed-out attempt reports) and for the run's budget.
+    fn count_failed(&self, usage: Option<&mut LlmUsage>) {
+        let failed = LlmUsage::failed();
+        if let Ok(mut totals) = self.shared.llm.totals.lock() {
+            totals.add(&failed);
+        }
+        match usage {
+            Some(usage) => {
+                usage.add(&failed);
+                self.shared.llm.spend(self.label, Duration::ZERO, usage);
+            }
+            None => self.shared.llm.add_to_step(self.label, &failed),
+        }
+    }
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        if !self.done {
+            self.stopped(
+                "stopped while waiting for the model: the step timed out or the run was stopped",
+                None,
+            );
+        }
+    }
 }
 
 /// Which of `llm.budget` the run has used up, if any.
