@@ -352,11 +352,13 @@ fn interrupting_checkpoints_the_run_and_resume_finishes_it() {
         "the interrupted attempt says so"
     );
     std::fs::write(dir.path().join("go"), "").expect("write");
-    // A cancelled command may have had its effect: it is in doubt like a crashed one.
+    // A command archon stopped itself (its process group killed, the stop recorded) is not in doubt: the
+    // resume runs it again, without `--rerun-in-doubt` (issue 15, item 2).
     let Output { code, stderr, .. } = archon(dir.path(), &["resume", &id]);
-    assert_eq!(code, 2, "{stderr}");
-    let Output { code, stderr, .. } = archon(dir.path(), &["resume", &id, "--rerun-in-doubt"]);
     assert_eq!(code, 0, "{stderr}");
+    let run = show(dir.path(), &id);
+    assert_eq!(run["status"], "succeeded", "{run}");
+    assert_eq!(attempts(&run, "wait").len(), 2, "{run}");
 }
 
 #[test]
@@ -904,4 +906,26 @@ fn http_steps_are_safe_to_repeat_only_when_they_read() {
         !safe("chosen"),
         "a method known only at run time counts as one that changes things"
     );
+}
+
+/// `idempotent: true` on a step (a built-in tool has no definition to mark) makes a step that a crash left
+/// running safe to run again: `resume` does so without `--rerun-in-doubt` (issue 15, item 2).
+#[test]
+fn a_step_marked_idempotent_is_rerun_after_a_crash() {
+    let dir = TempDir::new().expect("tempdir");
+    let spec = SLOW.replace(
+        "  - id: wait\n    needs: [first]\n    tool: exec\n",
+        "  - id: wait\n    needs: [first]\n    idempotent: true\n    tool: exec\n",
+    );
+    assert_ne!(spec, SLOW);
+    std::fs::write(dir.path().join("slow.yaml"), spec).expect("write");
+    let mut child = spawn(dir.path(), &["run", "slow.yaml"]);
+    wait_for(&dir.path().join("started"), Duration::from_secs(10));
+    wait_for_group(dir.path(), "wait");
+    kill(&mut child);
+    let id = runs(dir.path())[0]["id"].as_str().expect("id").to_owned();
+    assert_eq!(runs(dir.path())[0]["status"], "interrupted");
+    let Output { code, stderr, .. } = resume_then_go(dir.path(), &["resume", &id], &[]);
+    assert_eq!(code, 0, "{stderr}");
+    assert_eq!(show(dir.path(), &id)["status"], "succeeded");
 }

@@ -230,7 +230,7 @@ steps:
                 "  hint: `archon resume {id}` would refuse: run `{id}` stopped while a step was running, and it may have had its effect: `wait`"
             ),
             format!(
-                "  hint: check what it did, then `archon resolve {id} STEP --succeeded` (or `--failed`) records it; `--rerun-in-doubt` runs it again anyway (steps that are safe to repeat are marked `idempotent: true` on their tool)"
+                "  hint: check what it did, then `archon resolve {id} STEP --succeeded` (or `--failed`) records it; `--rerun-in-doubt` runs it again anyway (a step that is safe to repeat says so with `idempotent: true`, on the step or on its tool)"
             ),
         ]
     );

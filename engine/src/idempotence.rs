@@ -29,6 +29,10 @@ pub fn body_is_idempotent(workflow: &Workflow, body: Body<'_>) -> bool {
 }
 
 fn body_idempotent(workflow: &Workflow, body: Body<'_>, seen: &mut HashSet<String>) -> bool {
+    // The step's own word wins over what its tools say.
+    if let Some(said) = body.idempotent {
+        return said;
+    }
     if let Some(tool) = body.tool {
         if let Some(ToolRef::Builtin(b)) = workflow.tools.get(&tool.value).map(|t| t.kind) {
             // The call as written: an `http` request is safe to repeat when its method only reads. Only

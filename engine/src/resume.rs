@@ -31,9 +31,9 @@ pub fn step_of(name: &str) -> &str {
     name.split_once('[').map_or(name, |(step, _)| step)
 }
 
-/// The steps and items of `run` that are in doubt: an attempt is recorded as started and not as failed
-/// (it was running, was cancelled mid-way, or succeeded without its result being recorded), and no final
-/// result is.
+/// The steps and items of `run` that are in doubt: their last attempt is recorded as started and neither
+/// as failed nor as stopped by archon itself (it was running when the process died, or succeeded without
+/// its result being recorded, or its command outlived the stop), and no final result is.
 pub fn in_doubt(workflow: &Workflow, run: &StoredRun) -> Vec<InDoubt> {
     // The last attempt of each name in the run's current generation (`retry --from` starts a new one, and
     // the steps it reruns have no result yet without being in doubt).
@@ -51,9 +51,19 @@ pub fn in_doubt(workflow: &Workflow, run: &StoredRun) -> Vec<InDoubt> {
     let mut names: Vec<&str> = Vec::new();
     for (name, status) in last {
         let finished = run.results.contains_key(name) || run.results.contains_key(step_of(name));
-        // A failed attempt is what retries are for; a running, cancelled, timed-out or succeeded one (whose
-        // result was not recorded) may have had its effect.
-        let effect_possible = matches!(status, "running" | "succeeded" | "cancelled" | "timed_out")
+        // A failed attempt is what retries are for. One archon stopped itself (Ctrl-C, SIGTERM, `cancel`,
+        // its timeout), killing what it had started and recording so, runs again: only one left `running`
+        // by a crash, a `succeeded` one whose result was not recorded, or a stopped one whose command
+        // outlived the stop may have had an effect nobody saw.
+        let outlived = matches!(status, "cancelled" | "timed_out")
+            && run
+                .attempts
+                .iter()
+                .filter(|a| a.step == name)
+                .filter_map(|a| Some((a.pgid?, a.pgid_started)))
+                .any(|(pgid, started)| crate::process::leftover_group(pgid, started));
+        let effect_possible = matches!(status, "running" | "succeeded")
+            || outlived
             // A step that waited for approval inside a composite tool, sub-workflow or plan may have
             // run the steps before the one that asked; a plain call waited before anything ran, and an
             // agent's checkpoint holds what its earlier calls did.

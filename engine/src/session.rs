@@ -729,8 +729,8 @@ fn in_doubt_refusal(id: &str, doubtful: &[&resume::InDoubt]) -> SessionError {
         ),
         format!(
             "check what it did, then `archon resolve {id} STEP --succeeded` (or `--failed`) records it; \
-             `--rerun-in-doubt` runs it again anyway (steps that are safe to repeat are marked \
-             `idempotent: true` on their tool)"
+             `--rerun-in-doubt` runs it again anyway (a step that is safe to repeat says so with \
+             `idempotent: true`, on the step or on its tool)"
         ),
     )
 }

@@ -159,6 +159,11 @@ macro_rules! with_step_body {
             /// `fail` (default) fails the run; `continue` lets dependents decide with `if`.
             #[serde(default, skip_serializing_if = "Option::is_none")]
             pub on_error: Option<Spanned<OnError>>,
+            /// Whether running this step twice is harmless: `true` lets it start without waiting for its
+            /// record to be durable and lets `resume` run it again after a crash; `false` treats it as
+            /// unsafe to repeat whatever its tools say. Default: what its tools say.
+            #[serde(default, skip_serializing_if = "Option::is_none")]
+            pub idempotent: Option<Spanned<bool>>,
         }
 
         impl $name {
@@ -181,6 +186,7 @@ macro_rules! with_step_body {
                     retry: self.retry.as_deref(),
                     timeout: self.timeout.as_deref(),
                     on_error: self.on_error.as_ref(),
+                    idempotent: self.idempotent.as_ref().map(|i| i.value),
                 }
             }
         }
@@ -277,6 +283,7 @@ pub struct Body<'a> {
     pub retry: Option<&'a Retry>,
     pub timeout: Option<&'a Duration>,
     pub on_error: Option<&'a Spanned<OnError>>,
+    pub idempotent: Option<bool>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
