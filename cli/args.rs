@@ -28,6 +28,8 @@ pub enum Command {
     Runs(RunsArgs),
     /// Show one run: its steps, attempts, outputs and (with `--events`) its event log.
     Show(ShowArgs),
+    /// Print what a run's commands wrote: stdout to standard output, stderr to standard error.
+    Logs(LogsArgs),
     /// Resume an interrupted run: finished steps are reused, the rest run.
     Resume(ResumeArgs),
     /// Run a step of a finished run again, and everything downstream of it, as new attempts.
@@ -195,6 +197,28 @@ pub struct ShowArgs {
     /// Print the run's event log, one JSON object per line (inside the JSON with `--json`).
     #[arg(long)]
     pub events: bool,
+
+    #[command(flatten)]
+    pub state: StateArgs,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct LogsArgs {
+    /// The run id, as `archon runs` lists it.
+    #[arg(value_name = "RUN")]
+    pub run: String,
+
+    /// Only this step's commands (a `foreach` step's items too, or one item as `step[2]`).
+    #[arg(value_name = "STEP")]
+    pub step: Option<String>,
+
+    /// Only this attempt (default: each step's last).
+    #[arg(long, value_name = "N")]
+    pub attempt: Option<u32>,
+
+    /// Keep printing what the commands write until the run ends.
+    #[arg(long, short = 'f')]
+    pub follow: bool,
 
     #[command(flatten)]
     pub state: StateArgs,

@@ -13,6 +13,7 @@ mod llm;
 mod llm_anthropic;
 mod llm_gemini;
 mod llm_openai;
+mod logs;
 mod nested;
 mod plan;
 mod planner;

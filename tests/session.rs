@@ -304,6 +304,13 @@ impl archon_engine::store::RunStore for Racing {
     fn events(&self, id: &str) -> Result<Vec<Json>, archon_engine::store::StoreError> {
         self.inner.events(id)
     }
+    fn logs(
+        &self,
+        id: &str,
+        after: i64,
+    ) -> Result<Vec<archon_engine::store::LogChunk>, archon_engine::store::StoreError> {
+        self.inner.logs(id, after)
+    }
     fn check(&self) -> Result<Vec<String>, archon_engine::store::StoreError> {
         self.inner.check()
     }

@@ -3,6 +3,7 @@
 mod helper;
 mod llm;
 mod load;
+mod logs;
 mod plan;
 mod run;
 mod runs;
@@ -47,6 +48,7 @@ pub fn run(cli: Cli) -> anyhow::Result<Status> {
         Command::Plan(args) => plan::run(&args, cli.color),
         Command::Runs(args) => runs::runs(&args),
         Command::Show(args) => runs::show(&args),
+        Command::Logs(args) => logs::logs(&args),
         Command::Resume(args) => runs::resume(&args, cli.color),
         Command::Retry(args) => runs::retry(&args, cli.color),
         Command::Cancel(args) => runs::cancel(&args),

@@ -685,6 +685,17 @@ fn summary(report: &RunReport, resumable: bool) -> String {
             id = report.run_id
         );
     }
+    if let Some((step, _)) = report
+        .steps
+        .iter()
+        .find(|(_, s)| matches!(s.status, StepStatus::Failed | StepStatus::TimedOut))
+    {
+        let _ = writeln!(
+            text,
+            "  hint: `archon logs {} {step}` prints everything its commands wrote",
+            report.run_id
+        );
+    }
     text.push_str(&outputs_text(&report.outputs));
     text
 }

@@ -23,7 +23,7 @@ use crate::validate::{Validation, validate_file, validate_source};
 use crate::workflow::Workflow;
 
 pub use crate::store::{
-    ApprovalRecord, AttemptRecord, Owner, RunState, RunSummary, StoreError, StoredRun,
+    ApprovalRecord, AttemptRecord, LogChunk, Owner, RunState, RunSummary, StoreError, StoredRun,
 };
 
 /// The database file of the run store in `state_dir`.
@@ -265,6 +265,11 @@ impl Session {
     /// A run's event log, in order.
     pub fn events(&self, id: &str) -> Result<Vec<Json>, StoreError> {
         self.store.events(id)
+    }
+
+    /// What a run's commands wrote after the piece numbered `after` (0 for all), in order.
+    pub fn logs(&self, id: &str, after: i64) -> Result<Vec<LogChunk>, StoreError> {
+        self.store.logs(id, after)
     }
 
     /// Records a new run, owned by this process, and prepares it to execute.

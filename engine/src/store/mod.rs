@@ -80,6 +80,15 @@ pub enum Entry {
     /// Where an LLM step (agent or planner) stands after an iteration, so that a resume continues it
     /// there instead of starting over; the latest replaces the one before.
     Checkpoint { step: String, state: Json },
+    /// What a command of the attempt of `step` under way wrote (whole lines, secrets masked); `source`
+    /// is the label of the call that ran it (`outer/inner` inside a composite tool).
+    Output {
+        step: String,
+        source: String,
+        stream: crate::tools::Stream,
+        text: String,
+        at_ms: u64,
+    },
     /// A progress event, for the event log, stamped (milliseconds since the epoch) when it happened.
     Event { event: RunEvent, at_ms: u64 },
     /// The run ended (or was interrupted, when `status` is `interrupted`).
@@ -142,6 +151,21 @@ pub trait Journal: Send + Sync + fmt::Debug {
     }
 }
 
+/// One piece of what a command of a run wrote: whole lines (or part of a long one), secrets masked.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct LogChunk {
+    /// Its place in the run's output, from 1.
+    pub seq: i64,
+    /// The run's step (or `foreach` item) whose attempt ran the command.
+    pub step: String,
+    pub attempt: u32,
+    /// The call that ran it: the step itself, or `step/inner` inside a composite tool or sub-workflow.
+    pub source: String,
+    pub stream: crate::tools::Stream,
+    pub text: String,
+    pub at_ms: u64,
+}
+
 /// Where runs are kept: what the CLI needs to start, list, show, resume, retry and cancel runs.
 /// [`sqlite::SqliteStore`] is the embedded implementation; a server database can implement the same.
 pub trait RunStore: Send + Sync + fmt::Debug {
@@ -184,6 +208,8 @@ pub trait RunStore: Send + Sync + fmt::Debug {
     fn replace_files(&self, id: &str, files: &[(String, String)]) -> Result<(), StoreError>;
     /// The run's event log, in order.
     fn events(&self, id: &str) -> Result<Vec<Json>, StoreError>;
+    /// What the run's commands wrote after the piece numbered `after` (0 for all), in order.
+    fn logs(&self, id: &str, after: i64) -> Result<Vec<LogChunk>, StoreError>;
     /// Reads the whole store and says what is wrong with it: damaged pages, and every row that does not
     /// decode. Costs time in proportion to the store's size (opening it does not).
     fn check(&self) -> Result<Vec<String>, StoreError>;

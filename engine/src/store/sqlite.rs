@@ -18,8 +18,8 @@ use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
 
 use super::{
-    Ack, ApprovalRecord, AttemptRecord, Entry, Journal, NewRun, Owner, RunState, RunStore,
-    RunSummary, StoreError, StoredRun, now_ms, spec_hash,
+    Ack, ApprovalRecord, AttemptRecord, Entry, Journal, LogChunk, NewRun, Owner, RunState,
+    RunStore, RunSummary, StoreError, StoredRun, now_ms, spec_hash,
 };
 use crate::record::{self, FORMAT_VERSION, RecordError, Row};
 use crate::report::{ApprovalDecision, ApprovalRequest, StepResult};
@@ -139,7 +139,27 @@ ALTER TABLE approvals ADD COLUMN format INTEGER NOT NULL DEFAULT 0;
     r"
 ALTER TABLE results ADD COLUMN text_blob TEXT REFERENCES blobs(hash);
 ",
+    // What the commands of each attempt wrote, as they wrote it (`archon logs`).
+    r"
+CREATE TABLE logs (
+    run_id TEXT NOT NULL REFERENCES runs(id),
+    seq INTEGER NOT NULL,
+    step TEXT NOT NULL,
+    attempt INTEGER NOT NULL,
+    source TEXT NOT NULL,
+    stream TEXT NOT NULL,
+    text TEXT NOT NULL,
+    at INTEGER NOT NULL,
+    format INTEGER NOT NULL,
+    PRIMARY KEY (run_id, seq)
+);
+CREATE INDEX logs_by_step ON logs(run_id, step, attempt);
+",
 ];
+
+/// Most bytes of one stream of one attempt's commands kept for `archon logs`; what follows is counted
+/// out with a note.
+pub const MAX_LOG_BYTES: usize = 1024 * 1024;
 
 /// Runs kept in an SQLite database under a state directory.
 #[derive(Debug)]
@@ -650,6 +670,31 @@ impl RunStore for SqliteStore {
         })
     }
 
+    fn logs(&self, id: &str, after: i64) -> Result<Vec<LogChunk>, StoreError> {
+        self.with(|conn| {
+            let mut stmt = conn.prepare_cached(
+                "SELECT seq, step, attempt, source, stream, text, at FROM logs
+                 WHERE run_id = ?1 AND seq > ?2 ORDER BY seq",
+            )?;
+            let rows = stmt.query_map(params![id, after], |r| {
+                Ok(LogChunk {
+                    seq: r.get(0)?,
+                    step: r.get(1)?,
+                    attempt: r.get(2)?,
+                    source: r.get(3)?,
+                    stream: if r.get::<_, String>(4)? == "stderr" {
+                        crate::tools::Stream::Stderr
+                    } else {
+                        crate::tools::Stream::Stdout
+                    },
+                    text: r.get(5)?,
+                    at_ms: r.get::<_, i64>(6)? as u64,
+                })
+            })?;
+            rows.collect()
+        })
+    }
+
     /// The run's event log, in order. A row that does not decode fails it, naming every such row.
     fn events(&self, id: &str) -> Result<Vec<Json>, StoreError> {
         let mut damage = Vec::new();
@@ -768,8 +813,14 @@ impl RunStore for SqliteStore {
                 [id],
                 |r| r.get(0),
             )?;
-            Ok((generation, next, seq))
+            let log_seq: i64 = c.query_row(
+                "SELECT COALESCE(MAX(seq), 0) FROM logs WHERE run_id = ?1",
+                [id],
+                |r| r.get(0),
+            )?;
+            Ok((generation, next, (seq, log_seq)))
         })?;
+        let (seq, log_seq) = seq;
         let queue = Arc::new(Queue::default());
         let writer = Writer {
             conn,
@@ -780,6 +831,8 @@ impl RunStore for SqliteStore {
             last_attempt: next_attempt,
             open: HashMap::new(),
             seq,
+            log_seq,
+            logged: HashMap::new(),
             cancel,
             broken: None,
             released: false,
@@ -1074,6 +1127,10 @@ struct Writer {
     generation: u32,
     /// The highest attempt number recorded per step.
     last_attempt: HashMap<String, u32>,
+    /// The last `seq` of the run's `logs`.
+    log_seq: i64,
+    /// Bytes of each step's and stream's output kept for its current attempt: (attempt, bytes).
+    logged: HashMap<(String, crate::tools::Stream), (u32, usize)>,
     /// The attempt of each step still running.
     open: HashMap<String, u32>,
     seq: i64,
@@ -1338,6 +1395,57 @@ impl Writer {
                 }
             };
             match entry {
+                Entry::Output {
+                    step,
+                    source,
+                    stream,
+                    text,
+                    at_ms,
+                } => {
+                    let attempt = self.last_attempt.get(step).copied().unwrap_or(0);
+                    let kept = self
+                        .logged
+                        .entry((step.clone(), *stream))
+                        .or_insert((attempt, 0));
+                    if kept.0 != attempt {
+                        *kept = (attempt, 0);
+                    }
+                    if kept.1 >= MAX_LOG_BYTES {
+                        continue;
+                    }
+                    kept.1 += text.len();
+                    let text = if kept.1 >= MAX_LOG_BYTES {
+                        let room = text.len() - (kept.1 - MAX_LOG_BYTES);
+                        let mut cut = room.min(text.len());
+                        while !text.is_char_boundary(cut) {
+                            cut -= 1;
+                        }
+                        format!(
+                            "{}\n[archon: the rest of this attempt's {} is not kept: more than {} MiB]\n",
+                            &text[..cut],
+                            stream.as_str(),
+                            MAX_LOG_BYTES / (1024 * 1024)
+                        )
+                    } else {
+                        text.clone()
+                    };
+                    self.log_seq += 1;
+                    tx.prepare_cached(
+                        "INSERT INTO logs (run_id, seq, step, attempt, source, stream, text, at, format)
+                         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
+                    )?
+                    .execute(params![
+                        self.run,
+                        self.log_seq,
+                        step,
+                        attempt,
+                        source,
+                        stream.as_str(),
+                        text,
+                        *at_ms as i64,
+                        FORMAT_VERSION
+                    ])?;
+                }
                 // Never here: `Write::of` gives each of these a variant of its own.
                 Entry::AttemptStarted { .. }
                 | Entry::ProcessStarted { .. }

@@ -45,7 +45,7 @@ pub trait Tool: Send + Sync {
     }
     /// Calls the tool with rendered, checked arguments, which it owns: a large value can be moved to
     /// another thread without a copy on the run's.
-    fn call<'a>(&'a self, args: Json, cx: &'a ToolContext, on_spawn: OnSpawn<'a>)
+    fn call<'a>(&'a self, args: Json, cx: &'a ToolContext, on_spawn: Watcher<'a>)
     -> CallFuture<'a>;
 }
 
@@ -103,8 +103,37 @@ pub struct ToolContext {
     pub helper: Option<PathBuf>,
 }
 
-/// Told the process group id of each command a call starts, as soon as it starts.
-pub type OnSpawn<'a> = Option<&'a (dyn Fn(u32) + Sync)>;
+/// What a call tells its caller as it goes: the process group of each command it starts, as soon as it
+/// starts, and what its commands write, as they write it.
+pub trait Watch: Sync {
+    /// A command started, in process group `pgid`.
+    fn spawned(&self, pgid: u32);
+    /// A command wrote `text` (whole lines, or a long line's part; secrets masked) to `stream`.
+    fn output(&self, stream: Stream, text: &str);
+}
+
+/// Most bytes of one stream of one command passed on to its watcher; a note says the rest is not.
+pub const MAX_WATCHED_BYTES: usize = 1024 * 1024;
+
+/// The watcher of a call, if anyone watches it.
+pub type Watcher<'a> = Option<&'a dyn Watch>;
+
+/// A command's output stream.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Stream {
+    Stdout,
+    Stderr,
+}
+
+impl Stream {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Stream::Stdout => "stdout",
+            Stream::Stderr => "stderr",
+        }
+    }
+}
 
 /// Runs blocking `work` on a thread of its own, so that the scheduler's thread never waits for it: a file
 /// that never answers (a FIFO nobody writes, a hung network file system) holds that thread, not the run,

@@ -240,20 +240,47 @@ async fn declared(
     builtin_call(shared, label, builtin, call_args).await
 }
 
-/// Records the process group of each command an attempt starts, so that a resume can find a command that
-/// outlived a crashed archon. Commands inside composite tools and sub-workflows count for the run's own
-/// step that called them (`outer` of `outer/inner`).
-fn spawn_watch<'a>(shared: &'a Shared, label: &'a str) -> Option<impl Fn(u32) + Sync + 'a> {
+/// Records, for the attempt of the run's own step that makes a call (`outer` of `outer/inner`: commands
+/// inside composite tools and sub-workflows count for it), the process group of each command it starts,
+/// so that a resume can find a command that outlived a crashed archon, and what its commands write, for
+/// `archon logs`.
+struct StepWatch<'a> {
+    shared: &'a Shared,
+    /// The step as the journal knows it.
+    step: &'a str,
+    /// The call's own label (`outer/inner`).
+    label: &'a str,
+}
+
+fn spawn_watch<'a>(shared: &'a Shared, label: &'a str) -> Option<StepWatch<'a>> {
     let step = label.split('/').next().unwrap_or(label);
-    Some(move |pgid: u32| {
-        shared.options.journal.record(Entry::ProcessStarted {
-            step: step.to_owned(),
+    Some(StepWatch {
+        shared,
+        step,
+        label,
+    })
+}
+
+impl crate::tools::Watch for StepWatch<'_> {
+    fn spawned(&self, pgid: u32) {
+        self.shared.options.journal.record(Entry::ProcessStarted {
+            step: self.step.to_owned(),
             pgid,
             started: crate::process::process_start_time(pgid),
         });
         // Committed at once, without waiting for it: the command is already running.
-        drop(shared.options.journal.flush());
-    })
+        drop(self.shared.options.journal.flush());
+    }
+
+    fn output(&self, stream: crate::tools::Stream, text: &str) {
+        self.shared.options.journal.record(Entry::Output {
+            step: self.step.to_owned(),
+            source: self.label.to_owned(),
+            stream,
+            text: text.to_owned(),
+            at_ms: crate::store::now_ms(),
+        });
+    }
 }
 
 /// Runs a composite tool's steps with the same scheduler, then renders its `result` (the last step's

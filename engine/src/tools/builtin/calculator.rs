@@ -3,7 +3,7 @@
 
 use serde_json::{Value as Json, json};
 
-use super::{OnSpawn, READ_ONLY, Tool, ToolContext, ToolError, ToolOutput, object};
+use super::{READ_ONLY, Tool, ToolContext, ToolError, ToolOutput, Watcher, object};
 use crate::tools::{CallFuture, SafetyRule};
 
 pub(super) struct Calculator;
@@ -28,7 +28,7 @@ impl Tool for Calculator {
         READ_ONLY
     }
 
-    fn call<'a>(&'a self, args: Json, _: &'a ToolContext, _: OnSpawn<'a>) -> CallFuture<'a> {
+    fn call<'a>(&'a self, args: Json, _: &'a ToolContext, _: Watcher<'a>) -> CallFuture<'a> {
         Box::pin(async move {
             let value = evaluate(args["expression"].as_str().unwrap_or_default())?;
             // Whole numbers print as integers.

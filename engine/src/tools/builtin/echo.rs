@@ -2,7 +2,7 @@
 
 use serde_json::{Value as Json, json};
 
-use super::{OnSpawn, READ_ONLY, Tool, ToolContext, ToolOutput};
+use super::{READ_ONLY, Tool, ToolContext, ToolOutput, Watcher};
 use crate::tools::{CallFuture, SafetyRule};
 
 pub(super) struct Echo;
@@ -24,7 +24,7 @@ impl Tool for Echo {
         READ_ONLY
     }
 
-    fn call<'a>(&'a self, args: Json, _: &'a ToolContext, _: OnSpawn<'a>) -> CallFuture<'a> {
+    fn call<'a>(&'a self, args: Json, _: &'a ToolContext, _: Watcher<'a>) -> CallFuture<'a> {
         // Writing a large value as its text is done on a blocking thread, off the run's.
         Box::pin(async move {
             if !super::jq::larger_than(&args, super::jq::IN_PLACE) {

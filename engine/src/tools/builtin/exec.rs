@@ -8,8 +8,9 @@ use std::time::Duration;
 use serde_json::{Value as Json, json};
 use tokio::io::AsyncWriteExt;
 
-use super::{OnSpawn, SENSITIVE, Tool, ToolContext, ToolError, ToolOutput, object, timeout};
+use super::{SENSITIVE, Tool, ToolContext, ToolError, ToolOutput, Watcher, object, timeout};
 use crate::process;
+use crate::tools::Stream;
 use crate::tools::{CallFuture, SafetyRule};
 
 /// Most bytes of a command's stdout or stderr kept; the rest is counted and dropped.
@@ -70,7 +71,7 @@ impl Tool for Exec {
         &'a self,
         args: Json,
         cx: &'a ToolContext,
-        on_spawn: OnSpawn<'a>,
+        on_spawn: Watcher<'a>,
     ) -> CallFuture<'a> {
         Box::pin(async move { exec(&args, cx, on_spawn).await })
     }
@@ -83,7 +84,7 @@ const DRAIN_AFTER_EXIT: Duration = Duration::from_millis(500);
 pub(super) async fn exec(
     args: &Json,
     cx: &ToolContext,
-    on_spawn: OnSpawn<'_>,
+    on_spawn: Watcher<'_>,
 ) -> Result<ToolOutput, ToolError> {
     let argv: Vec<String> = args["argv"]
         .as_array()
@@ -136,8 +137,8 @@ pub(super) async fn exec(
     })?;
     // Dropped with the call if it is abandoned: the command and all it started are killed.
     let tracked = child.id().map(|leader| process::Tracked::new(leader, tag));
-    if let (Some(on_spawn), Some(pid)) = (on_spawn, child.id()) {
-        on_spawn(pid);
+    if let (Some(watch), Some(pid)) = (on_spawn, child.id()) {
+        watch.spawned(pid);
     }
     if let (Some(input), Some(mut stdin)) = (args["stdin"].as_str(), child.stdin.take()) {
         let input = input.to_owned();
@@ -151,8 +152,8 @@ pub(super) async fn exec(
         let stderr = child.stderr.take();
         let reading = async {
             tokio::join!(
-                process::read_into(stdout, &mut out.kept, &mut out.dropped, CAPTURE_READ_BYTES),
-                process::read_into(stderr, &mut err.kept, &mut err.dropped, CAPTURE_READ_BYTES),
+                out.read(stdout, Stream::Stdout, on_spawn, &cx.redactor),
+                err.read(stderr, Stream::Stderr, on_spawn, &cx.redactor),
             )
         };
         let mut reading = std::pin::pin!(reading);
@@ -240,7 +241,90 @@ struct Captured {
     dropped: usize,
 }
 
+/// Most bytes of a line passed on to a watcher at once: a longer one goes in parts.
+const WATCHED_LINE_BYTES: usize = 64 * 1024;
+
+/// Where to cut the first part of a line longer than [`WATCHED_LINE_BYTES`]: at a character boundary, and
+/// before a secret the cut would split (unless the secret starts the line).
+fn long_line_cut(pending: &[u8], redactor: &crate::redact::Redactor) -> usize {
+    let head = &pending[..WATCHED_LINE_BYTES];
+    let valid = match std::str::from_utf8(head) {
+        Ok(_) => head.len(),
+        Err(e) if e.valid_up_to() > 0 => e.valid_up_to(),
+        Err(_) => return head.len(),
+    };
+    let text = std::str::from_utf8(&head[..valid]).unwrap_or_default();
+    match redactor.cut_before(text, valid) {
+        0 => valid,
+        cut => cut,
+    }
+}
+
 impl Captured {
+    /// Reads `stream` to its end, keeping up to [`CAPTURE_READ_BYTES`] and telling `watch` what was
+    /// written as it comes: whole lines (a line longer than [`WATCHED_LINE_BYTES`] in parts cut where no
+    /// secret is split), secrets masked.
+    async fn read(
+        &mut self,
+        stream: Option<impl tokio::io::AsyncRead + Unpin>,
+        which: Stream,
+        watch: Watcher<'_>,
+        redactor: &crate::redact::Redactor,
+    ) {
+        use tokio::io::AsyncReadExt;
+        let Some(mut stream) = stream else { return };
+        let mut buffer = vec![0u8; 64 * 1024];
+        let mut pending: Vec<u8> = Vec::new();
+        // What was passed on: past [`crate::tools::MAX_WATCHED_BYTES`] a note says the rest is not.
+        let told = std::sync::atomic::AtomicUsize::new(0);
+        let tell = |bytes: &[u8]| {
+            let Some(watch) = watch else { return };
+            if told.load(std::sync::atomic::Ordering::Relaxed) >= crate::tools::MAX_WATCHED_BYTES {
+                return;
+            }
+            told.fetch_add(bytes.len(), std::sync::atomic::Ordering::Relaxed);
+            let text = String::from_utf8_lossy(bytes);
+            watch.output(which, &redactor.text(&text));
+            if told.load(std::sync::atomic::Ordering::Relaxed) >= crate::tools::MAX_WATCHED_BYTES {
+                watch.output(
+                    which,
+                    &format!(
+                        "[archon: the rest of this command's {} is not kept: more than {} MiB]\n",
+                        which.as_str(),
+                        crate::tools::MAX_WATCHED_BYTES / (1024 * 1024)
+                    ),
+                );
+            }
+        };
+        loop {
+            let n = match stream.read(&mut buffer).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => n,
+            };
+            let room = CAPTURE_READ_BYTES.saturating_sub(self.kept.len());
+            self.kept.extend_from_slice(&buffer[..n.min(room)]);
+            self.dropped += n.saturating_sub(room);
+            if watch.is_none()
+                || told.load(std::sync::atomic::Ordering::Relaxed)
+                    >= crate::tools::MAX_WATCHED_BYTES
+            {
+                continue;
+            }
+            pending.extend_from_slice(&buffer[..n]);
+            if let Some(end) = pending.iter().rposition(|b| *b == b'\n') {
+                tell(&pending[..=end]);
+                pending.drain(..=end);
+            }
+            while pending.len() > WATCHED_LINE_BYTES {
+                tell(&pending[..long_line_cut(&pending, redactor)]);
+                pending.drain(..long_line_cut(&pending, redactor));
+            }
+        }
+        if !pending.is_empty() {
+            tell(&pending);
+        }
+    }
+
     /// The text kept, cut at [`MAX_CAPTURE_BYTES`] (earlier when the cut would split a secret, whose head
     /// would then stay visible: it is read whole past the cut and left out whole), and marked when bytes
     /// were dropped. Secrets in what is kept are masked wherever it goes, as whole values.

@@ -12,7 +12,7 @@ use std::time::Duration;
 use reqwest::dns::{Addrs, Name, Resolve, Resolving};
 use serde_json::{Map, Value as Json, json};
 
-use super::{OnSpawn, Tool, ToolContext, ToolError, ToolOutput, object, timeout};
+use super::{Tool, ToolContext, ToolError, ToolOutput, Watcher, object, timeout};
 use crate::tools::{CallFuture, SafetyRule};
 
 pub(super) struct Http;
@@ -49,7 +49,7 @@ impl Tool for Http {
         &["timeout"]
     }
 
-    fn call<'a>(&'a self, args: Json, cx: &'a ToolContext, _: OnSpawn<'a>) -> CallFuture<'a> {
+    fn call<'a>(&'a self, args: Json, cx: &'a ToolContext, _: Watcher<'a>) -> CallFuture<'a> {
         Box::pin(async move { request(&args, &cx.network, &cx.redactor).await })
     }
 }

@@ -3,7 +3,7 @@
 
 use serde_json::{Value as Json, json};
 
-use super::{OnSpawn, READ_ONLY, Tool, ToolContext, ToolOutput, object};
+use super::{READ_ONLY, Tool, ToolContext, ToolOutput, Watcher, object};
 use crate::tools::{CallFuture, SafetyRule};
 
 pub(super) struct JsonQuery;
@@ -28,7 +28,7 @@ impl Tool for JsonQuery {
         READ_ONLY
     }
 
-    fn call<'a>(&'a self, args: Json, cx: &'a ToolContext, _: OnSpawn<'a>) -> CallFuture<'a> {
+    fn call<'a>(&'a self, args: Json, cx: &'a ToolContext, _: Watcher<'a>) -> CallFuture<'a> {
         Box::pin(async move {
             let mut args = args;
             let filter = args["query"].as_str().unwrap_or(".").to_owned();

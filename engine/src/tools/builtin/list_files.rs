@@ -3,7 +3,7 @@
 
 use serde_json::{Value as Json, json};
 
-use super::{OnSpawn, READ_ONLY, Tool, ToolContext, files, object};
+use super::{READ_ONLY, Tool, ToolContext, Watcher, files, object};
 use crate::tools::{CallFuture, SafetyRule, off_thread};
 
 pub(super) struct ListFiles;
@@ -31,7 +31,7 @@ impl Tool for ListFiles {
         READ_ONLY
     }
 
-    fn call<'a>(&'a self, args: Json, cx: &'a ToolContext, _: OnSpawn<'a>) -> CallFuture<'a> {
+    fn call<'a>(&'a self, args: Json, cx: &'a ToolContext, _: Watcher<'a>) -> CallFuture<'a> {
         let (workdir, protected, args) = (cx.workdir.clone(), cx.protected.clone(), args.clone());
         Box::pin(async move {
             off_thread(move || files::list_files(&workdir, &protected, &args)).await?

@@ -20,7 +20,7 @@ use std::sync::OnceLock;
 use serde_json::{Value, json};
 
 use super::safety::{Safety, SafetyRule};
-use super::{OnSpawn, Tool, ToolContext, ToolError, ToolOutput};
+use super::{Tool, ToolContext, ToolError, ToolOutput, Watcher};
 
 pub use exec::MAX_CAPTURE_BYTES;
 pub use files::confine;
@@ -77,7 +77,7 @@ impl Builtin {
         &self,
         args: Value,
         cx: &ToolContext,
-        on_spawn: OnSpawn<'_>,
+        on_spawn: Watcher<'_>,
     ) -> Result<ToolOutput, ToolError> {
         self.check(&args)?;
         self.tool.call(args, cx, on_spawn).await

@@ -3,7 +3,7 @@
 
 use serde_json::{Value as Json, json};
 
-use super::{OnSpawn, READ_ONLY, Tool, ToolContext, files, object};
+use super::{READ_ONLY, Tool, ToolContext, Watcher, files, object};
 use crate::tools::{CallFuture, SafetyRule, off_thread};
 
 pub(super) struct ReadFile;
@@ -25,7 +25,7 @@ impl Tool for ReadFile {
         READ_ONLY
     }
 
-    fn call<'a>(&'a self, args: Json, cx: &'a ToolContext, _: OnSpawn<'a>) -> CallFuture<'a> {
+    fn call<'a>(&'a self, args: Json, cx: &'a ToolContext, _: Watcher<'a>) -> CallFuture<'a> {
         let (workdir, protected, args) = (cx.workdir.clone(), cx.protected.clone(), args.clone());
         Box::pin(
             async move { off_thread(move || files::read_file(&workdir, &protected, &args)).await? },

@@ -3,7 +3,7 @@
 
 use serde_json::{Value as Json, json};
 
-use super::{OnSpawn, SENSITIVE, Tool, ToolContext};
+use super::{SENSITIVE, Tool, ToolContext, Watcher};
 use crate::tools::{CallFuture, SafetyRule};
 
 pub(super) struct Shell;
@@ -37,7 +37,7 @@ impl Tool for Shell {
         &'a self,
         args: Json,
         cx: &'a ToolContext,
-        on_spawn: OnSpawn<'a>,
+        on_spawn: Watcher<'a>,
     ) -> CallFuture<'a> {
         Box::pin(async move {
             let mut exec_args = args;

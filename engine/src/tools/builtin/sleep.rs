@@ -2,7 +2,7 @@
 
 use serde_json::{Value as Json, json};
 
-use super::{OnSpawn, READ_ONLY, Tool, ToolContext, ToolError, ToolOutput, object};
+use super::{READ_ONLY, Tool, ToolContext, ToolError, ToolOutput, Watcher, object};
 use crate::tools::{CallFuture, SafetyRule};
 
 pub(super) struct Sleep;
@@ -28,7 +28,7 @@ impl Tool for Sleep {
         &["duration"]
     }
 
-    fn call<'a>(&'a self, args: Json, _: &'a ToolContext, _: OnSpawn<'a>) -> CallFuture<'a> {
+    fn call<'a>(&'a self, args: Json, _: &'a ToolContext, _: Watcher<'a>) -> CallFuture<'a> {
         Box::pin(async move {
             // The argument may be rendered from a template, so it is read here, not by validation.
             let text = args["duration"].as_str().unwrap_or_default();

@@ -3,7 +3,7 @@
 
 use serde_json::{Value as Json, json};
 
-use super::{OnSpawn, SENSITIVE, Tool, ToolContext, files, object};
+use super::{SENSITIVE, Tool, ToolContext, Watcher, files, object};
 use crate::tools::{CallFuture, SafetyRule, off_thread};
 
 pub(super) struct WriteFile;
@@ -32,7 +32,7 @@ impl Tool for WriteFile {
         SENSITIVE
     }
 
-    fn call<'a>(&'a self, args: Json, cx: &'a ToolContext, _: OnSpawn<'a>) -> CallFuture<'a> {
+    fn call<'a>(&'a self, args: Json, cx: &'a ToolContext, _: Watcher<'a>) -> CallFuture<'a> {
         let (workdir, protected, args) = (cx.workdir.clone(), cx.protected.clone(), args.clone());
         Box::pin(async move {
             off_thread(move || files::write_file(&workdir, &protected, &args)).await?

@@ -1,0 +1,157 @@
+//! `archon logs RUN [STEP] [--attempt N] [--follow]`: what a run's commands wrote, as they wrote it. A
+//! command's stdout goes to standard output and its stderr to standard error; with more than one step (or
+//! call) shown, each line starts with the name of the call that wrote it.
+
+use std::fmt::Write as _;
+use std::time::Duration;
+
+use archon_engine::session::{LogChunk, RunState, Session};
+use archon_engine::tools::Stream;
+
+use super::Status;
+use super::run::{existing_session, store_error};
+use crate::args::LogsArgs;
+use crate::output;
+
+/// How often `--follow` looks for more output while the run goes on.
+const FOLLOW_EVERY: Duration = Duration::from_millis(200);
+
+pub fn logs(args: &LogsArgs) -> anyhow::Result<Status> {
+    let session = match existing_session(&args.state) {
+        Ok(Some(session)) => session,
+        Ok(None) => {
+            output::stderr(&output::printable(&format!(
+                "error: no run `{}`: there is no run store in `{}`\n  hint: run the command where the run was started, or point `--state-dir` at its state directory\n",
+                args.run,
+                args.state.dir().display()
+            )));
+            return Ok(Status::Invalid);
+        }
+        Err(status) => return Ok(status),
+    };
+    let run = match session.load_brief(&args.run) {
+        Ok(run) => run,
+        Err(e) => return Ok(store_error(&e)),
+    };
+    let wanted = |name: &str| {
+        args.step.as_deref().is_none_or(|step| {
+            name == step || name.strip_prefix(step).is_some_and(|r| r.starts_with('['))
+        })
+    };
+    if let Some(step) = &args.step
+        && !run.attempts.iter().any(|a| wanted(&a.step))
+    {
+        let mut known: Vec<&str> = run.attempts.iter().map(|a| a.step.as_str()).collect();
+        known.dedup();
+        output::stderr(&output::printable(&format!(
+            "error: run `{}` has no attempt of a step `{step}`\n  hint: its steps with attempts: {}\n",
+            args.run,
+            if known.is_empty() {
+                "none".to_owned()
+            } else {
+                known
+                    .iter()
+                    .map(|s| format!("`{s}`"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            }
+        )));
+        return Ok(Status::Invalid);
+    }
+    // Each step's last attempt, unless one is asked for.
+    let last = |name: &str| {
+        run.attempts
+            .iter()
+            .filter(|a| a.step == name)
+            .map(|a| a.attempt)
+            .max()
+            .unwrap_or(0)
+    };
+    let shown = |chunk: &LogChunk| {
+        wanted(&chunk.step)
+            && match args.attempt {
+                Some(n) => chunk.attempt == n,
+                // Following, later attempts are shown as they come.
+                None if args.follow => chunk.attempt >= last(&chunk.step),
+                None => chunk.attempt == last(&chunk.step),
+            }
+    };
+    let mut after = 0;
+    let mut printed = 0_usize;
+    let mut printer = Printer::default();
+    loop {
+        let chunks = match session.logs(&args.run, after) {
+            Ok(chunks) => chunks,
+            Err(e) => return Ok(store_error(&e)),
+        };
+        after = chunks.last().map_or(after, |c| c.seq);
+        for chunk in chunks.iter().filter(|c| shown(c)) {
+            printer.print(chunk);
+            printed += 1;
+        }
+        if !args.follow || !still_running(&session, &args.run) {
+            // One last look: what was written between the read and the run's end.
+            if args.follow
+                && let Ok(chunks) = session.logs(&args.run, after)
+            {
+                for chunk in chunks.iter().filter(|c| shown(c)) {
+                    printer.print(chunk);
+                    printed += 1;
+                }
+            }
+            break;
+        }
+        std::thread::sleep(FOLLOW_EVERY);
+    }
+    if printed == 0 {
+        let what = match (&args.step, args.attempt) {
+            (Some(step), Some(n)) => format!("attempt {n} of step `{step}`"),
+            (Some(step), None) => format!("step `{step}`"),
+            (None, Some(n)) => format!("attempt {n} of any step"),
+            (None, None) => "any step".to_owned(),
+        };
+        output::stderr(&output::printable(&format!(
+            "note: no command of {what} of run `{}` wrote anything\n",
+            args.run
+        )));
+    }
+    Ok(Status::Success)
+}
+
+fn still_running(session: &Session, id: &str) -> bool {
+    session
+        .load_brief(id)
+        .is_ok_and(|run| run.status == RunState::Running)
+}
+
+/// Writes chunks out, naming the call that wrote each line once more than one call has written.
+#[derive(Default)]
+struct Printer {
+    /// The first call seen, and whether another one has been since.
+    first: Option<String>,
+    several: bool,
+}
+
+impl Printer {
+    fn print(&mut self, chunk: &LogChunk) {
+        match &self.first {
+            None => self.first = Some(chunk.source.clone()),
+            Some(first) if *first != chunk.source => self.several = true,
+            Some(_) => {}
+        }
+        let text = if self.several {
+            let mut text = String::with_capacity(chunk.text.len() + 32);
+            for line in chunk.text.split_inclusive('\n') {
+                let _ = write!(text, "{} | {line}", chunk.source);
+            }
+            text
+        } else {
+            chunk.text.clone()
+        };
+        let text = output::printable(&text);
+        match chunk.stream {
+            Stream::Stdout => output::stdout(&text),
+            Stream::Stderr => output::stderr(&text),
+        }
+    }
+}

@@ -1,0 +1,181 @@
+//! `archon logs` (issue 15, item 1): both streams of every attempt of a command are kept in the run store,
+//! secrets masked and capped, and printed again, stdout to standard output and stderr to standard error;
+//! `--follow` prints them as the run goes.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+
+use serde_json::Value as Json;
+use tempfile::TempDir;
+
+use crate::support::{Output, archon, archon_with};
+
+/// The id of the newest run in `dir`.
+fn last_run(dir: &std::path::Path) -> String {
+    let Output { stdout, .. } = archon(dir, &["runs", "--json"]);
+    let runs: Json = serde_json::from_str(&stdout).expect("runs");
+    runs[0]["id"].as_str().expect("id").to_owned()
+}
+
+const NOISY: &str = r#"name: noisy
+steps:
+  - id: noisy
+    tool: exec
+    with: { argv: [sh, -c, "for i in 1 2 3 4 5 6 7 8 9 10 11 12; do echo line $i; echo err $i >&2; done; echo attempt >> attempts; exit 2"] }
+    retry: { attempts: 2, delay: 10ms }
+"#;
+
+#[test]
+fn a_failed_commands_output_is_kept_whole_for_every_attempt() {
+    let dir = TempDir::new().expect("tempdir");
+    std::fs::write(dir.path().join("noisy.yaml"), NOISY).expect("write");
+    let run = archon(dir.path(), &["run", "noisy.yaml"]);
+    assert_eq!(run.code, 1);
+    let id = last_run(dir.path());
+    let hints: Vec<&str> = run
+        .stdout
+        .lines()
+        .chain(run.stderr.lines())
+        .filter(|l| l.contains("hint:"))
+        .collect();
+    assert_eq!(
+        hints,
+        [format!(
+            "  hint: `archon logs {id} noisy` prints everything its commands wrote"
+        )]
+    );
+    let lines = |prefix: &str| -> String { (1..=12).map(|i| format!("{prefix} {i}\n")).collect() };
+    // The last attempt's, stdout and stderr apart.
+    let Output {
+        code,
+        stdout,
+        stderr,
+    } = archon(dir.path(), &["logs", &id, "noisy"]);
+    assert_eq!(code, 0, "{stderr}");
+    assert_eq!(stdout, lines("line"));
+    assert_eq!(stderr, lines("err"));
+    // The first attempt's too.
+    let first = archon(dir.path(), &["logs", &id, "noisy", "--attempt", "1"]);
+    assert_eq!((first.stdout, first.stderr), (lines("line"), lines("err")));
+    // Without a step: every step's.
+    let all = archon(dir.path(), &["logs", &id]);
+    assert_eq!(all.stdout, lines("line"));
+    // An attempt that did not happen, and a step that does not exist.
+    let none = archon(dir.path(), &["logs", &id, "noisy", "--attempt", "3"]);
+    assert_eq!(
+        (none.code, none.stdout.as_str(), none.stderr.as_str()),
+        (
+            0,
+            "",
+            format!("note: no command of attempt 3 of step `noisy` of run `{id}` wrote anything\n")
+                .as_str()
+        )
+    );
+    let unknown = archon(dir.path(), &["logs", &id, "nope"]);
+    insta::assert_snapshot!(unknown.stderr.replace(&id, "RUN"), @r"
+    error: run `RUN` has no attempt of a step `nope`
+      hint: its steps with attempts: `noisy`
+    ");
+    assert_eq!(unknown.code, 2);
+}
+
+/// The calls of a composite tool write under their own names once more than one has written.
+#[test]
+fn the_calls_inside_a_composite_tool_are_named() {
+    let dir = TempDir::new().expect("tempdir");
+    let spec = r#"name: parts
+tools:
+  both:
+    description: two commands
+    parameters: { type: object, properties: {} }
+    steps:
+      - { id: one, tool: exec, with: { argv: [sh, -c, "echo from one"] } }
+      - { id: two, needs: [one], tool: exec, with: { argv: [sh, -c, "echo from two; echo oops >&2"] } }
+steps:
+  - { id: outer, tool: both }
+"#;
+    std::fs::write(dir.path().join("parts.yaml"), spec).expect("write");
+    assert_eq!(archon(dir.path(), &["run", "parts.yaml"]).code, 0);
+    let id = last_run(dir.path());
+    let Output { stdout, stderr, .. } = archon(dir.path(), &["logs", &id, "outer"]);
+    insta::assert_snapshot!(stdout, @r"
+    from one
+    outer/two | from two
+    ");
+    assert_eq!(stderr, "outer/two | oops\n");
+}
+
+/// Secrets are masked before output is kept, and what passes the cap is counted out with a note.
+#[test]
+fn logs_mask_secrets_and_stop_at_the_cap() {
+    let dir = TempDir::new().expect("tempdir");
+    let spec = r#"name: big
+secrets: [LOG_TOKEN]
+steps:
+  - id: big
+    tool: exec
+    with:
+      argv: [sh, -c, "echo token $T; head -c 3000000 /dev/zero | tr '\\0' 'x' | fold -w 99"]
+      env: { T: "{{ secrets.LOG_TOKEN }}" }
+"#;
+    std::fs::write(dir.path().join("big.yaml"), spec).expect("write");
+    let run = archon_with(
+        dir.path(),
+        &["run", "big.yaml"],
+        &[("LOG_TOKEN", "tok-5e3r3t-value")],
+    );
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    let id = last_run(dir.path());
+    let Output { stdout, .. } = archon(dir.path(), &["logs", &id, "big"]);
+    assert!(stdout.starts_with("token ***\nxxx"), "{}", &stdout[..40]);
+    assert!(!stdout.contains("tok-5e3r3t-value"));
+    assert!(
+        stdout.ends_with(
+            "\n[archon: the rest of this attempt's stdout is not kept: more than 1 MiB]\n"
+        ),
+        "{}",
+        &stdout[stdout.len() - 120..]
+    );
+    let store = std::fs::read(dir.path().join(".archon/state.db")).unwrap_or_default();
+    let wal = std::fs::read(dir.path().join(".archon/state.db-wal")).unwrap_or_default();
+    let secret = b"tok-5e3r3t-value";
+    assert!(
+        !store.windows(secret.len()).any(|w| w == secret)
+            && !wal.windows(secret.len()).any(|w| w == secret),
+        "the secret reached the store"
+    );
+}
+
+/// `--follow` prints what a running step writes as it writes it, and ends with the run.
+#[test]
+fn follow_prints_output_as_the_run_goes() {
+    let dir = TempDir::new().expect("tempdir");
+    let spec = r#"name: slow
+steps:
+  - id: slow
+    tool: exec
+    with: { argv: [sh, -c, "echo first; touch started; while [ ! -f go ]; do sleep 0.02; done; echo second"] }
+"#;
+    std::fs::write(dir.path().join("slow.yaml"), spec).expect("write");
+    let mut run = crate::support::spawn_until(dir.path(), &["run", "slow.yaml"], "started");
+    let id = last_run(dir.path());
+    let mut follow = Command::new(env!("CARGO_BIN_EXE_archon"))
+        .args(["logs", &id, "--follow"])
+        .current_dir(dir.path())
+        .env("NO_COLOR", "1")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("archon logs starts");
+    let mut lines = BufReader::new(follow.stdout.take().expect("stdout")).lines();
+    assert_eq!(
+        lines.next().and_then(Result::ok).as_deref(),
+        Some("first"),
+        "printed while the step still runs"
+    );
+    std::fs::write(dir.path().join("go"), "").expect("write");
+    assert_eq!(lines.next().and_then(Result::ok).as_deref(), Some("second"));
+    assert!(lines.next().is_none(), "the output ends with the run");
+    assert!(follow.wait().expect("exits").success());
+    assert!(run.wait().expect("exits").success());
+}
