@@ -1314,6 +1314,28 @@ async fn a_refusal_fails_the_step_with_what_the_model_said() {
             }),
             format!("{filtered}: I can't help with that."),
         ),
+        // A refusal that comes with a tool call: the call is not made.
+        (
+            "openai",
+            "/v1",
+            json!({
+                "id": "chatcmpl-2",
+                "object": "chat.completion",
+                "model": "gpt-4o",
+                "choices": [{
+                    "index": 0,
+                    "message": {
+                        "role": "assistant",
+                        "content": null,
+                        "refusal": "I refuse",
+                        "tool_calls": [{ "id": "call_1", "type": "function", "function": { "name": "calculator", "arguments": "{\"expression\": \"1 + 1\"}" } }]
+                    },
+                    "finish_reason": "tool_calls"
+                }],
+                "usage": { "prompt_tokens": 20, "completion_tokens": 6, "total_tokens": 26 }
+            }),
+            format!("{filtered}: I refuse"),
+        ),
         (
             "anthropic",
             "",
@@ -1352,7 +1374,7 @@ async fn a_refusal_fails_the_step_with_what_the_model_said() {
             .await;
         let dir = TempDir::new().expect("tempdir");
         let yaml = format!(
-            "name: refusal\nllm:\n  providers:\n    p: {{ kind: {kind}, base_url: \"{}{suffix}\", model: m }}\nsteps:\n  - {{ id: answer, goal: Say something you should not }}\n",
+            "name: refusal\nllm:\n  providers:\n    p: {{ kind: {kind}, base_url: \"{}{suffix}\", model: m }}\nsteps:\n  - {{ id: answer, goal: Say something you should not, tools: [calculator] }}\n",
             server.uri()
         );
         let (report, events) = run_agent(dir.path(), &yaml).await;
@@ -1360,10 +1382,11 @@ async fn a_refusal_fails_the_step_with_what_the_model_said() {
         assert_eq!(answer.status, StepStatus::Failed, "{kind}");
         assert_eq!(answer.error.as_deref(), Some(error.as_str()), "{kind}");
         assert!(
-            !events
-                .iter()
-                .any(|e| matches!(e, RunEvent::AgentAnswer { .. })),
-            "{kind}: a refusal is not an answer"
+            !events.iter().any(|e| matches!(
+                e,
+                RunEvent::AgentAnswer { .. } | RunEvent::AgentAction { .. }
+            )),
+            "{kind}: a refusal is not an answer, and no call is made"
         );
     }
 }
@@ -1649,5 +1672,163 @@ async fn a_step_timed_out_during_a_model_call_counts_the_request() {
             "stopped while waiting for the model: the step timed out or the run was stopped",
             false
         )]
+    );
+}
+
+/// A gateway that echoes the API key it was sent, in an answer, a model name or an encoded error, never puts
+/// it in the report, the events, a cassette or the store: the run masks provider keys like its secrets.
+#[tokio::test]
+async fn an_echoed_api_key_is_masked_everywhere() {
+    use wiremock::matchers::method;
+    use wiremock::{Mock, MockServer};
+    const KEY: &str = "sk-test-SECRET-123456";
+    let server = MockServer::start().await;
+    let mut answer = crate::support::chat_completion(
+        json!({ "role": "assistant", "content": format!("your key is {KEY}") }),
+    );
+    answer = answer.set_body_json(json!({
+        "id": "chatcmpl-1",
+        "object": "chat.completion",
+        "model": KEY,
+        "choices": [{ "index": 0, "message": { "role": "assistant", "content": format!("your key is {KEY}") }, "finish_reason": "stop" }],
+        "usage": { "prompt_tokens": 5, "completion_tokens": 5, "total_tokens": 10 }
+    }));
+    Mock::given(method("POST"))
+        .respond_with(answer)
+        .mount(&server)
+        .await;
+    let dir = TempDir::new().expect("tempdir");
+    std::fs::write(
+        dir.path().join("echo.yaml"),
+        format!(
+            "name: echo\nllm:\n  providers:\n    gw: {{ kind: openai, base_url: \"{}/v1\", model: m, api_key_env: GW_KEY }}\nsteps:\n  - {{ id: a, goal: Say hi }}\n",
+            server.uri()
+        ),
+    )
+    .expect("write");
+    let path = dir.path().to_path_buf();
+    let (run, shown) = tokio::task::spawn_blocking(move || {
+        let run = crate::support::archon_with(
+            &path,
+            &["run", "echo.yaml", "--json", "--record", "echo.cassette"],
+            &[("GW_KEY", KEY)],
+        );
+        let id = serde_json::from_str::<serde_json::Value>(&run.stdout).expect("report")["run_id"]
+            .as_str()
+            .expect("id")
+            .to_owned();
+        let shown = crate::support::archon(&path, &["show", &id, "--json", "--events"]);
+        (run, shown)
+    })
+    .await
+    .expect("archon ran");
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    let report: serde_json::Value = serde_json::from_str(&run.stdout).expect("report");
+    assert_eq!(report["steps"]["a"]["output"], "your key is ***");
+    let cassette = std::fs::read_to_string(dir.path().join("echo.cassette")).expect("cassette");
+    for (what, text) in [
+        ("report", run.stdout.as_str()),
+        ("progress", run.stderr.as_str()),
+        ("store", shown.stdout.as_str()),
+        ("cassette", cassette.as_str()),
+    ] {
+        assert!(!text.contains(KEY), "the key reached the {what}: {text}");
+    }
+}
+
+/// A step that times out while its provider waits between retries counts the requests that were sent,
+/// and no more: the wait is not a request.
+#[tokio::test]
+async fn a_timeout_between_retries_counts_only_the_requests_sent() {
+    use wiremock::matchers::method;
+    use wiremock::{Mock, MockServer, ResponseTemplate};
+    let server = MockServer::start().await;
+    Mock::given(method("POST"))
+        .respond_with(
+            ResponseTemplate::new(503)
+                .set_body_json(json!({ "error": { "message": "overloaded" } })),
+        )
+        .mount(&server)
+        .await;
+    let dir = TempDir::new().expect("tempdir");
+    let yaml = format!(
+        "name: busy\nllm:\n  providers:\n    local: {{ kind: openai, base_url: \"{}/v1\", model: m }}\nsteps:\n  - {{ id: answer, goal: Say done, timeout: 1500ms }}\n",
+        server.uri()
+    );
+    let (report, events) = run_agent(dir.path(), &yaml).await;
+    let answer = &report.steps["answer"];
+    assert_eq!(answer.status, StepStatus::TimedOut, "{answer:?}");
+    let sent = server.received_requests().await.expect("recorded").len() as u64;
+    assert!(sent >= 1);
+    let usage = answer.llm.as_ref().expect("usage");
+    let failed_events = events
+        .iter()
+        .filter(|e| matches!(e, RunEvent::LlmCallFailed { .. }))
+        .count() as u64;
+    assert_eq!(
+        (usage.calls, usage.failed_calls, failed_events),
+        (sent, sent, sent),
+        "{events:?}"
+    );
+}
+
+/// An answer cut at the token limit says which provider's limit and how large it is, and what the model
+/// wrote before the cut is in the trail.
+#[tokio::test]
+async fn a_cut_off_answer_names_the_limit_and_keeps_its_text() {
+    use wiremock::matchers::method;
+    use wiremock::{Mock, MockServer, ResponseTemplate};
+    let server = MockServer::start().await;
+    Mock::given(method("POST"))
+        .respond_with(ResponseTemplate::new(200).set_body_json(json!({
+            "id": "chatcmpl-1",
+            "object": "chat.completion",
+            "model": "m",
+            "choices": [{ "index": 0, "message": { "role": "assistant", "content": "Once upon a time" }, "finish_reason": "length" }],
+            "usage": { "prompt_tokens": 5, "completion_tokens": 800, "total_tokens": 805 }
+        })))
+        .mount(&server)
+        .await;
+    let dir = TempDir::new().expect("tempdir");
+    let yaml = format!(
+        "name: long\nllm:\n  providers:\n    local: {{ kind: openai, base_url: \"{}/v1\", model: m, max_tokens: 800 }}\nsteps:\n  - {{ id: answer, goal: Tell a long story }}\n",
+        server.uri()
+    );
+    let (report, events) = run_agent(dir.path(), &yaml).await;
+    assert_eq!(
+        report.steps["answer"].error.as_deref(),
+        Some(
+            "the answer was cut off at the token limit of `800` tokens: raise `max_tokens` of provider `local`"
+        )
+    );
+    assert!(events.iter().any(|e| matches!(
+        e,
+        RunEvent::AgentThought { text, .. } if text == "Once upon a time"
+    )));
+}
+
+/// A base URL from the environment that is not an http(s) URL is named, not sent.
+#[tokio::test]
+async fn a_bad_base_url_in_the_environment_is_named() {
+    let dir = TempDir::new().expect("tempdir");
+    std::fs::write(
+        dir.path().join("bad.yaml"),
+        "name: bad\nllm:\n  providers:\n    local: { kind: openai, model: m }\nsteps:\n  - { id: a, goal: Say hi }\n",
+    )
+    .expect("write");
+    let path = dir.path().to_path_buf();
+    let run = tokio::task::spawn_blocking(move || {
+        crate::support::archon_with(
+            &path,
+            &["run", "bad.yaml", "--json"],
+            &[("ARCHON_OPENAI_BASE_URL", "notaurl")],
+        )
+    })
+    .await
+    .expect("archon ran");
+    let report: serde_json::Value = serde_json::from_str(&run.stdout).expect("report");
+    assert_eq!(
+        report["steps"]["a"]["error"],
+        "`ARCHON_OPENAI_BASE_URL` is `notaurl`: it must be an http:// or https:// URL, such as `http://127.0.0.1:8080/v1`"
     );
 }

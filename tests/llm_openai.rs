@@ -694,3 +694,36 @@ async fn a_huge_error_message_is_cut() {
     );
     assert_eq!(err.message, expected);
 }
+
+/// A `Retry-After` longer than archon waits fails the call saying so; a refused connection says why.
+#[tokio::test]
+async fn a_wait_too_long_and_a_refused_connection_say_why() {
+    let (server, openai) = sequence(vec![
+        error(429, "rate limited").insert_header("retry-after", "99999"),
+    ])
+    .await;
+    let err = openai.complete(&request()).await.expect_err("fails");
+    assert_eq!(requests(&server).await, 1, "not retried");
+    assert_eq!(
+        err.message,
+        "provider `local`: HTTP 429: rate limited (it asked to wait `1day 3h 46m 39s`, longer than the `5s` archon waits)"
+    );
+
+    let unused = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port");
+    let settings = Settings {
+        retries: 0,
+        ..llm_settings()
+    };
+    let closed =
+        OpenAi::new("local", format!("http://{unused}/v1"), None, settings).expect("provider");
+    let err = closed.complete(&request()).await.expect_err("fails");
+    assert!(
+        err.message
+            .starts_with("provider `local`: cannot connect: ")
+            && err.message.contains("connection refused"),
+        "{}",
+        err.message
+    );
+}

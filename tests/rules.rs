@@ -560,3 +560,21 @@ fn an_approval_decision_is_in_the_trail_with_who_made_it() {
     assert_eq!(by, archon_engine::session::person(None));
     assert_ne!(by, "someone");
 }
+
+/// `--as` must name someone: an empty name or one with a line break is refused.
+#[test]
+fn approve_as_nobody_is_refused() {
+    let dir = TempDir::new().expect("tempdir");
+    std::fs::write(dir.path().join("approve.yaml"), APPROVE).expect("write");
+    let Output { stdout, .. } =
+        archon(dir.path(), &["run", "approve.yaml", "--no-input", "--json"]);
+    let id = run_id(&stdout);
+    let Output { code, stderr, .. } = archon(dir.path(), &["approve", &id, "--as", " "]);
+    assert_eq!(code, 2);
+    insta::assert_snapshot!(stderr, @r"
+    error: `--as` needs a name, not ` `
+      hint: give the name the decision is recorded under, such as `--as ana`
+    ");
+    let Output { code, .. } = archon(dir.path(), &["approve", &id, "--as", "a\nb"]);
+    assert_eq!(code, 2);
+}

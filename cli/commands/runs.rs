@@ -244,6 +244,9 @@ fn nested_rows(name: &str, result: &archon_engine::run::StepResult, rows: &mut V
 
 /// `archon approve RUN [--step S] [--deny] [--reason TEXT] [--as NAME]`.
 pub fn approve(args: &ApproveArgs) -> anyhow::Result<Status> {
+    if let Some(status) = refuse_name(args.by.as_deref()) {
+        return Ok(status);
+    }
     let session = match existing_session(&args.state) {
         Ok(Some(session)) => session,
         Ok(None) => return Ok(no_store(&args.run, &args.state)),
@@ -281,6 +284,9 @@ pub fn approve(args: &ApproveArgs) -> anyhow::Result<Status> {
 }
 
 pub fn resolve(args: &ResolveArgs) -> anyhow::Result<Status> {
+    if let Some(status) = refuse_name(args.by.as_deref()) {
+        return Ok(status);
+    }
     let outcome = match &args.output {
         _ if args.failed => Resolved::Failed,
         None => Resolved::Succeeded(serde_json::Value::Null),
@@ -389,6 +395,18 @@ fn no_store(id: &str, state: &crate::args::StateArgs) -> Status {
         ),
         "run the command where the run was started, or point `--state-dir` at its state directory",
     )
+}
+
+/// Refuses a name given with `--as` that names nobody: empty, or holding control characters (a line break
+/// would forge the trail's next line).
+fn refuse_name(name: Option<&str>) -> Option<Status> {
+    let name = name?;
+    (name.trim().is_empty() || name.chars().any(char::is_control)).then(|| {
+        refuse(
+            &format!("`--as` needs a name, not `{}`", name.escape_debug()),
+            "give the name the decision is recorded under, such as `--as ana`",
+        )
+    })
 }
 
 fn refuse(message: &str, hint: &str) -> Status {

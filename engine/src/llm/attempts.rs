@@ -21,16 +21,24 @@ pub struct Attempt {
     pub retrying: bool,
 }
 
-tokio::task_local! {
-    static OBSERVER: UnboundedSender<Attempt>;
+/// What the caller of a call is told.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Report {
+    /// A request was sent (a wait between retries is not one).
+    Started,
+    Ended(Attempt),
 }
 
-/// Runs `call`, sending each request it makes, as it ends, to `observer`.
-pub async fn observed<T>(observer: UnboundedSender<Attempt>, call: impl Future<Output = T>) -> T {
+tokio::task_local! {
+    static OBSERVER: UnboundedSender<Report>;
+}
+
+/// Runs `call`, sending each request it makes, as it starts and ends, to `observer`.
+pub async fn observed<T>(observer: UnboundedSender<Report>, call: impl Future<Output = T>) -> T {
     OBSERVER.scope(observer, call).await
 }
 
-/// Tells the caller's scope, if there is one, about a request that ended.
-pub(crate) fn report(attempt: Attempt) {
-    let _ = OBSERVER.try_with(|observer| observer.send(attempt));
+/// Tells the caller's scope, if there is one, about a request.
+pub(crate) fn report(report: Report) {
+    let _ = OBSERVER.try_with(|observer| observer.send(report));
 }

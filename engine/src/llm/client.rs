@@ -173,8 +173,9 @@ impl Client {
             let started = Instant::now();
             let started_at = std::time::SystemTime::now();
             let made = made.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
+            super::attempts::report(super::attempts::Report::Started);
             let outcome = self.attempt(url, headers, body).await.and_then(&read);
-            super::attempts::report(super::attempts::Attempt {
+            super::attempts::report(super::attempts::Report::Ended(super::attempts::Attempt {
                 started: started_at,
                 duration: started.elapsed(),
                 error: outcome.as_ref().err().map(|e| e.message.clone()),
@@ -182,7 +183,7 @@ impl Client {
                     .as_ref()
                     .err()
                     .is_some_and(|e| (self.retries(e) && made <= settings.retries) || resends(e)),
-            });
+            }));
             outcome
         };
         attempt
@@ -244,6 +245,16 @@ impl Client {
             // A server that does not take tools (llama.cpp answers 500) will not take them next time.
             let retryable = (code == 429 || code == 408 || code >= 500)
                 && !(body.get("tools").is_some() && super::refuses_tools(&message));
+            let mut message = message;
+            if let Some(wait) =
+                retry_after.filter(|w| retryable && *w > self.settings.max_retry_after)
+            {
+                message.push_str(&format!(
+                    " (it asked to wait `{}`, longer than the `{}` archon waits)",
+                    humantime::format_duration(wait),
+                    humantime::format_duration(self.settings.max_retry_after)
+                ));
+            }
             return Err(LlmError {
                 message,
                 status: Some(code),
@@ -333,8 +344,17 @@ impl Client {
         } else {
             "the request failed".to_owned()
         };
-        // Only the cause is shown, never the URL.
-        let detail = std::error::Error::source(e).map(|s| s.to_string().to_lowercase());
+        // Only the causes are shown (the innermost says the most: `connection refused`), never the URL.
+        let mut causes: Vec<String> = Vec::new();
+        let mut source = std::error::Error::source(e);
+        while let Some(cause) = source {
+            let text = cause.to_string().to_lowercase();
+            if !causes.iter().any(|c| c.contains(&text)) {
+                causes.push(text);
+            }
+            source = cause.source();
+        }
+        let detail = (!causes.is_empty()).then(|| causes.join(": "));
         LlmError {
             message: match detail {
                 Some(detail) => format!("provider `{}`: {what}: {detail}", self.name),

@@ -127,6 +127,37 @@ pub fn model(def: &ProviderDef, env: &BTreeMap<String, String>) -> Option<String
         .or_else(|| def.model.clone())
 }
 
+/// The API keys a run's providers may send, from `env`: each provider's `api_key_env` and every variable a
+/// key is taken from. The run masks them like its secrets, in every form, wherever it writes: a gateway
+/// that echoes the key it was sent (in an answer, an error, a model name) must not put it in a report, an
+/// event, a cassette or the store.
+pub fn key_values(providers: &[&ProviderDef], env: &BTreeMap<String, String>) -> Vec<String> {
+    if providers.is_empty() {
+        return Vec::new();
+    }
+    let mut names: Vec<&str> = vec![
+        "ARCHON_OPENAI_API_KEY",
+        "OPENAI_API_KEY",
+        "ARCHON_ANTHROPIC_API_KEY",
+        "ANTHROPIC_API_KEY",
+        "ARCHON_GEMINI_API_KEY",
+        "GEMINI_API_KEY",
+        "GOOGLE_API_KEY",
+    ];
+    names.extend(
+        providers
+            .iter()
+            .filter_map(|p| p.api_key_env.as_ref().map(|v| v.value.as_str())),
+    );
+    names
+        .into_iter()
+        .filter_map(|name| env.get(name))
+        .map(|key| key.trim().to_owned())
+        // Shorter values are placeholders (`none`, `local`), which would mask ordinary words.
+        .filter(|key| key.len() >= 8)
+        .collect()
+}
+
 /// Builds the provider `name` declared as `def` in a spec read from `spec_dir`, reading `env`.
 pub fn build(
     name: &str,
@@ -166,6 +197,16 @@ pub fn build(
             && spec_url
                 .as_deref()
                 .is_some_and(|u| u.trim_end_matches('/') != public);
+        // A URL from the environment is checked here, as `validate` checks a spec's.
+        for name in [format!("ARCHON_{prefix}_BASE_URL"), base_var.to_owned()] {
+            if let Some(url) = var(&name)
+                && !(url.starts_with("http://") || url.starts_with("https://"))
+            {
+                return Err(LlmError::fatal(format!(
+                    "`{name}` is `{url}`: it must be an http:// or https:// URL, such as `http://127.0.0.1:8080/v1`"
+                )));
+            }
+        }
         let base_url = env_url
             .or(spec_url)
             .or_else(|| var(base_var))

@@ -34,6 +34,8 @@ impl Redactor {
                 self.string(text);
             }
             RunEvent::LlmCallFailed { error, .. } => self.string(error),
+            // The model's name comes from the provider's answer.
+            RunEvent::LlmCall { model, .. } => self.string(model),
             RunEvent::AgentAnswerRejected {
                 text, correction, ..
             } => {
@@ -61,8 +63,7 @@ impl Redactor {
             | RunEvent::PlanAccepted { .. }
             | RunEvent::Resumed { .. }
             | RunEvent::RuleMatched { .. }
-            | RunEvent::StepReused { .. }
-            | RunEvent::LlmCall { .. } => {}
+            | RunEvent::StepReused { .. } => {}
         }
     }
 

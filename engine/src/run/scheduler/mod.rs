@@ -143,10 +143,16 @@ fn run_workflow(
             spec_dir(&workflow),
         )
         .map_err(RunError)?;
+        let providers: Vec<&crate::spec::ProviderDef> = spec
+            .llm
+            .as_ref()
+            .map(|l| l.providers.values().collect())
+            .unwrap_or_default();
         let own = Redactor::new(
             secrets
                 .values()
                 .filter_map(|v| v.as_str().map(str::to_owned))
+                .chain(crate::llm::config::key_values(&providers, &options.env))
                 .filter(|v| !outer.masks(v)),
         );
         let redactor = Arc::new(outer.with(&own));

@@ -310,7 +310,8 @@ async fn propose(
         let text = response.text();
         match &response.finish_reason {
             FinishReason::Length => {
-                return Err(Failure::from(PlanError::CutOff).with_llm(usage.clone()));
+                let cut = PlanError::CutOff(configured.name.clone(), configured.max_tokens);
+                return Err(Failure::from(cut).with_llm(usage.clone()));
             }
             FinishReason::ContentFilter => {
                 return Err(Failure::from(PlanError::Filtered(text)).with_llm(usage.clone()));
@@ -590,8 +591,8 @@ fn instructions(shared: &Shared, policy: &PlanPolicy, ctx: &Value) -> String {
 pub(super) enum PlanError {
     #[error("the plan was {0}")]
     Denied(String),
-    #[error("the plan was cut off at the token limit: raise `max_tokens`")]
-    CutOff,
+    #[error("the plan was cut off at the token limit{}: raise `max_tokens` of provider `{}`", super::agent::limit_of(.1), .0)]
+    CutOff(String, Option<u32>),
     #[error("the model refused or the provider filtered the plan{}", super::agent::said(.0))]
     Filtered(String),
     #[error("the validator rejected the planner's plan {attempts} times; last problems: {}", .problems.join("; "))]

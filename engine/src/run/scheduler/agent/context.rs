@@ -309,7 +309,8 @@ pub(super) async fn fit(
             return Err(Failure::from(AgentError::Filtered(summary)).with_llm(usage.clone()));
         }
         crate::llm::FinishReason::Length => {
-            return Err(Failure::from(AgentError::CutOff).with_llm(usage.clone()));
+            let cut = AgentError::CutOff(configured.name.clone(), configured.max_tokens);
+            return Err(Failure::from(cut).with_llm(usage.clone()));
         }
         _ => {}
     }

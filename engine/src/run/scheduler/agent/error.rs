@@ -29,8 +29,9 @@ pub(in crate::run::scheduler) enum AgentError {
     Call(#[source] LlmError),
     #[error("`output_schema` is not a valid JSON Schema: {0}")]
     Schema(#[source] Box<jsonschema::ValidationError<'static>>),
-    #[error("the answer was cut off at the token limit: raise `max_tokens`")]
-    CutOff,
+    /// The answer reached the token limit: the provider's name and its `max_tokens`, if set.
+    #[error("the answer was cut off at the token limit{}: raise `max_tokens` of provider `{}`", limit_of(.1), .0)]
+    CutOff(String, Option<u32>),
     /// A refusal or a safety filter, with what the model said, if anything.
     #[error("the model refused or the provider filtered the answer{}", said(.0))]
     Filtered(String),
@@ -88,6 +89,11 @@ impl From<AgentError> for Failure {
 }
 
 /// `; best answer: …` after [`AgentError::NoAnswer`]'s message, when the model gave one.
+/// ` of `N` tokens`, or nothing.
+pub(in crate::run::scheduler) fn limit_of(limit: &Option<u32>) -> String {
+    limit.map_or_else(String::new, |n| format!(" of `{n}` tokens"))
+}
+
 /// `: what the model said` (its first 500 characters, with a note of the rest), or nothing.
 pub(in crate::run::scheduler) fn said(text: &str) -> String {
     let text = text.trim();

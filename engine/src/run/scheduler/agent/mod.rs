@@ -35,7 +35,7 @@ use crate::run::render::to_text;
 use crate::spec::{Body, ChosenBy, Spec, ToolMode, Trigger};
 use crate::tools::ToolOutput;
 use calls::observe;
-pub(super) use error::{AgentError, said};
+pub(super) use error::{AgentError, limit_of, said};
 use text::{TextTurn, read_text_action, text_mode_instructions, written_action};
 
 /// Iterations of an agent step unless `max_iterations` says otherwise.
@@ -55,8 +55,10 @@ pub const MAX_CALLS_PER_TURN: usize = 16;
 pub const INVALID_TURNS_LIMIT: usize = 3;
 /// Largest arguments (as JSON text) a tool call may carry; larger ones are refused and not recorded.
 pub const MAX_ARGUMENT_BYTES: usize = 64 * 1024;
-/// Most bytes of one text (or unsigned reasoning) of the model's own answer carried on in the
-/// conversation; the rest is cut with a note.
+/// Longest tool name a model's call may carry; a longer one is an unknown tool's, named by its size.
+pub const MAX_TOOL_NAME_BYTES: usize = 128;
+/// Most bytes of one text of the model's own answer carried on in the conversation; the rest is cut with
+/// a note.
 pub const MAX_TURN_TEXT_BYTES: usize = 32 * 1024;
 
 /// Runs an agent step's body: `goal` is the rendered goal.
@@ -148,10 +150,11 @@ pub(super) async fn run(
     let (mut offered, mut conversation) = start(text_mode);
     // One turn's request. The answer format constrains the final answer only: in text mode, where the
     // model writes its actions as text, a format sent with every request would forbid actions from the
-    // first turn, so the schema is in the prompt and the final answer is checked (and corrected) here.
+    // first turn (and Anthropic's format is a tool, which a provider in text mode is not sent), so the
+    // schema is in the prompt and the final answer is checked (and corrected) here.
     let ask = |messages: Vec<Message>, offered: Vec<crate::llm::ToolSpec>, text_mode: bool| {
         let mut request = configured.request(messages, offered);
-        if !text_mode || tools.is_empty() {
+        if !text_mode {
             request.output_schema.clone_from(&wire_schema);
         }
         if let Some(t) = agent.and_then(|a| a.temperature) {
@@ -324,6 +327,19 @@ pub(super) async fn run(
                 }
             }
         }
+        // A tool name longer than any tool's is kept out of events and the conversation: the call is an
+        // unknown tool's.
+        for part in &mut response.message.parts {
+            if let Part::ToolCall(call) = part
+                && call.name.len() > MAX_TOOL_NAME_BYTES
+            {
+                call.name = format!("[archon: a tool name of {} bytes]", call.name.len());
+            }
+        }
+        // A refusal is no answer, and the calls that came with it are not made.
+        if response.finish_reason == FinishReason::ContentFilter {
+            return Err(Failure::from(AgentError::Filtered(response.text())).with_llm(usage));
+        }
         let calls: Vec<_> = response.tool_calls().cloned().collect();
         let text = response.text();
         if calls.is_empty() {
@@ -331,7 +347,16 @@ pub(super) async fn run(
             match &response.finish_reason {
                 FinishReason::Stop | FinishReason::ToolCalls => {}
                 FinishReason::Length => {
-                    return Err(Failure::from(AgentError::CutOff).with_llm(usage));
+                    // What it wrote before the cut is in the trail.
+                    if !text.trim().is_empty() {
+                        shared.emit(RunEvent::AgentThought {
+                            step: label.to_owned(),
+                            iteration,
+                            text: truncate(&text, THOUGHT_CHARS),
+                        });
+                    }
+                    let cut = AgentError::CutOff(configured.name.clone(), configured.max_tokens);
+                    return Err(Failure::from(cut).with_llm(usage));
                 }
                 FinishReason::ContentFilter => {
                     return Err(Failure::from(AgentError::Filtered(text)).with_llm(usage));
@@ -727,12 +752,23 @@ enum Turn {
 }
 
 /// `message`, the model's own answer, as the conversation carries it on: the arguments of each tool call
-/// larger than [`MAX_ARGUMENT_BYTES`] replaced by a note of their size (such a call is refused), and each
-/// text or unsigned reasoning longer than [`MAX_TURN_TEXT_BYTES`] cut with a note, as tool results are, so
-/// that one oversized answer cannot make every later prompt too large. (Signed reasoning goes back
+/// larger than [`MAX_ARGUMENT_BYTES`] replaced by a note of their size (such a call is refused), each text
+/// longer than [`MAX_TURN_TEXT_BYTES`] cut with a note, as tool results are, so that one oversized answer
+/// cannot make every later prompt too large, and unsigned reasoning left out. (Signed reasoning goes back
 /// unchanged: the provider checks its signature.)
 fn as_kept(message: &Message) -> Message {
     let mut message = message.clone();
+    // Reasoning without a signature goes back to no provider: it is in the trail, not the conversation
+    // (where it would be counted against the context window, and checkpointed, for nothing).
+    message.parts.retain(|p| {
+        !matches!(
+            p,
+            Part::Reasoning {
+                signature: None,
+                ..
+            }
+        )
+    });
     for part in &mut message.parts {
         match part {
             Part::ToolCall(call) => {
@@ -742,11 +778,7 @@ fn as_kept(message: &Message) -> Message {
                         Json::String(format!("[archon: {size} bytes of arguments, not recorded]"));
                 }
             }
-            Part::Text(text)
-            | Part::Reasoning {
-                text,
-                signature: None,
-            } => cut_own(text),
+            Part::Text(text) => cut_own(text),
             _ => {}
         }
     }

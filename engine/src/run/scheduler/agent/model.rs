@@ -6,7 +6,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use super::error::AgentError;
 use crate::llm::ChatRequest;
-use crate::llm::attempts::Attempt;
+use crate::llm::attempts::{Attempt, Report};
 use crate::llm::cassette::{Recorder, Replayer};
 use crate::llm::config::{self, Configured};
 use crate::llm::pricing;
@@ -146,6 +146,7 @@ pub(in crate::run::scheduler) async fn complete(
         configured,
         started: Instant::now(),
         request_started: Instant::now(),
+        waiting: false,
         failed: 0,
         done: false,
     };
@@ -161,12 +162,12 @@ pub(in crate::run::scheduler) async fn complete(
             let response = loop {
                 tokio::select! {
                     biased;
-                    Some(attempt) = attempts.recv() => flight.ended(attempt, usage, answered),
+                    Some(report) = attempts.recv() => flight.told(report, usage, answered),
                     response = &mut call => break response,
                 }
             };
-            while let Ok(attempt) = attempts.try_recv() {
-                flight.ended(attempt, usage, answered);
+            while let Ok(report) = attempts.try_recv() {
+                flight.told(report, usage, answered);
             }
             response
         };
@@ -180,13 +181,16 @@ pub(in crate::run::scheduler) async fn complete(
     let Some(response) = waited else {
         // The step's model time ran out with a request in flight: it is reported as stopped.
         let limit = limit.unwrap_or(MODEL_TIME);
-        flight.stopped(
-            &format!(
-                "stopped: the step's model calls reached their time limit of {}",
-                humantime::format_duration(limit)
-            ),
-            Some(usage),
-        );
+        if flight.waiting {
+            flight.stopped(
+                &format!(
+                    "stopped: the step's model calls reached their time limit of {}",
+                    humantime::format_duration(limit)
+                ),
+                Some(usage),
+            );
+        }
+        flight.done = true;
         shared.llm.spend(label, Duration::ZERO, usage);
         return Err(Failure::from(AgentError::ModelTime(limit)).with_llm(usage.clone()));
     };
@@ -248,17 +252,27 @@ struct InFlight<'a> {
     label: &'a str,
     configured: &'a Configured,
     started: Instant,
-    /// When the request now in flight started (about: after the last one ended).
+    /// When the request now in flight started.
     request_started: Instant,
+    /// Whether a request is in flight (not a wait between retries).
+    waiting: bool,
     failed: u32,
     done: bool,
 }
 
 impl InFlight<'_> {
-    /// A request ended: a failed one is an event and a call counted; an answered one is kept for the
-    /// call's own event.
-    fn ended(&mut self, attempt: Attempt, usage: &mut LlmUsage, answered: &mut Option<Attempt>) {
-        self.request_started = Instant::now();
+    /// A request started or ended: a failed one is an event and a call counted; an answered one is kept
+    /// for the call's own event.
+    fn told(&mut self, report: Report, usage: &mut LlmUsage, answered: &mut Option<Attempt>) {
+        let attempt = match report {
+            Report::Started => {
+                self.waiting = true;
+                self.request_started = Instant::now();
+                return;
+            }
+            Report::Ended(attempt) => attempt,
+        };
+        self.waiting = false;
         let Some(error) = &attempt.error else {
             *answered = Some(attempt);
             return;
@@ -318,7 +332,7 @@ impl InFlight<'_> {
 
 impl Drop for InFlight<'_> {
     fn drop(&mut self) {
-        if !self.done {
+        if !self.done && self.waiting {
             self.stopped(
                 "stopped while waiting for the model: the step timed out or the run was stopped",
                 None,
