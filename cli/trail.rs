@@ -110,6 +110,7 @@ pub(crate) fn describe(event: &RunEvent) -> (&'static str, String) {
                 status.as_str(),
                 reason
                     .as_deref()
+                    .filter(|r| !r.trim().is_empty())
                     .map_or_else(String::new, |r| format!(": {r}"))
             ),
         ),
@@ -306,6 +307,7 @@ pub(crate) fn describe(event: &RunEvent) -> (&'static str, String) {
                     .map_or_else(String::new, |t| format!(" {t}")),
                 reason
                     .as_deref()
+                    .filter(|r| !r.trim().is_empty())
                     .map_or_else(String::new, |r| format!(": {r}"))
             ),
         ),

@@ -1832,3 +1832,30 @@ async fn a_bad_base_url_in_the_environment_is_named() {
         "`ARCHON_OPENAI_BASE_URL` is `notaurl`: it must be an http:// or https:// URL, such as `http://127.0.0.1:8080/v1`"
     );
 }
+
+/// An `auto` provider the environment points at a server of its own (a base URL, no key) must be told the
+/// model: `gpt-4o-mini` would price and size a local model as that one.
+#[tokio::test]
+async fn an_auto_provider_at_a_local_server_needs_its_model_named() {
+    let dir = TempDir::new().expect("tempdir");
+    std::fs::write(
+        dir.path().join("auto.yaml"),
+        "name: auto\nllm:\n  providers:\n    main: { kind: auto }\nsteps:\n  - { id: a, goal: Say hi }\n",
+    )
+    .expect("write");
+    let path = dir.path().to_path_buf();
+    let run = tokio::task::spawn_blocking(move || {
+        crate::support::archon_with(
+            &path,
+            &["run", "auto.yaml", "--json"],
+            &[("OPENAI_BASE_URL", "http://127.0.0.1:9/v1")],
+        )
+    })
+    .await
+    .expect("archon ran");
+    let report: serde_json::Value = serde_json::from_str(&run.stdout).expect("report");
+    assert_eq!(
+        report["steps"]["a"]["error"],
+        "provider `main` is `auto` and the environment points it at a server without naming its model: set `ARCHON_OPENAI_MODEL`"
+    );
+}

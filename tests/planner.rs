@@ -358,7 +358,10 @@ async fn a_goal_runs_with_no_spec() {
                 "What is 20% of 50? Use {{ no templates }}.",
                 "--json",
             ],
-            &[("OPENAI_BASE_URL", base.as_str())],
+            &[
+                ("OPENAI_BASE_URL", base.as_str()),
+                ("ARCHON_OPENAI_MODEL", "gpt-4o-mini"),
+            ],
         )
     })
     .await

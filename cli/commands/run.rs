@@ -667,8 +667,11 @@ fn summary(report: &RunReport, resumable: bool) -> String {
         };
         let _ = writeln!(
             text,
-            "llm: {} calls{failed}, {} tokens in, {} out{cost}",
-            llm.calls, llm.input_tokens, llm.output_tokens
+            "llm: {} call{}{failed}, {} tokens in, {} out{cost}",
+            llm.calls,
+            if llm.calls == 1 { "" } else { "s" },
+            llm.input_tokens,
+            llm.output_tokens
         );
     }
     if resumable {
@@ -685,11 +688,10 @@ fn summary(report: &RunReport, resumable: bool) -> String {
             id = report.run_id
         );
     }
-    if let Some((step, _)) = report
-        .steps
-        .iter()
-        .find(|(_, s)| matches!(s.status, StepStatus::Failed | StepStatus::TimedOut))
-    {
+    // A step whose command failed (an agent's failure is in the trail, not in logs).
+    if let Some((step, _)) = report.steps.iter().find(|(_, s)| {
+        matches!(s.status, StepStatus::Failed | StepStatus::TimedOut) && s.llm.is_none()
+    }) {
         let _ = writeln!(
             text,
             "  hint: `archon logs {} {step}` prints everything its commands wrote",

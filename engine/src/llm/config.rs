@@ -172,6 +172,20 @@ pub fn build(
                 "provider `{name}` is `auto` and the environment configures no provider: set `OPENAI_API_KEY`, `ANTHROPIC_API_KEY` or `GEMINI_API_KEY`, or `OPENAI_BASE_URL` for a local server"
             )));
         };
+        // A server the environment points at (not OpenAI's API: no key is set) runs a model of its own:
+        // `gpt-4o-mini` would be priced, and given its context window, as if it were that one.
+        let set = |key: &str| env.get(key).is_some_and(|v| !v.trim().is_empty());
+        let own_server = chosen == ProviderKind::Openai
+            && !["ARCHON_OPENAI_API_KEY", "OPENAI_API_KEY"]
+                .iter()
+                .any(|k| set(k))
+            && !set("ARCHON_OPENAI_MODEL")
+            && def.model.is_none();
+        if own_server {
+            return Err(LlmError::fatal(format!(
+                "provider `{name}` is `auto` and the environment points it at a server without naming its model: set `ARCHON_OPENAI_MODEL`"
+            )));
+        }
         let resolved = ProviderDef {
             kind: crate::spec::Spanned::new(chosen, def.kind.span),
             model: def.model.clone().or_else(|| auto_model(chosen)),
