@@ -1810,23 +1810,11 @@ async fn a_cut_off_answer_names_the_limit_and_keeps_its_text() {
 /// A base URL from the environment that is not an http(s) URL is named, not sent.
 #[tokio::test]
 async fn a_bad_base_url_in_the_environment_is_named() {
-    let dir = TempDir::new().expect("tempdir");
-    std::fs::write(
-        dir.path().join("bad.yaml"),
+    let report = cli_report(
         "name: bad\nllm:\n  providers:\n    local: { kind: openai, model: m }\nsteps:\n  - { id: a, goal: Say hi }\n",
+        &[("ARCHON_OPENAI_BASE_URL", "notaurl")],
     )
-    .expect("write");
-    let path = dir.path().to_path_buf();
-    let run = tokio::task::spawn_blocking(move || {
-        crate::support::archon_with(
-            &path,
-            &["run", "bad.yaml", "--json"],
-            &[("ARCHON_OPENAI_BASE_URL", "notaurl")],
-        )
-    })
-    .await
-    .expect("archon ran");
-    let report: serde_json::Value = serde_json::from_str(&run.stdout).expect("report");
+    .await;
     assert_eq!(
         report["steps"]["a"]["error"],
         "`ARCHON_OPENAI_BASE_URL` is `notaurl`: it must be an http:// or https:// URL, such as `http://127.0.0.1:8080/v1`"
@@ -1837,25 +1825,29 @@ async fn a_bad_base_url_in_the_environment_is_named() {
 /// model: `gpt-4o-mini` would price and size a local model as that one.
 #[tokio::test]
 async fn an_auto_provider_at_a_local_server_needs_its_model_named() {
-    let dir = TempDir::new().expect("tempdir");
-    std::fs::write(
-        dir.path().join("auto.yaml"),
+    let report = cli_report(
         "name: auto\nllm:\n  providers:\n    main: { kind: auto }\nsteps:\n  - { id: a, goal: Say hi }\n",
+        &[("OPENAI_BASE_URL", "http://127.0.0.1:9/v1")],
     )
-    .expect("write");
-    let path = dir.path().to_path_buf();
-    let run = tokio::task::spawn_blocking(move || {
-        crate::support::archon_with(
-            &path,
-            &["run", "auto.yaml", "--json"],
-            &[("OPENAI_BASE_URL", "http://127.0.0.1:9/v1")],
-        )
-    })
-    .await
-    .expect("archon ran");
-    let report: serde_json::Value = serde_json::from_str(&run.stdout).expect("report");
+    .await;
     assert_eq!(
         report["steps"]["a"]["error"],
         "provider `main` is `auto` and the environment points it at a server without naming its model: set `ARCHON_OPENAI_MODEL`"
     );
+}
+
+/// The JSON report of `archon run` of `yaml` with `env` (and no provider settings of the test's own).
+async fn cli_report(
+    yaml: &'static str,
+    env: &'static [(&'static str, &'static str)],
+) -> serde_json::Value {
+    let dir = TempDir::new().expect("tempdir");
+    std::fs::write(dir.path().join("spec.yaml"), yaml).expect("write");
+    let path = dir.path().to_path_buf();
+    let run = tokio::task::spawn_blocking(move || {
+        crate::support::archon_with(&path, &["run", "spec.yaml", "--json"], env)
+    })
+    .await
+    .expect("archon ran");
+    serde_json::from_str(&run.stdout).expect("a JSON report")
 }

@@ -277,40 +277,41 @@ impl InFlight<'_> {
             *answered = Some(attempt);
             return;
         };
+        let at = epoch_ms(attempt.started);
+        self.report_failed(Some(usage), error, attempt.retrying, attempt.duration, at);
+    }
+
+    /// A failed request: counted, and an event stamped `at` (when it started).
+    fn report_failed(
+        &mut self,
+        usage: Option<&mut LlmUsage>,
+        error: &str,
+        retrying: bool,
+        duration: Duration,
+        at: u64,
+    ) {
         self.failed += 1;
-        self.count_failed(Some(usage));
+        self.count_failed(usage);
         self.shared.emit_at(
             RunEvent::LlmCallFailed {
                 step: self.label.to_owned(),
                 provider: self.configured.name.clone(),
                 model: self.configured.model.clone(),
                 attempt: self.failed,
-                error: error.clone(),
-                retrying: attempt.retrying,
-                duration_ms: millis(attempt.duration),
+                error: error.to_owned(),
+                retrying,
+                duration_ms: millis(duration),
             },
-            epoch_ms(attempt.started),
+            at,
         );
     }
 
     /// The request in flight will not end: reported as failed with `why`.
     fn stopped(&mut self, why: &str, usage: Option<&mut LlmUsage>) {
         self.done = true;
-        self.failed += 1;
-        self.count_failed(usage);
         let duration = self.request_started.elapsed();
-        self.shared.emit_at(
-            RunEvent::LlmCallFailed {
-                step: self.label.to_owned(),
-                provider: self.configured.name.clone(),
-                model: self.configured.model.clone(),
-                attempt: self.failed,
-                error: why.to_owned(),
-                retrying: false,
-                duration_ms: millis(duration),
-            },
-            crate::store::now_ms().saturating_sub(millis(duration)),
-        );
+        let at = crate::store::now_ms().saturating_sub(millis(duration));
+        self.report_failed(usage, why, false, duration, at);
     }
 
     /// A failed request counts as a call: for the step (`usage`, when the step still has it, and the
