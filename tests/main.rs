@@ -19,6 +19,7 @@ mod plan;
 mod planner;
 mod process;
 mod properties;
+mod retries;
 mod rules;
 mod run;
 mod schema;

@@ -688,9 +688,9 @@ fn summary(report: &RunReport, resumable: bool) -> String {
             id = report.run_id
         );
     }
-    // A step whose command failed (an agent's failure is in the trail, not in logs).
+    // A step whose command failed (an agent's or a request's failure says it all).
     if let Some((step, _)) = report.steps.iter().find(|(_, s)| {
-        matches!(s.status, StepStatus::Failed | StepStatus::TimedOut) && s.llm.is_none()
+        matches!(s.status, StepStatus::Failed | StepStatus::TimedOut) && s.exit_code.is_some()
     }) {
         let _ = writeln!(
             text,

@@ -113,6 +113,10 @@ impl<'de> Deserializer<'de> for NodeDeserializer<'_> {
             NodeKind::Str(s) => {
                 visitor.visit_enum(IntoDeserializer::<DeError>::into_deserializer(s.as_str()))
             }
+            // A value spelled as a number (`429`), which the structural check accepted as the string.
+            NodeKind::Int(n) => visitor.visit_enum(IntoDeserializer::<DeError>::into_deserializer(
+                n.to_string(),
+            )),
             _ => Err(de::Error::custom(format!(
                 "expected a string, found {}",
                 self.node.type_name()

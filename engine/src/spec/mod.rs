@@ -335,8 +335,21 @@ pub enum Backoff {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum RetryOn {
+    /// Any failure that is not permanent (the default, with `timeout`).
     Error,
+    /// The attempt ran out of time.
     Timeout,
+    /// An HTTP status in 5xx.
+    #[serde(rename = "5xx")]
+    ServerError,
+    /// An HTTP status in 4xx other than 408 and 429 (never retried unless named).
+    #[serde(rename = "4xx")]
+    ClientError,
+    /// HTTP 429 or 408: the server asks to come back later.
+    #[serde(rename = "429")]
+    RateLimited,
+    /// A connection that could not be made, or broke.
+    Connect,
 }
 
 /// LLM configuration.

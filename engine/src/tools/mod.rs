@@ -74,6 +74,8 @@ impl ToolOutput {
 pub struct ToolError {
     pub message: String,
     pub exit_code: Option<i32>,
+    /// What kind of failure it is, for `retry.on`.
+    pub class: ErrorClass,
 }
 
 impl ToolError {
@@ -81,8 +83,41 @@ impl ToolError {
         ToolError {
             message: message.into(),
             exit_code: None,
+            class: ErrorClass::Other,
         }
     }
+
+    /// A failure that the same call would meet again: retrying cannot help.
+    pub fn permanent(message: impl Into<String>) -> Self {
+        ToolError::new(message).of(ErrorClass::Permanent)
+    }
+
+    #[must_use]
+    pub fn of(mut self, class: ErrorClass) -> Self {
+        self.class = class;
+        self
+    }
+}
+
+/// What kind of failure a call met, which decides whether `retry` tries it again: by default every
+/// failure but a permanent one; `retry.on` names the kinds.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum ErrorClass {
+    /// A tool's own failure, such as a command's exit code.
+    #[default]
+    Other,
+    /// Repeating the same call cannot help: invalid arguments, an address the network policy refuses, a
+    /// file outside the workspace, an HTTP status in 4xx other than 408 and 429.
+    Permanent,
+    /// An HTTP status in 4xx that is not permanent in every case (retried only when `retry.on` says
+    /// `4xx`): kept apart so that a 404 a step polls for can be waited for.
+    ClientError,
+    /// An HTTP status in 5xx.
+    ServerError,
+    /// HTTP 429 (and 408): the server asks to come back later.
+    RateLimited,
+    /// A connection that could not be made, or broke.
+    Connect,
 }
 
 /// Where tools run.

@@ -274,6 +274,12 @@ impl Walker<'_> {
         if values.contains(&json) {
             return Some(self.keep(node));
         }
+        // A value spelled as a number (`429` in `retry.on`) is that value, as YAML would not quote it.
+        if let NodeKind::Int(n) = node.kind
+            && values.contains(&Json::String(n.to_string()))
+        {
+            return Some(self.keep(node));
+        }
         let names: Vec<&str> = values.iter().filter_map(|v| v.as_str()).collect();
         let what = match cx.def {
             "Trigger" => "trigger",

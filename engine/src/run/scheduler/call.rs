@@ -334,6 +334,7 @@ fn composite<'a>(
                 message: "cancelled".to_owned(),
                 exit_code: None,
                 retryable: false,
+                class: crate::tools::ErrorClass::Other,
                 steps: results,
                 llm: None,
             });
@@ -349,6 +350,7 @@ fn composite<'a>(
                 ),
                 exit_code: result.exit_code,
                 retryable: true,
+                class: crate::tools::ErrorClass::Other,
                 steps: results,
                 llm: None,
             });
@@ -431,6 +433,7 @@ fn workflow<'a>(
                 message: "cancelled".to_owned(),
                 exit_code: None,
                 retryable: false,
+                class: crate::tools::ErrorClass::Other,
                 steps: report.steps,
                 llm: None,
             }),
@@ -439,6 +442,7 @@ fn workflow<'a>(
                 message: format!("sub-workflow `{path}` waits for approval"),
                 exit_code: None,
                 retryable: false,
+                class: crate::tools::ErrorClass::Other,
                 steps: report.steps,
                 llm: None,
             }),
@@ -459,6 +463,7 @@ fn workflow<'a>(
                     message: format!("sub-workflow `{path}`: {reason}"),
                     exit_code: None,
                     retryable: true,
+                    class: crate::tools::ErrorClass::Other,
                     steps: report.steps,
                     llm: None,
                 })

@@ -22,7 +22,7 @@ use crate::run::redact::Redactor;
 use crate::run::render::{Renderer, StepView};
 use crate::spec::{Body, OnError, Step};
 use crate::store::Entry;
-use crate::tools::{ToolContext, ToolError, ToolOutput};
+use crate::tools::{ErrorClass, ToolContext, ToolError, ToolOutput};
 use crate::workflow::Workflow;
 
 /// The parts of the scheduler its children call back into: a composite tool's or planner's steps are
@@ -525,6 +525,8 @@ pub(super) struct Failure {
     pub exit_code: Option<i32>,
     /// Deterministic failures (a template that does not render) are not retried.
     pub retryable: bool,
+    /// What kind of failure a tool met, for `retry.on`.
+    pub class: ErrorClass,
     /// The results of a composite tool's or sub-workflow's steps.
     pub steps: IndexMap<String, StepResult>,
     /// What an agent step's LLM calls used before it failed (boxed: failures travel in `Result`s).
@@ -547,6 +549,7 @@ impl Failure {
             message,
             exit_code: None,
             retryable: false,
+            class: ErrorClass::Other,
             steps: IndexMap::new(),
             llm: None,
         }
@@ -581,7 +584,8 @@ pub(super) fn tool_failure(e: ToolError) -> Failure {
         status: StepStatus::Failed,
         message: e.message,
         exit_code: e.exit_code,
-        retryable: true,
+        retryable: e.class != ErrorClass::Permanent,
+        class: e.class,
         steps: IndexMap::new(),
         llm: None,
     }

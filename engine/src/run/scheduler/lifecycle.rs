@@ -359,6 +359,7 @@ async fn with_retries(
                     message: format!("timed out after {}", humantime::format_duration(limit)),
                     exit_code: None,
                     retryable: true,
+                    class: crate::tools::ErrorClass::Other,
                     steps: IndexMap::new(),
                     // What its model calls used until then, which the dropped step could not report.
                     llm: shared
@@ -389,7 +390,10 @@ async fn with_retries(
                 retry_on.is_none_or(|on| on.iter().any(|o| o.value == RetryOn::Timeout))
             }
             StepStatus::Cancelled => false,
-            _ => retry_on.is_none_or(|on| on.iter().any(|o| o.value == RetryOn::Error)),
+            _ => retry_on.map_or(
+                failure.class != crate::tools::ErrorClass::ClientError,
+                |on| on.iter().any(|o| retries(o.value, failure.class)),
+            ),
         };
         if attempt >= attempts || !failure.retryable || !wanted {
             return (Err(failure), attempt);
@@ -402,6 +406,20 @@ async fn with_retries(
             delay_ms: millis(delay),
         });
         tokio::time::sleep(delay).await;
+    }
+}
+
+/// Whether `retry.on` naming `on` retries a failure of `class` (a permanent one is never retried, and
+/// never reaches here).
+fn retries(on: RetryOn, class: crate::tools::ErrorClass) -> bool {
+    use crate::tools::ErrorClass;
+    match on {
+        RetryOn::Error => class != ErrorClass::ClientError,
+        RetryOn::Timeout => false,
+        RetryOn::ServerError => class == ErrorClass::ServerError,
+        RetryOn::ClientError => class == ErrorClass::ClientError,
+        RetryOn::RateLimited => class == ErrorClass::RateLimited,
+        RetryOn::Connect => class == ErrorClass::Connect,
     }
 }
 

@@ -217,12 +217,14 @@ pub(super) async fn exec(
         return Err(ToolError {
             message,
             exit_code: code,
+            class: crate::tools::ErrorClass::Other,
         });
     }
     let output = match args["output"].as_str().unwrap_or("text") {
         "json" => serde_json::from_str(&out).map_err(|e| ToolError {
             message: format!("`{program}` did not print valid JSON: {e}"),
             exit_code: code,
+            class: crate::tools::ErrorClass::Other,
         })?,
         "lines" => Json::Array(out.lines().map(|l| Json::String(l.to_owned())).collect()),
         _ => Json::String(out.trim_end_matches('\n').to_owned()),

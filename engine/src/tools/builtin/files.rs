@@ -151,7 +151,7 @@ fn lexical(path: &Path) -> PathBuf {
 }
 
 fn outside(relative: &str) -> ToolError {
-    ToolError::new(format!("path `{relative}` is outside the workspace"))
+    ToolError::permanent(format!("path `{relative}` is outside the workspace"))
 }
 
 impl Workspace<'_> {

@@ -13,6 +13,7 @@ use reqwest::dns::{Addrs, Name, Resolve, Resolving};
 use serde_json::{Map, Value as Json, json};
 
 use super::{Tool, ToolContext, ToolError, ToolOutput, Watcher, object, timeout};
+use crate::tools::ErrorClass;
 use crate::tools::{CallFuture, SafetyRule};
 
 pub(super) struct Http;
@@ -35,6 +36,16 @@ impl Tool for Http {
                 "json": {},
                 "body": { "type": "string" },
                 "timeout": timeout(),
+                "ok_status": {
+                    "description": "statuses that succeed, each exact (404) or a class (\"2xx\"); default: below 400",
+                    "type": "array",
+                    "items": {
+                        "anyOf": [
+                            { "type": "integer", "minimum": 100, "maximum": 599 },
+                            { "type": "string", "pattern": "^([1-5]xx|[1-5][0-9][0-9])$" }
+                        ]
+                    }
+                },
             }),
             &["url"],
         )
@@ -114,19 +125,20 @@ pub async fn request(
     let _ = rustls::crypto::ring::default_provider().install_default();
     let url_text = args["url"].as_str().unwrap_or_default();
     let url = reqwest::Url::parse(url_text)
-        .map_err(|e| ToolError::new(format!("invalid URL `{url_text}`: {e}")))?;
+        .map_err(|e| ToolError::permanent(format!("invalid URL `{url_text}`: {e}")))?;
     if !matches!(url.scheme(), "http" | "https") {
-        return Err(ToolError::new(format!(
+        return Err(ToolError::permanent(format!(
             "`http` only speaks http and https, not `{}`",
             url.scheme()
         )));
     }
-    check_url(&url, policy).map_err(ToolError::new)?;
+    check_url(&url, policy).map_err(ToolError::permanent)?;
+    let ok_status = OkStatus::of(&args["ok_status"])?;
     // An argument, perhaps rendered from a template, so it is read here.
     let timeout = match args["timeout"].as_str() {
         None => Duration::from_secs(30),
         Some(text) => humantime::parse_duration(text.trim())
-            .map_err(|_| ToolError::new(format!("invalid duration `{text}` for `http`")))?,
+            .map_err(|_| ToolError::permanent(format!("invalid duration `{text}` for `http`")))?,
     };
     // Redirects are followed here, not by reqwest, so that what is sent on each hop is decided against
     // the origin the spec named (see `Outgoing::redirect`).
@@ -142,7 +154,7 @@ pub async fn request(
         .map_err(|e| ToolError::new(format!("cannot set up HTTP: {e}")))?;
     let method = args["method"].as_str().unwrap_or("GET");
     let method = reqwest::Method::from_bytes(method.as_bytes())
-        .map_err(|_| ToolError::new(format!("invalid method `{method}`")))?;
+        .map_err(|_| ToolError::permanent(format!("invalid method `{method}`")))?;
     let mut outgoing = Outgoing {
         origin: url.origin(),
         url,
@@ -166,7 +178,7 @@ pub async fn request(
             .build(&client)
             .send()
             .await
-            .map_err(|e| ToolError::new(describe(&e, &method, url_text)))?;
+            .map_err(|e| transport_error(&e, &method, url_text))?;
         let location = response
             .headers()
             .get(reqwest::header::LOCATION)
@@ -183,7 +195,7 @@ pub async fn request(
         outgoing
             .redirect(response.status(), location, policy, redactor)
             .map_err(|refusal| {
-                ToolError::new(format!(
+                ToolError::permanent(format!(
                     "{method} {url_text} failed: redirect refused: {refusal}"
                 ))
             })?;
@@ -216,12 +228,19 @@ pub async fn request(
             "\n[archon: body truncated, {truncated} more bytes]"
         ));
     }
-    if status.is_client_error() || status.is_server_error() {
+    if !ok_status.accepts(status.as_u16()) {
         let excerpt: String = redactor.text(&text).chars().take(300).collect();
+        let class = match status.as_u16() {
+            408 | 429 => ErrorClass::RateLimited,
+            code if code >= 500 => ErrorClass::ServerError,
+            code if code >= 400 => ErrorClass::ClientError,
+            _ => ErrorClass::Other,
+        };
         return Err(ToolError::new(format!(
             "HTTP {} from {method} {url_text}: {excerpt}",
             status.as_u16()
-        )));
+        ))
+        .of(class));
     }
     let parsed = serde_json::from_slice::<Json>(&body).ok();
     let output =
@@ -316,6 +335,71 @@ impl Outgoing {
         }
         self.url = next;
         Ok(())
+    }
+}
+
+/// A request that got no answer: refused by the network policy when the name resolved to an internal
+/// address (permanent), else a connection problem or a timeout.
+fn transport_error(err: &reqwest::Error, method: &reqwest::Method, url: &str) -> ToolError {
+    let message = describe(err, method, url);
+    let class = if message.contains("which `http` refuses") {
+        ErrorClass::Permanent
+    } else if err.is_connect() || err.is_timeout() || err.is_request() || err.is_body() {
+        ErrorClass::Connect
+    } else {
+        ErrorClass::Other
+    };
+    ToolError::new(message).of(class)
+}
+
+/// The statuses a request may answer with and succeed (`ok_status`): each an exact status (`404`) or a
+/// class (`"2xx"`); by default every status below 400.
+struct OkStatus(Vec<(u16, u16)>);
+
+impl OkStatus {
+    fn of(value: &Json) -> Result<OkStatus, ToolError> {
+        let Some(items) = value.as_array() else {
+            return match value {
+                Json::Null => Ok(OkStatus(vec![(100, 399)])),
+                other => Err(ToolError::permanent(format!(
+                    "`ok_status` must be a list of statuses, such as `[200, 404]` or `[\"2xx\"]`, not `{other}`"
+                ))),
+            };
+        };
+        let mut ranges = Vec::with_capacity(items.len());
+        for item in items {
+            let range = match item {
+                Json::Number(n) => n
+                    .as_u64()
+                    .filter(|n| (100..=599).contains(n))
+                    .map(|n| (n as u16, n as u16)),
+                Json::String(s) => s
+                    .strip_suffix("xx")
+                    .and_then(|d| d.parse::<u16>().ok())
+                    .filter(|d| (1..=5).contains(d))
+                    .map(|d| (d * 100, d * 100 + 99))
+                    .or_else(|| {
+                        s.parse::<u16>()
+                            .ok()
+                            .filter(|n| (100..=599).contains(n))
+                            .map(|n| (n, n))
+                    }),
+                _ => None,
+            };
+            let Some(range) = range else {
+                return Err(ToolError::permanent(format!(
+                    "`ok_status` has `{item}`: write a status such as `404` or a class such as `\"2xx\"`"
+                )));
+            };
+            ranges.push(range);
+        }
+        Ok(OkStatus(ranges))
+    }
+
+    fn accepts(&self, status: u16) -> bool {
+        self.0
+            .iter()
+            .any(|(low, high)| (*low..=*high).contains(&status))
     }
 }
 

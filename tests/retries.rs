@@ -1,0 +1,97 @@
+//! Issue 15, item 4: failures are classified, so that `retry` does not repeat what cannot help (an address
+//! the network policy refuses, an HTTP 4xx) and `retry.on` can name what it retries: `timeout`, `5xx`,
+//! `4xx`, `429`, `connect`, `error`; `http` takes `ok_status`.
+
+use serde_json::{Value as Json, json};
+use tempfile::TempDir;
+use wiremock::matchers::method;
+use wiremock::{Mock, MockServer, ResponseTemplate};
+
+use crate::support::{Output, archon};
+
+/// Runs a one-step workflow calling `http` with `with` and `retry`, against a server answering `status`;
+/// returns the step's result and how many requests the server received.
+async fn step(status: u16, with: &str, retry: &str) -> (Json, usize) {
+    let server = MockServer::start().await;
+    Mock::given(method("GET"))
+        .respond_with(ResponseTemplate::new(status).set_body_string("nope"))
+        .mount(&server)
+        .await;
+    let dir = TempDir::new().expect("tempdir");
+    std::fs::write(
+        dir.path().join("r.yaml"),
+        format!(
+            "name: r\nnetwork: {{ allow: [\"127.0.0.1\"] }}\nsteps:\n  - id: a\n    tool: http\n    with: {{ url: \"{}/x\"{with} }}\n    retry: {{ attempts: 3, delay: 1ms{retry} }}\n",
+            server.uri()
+        ),
+    )
+    .expect("write");
+    let path = dir.path().to_path_buf();
+    let Output { stdout, .. } =
+        tokio::task::spawn_blocking(move || archon(&path, &["run", "r.yaml", "--json"]))
+            .await
+            .expect("archon ran");
+    let report: Json = serde_json::from_str(&stdout).expect("report");
+    let received = server.received_requests().await.expect("recorded").len();
+    (report["steps"]["a"].clone(), received)
+}
+
+#[tokio::test]
+async fn retry_on_names_what_it_retries() {
+    // By default: a 5xx is retried, a 4xx is not (it would answer the same).
+    assert_eq!(step(503, "", "").await.1, 3);
+    assert_eq!(step(404, "", "").await.1, 1);
+    // Named classes.
+    assert_eq!(step(404, "", ", on: [4xx]").await.1, 3);
+    assert_eq!(step(503, "", ", on: [429]").await.1, 1);
+    assert_eq!(
+        step(429, "", ", on: [timeout, 5xx, 429, connect]").await.1,
+        3
+    );
+    assert_eq!(
+        step(503, "", ", on: [timeout, 5xx, 429, connect]").await.1,
+        3
+    );
+    // `ok_status`: a 404 that is an answer.
+    let (result, received) = step(404, ", ok_status: [200, 404]", "").await;
+    assert_eq!(
+        (result["status"].as_str(), received),
+        (Some("succeeded"), 1)
+    );
+    assert_eq!(result["output"]["status"], json!(404));
+    let (result, _) = step(204, ", ok_status: [\"2xx\"]", "").await;
+    assert_eq!(result["status"], "succeeded");
+}
+
+#[test]
+fn an_address_the_network_policy_refuses_is_not_retried() {
+    let dir = TempDir::new().expect("tempdir");
+    std::fs::write(
+        dir.path().join("r.yaml"),
+        "name: r\nsteps:\n  - id: a\n    tool: http\n    with: { url: \"http://127.0.0.1:9/x\" }\n    retry: { attempts: 3, delay: 1ms }\n",
+    )
+    .expect("write");
+    let Output { stdout, .. } = archon(dir.path(), &["run", "r.yaml", "--json"]);
+    let report: Json = serde_json::from_str(&stdout).expect("report");
+    assert_eq!(report["steps"]["a"]["attempts"], 1);
+    assert_eq!(
+        report["steps"]["a"]["error"],
+        "`127.0.0.1` is an internal address (loopback), which `http` refuses unless `network.allow` lists it"
+    );
+}
+
+#[test]
+fn a_bad_ok_status_is_refused_by_validate() {
+    let dir = TempDir::new().expect("tempdir");
+    std::fs::write(
+        dir.path().join("r.yaml"),
+        "name: r\nsteps:\n  - id: a\n    tool: http\n    with: { url: \"https://example.com\", ok_status: [\"6xx\"] }\n",
+    )
+    .expect("write");
+    let Output {
+        code,
+        stdout,
+        stderr,
+    } = archon(dir.path(), &["validate", "r.yaml"]);
+    assert_eq!(code, 2, "{stdout}{stderr}");
+}
