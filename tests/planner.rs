@@ -383,8 +383,10 @@ async fn a_goal_runs_with_no_spec() {
         .collect();
     assert_eq!(goals.len(), 1);
 
-    // Without any provider in the environment the run says what to set.
+    // Without any provider in the environment the goal is refused before a run is recorded (issue 15,
+    // item 7: it used to record a run and fail it).
     let cwd = dir.path().to_path_buf();
+    let runs_before = archon(dir.path(), &["runs", "--json"]).stdout;
     let output = tokio::task::spawn_blocking(move || {
         archon_with(
             &cwd,
@@ -394,14 +396,12 @@ async fn a_goal_runs_with_no_spec() {
     })
     .await
     .expect("archon ran");
-    assert_eq!(output.code, 1, "{}", output.stderr);
-    assert!(
-        output
-            .stderr
-            .contains("set `OPENAI_API_KEY`, `ANTHROPIC_API_KEY` or `GEMINI_API_KEY`"),
-        "{}",
-        output.stderr
-    );
+    assert_eq!(output.code, 2, "{}", output.stderr);
+    insta::assert_snapshot!(output.stderr, @r"
+    error: `--goal` needs an LLM provider, and the environment configures none
+      hint: set `OPENAI_API_KEY`, `ANTHROPIC_API_KEY` or `GEMINI_API_KEY`, or `ARCHON_OPENAI_BASE_URL` and `ARCHON_OPENAI_MODEL` for a local server
+    ");
+    assert_eq!(archon(dir.path(), &["runs", "--json"]).stdout, runs_before);
 }
 
 #[tokio::test]

@@ -578,3 +578,24 @@ fn approve_as_nobody_is_refused() {
     let Output { code, .. } = archon(dir.path(), &["approve", &id, "--as", "a\nb"]);
     assert_eq!(code, 2);
 }
+
+/// A paused run's summary says what waits and shows no outputs: they are rendered when the run ends (issue
+/// 15, item 7).
+#[test]
+fn a_paused_run_shows_no_outputs_yet() {
+    let dir = TempDir::new().expect("tempdir");
+    std::fs::write(
+        dir.path().join("approve.yaml"),
+        format!("{APPROVE}outputs:\n  marker: \"{{{{ steps.after.output.done }}}}\"\n"),
+    )
+    .expect("write");
+    let Output { code, stdout, .. } = archon(dir.path(), &["run", "approve.yaml", "--no-input"]);
+    assert_eq!(code, 3);
+    let first = stdout.lines().next().unwrap_or_default();
+    assert!(
+        first.starts_with("run ") && first.ends_with(" ms"),
+        "no dangling `: `: {stdout}"
+    );
+    assert!(!stdout.contains("outputs:"), "{stdout}");
+    assert!(!stdout.contains("undefined"), "{stdout}");
+}

@@ -23,6 +23,19 @@ pub fn run(args: &RunArgs, color: ColorChoice) -> anyhow::Result<Status> {
     let id = session::new_run_id();
     let file = match (&args.file, &args.goal) {
         (Some(file), _) => file.clone(),
+        (None, Some(_))
+            if args.replay.is_none()
+                && matches!(
+                    archon_engine::llm::config::auto_kind(&std::env::vars().collect()),
+                    Ok(None)
+                ) =>
+        {
+            // Refused before a run is recorded that could only fail.
+            output::stderr(
+                "error: `--goal` needs an LLM provider, and the environment configures none\n  hint: set `OPENAI_API_KEY`, `ANTHROPIC_API_KEY` or `GEMINI_API_KEY`, or `ARCHON_OPENAI_BASE_URL` and `ARCHON_OPENAI_MODEL` for a local server\n",
+            );
+            return Ok(Status::Invalid);
+        }
         (None, Some(goal)) => match session::write_goal_workflow(&args.state.dir(), goal, &id) {
             Ok(file) => file,
             Err(e) => return Ok(session_error(&e, color)),
@@ -644,11 +657,15 @@ fn summary(report: &RunReport, resumable: bool) -> String {
         RunStatus::WaitingApproval => "is waiting for approval",
     };
     let mut text = format!(
-        "run {} of `{}` {status} in {} ms: {}\n",
+        "run {} of `{}` {status} in {} ms{}\n",
         report.run_id,
         report.workflow,
         report.duration_ms,
-        parts.join(", ")
+        if parts.is_empty() {
+            String::new()
+        } else {
+            format!(": {}", parts.join(", "))
+        }
     );
     if let Some(error) = &report.error {
         let _ = writeln!(text, "error: {error}");
@@ -698,7 +715,10 @@ fn summary(report: &RunReport, resumable: bool) -> String {
             report.run_id
         );
     }
-    text.push_str(&outputs_text(&report.outputs));
+    // A run that has not ended has no outputs yet: they are rendered when it ends.
+    if !matches!(report.status, RunStatus::WaitingApproval) && !resumable {
+        text.push_str(&outputs_text(&report.outputs));
+    }
     text
 }
 

@@ -169,7 +169,7 @@ pub fn build(
     if kind == ProviderKind::Auto {
         let Some(chosen) = auto_kind(env)? else {
             return Err(LlmError::fatal(format!(
-                "provider `{name}` is `auto` and the environment configures no provider: set `OPENAI_API_KEY`, `ANTHROPIC_API_KEY` or `GEMINI_API_KEY`, or `OPENAI_BASE_URL` for a local server"
+                "provider `{name}` is `auto` and the environment configures no provider: set `OPENAI_API_KEY`, `ANTHROPIC_API_KEY` or `GEMINI_API_KEY`, or `ARCHON_OPENAI_BASE_URL` and `ARCHON_OPENAI_MODEL` for a local server"
             )));
         };
         // A server the environment points at (not OpenAI's API: no key is set) runs a model of its own:

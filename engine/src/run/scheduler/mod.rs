@@ -256,7 +256,8 @@ fn run_workflow(
         });
         let cancelled = shared.options.cancel.is_cancelled();
         let mut outputs = Map::new();
-        if !cancelled {
+        // A run that waits for a person has not ended: its outputs are rendered when it does.
+        if !cancelled && !waiting {
             let ctx = shared.context(&named(&spec.steps, &views), false, &[]);
             let (rendered, problem) = shared.renderer.outputs(&spec.outputs, &ctx).await;
             outputs = rendered;
