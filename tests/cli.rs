@@ -136,3 +136,55 @@ fn usage_errors_exit_two() {
     assert_eq!(out.code, 2);
     assert!(out.stderr.contains("PATH"), "{}", out.stderr);
 }
+
+/// `archon validate DIR` checks the workflow specs in it, not every YAML or TOML file: `Cargo.toml` and a
+/// CI file have no `steps` and are left alone (issue 15, item 7); a file named on the command line is
+/// always checked.
+#[test]
+fn validate_of_a_directory_skips_files_that_are_not_workflows() {
+    let dir = TempDir::new().expect("tempdir");
+    std::fs::write(
+        dir.path().join("Cargo.toml"),
+        "[package]\nname = \"x\"\nversion = \"0.1.0\"\n",
+    )
+    .expect("write");
+    std::fs::write(
+        dir.path().join("ci.yaml"),
+        "on: push\njobs:\n  test: { runs-on: ubuntu-latest }\n",
+    )
+    .expect("write");
+    std::fs::write(
+        dir.path().join("hello.yaml"),
+        "name: hello\nsteps:\n  - { id: a, tool: echo, with: { text: hi } }\n",
+    )
+    .expect("write");
+    let out = archon(dir.path(), &["validate", "."]);
+    assert_eq!((out.code, out.stdout.as_str()), (0, "1 file valid\n"));
+    let named = archon(dir.path(), &["validate", "Cargo.toml"]);
+    assert_eq!(named.code, 2, "{}", named.stdout);
+}
+
+/// `validate` warns about a valid step `run` would refuse, instead of calling the workflow valid without a
+/// word (issue 15, item 7).
+#[test]
+fn validate_warns_about_what_run_cannot_run_yet() {
+    let dir = TempDir::new().expect("tempdir");
+    std::fs::write(
+        dir.path().join("m.yaml"),
+        "name: m\nagents:\n  helper: { memory: true }\nsteps:\n  - { id: a, goal: remember things, agent: helper }\n",
+    )
+    .expect("write");
+    let out = archon(dir.path(), &["validate", "m.yaml"]);
+    assert_eq!(out.code, 0);
+    insta::assert_snapshot!(out.stdout, @r"
+    warning[archon::cannot_run_yet]: step `a` cannot run in this version: agent memory (`memory: true`) cannot run yet
+     --> m.yaml:5:11
+      |
+    5 |   - { id: a, goal: remember things, agent: helper }
+      |           ^
+      |
+      = hint: `archon run` refuses the workflow until it can
+
+    1 file valid, 1 warning
+    ");
+}
