@@ -347,6 +347,7 @@ fn file_tool_context(workdir: &Path) -> archon_engine::tools::ToolContext {
         workdir: workdir.to_path_buf(),
         protected: Vec::new(),
         env: Vec::new(),
+        withheld: Vec::new(),
         network: Default::default(),
         redactor: Default::default(),
         helper: None,

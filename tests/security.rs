@@ -824,3 +824,37 @@ outputs:
         "no part of the secret survives a cut either: {text}"
     );
 }
+
+/// A declared secret reaches a command only through an `env` that passes it, whether its value came from
+/// the environment or from `.env` (a secret from the environment used to be inherited by every command,
+/// and one from `.env` to be silently empty; issue 15, item 7).
+#[test]
+fn a_secret_reaches_commands_the_same_way_from_the_environment_and_from_dot_env() {
+    let spec = |passes: bool| {
+        format!(
+            "name: s\nsecrets: [TOK]\n{}steps:\n  - {{ id: a, tool: exec, with: {{ argv: [sh, -c, 'echo \"[$TOK]\"'] }} }}\n",
+            if passes {
+                "env: { TOK: \"{{ secrets.TOK }}\" }\n"
+            } else {
+                ""
+            }
+        )
+    };
+    let output = |passes: bool, dot_env: bool| {
+        let dir = TempDir::new().expect("tempdir");
+        std::fs::write(dir.path().join("s.yaml"), spec(passes)).expect("write");
+        let env: &[(&str, &str)] = if dot_env {
+            std::fs::write(dir.path().join(".env"), "TOK=tok-from-file-123\n").expect("write");
+            &[("ARCHON_TEST", "1")]
+        } else {
+            &[("TOK", "tok-from-env-123")]
+        };
+        let run = archon_with(dir.path(), &["run", "s.yaml", "--json"], env);
+        let report: Json = serde_json::from_str(&run.stdout).expect("report");
+        report["steps"]["a"]["output"].clone()
+    };
+    for dot_env in [false, true] {
+        assert_eq!(output(false, dot_env), "[]", "not passed (.env: {dot_env})");
+        assert_eq!(output(true, dot_env), "[***]", "passed (.env: {dot_env})");
+    }
+}

@@ -129,6 +129,9 @@ pub struct ToolContext {
     pub protected: Vec<PathBuf>,
     /// The spec's `env`, rendered, for commands.
     pub env: Vec<(String, String)>,
+    /// Variables a command does not inherit from archon's environment: the declared secrets, which
+    /// reach a command only through an `env` that passes them, wherever their value was read from.
+    pub withheld: Vec<String>,
     /// What `http` may reach.
     pub network: Arc<NetworkPolicy>,
     /// Secret values, masked in the excerpts errors quote before they are cut (a cut secret would no

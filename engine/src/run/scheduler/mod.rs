@@ -194,6 +194,7 @@ fn run_workflow(
                 workdir: options.workdir.clone(),
                 protected: options.protected.clone(),
                 env: tool_env,
+                withheld: spec.secrets.iter().map(|s| s.value.clone()).collect(),
                 network: workflow.network.clone(),
                 redactor: redactor.clone(),
                 helper: options.helper.clone(),

@@ -110,6 +110,9 @@ pub(super) async fn exec(
         None => cx.workdir.clone(),
     };
     let mut command = tokio::process::Command::new(program);
+    for name in &cx.withheld {
+        command.env_remove(name);
+    }
     command
         .args(rest)
         .current_dir(&cwd)
