@@ -188,3 +188,36 @@ fn validate_warns_about_what_run_cannot_run_yet() {
     1 file valid, 1 warning
     ");
 }
+
+/// The template traps of issue 15, item 5 each get a hint that says what to write.
+#[test]
+fn template_traps_say_what_to_write() {
+    let dir = TempDir::new().expect("tempdir");
+    let hints = |spec: &str| -> Vec<String> {
+        std::fs::write(dir.path().join("t.yaml"), spec).expect("write");
+        archon(dir.path(), &["validate", "t.yaml"])
+            .stdout
+            .lines()
+            .filter(|l| l.contains("hint:"))
+            .map(|l| l.trim().to_owned())
+            .collect()
+    };
+    assert_eq!(
+        hints(
+            "name: t\nsteps:\n  - { id: a, tool: shell, with: { command: \"X=abc; echo ${#X}\" } }\n"
+        ),
+        [
+            "= hint: `{#` starts a template comment: to write it as text (such as `${#VAR}` in a shell command), wrap the text in `{% raw %}...{% endraw %}`"
+        ]
+    );
+    assert_eq!(
+        hints("name: t\nsteps:\n  - id: a\n    tool: echo\n    with: { text: {{ run.id }} }\n"),
+        ["= hint: a value that starts with a template is quoted in YAML: `text: \"{{ x }}\"`"]
+    );
+    assert_eq!(
+        hints(
+            "name: t\ninputs:\n  x: { type: integer, default: 1 }\nsteps:\n  - { id: a, tool: echo, with: { text: hi }, if: \"${{ inputs.x == 1 }}\" }\n"
+        ),
+        ["= hint: write `inputs.x == 1`"]
+    );
+}

@@ -182,6 +182,7 @@ pub mod codes {
     pub const MISSING_INPUT: &str = "archon::missing_input";
     pub const INEFFECTIVE_FIELD: &str = "archon::ineffective_field";
     pub const CANNOT_RUN_YET: &str = "archon::cannot_run_yet";
+    pub const DOLLAR_TEMPLATE: &str = "archon::dollar_template";
     pub const SHELL_TEMPLATE: &str = "archon::shell_template";
     pub const EMPTY_WORKFLOW: &str = "archon::empty_workflow";
     pub const PLAN_NOT_ALLOWED: &str = "archon::plan_not_allowed";

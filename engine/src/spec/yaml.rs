@@ -256,14 +256,25 @@ fn convert(raw: Located, file: &SourceFile, diagnostics: &mut Bounded) -> Node {
                 let name = match key_name(key_node) {
                     Ok(name) => name,
                     Err(key_node) => {
-                        diagnostics.push(Diagnostic::error(
-                            codes::WRONG_TYPE,
-                            span,
-                            format!(
-                                "mapping keys must be strings, found {}",
-                                key_node.type_name()
-                            ),
-                        ));
+                        // `text: {{ x }}` unquoted: YAML reads a mapping inside a mapping.
+                        let template = file
+                            .text
+                            .get(span.start as usize..)
+                            .is_some_and(|t| t.starts_with('{'))
+                            && matches!(key_node.kind, NodeKind::Map(_));
+                        diagnostics.push(
+                            Diagnostic::error(
+                                codes::WRONG_TYPE,
+                                span,
+                                format!(
+                                    "mapping keys must be strings, found {}",
+                                    key_node.type_name()
+                                ),
+                            )
+                            .with_hint_opt(template.then(|| {
+                                "a value that starts with a template is quoted in YAML: `text: \"{{ x }}\"`".to_owned()
+                            })),
+                        );
                         continue;
                     }
                 };

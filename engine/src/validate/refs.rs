@@ -145,6 +145,18 @@ impl Checker<'_> {
     }
 
     pub fn template_at(&mut self, text: &str, span: Span, scope: &Scope<'_>) -> Vec<Dep> {
+        // GitHub Actions writes `${{ x }}`; here that renders a `$` before the value, without a word.
+        if let Some(at) = text.find("${{") {
+            let at = crate::validate::templates::locate(self.file, span, text, at..at + 3);
+            self.push(
+                Diagnostic::warning(
+                    codes::DOLLAR_TEMPLATE,
+                    at,
+                    "`${{` renders a `$` before the value: templates are written `{{ ... }}`",
+                )
+                .with_hint("drop the `$`; to print a `$` before a value on purpose, write `{{ '$' }}{{ ... }}`"),
+            );
+        }
         match self.analyzer.template(self.file, span, text) {
             Ok(refs) => self.references(&refs, scope),
             Err(d) => {

@@ -316,7 +316,10 @@ impl Analyzer {
             )
             .with_hint(format!(
                 "write `{}`",
-                text.replace("{{", "").replace("}}", "").trim()
+                text.replace("${{", "{{")
+                    .replace("{{", "")
+                    .replace("}}", "")
+                    .trim()
             )));
         }
         if let Some(range) = too_many_operators(text, true) {
@@ -412,6 +415,8 @@ fn syntax_error(
     };
     let hint = if code == codes::EXPRESSION_SYNTAX {
         "expressions are bare minijinja (Jinja2) expressions without `{{ }}`, such as `steps.a.status == 'succeeded'`; see docs/spec.md#templates"
+    } else if detail.contains("comment") && text.contains("{#") {
+        "`{#` starts a template comment: to write it as text (such as `${#VAR}` in a shell command), wrap the text in `{% raw %}...{% endraw %}`"
     } else {
         "templates use minijinja (Jinja2) syntax: `{{ expression }}`, `{% if ... %}`; see docs/spec.md#templates"
     };
