@@ -194,7 +194,7 @@ pub struct ShowArgs {
     #[arg(long)]
     pub json: bool,
 
-    /// Print the run's event log, one JSON object per line (inside the JSON with `--json`).
+    /// Print the run's event log as a readable trail, each event with its time (as JSON inside `--json`).
     #[arg(long)]
     pub events: bool,
 
