@@ -56,14 +56,9 @@ pub fn render(events: &[Json]) -> String {
 
 /// `line`, or its first [`SHOWN_LINE_CHARS`] characters and a count of the rest.
 fn shown(line: &str) -> std::borrow::Cow<'_, str> {
-    match line.char_indices().nth(SHOWN_LINE_CHARS) {
+    match archon_engine::text::split_at_chars(line, SHOWN_LINE_CHARS) {
         None => line.into(),
-        Some((end, _)) => format!(
-            "{} [... {} more characters]",
-            &line[..end],
-            line[end..].chars().count()
-        )
-        .into(),
+        Some((head, more)) => format!("{head} [... {more} more characters]").into(),
     }
 }
 

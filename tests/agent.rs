@@ -1405,32 +1405,21 @@ async fn the_environment_points_a_run_at_another_server_and_model() {
         ))
         .mount(&server)
         .await;
-    let dir = TempDir::new().expect("tempdir");
     // Where the spec points: a port nobody listens on.
     let unused = std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .expect("a free port");
-    std::fs::write(
-        dir.path().join("classify.yaml"),
+    let (_dir, output, _) = cli_run(
         format!(
             "name: classify\nllm:\n  providers:\n    local: {{ kind: openai, base_url: \"http://{unused}/v1\", model: qwen2.5-7b-instruct }}\nsteps:\n  - id: kind\n    goal: \"Classify this commit subject as feature, fix or chore: mend the parser\"\n    output_schema: {{ type: string, enum: [feature, fix, chore] }}\n"
         ),
+        &[],
+        vec![
+            ("ARCHON_OPENAI_BASE_URL", format!("{}/v1", server.uri())),
+            ("ARCHON_OPENAI_MODEL", "gemma-3-270m".to_owned()),
+        ],
     )
-    .expect("write");
-    let url = format!("{}/v1", server.uri());
-    let path = dir.path().to_path_buf();
-    let output = tokio::task::spawn_blocking(move || {
-        crate::support::archon_with(
-            &path,
-            &["run", "classify.yaml", "--json"],
-            &[
-                ("ARCHON_OPENAI_BASE_URL", url.as_str()),
-                ("ARCHON_OPENAI_MODEL", "gemma-3-270m"),
-            ],
-        )
-    })
-    .await
-    .expect("archon ran");
+    .await;
     assert_eq!(output.code, 0, "{}", output.stderr);
     let report: serde_json::Value = serde_json::from_str(&output.stdout).expect("a JSON report");
     assert_eq!(report["steps"]["kind"]["output"], "fix");
@@ -1463,27 +1452,15 @@ async fn a_timed_out_request_is_in_the_trail_and_counted_as_a_call() {
         })
         .mount(&server)
         .await;
-    let dir = TempDir::new().expect("tempdir");
-    std::fs::write(
-        dir.path().join("slow.yaml"),
+    let (_dir, run, shown) = cli_run(
         format!(
             "name: slow\nllm:\n  providers:\n    local: {{ kind: openai, base_url: \"{}/v1\", model: m, timeout: 2s }}\nsteps:\n  - {{ id: answer, goal: Say done }}\n",
             server.uri()
         ),
+        &[],
+        Vec::new(),
     )
-    .expect("write");
-    let path = dir.path().to_path_buf();
-    let (run, shown) = tokio::task::spawn_blocking(move || {
-        let run = crate::support::archon(&path, &["run", "slow.yaml", "--json"]);
-        let id = serde_json::from_str::<serde_json::Value>(&run.stdout).expect("report")["run_id"]
-            .as_str()
-            .expect("id")
-            .to_owned();
-        let shown = crate::support::archon(&path, &["show", &id, "--json", "--events"]);
-        (run, shown)
-    })
-    .await
-    .expect("archon ran");
+    .await;
     assert_eq!(run.code, 0, "{}", run.stderr);
     let report: serde_json::Value = serde_json::from_str(&run.stdout).expect("report");
     assert_eq!(report["steps"]["answer"]["output"], "done");
@@ -1592,18 +1569,11 @@ async fn an_oversized_thought_is_cut_when_sent_back() {
 
     // Through the CLI and its store: the 10 MB answer adds about the cut 32 KiB (in the checkpoint), not
     // tens of megabytes.
-    let cli = TempDir::new().expect("tempdir");
-    std::fs::write(cli.path().join("big.yaml"), &yaml).expect("write");
-    let path = cli.path().to_path_buf();
-    let run = tokio::task::spawn_blocking(move || {
-        crate::support::archon(&path, &["run", "big.yaml", "--json"])
-    })
-    .await
-    .expect("archon ran");
+    let (cli, run, _) = cli_run(yaml, &[], Vec::new()).await;
     assert_eq!(run.code, 0, "{}", run.stderr);
     let files: Vec<std::path::PathBuf> = walk(cli.path())
         .into_iter()
-        .filter(|p| p.file_name().is_some_and(|n| n != "big.yaml"))
+        .filter(|p| p.file_name().is_some_and(|n| n != "spec.yaml"))
         .collect();
     assert!(
         files.iter().any(|p| p.ends_with(".archon/state.db")),
@@ -1698,31 +1668,15 @@ async fn an_echoed_api_key_is_masked_everywhere() {
         .respond_with(answer)
         .mount(&server)
         .await;
-    let dir = TempDir::new().expect("tempdir");
-    std::fs::write(
-        dir.path().join("echo.yaml"),
+    let (dir, run, shown) = cli_run(
         format!(
             "name: echo\nllm:\n  providers:\n    gw: {{ kind: openai, base_url: \"{}/v1\", model: m, api_key_env: GW_KEY }}\nsteps:\n  - {{ id: a, goal: Say hi }}\n",
             server.uri()
         ),
+        &["--record", "echo.cassette"],
+        vec![("GW_KEY", KEY.to_owned())],
     )
-    .expect("write");
-    let path = dir.path().to_path_buf();
-    let (run, shown) = tokio::task::spawn_blocking(move || {
-        let run = crate::support::archon_with(
-            &path,
-            &["run", "echo.yaml", "--json", "--record", "echo.cassette"],
-            &[("GW_KEY", KEY)],
-        );
-        let id = serde_json::from_str::<serde_json::Value>(&run.stdout).expect("report")["run_id"]
-            .as_str()
-            .expect("id")
-            .to_owned();
-        let shown = crate::support::archon(&path, &["show", &id, "--json", "--events"]);
-        (run, shown)
-    })
-    .await
-    .expect("archon ran");
+    .await;
     assert_eq!(run.code, 0, "{}", run.stderr);
     let report: serde_json::Value = serde_json::from_str(&run.stdout).expect("report");
     assert_eq!(report["steps"]["a"]["output"], "your key is ***");
@@ -1839,18 +1793,42 @@ async fn an_auto_provider_at_a_local_server_needs_its_model_named() {
     );
 }
 
-/// The JSON report of `archon run` of `yaml` with `env` (and no provider settings of the test's own).
+/// Runs `archon run spec.yaml --json ARGS` on `yaml` in a new directory, with `env` and no provider
+/// settings of the test's own, off the async runtime; returns the directory, the run's output and what
+/// `archon show RUN --json --events` prints.
+async fn cli_run(
+    yaml: String,
+    args: &'static [&'static str],
+    env: Vec<(&'static str, String)>,
+) -> (TempDir, crate::support::Output, crate::support::Output) {
+    let dir = TempDir::new().expect("tempdir");
+    std::fs::write(dir.path().join("spec.yaml"), yaml).expect("write");
+    let path = dir.path().to_path_buf();
+    let (run, shown) = tokio::task::spawn_blocking(move || {
+        let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        let run_args: Vec<&str> = ["run", "spec.yaml", "--json"]
+            .into_iter()
+            .chain(args.iter().copied())
+            .collect();
+        let run = crate::support::archon_with(&path, &run_args, &env);
+        let id = serde_json::from_str::<serde_json::Value>(&run.stdout)
+            .ok()
+            .and_then(|r| r["run_id"].as_str().map(str::to_owned))
+            .unwrap_or_default();
+        let shown = crate::support::archon(&path, &["show", &id, "--json", "--events"]);
+        (run, shown)
+    })
+    .await
+    .expect("archon ran");
+    (dir, run, shown)
+}
+
+/// The JSON report of `archon run` of `yaml` with `env`.
 async fn cli_report(
     yaml: &'static str,
     env: &'static [(&'static str, &'static str)],
 ) -> serde_json::Value {
-    let dir = TempDir::new().expect("tempdir");
-    std::fs::write(dir.path().join("spec.yaml"), yaml).expect("write");
-    let path = dir.path().to_path_buf();
-    let run = tokio::task::spawn_blocking(move || {
-        crate::support::archon_with(&path, &["run", "spec.yaml", "--json"], env)
-    })
-    .await
-    .expect("archon ran");
+    let env = env.iter().map(|(k, v)| (*k, (*v).to_owned())).collect();
+    let (_dir, run, _) = cli_run(yaml.to_owned(), &[], env).await;
     serde_json::from_str(&run.stdout).expect("a JSON report")
 }

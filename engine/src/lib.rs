@@ -24,6 +24,7 @@ pub mod spec;
 pub mod store;
 #[cfg(test)]
 mod testing;
+pub mod text;
 pub mod tools;
 pub mod validate;
 pub mod workflow;

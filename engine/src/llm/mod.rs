@@ -387,14 +387,9 @@ pub fn provider_message(body: &str) -> String {
             shown
         };
     };
-    let mut chars = message.char_indices();
-    match chars.nth(PROVIDER_MESSAGE_CHARS) {
+    match crate::text::split_at_chars(message, PROVIDER_MESSAGE_CHARS) {
         None => message.to_owned(),
-        Some((end, _)) => format!(
-            "{} [... cut: {} more characters]",
-            &message[..end],
-            message[end..].chars().count()
-        ),
+        Some((head, more)) => format!("{head} [... cut: {more} more characters]"),
     }
 }
 

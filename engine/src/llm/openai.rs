@@ -21,7 +21,7 @@ pub const DEFAULT_BASE_URL: &str = "https://api.openai.com/v1";
 #[derive(Debug)]
 pub struct OpenAi {
     endpoint: Endpoint,
-    /// Which field carries the token limit: [`BY_MODEL`], [`COMPLETION`] or [`LEGACY`].
+    /// Which field carries the token limit: [`BY_MODEL`], or a [`MaxTokensParam`] as [`code`] gives it.
     limit_field: AtomicU8,
     /// Set by the spec (`max_tokens_param`): kept even when a server refuses it.
     pinned: bool,
@@ -29,10 +29,14 @@ pub struct OpenAi {
 
 /// The token limit goes as the model's family needs, until a server says otherwise.
 const BY_MODEL: u8 = 0;
-/// As `max_completion_tokens`.
-const COMPLETION: u8 = 1;
-/// As `max_tokens`.
-const LEGACY: u8 = 2;
+
+/// How `limit_field` holds a chosen field (read back in `OpenAi::limit_field`).
+fn code(param: MaxTokensParam) -> u8 {
+    match param {
+        MaxTokensParam::MaxCompletionTokens => 1,
+        MaxTokensParam::MaxTokens => 2,
+    }
+}
 
 impl OpenAi {
     pub fn new(
@@ -51,22 +55,18 @@ impl OpenAi {
     /// Which field carries the token limit, whatever the model and the server say.
     #[must_use]
     pub fn with_max_tokens_param(mut self, param: MaxTokensParam) -> Self {
-        let field = match param {
-            MaxTokensParam::MaxCompletionTokens => COMPLETION,
-            MaxTokensParam::MaxTokens => LEGACY,
-        };
-        self.limit_field.store(field, Ordering::Relaxed);
+        self.limit_field.store(code(param), Ordering::Relaxed);
         self.pinned = true;
         self
     }
 
     /// The field the token limit of a request for `model` goes in.
-    fn limit_field(&self, model: &str) -> &'static str {
+    fn limit_field(&self, model: &str) -> MaxTokensParam {
         match self.limit_field.load(Ordering::Relaxed) {
-            COMPLETION => "max_completion_tokens",
-            LEGACY => "max_tokens",
-            _ if is_reasoning_model(model) => "max_completion_tokens",
-            _ => "max_tokens",
+            1 => MaxTokensParam::MaxCompletionTokens,
+            2 => MaxTokensParam::MaxTokens,
+            _ if is_reasoning_model(model) => MaxTokensParam::MaxCompletionTokens,
+            _ => MaxTokensParam::MaxTokens,
         }
     }
 
@@ -109,25 +109,18 @@ impl Provider for OpenAi {
             // want `max_completion_tokens`. A server that refuses the field it was sent, naming it, is
             // sent the other one at once, and from then on.
             let field = self.limit_field(&request.model);
-            let other = if field == "max_tokens" {
-                "max_completion_tokens"
-            } else {
-                "max_tokens"
+            let other = field.other();
+            let limited = rename(&mut body, "max_tokens", field.name());
+            let switches = |e: &LlmError| {
+                limited && !self.pinned && refuses_field(e, field.name(), other.name())
             };
-            let limited = rename(&mut body, "max_tokens", field);
-            let switches = |e: &LlmError| limited && !self.pinned && refuses_field(e, field, other);
             match self.send(&body, switches).await {
                 Err(e) if switches(&e) => {
-                    let learnt = if other == "max_tokens" {
-                        LEGACY
-                    } else {
-                        COMPLETION
-                    };
-                    self.limit_field.store(learnt, Ordering::Relaxed);
-                    rename(&mut body, field, other);
+                    self.limit_field.store(code(other), Ordering::Relaxed);
+                    rename(&mut body, field.name(), other.name());
                     self.send(&body, |_| false).await
                 }
-                other => other,
+                answered => answered,
             }
         })
     }

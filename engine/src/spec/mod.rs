@@ -441,6 +441,24 @@ pub enum MaxTokensParam {
     MaxTokens,
 }
 
+impl MaxTokensParam {
+    /// The request field.
+    pub fn name(self) -> &'static str {
+        match self {
+            MaxTokensParam::MaxCompletionTokens => "max_completion_tokens",
+            MaxTokensParam::MaxTokens => "max_tokens",
+        }
+    }
+
+    /// The other field.
+    pub fn other(self) -> Self {
+        match self {
+            MaxTokensParam::MaxCompletionTokens => MaxTokensParam::MaxTokens,
+            MaxTokensParam::MaxTokens => MaxTokensParam::MaxCompletionTokens,
+        }
+    }
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum ToolMode {

@@ -393,7 +393,11 @@ pub fn spec_hash(files: &[(String, String)]) -> String {
 
 /// Milliseconds since the Unix epoch.
 pub fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
+    epoch_ms(std::time::SystemTime::now())
+}
+
+/// `at` in milliseconds since the Unix epoch.
+pub fn epoch_ms(at: std::time::SystemTime) -> u64 {
+    at.duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }

@@ -1415,11 +1415,10 @@ impl Writer {
                     }
                     kept.1 += text.len();
                     let text = if kept.1 >= MAX_LOG_BYTES {
-                        let room = text.len() - (kept.1 - MAX_LOG_BYTES);
-                        let mut cut = room.min(text.len());
-                        while !text.is_char_boundary(cut) {
-                            cut -= 1;
-                        }
+                        let cut = crate::text::floor_boundary(
+                            text,
+                            text.len() - (kept.1 - MAX_LOG_BYTES),
+                        );
                         format!(
                             "{}\n[archon: the rest of this attempt's {} is not kept: more than {} MiB]\n",
                             &text[..cut],

@@ -390,10 +390,10 @@ async fn with_retries(
                 retry_on.is_none_or(|on| on.iter().any(|o| o.value == RetryOn::Timeout))
             }
             StepStatus::Cancelled => false,
-            _ => retry_on.map_or(
-                failure.class != crate::tools::ErrorClass::ClientError,
-                |on| on.iter().any(|o| retries(o.value, failure.class)),
-            ),
+            // Without `on`, what `error` names.
+            _ => retry_on.map_or(retries(RetryOn::Error, failure.class), |on| {
+                on.iter().any(|o| retries(o.value, failure.class))
+            }),
         };
         if attempt >= attempts || !failure.retryable || !wanted {
             return (Err(failure), attempt);

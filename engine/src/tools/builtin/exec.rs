@@ -265,10 +265,65 @@ fn long_line_cut(pending: &[u8], redactor: &crate::redact::Redactor) -> usize {
     }
 }
 
+/// What a command writes to one stream, passed to its watcher as it comes: whole lines (a line longer
+/// than [`WATCHED_LINE_BYTES`] in parts cut where no secret is split), secrets masked, up to
+/// [`crate::tools::MAX_WATCHED_BYTES`] and then a note that the rest is not passed on.
+struct Tee<'a> {
+    watch: &'a dyn crate::tools::Watch,
+    which: Stream,
+    redactor: &'a crate::redact::Redactor,
+    /// Bytes read after the last whole line passed on.
+    pending: Vec<u8>,
+    told: usize,
+}
+
+impl Tee<'_> {
+    fn push(&mut self, bytes: &[u8]) {
+        if self.told >= crate::tools::MAX_WATCHED_BYTES {
+            return;
+        }
+        self.pending.extend_from_slice(bytes);
+        if let Some(end) = self.pending.iter().rposition(|b| *b == b'\n') {
+            let lines: Vec<u8> = self.pending.drain(..=end).collect();
+            self.tell(&lines);
+        }
+        while self.pending.len() > WATCHED_LINE_BYTES {
+            let cut = long_line_cut(&self.pending, self.redactor);
+            let part: Vec<u8> = self.pending.drain(..cut).collect();
+            self.tell(&part);
+        }
+    }
+
+    fn finish(&mut self) {
+        let rest = std::mem::take(&mut self.pending);
+        if !rest.is_empty() {
+            self.tell(&rest);
+        }
+    }
+
+    fn tell(&mut self, bytes: &[u8]) {
+        if self.told >= crate::tools::MAX_WATCHED_BYTES {
+            return;
+        }
+        self.told += bytes.len();
+        let text = String::from_utf8_lossy(bytes);
+        self.watch.output(self.which, &self.redactor.text(&text));
+        if self.told >= crate::tools::MAX_WATCHED_BYTES {
+            self.watch.output(
+                self.which,
+                &format!(
+                    "[archon: the rest of this command's {} is not kept: more than {} MiB]\n",
+                    self.which.as_str(),
+                    crate::tools::MAX_WATCHED_BYTES / (1024 * 1024)
+                ),
+            );
+        }
+    }
+}
+
 impl Captured {
-    /// Reads `stream` to its end, keeping up to [`CAPTURE_READ_BYTES`] and telling `watch` what was
-    /// written as it comes: whole lines (a line longer than [`WATCHED_LINE_BYTES`] in parts cut where no
-    /// secret is split), secrets masked.
+    /// Reads `stream` to its end, keeping up to [`CAPTURE_READ_BYTES`] and passing what was written to
+    /// `watch` as it comes (see [`Tee`]).
     async fn read(
         &mut self,
         stream: Option<impl tokio::io::AsyncRead + Unpin>,
@@ -279,28 +334,13 @@ impl Captured {
         use tokio::io::AsyncReadExt;
         let Some(mut stream) = stream else { return };
         let mut buffer = vec![0u8; 64 * 1024];
-        let mut pending: Vec<u8> = Vec::new();
-        // What was passed on: past [`crate::tools::MAX_WATCHED_BYTES`] a note says the rest is not.
-        let told = std::sync::atomic::AtomicUsize::new(0);
-        let tell = |bytes: &[u8]| {
-            let Some(watch) = watch else { return };
-            if told.load(std::sync::atomic::Ordering::Relaxed) >= crate::tools::MAX_WATCHED_BYTES {
-                return;
-            }
-            told.fetch_add(bytes.len(), std::sync::atomic::Ordering::Relaxed);
-            let text = String::from_utf8_lossy(bytes);
-            watch.output(which, &redactor.text(&text));
-            if told.load(std::sync::atomic::Ordering::Relaxed) >= crate::tools::MAX_WATCHED_BYTES {
-                watch.output(
-                    which,
-                    &format!(
-                        "[archon: the rest of this command's {} is not kept: more than {} MiB]\n",
-                        which.as_str(),
-                        crate::tools::MAX_WATCHED_BYTES / (1024 * 1024)
-                    ),
-                );
-            }
-        };
+        let mut tee = watch.map(|watch| Tee {
+            watch,
+            which,
+            redactor,
+            pending: Vec::new(),
+            told: 0,
+        });
         loop {
             let n = match stream.read(&mut buffer).await {
                 Ok(0) | Err(_) => break,
@@ -309,24 +349,12 @@ impl Captured {
             let room = CAPTURE_READ_BYTES.saturating_sub(self.kept.len());
             self.kept.extend_from_slice(&buffer[..n.min(room)]);
             self.dropped += n.saturating_sub(room);
-            if watch.is_none()
-                || told.load(std::sync::atomic::Ordering::Relaxed)
-                    >= crate::tools::MAX_WATCHED_BYTES
-            {
-                continue;
-            }
-            pending.extend_from_slice(&buffer[..n]);
-            if let Some(end) = pending.iter().rposition(|b| *b == b'\n') {
-                tell(&pending[..=end]);
-                pending.drain(..=end);
-            }
-            while pending.len() > WATCHED_LINE_BYTES {
-                tell(&pending[..long_line_cut(&pending, redactor)]);
-                pending.drain(..long_line_cut(&pending, redactor));
+            if let Some(tee) = &mut tee {
+                tee.push(&buffer[..n]);
             }
         }
-        if !pending.is_empty() {
-            tell(&pending);
+        if let Some(tee) = &mut tee {
+            tee.finish();
         }
     }
 

@@ -97,14 +97,10 @@ pub(in crate::run::scheduler) fn limit_of(limit: &Option<u32>) -> String {
 /// `: what the model said` (its first 500 characters, with a note of the rest), or nothing.
 pub(in crate::run::scheduler) fn said(text: &str) -> String {
     let text = text.trim();
-    match text.char_indices().nth(500) {
+    match crate::text::split_at_chars(text, 500) {
         _ if text.is_empty() => String::new(),
         None => format!(": {text}"),
-        Some((end, _)) => format!(
-            ": {} [... {} more characters]",
-            &text[..end],
-            text[end..].chars().count()
-        ),
+        Some((head, more)) => format!(": {head} [... {more} more characters]"),
     }
 }
 

@@ -790,10 +790,7 @@ pub(super) fn cut_own(text: &mut String) {
     if text.len() <= MAX_TURN_TEXT_BYTES {
         return;
     }
-    let mut end = MAX_TURN_TEXT_BYTES;
-    while !text.is_char_boundary(end) {
-        end -= 1;
-    }
+    let end = crate::text::floor_boundary(text, MAX_TURN_TEXT_BYTES);
     let left_out = text.len() - end;
     text.truncate(end);
     text.push_str(&format!(
@@ -802,12 +799,8 @@ pub(super) fn cut_own(text: &mut String) {
 }
 
 pub(super) fn truncate(text: &str, limit: usize) -> String {
-    if text.chars().count() <= limit {
-        return text.to_owned();
+    match crate::text::split_at_chars(text, limit) {
+        None => text.to_owned(),
+        Some((kept, more)) => format!("{kept}\n[... cut: {more} more characters]"),
     }
-    let kept: String = text.chars().take(limit).collect();
-    format!(
-        "{kept}\n[... cut: {} more characters]",
-        text.chars().count() - limit
-    )
 }

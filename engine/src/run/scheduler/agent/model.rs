@@ -2,7 +2,7 @@
 //! within the run's LLM budget, counted and reported.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use super::error::AgentError;
 use crate::llm::ChatRequest;
@@ -14,6 +14,7 @@ use crate::report::{LlmUsage, RunEvent};
 use crate::run::redact::Redacting;
 use crate::run::scheduler::context::{Failure, Shared, millis};
 use crate::spec::{AgentDef, Body, Spec};
+use crate::store::epoch_ms;
 
 /// The step's agent role (its own, or `defaults.agent`), provider name and built provider: the step's
 /// `provider`, the agent's, `llm.default`, or the only (first) one declared.
@@ -191,7 +192,6 @@ pub(in crate::run::scheduler) async fn complete(
             );
         }
         flight.done = true;
-        shared.llm.spend(label, Duration::ZERO, usage);
         return Err(Failure::from(AgentError::ModelTime(limit)).with_llm(usage.clone()));
     };
     flight.done = true;
@@ -237,11 +237,6 @@ pub(in crate::run::scheduler) async fn complete(
         at_ms,
     );
     Ok(response)
-}
-
-fn epoch_ms(at: SystemTime) -> u64 {
-    at.duration_since(UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
 /// A model call in flight: reports each request as it ends, and, dropped before the call ended (the

@@ -1,0 +1,31 @@
+//! Cutting text that a person or a model reads to a length, at a character boundary: each caller writes
+//! its own note of what was left out.
+
+/// `text` split after its first `chars` characters: the head, and how many characters follow; `None` when
+/// it is not longer than that.
+pub fn split_at_chars(text: &str, chars: usize) -> Option<(&str, usize)> {
+    let (end, _) = text.char_indices().nth(chars)?;
+    Some((&text[..end], text[end..].chars().count()))
+}
+
+/// The largest character boundary of `text` at or before byte `at` (`str::floor_char_boundary`, which is
+/// newer than the Rust version this crate supports).
+pub fn floor_boundary(text: &str, at: usize) -> usize {
+    let mut at = at.min(text.len());
+    while !text.is_char_boundary(at) {
+        at -= 1;
+    }
+    at
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn splits_after_the_characters_not_the_bytes() {
+        assert_eq!(super::split_at_chars("héllo", 2), Some(("hé", 3)));
+        assert_eq!(super::split_at_chars("héllo", 5), None);
+        assert_eq!(super::split_at_chars("", 0), None);
+        assert_eq!(super::floor_boundary("héllo", 2), 1);
+        assert_eq!(super::floor_boundary("héllo", 99), 6);
+    }
+}
