@@ -95,3 +95,24 @@ fn every_diagnostic_code_is_documented() {
         "docs/diagnostics.md lists codes the validator does not have: {stale:?}"
     );
 }
+
+/// `429` in `retry.on` may be written unquoted: `validate` accepts it, and so must an editor checking the
+/// published schema.
+#[test]
+fn an_unquoted_status_in_retry_on_satisfies_the_published_schema() {
+    let schema: serde_json::Value =
+        serde_json::from_str(&workflow_schema_text()).expect("schema is JSON");
+    let validator = jsonschema::validator_for(&schema).expect("schema compiles");
+    let text = "name: r\nsteps:\n  - id: a\n    tool: echo\n    with: { message: hi }\n    retry: { attempts: 2, on: [429, \"429\", 5xx] }\n";
+    let validation = archon_engine::validate_source(Path::new("r.yaml"), text.to_owned());
+    assert_eq!(validation.diagnostics, vec![]);
+    let mut sources = Sources::default();
+    let file = sources.add("r.yaml".into(), text.to_owned());
+    let (node, _) = spec::parse(&file, &Limits::default());
+    let instance = node.expect("parsed").to_json();
+    let errors: Vec<String> = validator
+        .iter_errors(&instance)
+        .map(|e| format!("{e} at {}", e.instance_path()))
+        .collect();
+    assert_eq!(errors, Vec::<String>::new());
+}

@@ -334,6 +334,7 @@ pub enum Backoff {
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
+#[schemars(transform = rate_limited_as_a_number)]
 pub enum RetryOn {
     /// Any failure that is not permanent (the default, with `timeout`).
     Error,
@@ -350,6 +351,26 @@ pub enum RetryOn {
     RateLimited,
     /// A connection that could not be made, or broke.
     Connect,
+}
+
+/// `429` in `retry.on` may be written unquoted, as YAML and TOML users write a status: the schema says so
+/// too, so that an editor does not flag what `validate` accepts.
+fn rate_limited_as_a_number(schema: &mut schemars::Schema) {
+    let Some(branches) = schema.get_mut("oneOf").and_then(|b| b.as_array_mut()) else {
+        return;
+    };
+    let Some(quoted) = branches
+        .iter()
+        .position(|b| b.get("const").and_then(|c| c.as_str()) == Some("429"))
+    else {
+        return;
+    };
+    let mut number = branches[quoted].clone();
+    if let Some(object) = number.as_object_mut() {
+        object.insert("type".to_owned(), "integer".into());
+        object.insert("const".to_owned(), 429.into());
+    }
+    branches.insert(quoted + 1, number);
 }
 
 /// LLM configuration.
