@@ -95,3 +95,48 @@ fn a_bad_ok_status_is_refused_by_validate() {
     } = archon(dir.path(), &["validate", "r.yaml"]);
     assert_eq!(code, 2, "{stdout}{stderr}");
 }
+
+/// Runs a one-step agent workflow against a provider answering `status` every time (with `Retry-After: 0`,
+/// so that the provider's own retries take no time); returns the step's result and how many requests the
+/// provider received.
+async fn agent_step(status: u16, retry: &str) -> (Json, usize) {
+    let server = MockServer::start().await;
+    Mock::given(method("POST"))
+        .respond_with(
+            ResponseTemplate::new(status)
+                .insert_header("retry-after", "0")
+                .set_body_json(json!({ "error": { "message": "not now" } })),
+        )
+        .mount(&server)
+        .await;
+    let dir = TempDir::new().expect("tempdir");
+    std::fs::write(
+        dir.path().join("r.yaml"),
+        format!(
+            "name: r\nllm:\n  providers:\n    local: {{ kind: openai, base_url: \"{}/v1\", model: m }}\nsteps:\n  - id: a\n    goal: say pong\n    retry: {{ attempts: 2, delay: 1ms{retry} }}\n",
+            server.uri()
+        ),
+    )
+    .expect("write");
+    let path = dir.path().to_path_buf();
+    let Output { stdout, .. } =
+        tokio::task::spawn_blocking(move || archon(&path, &["run", "r.yaml", "--json"]))
+            .await
+            .expect("archon ran");
+    let report: Json = serde_json::from_str(&stdout).expect("report");
+    let received = server.received_requests().await.expect("recorded").len();
+    (report["steps"]["a"].clone(), received)
+}
+
+/// `retry.on` names an agent step's failures too: a model call that failed is classed by the provider's
+/// last HTTP status (each step attempt is the provider's first request and its 4 retries).
+#[tokio::test]
+async fn retry_on_names_the_failures_of_an_agent_steps_model_calls() {
+    assert_eq!(agent_step(503, ", on: [5xx]").await.1, 10);
+    assert_eq!(agent_step(503, ", on: [429]").await.1, 5);
+    assert_eq!(agent_step(429, ", on: [429]").await.1, 10);
+    // A client error the provider does not repeat: once by default, again when `4xx` is named.
+    assert_eq!(agent_step(400, "").await.1, 1);
+    let (result, received) = agent_step(400, ", on: [4xx]").await;
+    assert_eq!((result["attempts"].as_u64(), received), (Some(2), 2));
+}

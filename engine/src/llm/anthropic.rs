@@ -375,5 +375,6 @@ fn in_band_error(provider: &str, body: &Json) -> LlmError {
             "overloaded_error" | "rate_limit_error" | "api_error" | "timeout_error"
         ),
         retry_after: None,
+        connect: false,
     }
 }

@@ -260,6 +260,7 @@ impl Client {
                 status: Some(code),
                 retryable,
                 retry_after: if retryable { retry_after } else { None },
+                connect: false,
             });
         }
         let body = serde_json::from_str(&text).map_err(|e| LlmError {
@@ -275,6 +276,7 @@ impl Client {
             // A truncated body is a transport accident; a well-delivered non-JSON body will not improve.
             retryable: text.is_empty() || e.is_eof(),
             retry_after: None,
+            connect: false,
         })?;
         Ok(Reply { body, request_id })
     }
@@ -291,6 +293,7 @@ impl Client {
             status: None,
             retryable: false,
             retry_after: None,
+            connect: false,
         };
         if response
             .content_length()
@@ -364,6 +367,7 @@ impl Client {
             // A request that cannot even be built (a bad header value) will not build next time either.
             retryable: !e.is_builder() && !e.is_redirect(),
             retry_after: None,
+            connect: e.is_connect(),
         }
     }
 }

@@ -827,5 +827,6 @@ fn in_band_error(provider: &str, body: &Json) -> LlmError {
         retryable: code.is_some_and(|c| c == 429 || c >= 500)
             || matches!(status, "RESOURCE_EXHAUSTED" | "UNAVAILABLE" | "INTERNAL"),
         retry_after: None,
+        connect: false,
     }
 }

@@ -249,6 +249,8 @@ pub struct LlmError {
     pub retryable: bool,
     /// What the provider asked to wait (`Retry-After`).
     pub retry_after: Option<Duration>,
+    /// No connection could be made, or it broke (what `retry.on: [connect]` names).
+    pub connect: bool,
 }
 
 impl LlmError {
@@ -258,6 +260,7 @@ impl LlmError {
             status: None,
             retryable: false,
             retry_after: None,
+            connect: false,
         }
     }
 }

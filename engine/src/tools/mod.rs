@@ -120,6 +120,18 @@ pub enum ErrorClass {
     Connect,
 }
 
+impl ErrorClass {
+    /// The class of an HTTP status that is not a success.
+    pub fn of_status(status: u16) -> ErrorClass {
+        match status {
+            408 | 429 => ErrorClass::RateLimited,
+            code if code >= 500 => ErrorClass::ServerError,
+            code if code >= 400 => ErrorClass::ClientError,
+            _ => ErrorClass::Other,
+        }
+    }
+}
+
 /// Where tools run.
 #[derive(Clone, Debug)]
 pub struct ToolContext {

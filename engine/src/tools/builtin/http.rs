@@ -230,12 +230,7 @@ pub async fn request(
     }
     if !ok_status.accepts(status.as_u16()) {
         let excerpt: String = redactor.text(&text).chars().take(300).collect();
-        let class = match status.as_u16() {
-            408 | 429 => ErrorClass::RateLimited,
-            code if code >= 500 => ErrorClass::ServerError,
-            code if code >= 400 => ErrorClass::ClientError,
-            _ => ErrorClass::Other,
-        };
+        let class = ErrorClass::of_status(status.as_u16());
         return Err(ToolError::new(format!(
             "HTTP {} from {method} {url_text}: {excerpt}",
             status.as_u16()

@@ -4,6 +4,7 @@
 use crate::llm::LlmError;
 use crate::report::StepStatus;
 use crate::run::scheduler::context::Failure;
+use crate::tools::ErrorClass;
 
 #[derive(Debug, thiserror::Error)]
 pub(in crate::run::scheduler) enum AgentError {
@@ -71,10 +72,26 @@ impl AgentError {
         }
     }
 
+    /// What `retry.on` may name of it: a model call that failed is classed by the provider's last HTTP
+    /// status, or as a connection that could not be made.
+    fn class(&self) -> ErrorClass {
+        match self {
+            AgentError::Call(e) if e.connect => ErrorClass::Connect,
+            AgentError::Call(LlmError {
+                status: Some(status),
+                ..
+            }) => ErrorClass::of_status(*status),
+            _ => ErrorClass::Other,
+        }
+    }
+
     /// Whether the step's `retry` may help: what the provider's own retries could not fix.
+    /// A client error the provider would not repeat is tried again only when `retry.on` names `4xx`, as
+    /// for `http`.
     fn retryable(&self) -> bool {
         matches!(self, AgentError::Call(e) if e.retryable)
             || matches!(self, AgentError::ModelTime(_))
+            || self.class() == ErrorClass::ClientError
     }
 }
 
@@ -83,6 +100,7 @@ impl From<AgentError> for Failure {
         Failure {
             status: error.status(),
             retryable: error.retryable(),
+            class: error.class(),
             ..Failure::fixed(error.to_string())
         }
     }
