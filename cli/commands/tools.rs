@@ -1,6 +1,7 @@
 //! `archon tools [FILE] [--json]`: the tools a step or an agent can call — the built-ins, and with a spec
 //! its declared tools — each with its kind, what its calls may do, and its arguments.
 
+use std::collections::HashMap;
 use std::fmt::Write as _;
 
 use archon_engine::tools::builtin;
@@ -13,7 +14,11 @@ use crate::args::{ColorChoice, ToolsArgs};
 use crate::output;
 use crate::render::{self, Report};
 
+/// The tools an MCP server may expose, by the server's name (`None`: whatever it lists).
+type Servers = HashMap<String, Option<Vec<String>>>;
+
 pub fn tools(args: &ToolsArgs, color: ColorChoice) -> anyhow::Result<Status> {
+    let mut servers = Servers::new();
     let entries: Vec<RegistryEntry> = match &args.file {
         None => builtin::all()
             .iter()
@@ -39,11 +44,20 @@ pub fn tools(args: &ToolsArgs, color: ColorChoice) -> anyhow::Result<Status> {
                 });
                 return Ok(Status::Invalid);
             };
+            for (name, def) in &workflow.spec.tools {
+                if let Some(server) = &def.mcp {
+                    let only = server
+                        .tools
+                        .as_ref()
+                        .map(|tools| tools.iter().map(|t| t.value.clone()).collect());
+                    servers.insert(name.value.clone(), only);
+                }
+            }
             workflow.tools.iter().cloned().collect()
         }
     };
     if args.json {
-        let tools: Vec<Json> = entries.iter().map(to_json).collect();
+        let tools: Vec<Json> = entries.iter().map(|e| to_json(e, &servers)).collect();
         output::stdout_json(&tools);
         return Ok(Status::Success);
     }
@@ -70,6 +84,9 @@ pub fn tools(args: &ToolsArgs, color: ColorChoice) -> anyhow::Result<Status> {
             );
             for entry in declared {
                 describe(entry, &mut text);
+                if let Some(only) = servers.get(&entry.name) {
+                    let _ = writeln!(text, "  {}", server_tools(&entry.name, only.as_deref()));
+                }
             }
         }
     }
@@ -105,6 +122,23 @@ fn safety(entry: &RegistryEntry) -> &'static str {
     }
 }
 
+/// What an MCP server's entry offers: tools the server describes when it starts.
+fn server_tools(name: &str, only: Option<&[String]>) -> String {
+    match only {
+        Some(tools) => format!(
+            "tools `{name}.<tool>`, of these only: {} (the server describes their arguments when it starts)",
+            tools
+                .iter()
+                .map(|t| format!("`{t}`"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+        None => {
+            format!("tools `{name}.<tool>`, as the server lists and describes them when it starts")
+        }
+    }
+}
+
 fn describe(entry: &RegistryEntry, text: &mut String) {
     let _ = write!(text, "\n{}  {}, {}", entry.name, kind(entry), safety(entry));
     if !runnable(entry) {
@@ -113,6 +147,9 @@ fn describe(entry: &RegistryEntry, text: &mut String) {
     text.push('\n');
     if !entry.description.is_empty() {
         let _ = writeln!(text, "  {}", one_line(&entry.description));
+    }
+    if matches!(entry.kind, ToolRef::Mcp) {
+        return;
     }
     let arguments = arguments(&entry.parameters);
     if arguments.is_empty() {
@@ -226,17 +263,22 @@ fn one_line(text: &str) -> String {
     text.split_whitespace().collect::<Vec<_>>().join(" ")
 }
 
-fn to_json(entry: &RegistryEntry) -> Json {
+fn to_json(entry: &RegistryEntry, servers: &Servers) -> Json {
     let safety = match entry.safety {
         SafetyRule::ByMethod => json!("by_method"),
         SafetyRule::Fixed(s) => json!({ "read_only": s.read_only, "sensitive": s.sensitive }),
     };
-    json!({
+    let mut tool = json!({
         "name": entry.name,
         "kind": kind(entry),
         "runnable": runnable(entry),
         "description": entry.description,
         "safety": safety,
         "parameters": entry.parameters,
-    })
+    });
+    if let Some(only) = servers.get(&entry.name) {
+        // The server's tools are known once it runs; the spec may name the only ones it exposes.
+        tool["server_tools"] = json!(only);
+    }
+    tool
 }
