@@ -48,6 +48,17 @@ pub enum Command {
     /// Print the JSON Schema of the workflow format.
     Schema,
 
+    /// Write a commented starter workflow that validates and runs as it is.
+    Init(InitArgs),
+    /// List the tools a workflow can call: the built-ins, and a spec's own, with their arguments.
+    Tools(ToolsArgs),
+    /// Delete finished runs older than a given age, with everything they recorded.
+    Prune(PruneArgs),
+    /// Print a shell completion script for `archon`.
+    Completions(CompletionsArgs),
+    /// Print the version, and what a bug report needs: store schema, target and build profile.
+    Version(VersionArgs),
+
     /// Evaluates one jq filter for a running `archon`, in a process of its own (internal).
     #[command(name = "__jq", hide = true)]
     Jq,
@@ -169,11 +180,44 @@ impl StateArgs {
     }
 }
 
+/// Which run a command is about: an id, a prefix of one, or `--last`.
+#[derive(Clone, Debug, clap::Args)]
+pub struct RunTarget {
+    /// The run id, as `archon runs` lists it, or enough of its start to name one run.
+    #[arg(value_name = "RUN", required_unless_present = "last")]
+    pub run: Option<String>,
+
+    /// The newest run (of `--workflow`, when given), instead of a RUN.
+    #[arg(long)]
+    pub last: bool,
+
+    /// With `--last`: the newest run of this workflow.
+    #[arg(long, value_name = "NAME")]
+    pub workflow: Option<String>,
+}
+
 #[derive(Debug, clap::Args)]
 pub struct RunsArgs {
     /// Print the runs as a JSON array.
     #[arg(long)]
     pub json: bool,
+
+    /// Only runs in this state (repeatable).
+    #[arg(long, value_enum, value_name = "STATE", conflicts_with = "check")]
+    pub status: Vec<RunStatusArg>,
+
+    /// Only runs of the workflow with this name.
+    #[arg(long, value_name = "NAME", conflicts_with = "check")]
+    pub workflow: Option<String>,
+
+    /// Only runs started since then: a duration back from now (`2h`, `3d`, `1w`), a date (`2026-11-01`,
+    /// midnight UTC) or a time (`2026-11-01T09:30:00Z`).
+    #[arg(long, value_name = "WHEN", value_parser = crate::commands::when::parse_since, conflicts_with = "check")]
+    pub since: Option<u64>,
+
+    /// At most this many runs, the newest.
+    #[arg(long, value_name = "N", conflicts_with = "check")]
+    pub limit: Option<usize>,
 
     /// Read the whole store instead: check every page and decode every row of every run, list what is
     /// damaged, and fail when anything is.
@@ -186,9 +230,8 @@ pub struct RunsArgs {
 
 #[derive(Debug, clap::Args)]
 pub struct ShowArgs {
-    /// The run id, as `archon runs` lists it.
-    #[arg(value_name = "RUN")]
-    pub run: String,
+    #[command(flatten)]
+    pub run: RunTarget,
 
     /// Print everything stored about the run as JSON.
     #[arg(long)]
@@ -204,9 +247,8 @@ pub struct ShowArgs {
 
 #[derive(Debug, clap::Args)]
 pub struct LogsArgs {
-    /// The run id, as `archon runs` lists it.
-    #[arg(value_name = "RUN")]
-    pub run: String,
+    #[command(flatten)]
+    pub run: RunTarget,
 
     /// Only this step's commands (a `foreach` step's items too, or one item as `step[2]`).
     #[arg(value_name = "STEP")]
@@ -249,9 +291,8 @@ pub struct ContinueArgs {
 
 #[derive(Debug, clap::Args)]
 pub struct ResumeArgs {
-    /// The run id, as `archon runs` lists it.
-    #[arg(value_name = "RUN")]
-    pub run: String,
+    #[command(flatten)]
+    pub run: RunTarget,
 
     #[command(flatten)]
     pub options: ContinueArgs,
@@ -259,9 +300,8 @@ pub struct ResumeArgs {
 
 #[derive(Debug, clap::Args)]
 pub struct RetryArgs {
-    /// The run id, as `archon runs` lists it.
-    #[arg(value_name = "RUN")]
-    pub run: String,
+    #[command(flatten)]
+    pub run: RunTarget,
 
     /// The step to run again; every step downstream of it runs again too.
     #[arg(
@@ -282,9 +322,8 @@ pub struct RetryArgs {
 
 #[derive(Debug, clap::Args)]
 pub struct ApproveArgs {
-    /// The run id, as `archon runs` lists it.
-    #[arg(value_name = "RUN")]
-    pub run: String,
+    #[command(flatten)]
+    pub run: RunTarget,
 
     /// Decide only the calls of this step (default: every call the run waits for).
     #[arg(long, value_name = "STEP")]
@@ -309,13 +348,12 @@ pub struct ApproveArgs {
 #[derive(Debug, clap::Args)]
 #[command(group(clap::ArgGroup::new("outcome").required(true).args(["succeeded", "failed"])))]
 pub struct ResolveArgs {
-    /// The run id, as `archon runs` lists it.
-    #[arg(value_name = "RUN")]
-    pub run: String,
+    #[command(flatten)]
+    pub run: RunTarget,
 
     /// The step in doubt, as `archon resume` names it (`step`, or `step[i]` for an item of a `foreach`).
     #[arg(value_name = "STEP")]
-    pub step: String,
+    pub step: Option<String>,
 
     /// The step had its effect: it succeeded.
     #[arg(long)]
@@ -343,9 +381,8 @@ pub struct ResolveArgs {
 
 #[derive(Debug, clap::Args)]
 pub struct CancelArgs {
-    /// The run id, as `archon runs` lists it.
-    #[arg(value_name = "RUN")]
-    pub run: String,
+    #[command(flatten)]
+    pub run: RunTarget,
 
     #[command(flatten)]
     pub state: StateArgs,
@@ -403,4 +440,71 @@ pub struct LlmPingArgs {
     /// The model to ask (overrides the spec and `ARCHON_<KIND>_MODEL`).
     #[arg(long)]
     pub model: Option<String>,
+}
+
+/// A run state, as `archon runs --status` takes it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+#[value(rename_all = "snake_case")]
+pub enum RunStatusArg {
+    Running,
+    WaitingApproval,
+    Interrupted,
+    Succeeded,
+    Failed,
+    Cancelled,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct InitArgs {
+    /// The workflow's name; the file is `NAME.yaml` (`NAME.toml` with `--toml`).
+    #[arg(value_name = "NAME", default_value = "workflow")]
+    pub name: String,
+
+    /// Write TOML instead of YAML.
+    #[arg(long)]
+    pub toml: bool,
+
+    /// Overwrite the file if it exists.
+    #[arg(long)]
+    pub force: bool,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct ToolsArgs {
+    /// A workflow spec whose declared tools are listed too.
+    #[arg(value_name = "FILE")]
+    pub file: Option<PathBuf>,
+
+    /// Print the tools as JSON, with their full argument schemas.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct PruneArgs {
+    /// Delete the finished runs (succeeded, failed, cancelled) that ended longer ago than this: `30d`,
+    /// `12h`, `2w`.
+    #[arg(long, value_name = "AGE", value_parser = crate::commands::when::parse_age)]
+    pub older_than: crate::commands::when::Age,
+
+    /// Only say what would be deleted.
+    #[arg(long)]
+    pub dry_run: bool,
+
+    #[command(flatten)]
+    pub state: StateArgs,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct CompletionsArgs {
+    /// The shell to complete in.
+    #[arg(value_name = "SHELL")]
+    pub shell: clap_complete::Shell,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct VersionArgs {
+    /// Print it as JSON.
+    #[arg(long)]
+    pub json: bool,
 }

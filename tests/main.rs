@@ -4,6 +4,7 @@ mod agent;
 mod architecture;
 mod cli;
 mod conformance;
+mod day_one;
 mod durable;
 mod hardening;
 mod hostile;

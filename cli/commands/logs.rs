@@ -9,7 +9,8 @@ use archon_engine::session::{LogChunk, RunState, Session};
 use archon_engine::tools::Stream;
 
 use super::Status;
-use super::run::{existing_session, store_error};
+use super::run::store_error;
+use super::target;
 use crate::args::LogsArgs;
 use crate::output;
 
@@ -17,35 +18,28 @@ use crate::output;
 const FOLLOW_EVERY: Duration = Duration::from_millis(200);
 
 pub fn logs(args: &LogsArgs) -> anyhow::Result<Status> {
-    let session = match existing_session(&args.state) {
-        Ok(Some(session)) => session,
-        Ok(None) => {
-            output::stderr(&output::printable(&format!(
-                "error: no run `{}`: there is no run store in `{}`\n  hint: run the command where the run was started, or point `--state-dir` at its state directory\n",
-                args.run,
-                args.state.dir().display()
-            )));
-            return Ok(Status::Invalid);
-        }
+    let (target, step) = args.run.with_step(args.step.as_deref());
+    let (session, id) = match target::open(&target, &args.state) {
+        Ok(found) => found,
         Err(status) => return Ok(status),
     };
-    let run = match session.load_brief(&args.run) {
+    let run = match session.load_brief(&id) {
         Ok(run) => run,
         Err(e) => return Ok(store_error(&e)),
     };
     let wanted = |name: &str| {
-        args.step.as_deref().is_none_or(|step| {
+        step.as_deref().is_none_or(|step| {
             name == step || name.strip_prefix(step).is_some_and(|r| r.starts_with('['))
         })
     };
-    if let Some(step) = &args.step
+    if let Some(step) = &step
         && !run.attempts.iter().any(|a| wanted(&a.step))
     {
         let mut known: Vec<&str> = run.attempts.iter().map(|a| a.step.as_str()).collect();
         known.dedup();
         output::stderr(&output::printable(&format!(
             "error: run `{}` has no attempt of a step `{step}`\n  hint: its steps with attempts: {}\n",
-            args.run,
+            id,
             if known.is_empty() {
                 "none".to_owned()
             } else {
@@ -80,7 +74,7 @@ pub fn logs(args: &LogsArgs) -> anyhow::Result<Status> {
     let mut printed = 0_usize;
     let mut printer = Printer::default();
     loop {
-        let chunks = match session.logs(&args.run, after) {
+        let chunks = match session.logs(&id, after) {
             Ok(chunks) => chunks,
             Err(e) => return Ok(store_error(&e)),
         };
@@ -89,10 +83,10 @@ pub fn logs(args: &LogsArgs) -> anyhow::Result<Status> {
             printer.print(chunk);
             printed += 1;
         }
-        if !args.follow || !still_running(&session, &args.run) {
+        if !args.follow || !still_running(&session, &id) {
             // One last look: what was written between the read and the run's end.
             if args.follow
-                && let Ok(chunks) = session.logs(&args.run, after)
+                && let Ok(chunks) = session.logs(&id, after)
             {
                 for chunk in chunks.iter().filter(|c| shown(c)) {
                     printer.print(chunk);
@@ -104,7 +98,7 @@ pub fn logs(args: &LogsArgs) -> anyhow::Result<Status> {
         std::thread::sleep(FOLLOW_EVERY);
     }
     if printed == 0 {
-        let what = match (&args.step, args.attempt) {
+        let what = match (&step, args.attempt) {
             (Some(step), Some(n)) => format!("attempt {n} of step `{step}`"),
             (Some(step), None) => format!("step `{step}`"),
             (None, Some(n)) => format!("attempt {n} of any step"),
@@ -112,7 +106,7 @@ pub fn logs(args: &LogsArgs) -> anyhow::Result<Status> {
         };
         output::stderr(&output::printable(&format!(
             "note: no command of {what} of run `{}` wrote anything\n",
-            args.run
+            id
         )));
     }
     Ok(Status::Success)

@@ -1,14 +1,21 @@
 //! One module per subcommand, and the exit statuses they share.
 
+mod completions;
 mod helper;
+mod init;
 mod llm;
 mod load;
 mod logs;
 mod plan;
+mod prune;
 mod run;
 mod runs;
 mod schema;
+mod target;
+mod tools;
 mod validate;
+mod version;
+pub mod when;
 
 use std::process::ExitCode;
 
@@ -56,6 +63,11 @@ pub fn run(cli: Cli) -> anyhow::Result<Status> {
         Command::Resolve(args) => runs::resolve(&args),
         Command::Llm(LlmCommand::Ping(args)) => llm::ping(&args),
         Command::Schema => schema::run(),
+        Command::Init(args) => init::init(&args),
+        Command::Tools(args) => tools::tools(&args, cli.color),
+        Command::Prune(args) => prune::prune(&args),
+        Command::Completions(args) => completions::completions(&args),
+        Command::Version(args) => version::version(&args),
         Command::Jq => helper::serve(archon_engine::tools::builtin::jq::serve),
         Command::Render => helper::serve(archon_engine::run::render::helper::serve),
     }

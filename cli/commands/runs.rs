@@ -6,15 +6,15 @@ use std::fmt::Write as _;
 
 use archon_engine::resume;
 use archon_engine::session::{
-    self, Cancelled, Continue, ContinueOptions, Resolution, Resolved, RunState, Session,
+    self, Cancelled, Continue, ContinueOptions, Resolution, Resolved, RunFilter, RunState, Session,
     SessionError, StoredRun,
 };
 
-use super::Status;
 use super::run::{execute, existing_session, outputs_text, session_error, store_error};
+use super::{Status, target};
 use crate::args::{
     ApproveArgs, CancelArgs, ColorChoice, ContinueArgs, ResolveArgs, ResumeArgs, RetryArgs,
-    RunsArgs, ShowArgs,
+    RunStatusArg, RunTarget, RunsArgs, ShowArgs,
 };
 use crate::output;
 
@@ -26,7 +26,8 @@ pub fn runs(args: &RunsArgs) -> anyhow::Result<Status> {
     if args.check {
         return Ok(check(session.as_ref(), &args.state));
     }
-    let runs = match session.as_ref().map(|s| s.list()) {
+    let filter = filter(args);
+    let runs = match session.as_ref().map(|s| s.list_where(&filter)) {
         Some(Ok(runs)) => runs,
         Some(Err(e)) => return Ok(store_error(&e)),
         None => Vec::new(),
@@ -38,7 +39,15 @@ pub fn runs(args: &RunsArgs) -> anyhow::Result<Status> {
         return Ok(Status::Success);
     }
     if runs.is_empty() {
-        output::stdout(&format!("no runs in `{}`\n", args.state.dir().display()));
+        let matching = if filter == RunFilter::default() {
+            ""
+        } else {
+            " match"
+        };
+        output::stdout(&format!(
+            "no runs in `{}`{matching}\n",
+            args.state.dir().display()
+        ));
         return Ok(Status::Success);
     }
     let rows: Vec<[String; 5]> = runs
@@ -58,6 +67,27 @@ pub fn runs(args: &RunsArgs) -> anyhow::Result<Status> {
         &rows,
     )));
     Ok(Status::Success)
+}
+
+/// The runs `archon runs --status S --workflow W --since T --limit N` lists.
+fn filter(args: &RunsArgs) -> RunFilter {
+    RunFilter {
+        status: args
+            .status
+            .iter()
+            .map(|s| match s {
+                RunStatusArg::Running => RunState::Running,
+                RunStatusArg::WaitingApproval => RunState::WaitingApproval,
+                RunStatusArg::Interrupted => RunState::Interrupted,
+                RunStatusArg::Succeeded => RunState::Succeeded,
+                RunStatusArg::Failed => RunState::Failed,
+                RunStatusArg::Cancelled => RunState::Cancelled,
+            })
+            .collect(),
+        workflow: args.workflow.clone(),
+        since: args.since,
+        limit: args.limit,
+    }
 }
 
 /// `archon runs --check`: every damaged page and row, and a failure when there is one.
@@ -87,23 +117,22 @@ fn check(session: Option<&Session>, state: &crate::args::StateArgs) -> Status {
 }
 
 pub fn show(args: &ShowArgs) -> anyhow::Result<Status> {
-    let session = match existing_session(&args.state) {
-        Ok(Some(session)) => session,
-        Ok(None) => return Ok(no_store(&args.run, &args.state)),
+    let (session, id) = match target::open(&args.run, &args.state) {
+        Ok(found) => found,
         Err(status) => return Ok(status),
     };
     // The summary shows no step's output: large ones, kept apart, are left where they are.
     let loaded = if args.json {
-        session.load(&args.run)
+        session.load(&id)
     } else {
-        session.load_brief(&args.run)
+        session.load_brief(&id)
     };
     let run = match loaded {
         Ok(run) => run,
         Err(e) => return Ok(store_error(&e)),
     };
     let events = if args.events {
-        match session.events(&args.run) {
+        match session.events(&id) {
             Ok(events) => Some(events),
             Err(e) => return Ok(store_error(&e)),
         }
@@ -247,9 +276,8 @@ pub fn approve(args: &ApproveArgs) -> anyhow::Result<Status> {
     if let Some(status) = refuse_name(args.by.as_deref()) {
         return Ok(status);
     }
-    let session = match existing_session(&args.state) {
-        Ok(Some(session)) => session,
-        Ok(None) => return Ok(no_store(&args.run, &args.state)),
+    let (session, id) = match target::open(&args.run, &args.state) {
+        Ok(found) => found,
         Err(status) => return Ok(status),
     };
     let decision = archon_engine::run::ApprovalDecision {
@@ -257,7 +285,7 @@ pub fn approve(args: &ApproveArgs) -> anyhow::Result<Status> {
         by: session::person(args.by.as_deref()),
         reason: args.reason.clone(),
     };
-    let decided = match session.decide(&args.run, args.step.as_deref(), &decision) {
+    let decided = match session.decide(&id, args.step.as_deref(), &decision) {
         Ok(decided) => decided,
         Err(e) => return Ok(session_error(&e, ColorChoice::Never)),
     };
@@ -274,11 +302,7 @@ pub fn approve(args: &ApproveArgs) -> anyhow::Result<Status> {
                 .map_or_else(String::new, |t| format!(": `{t}` {}", request.arguments))
         );
     }
-    let _ = writeln!(
-        text,
-        "  hint: `archon resume {}` continues the run",
-        args.run
-    );
+    let _ = writeln!(text, "  hint: `archon resume {id}` continues the run");
     output::stdout(&output::printable(&text));
     Ok(Status::Success)
 }
@@ -300,9 +324,15 @@ pub fn resolve(args: &ResolveArgs) -> anyhow::Result<Status> {
             }
         },
     };
-    let session = match existing_session(&args.state) {
-        Ok(Some(session)) => session,
-        Ok(None) => return Ok(no_store(&args.run, &args.state)),
+    let (target, step) = args.run.with_step(args.step.as_deref());
+    let Some(step) = step else {
+        return Ok(refuse(
+            "`archon resolve` needs the step in doubt",
+            "`archon resolve RUN STEP --succeeded` (or `--failed`); `archon show RUN` names the steps in doubt",
+        ));
+    };
+    let (session, id) = match target::open(&target, &args.state) {
+        Ok(found) => found,
         Err(status) => return Ok(status),
     };
     let resolution = Resolution {
@@ -313,37 +343,34 @@ pub fn resolve(args: &ResolveArgs) -> anyhow::Result<Status> {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
-    if let Err(e) = runtime.block_on(session.resolve(&args.run, &args.step, &resolution)) {
+    if let Err(e) = runtime.block_on(session.resolve(&id, &step, &resolution)) {
         return Ok(session_error(&e, ColorChoice::Never));
     }
     let status = if args.failed { "failed" } else { "succeeded" };
     let next = if args.failed {
-        format!("`archon retry {} --failed` runs it again", args.run)
+        format!("`archon retry {id} --failed` runs it again")
     } else {
-        format!("`archon resume {}` continues the run", args.run)
+        format!("`archon resume {id}` continues the run")
     };
     output::stdout(&output::printable(&format!(
-        "resolved {} as {status}\n  hint: {next}\n",
-        args.step
+        "resolved {step} as {status}\n  hint: {next}\n"
     )));
     Ok(Status::Success)
 }
 
 pub fn cancel(args: &CancelArgs) -> anyhow::Result<Status> {
-    let session = match existing_session(&args.state) {
-        Ok(Some(session)) => session,
-        Ok(None) => return Ok(no_store(&args.run, &args.state)),
+    let (session, id) = match target::open(&args.run, &args.state) {
+        Ok(found) => found,
         Err(status) => return Ok(status),
     };
-    match session.cancel(&args.run) {
+    match session.cancel(&id) {
         Ok(Cancelled::Now) => {
-            output::stdout(&format!("run {} is cancelled\n", args.run));
+            output::stdout(&format!("run {id} is cancelled\n"));
             Ok(Status::Success)
         }
         Ok(Cancelled::Asked) => {
             output::stdout(&format!(
-                "asked the process running {} to stop; it will record the run as cancelled\n",
-                args.run
+                "asked the process running {id} to stop; it will record the run as cancelled\n"
             ));
             Ok(Status::Success)
         }
@@ -365,14 +392,13 @@ pub fn retry(args: &RetryArgs, color: ColorChoice) -> anyhow::Result<Status> {
 
 /// Resumes a run, or runs some of its steps again.
 fn continue_run(
-    id: &str,
+    target: &RunTarget,
     how: Continue<'_>,
     options: &ContinueArgs,
     color: ColorChoice,
 ) -> anyhow::Result<Status> {
-    let session = match existing_session(&options.state) {
-        Ok(Some(session)) => session,
-        Ok(None) => return Ok(no_store(id, &options.state)),
+    let (session, id) = match target::open(target, &options.state) {
+        Ok(found) => found,
         Err(status) => return Ok(status),
     };
     let asked = ContinueOptions {
@@ -380,21 +406,10 @@ fn continue_run(
         allow_changed_spec: options.allow_changed_spec,
         max_parallel: options.max_parallel.map(|m| m as usize),
     };
-    match session.continue_run(id, how, &asked) {
+    match session.continue_run(&id, how, &asked) {
         Ok(prepared) => execute(&session, prepared, None, &options.output, None),
         Err(e) => Ok(session_error(&e, color)),
     }
-}
-
-/// Asked about a run where there is no store at all.
-fn no_store(id: &str, state: &crate::args::StateArgs) -> Status {
-    refuse(
-        &format!(
-            "no run `{id}`: there is no run store in `{}`",
-            state.dir().display()
-        ),
-        "run the command where the run was started, or point `--state-dir` at its state directory",
-    )
 }
 
 /// Refuses a name given with `--as` that names nobody: empty, or holding control characters (a line break
@@ -417,12 +432,12 @@ fn refuse(message: &str, hint: &str) -> Status {
 }
 
 /// A time as RFC 3339 (UTC, seconds).
-fn timestamp(ms: u64) -> String {
+pub(super) fn timestamp(ms: u64) -> String {
     let time = std::time::UNIX_EPOCH + std::time::Duration::from_millis(ms);
     humantime::format_rfc3339_seconds(time).to_string()
 }
 
-fn duration(ms: u64) -> String {
+pub(super) fn duration(ms: u64) -> String {
     if ms < 1000 {
         format!("{ms} ms")
     } else {
@@ -431,7 +446,7 @@ fn duration(ms: u64) -> String {
 }
 
 /// Columns padded to their widest cell.
-fn table<const N: usize>(header: &[&str; N], rows: &[[String; N]]) -> String {
+pub(super) fn table<const N: usize>(header: &[&str; N], rows: &[[String; N]]) -> String {
     let mut widths: Vec<usize> = header.iter().map(|h| h.len()).collect();
     for row in rows {
         for (width, cell) in widths.iter_mut().zip(row) {

@@ -23,8 +23,24 @@ use crate::validate::{Validation, validate_file, validate_source};
 use crate::workflow::Workflow;
 
 pub use crate::store::{
-    ApprovalRecord, AttemptRecord, LogChunk, Owner, RunState, RunSummary, StoreError, StoredRun,
+    ApprovalRecord, AttemptRecord, LogChunk, Owner, Pruned, RunFilter, RunState, RunSummary,
+    StoreError, StoredRun,
 };
+
+/// The version of the run store's schema this build writes (what a bug report names).
+pub const STORE_SCHEMA_VERSION: usize = crate::store::sqlite::SCHEMA_VERSION;
+
+/// How many runs an ambiguous prefix names at most in its error.
+const CANDIDATES_SHOWN: usize = 5;
+
+/// A run as a person names it on the command line.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RunRef<'a> {
+    /// Its id, or a prefix of it that no other run's id starts with.
+    Id(&'a str),
+    /// The newest run (of this workflow, when given).
+    Last { workflow: Option<&'a str> },
+}
 
 /// The database file of the run store in `state_dir`.
 pub fn database_path(state_dir: &Path) -> PathBuf {
@@ -243,6 +259,83 @@ impl Session {
     /// The runs, newest first.
     pub fn list(&self) -> Result<Vec<RunSummary>, StoreError> {
         self.store.list()
+    }
+
+    /// The runs `filter` selects, newest first.
+    pub fn list_where(&self, filter: &RunFilter) -> Result<Vec<RunSummary>, StoreError> {
+        self.store.list_where(filter)
+    }
+
+    /// The id of the run `run` names: an id, a prefix of exactly one run's id (an id that is also the
+    /// prefix of others names itself), or the newest run. An unknown or ambiguous name is a usage error
+    /// (`unknown_run`) that lists the candidates.
+    pub fn find(&self, run: RunRef<'_>) -> Result<String, StoreError> {
+        let prefix = match run {
+            RunRef::Last { workflow } => {
+                let filter = RunFilter {
+                    workflow: workflow.map(str::to_owned),
+                    limit: Some(1),
+                    ..RunFilter::default()
+                };
+                return match self.store.list_where(&filter)?.pop() {
+                    Some(newest) => Ok(newest.id),
+                    None => Err(unknown(
+                        match workflow {
+                            Some(w) => format!("no run of workflow `{w}` in the state directory"),
+                            None => "no runs in the state directory".to_owned(),
+                        },
+                        "`archon runs` lists the runs it holds",
+                    )),
+                };
+            }
+            RunRef::Id(prefix) => prefix,
+        };
+        if prefix.is_empty() {
+            return Err(unknown(
+                "an empty run id names no run",
+                "`archon runs` lists the runs it holds",
+            ));
+        }
+        let (mut runs, count) = self.store.with_prefix(prefix, CANDIDATES_SHOWN)?;
+        if let Some(exact) = runs.iter().position(|r| r.id == prefix) {
+            return Ok(runs.swap_remove(exact).id);
+        }
+        match runs.len() {
+            0 => Err(unknown(
+                format!("no run `{prefix}` in the state directory"),
+                "`archon runs` lists the runs it holds",
+            )),
+            1 => Ok(runs.remove(0).id),
+            _ => {
+                let mut message = format!("`{prefix}` is the start of {count} run ids, not one:");
+                let width = runs.iter().map(|r| r.workflow.chars().count()).max();
+                for run in &runs {
+                    let started =
+                        std::time::UNIX_EPOCH + std::time::Duration::from_millis(run.started_at);
+                    message.push_str(&format!(
+                        "\n  {}  {:<width$}  started {}",
+                        run.id,
+                        run.workflow,
+                        humantime::format_rfc3339_seconds(started),
+                        width = width.unwrap_or(0)
+                    ));
+                }
+                if count > runs.len() {
+                    message.push_str(&format!("\n  ... and {} more", count - runs.len()));
+                }
+                Err(unknown(
+                    message,
+                    "type more of the id; `archon runs` lists the runs it holds",
+                ))
+            }
+        }
+    }
+
+    /// Deletes the finished runs (succeeded, failed, cancelled) that ended before `finished_before`
+    /// (milliseconds since the epoch), with everything they own, in one transaction; a running, waiting
+    /// or interrupted run is never deleted. With `dry_run`, only says what it would delete.
+    pub fn prune(&self, finished_before: u64, dry_run: bool) -> Result<Pruned, StoreError> {
+        self.store.prune(finished_before, dry_run)
     }
 
     /// Everything stored about one run.
@@ -822,6 +915,14 @@ fn quoted(names: &[impl AsRef<str>]) -> String {
         .map(|n| format!("`{}`", n.as_ref()))
         .collect::<Vec<_>>()
         .join(", ")
+}
+
+/// A usage error about which run was meant (exit 2).
+fn unknown(message: impl Into<String>, hint: &str) -> StoreError {
+    StoreError {
+        unknown_run: true,
+        ..StoreError::new(message).with_hint(hint)
+    }
 }
 
 /// A new run id: `r`, then the start time in seconds, the process id and a random suffix, in hex.

@@ -195,6 +195,42 @@ pub trait RunStore: Send + Sync + fmt::Debug {
     fn cancel(&self, id: &str) -> Result<RunState, StoreError>;
     /// The runs, newest first.
     fn list(&self) -> Result<Vec<RunSummary>, StoreError>;
+    /// The runs `filter` selects, newest first.
+    fn list_where(&self, filter: &RunFilter) -> Result<Vec<RunSummary>, StoreError> {
+        let mut runs: Vec<RunSummary> = self
+            .list()?
+            .into_iter()
+            .filter(|r| filter.selects(r))
+            .collect();
+        if let Some(limit) = filter.limit {
+            runs.truncate(limit);
+        }
+        Ok(runs)
+    }
+    /// The runs whose id starts with `prefix`, in id order (at most `limit` of them), and how many there
+    /// are in all.
+    fn with_prefix(
+        &self,
+        prefix: &str,
+        limit: usize,
+    ) -> Result<(Vec<RunSummary>, usize), StoreError> {
+        let mut runs: Vec<RunSummary> = self
+            .list()?
+            .into_iter()
+            .filter(|r| r.id.starts_with(prefix))
+            .collect();
+        runs.sort_by(|a, b| a.id.cmp(&b.id));
+        let count = runs.len();
+        runs.truncate(limit);
+        Ok((runs, count))
+    }
+    /// Deletes the finished runs (succeeded, failed or cancelled) that ended before `finished_before`
+    /// (milliseconds since the epoch), with everything they own, in one transaction; with `dry_run`, only
+    /// says what it would delete.
+    fn prune(&self, finished_before: u64, dry_run: bool) -> Result<Pruned, StoreError> {
+        let _ = (finished_before, dry_run);
+        Err(StoreError::new("this run store cannot prune runs"))
+    }
     /// Everything about one run.
     fn load(&self, id: &str) -> Result<StoredRun, StoreError>;
     /// One run without the step outputs and texts a store keeps apart because they are large (those
@@ -250,6 +286,24 @@ pub enum RunState {
 }
 
 impl RunState {
+    /// Every state, in the order a person reads them.
+    pub const ALL: [RunState; 6] = [
+        RunState::Running,
+        RunState::WaitingApproval,
+        RunState::Interrupted,
+        RunState::Succeeded,
+        RunState::Failed,
+        RunState::Cancelled,
+    ];
+
+    /// Whether the run is over for good: nothing can resume it (`retry` starts it again).
+    pub fn is_finished(self) -> bool {
+        matches!(
+            self,
+            RunState::Succeeded | RunState::Failed | RunState::Cancelled
+        )
+    }
+
     pub fn as_str(self) -> &'static str {
         match self {
             RunState::Running => "running",
@@ -261,7 +315,7 @@ impl RunState {
         }
     }
 
-    fn parse(text: &str) -> Option<Self> {
+    pub fn parse(text: &str) -> Option<Self> {
         Some(match text {
             "running" => RunState::Running,
             "succeeded" => RunState::Succeeded,
@@ -285,6 +339,40 @@ pub struct RunSummary {
     pub started_at: u64,
     pub finished_at: Option<u64>,
     pub duration_ms: Option<u64>,
+}
+
+/// Which runs a listing shows. Every condition given must hold.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RunFilter {
+    /// Runs in one of these states (any state when empty), as `archon runs` shows them.
+    pub status: Vec<RunState>,
+    /// Runs of the workflow with this name.
+    pub workflow: Option<String>,
+    /// Runs started at or after this time (milliseconds since the epoch).
+    pub since: Option<u64>,
+    /// At most this many runs, the newest.
+    pub limit: Option<usize>,
+}
+
+impl RunFilter {
+    /// Whether `run` passes the conditions (all but `limit`).
+    pub fn selects(&self, run: &RunSummary) -> bool {
+        (self.status.is_empty() || self.status.contains(&run.status))
+            && self.workflow.as_ref().is_none_or(|w| *w == run.workflow)
+            && self.since.is_none_or(|t| run.started_at >= t)
+    }
+}
+
+/// What `prune` deleted (or, in a dry run, would delete).
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Pruned {
+    /// The runs, oldest first.
+    pub runs: Vec<RunSummary>,
+    /// The bytes of the records deleted with them: their rows in every table, and the large outputs no
+    /// other run shares.
+    pub bytes: u64,
+    /// Nothing was deleted: this is what would be.
+    pub dry_run: bool,
 }
 
 /// What a new run stores before anything runs.

@@ -18,8 +18,8 @@ use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
 
 use super::{
-    Ack, ApprovalRecord, AttemptRecord, Entry, Journal, LogChunk, NewRun, Owner, RunState,
-    RunStore, RunSummary, StoreError, StoredRun, now_ms, spec_hash,
+    Ack, ApprovalRecord, AttemptRecord, Entry, Journal, LogChunk, NewRun, Owner, Pruned, RunFilter,
+    RunState, RunStore, RunSummary, StoreError, StoredRun, now_ms, spec_hash,
 };
 use crate::record::{self, FORMAT_VERSION, RecordError, Row};
 use crate::report::{ApprovalDecision, ApprovalRequest, StepResult};
@@ -156,6 +156,9 @@ CREATE TABLE logs (
 CREATE INDEX logs_by_step ON logs(run_id, step, attempt);
 ",
 ];
+
+/// The version of the store's schema this archon writes (`PRAGMA user_version`): one per migration.
+pub const SCHEMA_VERSION: usize = MIGRATIONS.len();
 
 /// Most bytes of one stream of one attempt's commands kept for `archon logs`; what follows is counted
 /// out with a note.
@@ -604,30 +607,88 @@ impl RunStore for SqliteStore {
 
     /// The runs in the store, newest first.
     fn list(&self) -> Result<Vec<RunSummary>, StoreError> {
+        self.list_where(&RunFilter::default())
+    }
+
+    /// The runs `filter` selects, newest first: by start time through the `runs_by_start` index, the
+    /// workflow and the state checked row by row, stopping at the limit.
+    fn list_where(&self, filter: &RunFilter) -> Result<Vec<RunSummary>, StoreError> {
         self.with(|conn| {
-            let mut stmt = conn.prepare(
-                "SELECT id, workflow, status, started_at, finished_at, owner_pid, owner_host, lease_until,
-                    owner_started
-                 FROM runs ORDER BY started_at DESC, id DESC",
-            )?;
-            let rows = stmt.query_map([], |r| {
-                let status: String = r.get(2)?;
-                let owner = owner_of(r.get(5)?, r.get(6)?, r.get(7)?, r.get(8)?);
-                let started_at = r.get::<_, i64>(3)? as u64;
-                let finished_at = r.get::<_, Option<i64>>(4)?.map(|t| t as u64);
-                // A status this version does not know is listed as interrupted; `show` and `runs --check`
-                // report the row.
-                let status = RunState::parse(&status).unwrap_or(RunState::Interrupted);
-                Ok(RunSummary {
-                    id: r.get(0)?,
-                    workflow: r.get(1)?,
-                    status: effective_state(status, owner.as_ref()),
-                    started_at,
-                    finished_at,
-                    duration_ms: finished_at.map(|f| f.saturating_sub(started_at)),
-                })
-            })?;
-            rows.collect()
+            let mut stmt = conn.prepare_cached(&format!(
+                "SELECT {SUMMARY} FROM runs WHERE started_at >= ?1 AND (?2 IS NULL OR workflow = ?2)
+                 ORDER BY started_at DESC, id DESC"
+            ))?;
+            let since = filter.since.map_or(0, |t| t.min(i64::MAX as u64) as i64);
+            let mut rows = stmt.query(params![since, filter.workflow])?;
+            let mut runs = Vec::new();
+            while let Some(row) = rows.next()? {
+                if filter.limit.is_some_and(|limit| runs.len() >= limit) {
+                    break;
+                }
+                let run = summary(row)?;
+                // The state a person sees (a `running` run whose owner died is interrupted).
+                if filter.selects(&run) {
+                    runs.push(run);
+                }
+            }
+            Ok(runs)
+        })
+    }
+
+    /// The runs whose id starts with `prefix`: a range of the primary key's index, never a scan.
+    fn with_prefix(
+        &self,
+        prefix: &str,
+        limit: usize,
+    ) -> Result<(Vec<RunSummary>, usize), StoreError> {
+        // Every id that starts with `prefix` sorts between it and it followed by the last code point.
+        let end = format!("{prefix}\u{10FFFF}");
+        self.with(|conn| {
+            let count: i64 = conn
+                .prepare_cached(PREFIX_COUNT)?
+                .query_row(params![prefix, end], |r| r.get(0))?;
+            let runs = conn
+                .prepare_cached(&format!(
+                    "SELECT {SUMMARY} FROM runs WHERE id >= ?1 AND id < ?2 ORDER BY id LIMIT ?3"
+                ))?
+                .query_map(params![prefix, end, limit as i64], summary)?
+                .collect::<rusqlite::Result<Vec<_>>>()?;
+            Ok((runs, count as usize))
+        })
+    }
+
+    /// Deletes finished runs that ended before `finished_before` with every row that belongs to them (in
+    /// each table whose foreign key names `runs`) and the blobs only they used, in one transaction.
+    fn prune(&self, finished_before: u64, dry_run: bool) -> Result<Pruned, StoreError> {
+        self.changeable()?;
+        self.with(|conn| {
+            let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+            let runs = tx
+                .prepare(&format!(
+                    "SELECT {SUMMARY} FROM runs
+                     WHERE status IN ('succeeded', 'failed', 'cancelled') AND finished_at < ?1
+                     ORDER BY started_at, id"
+                ))?
+                .query_map([finished_before.min(i64::MAX as u64) as i64], summary)?
+                .collect::<rusqlite::Result<Vec<_>>>()?;
+            if runs.is_empty() {
+                return Ok(Pruned {
+                    runs,
+                    bytes: 0,
+                    dry_run,
+                });
+            }
+            let bytes = prune_runs(&tx, &runs)?;
+            if dry_run {
+                tx.rollback()?;
+            } else {
+                tx.commit()?;
+            }
+            Ok(Pruned {
+                runs,
+                bytes,
+                dry_run,
+            })
         })
     }
 
@@ -1799,6 +1860,159 @@ fn unknown_run(id: &str) -> StoreError {
     }
 }
 
+/// The columns of a run's summary, as [`summary`] reads them.
+const SUMMARY: &str = "id, workflow, status, started_at, finished_at, owner_pid, owner_host, lease_until, owner_started";
+
+/// How many runs have an id in a range of the primary key.
+const PREFIX_COUNT: &str = "SELECT COUNT(*) FROM runs WHERE id >= ?1 AND id < ?2";
+
+/// A run's summary from a row of the [`SUMMARY`] columns.
+fn summary(r: &rusqlite::Row<'_>) -> rusqlite::Result<RunSummary> {
+    let status: String = r.get(2)?;
+    let owner = owner_of(r.get(5)?, r.get(6)?, r.get(7)?, r.get(8)?);
+    let started_at = r.get::<_, i64>(3)? as u64;
+    let finished_at = r.get::<_, Option<i64>>(4)?.map(|t| t as u64);
+    // A status this version does not know is listed as interrupted; `show` and `runs --check` report
+    // the row.
+    let status = RunState::parse(&status).unwrap_or(RunState::Interrupted);
+    Ok(RunSummary {
+        id: r.get(0)?,
+        workflow: r.get(1)?,
+        status: effective_state(status, owner.as_ref()),
+        started_at,
+        finished_at,
+        duration_ms: finished_at.map(|f| f.saturating_sub(started_at)),
+    })
+}
+
+/// An SQL identifier, quoted.
+fn quoted(name: &str) -> String {
+    format!("\"{}\"", name.replace('"', "\"\""))
+}
+
+/// Deletes `runs`, every row of every table whose foreign key names `runs(id)` that belongs to them, and
+/// the blobs that only those rows used; returns the bytes those records held. The tables are read from
+/// the schema, so a table a later migration adds is pruned with the rest as long as it names its run.
+fn prune_runs(tx: &rusqlite::Transaction<'_>, runs: &[RunSummary]) -> rusqlite::Result<u64> {
+    // (table, column, the table the column refers to)
+    let references = tx
+        .prepare(
+            "SELECT m.name, f.\"from\", f.\"table\" FROM main.sqlite_master m,
+                 pragma_foreign_key_list(m.name) f
+             WHERE m.type = 'table' ORDER BY m.name",
+        )?
+        .query_map([], |r| {
+            Ok((
+                r.get::<_, String>(0)?,
+                r.get::<_, String>(1)?,
+                r.get::<_, String>(2)?,
+            ))
+        })?
+        .collect::<rusqlite::Result<Vec<_>>>()?;
+    let owned: Vec<(&str, &str)> = references
+        .iter()
+        .filter(|(_, _, parent)| parent == "runs")
+        .map(|(table, column, _)| (table.as_str(), column.as_str()))
+        .collect();
+    let to_blobs: Vec<(&str, &str)> = references
+        .iter()
+        .filter(|(_, _, parent)| parent == "blobs")
+        .map(|(table, column, _)| (table.as_str(), column.as_str()))
+        .collect();
+    tx.execute_batch(
+        "CREATE TEMP TABLE archon_pruned (id TEXT PRIMARY KEY);
+         CREATE TEMP TABLE archon_pruned_blobs (hash TEXT PRIMARY KEY);",
+    )?;
+    {
+        let mut insert = tx.prepare("INSERT INTO temp.archon_pruned (id) VALUES (?1)")?;
+        for run in runs {
+            insert.execute([&run.id])?;
+        }
+    }
+    let doomed = "(SELECT id FROM temp.archon_pruned)";
+    let mut bytes = 0_u64;
+    // Every table a run owns rows in, and the runs themselves.
+    let mut tables: Vec<(&str, &str)> = owned.clone();
+    tables.push(("runs", "id"));
+    for (table, column) in &tables {
+        let columns = tx
+            .prepare("SELECT name FROM pragma_table_info(?1)")?
+            .query_map([table], |r| r.get::<_, String>(0))?
+            .collect::<rusqlite::Result<Vec<_>>>()?;
+        let sizes = columns
+            .iter()
+            .map(|c| format!("COALESCE(length(CAST({} AS BLOB)), 0)", quoted(c)))
+            .collect::<Vec<_>>()
+            .join(" + ");
+        let size: i64 = tx.query_row(
+            &format!(
+                "SELECT COALESCE(SUM({sizes}), 0) FROM {} WHERE {} IN {doomed}",
+                quoted(table),
+                quoted(column)
+            ),
+            [],
+            |r| r.get(0),
+        )?;
+        bytes += size.max(0) as u64;
+    }
+    // The blobs the pruned rows use: deleted unless a row that stays uses them too.
+    for (table, column) in &to_blobs {
+        if let Some((_, run_column)) = owned.iter().find(|(t, _)| t == table) {
+            tx.execute(
+                &format!(
+                    "INSERT OR IGNORE INTO temp.archon_pruned_blobs (hash)
+                     SELECT {c} FROM {t} WHERE {r} IN {doomed} AND {c} IS NOT NULL",
+                    c = quoted(column),
+                    t = quoted(table),
+                    r = quoted(run_column)
+                ),
+                [],
+            )?;
+        }
+    }
+    for (table, column) in &owned {
+        tx.execute(
+            &format!(
+                "DELETE FROM {} WHERE {} IN {doomed}",
+                quoted(table),
+                quoted(column)
+            ),
+            [],
+        )?;
+    }
+    tx.execute(&format!("DELETE FROM runs WHERE id IN {doomed}"), [])?;
+    if !to_blobs.is_empty() {
+        let used = to_blobs
+            .iter()
+            .map(|(t, c)| {
+                format!(
+                    "SELECT {c} FROM {t} WHERE {c} IS NOT NULL",
+                    c = quoted(c),
+                    t = quoted(t)
+                )
+            })
+            .collect::<Vec<_>>()
+            .join(" UNION ");
+        tx.execute(
+            &format!("DELETE FROM temp.archon_pruned_blobs WHERE hash IN ({used})"),
+            [],
+        )?;
+        let size: i64 = tx.query_row(
+            "SELECT COALESCE(SUM(length(hash) + length(data)), 0) FROM blobs
+             WHERE hash IN (SELECT hash FROM temp.archon_pruned_blobs)",
+            [],
+            |r| r.get(0),
+        )?;
+        bytes += size.max(0) as u64;
+        tx.execute(
+            "DELETE FROM blobs WHERE hash IN (SELECT hash FROM temp.archon_pruned_blobs)",
+            [],
+        )?;
+    }
+    tx.execute_batch("DROP TABLE temp.archon_pruned; DROP TABLE temp.archon_pruned_blobs;")?;
+    Ok(bytes)
+}
+
 fn owner_of(
     pid: Option<u32>,
     host: Option<String>,
@@ -2716,4 +2930,42 @@ mod tests {
 /// write permission for this user, is not).
 fn writable(dir: &Path) -> bool {
     nix::unistd::access(dir, nix::unistd::AccessFlags::W_OK).is_ok()
+}
+
+#[cfg(test)]
+mod lookup_tests {
+    use super::*;
+
+    /// A run id prefix is a range of the primary key's index: SQLite searches it, never scans `runs`.
+    #[test]
+    fn a_prefix_is_looked_up_in_the_primary_key() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = SqliteStore::open(dir.path()).expect("opens");
+        let plan = |sql: &str, limit: bool| {
+            store
+                .with(|conn| {
+                    let mut stmt = conn.prepare(&format!("EXPLAIN QUERY PLAN {sql}"))?;
+                    let detail = |r: &rusqlite::Row<'_>| r.get::<_, String>(3);
+                    if limit {
+                        stmt.query_map(params!["r1", "r1\u{10FFFF}", 5], detail)?
+                            .collect::<rusqlite::Result<Vec<_>>>()
+                    } else {
+                        stmt.query_map(params!["r1", "r1\u{10FFFF}"], detail)?
+                            .collect::<rusqlite::Result<Vec<_>>>()
+                    }
+                })
+                .expect("plan")
+        };
+        let rows =
+            format!("SELECT {SUMMARY} FROM runs WHERE id >= ?1 AND id < ?2 ORDER BY id LIMIT ?3");
+        for (sql, limit) in [(PREFIX_COUNT, false), (rows.as_str(), true)] {
+            let steps = plan(sql, limit);
+            assert!(
+                steps.len() == 1
+                    && steps[0].starts_with("SEARCH runs USING")
+                    && steps[0].contains("INDEX sqlite_autoindex_runs_1 (id>? AND id<?)"),
+                "{sql}: {steps:?}"
+            );
+        }
+    }
 }

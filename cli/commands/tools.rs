@@ -1,0 +1,284 @@
+//! `archon tools [FILE] [--json]`: the tools a step or an agent can call — the built-ins, and with a spec
+//! its declared tools — each with its kind, what its calls may do, and its arguments.
+
+use std::collections::HashMap;
+use std::fmt::Write as _;
+
+use archon_engine::tools::builtin;
+use archon_engine::tools::{RegistryEntry, SafetyRule, ToolRef};
+use archon_engine::validate::validate_file;
+use serde_json::{Value as Json, json};
+
+use super::Status;
+use crate::args::{ColorChoice, ToolsArgs};
+use crate::output;
+use crate::render::{self, Report};
+
+/// The tools an MCP server may expose, by the server's name (`None`: whatever it lists).
+type Servers = HashMap<String, Option<Vec<String>>>;
+
+pub fn tools(args: &ToolsArgs, color: ColorChoice) -> anyhow::Result<Status> {
+    let mut servers = Servers::new();
+    let entries: Vec<RegistryEntry> = match &args.file {
+        None => builtin::all()
+            .iter()
+            .map(|b| RegistryEntry {
+                name: b.name.to_owned(),
+                description: b.description.to_owned(),
+                parameters: b.parameters.clone(),
+                kind: ToolRef::Builtin(b),
+                safety: b.safety,
+            })
+            .collect(),
+        Some(file) => {
+            let validation = validate_file(file);
+            let Some(workflow) = validation
+                .workflow
+                .as_ref()
+                .filter(|_| !validation.has_errors())
+            else {
+                let mut report = Report::default();
+                report.add(file, validation.diagnostics, &validation.sources);
+                output::stderr_with(|err| {
+                    render::write_text(&report, output::use_color_stderr(color), err)
+                });
+                return Ok(Status::Invalid);
+            };
+            for (name, def) in &workflow.spec.tools {
+                if let Some(server) = &def.mcp {
+                    let only = server
+                        .tools
+                        .as_ref()
+                        .map(|tools| tools.iter().map(|t| t.value.clone()).collect());
+                    servers.insert(name.value.clone(), only);
+                }
+            }
+            workflow.tools.iter().cloned().collect()
+        }
+    };
+    if args.json {
+        let tools: Vec<Json> = entries.iter().map(|e| to_json(e, &servers)).collect();
+        output::stdout_json(&tools);
+        return Ok(Status::Success);
+    }
+    let mut text = String::new();
+    let (builtins, declared): (Vec<_>, Vec<_>) = entries.iter().partition(|e| !e.declared());
+    let _ = writeln!(
+        text,
+        "built-in tools ({}; * marks a required argument):",
+        builtins.len()
+    );
+    for entry in builtins {
+        describe(entry, &mut text);
+    }
+    if let Some(file) = &args.file {
+        text.push('\n');
+        if declared.is_empty() {
+            let _ = writeln!(text, "`{}` declares no tools", file.display());
+        } else {
+            let _ = writeln!(
+                text,
+                "tools `{}` declares ({}):",
+                file.display(),
+                declared.len()
+            );
+            for entry in declared {
+                describe(entry, &mut text);
+                if let Some(only) = servers.get(&entry.name) {
+                    let _ = writeln!(text, "  {}", server_tools(&entry.name, only.as_deref()));
+                }
+            }
+        }
+    }
+    output::stdout(&output::printable(&text));
+    Ok(Status::Success)
+}
+
+/// What a tool is, as a person reads it.
+fn kind(entry: &RegistryEntry) -> &'static str {
+    match entry.kind {
+        ToolRef::Builtin(_) => "built-in",
+        ToolRef::Command => "command",
+        ToolRef::Http => "http",
+        ToolRef::Composite => "composite",
+        ToolRef::Workflow => "sub-workflow",
+        ToolRef::Mcp => "mcp",
+    }
+}
+
+/// Whether `archon run` can call it today.
+fn runnable(entry: &RegistryEntry) -> bool {
+    !matches!(entry.kind, ToolRef::Mcp)
+}
+
+/// What its calls may do.
+fn safety(entry: &RegistryEntry) -> &'static str {
+    match entry.safety {
+        SafetyRule::ByMethod => "sensitive unless its method only reads",
+        SafetyRule::Fixed(s) if s.sensitive => "sensitive",
+        SafetyRule::Fixed(s) if s.read_only && entry.declared() => "idempotent",
+        SafetyRule::Fixed(s) if s.read_only => "read-only",
+        SafetyRule::Fixed(_) => "has effects",
+    }
+}
+
+/// What an MCP server's entry offers: tools the server describes when it starts.
+fn server_tools(name: &str, only: Option<&[String]>) -> String {
+    match only {
+        Some(tools) => format!(
+            "tools `{name}.<tool>`, of these only: {} (the server describes their arguments when it starts)",
+            tools
+                .iter()
+                .map(|t| format!("`{t}`"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+        None => {
+            format!("tools `{name}.<tool>`, as the server lists and describes them when it starts")
+        }
+    }
+}
+
+fn describe(entry: &RegistryEntry, text: &mut String) {
+    let _ = write!(text, "\n{}  {}, {}", entry.name, kind(entry), safety(entry));
+    if !runnable(entry) {
+        text.push_str(", not runnable yet");
+    }
+    text.push('\n');
+    if !entry.description.is_empty() {
+        let _ = writeln!(text, "  {}", one_line(&entry.description));
+    }
+    if matches!(entry.kind, ToolRef::Mcp) {
+        return;
+    }
+    let arguments = arguments(&entry.parameters);
+    if arguments.is_empty() {
+        let closed = entry.parameters.get("additionalProperties") == Some(&Json::Bool(false));
+        let _ = writeln!(
+            text,
+            "  {}",
+            if closed {
+                "no arguments"
+            } else {
+                "arguments: any"
+            }
+        );
+        return;
+    }
+    let _ = writeln!(text, "  arguments:");
+    let name_width = arguments.iter().map(|a| a.0.len() + 1).max().unwrap_or(0);
+    let type_width = arguments.iter().map(|a| a.1.len()).max().unwrap_or(0);
+    for (name, kind, required, description) in arguments {
+        let name = if required { format!("{name}*") } else { name };
+        let line = format!("    {name:<name_width$}  {kind:<type_width$}  {description}");
+        let _ = writeln!(text, "{}", line.trim_end());
+    }
+}
+
+/// Each argument of an object schema: name, type, whether required, description.
+fn arguments(schema: &Json) -> Vec<(String, String, bool, String)> {
+    let required: Vec<&str> = schema
+        .get("required")
+        .and_then(Json::as_array)
+        .map(|r| r.iter().filter_map(Json::as_str).collect())
+        .unwrap_or_default();
+    let Some(properties) = schema.get("properties").and_then(Json::as_object) else {
+        return Vec::new();
+    };
+    properties
+        .iter()
+        .map(|(name, property)| {
+            (
+                name.clone(),
+                type_of(property),
+                required.contains(&name.as_str()),
+                property
+                    .get("description")
+                    .and_then(Json::as_str)
+                    .map(one_line)
+                    .unwrap_or_default(),
+            )
+        })
+        .collect()
+}
+
+/// A property's type in a few words: `string`, `integer`, `list of strings`, `one of GET, POST`.
+fn type_of(schema: &Json) -> String {
+    if let Some(values) = schema.get("enum").and_then(Json::as_array) {
+        let values: Vec<String> = values
+            .iter()
+            .map(|v| v.as_str().map_or_else(|| v.to_string(), str::to_owned))
+            .collect();
+        return format!("one of {}", values.join(", "));
+    }
+    if let Some(choices) = schema
+        .get("anyOf")
+        .or_else(|| schema.get("oneOf"))
+        .and_then(Json::as_array)
+    {
+        return choices.iter().map(type_of).collect::<Vec<_>>().join(" or ");
+    }
+    let one = |t: &str| -> String {
+        match t {
+            "array" => match schema.get("items") {
+                Some(items) => {
+                    let inner = type_of(items);
+                    if inner == "any" {
+                        "list".to_owned()
+                    } else {
+                        format!("list of {}", plural(&inner))
+                    }
+                }
+                None => "list".to_owned(),
+            },
+            "object" => match schema.get("additionalProperties") {
+                Some(values @ Json::Object(_)) => format!("map of {}", plural(&type_of(values))),
+                _ => "object".to_owned(),
+            },
+            other => other.to_owned(),
+        }
+    };
+    match schema.get("type") {
+        Some(Json::String(t)) => one(t),
+        Some(Json::Array(types)) => types
+            .iter()
+            .filter_map(Json::as_str)
+            .map(one)
+            .collect::<Vec<_>>()
+            .join(" or "),
+        _ => "any".to_owned(),
+    }
+}
+
+/// `strings` for `string`; a type of several words stays as it is.
+fn plural(kind: &str) -> String {
+    if kind.contains(' ') {
+        kind.to_owned()
+    } else {
+        format!("{kind}s")
+    }
+}
+
+fn one_line(text: &str) -> String {
+    text.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+fn to_json(entry: &RegistryEntry, servers: &Servers) -> Json {
+    let safety = match entry.safety {
+        SafetyRule::ByMethod => json!("by_method"),
+        SafetyRule::Fixed(s) => json!({ "read_only": s.read_only, "sensitive": s.sensitive }),
+    };
+    let mut tool = json!({
+        "name": entry.name,
+        "kind": kind(entry),
+        "runnable": runnable(entry),
+        "description": entry.description,
+        "safety": safety,
+        "parameters": entry.parameters,
+    });
+    if let Some(only) = servers.get(&entry.name) {
+        // The server's tools are known once it runs; the spec may name the only ones it exposes.
+        tool["server_tools"] = json!(only);
+    }
+    tool
+}

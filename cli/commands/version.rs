@@ -1,0 +1,53 @@
+//! `archon version [--json]`: the version, and what a bug report needs to say about this build.
+
+use archon_engine::record::FORMAT_VERSION;
+use archon_engine::session::STORE_SCHEMA_VERSION;
+
+use super::Status;
+use crate::args::VersionArgs;
+use crate::output;
+
+/// This build, as a bug report describes it.
+#[derive(Debug, serde::Serialize)]
+struct Build {
+    version: &'static str,
+    /// The run store's schema version this build writes (`PRAGMA user_version`).
+    store_schema: usize,
+    /// The format version of the records the store keeps.
+    record_format: u32,
+    /// The target triple it was compiled for.
+    target: &'static str,
+    /// `debug` or `release`.
+    profile: &'static str,
+    /// The compiler that built it.
+    rustc: &'static str,
+}
+
+pub fn version(args: &VersionArgs) -> anyhow::Result<Status> {
+    let build = Build {
+        version: env!("CARGO_PKG_VERSION"),
+        store_schema: STORE_SCHEMA_VERSION,
+        record_format: FORMAT_VERSION,
+        target: env!("ARCHON_TARGET"),
+        profile: if cfg!(debug_assertions) {
+            "debug"
+        } else {
+            "release"
+        },
+        rustc: env!("ARCHON_RUSTC"),
+    };
+    if args.json {
+        output::stdout_json(&build);
+        return Ok(Status::Success);
+    }
+    output::stdout(&format!(
+        "archon {}\nstore schema   {}\nrecord format  {}\ntarget         {}\nprofile        {}\nrustc          {}\n",
+        build.version,
+        build.store_schema,
+        build.record_format,
+        build.target,
+        build.profile,
+        build.rustc
+    ));
+    Ok(Status::Success)
+}
