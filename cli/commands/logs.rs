@@ -103,6 +103,37 @@ pub fn logs(args: &LogsArgs) -> anyhow::Result<Status> {
         }
         std::thread::sleep(FOLLOW_EVERY);
     }
+    // The whole error of each attempt shown: progress and events show only its first line.
+    let run = if args.follow {
+        session.load_brief(&args.run).unwrap_or(run)
+    } else {
+        run
+    };
+    let mut errors = String::new();
+    for attempt in &run.attempts {
+        let last = run
+            .attempts
+            .iter()
+            .filter(|a| a.step == attempt.step)
+            .map(|a| a.attempt)
+            .max()
+            .unwrap_or(0);
+        let chosen = args
+            .attempt
+            .map_or(attempt.attempt == last, |n| attempt.attempt == n);
+        if let Some(error) = &attempt.error
+            && wanted(&attempt.step)
+            && chosen
+        {
+            let _ = writeln!(
+                errors,
+                "archon: attempt {} of `{}` {}: {error}",
+                attempt.attempt,
+                attempt.step,
+                attempt.status.replace('_', " ")
+            );
+        }
+    }
     if printed == 0 {
         let what = match (&args.step, args.attempt) {
             (Some(step), Some(n)) => format!("attempt {n} of step `{step}`"),
@@ -115,6 +146,7 @@ pub fn logs(args: &LogsArgs) -> anyhow::Result<Status> {
             args.run
         )));
     }
+    output::stderr(&output::printable(&errors));
     Ok(Status::Success)
 }
 

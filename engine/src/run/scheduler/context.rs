@@ -246,10 +246,35 @@ impl Shared {
     /// stamped when its request started, and recorded when it ended.
     pub(super) fn emit_at(&self, mut event: RunEvent, at_ms: u64) {
         self.redactor.event(&mut event);
+        self.one_line_error(&mut event);
         if let Some(events) = &self.options.events {
             let _ = events.send(event.clone());
         }
         self.options.journal.record(Entry::Event { event, at_ms });
+    }
+
+    /// A step's error of several lines (a command's last lines of stderr, say) is cut to its first in the
+    /// events that progress displays and the event log show, with a note of where the whole text is: the
+    /// attempt's record and the step's result keep it, and `archon logs RUN STEP` prints it.
+    fn one_line_error(&self, event: &mut RunEvent) {
+        let (step, error) = match event {
+            RunEvent::StepFinished {
+                step,
+                error: Some(error),
+                ..
+            }
+            | RunEvent::StepRetried { step, error, .. } => (step, error),
+            _ => return,
+        };
+        if let Some((head, more)) = crate::text::first_line(error) {
+            // The attempts of nested steps are their top-level step's.
+            let top = step.split('/').next().unwrap_or(step);
+            *error = format!(
+                "{head} (+{more} line{}, see `archon logs {} {top}`)",
+                if more == 1 { "" } else { "s" },
+                self.options.run_id
+            );
+        }
     }
 
     /// The context of a step list one level down (a composite tool's or a plan's steps), named after
