@@ -112,3 +112,242 @@ fn a_multi_line_error_is_one_line_in_progress_and_events_and_whole_in_logs() {
         format!("{err}archon: attempt 2 of `noisy` failed: {full}\n")
     );
 }
+
+/// `archon ARGS` in `dir` with its standard input and error on a pseudo-terminal (standard output piped),
+/// and what it writes there, read as it comes.
+struct Terminal {
+    child: std::process::Child,
+    input: std::fs::File,
+    bytes: std::sync::mpsc::Receiver<Vec<u8>>,
+    /// Everything read so far.
+    seen: Vec<u8>,
+    deadline: std::time::Instant,
+}
+
+impl Terminal {
+    fn spawn(dir: &Path, args: &[&str], env: &[(&str, &str)]) -> Terminal {
+        use std::io::Read as _;
+        let pty = nix::pty::openpty(None, None).expect("a pseudo-terminal");
+        let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_archon"));
+        command
+            .args(args)
+            .current_dir(dir)
+            .env_remove("NO_COLOR")
+            .env("COLUMNS", "200")
+            .envs(env.iter().copied())
+            .stdin(std::process::Stdio::from(
+                pty.slave.try_clone().expect("dup"),
+            ))
+            .stderr(std::process::Stdio::from(pty.slave))
+            .stdout(std::process::Stdio::piped());
+        let child = command.spawn().expect("archon starts");
+        // The terminal's other end stays open only in archon, so that reading ends when it exits.
+        drop(command);
+        let mut output = std::fs::File::from(pty.master.try_clone().expect("dup"));
+        let (sender, bytes) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let mut buffer = [0; 4096];
+            // A terminal whose other end closed reads as an error (EIO), not as its end.
+            while let Ok(n @ 1..) = output.read(&mut buffer) {
+                if sender.send(buffer[..n].to_vec()).is_err() {
+                    break;
+                }
+            }
+        });
+        Terminal {
+            child,
+            input: std::fs::File::from(pty.master),
+            bytes,
+            seen: Vec::new(),
+            deadline: std::time::Instant::now() + std::time::Duration::from_secs(30),
+        }
+    }
+
+    /// Reads until `text` has been written (after byte `from`); returns where it ends.
+    fn until(&mut self, from: usize, text: &str) -> usize {
+        loop {
+            if let Some(at) = find(&self.seen[from.min(self.seen.len())..], text.as_bytes()) {
+                return from + at + text.len();
+            }
+            let left = self
+                .deadline
+                .saturating_duration_since(std::time::Instant::now());
+            match self.bytes.recv_timeout(left) {
+                Ok(bytes) => self.seen.extend(bytes),
+                Err(_) => panic!(
+                    "`{text}` was never written; the terminal shows:\n{}",
+                    String::from_utf8_lossy(&self.seen).escape_debug()
+                ),
+            }
+        }
+    }
+
+    /// What has been written and not read yet, without waiting.
+    fn drain(&mut self) {
+        while let Ok(bytes) = self.bytes.try_recv() {
+            self.seen.extend(bytes);
+        }
+    }
+
+    fn type_line(&mut self, line: &str) {
+        use std::io::Write as _;
+        self.input
+            .write_all(format!("{line}\n").as_bytes())
+            .expect("typed");
+    }
+
+    /// Waits for archon to exit and for the rest of what it wrote: its exit code, the terminal's text
+    /// (line ends as written, `\r\n` made `\n`) and standard output.
+    fn finish(mut self) -> (i32, String, String) {
+        use std::io::Read as _;
+        let mut stdout = String::new();
+        if let Some(mut out) = self.child.stdout.take() {
+            out.read_to_string(&mut stdout).expect("stdout");
+        }
+        let status = self.child.wait().expect("exits");
+        while let Ok(bytes) = self.bytes.recv_timeout(
+            self.deadline
+                .saturating_duration_since(std::time::Instant::now()),
+        ) {
+            self.seen.extend(bytes);
+        }
+        let text = String::from_utf8_lossy(&self.seen).replace("\r\n", "\n");
+        (status.code().unwrap_or(-1), text, stdout)
+    }
+}
+
+fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
+    haystack.windows(needle.len()).position(|w| w == needle)
+}
+
+const TWO_STEPS: &str = r#"name: two
+steps:
+  - { id: first, tool: echo, with: { x: 1 } }
+  - { id: second, tool: exec, needs: [first], with: { argv: [sh, -c, "exit 0"] } }
+"#;
+
+/// On a terminal, progress is one status line redrawn in place (issue 15, item 3); `NO_COLOR` leaves it
+/// without colour, and without it the counts are coloured.
+#[test]
+fn a_terminal_shows_the_live_status_line() {
+    let dir = TempDir::new().expect("tempdir");
+    std::fs::write(dir.path().join("two.yaml"), TWO_STEPS).expect("write");
+    let mut terminal = Terminal::spawn(dir.path(), &["run", "two.yaml"], &[("NO_COLOR", "1")]);
+    terminal.until(
+        0,
+        "\r\x1b[2Krunning 1 | done 1 | failed 0 | skipped 0 | second",
+    );
+    let (code, text, stdout) = terminal.finish();
+    assert_eq!(code, 0, "{text}");
+    assert!(
+        text.contains("\r\x1b[2Krunning 0 | done 2 | failed 0 | skipped 0"),
+        "{}",
+        text.escape_debug()
+    );
+    assert!(
+        text.ends_with("\r\x1b[2K"),
+        "the status line is cleared at the end"
+    );
+    assert!(
+        !text.contains("\x1b[3"),
+        "no colour with NO_COLOR: {}",
+        text.escape_debug()
+    );
+    assert!(
+        stdout.starts_with("run ") && !stdout.contains('\x1b'),
+        "{stdout}"
+    );
+
+    let mut terminal = Terminal::spawn(dir.path(), &["run", "two.yaml"], &[]);
+    terminal.until(
+        0,
+        "\r\x1b[2Krunning 0 | \x1b[32mdone 2\x1b[0m | failed 0 | skipped 0",
+    );
+    let (code, _, stdout) = terminal.finish();
+    assert_eq!(code, 0);
+    assert!(
+        !stdout.contains('\x1b'),
+        "standard output is not a terminal: {stdout}"
+    );
+}
+
+const PROMPTED: &str = r#"name: prompted
+steps:
+  - id: pay
+    tool: exec
+    approval: required
+    with: { argv: [sh, -c, "echo paid >> effects.txt"] }
+  - id: other
+    tool: exec
+    with: { argv: [sh, -c, "while [ ! -f go ]; do sleep 0.01; done; exit 3"] }
+    on_error: continue
+"#;
+
+/// While the terminal's approval prompt is open, the status line is cleared and nothing else is written:
+/// a step that fails meanwhile is shown once the prompt is answered (issue 15, item 3).
+#[test]
+fn progress_waits_while_the_approval_prompt_is_open() {
+    let dir = TempDir::new().expect("tempdir");
+    std::fs::write(dir.path().join("prompted.yaml"), PROMPTED).expect("write");
+    let mut terminal = Terminal::spawn(dir.path(), &["run", "prompted.yaml"], &[("NO_COLOR", "1")]);
+    let asked = terminal.until(0, "to approve, anything else denies: ");
+    let text = String::from_utf8_lossy(&terminal.seen[..asked]).into_owned();
+    let code = text
+        .rsplit("type ")
+        .next()
+        .and_then(|t| t.split(' ').next())
+        .expect("a code")
+        .to_owned();
+    assert!(
+        text.ends_with(&format!(
+            "\r\x1b[2K\napproval needed: step `pay` calls `exec`\n  why: the step says `approval: required`\n  arguments:\n    {{\n      \"with\": {{\n        \"argv\": [\n          \"sh\",\n          \"-c\",\n          \"echo paid >> effects.txt\"\n        ]\n      }}\n    }}\ntype {code} to approve, anything else denies: "
+        ).replace('\n', "\r\n").replace("\r\r\n", "\r\n")),
+        "{}",
+        text.escape_debug()
+    );
+    // Another step fails while the prompt is open.
+    std::fs::write(dir.path().join("go"), "").expect("write");
+    let id = loop {
+        let runs: Json =
+            serde_json::from_str(&archon(dir.path(), &["runs", "--json"]).stdout).expect("runs");
+        let id = runs[0]["id"].as_str().expect("id").to_owned();
+        let shown: Json =
+            serde_json::from_str(&archon(dir.path(), &["show", &id, "--json"]).stdout)
+                .expect("show");
+        if shown["results"]["other"]["status"] == "failed" {
+            break id;
+        }
+        assert!(
+            std::time::Instant::now() < terminal.deadline,
+            "`other` never failed"
+        );
+        std::thread::yield_now();
+    };
+    terminal.drain();
+    assert_eq!(
+        String::from_utf8_lossy(&terminal.seen[asked..]),
+        "",
+        "written while the prompt was open"
+    );
+    terminal.type_line(&code);
+    let answered = terminal.until(asked, &format!("{code}\r\n"));
+    assert_eq!(
+        answered,
+        asked + code.len() + 2,
+        "the answer follows the prompt"
+    );
+    let (status, text, stdout) = terminal.finish();
+    assert_eq!(status, 0, "{text}");
+    let after = &text[text.find(&format!("{code}\n")).expect("answer") + code.len() + 1..];
+    // What was held (`other` failed), the status line, then the rest of the run.
+    let after = stable(after, &id).replace(&archon_engine::session::person(None), "USER");
+    insta::assert_snapshot!(after.escape_debug().to_string(), @r"\r\u{1b}[2Kfailed    other (N ms): `sh` exited with code 3\nrunning 1 | done 0 | failed 1 | skipped 0 | pay\r\u{1b}[2Kapproved  pay exec by USER\nrunning 1 | done 0 | failed 1 | skipped 0 | pay\r\u{1b}[2Krunning 0 | done 1 | failed 1 | skipped 0\r\u{1b}[2K");
+    assert_eq!(
+        std::fs::read_to_string(dir.path().join("effects.txt")).expect("paid"),
+        "paid\n"
+    );
+    assert!(
+        stdout.starts_with(&format!("run {id} of `prompted` succeeded")),
+        "{stdout}"
+    );
+}

@@ -381,7 +381,7 @@ fn continue_run(
         max_parallel: options.max_parallel.map(|m| m as usize),
     };
     match session.continue_run(id, how, &asked) {
-        Ok(prepared) => execute(&session, prepared, None, &options.output, None),
+        Ok(prepared) => execute(&session, prepared, None, &options.output, None, color),
         Err(e) => Ok(session_error(&e, color)),
     }
 }
