@@ -40,11 +40,6 @@ impl Paint {
         self.paint(BOLD, text)
     }
 
-    /// `text` dimmed (what matters less).
-    pub fn dim(self, text: &str) -> String {
-        self.paint(DIM, text)
-    }
-
     fn paint(self, code: &str, text: &str) -> String {
         if self.on && !text.is_empty() {
             format!("\x1b[{code}m{text}\x1b[0m")

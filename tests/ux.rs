@@ -232,7 +232,11 @@ steps:
 fn a_terminal_shows_the_live_status_line() {
     let dir = TempDir::new().expect("tempdir");
     std::fs::write(dir.path().join("two.yaml"), TWO_STEPS).expect("write");
-    let mut terminal = Terminal::spawn(dir.path(), &["run", "two.yaml"], &[("NO_COLOR", "1")]);
+    let mut terminal = Terminal::spawn(
+        dir.path(),
+        &["--color", "auto", "run", "two.yaml"],
+        &[("NO_COLOR", "1")],
+    );
     terminal.until(
         0,
         "\r\x1b[2Krunning 1 | done 1 | failed 0 | skipped 0 | second",
@@ -350,4 +354,135 @@ fn progress_waits_while_the_approval_prompt_is_open() {
         stdout.starts_with(&format!("run {id} of `prompted` succeeded")),
         "{stdout}"
     );
+}
+
+const ITEMS: &str = r#"name: items
+steps:
+  - id: each
+    foreach: "[0, 1, 2, 3]"
+    tool: exec
+    with: { argv: [sh, -c, "if [ {{ item }} = 1 ] && [ ! -f once ]; then touch once; exit 4; fi; if [ {{ item }} = 2 ]; then echo bad >&2; exit 5; fi; if [ {{ item }} = 3 ]; then printf 'one\ntwo\nthree\n' >&2; exit 6; fi"] }
+    retry: { attempts: 2, delay: 1ms, jitter: false }
+    fallback: { tool: echo, with: { fell: "{{ item }}" } }
+  - id: strict
+    foreach: "[0, 1, 2]"
+    tool: exec
+    with: { argv: [sh, -c, "if [ {{ item }} = 1 ]; then echo no >&2; exit 7; fi"] }
+    retry: { attempts: 2, delay: 1ms, jitter: false }
+    on_error: continue
+"#;
+
+/// `show` lists the items of a `foreach` step that failed or that their fallback saved, with their index,
+/// attempts and error, and its attempt counts are those of `show --json`, fallbacks' attempts included
+/// (issue 15: `show` for `foreach` steps).
+#[test]
+fn show_lists_the_items_that_failed_or_fell_back_with_attempts_as_json_counts_them() {
+    let dir = TempDir::new().expect("tempdir");
+    std::fs::write(dir.path().join("items.yaml"), ITEMS).expect("write");
+    let run = archon(dir.path(), &["run", "items.yaml"]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    let id = last_run(dir.path());
+    let text = archon(dir.path(), &["show", &id]).stdout;
+    let table: String = text
+        .lines()
+        .skip_while(|l| !l.starts_with("STEP"))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    insta::assert_snapshot!(table.replace(&id, "RUN"), @r"
+    STEP       STATUS                ATTEMPTS  ERROR
+    each       succeeded             9
+    each[2]    succeeded (fallback)  3         `sh` exited with code 5: bad
+    each[3]    succeeded (fallback)  3         `sh` exited with code 6: one (+2 lines, see `archon logs RUN each[3]`)
+    strict     failed                4         item 1: `sh` exited with code 7: no
+    strict[1]  failed                2         `sh` exited with code 7: no
+    ");
+    let shown: Json =
+        serde_json::from_str(&archon(dir.path(), &["show", &id, "--json"]).stdout).expect("json");
+    let mut results: Vec<String> = shown["results"]
+        .as_object()
+        .expect("results")
+        .iter()
+        .map(|(name, r)| {
+            format!(
+                "{name}: {} {} attempts, fallback {}, error {}",
+                r["status"], r["attempts"], r["fallback"], r["error"]
+            )
+        })
+        .collect();
+    results.sort();
+    insta::assert_snapshot!(results.join("\n"), @r#"
+    each: "succeeded" 9 attempts, fallback true, error null
+    each[0]: "succeeded" 1 attempts, fallback false, error null
+    each[1]: "succeeded" 2 attempts, fallback false, error null
+    each[2]: "succeeded" 3 attempts, fallback true, error null
+    each[3]: "succeeded" 3 attempts, fallback true, error null
+    strict: "failed" 4 attempts, fallback false, error "item 1: `sh` exited with code 7: no"
+    strict[0]: "succeeded" 1 attempts, fallback false, error null
+    strict[1]: "failed" 2 attempts, fallback false, error "`sh` exited with code 7: no"
+    strict[2]: "succeeded" 1 attempts, fallback false, error null
+    "#);
+    // Every row's attempts are its result's, and as many as the attempts recorded.
+    for line in table.lines().skip(1) {
+        let cells: Vec<&str> = line.split_whitespace().collect();
+        let (name, attempts) = (cells[0], cells.iter().find_map(|c| c.parse::<u64>().ok()));
+        assert_eq!(
+            attempts,
+            shown["results"][name]["attempts"].as_u64(),
+            "{name}: {line}"
+        );
+        let recorded = shown["attempts"]
+            .as_array()
+            .expect("attempts")
+            .iter()
+            .filter(|a| {
+                let step = a["step"].as_str().expect("step");
+                step == name || (!name.contains('[') && step.starts_with(&format!("{name}[")))
+            })
+            .count() as u64;
+        assert_eq!(attempts, Some(recorded), "{name}");
+    }
+}
+
+/// `--color always` paints statuses on every command, terminal or not: progress, the run's summary, `runs`,
+/// `show` and `logs` (issue 15, item 3).
+#[test]
+fn color_always_paints_statuses_on_every_command() {
+    let dir = TempDir::new().expect("tempdir");
+    std::fs::write(dir.path().join("noisy.yaml"), NOISY).expect("write");
+    let run = archon(dir.path(), &["--color", "always", "run", "noisy.yaml"]);
+    assert_eq!(run.code, 1);
+    let id = last_run(dir.path());
+    let shown = |text: &str| stable(text, &id).replace('\x1b', "␛");
+    insta::assert_snapshot!(shown(&(run.stderr + &run.stdout)), @r"
+    started   noisy
+    ␛[33mretrying␛[0m  noisy (attempt 2 in N ms): `sh` exited with code 2: err 8 (+4 lines, see `archon logs RUN noisy`)
+    ␛[31mfailed␛[0m    noisy (N ms): `sh` exited with code 2: err 8 (+4 lines, see `archon logs RUN noisy`)
+    run RUN of `noisy` ␛[31mfailed␛[0m in N ms: ␛[31m1 failed␛[0m
+      hint: `archon logs RUN noisy` prints everything its commands wrote
+    ");
+    let runs = archon(dir.path(), &["runs", "--color", "always"]);
+    let status = runs
+        .stdout
+        .lines()
+        .nth(1)
+        .and_then(|l| l.split_whitespace().nth(2));
+    assert_eq!(status, Some("\x1b[31mfailed\x1b[0m"), "{}", runs.stdout);
+    let show = archon(dir.path(), &["--color", "always", "show", &id]).stdout;
+    let table: String = show
+        .lines()
+        .skip_while(|l| !l.starts_with("STEP"))
+        .collect::<Vec<_>>()
+        .join("\n");
+    insta::assert_snapshot!(shown(&table), @r"
+    STEP   STATUS  ATTEMPTS  ERROR
+    noisy  ␛[31mfailed␛[0m  2         `sh` exited with code 2: err 8 (+4 lines, see `archon logs RUN noisy`)
+    ");
+    let logs = archon(dir.path(), &["--color", "always", "logs", &id, "noisy"]);
+    assert_eq!(
+        logs.stderr.lines().nth(12).map(|l| shown(l)).as_deref(),
+        Some("archon: attempt 2 of `noisy` ␛[31mfailed␛[0m: `sh` exited with code 2: err 8")
+    );
+    // Without `--color`, `NO_COLOR` (set by `archon`) and a pipe: none.
+    let plain = archon(dir.path(), &["show", &id]);
+    assert!(!plain.stdout.contains('\x1b'), "{}", plain.stdout);
 }

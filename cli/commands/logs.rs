@@ -10,13 +10,14 @@ use archon_engine::tools::Stream;
 
 use super::Status;
 use super::run::{existing_session, store_error};
-use crate::args::LogsArgs;
+use crate::args::{ColorChoice, LogsArgs};
+use crate::color::Paint;
 use crate::output;
 
 /// How often `--follow` looks for more output while the run goes on.
 const FOLLOW_EVERY: Duration = Duration::from_millis(200);
 
-pub fn logs(args: &LogsArgs) -> anyhow::Result<Status> {
+pub fn logs(args: &LogsArgs, color: ColorChoice) -> anyhow::Result<Status> {
     let session = match existing_session(&args.state) {
         Ok(Some(session)) => session,
         Ok(None) => {
@@ -109,6 +110,7 @@ pub fn logs(args: &LogsArgs) -> anyhow::Result<Status> {
     } else {
         run
     };
+    let paint = Paint::new(output::use_color_stderr(color));
     let mut errors = String::new();
     for attempt in &run.attempts {
         let last = run
@@ -125,12 +127,14 @@ pub fn logs(args: &LogsArgs) -> anyhow::Result<Status> {
             && wanted(&attempt.step)
             && chosen
         {
+            let status = attempt.status.replace('_', " ");
             let _ = writeln!(
                 errors,
-                "archon: attempt {} of `{}` {}: {error}",
+                "archon: attempt {} of `{}` {}: {}",
                 attempt.attempt,
-                attempt.step,
-                attempt.status.replace('_', " ")
+                output::printable(&attempt.step),
+                paint.status(&status, &status),
+                output::printable(error)
             );
         }
     }
@@ -146,7 +150,7 @@ pub fn logs(args: &LogsArgs) -> anyhow::Result<Status> {
             args.run
         )));
     }
-    output::stderr(&output::printable(&errors));
+    output::stderr(&errors);
     Ok(Status::Success)
 }
 

@@ -25,6 +25,18 @@ pub fn first_line(text: &str) -> Option<(&str, usize)> {
     Some((head.trim_end_matches('\r'), tail.lines().count()))
 }
 
+/// A step's error cut to its first line, with a note saying how many lines follow and that `archon logs`
+/// prints them all; `None` when it is one line. The attempts of nested steps (`outer/inner`) are their
+/// top-level step's.
+pub fn error_line(error: &str, run_id: &str, step: &str) -> Option<String> {
+    let (head, more) = first_line(error)?;
+    let top = step.split('/').next().unwrap_or(step);
+    Some(format!(
+        "{head} (+{more} line{}, see `archon logs {run_id} {top}`)",
+        if more == 1 { "" } else { "s" }
+    ))
+}
+
 #[cfg(test)]
 mod tests {
     #[test]

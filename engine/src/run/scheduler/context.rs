@@ -266,14 +266,8 @@ impl Shared {
             | RunEvent::StepRetried { step, error, .. } => (step, error),
             _ => return,
         };
-        if let Some((head, more)) = crate::text::first_line(error) {
-            // The attempts of nested steps are their top-level step's.
-            let top = step.split('/').next().unwrap_or(step);
-            *error = format!(
-                "{head} (+{more} line{}, see `archon logs {} {top}`)",
-                if more == 1 { "" } else { "s" },
-                self.options.run_id
-            );
+        if let Some(line) = crate::text::error_line(error, &self.options.run_id, step) {
+            *error = line;
         }
     }
 
