@@ -365,6 +365,7 @@ steps:
     retry: { attempts: 2, delay: 1ms, jitter: false }
     fallback: { tool: echo, with: { fell: "{{ item }}" } }
   - id: strict
+    needs: [each]
     foreach: "[0, 1, 2]"
     tool: exec
     with: { argv: [sh, -c, "if [ {{ item }} = 1 ]; then echo no >&2; exit 7; fi"] }
@@ -485,4 +486,119 @@ fn color_always_paints_statuses_on_every_command() {
     // Without `--color`, `NO_COLOR` (set by `archon`) and a pipe: none.
     let plain = archon(dir.path(), &["show", &id]);
     assert!(!plain.stdout.contains('\x1b'), "{}", plain.stdout);
+}
+
+const DEPLOY: &str = r#"name: deploy
+inputs:
+  target: { type: string, default: staging }
+secrets: [DEPLOY_TOKEN]
+steps:
+  - id: build
+    tool: exec
+    with: { argv: [sh, -c, "touch built; echo v1"] }
+  - id: upload
+    tool: exec
+    if: "inputs.target == 'staging'"
+    approval: required
+    with:
+      argv: [sh, -c, "touch uploaded; echo {{ steps.build.text }}"]
+      env: { TOKEN: "{{ secrets.DEPLOY_TOKEN }}", TARGET: "{{ inputs.target }}" }
+  - id: notify
+    foreach: "['ana', 'bo']"
+    tool: echo
+    with: { to: "{{ item }}", target: "{{ inputs.target | upper }}" }
+  - id: check
+    if: "steps.upload.status == 'succeeded'"
+    tool: echo
+    with: { ok: true }
+"#;
+
+/// `archon run --dry-run` shows each wave and each step's rendered arguments, secrets masked and what is
+/// known only at run time marked, and says whether `if:` and `foreach:` can be decided; it runs nothing and
+/// records nothing (issue 15: `run --dry-run`).
+#[test]
+fn a_dry_run_shows_each_steps_rendered_arguments_and_runs_nothing() {
+    let dir = TempDir::new().expect("tempdir");
+    let hello = crate::support::root().join("workflows/hello.yaml");
+    let out = archon(
+        dir.path(),
+        &[
+            "run",
+            "--dry-run",
+            hello.to_str().expect("path"),
+            "--input",
+            "who=ana",
+        ],
+    );
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    insta::assert_snapshot!(out.stdout, @r#"
+    dry run of `hello`: 1 step in 1 wave; nothing is run
+
+    wave 1
+      greet  tool echo
+        with: {"message":"hello, ana"}
+    "#);
+
+    std::fs::write(dir.path().join("deploy.yaml"), DEPLOY).expect("write");
+    let out = crate::support::archon_with(
+        dir.path(),
+        &["run", "--dry-run", "deploy.yaml"],
+        &[("DEPLOY_TOKEN", "s3cr3t-t0ken-value")],
+    );
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    insta::assert_snapshot!(out.stdout, @r#"
+    dry run of `deploy`: 4 steps in 3 waves; nothing is run
+
+    wave 1
+      build  tool exec
+        with: {"argv":["sh","-c","touch built; echo v1"]}
+      notify  tool echo
+        foreach: `['ana', 'bo']`: 2 items
+        with: {"to":"<known at run time: {{ item }}>","target":"STAGING"}
+
+    wave 2
+      upload  tool exec  (after build)  (asks for approval)
+        if: `inputs.target == 'staging'` is true: it runs
+        with: {"argv":["sh","-c","<known at run time: touch uploaded; echo {{ steps.build.text }}>"],"env":{"TOKEN":"***","TARGET":"staging"}}
+
+    wave 3
+      check  tool echo  (after upload)
+        if: `steps.upload.status == 'succeeded'`: decided at run time (reads `steps.upload.status`)
+        with: {"ok":true}
+    "#);
+    assert!(!out.stdout.contains("s3cr3t-t0ken-value"));
+    let json = crate::support::archon_with(
+        dir.path(),
+        &[
+            "run",
+            "--dry-run",
+            "deploy.yaml",
+            "--json",
+            "--input",
+            "target=prod",
+        ],
+        &[("DEPLOY_TOKEN", "s3cr3t-t0ken-value")],
+    );
+    let dry: Json = serde_json::from_str(&json.stdout).expect("json");
+    assert_eq!(
+        dry["waves"][1][0]["condition"],
+        serde_json::json!({ "decided": "now", "expression": "inputs.target == 'staging'", "value": false })
+    );
+    assert!(!json.stdout.contains("s3cr3t-t0ken-value"));
+    // Nothing ran and nothing was recorded.
+    let left: Vec<String> = std::fs::read_dir(dir.path())
+        .expect("dir")
+        .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(left, ["deploy.yaml"]);
+    // A secret that is not set fails the dry run as it would fail the run.
+    let unset = archon(dir.path(), &["run", "--dry-run", "deploy.yaml"]);
+    assert_eq!(unset.code, 1);
+    assert!(
+        unset
+            .stderr
+            .starts_with("error: secret `DEPLOY_TOKEN` is not set"),
+        "{}",
+        unset.stderr
+    );
 }

@@ -1,5 +1,6 @@
 //! One module per subcommand, and the exit statuses they share.
 
+mod dry_run;
 mod helper;
 mod llm;
 mod load;

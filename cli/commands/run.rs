@@ -52,6 +52,9 @@ pub fn run(args: &RunArgs, color: ColorChoice) -> anyhow::Result<Status> {
         Ok(loaded) => loaded,
         Err(status) => return Ok(status),
     };
+    if args.dry_run {
+        return super::dry_run::show(&workflow, inputs, args.output.json, color);
+    }
     let workdir = match (&args.workdir, &args.goal) {
         (Some(dir), _) => dir.clone(),
         // A goal works on the directory it was given in.

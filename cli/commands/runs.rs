@@ -190,6 +190,14 @@ fn describe(session: &Session, run: &StoredRun, paint: Paint) -> String {
                 .push((name, result));
         }
     }
+    // In the order of their index, not of their end.
+    let index = |name: &str| {
+        name.rsplit_once('[')
+            .and_then(|(_, i)| i.trim_end_matches(']').parse::<usize>().ok())
+    };
+    for list in items.values_mut() {
+        list.sort_by_key(|(name, _)| index(name));
+    }
     let error_cell = |step: &str, error: Option<&str>| {
         error.map_or_else(String::new, |error| {
             shown(
