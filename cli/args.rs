@@ -114,6 +114,11 @@ pub struct RunArgs {
     #[arg(long = "inputs", value_name = "FILE")]
     pub inputs_file: Option<PathBuf>,
 
+    /// Run nothing: validate, then show each wave and each step's rendered arguments (secrets masked),
+    /// what is known only at run time marked as such; no run is recorded.
+    #[arg(long, conflicts_with_all = ["goal", "save_plan", "record", "replay"])]
+    pub dry_run: bool,
+
     /// After the run, write the workflow with every plan its planner steps made frozen into ordinary
     /// steps (YAML; TOML for `.toml`; JSON for `.json`): it validates and re-runs without the planner.
     #[arg(long, value_name = "FILE")]

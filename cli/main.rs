@@ -1,6 +1,7 @@
 //! The `archon` command line: parse arguments, run the subcommand, exit with its status.
 
 mod args;
+mod color;
 mod commands;
 mod output;
 mod render;

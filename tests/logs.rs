@@ -52,11 +52,20 @@ fn a_failed_commands_output_is_kept_whole_for_every_attempt() {
         stderr,
     } = archon(dir.path(), &["logs", &id, "noisy"]);
     assert_eq!(code, 0, "{stderr}");
+    // Then the attempt's whole error, which progress and events show cut to its first line.
+    let failed = |n: u32| {
+        format!(
+            "archon: attempt {n} of `noisy` failed: `sh` exited with code 2: err 8\nerr 9\nerr 10\nerr 11\nerr 12\n"
+        )
+    };
     assert_eq!(stdout, lines("line"));
-    assert_eq!(stderr, lines("err"));
+    assert_eq!(stderr, lines("err") + &failed(2));
     // The first attempt's too.
     let first = archon(dir.path(), &["logs", &id, "noisy", "--attempt", "1"]);
-    assert_eq!((first.stdout, first.stderr), (lines("line"), lines("err")));
+    assert_eq!(
+        (first.stdout, first.stderr),
+        (lines("line"), lines("err") + &failed(1))
+    );
     // Without a step: every step's.
     let all = archon(dir.path(), &["logs", &id]);
     assert_eq!(all.stdout, lines("line"));

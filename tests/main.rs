@@ -28,5 +28,6 @@ mod security;
 mod session;
 mod store;
 mod support;
+mod ux;
 mod validate_fixtures;
 mod workflows;

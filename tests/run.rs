@@ -212,8 +212,8 @@ steps:
     );
     assert_eq!(status(&report, "rescued"), StepStatus::Succeeded);
     assert_eq!(
-        report.steps["rescued"].attempts, 1,
-        "timeouts are not retried when `on` is only `error`"
+        report.steps["rescued"].attempts, 2,
+        "timeouts are not retried when `on` is only `error`: one attempt, then the fallback's"
     );
     assert!(report.steps["rescued"].fallback);
     assert_eq!(report.steps["rescued"].output, json!({ "rescued": true }));

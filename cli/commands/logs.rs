@@ -11,13 +11,14 @@ use archon_engine::tools::Stream;
 use super::Status;
 use super::run::store_error;
 use super::target;
-use crate::args::LogsArgs;
+use crate::args::{ColorChoice, LogsArgs};
+use crate::color::Paint;
 use crate::output;
 
 /// How often `--follow` looks for more output while the run goes on.
 const FOLLOW_EVERY: Duration = Duration::from_millis(200);
 
-pub fn logs(args: &LogsArgs) -> anyhow::Result<Status> {
+pub fn logs(args: &LogsArgs, color: ColorChoice) -> anyhow::Result<Status> {
     let (target, step) = args.run.with_step(args.step.as_deref());
     let (session, id) = match target::open(&target, &args.state) {
         Ok(found) => found,
@@ -97,6 +98,40 @@ pub fn logs(args: &LogsArgs) -> anyhow::Result<Status> {
         }
         std::thread::sleep(FOLLOW_EVERY);
     }
+    // The whole error of each attempt shown: progress and events show only its first line.
+    let run = if args.follow {
+        session.load_brief(&id).unwrap_or(run)
+    } else {
+        run
+    };
+    let paint = Paint::new(output::use_color_stderr(color));
+    let mut errors = String::new();
+    for attempt in &run.attempts {
+        let last = run
+            .attempts
+            .iter()
+            .filter(|a| a.step == attempt.step)
+            .map(|a| a.attempt)
+            .max()
+            .unwrap_or(0);
+        let chosen = args
+            .attempt
+            .map_or(attempt.attempt == last, |n| attempt.attempt == n);
+        if let Some(error) = &attempt.error
+            && wanted(&attempt.step)
+            && chosen
+        {
+            let status = attempt.status.replace('_', " ");
+            let _ = writeln!(
+                errors,
+                "archon: attempt {} of `{}` {}: {}",
+                attempt.attempt,
+                output::printable(&attempt.step),
+                paint.status(&status, &status),
+                output::printable(error)
+            );
+        }
+    }
     if printed == 0 {
         let what = match (&step, args.attempt) {
             (Some(step), Some(n)) => format!("attempt {n} of step `{step}`"),
@@ -109,6 +144,7 @@ pub fn logs(args: &LogsArgs) -> anyhow::Result<Status> {
             id
         )));
     }
+    output::stderr(&errors);
     Ok(Status::Success)
 }
 

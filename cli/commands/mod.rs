@@ -1,6 +1,7 @@
 //! One module per subcommand, and the exit statuses they share.
 
 mod completions;
+mod dry_run;
 mod helper;
 mod init;
 mod llm;
@@ -53,9 +54,9 @@ pub fn run(cli: Cli) -> anyhow::Result<Status> {
         Command::Validate(args) => validate::run(&args, cli.color),
         Command::Run(args) => run::run(&args, cli.color),
         Command::Plan(args) => plan::run(&args, cli.color),
-        Command::Runs(args) => runs::runs(&args),
-        Command::Show(args) => runs::show(&args),
-        Command::Logs(args) => logs::logs(&args),
+        Command::Runs(args) => runs::runs(&args, cli.color),
+        Command::Show(args) => runs::show(&args, cli.color),
+        Command::Logs(args) => logs::logs(&args, cli.color),
         Command::Resume(args) => runs::resume(&args, cli.color),
         Command::Retry(args) => runs::retry(&args, cli.color),
         Command::Cancel(args) => runs::cancel(&args),

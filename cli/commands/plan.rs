@@ -8,6 +8,7 @@ use serde_json::json;
 
 use super::{Status, load};
 use crate::args::{ColorChoice, PlanArgs, PlanFormat};
+use crate::color::Paint;
 use crate::output;
 
 pub fn run(args: &PlanArgs, color: ColorChoice) -> anyhow::Result<Status> {
@@ -17,7 +18,7 @@ pub fn run(args: &PlanArgs, color: ColorChoice) -> anyhow::Result<Status> {
     };
     let plan = Plan::new(&workflow);
     let text = match args.format {
-        PlanFormat::Text => text(&plan),
+        PlanFormat::Text => text(&plan, Paint::new(output::use_color(color))),
         PlanFormat::Dot => dot(&plan),
         PlanFormat::Mermaid => mermaid(&plan),
         PlanFormat::Json => {
@@ -36,7 +37,7 @@ fn plural(n: usize, what: &str) -> String {
 }
 
 /// Human-readable: one block per wave, one line per step.
-fn text(plan: &Plan) -> String {
+fn text(plan: &Plan, paint: Paint) -> String {
     let mut out = format!(
         "plan for `{}`: {} in {}\n",
         plan.workflow,
@@ -45,7 +46,7 @@ fn text(plan: &Plan) -> String {
     );
     let width = plan.steps.iter().map(|s| s.id.len()).max().unwrap_or(0);
     for (number, wave) in plan.waves.iter().enumerate() {
-        let _ = writeln!(out, "\nwave {}", number + 1);
+        let _ = writeln!(out, "\n{}", paint.bold(&format!("wave {}", number + 1)));
         for &index in wave {
             let step = &plan.steps[index];
             let mut line = format!("  {:width$}  {}", step.id, step.kind.label());

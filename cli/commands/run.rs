@@ -16,6 +16,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::{Status, load};
 use crate::args::{ColorChoice, RunArgs, RunOutputArgs, StateArgs, WorkflowArgs};
+use crate::color::Paint;
 use crate::output;
 use crate::render::{self, Report};
 
@@ -51,6 +52,9 @@ pub fn run(args: &RunArgs, color: ColorChoice) -> anyhow::Result<Status> {
         Ok(loaded) => loaded,
         Err(status) => return Ok(status),
     };
+    if args.dry_run {
+        return super::dry_run::show(&workflow, inputs, args.output.json, color);
+    }
     let workdir = match (&args.workdir, &args.goal) {
         (Some(dir), _) => dir.clone(),
         // A goal works on the directory it was given in.
@@ -93,6 +97,7 @@ pub fn run(args: &RunArgs, color: ColorChoice) -> anyhow::Result<Status> {
             cassette,
             &args.output,
             args.save_plan.as_deref(),
+            color,
         ),
         Err(e) => Ok(session_error(&e, color)),
     }
@@ -182,6 +187,7 @@ pub fn execute(
     cassette: Option<run::Cassette>,
     args: &RunOutputArgs,
     save_plan: Option<&Path>,
+    color: ColorChoice,
 ) -> anyhow::Result<Status> {
     let mut events_file = match &args.events {
         Some(path) => Some(
@@ -203,20 +209,27 @@ pub fn execute(
         .build()?;
     let cancel = CancellationToken::new();
     let (sender, mut receiver) = tokio::sync::mpsc::unbounded_channel();
+    let terminal = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let paint = Paint::new(output::use_color_stderr(color));
+    let mut display = if args.json {
+        Display::Quiet
+    } else if terminal {
+        Display::Live(Live::default(), paint)
+    } else {
+        Display::Lines(paint)
+    };
+    // Progress and the approval prompt share standard error: while a prompt is open, progress waits.
+    let screen = Arc::new(std::sync::Mutex::new(Screen {
+        live: matches!(display, Display::Live(..)),
+        ..Screen::default()
+    }));
     // A person at a terminal is asked there; otherwise the run pauses for `archon approve`.
     let approver = (!args.yes
         && !args.no_input
         && std::io::IsTerminal::is_terminal(&std::io::stdin())
-        && std::io::IsTerminal::is_terminal(&std::io::stderr()))
-    .then(|| Arc::new(TerminalApprover::new()) as Arc<dyn run::Approver>);
-    // A prompt for approval must not be redrawn over: with one possible, progress is shown line by line.
-    let mut display = if args.json {
-        Display::Quiet
-    } else if std::io::IsTerminal::is_terminal(&std::io::stderr()) && approver.is_none() {
-        Display::Live(Live::default())
-    } else {
-        Display::Lines
-    };
+        && terminal)
+        .then(|| Arc::new(TerminalApprover::new(screen.clone())) as Arc<dyn run::Approver>);
+    let printing = screen.clone();
     for (name, pgid) in &prepared.stopped {
         output::stderr(&format!(
             "stopped process group `{pgid}`, left running by `{name}` when the run stopped\n"
@@ -256,6 +269,7 @@ pub fn execute(
         // 20,000 system calls; an event that arrives alone is written at once.
         let printer = tokio::spawn(async move {
             let (mut text, mut saved) = (String::new(), Vec::new());
+            let screen = printing;
             while let Some(event) = receiver.recv().await {
                 let mut next = Some(event);
                 let mut taken = 0;
@@ -272,12 +286,12 @@ pub fn execute(
                         None
                     };
                 }
-                display.redraw(&mut text);
+                let status = display.status_line();
                 if let Some(file) = events_file.as_mut() {
                     let _ = file.write_all(&saved);
                 }
-                if !text.is_empty() {
-                    output::stderr(&text);
+                if let Ok(mut screen) = screen.lock() {
+                    screen.write(&text, status);
                 }
                 text.clear();
                 saved.clear();
@@ -285,8 +299,9 @@ pub fn execute(
             display
         });
         let outcome = session.execute(prepared, attachments).await;
-        if let Ok(mut display) = printer.await {
-            display.finish();
+        let _ = printer.await;
+        if let Ok(mut screen) = screen.lock() {
+            screen.finish();
         }
         Ok::<_, std::io::Error>(outcome)
     })?;
@@ -313,7 +328,11 @@ pub fn execute(
     } else if let Some(error) = &unsaved {
         // Archon's own failure, not the workflow's: said on standard error, with what to do.
         report.error = None;
-        output::stdout(&output::printable(&summary(&report, resumable)));
+        output::stdout(&summary(
+            &report,
+            resumable,
+            Paint::new(output::use_color(color)),
+        ));
         let text = if error.taken_over {
             format!(
                 "error: {error}\n  hint: `archon show {}` shows where it stands\n",
@@ -333,7 +352,11 @@ pub fn execute(
         };
         output::stderr(&output::printable(&text));
     } else {
-        output::stdout(&output::printable(&summary(&report, resumable)));
+        output::stdout(&summary(
+            &report,
+            resumable,
+            Paint::new(output::use_color(color)),
+        ));
     }
     let status = match report.status {
         RunStatus::Succeeded => Status::Success,
@@ -368,9 +391,9 @@ enum Display {
     /// `--json`: nothing but the report.
     Quiet,
     /// Not a terminal: one plain line per event.
-    Lines,
+    Lines(Paint),
     /// A terminal: one status line redrawn in place, with failures and retries printed above it.
-    Live(Live),
+    Live(Live, Paint),
 }
 
 #[derive(Default)]
@@ -384,14 +407,14 @@ struct Live {
 }
 
 impl Display {
-    /// Adds what `event` shows to `out`; the live status line is drawn by [`Display::redraw`].
+    /// Adds the progress lines `event` shows to `out`; the live status line is [`Display::status_line`].
     fn show(&mut self, event: &RunEvent, out: &mut String) {
         match self {
             Display::Quiet => {}
-            Display::Lines => out.push_str(&event_line(event)),
-            Display::Live(live) => {
+            Display::Lines(paint) => out.push_str(&event_line(event, *paint)),
+            Display::Live(live, paint) => {
                 live.changed = true;
-                let mut text = String::new();
+                let line = || event_line(event, *paint);
                 match event {
                     RunEvent::StepStarted { step } => live.running.push(step.clone()),
                     RunEvent::StepFinished { step, status, .. } => {
@@ -401,7 +424,7 @@ impl Display {
                             StepStatus::Skipped => live.skipped += 1,
                             _ => {
                                 live.failed += 1;
-                                text.push_str(&event_line(event));
+                                out.push_str(&line());
                             }
                         }
                     }
@@ -415,10 +438,11 @@ impl Display {
                     | RunEvent::RuleMatched { .. }
                     | RunEvent::ApprovalRequested { .. }
                     | RunEvent::ApprovalDecided { .. }
-                    | RunEvent::StepResolved { .. } => text.push_str(&event_line(event)),
-                    RunEvent::PlanProposed { .. } => {}
-                    RunEvent::LlmCallFailed { .. } => text.push_str(&event_line(event)),
-                    RunEvent::LlmCall { .. }
+                    | RunEvent::StepResolved { .. }
+                    | RunEvent::LlmCallFailed { .. }
+                    | RunEvent::StepRetried { .. } => out.push_str(&line()),
+                    RunEvent::PlanProposed { .. }
+                    | RunEvent::LlmCall { .. }
                     | RunEvent::AgentAnswerRejected { .. }
                     | RunEvent::AgentThought { .. }
                     | RunEvent::AgentObservation { .. }
@@ -428,57 +452,112 @@ impl Display {
                         StepStatus::Skipped => live.skipped += 1,
                         _ => live.failed += 1,
                     },
-                    RunEvent::StepRetried { .. } => text.push_str(&event_line(event)),
-                }
-                if !text.is_empty() {
-                    // Printed above the status line, which is cleared first.
-                    out.push_str("\r\x1b[2K");
-                    out.push_str(&text);
                 }
             }
         }
     }
 
-    /// Draws the live status line again after the events added to `out`.
-    fn redraw(&mut self, out: &mut String) {
-        match self {
-            Display::Quiet | Display::Lines => {}
-            Display::Live(live) => {
-                if !std::mem::take(&mut live.changed) {
-                    return;
-                }
-                out.push_str("\r\x1b[2K");
-                let mut status = format!(
-                    "running {} | done {} | failed {} | skipped {}",
-                    live.running.len(),
-                    live.succeeded,
-                    live.failed,
-                    live.skipped
-                );
-                if !live.running.is_empty() {
-                    let shown: Vec<&str> =
-                        live.running.iter().take(4).map(String::as_str).collect();
-                    let more = live.running.len().saturating_sub(shown.len());
-                    let _ = write!(
-                        status,
-                        " | {}{}",
-                        shown.join(", "),
-                        if more > 0 {
-                            format!(" and {more} more")
-                        } else {
-                            String::new()
-                        }
-                    );
-                }
-                let width = terminal_width();
-                out.extend(status.chars().take(width.saturating_sub(1)));
+    /// The live status line, when it changed since it was last asked for.
+    fn status_line(&mut self) -> Option<String> {
+        let Display::Live(live, paint) = self else {
+            return None;
+        };
+        if !std::mem::take(&mut live.changed) {
+            return None;
+        }
+        let count = |n: usize, what: &str, status: &str| {
+            let text = format!("{what} {n}");
+            if n > 0 {
+                paint.status(status, &text)
+            } else {
+                text
             }
+        };
+        let mut status = format!(
+            "running {} | {} | {} | {}",
+            live.running.len(),
+            count(live.succeeded, "done", "succeeded"),
+            count(live.failed, "failed", "failed"),
+            count(live.skipped, "skipped", "skipped"),
+        );
+        let room = terminal_width()
+            .saturating_sub(1)
+            .saturating_sub(crate::color::width(&status));
+        if !live.running.is_empty() {
+            let shown: Vec<&str> = live.running.iter().take(4).map(String::as_str).collect();
+            let more = live.running.len().saturating_sub(shown.len());
+            let names = format!(
+                " | {}{}",
+                shown.join(", "),
+                if more > 0 {
+                    format!(" and {more} more")
+                } else {
+                    String::new()
+                }
+            );
+            status.extend(output::printable(&names).chars().take(room));
+        }
+        Some(status)
+    }
+}
+
+/// What progress and the terminal's approval prompt share on standard error. While a prompt is open,
+/// progress lines are held and the status line is neither drawn nor redrawn, so that the prompt and the
+/// answer typed to it are never interleaved with progress; once it is answered, what was held is printed
+/// and the status line drawn again.
+#[derive(Default)]
+struct Screen {
+    /// Progress has a status line redrawn in place.
+    live: bool,
+    /// A prompt is open.
+    prompting: bool,
+    /// Progress lines that came while a prompt was open.
+    held: String,
+    /// The status line as it stands.
+    status: String,
+}
+
+impl Screen {
+    /// Shows progress `lines`, and on a live display the status line below them (`status`, when it
+    /// changed); both wait while a prompt is open.
+    fn write(&mut self, lines: &str, status: Option<String>) {
+        let changed = status.is_some();
+        if let Some(status) = status {
+            self.status = status;
+        }
+        if self.prompting {
+            self.held.push_str(lines);
+        } else if self.live && (changed || !lines.is_empty()) {
+            output::stderr(&format!("\r\x1b[2K{lines}{}", self.status));
+        } else if !lines.is_empty() {
+            output::stderr(lines);
         }
     }
 
-    /// Clears the live status line before the summary is printed.
+    /// Clears the status line and shows `prompt`; progress waits until [`Screen::close_prompt`].
+    fn open_prompt(&mut self, prompt: &str) {
+        self.prompting = true;
+        let clear = if self.live { "\r\x1b[2K" } else { "" };
+        output::stderr(&format!("{clear}{prompt}"));
+    }
+
+    /// Shows what progress came while the prompt was open, and the status line again.
+    fn close_prompt(&mut self) {
+        self.prompting = false;
+        let held = std::mem::take(&mut self.held);
+        if self.live {
+            output::stderr(&format!("\r\x1b[2K{held}{}", self.status));
+        } else if !held.is_empty() {
+            output::stderr(&held);
+        }
+    }
+
+    /// Clears the status line before the summary is printed.
     fn finish(&mut self) {
-        if let Display::Live(_) = self {
+        if self.prompting {
+            self.close_prompt();
+        }
+        if self.live {
             output::stderr("\r\x1b[2K");
         }
     }
@@ -492,9 +571,13 @@ fn terminal_width() -> usize {
         .unwrap_or(100)
 }
 
-/// One progress line, safe to show (see [`output::printable`]).
-fn event_line(event: &RunEvent) -> String {
-    output::printable(&raw_event_line(event))
+/// One progress line, safe to show (see [`output::printable`]), its first word painted by what it says.
+fn event_line(event: &RunEvent, paint: Paint) -> String {
+    let line = output::printable(&raw_event_line(event));
+    match line.split_once(' ') {
+        Some((word, rest)) => format!("{} {rest}", paint.status(word.trim_end_matches('!'), word)),
+        None => line,
+    }
 }
 
 fn raw_event_line(event: &RunEvent) -> String {
@@ -632,7 +715,9 @@ fn one_line(text: &str) -> String {
     }
 }
 
-fn summary(report: &RunReport, resumable: bool) -> String {
+/// The run's summary, safe to show: what the run produced is made printable here, before statuses are
+/// painted.
+fn summary(report: &RunReport, resumable: bool, paint: Paint) -> String {
     let count = |status: StepStatus| report.steps.values().filter(|s| s.status == status).count();
     let mut parts = Vec::new();
     for status in [
@@ -646,20 +731,26 @@ fn summary(report: &RunReport, resumable: bool) -> String {
     ] {
         let n = count(status);
         if n > 0 {
-            parts.push(format!("{n} {}", status.as_str().replace('_', " ")));
+            let text = format!("{n} {}", status.as_str().replace('_', " "));
+            parts.push(paint.status(status.as_str(), &text));
         }
     }
     let status = match report.status {
-        RunStatus::Succeeded => "succeeded",
-        RunStatus::Failed => "failed",
-        RunStatus::Cancelled if resumable => "was interrupted",
-        RunStatus::Cancelled => "was cancelled",
-        RunStatus::WaitingApproval => "is waiting for approval",
+        RunStatus::Succeeded => paint.status("succeeded", "succeeded"),
+        RunStatus::Failed => paint.status("failed", "failed"),
+        RunStatus::Cancelled if resumable => {
+            format!("was {}", paint.status("interrupted", "interrupted"))
+        }
+        RunStatus::Cancelled => format!("was {}", paint.status("cancelled", "cancelled")),
+        RunStatus::WaitingApproval => format!(
+            "is {}",
+            paint.status("waiting approval", "waiting for approval")
+        ),
     };
     let mut text = format!(
         "run {} of `{}` {status} in {} ms{}\n",
-        report.run_id,
-        report.workflow,
+        output::printable(&report.run_id),
+        output::printable(&report.workflow),
         report.duration_ms,
         if parts.is_empty() {
             String::new()
@@ -668,7 +759,12 @@ fn summary(report: &RunReport, resumable: bool) -> String {
         }
     );
     if let Some(error) = &report.error {
-        let _ = writeln!(text, "error: {error}");
+        let _ = writeln!(
+            text,
+            "{}: {}",
+            paint.status("failed", "error"),
+            output::printable(error)
+        );
     }
     if let Some(llm) = &report.llm {
         // Failed requests have no price either way: only answered calls say whether the model has one.
@@ -711,13 +807,14 @@ fn summary(report: &RunReport, resumable: bool) -> String {
     }) {
         let _ = writeln!(
             text,
-            "  hint: `archon logs {} {step}` prints everything its commands wrote",
-            report.run_id
+            "  hint: `archon logs {} {}` prints everything its commands wrote",
+            report.run_id,
+            output::printable(step)
         );
     }
     // A run that has not ended has no outputs yet: they are rendered when it ends.
     if !matches!(report.status, RunStatus::WaitingApproval) && !resumable {
-        text.push_str(&outputs_text(&report.outputs));
+        text.push_str(&output::printable(&outputs_text(&report.outputs)));
     }
     text
 }
@@ -745,10 +842,23 @@ pub fn outputs_text(outputs: &Map<String, Json>) -> String {
 /// pushed into the terminal, or typed ahead, cannot approve a call.
 struct TerminalApprover {
     lines: tokio::sync::Mutex<tokio::sync::mpsc::UnboundedReceiver<String>>,
+    /// Standard error, shared with the run's progress.
+    screen: Arc<std::sync::Mutex<Screen>>,
+}
+
+/// An open prompt: progress shows again when it is answered, or given up (its timeout, Ctrl-C).
+struct OpenPrompt<'a>(&'a std::sync::Mutex<Screen>);
+
+impl Drop for OpenPrompt<'_> {
+    fn drop(&mut self) {
+        if let Ok(mut screen) = self.0.lock() {
+            screen.close_prompt();
+        }
+    }
 }
 
 impl TerminalApprover {
-    fn new() -> Self {
+    fn new(screen: Arc<std::sync::Mutex<Screen>>) -> Self {
         let (sender, receiver) = tokio::sync::mpsc::unbounded_channel();
         // Detached: it ends with the process, whatever it is waiting for.
         let _ = std::thread::Builder::new()
@@ -769,6 +879,7 @@ impl TerminalApprover {
             });
         TerminalApprover {
             lines: tokio::sync::Mutex::new(receiver),
+            screen,
         }
     }
 }
@@ -786,7 +897,7 @@ impl run::Approver for TerminalApprover {
             while lines.try_recv().is_ok() {}
             let code = format!("{:04}", fastrand::u32(..10_000));
             let arguments = serde_json::to_string_pretty(&request.arguments).unwrap_or_default();
-            output::stderr(&output::printable(&format!(
+            let prompt = output::printable(&format!(
                 "\napproval needed: step `{}`{}\n  why: {}\n  arguments:\n{}\ntype {code} to approve, anything else denies: ",
                 request.step,
                 request
@@ -799,7 +910,14 @@ impl run::Approver for TerminalApprover {
                     .map(|l| format!("    {l}"))
                     .collect::<Vec<_>>()
                     .join("\n")
-            )));
+            ));
+            let _open = match self.screen.lock() {
+                Ok(mut screen) => {
+                    screen.open_prompt(&prompt);
+                    OpenPrompt(&self.screen)
+                }
+                Err(_) => return None,
+            };
             let line = lines.recv().await?;
             Some(run::ApprovalDecision {
                 approved: line.trim() == code,

@@ -5,6 +5,7 @@ use std::collections::{HashMap, HashSet};
 use std::fmt::Write as _;
 
 use archon_engine::resume;
+use archon_engine::run::StepStatus;
 use archon_engine::session::{
     self, Cancelled, Continue, ContinueOptions, Resolution, Resolved, RunFilter, RunState, Session,
     SessionError, StoredRun,
@@ -16,9 +17,10 @@ use crate::args::{
     ApproveArgs, CancelArgs, ColorChoice, ContinueArgs, ResolveArgs, ResumeArgs, RetryArgs,
     RunStatusArg, RunTarget, RunsArgs, ShowArgs,
 };
+use crate::color::Paint;
 use crate::output;
 
-pub fn runs(args: &RunsArgs) -> anyhow::Result<Status> {
+pub fn runs(args: &RunsArgs, color: ColorChoice) -> anyhow::Result<Status> {
     let session = match existing_session(&args.state) {
         Ok(session) => session,
         Err(status) => return Ok(status),
@@ -50,22 +52,23 @@ pub fn runs(args: &RunsArgs) -> anyhow::Result<Status> {
         ));
         return Ok(Status::Success);
     }
+    let paint = Paint::new(output::use_color(color));
     let rows: Vec<[String; 5]> = runs
         .iter()
         .map(|r| {
             [
-                r.id.clone(),
-                r.workflow.clone(),
-                r.status.as_str().to_owned(),
+                output::printable(&r.id),
+                output::printable(&r.workflow),
+                paint.status(r.status.as_str(), r.status.as_str()),
                 timestamp(r.started_at),
                 r.duration_ms.map_or_else(|| "-".to_owned(), duration),
             ]
         })
         .collect();
-    output::stdout(&output::printable(&table(
+    output::stdout(&table(
         &["RUN", "WORKFLOW", "STATUS", "STARTED", "DURATION"],
         &rows,
-    )));
+    ));
     Ok(Status::Success)
 }
 
@@ -116,7 +119,7 @@ fn check(session: Option<&Session>, state: &crate::args::StateArgs) -> Status {
     Status::Failure
 }
 
-pub fn show(args: &ShowArgs) -> anyhow::Result<Status> {
+pub fn show(args: &ShowArgs, color: ColorChoice) -> anyhow::Result<Status> {
     let (session, id) = match target::open(&args.run, &args.state) {
         Ok(found) => found,
         Err(status) => return Ok(status),
@@ -157,15 +160,31 @@ pub fn show(args: &ShowArgs) -> anyhow::Result<Status> {
         output::stdout(&crate::trail::render(&events));
         return Ok(Status::Success);
     }
-    output::stdout(&output::printable(&describe(&session, &run)));
+    output::stdout(&describe(
+        &session,
+        &run,
+        Paint::new(output::use_color(color)),
+    ));
     Ok(Status::Success)
 }
 
-fn describe(session: &Session, run: &StoredRun) -> String {
+/// The run as `show` writes it, safe to show: what the run produced is made printable before statuses
+/// are painted.
+fn describe(session: &Session, run: &StoredRun, paint: Paint) -> String {
+    let shown = |text: &str| output::printable(text);
     let mut text = String::new();
-    let _ = writeln!(text, "run       {}", run.id);
-    let _ = writeln!(text, "workflow  {} ({})", run.workflow, run.spec_path);
-    let _ = writeln!(text, "status    {}", run.status.as_str());
+    let _ = writeln!(text, "run       {}", shown(&run.id));
+    let _ = writeln!(
+        text,
+        "workflow  {} ({})",
+        shown(&run.workflow),
+        shown(&run.spec_path)
+    );
+    let _ = writeln!(
+        text,
+        "status    {}",
+        paint.status(run.status.as_str(), run.status.as_str())
+    );
     let _ = writeln!(text, "started   {}", timestamp(run.started_at));
     if let Some(finished) = run.finished_at {
         let _ = writeln!(
@@ -176,15 +195,47 @@ fn describe(session: &Session, run: &StoredRun) -> String {
         );
     }
     if let Some(owner) = &run.owner {
-        let _ = writeln!(text, "owner     process {} on `{}`", owner.pid, owner.host);
+        let _ = writeln!(
+            text,
+            "owner     process {} on `{}`",
+            owner.pid,
+            shown(&owner.host)
+        );
     }
     if let Some(error) = &run.error {
-        let _ = writeln!(text, "error     {error}");
+        let _ = writeln!(text, "error     {}", shown(error));
     }
     let mut attempts: HashMap<&str, usize> = HashMap::new();
     for attempt in &run.attempts {
         *attempts.entry(resume::step_of(&attempt.step)).or_default() += 1;
     }
+    // The items of each `foreach` step, by step.
+    let mut items: HashMap<&str, Vec<(&str, &archon_engine::run::StepResult)>> = HashMap::new();
+    for (name, result) in &run.results {
+        if name.contains('[') {
+            items
+                .entry(resume::step_of(name))
+                .or_default()
+                .push((name, result));
+        }
+    }
+    // In the order of their index, not of their end.
+    let index = |name: &str| {
+        name.rsplit_once('[')
+            .and_then(|(_, i)| i.trim_end_matches(']').parse::<usize>().ok())
+    };
+    for list in items.values_mut() {
+        list.sort_by_key(|(name, _)| index(name));
+    }
+    let error_cell = |step: &str, error: Option<&str>| {
+        error.map_or_else(String::new, |error| {
+            shown(
+                &archon_engine::text::error_line(error, &run.id, step)
+                    .unwrap_or_else(|| error.to_owned()),
+            )
+        })
+    };
+    let status_cell = |status: &str, note: &str| format!("{}{note}", paint.status(status, status));
     let mut rows = Vec::new();
     let mut seen = HashSet::new();
     for (name, result) in &run.results {
@@ -192,25 +243,44 @@ fn describe(session: &Session, run: &StoredRun) -> String {
             continue;
         }
         seen.insert(name.as_str());
+        // The attempts of the step's last run, as `show --json` gives them in its result.
         rows.push([
-            name.clone(),
-            result.status.as_str().to_owned(),
-            attempts
-                .get(name.as_str())
-                .copied()
-                .unwrap_or(0)
-                .to_string(),
-            result.error.clone().unwrap_or_default(),
+            shown(name),
+            status_cell(result.status.as_str(), ""),
+            result.attempts.to_string(),
+            error_cell(name, result.error.as_deref()),
         ]);
-        nested_rows(name, result, &mut rows);
+        nested_rows(name, result, &mut rows, paint);
+        // The items that failed, or that their fallback saved (with the error the fallback answered).
+        for (item, result) in items.get(name.as_str()).into_iter().flatten() {
+            if result.status == StepStatus::Succeeded && !result.fallback {
+                continue;
+            }
+            let error = result.error.as_deref().or_else(|| {
+                run.attempts
+                    .iter()
+                    .rev()
+                    .find(|a| a.step == *item && !a.fallback)
+                    .and_then(|a| a.error.as_deref())
+            });
+            rows.push([
+                shown(item),
+                status_cell(
+                    result.status.as_str(),
+                    if result.fallback { " (fallback)" } else { "" },
+                ),
+                result.attempts.to_string(),
+                error_cell(item, error),
+            ]);
+        }
     }
     for attempt in &run.attempts {
         let step = resume::step_of(&attempt.step);
         if seen.insert(step) {
             rows.push([
-                step.to_owned(),
+                shown(step),
                 if attempt.status == "running" {
-                    "in doubt".to_owned()
+                    paint.status("in doubt", "in doubt")
                 } else {
                     format!("no result ({})", attempt.status)
                 },
@@ -225,11 +295,11 @@ fn describe(session: &Session, run: &StoredRun) -> String {
     }
     if !run.outputs.is_empty() {
         text.push('\n');
-        text.push_str(&outputs_text(&run.outputs));
+        text.push_str(&shown(&outputs_text(&run.outputs)));
     }
     if run.status == RunState::Interrupted {
         text.push('\n');
-        text.push_str(&resume_hint(session, &run.id));
+        text.push_str(&shown(&resume_hint(session, &run.id)));
     }
     text
 }
@@ -253,21 +323,27 @@ fn resume_hint(session: &Session, id: &str) -> String {
 
 /// Rows for the steps a step ran inside it (a composite tool's, a sub-workflow's, or those its planner
 /// planned), named `outer/inner`; their attempts belong to the calling step.
-fn nested_rows(name: &str, result: &archon_engine::run::StepResult, rows: &mut Vec<[String; 4]>) {
+fn nested_rows(
+    name: &str,
+    result: &archon_engine::run::StepResult,
+    rows: &mut Vec<[String; 4]>,
+    paint: Paint,
+) {
     for (inner, nested) in &result.steps {
         let label = format!("{name}/{inner}");
+        let status = nested.status.as_str();
         let status = if result.plan.is_some() {
-            format!("{} (planned)", nested.status.as_str())
+            format!("{} (planned)", paint.status(status, status))
         } else {
-            nested.status.as_str().to_owned()
+            paint.status(status, status)
         };
         rows.push([
-            label.clone(),
+            output::printable(&label),
             status,
             "-".to_owned(),
-            nested.error.clone().unwrap_or_default(),
+            output::printable(nested.error.as_deref().unwrap_or_default()),
         ]);
-        nested_rows(&label, nested, rows);
+        nested_rows(&label, nested, rows, paint);
     }
 }
 
@@ -407,7 +483,7 @@ fn continue_run(
         max_parallel: options.max_parallel.map(|m| m as usize),
     };
     match session.continue_run(&id, how, &asked) {
-        Ok(prepared) => execute(&session, prepared, None, &options.output, None),
+        Ok(prepared) => execute(&session, prepared, None, &options.output, None, color),
         Err(e) => Ok(session_error(&e, color)),
     }
 }
@@ -445,12 +521,12 @@ pub(super) fn duration(ms: u64) -> String {
     }
 }
 
-/// Columns padded to their widest cell.
+/// Columns padded to their widest cell (colour codes take no room).
 pub(super) fn table<const N: usize>(header: &[&str; N], rows: &[[String; N]]) -> String {
     let mut widths: Vec<usize> = header.iter().map(|h| h.len()).collect();
     for row in rows {
         for (width, cell) in widths.iter_mut().zip(row) {
-            *width = (*width).max(cell.chars().count());
+            *width = (*width).max(crate::color::width(cell));
         }
     }
     let mut text = String::new();
@@ -460,7 +536,9 @@ pub(super) fn table<const N: usize>(header: &[&str; N], rows: &[[String; N]]) ->
             if i + 1 == cells.len() {
                 out.push_str(cell);
             } else {
-                let _ = write!(out, "{cell:<width$}  ");
+                out.push_str(cell);
+                let pad = width.saturating_sub(crate::color::width(cell)) + 2;
+                out.extend(std::iter::repeat_n(' ', pad));
             }
         }
         text.push_str(out.trim_end());

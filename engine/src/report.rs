@@ -307,7 +307,8 @@ pub struct StepResult {
     /// Named outputs (`outputs:`).
     pub outputs: Map<String, Json>,
     pub error: Option<String>,
-    /// Attempts made, the first included (summed over items for `foreach`).
+    /// Attempts made, the first and the fallback's included (summed over items for `foreach`), as many
+    /// as the run recorded for the step in its last run.
     pub attempts: u32,
     pub exit_code: Option<i32>,
     pub duration_ms: u64,

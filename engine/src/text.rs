@@ -18,6 +18,25 @@ pub fn floor_boundary(text: &str, at: usize) -> usize {
     at
 }
 
+/// The first line of `text` and how many lines follow it; `None` when it is one line (a final newline
+/// aside).
+pub fn first_line(text: &str) -> Option<(&str, usize)> {
+    let (head, tail) = text.trim_end_matches('\n').split_once('\n')?;
+    Some((head.trim_end_matches('\r'), tail.lines().count()))
+}
+
+/// A step's error cut to its first line, with a note saying how many lines follow and that `archon logs`
+/// prints them all; `None` when it is one line. The attempts of nested steps (`outer/inner`) are their
+/// top-level step's.
+pub fn error_line(error: &str, run_id: &str, step: &str) -> Option<String> {
+    let (head, more) = first_line(error)?;
+    let top = step.split('/').next().unwrap_or(step);
+    Some(format!(
+        "{head} (+{more} line{}, see `archon logs {run_id} {top}`)",
+        if more == 1 { "" } else { "s" }
+    ))
+}
+
 #[cfg(test)]
 mod tests {
     #[test]
@@ -27,5 +46,12 @@ mod tests {
         assert_eq!(super::split_at_chars("", 0), None);
         assert_eq!(super::floor_boundary("héllo", 2), 1);
         assert_eq!(super::floor_boundary("héllo", 99), 6);
+    }
+
+    #[test]
+    fn the_first_line_says_how_many_follow() {
+        assert_eq!(super::first_line("one"), None);
+        assert_eq!(super::first_line("one\n"), None);
+        assert_eq!(super::first_line("one\r\ntwo\nthree\n"), Some(("one", 2)));
     }
 }

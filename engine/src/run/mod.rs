@@ -5,6 +5,7 @@
 //! skipped otherwise; an explicit `if` replaces that rule. A failed step fails the run unless it has
 //! `on_error: continue`; steps that do not depend on it keep running. `retry.attempts` counts every attempt.
 
+pub mod dry_run;
 mod options;
 pub mod redact;
 pub mod render;
@@ -17,6 +18,7 @@ pub use crate::report::{
     ApprovalDecision, ApprovalRequest, LlmUsage, REPORT_VERSION, RunEvent, RunReport, RunStatus,
     StepResult, StepStatus,
 };
+pub use dry_run::{Decision, DryRun, DryStep, dry_run};
 pub use options::{Approvals, Approver, Cassette, MAX_DEPTH, RunOptions};
 pub use scheduler::{RunError, run};
 pub use unsupported::{Unsupported, unsupported_steps};

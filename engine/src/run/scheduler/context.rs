@@ -246,10 +246,29 @@ impl Shared {
     /// stamped when its request started, and recorded when it ended.
     pub(super) fn emit_at(&self, mut event: RunEvent, at_ms: u64) {
         self.redactor.event(&mut event);
+        self.one_line_error(&mut event);
         if let Some(events) = &self.options.events {
             let _ = events.send(event.clone());
         }
         self.options.journal.record(Entry::Event { event, at_ms });
+    }
+
+    /// A step's error of several lines (a command's last lines of stderr, say) is cut to its first in the
+    /// events that progress displays and the event log show, with a note of where the whole text is: the
+    /// attempt's record and the step's result keep it, and `archon logs RUN STEP` prints it.
+    fn one_line_error(&self, event: &mut RunEvent) {
+        let (step, error) = match event {
+            RunEvent::StepFinished {
+                step,
+                error: Some(error),
+                ..
+            }
+            | RunEvent::StepRetried { step, error, .. } => (step, error),
+            _ => return,
+        };
+        if let Some(line) = crate::text::error_line(error, &self.options.run_id, step) {
+            *error = line;
+        }
     }
 
     /// The context of a step list one level down (a composite tool's or a plan's steps), named after

@@ -219,7 +219,8 @@ async fn attempt_all(
     {
         return stopped;
     }
-    let (outcome, attempts) = with_retries(shared, &label, step.body(), None, retry, &ctx).await;
+    let (outcome, mut attempts) =
+        with_retries(shared, &label, step.body(), None, retry, &ctx).await;
     let outcome = match (outcome, &step.fallback) {
         // A cancelled run starts nothing new, fallbacks included.
         (Err(failure), Some(fallback))
@@ -229,7 +230,8 @@ async fn attempt_all(
             ) =>
         {
             // The fallback's own `timeout`, else the step's, as a budget of its own.
-            let (fallback_outcome, _) = with_retries(
+            // The fallback's attempts are the step's too, as they are recorded.
+            let (fallback_outcome, more) = with_retries(
                 shared,
                 &label,
                 fallback.body(),
@@ -238,6 +240,7 @@ async fn attempt_all(
                 &ctx,
             )
             .await;
+            attempts += more;
             fallback_outcome.map(|o| (o, true))
         }
         (outcome, _) => outcome.map(|o| (o, false)),
