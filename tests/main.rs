@@ -5,6 +5,7 @@ mod architecture;
 mod cli;
 mod conformance;
 mod durable;
+mod format;
 mod hardening;
 mod hostile;
 mod journal;
