@@ -44,3 +44,46 @@ steps:
     assert_eq!(read("helper.txt"), text);
     assert_eq!(read("list.txt"), "<a b><it's><3>");
 }
+
+/// A `matrix` runs its step once per combination, the first name varying slowest, with lists written out
+/// or given by expressions; each combination reads as `matrix.<name>` (and `item`), results keep order.
+/// A `foreach` list written out runs too, its strings rendered as templates.
+#[test]
+fn matrix_and_literal_foreach_run_every_combination_in_order() {
+    let dir = TempDir::new().expect("tempdir");
+    std::fs::write(
+        dir.path().join("wf.yaml"),
+        r#"name: builds
+inputs:
+  versions: { type: array, default: ["3.11", "3.12"] }
+steps:
+  - id: build
+    matrix:
+      os: [linux, mac]
+      py: inputs.versions
+    max_parallel: 1
+    tool: echo
+    with: { os: "{{ matrix.os }}", py: "{{ matrix.py }}", index: "{{ index }}", same: "{{ item.os == matrix.os }}" }
+  - id: pages
+    foreach: [/, "/{{ inputs.versions | length }}"]
+    tool: echo
+    with: { page: "{{ item }}" }
+outputs:
+  builds: "{{ steps.build.output | map(attribute='os') | join(',') }}/{{ steps.build.output | map(attribute='py') | join(',') }}"
+  pages: "{{ steps.pages.output | map(attribute='page') | join(',') }}"
+  combos: "{{ steps.build.output | map(attribute='index') | join(',') }}/{{ steps.build.output | map(attribute='same') | join(',') }}"
+"#,
+    )
+    .expect("spec");
+    let output = archon(dir.path(), &["run", "wf.yaml", "--json"]);
+    assert_eq!(output.code, 0, "{}", output.stderr);
+    let report: serde_json::Value = serde_json::from_str(&output.stdout).expect("json");
+    assert_eq!(
+        report["outputs"],
+        serde_json::json!({
+            "builds": "linux,linux,mac,mac/3.11,3.12,3.11,3.12",
+            "pages": "/,/2",
+            "combos": "0,1,2,3/True,True,True,True",
+        })
+    );
+}
