@@ -87,3 +87,43 @@ outputs:
         })
     );
 }
+
+/// An output that reads a step that did not succeed (here skipped by its `if`, so its `output` is null)
+/// fails with a hint naming `| default(...)` and `steps.X.status`, for workflow and step outputs alike;
+/// with `| default(...)` it renders.
+#[test]
+fn an_output_over_a_skipped_step_says_how_to_write_it() {
+    let dir = TempDir::new().expect("tempdir");
+    std::fs::write(
+        dir.path().join("wf.yaml"),
+        r#"name: skipping
+steps:
+  - { id: a, tool: echo, with: { x: 1 }, if: "false" }
+  - id: b
+    tool: echo
+    with: { x: 2 }
+    if: "true"
+    on_error: continue
+    outputs:
+      from_a: "{{ steps.a.output.x }}"
+  - { id: c, tool: echo, with: { x: 3 } }
+outputs:
+  kept: "{{ steps.a.output.x | default('none') }}"
+  x: "{{ steps.a.output.x }}"
+"#,
+    )
+    .expect("spec");
+    let output = archon(dir.path(), &["run", "wf.yaml", "--json"]);
+    assert_eq!(output.code, 1, "{}", output.stderr);
+    let report: serde_json::Value = serde_json::from_str(&output.stdout).expect("json");
+    let hint = "\n  hint: step `a` ended `skipped`, so its `output` is null; give a value for that case with `| default(...)` (`steps.a.output.x | default('')`), or test `steps.a.status`";
+    assert_eq!(
+        report["steps"]["b"]["error"],
+        format!("output `from_a`: `steps.a.output.x` is undefined{hint}")
+    );
+    assert_eq!(
+        report["error"],
+        format!("output `x`: `steps.a.output.x` is undefined{hint}")
+    );
+    assert_eq!(report["outputs"]["kept"], "none");
+}

@@ -11,7 +11,7 @@ use serde_json::{Map, Value as Json, json};
 use tokio::task::JoinSet;
 
 use super::call;
-use super::context::{Called, Failure, Shared, Steps, millis};
+use super::context::{Called, Failure, Shared, Steps, millis, unfinished_hint};
 use super::durable::{Record, persist};
 use super::gate::{self, Gate};
 use crate::report::{LlmUsage, RunEvent, StepResult, StepStatus};
@@ -34,13 +34,17 @@ pub(super) async fn execute(shared: &Arc<Shared>, index: usize, steps: Steps) ->
     if result.status == StepStatus::Succeeded && !step.outputs.is_empty() {
         // The outputs read the step's result as it is before they are added to it.
         let own = StepView::new(result);
+        let mut steps = steps;
+        steps.insert(step.id.value.clone(), own.value());
         let (outputs, failed) = {
-            let mut steps = steps;
-            steps.insert(step.id.value.clone(), own.value());
             let ctx = shared.context(&steps, false, &[]);
             shared.renderer.outputs(&step.outputs, &ctx).await
         };
-        let failed = failed.map(|(name, e)| format!("output `{name}`: {e}"));
+        let failed = failed.map(|(name, e)| {
+            let hint = unfinished_hint(step.outputs.get(name.as_str()), &steps);
+            format!("output `{name}`: {e}{hint}")
+        });
+        drop(steps);
         result = own.into_result();
         result.outputs = outputs;
         if let Some(error) = failed {

@@ -259,13 +259,15 @@ fn run_workflow(
         let mut outputs = Map::new();
         // A run that waits for a person has not ended: its outputs are rendered when it does.
         if !cancelled && !waiting {
-            let ctx = shared.context(&named(&spec.steps, &views), false, &[]);
+            let steps = named(&spec.steps, &views);
+            let ctx = shared.context(&steps, false, &[]);
             let (rendered, problem) = shared.renderer.outputs(&spec.outputs, &ctx).await;
             outputs = rendered;
             if let Some((name, e)) = problem
                 && !failed
             {
-                error = Some(format!("output `{name}`: {e}"));
+                let hint = context::unfinished_hint(spec.outputs.get(name.as_str()), &steps);
+                error = Some(format!("output `{name}`: {e}{hint}"));
             }
         }
         if halted.is_some() {
