@@ -127,3 +127,101 @@ outputs:
     );
     assert_eq!(report["outputs"]["kept"], "none");
 }
+
+/// A run's `timeout` bounds the whole run: when it passes, the running command is killed, the run fails
+/// with `run timed out after 1s` (in the summary and in its durable record), and `retry --failed` runs
+/// the unfinished steps again, reusing the finished ones.
+#[test]
+fn a_run_timeout_stops_the_run_and_retry_failed_finishes_it() {
+    let dir = TempDir::new().expect("tempdir");
+    std::fs::write(
+        dir.path().join("wf.yaml"),
+        r#"name: slow
+timeout: 1s
+steps:
+  - { id: quick, tool: shell, with: { command: "echo once >> quick.log" } }
+  - id: slow
+    needs: [quick]
+    tool: shell
+    with: { command: "if [ -f go ]; then exit 0; fi; echo $$ > slow.pid; exec sleep 60" }
+  - { id: after, tool: echo, with: { x: 1 }, needs: [slow] }
+"#,
+    )
+    .expect("spec");
+    let output = archon(dir.path(), &["run", "wf.yaml"]);
+    assert_eq!(output.code, 1, "{}", output.stderr);
+    let lines: Vec<&str> = output.stdout.lines().collect();
+    let id = lines[0].split(' ').nth(1).expect("a run id").to_owned();
+    assert_eq!(
+        lines[1..],
+        ["error: run timed out after 1s"],
+        "{}",
+        output.stdout
+    );
+    assert!(
+        lines[0].starts_with(&format!("run {id} of `slow` failed in ")),
+        "{}",
+        lines[0]
+    );
+    assert!(
+        lines[0].ends_with(": 1 succeeded, 2 cancelled"),
+        "{}",
+        lines[0]
+    );
+    // The command was killed with the run, not left to sleep.
+    let pid = std::fs::read_to_string(dir.path().join("slow.pid")).expect("slow started");
+    // Gone, or a zombie its new parent has not reaped yet.
+    let state = std::fs::read_to_string(format!("/proc/{}/stat", pid.trim()))
+        .ok()
+        .and_then(|stat| stat.rsplit_once(") ")?.1.chars().next());
+    assert!(
+        matches!(state, None | Some('Z' | 'X')),
+        "the command outlived the run: {state:?}"
+    );
+    let show = archon(dir.path(), &["show", &id]);
+    let recorded: Vec<&str> = show
+        .stdout
+        .lines()
+        .filter(|l| l.starts_with("status") || l.starts_with("error"))
+        .collect();
+    assert_eq!(
+        recorded,
+        ["status    failed", "error     run timed out after 1s"]
+    );
+    // A run that failed by its own limit is not resumed, but its unfinished steps can be retried.
+    let resume = archon(dir.path(), &["resume", &id]);
+    assert_eq!(resume.code, 2, "{}", resume.stderr);
+    std::fs::write(dir.path().join("go"), "").expect("go");
+    let retry = archon(dir.path(), &["retry", &id, "--failed"]);
+    assert_eq!(retry.code, 0, "{}", retry.stderr);
+    assert_eq!(
+        std::fs::read_to_string(dir.path().join("quick.log")).expect("ran"),
+        "once\n"
+    );
+}
+
+/// A sub-workflow's `timeout` bounds its call: the calling step times out, and the run goes on as that
+/// step's `on_error` says.
+#[test]
+fn a_sub_workflow_timeout_times_out_its_call() {
+    let dir = TempDir::new().expect("tempdir");
+    std::fs::write(
+        dir.path().join("sub.yaml"),
+        "name: sub\ntimeout: 1s\nsteps:\n  - { id: wait, tool: exec, with: { argv: [sleep, \"60\"] } }\n",
+    )
+    .expect("sub");
+    std::fs::write(
+        dir.path().join("wf.yaml"),
+        "name: caller\nsteps:\n  - { id: call, workflow: sub.yaml, on_error: continue }\n  - { id: next, tool: echo, with: { x: 1 }, if: \"steps.call.status == 'timed_out'\" }\n",
+    )
+    .expect("spec");
+    let output = archon(dir.path(), &["run", "wf.yaml", "--json"]);
+    assert_eq!(output.code, 0, "{}", output.stderr);
+    let report: serde_json::Value = serde_json::from_str(&output.stdout).expect("json");
+    assert_eq!(report["steps"]["call"]["status"], "timed_out");
+    assert_eq!(
+        report["steps"]["call"]["error"],
+        "sub-workflow `sub.yaml` timed out after 1s"
+    );
+    assert_eq!(report["steps"]["next"]["status"], "succeeded");
+}

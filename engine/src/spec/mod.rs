@@ -83,6 +83,10 @@ pub struct Spec {
     /// Defaults for every step.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub defaults: Option<Defaults>,
+    /// Time limit for the whole run, such as `10m`: when it passes, the steps still running are stopped
+    /// and the run fails (`run timed out after 10m`). In a sub-workflow, the limit of its call.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout: Option<Duration>,
     /// What `http` tools may reach.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub network: Option<NetworkConfig>,
