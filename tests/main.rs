@@ -6,6 +6,7 @@ mod cli;
 mod conformance;
 mod day_one;
 mod durable;
+mod format;
 mod hardening;
 mod hostile;
 mod journal;

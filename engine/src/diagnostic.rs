@@ -151,6 +151,7 @@ pub mod codes {
     pub const UNKNOWN_AGENT: &str = "archon::unknown_agent";
     pub const MISSING_STEP_KIND: &str = "archon::missing_step_kind";
     pub const CONFLICTING_STEP_KINDS: &str = "archon::conflicting_step_kinds";
+    pub const CONFLICTING_LOOPS: &str = "archon::conflicting_loops";
     pub const MISSING_TOOL_KIND: &str = "archon::missing_tool_kind";
     pub const CONFLICTING_TOOL_KINDS: &str = "archon::conflicting_tool_kinds";
     pub const SHADOWED_BUILTIN: &str = "archon::shadowed_builtin";

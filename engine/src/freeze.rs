@@ -83,9 +83,9 @@ pub fn freeze_plans(
     for index in planners {
         let step = &workflow.spec.steps[index];
         let id = &step.id.value;
-        if step.foreach.is_some() {
+        if step.repeats() {
             return Err(format!(
-                "step `{id}` plans once per `foreach` item: its plans cannot be frozen into one"
+                "step `{id}` plans once per `foreach` item or `matrix` combination: its plans cannot be frozen into one"
             ));
         }
         let result = steps

@@ -110,7 +110,7 @@ impl Plan {
                     .map(|d| spec.steps[*d].id.value.clone())
                     .collect(),
                 wave: wave[index] + 1,
-                foreach: step.foreach.is_some(),
+                foreach: step.repeats(),
                 conditional: step.condition.is_some(),
             })
             .collect();

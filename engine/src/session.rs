@@ -732,7 +732,14 @@ impl Session {
             }
             Continue::Failed => {
                 let failed = resume::failed_steps(&workflow, &stored);
-                if failed.is_empty() {
+                // Steps the run never finished (it timed out, or was interrupted) run again too, being
+                // without a result to reuse.
+                let unfinished = workflow
+                    .spec
+                    .steps
+                    .iter()
+                    .any(|s| !stored.results.contains_key(s.id.value.as_str()));
+                if failed.is_empty() && !unfinished {
                     return Err(SessionError::refused(
                         format!("run `{id}` has no failed step"),
                         format!(

@@ -41,6 +41,9 @@ pub struct DryStep {
     /// Its `foreach:` list, and whether it can be known before the run.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub foreach: Option<Decision>,
+    /// Its `matrix:` lists, each as a `foreach:` list is shown.
+    #[serde(skip_serializing_if = "indexmap::IndexMap::is_empty")]
+    pub matrix: indexmap::IndexMap<String, Decision>,
     /// The tool's arguments or the sub-workflow's inputs, rendered, secrets masked; a string that reads
     /// what is known only at run time is `<known at run time: TEMPLATE>`.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -198,15 +201,20 @@ impl Dry {
             None => None,
         };
         let foreach = match &step.foreach {
-            Some(expr) => Some(self.decide(&expr.value, false).await),
+            Some(list) => Some(self.list(list).await),
             None => None,
         };
+        let mut matrix = indexmap::IndexMap::new();
+        for (name, list) in step.matrix.iter().flat_map(|m| m.iter()) {
+            matrix.insert(name.value.clone(), self.list(list).await);
+        }
         DryStep {
             id: step.id.value.clone(),
             kind,
             depends_on: depends_on.to_vec(),
             condition,
             foreach,
+            matrix,
             arguments,
             goal,
             tools,
@@ -262,6 +270,18 @@ impl Dry {
     }
 
     /// An `if:` (`condition`) or a `foreach:` list, decided now when it reads nothing of the run.
+    /// A `foreach:` or `matrix:` list: an expression decided as [`Self::decide`] does, or a list written
+    /// out, its strings rendered as arguments are.
+    async fn list(&self, list: &Node) -> Decision {
+        match list.as_str() {
+            Some(expression) => self.decide(expression, false).await,
+            None => Decision::Now {
+                expression: list.to_json().to_string(),
+                value: self.value(list).await,
+            },
+        }
+    }
+
     async fn decide(&self, expression: &str, condition: bool) -> Decision {
         if let Some(reads) = reads_at_run_time(expression, true) {
             return Decision::AtRunTime {

@@ -83,6 +83,10 @@ pub struct Spec {
     /// Defaults for every step.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub defaults: Option<Defaults>,
+    /// Time limit for the whole run, such as `10m`: when it passes, the steps still running are stopped
+    /// and the run fails (`run timed out after 10m`). In a sub-workflow, the limit of its call.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout: Option<Duration>,
     /// What `http` tools may reach.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub network: Option<NetworkConfig>,
@@ -210,10 +214,18 @@ with_step_body! {
         /// Run only when this expression is true. Replaces the default "all needs succeeded".
         #[serde(rename = "if", default, skip_serializing_if = "Option::is_none")]
         pub condition: Option<Expression>,
-        /// Run the step once per item of this expression's value; results keep input order.
+        /// Run the step once per item of a list: an expression that gives one (`steps.a.output.files`), or a
+        /// list written out (`[a, b]`, whose strings are templates); results keep input order.
         #[serde(default, skip_serializing_if = "Option::is_none")]
-        pub foreach: Option<Expression>,
-        /// Most items of a `foreach` running at once.
+        #[schemars(schema_with = "items_schema")]
+        pub foreach: Option<Node>,
+        /// Run the step once per combination of these lists (their cross product, the first name varying
+        /// slowest), each a list written out or an expression that gives one; read the combination as
+        /// `matrix.<name>`. Results keep that order. Not with `foreach`.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        #[schemars(schema_with = "matrix_schema")]
+        pub matrix: Option<Box<IndexMap<Spanned<String>, Node>>>,
+        /// Most items of a `foreach` (or combinations of a `matrix`) running at once.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         pub max_parallel: Option<Spanned<u32>>,
         /// Named values shaped from the step's result (templates over `steps.<this id>`).
@@ -261,6 +273,13 @@ impl Spec {
                 .map(|a| a.tools.iter().map(|t| &t.value).collect())
                 .unwrap_or_default(),
         }
+    }
+}
+
+impl Step {
+    /// Whether the step runs once per item (`foreach`) or combination (`matrix`).
+    pub fn repeats(&self) -> bool {
+        self.foreach.is_some() || self.matrix.is_some()
     }
 }
 
@@ -809,6 +828,23 @@ fn inputs_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
     schemars::json_schema!({
         "type": "object",
         "additionalProperties": { "description": "A JSON Schema", "type": ["object", "boolean"] }
+    })
+}
+
+fn items_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({
+        "description": "An expression that gives a list, or a list written out",
+        "type": ["string", "array"]
+    })
+}
+
+fn matrix_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({
+        "type": "object",
+        "additionalProperties": {
+            "description": "A list written out, or an expression that gives one",
+            "type": ["string", "array"]
+        }
     })
 }
 

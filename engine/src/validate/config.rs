@@ -317,6 +317,9 @@ impl Checker<'_> {
     }
 
     pub(super) fn check_defaults(&mut self) {
+        if let Some(timeout) = &self.spec.timeout {
+            self.check_duration(timeout);
+        }
         let Some(defaults) = &self.spec.defaults else {
             return;
         };

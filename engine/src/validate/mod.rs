@@ -245,6 +245,7 @@ impl Validator {
             return None;
         }
         let raw_step_ids = raw_step_ids(&root);
+        let raw_repeating = raw_repeating(&root);
         let raw_step_count = root
             .get("steps")
             .and_then(Node::as_seq)
@@ -277,6 +278,7 @@ impl Validator {
             file,
             analyzer: &analyzer,
             diagnostics: Vec::new(),
+            raw_repeating,
             raw_step_ids,
             raw_step_count,
             steps_key,
@@ -405,6 +407,10 @@ impl Validator {
 }
 
 /// The semantic checks for one spec, writing diagnostics as it goes.
+/// Most combinations a step's `matrix` may make: a product of lists grows fast, and each combination is
+/// a run of the step.
+pub const MAX_COMBINATIONS: usize = 10_000;
+
 pub(crate) struct Checker<'a> {
     pub spec: &'a Spec,
     /// The tools the spec can call: built-ins and its declarations.
@@ -417,6 +423,9 @@ pub(crate) struct Checker<'a> {
     pub raw_step_ids: Vec<String>,
     /// How many steps were written, even if the structural check dropped some.
     pub raw_step_count: usize,
+    /// Where the ids of steps written with `foreach` or `matrix` are, even if the structural check
+    /// dropped the value: their `item` is not reported as outside a loop.
+    pub raw_repeating: Vec<Span>,
     /// Where the `steps` key is written, if it is.
     pub steps_key: Option<Span>,
     /// Embedded JSON Schemas already found valid (as JSON text), so repeated schemas are checked once.
@@ -502,6 +511,17 @@ fn count_steps(root: &Node) -> usize {
         })
         .unwrap_or(0);
     top + composite
+}
+
+fn raw_repeating(root: &Node) -> Vec<Span> {
+    let tools = root.get("tools").and_then(Node::as_map).unwrap_or_default();
+    std::iter::once(root)
+        .chain(tools.iter().map(|(_, tool)| tool))
+        .filter_map(|holder| holder.get("steps")?.as_seq())
+        .flatten()
+        .filter(|step| step.get("foreach").is_some() || step.get("matrix").is_some())
+        .filter_map(|step| Some(step.get("id")?.span))
+        .collect()
 }
 
 fn raw_step_ids(root: &Node) -> Vec<String> {

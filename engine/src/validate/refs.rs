@@ -73,8 +73,10 @@ pub struct Scope<'s> {
     pub steps: Option<&'s StepTable>,
     /// The step a `outputs:` template belongs to: reading its own result creates no dependency.
     pub own_step: Option<&'s str>,
-    /// Inside a `foreach` step: `item` and `index` are defined.
+    /// Inside a `foreach` or `matrix` step: `item` and `index` are defined.
     pub foreach: bool,
+    /// Inside a `matrix` step: its names, readable as `matrix.<name>`.
+    pub matrix: Option<&'s IndexMap<Spanned<String>, Node>>,
     /// Secrets may be read (tool arguments, headers, command environment).
     pub secrets: bool,
     /// Inside a tool definition: its parameter names, readable bare or as `args.<name>`.
@@ -91,6 +93,7 @@ impl<'s> Scope<'s> {
             steps: None,
             own_step: None,
             foreach: false,
+            matrix: None,
             secrets: false,
             params: None,
             event: false,
@@ -116,6 +119,10 @@ impl<'s> Scope<'s> {
         Scope { foreach, ..self }
     }
 
+    pub fn matrix(self, matrix: Option<&'s IndexMap<Spanned<String>, Node>>) -> Self {
+        Scope { matrix, ..self }
+    }
+
     fn roots(&self) -> Vec<&str> {
         if self.event {
             return EVENT_ROOTS.to_vec();
@@ -129,6 +136,9 @@ impl<'s> Scope<'s> {
         }
         if self.foreach {
             roots.extend(["item", "index"]);
+        }
+        if self.matrix.is_some() {
+            roots.push("matrix");
         }
         if let Some(params) = self.params {
             roots.push("args");
@@ -168,7 +178,11 @@ impl Checker<'_> {
 
     /// Checks a bare expression; returns the step dependencies it creates.
     pub fn expression(&mut self, text: &Spanned<String>, scope: &Scope<'_>) -> Vec<Dep> {
-        match self.analyzer.expression(self.file, text.span, &text.value) {
+        self.expression_at(&text.value, text.span, scope)
+    }
+
+    pub fn expression_at(&mut self, text: &str, span: Span, scope: &Scope<'_>) -> Vec<Dep> {
+        match self.analyzer.expression(self.file, span, text) {
             Ok(refs) => self.references(&refs, scope),
             Err(d) => {
                 self.push(d);
@@ -185,6 +199,38 @@ impl Checker<'_> {
             .into_iter()
             .flat_map(|(s, span)| self.template_at(s, span, scope))
             .collect()
+    }
+
+    /// `matrix.<name>`: only in a `matrix` step, and only its names.
+    fn matrix_reference(&mut self, r: &Reference, scope: &Scope<'_>) {
+        let Some(matrix) = scope.matrix else {
+            self.push(
+                Diagnostic::error(
+                    codes::ITEM_OUTSIDE_FOREACH,
+                    r.span_of(1),
+                    "`matrix` is only defined in a step with `matrix`",
+                )
+                .with_hint(
+                    "add `matrix:` to this step, or read the value from `steps.<id>.output`",
+                ),
+            );
+            return;
+        };
+        let Some(name) = r.segments.get(1) else {
+            return;
+        };
+        if !matrix.contains_key(name.as_str()) {
+            let known: Vec<&str> = matrix.keys().map(|k| k.value.as_str()).collect();
+            self.push(
+                Diagnostic::error(
+                    codes::UNKNOWN_VARIABLE,
+                    r.span_of(2),
+                    format!("the step's `matrix` has no `{name}`"),
+                )
+                .with_hint_opt(suggest::did_you_mean(name, known.iter().copied()))
+                .with_hint(format!("its names are {}", suggest::list(&known))),
+            );
+        }
     }
 
     fn references(&mut self, refs: &[Reference], scope: &Scope<'_>) -> Vec<Dep> {
@@ -285,6 +331,14 @@ impl Checker<'_> {
                 None
             }
             "item" | "index" => None,
+            "matrix"
+                if !scope
+                    .params
+                    .is_some_and(|p| p.iter().any(|n| n == "matrix")) =>
+            {
+                self.matrix_reference(r, scope);
+                None
+            }
             "args" if scope.params.is_some() => {
                 let name = seg(1)?;
                 let params = scope.params.unwrap_or_default();
@@ -295,7 +349,7 @@ impl Checker<'_> {
             }
             root if scope.params.is_some_and(|p| p.iter().any(|n| n == root)) => None,
             root if scope.params.is_some()
-                && !["steps", "secrets", "item", "index"].contains(&root) =>
+                && !["steps", "secrets", "item", "index", "matrix"].contains(&root) =>
             {
                 self.unknown_parameter(root, r.span_of(1), scope.params.unwrap_or_default());
                 None

@@ -2,10 +2,12 @@
 
 use crate::diagnostic::{Diagnostic, codes};
 use crate::source::Span;
-use crate::spec::{Body, Spanned, Step};
+use indexmap::IndexMap;
+
+use crate::spec::{Body, Node, Spanned, Step};
 use crate::validate::graph::{self, Graph};
 use crate::validate::refs::{Dep, Scope, StepTable};
-use crate::validate::{Checker, Validator, suggest};
+use crate::validate::{Checker, MAX_COMBINATIONS, Validator, suggest};
 
 /// Whether `id` can be read as `steps.<id>` in a template.
 pub fn is_identifier(id: &str) -> bool {
@@ -95,7 +97,10 @@ impl Checker<'_> {
         list: StepListScope<'_>,
         validator: &mut Validator,
     ) -> Vec<Dep> {
-        let foreach = step.foreach.is_some();
+        // A step whose `foreach` or `matrix` the structural check dropped still repeats: its `item` is
+        // not reported again.
+        let foreach = step.repeats() || self.raw_repeating.contains(&step.id.span);
+        let matrix = step.matrix.as_deref();
         let base = Scope {
             params: list.params,
             ..Scope::new("a step")
@@ -132,21 +137,18 @@ impl Checker<'_> {
                 },
             ));
         }
-        if let Some(expr) = &step.foreach {
-            deps.extend(self.expression(
-                expr,
-                &Scope {
-                    place: "a `foreach` expression",
-                    ..base
-                },
-            ));
+        if let Some(list) = &step.foreach {
+            deps.extend(self.list_or_expression(list, "a `foreach` expression", &base));
+        }
+        if let Some(matrix) = matrix {
+            deps.extend(self.check_matrix(step, matrix, &base));
         }
         match (&step.max_parallel, foreach) {
             (Some(n), false) => self.push(
                 Diagnostic::warning(
                     codes::INEFFECTIVE_FIELD,
                     n.span,
-                    "`max_parallel` has no effect without `foreach`",
+                    "`max_parallel` has no effect without `foreach` or `matrix`",
                 )
                 .with_hint(
                     "remove it, or add `foreach:`; the run-wide limit is `defaults.max_parallel`",
@@ -159,11 +161,12 @@ impl Checker<'_> {
             )),
             _ => {}
         }
-        deps.extend(self.check_body(step.body(), step.id.span, &base.foreach(foreach), validator));
+        let inside = base.foreach(foreach).matrix(matrix);
+        deps.extend(self.check_body(step.body(), step.id.span, &inside, validator));
         let own = Scope {
             own_step: Some(step.id.value.as_str()),
             place: "step outputs",
-            ..base.foreach(foreach)
+            ..inside
         };
         for (name, value) in &step.outputs {
             self.check_identifier_name(name, "output name");
@@ -180,12 +183,79 @@ impl Checker<'_> {
                     .with_hint("the step's own `on_error` decides what its failure does"),
                 );
             }
-            deps.extend(self.check_body(
-                fallback.body(),
-                step.id.span,
-                &base.foreach(foreach),
-                validator,
-            ));
+            deps.extend(self.check_body(fallback.body(), step.id.span, &inside, validator));
+        }
+        deps
+    }
+
+    /// A `foreach` list or a `matrix` value: an expression, or a list written out whose strings are
+    /// templates.
+    fn list_or_expression(
+        &mut self,
+        list: &Node,
+        place: &'static str,
+        base: &Scope<'_>,
+    ) -> Vec<Dep> {
+        let scope = Scope { place, ..*base };
+        match list.as_str() {
+            Some(expr) => self.expression_at(expr, list.span, &scope),
+            None => self.value(list, &scope),
+        }
+    }
+
+    /// A step's `matrix`: not with `foreach`, at least one name, names read in templates, each value a
+    /// list or an expression, and at most [`MAX_COMBINATIONS`] combinations of the lists written out.
+    fn check_matrix(
+        &mut self,
+        step: &Step,
+        matrix: &IndexMap<Spanned<String>, Node>,
+        base: &Scope<'_>,
+    ) -> Vec<Dep> {
+        let anchor = matrix.keys().next().map_or(step.id.span, |k| k.span);
+        if let Some(foreach) = &step.foreach {
+            self.push(
+                Diagnostic::error(
+                    codes::CONFLICTING_LOOPS,
+                    anchor,
+                    "a step has either `foreach` or `matrix`, not both",
+                )
+                .with_label(foreach.span, "`foreach` given here")
+                .with_hint(
+                    "add the `foreach` list to the `matrix` as one more name, or split the step",
+                ),
+            );
+        }
+        if matrix.is_empty() {
+            self.push(
+                Diagnostic::error(codes::INVALID_VALUE, step.id.span, "`matrix` has no lists")
+                    .with_hint("give each name a list, such as `matrix: { os: [linux, mac] }`"),
+            );
+        }
+        let mut deps = Vec::new();
+        for (name, list) in matrix {
+            self.check_identifier_name(name, "matrix name");
+            deps.extend(self.list_or_expression(list, "a `matrix` expression", base));
+        }
+        let sizes: Option<Vec<usize>> = matrix
+            .values()
+            .map(|l| l.as_seq().map(<[Node]>::len))
+            .collect();
+        if let Some(sizes) = sizes {
+            let count = sizes.iter().fold(1usize, |n, s| n.saturating_mul(*s));
+            if count > MAX_COMBINATIONS {
+                let shown: Vec<String> = sizes.iter().map(usize::to_string).collect();
+                self.push(
+                    Diagnostic::error(
+                        codes::INVALID_VALUE,
+                        anchor,
+                        format!(
+                            "`matrix` makes {count} combinations ({}), more than {MAX_COMBINATIONS}",
+                            shown.join(" × ")
+                        ),
+                    )
+                    .with_hint("split the step, or run the combinations that matter with `foreach` over a list of them"),
+                );
+            }
         }
         deps
     }

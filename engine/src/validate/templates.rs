@@ -98,6 +98,32 @@ pub fn too_many_tags(text: &str) -> Option<std::ops::Range<usize>> {
     tags(text.as_bytes()).nth(MAX_TAGS)
 }
 
+/// The contents of a template's tags whose value is not quoted for a shell: every `{% %}` tag, and every
+/// `{{ }}` tag whose last filter is not `shell_quote`.
+pub fn unquoted_tags(text: &str) -> Vec<&str> {
+    let bytes = text.as_bytes();
+    tags(bytes)
+        .filter(|range| {
+            let quoted = range.start >= 2
+                && &bytes[range.start - 2..range.start] == b"{{"
+                && text[range.clone()]
+                    .trim_matches(|c: char| c.is_whitespace() || c == '-' || c == '+')
+                    .rsplit_once('|')
+                    .is_some_and(|(_, last)| last.trim() == "shell_quote");
+            !quoted
+        })
+        .map(|range| &text[range])
+        .collect()
+}
+
+/// Whether `name` appears in `text` as a whole word (not inside a longer identifier).
+pub fn mentions(text: &str, name: &str) -> bool {
+    let word = |c: Option<char>| c.is_some_and(|c| c.is_alphanumeric() || c == '_');
+    text.match_indices(name).any(|(at, _)| {
+        !word(text[..at].chars().next_back()) && !word(text[at + name.len()..].chars().next())
+    })
+}
+
 /// The byte ranges of the contents of a template's `{{ }}` and `{% %}` tags, in order; comments are
 /// skipped. Bytes, not characters: every delimiter is ASCII, and nothing is sliced inside a character.
 fn tags(bytes: &[u8]) -> impl Iterator<Item = std::ops::Range<usize>> + '_ {

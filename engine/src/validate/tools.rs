@@ -335,7 +335,14 @@ impl Checker<'_> {
         };
         // Values the spec's author or the machine's owner fixed; anything else may come from outside.
         let fixed = ["run", "env", "secrets", "index", "loop"];
-        let Some(first) = references.iter().find(|r| !fixed.contains(&r.root())) else {
+        // A value quoted by `| shell_quote` is one word whatever it holds.
+        let unquoted = crate::validate::templates::unquoted_tags(text);
+        let Some(first) = references.iter().find(|r| {
+            !fixed.contains(&r.root())
+                && unquoted
+                    .iter()
+                    .any(|tag| crate::validate::templates::mentions(tag, r.root()))
+        }) else {
             return;
         };
         let path = first.segments.join(".");
@@ -346,7 +353,7 @@ impl Checker<'_> {
                 format!("`{path}` is pasted into a shell command line, where the shell parses whatever it holds"),
             )
             .with_hint(format!(
-                "pass it as an argument instead: `tool: exec` with `argv: [sh, -c, 'your command \"$1\"', sh, \"{{{{ {path} }}}}\"]`"
+                "quote it as one word: `{{{{ {path} | shell_quote }}}}`, or pass it as an argument: `tool: exec` with `argv: [sh, -c, 'your command \"$1\"', sh, \"{{{{ {path} }}}}\"]`"
             )),
         );
     }

@@ -1,5 +1,6 @@
 //! The sizes a render may reach: the bounded output a template writes into, the measure of a value before
-//! it is converted or serialized, and `tojson` checked against the limit before it builds its text.
+//! it is converted or serialized, and `tojson` and `shell_quote` checked against the limit before they build
+//! their text.
 
 use minijinja::value::{Kwargs, ValueIter, ValueKind};
 use minijinja::{Error, ErrorKind, Value};
@@ -138,6 +139,52 @@ pub(super) fn tojson(value: &Value, indent: Option<Value>, args: Kwargs) -> Resu
     minijinja::filters::tojson(value, indent, args)
 }
 
+/// `shell_quote`: a string, number or boolean as one POSIX `sh` word in single quotes (`it's` becomes
+/// `'it'\''s'`), a list as its items so quoted, joined by spaces. Its text is measured before it is
+/// built: each `'` takes four bytes, so the result may be up to four times its input.
+pub(super) fn shell_quote(value: &Value) -> Result<Value, Error> {
+    let words: Vec<String> = match value.kind() {
+        ValueKind::Seq | ValueKind::Iterable => value
+            .try_iter()?
+            .map(|item| shell_word(&item))
+            .collect::<Result<_, _>>()?,
+        _ => vec![shell_word(value)?],
+    };
+    let size = words
+        .iter()
+        .map(|w| w.len() + 3 * w.bytes().filter(|b| *b == b'\'').count() + 3)
+        .sum::<usize>();
+    if size > MAX_OUTPUT_BYTES {
+        return Err(Error::new(
+            ErrorKind::InvalidOperation,
+            format!("cannot quote the value: its text is larger than {MAX_OUTPUT_BYTES} bytes"),
+        ));
+    }
+    let mut quoted = String::with_capacity(size);
+    for (i, word) in words.iter().enumerate() {
+        if i > 0 {
+            quoted.push(' ');
+        }
+        quoted.push('\'');
+        quoted.push_str(&word.replace('\'', "'\\''"));
+        quoted.push('\'');
+    }
+    Ok(Value::from(quoted))
+}
+
+/// The text `shell_quote` quotes for one value: strings as they are, numbers and booleans as written.
+fn shell_word(value: &Value) -> Result<String, Error> {
+    match value.kind() {
+        ValueKind::String => Ok(value.as_str().unwrap_or_default().to_owned()),
+        ValueKind::Number => Ok(value.to_string()),
+        ValueKind::Bool => Ok(if value.is_true() { "true" } else { "false" }.to_owned()),
+        kind => Err(Error::new(
+            ErrorKind::InvalidOperation,
+            format!("`shell_quote` quotes strings, numbers and lists of them, not {kind}"),
+        )),
+    }
+}
+
 fn refuse(why: Oversized) -> Error {
     let what = match why {
         Oversized::Large => format!("its JSON text is larger than {MAX_OUTPUT_BYTES} bytes"),
@@ -152,6 +199,25 @@ fn refuse(why: Oversized) -> Error {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn shell_quote_makes_one_word_of_each_value() {
+        let quote = |json: serde_json::Value| {
+            shell_quote(&crate::run::render::json_value(&json)).map(|v| v.to_string())
+        };
+        assert_eq!(quote(serde_json::json!("it's")).unwrap(), r"'it'\''s'");
+        assert_eq!(quote(serde_json::json!("")).unwrap(), "''");
+        assert_eq!(quote(serde_json::json!(3.5)).unwrap(), "'3.5'");
+        assert_eq!(
+            quote(serde_json::json!(["a b", 1, true])).unwrap(),
+            "'a b' '1' 'true'"
+        );
+        assert_eq!(quote(serde_json::json!([])).unwrap(), "");
+        assert_eq!(
+            quote(serde_json::json!([["nested"]])).unwrap_err().detail(),
+            Some("`shell_quote` quotes strings, numbers and lists of them, not sequence")
+        );
+    }
 
     #[test]
     fn measure_stops_at_the_limit_and_the_depth() {

@@ -76,6 +76,7 @@ impl Renderer {
         env.set_undefined_behavior(UndefinedBehavior::Strict);
         env.set_fuel(Some(FUEL));
         env.add_filter("tojson", limits::tojson);
+        env.add_filter("shell_quote", limits::shell_quote);
         Renderer {
             env: Arc::new(env),
             helper,

@@ -5,12 +5,12 @@
 //! A template is plain when it has no statement (`{% … %}`: no loop, no `set`, no macro) and its
 //! expressions use no operator that concatenates or repeats (`~`, `+`, `*`), call no function but
 //! `range` (bounded by minijinja) and no method, and use only filters whose result is no larger than
-//! their input, or that check the size of what they build (`tojson`). The scan is conservative: text it
+//! their input, or that check the size of what they build (`tojson`, `shell_quote`). The scan is conservative: text it
 //! cannot read as plain (a quote it cannot close, an operator inside a string literal it misreads) goes
 //! to the helper, which is always safe, only slower.
 
-/// Filters whose result is at most about as large as their input (or, for `tojson`, checked against
-/// the output limit before it is built). Not here, so run in the helper: `replace`, `join`, `indent`,
+/// Filters whose result is at most about as large as their input (or, for `tojson` and `shell_quote`,
+/// checked against the output limit before it is built). Not here, so run in the helper: `replace`, `join`, `indent`,
 /// `format`, `string`, `list`, `split`, `lines`, `map`, `escape`, `urlencode`, `pprint`, `batch`,
 /// `slice`, `chain`, `zip`, `groupby`, and any filter added later.
 const FILTERS: &[&str] = &[
@@ -38,6 +38,7 @@ const FILTERS: &[&str] = &[
     "safe",
     "select",
     "selectattr",
+    "shell_quote",
     "sort",
     "sum",
     "title",

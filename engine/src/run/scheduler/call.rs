@@ -406,14 +406,37 @@ fn workflow<'a>(
                 problems: problems.iter().map(|p| p.message.clone()).collect(),
             }
         })?;
-        let report = shared
-            .nested
-            .workflow(workflow.clone(), inputs, shared, depth, format!("{label}/"))
-            .await
-            .map_err(|source| CallError::Start {
-                path: path.to_owned(),
-                source,
-            })?;
+        let nested =
+            shared
+                .nested
+                .workflow(workflow.clone(), inputs, shared, depth, format!("{label}/"));
+        // The sub-workflow's own `timeout` bounds its call: when it passes, its steps are dropped (their
+        // commands killed) and the calling step times out.
+        let limit = workflow.spec.timeout.as_ref().and_then(|t| t.value.get());
+        let report = match limit {
+            Some(limit) => match tokio::time::timeout(limit, nested).await {
+                Ok(report) => report,
+                Err(_) => {
+                    return Err(Failure {
+                        status: StepStatus::TimedOut,
+                        message: format!(
+                            "sub-workflow `{path}` timed out after {}",
+                            humantime::format_duration(limit)
+                        ),
+                        exit_code: None,
+                        retryable: true,
+                        class: crate::tools::ErrorClass::Other,
+                        steps: indexmap::IndexMap::new(),
+                        llm: None,
+                    });
+                }
+            },
+            None => nested.await,
+        }
+        .map_err(|source| CallError::Start {
+            path: path.to_owned(),
+            source,
+        })?;
         match report.status {
             RunStatus::Succeeded => {
                 let output = Json::Object(report.outputs);

@@ -516,6 +516,36 @@ pub(super) fn named(steps: &[Step], views: &[Arc<StepView>]) -> Steps {
         .collect()
 }
 
+/// What an output that did not render is told about the steps it reads that did not succeed: a skipped
+/// step's `output` is null, so `steps.a.output.x` is undefined. Empty when it reads none.
+pub(super) fn unfinished_hint(template: Option<&crate::spec::Node>, steps: &Steps) -> String {
+    let mut unfinished: Vec<(&str, String)> = Vec::new();
+    if let Some(template) = template {
+        template.for_each_str(&mut |text, _| {
+            for (id, view) in steps {
+                let status = view
+                    .get_attr("status")
+                    .ok()
+                    .and_then(|s| s.as_str().map(str::to_owned))
+                    .unwrap_or_default();
+                if status != "succeeded"
+                    && !unfinished.iter().any(|(seen, _)| *seen == id.as_str())
+                    && crate::validate::templates::mentions(text, &format!("steps.{id}"))
+                {
+                    unfinished.push((id, status));
+                }
+            }
+        });
+    }
+    let Some((id, status)) = unfinished.first() else {
+        return String::new();
+    };
+    format!(
+        "\n  hint: step `{id}` ended `{status}`, so its `output` is null; give a value for that case with \
+         `| default(...)` (`steps.{id}.output.x | default('')`), or test `steps.{id}.status`"
+    )
+}
+
 /// The steps' results by id, in step order, for the report. Call it once no template context holds the
 /// views, or the results are copied.
 pub(super) fn results(steps: &[Step], views: Vec<Arc<StepView>>) -> IndexMap<String, StepResult> {

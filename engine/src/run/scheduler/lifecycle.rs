@@ -1,4 +1,4 @@
-//! One step's life: `foreach` items, `before_step` rules and `approval: required`, attempts with retries
+//! One step's life: `foreach` items and `matrix` combinations, `before_step` rules and `approval: required`, attempts with retries
 //! and timeouts (each attempt recorded, and durable before a side effect), the fallback, the step's
 //! `outputs`, and the `after_step` / `on_error` rules.
 
@@ -11,13 +11,14 @@ use serde_json::{Map, Value as Json, json};
 use tokio::task::JoinSet;
 
 use super::call;
-use super::context::{Called, Failure, Shared, Steps, millis};
+use super::context::{Called, Failure, Shared, Steps, millis, unfinished_hint};
 use super::durable::{Record, persist};
 use super::gate::{self, Gate};
 use crate::report::{LlmUsage, RunEvent, StepResult, StepStatus};
 use crate::run::render::{StepView, json_value, to_text};
-use crate::spec::{Backoff, Body, Retry, RetryOn, Step, Trigger};
+use crate::spec::{Backoff, Body, Node, Retry, RetryOn, Step, Trigger};
 use crate::store::Entry;
+use crate::validate::MAX_COMBINATIONS;
 
 pub(super) async fn execute(shared: &Arc<Shared>, index: usize, steps: Steps) -> Arc<StepResult> {
     let step = &shared.steps()[index];
@@ -25,20 +26,25 @@ pub(super) async fn execute(shared: &Arc<Shared>, index: usize, steps: Steps) ->
         step: shared.label(&step.id.value),
     });
     let started = Instant::now();
-    let mut result = match &step.foreach {
-        Some(expr) => foreach(shared, index, &expr.value, &steps).await,
-        None => attempt_all(shared, step, &steps, None, shared.label(&step.id.value)).await,
+    let mut result = if step.repeats() {
+        foreach(shared, index, &steps).await
+    } else {
+        attempt_all(shared, step, &steps, None, shared.label(&step.id.value)).await
     };
     if result.status == StepStatus::Succeeded && !step.outputs.is_empty() {
         // The outputs read the step's result as it is before they are added to it.
         let own = StepView::new(result);
+        let mut steps = steps;
+        steps.insert(step.id.value.clone(), own.value());
         let (outputs, failed) = {
-            let mut steps = steps;
-            steps.insert(step.id.value.clone(), own.value());
             let ctx = shared.context(&steps, false, &[]);
             shared.renderer.outputs(&step.outputs, &ctx).await
         };
-        let failed = failed.map(|(name, e)| format!("output `{name}`: {e}"));
+        let failed = failed.map(|(name, e)| {
+            let hint = unfinished_hint(step.outputs.get(name.as_str()), &steps);
+            format!("output `{name}`: {e}{hint}")
+        });
+        drop(steps);
         result = own.into_result();
         result.outputs = outputs;
         if let Some(error) = failed {
@@ -60,25 +66,14 @@ pub(super) async fn execute(shared: &Arc<Shared>, index: usize, steps: Steps) ->
     result
 }
 
-/// Runs the body once per item of the `foreach` list, at most `max_parallel` at a time, results in order.
-async fn foreach(shared: &Arc<Shared>, index: usize, expr: &str, steps: &Steps) -> StepResult {
+/// Runs the body once per item of the `foreach` list, or per combination of the `matrix`, at most
+/// `max_parallel` at a time, results in order.
+async fn foreach(shared: &Arc<Shared>, index: usize, steps: &Steps) -> StepResult {
     let step = &shared.steps()[index];
     let ctx = shared.context(steps, false, &[]);
-    let items = match shared.renderer.expression(expr, &ctx).await {
-        Ok(Json::Array(items)) => items,
-        Ok(other) => {
-            let kind = match other {
-                Json::Null => "null",
-                Json::Object(_) => "an object",
-                Json::String(_) => "a string",
-                _ => "a scalar",
-            };
-            return StepResult::ended(
-                StepStatus::Failed,
-                Some(format!("`foreach` must give a list, got {kind}")),
-            );
-        }
-        Err(e) => return StepResult::ended(StepStatus::Failed, Some(format!("`foreach`: {e}"))),
+    let items = match items(shared, step, &ctx).await {
+        Ok(items) => items,
+        Err(message) => return StepResult::ended(StepStatus::Failed, Some(message)),
     };
     let limit = step
         .max_parallel
@@ -127,6 +122,82 @@ async fn foreach(shared: &Arc<Shared>, index: usize, expr: &str, steps: &Steps) 
         })
         .collect();
     gathered(results).await
+}
+
+/// The items a repeating step runs once for: its `foreach` list, or its `matrix`'s combinations.
+async fn items(shared: &Shared, step: &Step, ctx: &Value) -> Result<Vec<Json>, String> {
+    if let Some(list) = &step.foreach {
+        return list_of(shared, list, ctx, "`foreach`").await;
+    }
+    let mut lists = Vec::new();
+    for (name, list) in step.matrix.iter().flat_map(|m| m.iter()) {
+        let what = format!("`matrix.{}`", name.value);
+        lists.push((name.value.clone(), list_of(shared, list, ctx, &what).await?));
+    }
+    combinations(lists)
+}
+
+/// A list written out (its strings rendered as templates), or an expression's value, which must be a list.
+async fn list_of(
+    shared: &Shared,
+    list: &Node,
+    ctx: &Value,
+    what: &str,
+) -> Result<Vec<Json>, String> {
+    let value = match list.as_str() {
+        Some(expr) => shared.renderer.expression(expr, ctx).await,
+        None => shared.renderer.value(list, ctx).await,
+    };
+    match value {
+        Ok(Json::Array(items)) => Ok(items),
+        Ok(other) => {
+            let kind = match other {
+                Json::Null => "null",
+                Json::Object(_) => "an object",
+                Json::String(_) => "a string",
+                _ => "a scalar",
+            };
+            Err(format!("{what} must give a list, got {kind}"))
+        }
+        Err(e) => Err(format!("{what}: {e}")),
+    }
+}
+
+/// Every combination of one value of each list, as an object by name: the first list varies slowest,
+/// the last fastest. More than [`MAX_COMBINATIONS`] is an error, found before any is built.
+fn combinations(lists: Vec<(String, Vec<Json>)>) -> Result<Vec<Json>, String> {
+    let count = lists
+        .iter()
+        .fold(1usize, |n, (_, list)| n.saturating_mul(list.len()));
+    if count > MAX_COMBINATIONS {
+        let sizes: Vec<String> = lists.iter().map(|(_, l)| l.len().to_string()).collect();
+        return Err(format!(
+            "`matrix` makes {} combinations ({}), more than {MAX_COMBINATIONS}",
+            if count == usize::MAX {
+                "too many".to_owned()
+            } else {
+                count.to_string()
+            },
+            sizes.join(" × ")
+        ));
+    }
+    Ok((0..count)
+        .map(|position| {
+            let mut rest = position;
+            let mut chosen = vec![Json::Null; lists.len()];
+            for (slot, (_, list)) in lists.iter().enumerate().rev() {
+                chosen[slot] = list[rest % list.len()].clone();
+                rest /= list.len();
+            }
+            Json::Object(
+                lists
+                    .iter()
+                    .zip(chosen)
+                    .map(|((name, _), value)| (name.clone(), value))
+                    .collect(),
+            )
+        })
+        .collect())
 }
 
 /// Items whose texts add up to more than this are gathered into the step's result on a blocking thread.
@@ -205,6 +276,12 @@ async fn attempt_all(
     label: String,
 ) -> StepResult {
     let extra = match &item {
+        // In a `matrix` step, the item is the combination, also read as `matrix.<name>`.
+        Some((item, index)) if step.matrix.is_some() => vec![
+            ("item", json_value(item)),
+            ("matrix", json_value(item)),
+            ("index", Value::from(*index)),
+        ],
         Some((item, index)) => vec![("item", json_value(item)), ("index", Value::from(*index))],
         None => Vec::new(),
     };
@@ -597,6 +674,48 @@ async fn after_step(shared: &Shared, step: &Step, result: &mut StepResult) {
 mod tests {
     use super::*;
     use crate::testing::others_ran_during;
+
+    /// A matrix's combinations: the first list varies slowest; an empty list makes none; more than
+    /// `MAX_COMBINATIONS` is refused before any is built, even when the count overflows.
+    #[test]
+    fn combinations_are_the_cross_product_in_order_and_bounded() {
+        let list = |name: &str, values: Json| {
+            let Json::Array(values) = values else {
+                unreachable!()
+            };
+            (name.to_owned(), values)
+        };
+        assert_eq!(
+            combinations(vec![
+                list("os", json!(["linux", "mac"])),
+                list("py", json!([3.11, 3.12]))
+            ])
+            .expect("small"),
+            vec![
+                json!({"os": "linux", "py": 3.11}),
+                json!({"os": "linux", "py": 3.12}),
+                json!({"os": "mac", "py": 3.11}),
+                json!({"os": "mac", "py": 3.12}),
+            ]
+        );
+        assert_eq!(
+            combinations(vec![list("a", json!([1, 2])), list("b", json!([]))]),
+            Ok(Vec::new())
+        );
+        let hundred = Json::Array((0..101).map(Json::from).collect());
+        assert_eq!(
+            combinations(vec![list("a", hundred.clone()), list("b", hundred)]).unwrap_err(),
+            "`matrix` makes 10201 combinations (101 × 101), more than 10000"
+        );
+        let huge: Vec<(String, Vec<Json>)> = (0..70)
+            .map(|i| (format!("n{i}"), vec![json!(1), json!(2)]))
+            .collect();
+        assert!(
+            combinations(huge)
+                .unwrap_err()
+                .starts_with("`matrix` makes too many combinations")
+        );
+    }
 
     /// Gathering a `foreach` step's large items into its result (their outputs copied, the whole written
     /// as one JSON text) lets the run's other tasks go on: done in place, on the run's one thread, no other

@@ -226,24 +226,33 @@ fn run_workflow(
             work,
             nested: &Scheduler,
         });
-        // `before_run` rules decide whether anything runs at all.
+        // `before_run` rules decide whether anything runs at all; the run's `timeout` bounds it all (a
+        // sub-workflow's bounds its call instead: `call.rs`).
         let mut error = None;
-        let views = match before_run(&shared).await {
-            None => schedule(&shared).await,
-            Some(stopped) => {
-                let status = match &stopped {
-                    Gate::Waiting(_) => StepStatus::WaitingApproval,
-                    _ => StepStatus::Cancelled,
-                };
-                if let Gate::Denied(reason, _) = &stopped {
-                    error = Some(reason.clone());
+        let limit = spec
+            .timeout
+            .as_ref()
+            .and_then(|t| t.value.get())
+            .filter(|_| depth == 0);
+        let views = within(limit, &shared.halt, async {
+            match before_run(&shared).await {
+                None => schedule(&shared).await,
+                Some(stopped) => {
+                    let status = match &stopped {
+                        Gate::Waiting(_) => StepStatus::WaitingApproval,
+                        _ => StepStatus::Cancelled,
+                    };
+                    if let Gate::Denied(reason, _) = &stopped {
+                        error = Some(reason.clone());
+                    }
+                    spec.steps
+                        .iter()
+                        .map(|_| StepView::new(StepResult::ended(status, None)))
+                        .collect()
                 }
-                spec.steps
-                    .iter()
-                    .map(|_| StepView::new(StepResult::ended(status, None)))
-                    .collect()
             }
-        };
+        })
+        .await;
 
         let failed = first_failure(&spec.steps, |i| views[i].result().status).is_some();
         let waiting = waits(&views);
@@ -259,13 +268,15 @@ fn run_workflow(
         let mut outputs = Map::new();
         // A run that waits for a person has not ended: its outputs are rendered when it does.
         if !cancelled && !waiting {
-            let ctx = shared.context(&named(&spec.steps, &views), false, &[]);
+            let steps = named(&spec.steps, &views);
+            let ctx = shared.context(&steps, false, &[]);
             let (rendered, problem) = shared.renderer.outputs(&spec.outputs, &ctx).await;
             outputs = rendered;
             if let Some((name, e)) = problem
                 && !failed
             {
-                error = Some(format!("output `{name}`: {e}"));
+                let hint = context::unfinished_hint(spec.outputs.get(name.as_str()), &steps);
+                error = Some(format!("output `{name}`: {e}{hint}"));
             }
         }
         if halted.is_some() {
@@ -341,6 +352,29 @@ fn run_workflow(
                 .filter(|t| t.calls > 0),
         })
     })
+}
+
+/// Runs `work`; when `limit` passes first, stops the run (its steps are cancelled, their commands killed,
+/// as by Ctrl-C, and the run fails with the reason) and lets `work` finish what stopping leaves.
+async fn within<T>(
+    limit: Option<std::time::Duration>,
+    halt: &Halt,
+    work: impl Future<Output = T>,
+) -> T {
+    let Some(limit) = limit else {
+        return work.await;
+    };
+    tokio::pin!(work);
+    let timer = tokio::time::sleep(limit);
+    tokio::pin!(timer);
+    tokio::select! {
+        done = &mut work => return done,
+        () = &mut timer => halt.stop(format!(
+            "run timed out after {}",
+            humantime::format_duration(limit)
+        )),
+    }
+    work.await
 }
 
 /// Why a run whose journal failed ended: its state could not be saved, or another process took it over.
