@@ -480,7 +480,7 @@ fn color_always_paints_statuses_on_every_command() {
     ");
     let logs = archon(dir.path(), &["--color", "always", "logs", &id, "noisy"]);
     assert_eq!(
-        logs.stderr.lines().nth(12).map(|l| shown(l)).as_deref(),
+        logs.stderr.lines().nth(12).map(shown).as_deref(),
         Some("archon: attempt 2 of `noisy` ␛[31mfailed␛[0m: `sh` exited with code 2: err 8")
     );
     // Without `--color`, `NO_COLOR` (set by `archon`) and a pipe: none.
