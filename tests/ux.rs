@@ -216,6 +216,14 @@ impl Terminal {
     }
 }
 
+/// A test that fails leaves no archon waiting at its prompt.
+impl Drop for Terminal {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
 fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
     haystack.windows(needle.len()).position(|w| w == needle)
 }
