@@ -610,3 +610,33 @@ fn a_dry_run_shows_each_steps_rendered_arguments_and_runs_nothing() {
         unset.stderr
     );
 }
+
+/// Anything but the code shown denies the call: the step fails and its command never runs.
+#[test]
+fn a_wrong_code_at_the_prompt_denies() {
+    let dir = TempDir::new().expect("tempdir");
+    let spec = PROMPTED.split("  - id: other").next().expect("pay");
+    std::fs::write(dir.path().join("pay.yaml"), spec).expect("write");
+    let mut terminal = Terminal::spawn(dir.path(), &["run", "pay.yaml"], &[("NO_COLOR", "1")]);
+    let asked = terminal.until(0, "to approve, anything else denies: ");
+    let text = String::from_utf8_lossy(&terminal.seen[..asked]).into_owned();
+    let code = text
+        .rsplit("type ")
+        .next()
+        .and_then(|t| t.split(' ').next());
+    let wrong = if code == Some("0000") { "1111" } else { "0000" };
+    terminal.type_line(wrong);
+    let (status, text, stdout) = terminal.finish();
+    assert_eq!(status, 1, "{text}");
+    let after = &text[text.find(&format!("{wrong}\n")).expect("answer")..];
+    assert!(
+        after.contains("denied    pay exec by "),
+        "{}",
+        after.escape_debug()
+    );
+    assert!(
+        !dir.path().join("effects.txt").exists(),
+        "the denied command ran"
+    );
+    assert!(stdout.contains(" of `prompted` failed in "), "{stdout}");
+}
