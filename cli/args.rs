@@ -116,7 +116,10 @@ pub struct RunArgs {
 
     /// Run nothing: validate, then show each wave and each step's rendered arguments (secrets masked),
     /// what is known only at run time marked as such; no run is recorded.
-    #[arg(long, conflicts_with_all = ["goal", "save_plan", "record", "replay"])]
+    #[arg(
+        long,
+        conflicts_with_all = ["goal", "save_plan", "record", "replay", "events", "yes", "no_input", "max_parallel"]
+    )]
     pub dry_run: bool,
 
     /// After the run, write the workflow with every plan its planner steps made frozen into ordinary

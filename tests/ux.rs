@@ -216,6 +216,14 @@ impl Terminal {
     }
 }
 
+/// A test that fails leaves no archon waiting at its prompt.
+impl Drop for Terminal {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
 fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
     haystack.windows(needle.len()).position(|w| w == needle)
 }
@@ -480,7 +488,7 @@ fn color_always_paints_statuses_on_every_command() {
     ");
     let logs = archon(dir.path(), &["--color", "always", "logs", &id, "noisy"]);
     assert_eq!(
-        logs.stderr.lines().nth(12).map(|l| shown(l)).as_deref(),
+        logs.stderr.lines().nth(12).map(shown).as_deref(),
         Some("archon: attempt 2 of `noisy` ␛[31mfailed␛[0m: `sh` exited with code 2: err 8")
     );
     // Without `--color`, `NO_COLOR` (set by `archon`) and a pipe: none.
@@ -601,4 +609,34 @@ fn a_dry_run_shows_each_steps_rendered_arguments_and_runs_nothing() {
         "{}",
         unset.stderr
     );
+}
+
+/// Anything but the code shown denies the call: the step fails and its command never runs.
+#[test]
+fn a_wrong_code_at_the_prompt_denies() {
+    let dir = TempDir::new().expect("tempdir");
+    let spec = PROMPTED.split("  - id: other").next().expect("pay");
+    std::fs::write(dir.path().join("pay.yaml"), spec).expect("write");
+    let mut terminal = Terminal::spawn(dir.path(), &["run", "pay.yaml"], &[("NO_COLOR", "1")]);
+    let asked = terminal.until(0, "to approve, anything else denies: ");
+    let text = String::from_utf8_lossy(&terminal.seen[..asked]).into_owned();
+    let code = text
+        .rsplit("type ")
+        .next()
+        .and_then(|t| t.split(' ').next());
+    let wrong = if code == Some("0000") { "1111" } else { "0000" };
+    terminal.type_line(wrong);
+    let (status, text, stdout) = terminal.finish();
+    assert_eq!(status, 1, "{text}");
+    let after = &text[text.find(&format!("{wrong}\n")).expect("answer")..];
+    assert!(
+        after.contains("denied    pay exec by "),
+        "{}",
+        after.escape_debug()
+    );
+    assert!(
+        !dir.path().join("effects.txt").exists(),
+        "the denied command ran"
+    );
+    assert!(stdout.contains(" of `prompted` failed in "), "{stdout}");
 }

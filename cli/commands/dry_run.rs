@@ -16,6 +16,7 @@ use crate::output;
 pub fn show(
     workflow: &Workflow,
     inputs: Map<String, Json>,
+    workdir: &std::path::Path,
     json: bool,
     color: ColorChoice,
 ) -> anyhow::Result<Status> {
@@ -27,6 +28,7 @@ pub fn show(
         workflow,
         inputs,
         &env,
+        workdir,
         std::env::current_exe().ok(),
     ));
     let dry = match dry {

@@ -52,9 +52,6 @@ pub fn run(args: &RunArgs, color: ColorChoice) -> anyhow::Result<Status> {
         Ok(loaded) => loaded,
         Err(status) => return Ok(status),
     };
-    if args.dry_run {
-        return super::dry_run::show(&workflow, inputs, args.output.json, color);
-    }
     let workdir = match (&args.workdir, &args.goal) {
         (Some(dir), _) => dir.clone(),
         // A goal works on the directory it was given in.
@@ -67,6 +64,14 @@ pub fn run(args: &RunArgs, color: ColorChoice) -> anyhow::Result<Status> {
     };
     let workdir = std::fs::canonicalize(&workdir)
         .map_err(|e| anyhow::anyhow!("workspace `{}`: {e}", workdir.display()))?;
+    if args.dry_run {
+        // As the run would be, a workflow this version cannot run is refused.
+        let unsupported = run::unsupported_steps(&workflow);
+        if !unsupported.is_empty() {
+            return Ok(unsupported_error(&unsupported));
+        }
+        return super::dry_run::show(&workflow, inputs, &workdir, args.output.json, color);
+    }
     let cassette = match (&args.record, &args.replay) {
         (Some(path), _) => match archon_engine::llm::cassette::Recorder::open(path) {
             Ok(file) => Some(run::Cassette::Record(file)),

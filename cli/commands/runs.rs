@@ -282,7 +282,7 @@ fn describe(session: &Session, run: &StoredRun, paint: Paint) -> String {
                 if attempt.status == "running" {
                     paint.status("in doubt", "in doubt")
                 } else {
-                    format!("no result ({})", attempt.status)
+                    format!("no result ({})", shown(&attempt.status))
                 },
                 attempts.get(step).copied().unwrap_or(0).to_string(),
                 String::new(),

@@ -77,13 +77,14 @@ pub enum Decision {
 /// Names whose values exist only once the run is under way: the results of steps, and a `foreach` item.
 const RUN_TIME: [&str; 3] = ["steps", "item", "index"];
 
-/// Renders what each step of `workflow` would run with `inputs`, `env` (the process environment) and the
-/// workflow's secrets (read as a run reads them, and masked in what is returned). Errors, as a run would
+/// Renders what each step of `workflow` would run with `inputs`, `env` (the process environment), `workdir`
+/// (the workspace, as `run.workdir`) and the workflow's secrets (read as a run reads them, and masked in what is returned). Errors, as a run would
 /// fail before any step starts: a secret that is not set, an `env` entry that does not render.
 pub async fn dry_run(
     workflow: &Workflow,
     inputs: Map<String, Json>,
     env: &BTreeMap<String, String>,
+    workdir: &std::path::Path,
     helper: Option<std::path::PathBuf>,
 ) -> Result<DryRun, String> {
     let spec = &workflow.spec;
@@ -104,7 +105,7 @@ pub async fn dry_run(
     let run = serde_json::json!({
         "id": DRY_RUN_ID,
         "workflow": workflow.name,
-        "workdir": dir.display().to_string(),
+        "workdir": workdir.display().to_string(),
         "started_at": humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string(),
     });
     let mut env: Map<String, Json> = env
