@@ -185,6 +185,7 @@ pub mod codes {
     pub const CANNOT_RUN_YET: &str = "archon::cannot_run_yet";
     pub const DOLLAR_TEMPLATE: &str = "archon::dollar_template";
     pub const SHELL_TEMPLATE: &str = "archon::shell_template";
+    pub const TOML_TABLE_SCOPE: &str = "archon::toml_table_scope";
     pub const EMPTY_WORKFLOW: &str = "archon::empty_workflow";
     pub const PLAN_NOT_ALLOWED: &str = "archon::plan_not_allowed";
 }

@@ -210,9 +210,10 @@ impl Checker<'_> {
                     r.span_of(1),
                     "`matrix` is only defined in a step with `matrix`",
                 )
-                .with_hint(
+                .with_hint(self.syntax(
                     "add `matrix:` to this step, or read the value from `steps.<id>.output`",
-                ),
+                    "add `matrix` to this step, or read the value from `steps.<id>.output`",
+                )),
             );
             return;
         };
@@ -273,9 +274,11 @@ impl Checker<'_> {
                             format!("unknown input `{name}`"),
                         )
                         .with_hint_opt(suggest::did_you_mean(name, known.iter().copied()))
-                        .with_hint(format!(
-                            "declare it under `inputs:`, for example `{name}: {{ type: string }}`"
-                        )),
+                        .with_hint(if self.file.format == crate::source::Format::Toml {
+                            format!("declare it under `[inputs]`, for example `{name} = {{ type = \"string\" }}`")
+                        } else {
+                            format!("declare it under `inputs:`, for example `{name}: {{ type: string }}`")
+                        }),
                     );
                 }
                 None
@@ -294,9 +297,16 @@ impl Checker<'_> {
                     let known: Vec<&str> =
                         self.spec.secrets.iter().map(|s| s.value.as_str()).collect();
                     self.push(
-                        Diagnostic::error(codes::UNKNOWN_SECRET, r.span_of(2), format!("unknown secret `{name}`"))
-                            .with_hint_opt(suggest::did_you_mean(name, known.iter().copied()))
-                            .with_hint(format!("declare it under `secrets:` (read from the environment variable `{name}`)")),
+                        Diagnostic::error(
+                            codes::UNKNOWN_SECRET,
+                            r.span_of(2),
+                            format!("unknown secret `{name}`"),
+                        )
+                        .with_hint_opt(suggest::did_you_mean(name, known.iter().copied()))
+                        .with_hint(format!(
+                            "declare it under `{}` (read from the environment variable `{name}`)",
+                            self.syntax("secrets:", "secrets = [...]")
+                        )),
                     );
                 }
                 None
@@ -324,9 +334,10 @@ impl Checker<'_> {
                         r.span_of(1),
                         format!("`{}` is only defined in a step with `foreach`", r.root()),
                     )
-                    .with_hint(
+                    .with_hint(self.syntax(
                         "add `foreach:` to this step, or read the value from `steps.<id>.output`",
-                    ),
+                        "add `foreach` to this step, or read the value from `steps.<id>.output`",
+                    )),
                 );
                 None
             }
