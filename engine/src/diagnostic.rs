@@ -161,6 +161,7 @@ pub mod codes {
     pub const UNKNOWN_OUTPUT: &str = "archon::unknown_output";
     pub const UNKNOWN_STEP_FIELD: &str = "archon::unknown_step_field";
     pub const UNKNOWN_VARIABLE: &str = "archon::unknown_variable";
+    pub const UNKNOWN_FILTER: &str = "archon::unknown_filter";
     pub const UNKNOWN_SECRET: &str = "archon::unknown_secret";
     pub const SECRET_IN_PROMPT: &str = "archon::secret_in_prompt";
     pub const ITEM_OUTSIDE_FOREACH: &str = "archon::item_outside_foreach";

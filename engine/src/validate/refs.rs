@@ -168,11 +168,33 @@ impl Checker<'_> {
             );
         }
         match self.analyzer.template(self.file, span, text) {
-            Ok(refs) => self.references(&refs, scope),
+            Ok(refs) => {
+                self.check_filters(text, span, false);
+                self.references(&refs, scope)
+            }
             Err(d) => {
                 self.push(d);
                 Vec::new()
             }
+        }
+    }
+
+    /// Reports filters that do not exist, which minijinja would find only when it renders.
+    fn check_filters(&mut self, text: &str, span: Span, expression: bool) {
+        if !text.contains('|') {
+            return;
+        }
+        for (range, name, hint) in self.analyzer.unknown_filters(text, expression) {
+            let at = crate::validate::templates::locate(self.file, span, text, range);
+            self.push(
+                Diagnostic::error(
+                    codes::UNKNOWN_FILTER,
+                    at,
+                    format!("unknown filter `{name}`"),
+                )
+                .with_hint_opt(hint)
+                .with_hint("see the filters in docs/spec.md (templates and expressions)"),
+            );
         }
     }
 
@@ -183,7 +205,10 @@ impl Checker<'_> {
 
     pub fn expression_at(&mut self, text: &str, span: Span, scope: &Scope<'_>) -> Vec<Dep> {
         match self.analyzer.expression(self.file, span, text) {
-            Ok(refs) => self.references(&refs, scope),
+            Ok(refs) => {
+                self.check_filters(text, span, true);
+                self.references(&refs, scope)
+            }
             Err(d) => {
                 self.push(d);
                 Vec::new()
