@@ -129,7 +129,7 @@ outputs:
 }
 
 /// A run's `timeout` bounds the whole run: when it passes, the running command is killed, the run fails
-/// with `run timed out after 1s` (in the summary and in its durable record), and `retry --failed` runs
+/// with `run timed out after 3s` (in the summary and in its durable record), and `retry --failed` runs
 /// the unfinished steps again, reusing the finished ones.
 #[test]
 fn a_run_timeout_stops_the_run_and_retry_failed_finishes_it() {
@@ -137,7 +137,7 @@ fn a_run_timeout_stops_the_run_and_retry_failed_finishes_it() {
     std::fs::write(
         dir.path().join("wf.yaml"),
         r#"name: slow
-timeout: 1s
+timeout: 3s
 steps:
   - { id: quick, tool: shell, with: { command: "echo once >> quick.log" } }
   - id: slow
@@ -154,7 +154,7 @@ steps:
     let id = lines[0].split(' ').nth(1).expect("a run id").to_owned();
     assert_eq!(
         lines[1..],
-        ["error: run timed out after 1s"],
+        ["error: run timed out after 3s"],
         "{}",
         output.stdout
     );
@@ -186,7 +186,7 @@ steps:
         .collect();
     assert_eq!(
         recorded,
-        ["status    failed", "error     run timed out after 1s"]
+        ["status    failed", "error     run timed out after 3s"]
     );
     // A run that failed by its own limit is not resumed, but its unfinished steps can be retried.
     let resume = archon(dir.path(), &["resume", &id]);
