@@ -129,7 +129,7 @@ outputs:
 }
 
 /// A run's `timeout` bounds the whole run: when it passes, the running command is killed, the run fails
-/// with `run timed out after 1s` (in the summary and in its durable record), and `retry --failed` runs
+/// with `run timed out after 3s` (in the summary and in its durable record), and `retry --failed` runs
 /// the unfinished steps again, reusing the finished ones.
 #[test]
 fn a_run_timeout_stops_the_run_and_retry_failed_finishes_it() {
@@ -137,7 +137,7 @@ fn a_run_timeout_stops_the_run_and_retry_failed_finishes_it() {
     std::fs::write(
         dir.path().join("wf.yaml"),
         r#"name: slow
-timeout: 1s
+timeout: 3s
 steps:
   - { id: quick, tool: shell, with: { command: "echo once >> quick.log" } }
   - id: slow
@@ -154,7 +154,7 @@ steps:
     let id = lines[0].split(' ').nth(1).expect("a run id").to_owned();
     assert_eq!(
         lines[1..],
-        ["error: run timed out after 1s"],
+        ["error: run timed out after 3s"],
         "{}",
         output.stdout
     );
@@ -186,7 +186,7 @@ steps:
         .collect();
     assert_eq!(
         recorded,
-        ["status    failed", "error     run timed out after 1s"]
+        ["status    failed", "error     run timed out after 3s"]
     );
     // A run that failed by its own limit is not resumed, but its unfinished steps can be retried.
     let resume = archon(dir.path(), &["resume", &id]);
@@ -224,4 +224,37 @@ fn a_sub_workflow_timeout_times_out_its_call() {
         "sub-workflow `sub.yaml` timed out after 1s"
     );
     assert_eq!(report["steps"]["next"]["status"], "succeeded");
+}
+
+/// A `matrix` step's `max_parallel` bounds its combinations running at once, as for `foreach` items: each
+/// command counts the commands running as it starts.
+#[test]
+fn a_matrix_runs_at_most_max_parallel_combinations_at_once() {
+    let dir = TempDir::new().expect("tempdir");
+    std::fs::create_dir(dir.path().join("slots")).expect("mkdir");
+    std::fs::write(
+        dir.path().join("wf.yaml"),
+        r#"name: grid
+steps:
+  - id: cell
+    matrix: { x: [1, 2, 3], y: [a, b] }
+    max_parallel: 2
+    tool: shell
+    with: { command: "touch slots/$$; ls slots | wc -l >> counts; echo {{ matrix.x | shell_quote }}{{ matrix.y | shell_quote }} >> cells; sleep 0.2; rm slots/$$" }
+"#,
+    )
+    .expect("spec");
+    let output = archon(dir.path(), &["run", "wf.yaml", "--max-parallel", "8"]);
+    assert_eq!(output.code, 0, "{}", output.stderr);
+    let read = |name: &str| std::fs::read_to_string(dir.path().join(name)).expect("written");
+    let counts: Vec<usize> = read("counts")
+        .lines()
+        .map(|l| l.trim().parse().expect("a count"))
+        .collect();
+    assert_eq!(counts.len(), 6);
+    let most = counts.iter().copied().max().unwrap_or(0);
+    assert!((1..=2).contains(&most), "{most} combinations ran at once");
+    let mut cells: Vec<String> = read("cells").lines().map(str::to_owned).collect();
+    cells.sort();
+    assert_eq!(cells, ["1a", "1b", "2a", "2b", "3a", "3b"]);
 }

@@ -161,6 +161,7 @@ pub mod codes {
     pub const UNKNOWN_OUTPUT: &str = "archon::unknown_output";
     pub const UNKNOWN_STEP_FIELD: &str = "archon::unknown_step_field";
     pub const UNKNOWN_VARIABLE: &str = "archon::unknown_variable";
+    pub const UNKNOWN_FILTER: &str = "archon::unknown_filter";
     pub const UNKNOWN_SECRET: &str = "archon::unknown_secret";
     pub const SECRET_IN_PROMPT: &str = "archon::secret_in_prompt";
     pub const ITEM_OUTSIDE_FOREACH: &str = "archon::item_outside_foreach";
@@ -185,6 +186,7 @@ pub mod codes {
     pub const CANNOT_RUN_YET: &str = "archon::cannot_run_yet";
     pub const DOLLAR_TEMPLATE: &str = "archon::dollar_template";
     pub const SHELL_TEMPLATE: &str = "archon::shell_template";
+    pub const TOML_TABLE_SCOPE: &str = "archon::toml_table_scope";
     pub const EMPTY_WORKFLOW: &str = "archon::empty_workflow";
     pub const PLAN_NOT_ALLOWED: &str = "archon::plan_not_allowed";
 }

@@ -259,7 +259,7 @@ impl Checker<'_> {
                 providers.iter().copied(),
             ));
             let d = if providers.is_empty() {
-                d.with_hint("declare it under `llm.providers:`, for example `{ kind: openai, model: gpt-4o-mini }`")
+                d.with_hint(self.syntax("declare it under `llm.providers:`, for example `{ kind: openai, model: gpt-4o-mini }`", "declare it in a `[llm.providers.<name>]` table, for example `kind = \"openai\"` and `model = \"gpt-4o-mini\"`"))
             } else {
                 d.with_hint(format!("providers declared: {}", suggest::list(&providers)))
             };
@@ -305,7 +305,10 @@ impl Checker<'_> {
                     format!("unknown agent `{}`", agent.value),
                 )
                 .with_hint_opt(suggest::did_you_mean(&agent.value, names.iter().copied()))
-                .with_hint("declare it under `agents:`"),
+                .with_hint(self.syntax(
+                    "declare it under `agents:`",
+                    "declare it in an `[agents.<name>]` table",
+                )),
             );
         }
     }
@@ -416,7 +419,7 @@ impl Checker<'_> {
         };
         self.push(
             Diagnostic::error(codes::INVALID_JSON_SCHEMA, at, format!("invalid {what}{location}: {}", first_line(&message)))
-                .with_hint("schemas follow JSON Schema draft 2020-12, for example `{ type: string, enum: [a, b] }`"),
+                .with_hint(self.syntax("schemas follow JSON Schema draft 2020-12, for example `{ type: string, enum: [a, b] }`", "schemas follow JSON Schema draft 2020-12, for example `{ type = \"string\", enum = [\"a\", \"b\"] }`")),
         );
         false
     }
@@ -489,7 +492,7 @@ impl Checker<'_> {
             if rule.action.value == Action::Redact && rule.redact.is_empty() {
                 self.push(
                     Diagnostic::error(codes::MISSING_KEY, rule.action.span, "a `redact` rule needs a `redact:` list")
-                        .with_hint("list the argument paths to hide, such as `redact: [password, headers.authorization, argv.1]`"),
+                        .with_hint(self.syntax("list the argument paths to hide, such as `redact: [password, headers.authorization, argv.1]`", "list the argument paths to hide, such as `redact = [\"password\", \"headers.authorization\", \"argv.1\"]`")),
                 );
             }
             // After a step has run there is nothing left to ask about, and after it failed, nothing to allow.

@@ -251,17 +251,19 @@ impl Validator {
             .and_then(Node::as_seq)
             .map_or(0, <[Node]>::len);
         let steps_key = root.entry("steps").map(|(k, _)| k.span);
-        let mut spec: Spec = match spec::from_node(structure::check(&root, diagnostics)?.as_ref()) {
-            Ok(spec) => spec,
-            Err(err) => {
-                diagnostics.push(Diagnostic::error(
-                    codes::INVALID_VALUE,
-                    root.span,
-                    err.message,
-                ));
-                return None;
-            }
-        };
+        let toml = file.format == crate::source::Format::Toml;
+        let mut spec: Spec =
+            match spec::from_node(structure::check(&root, toml, diagnostics)?.as_ref()) {
+                Ok(spec) => spec,
+                Err(err) => {
+                    diagnostics.push(Diagnostic::error(
+                        codes::INVALID_VALUE,
+                        root.span,
+                        err.message,
+                    ));
+                    return None;
+                }
+            };
         // The tree (and its pruned copy, already gone) is as large as the spec: the semantic checks
         // below need neither, and a 10,000-step file would otherwise hold both through them.
         drop(root);
@@ -441,6 +443,15 @@ pub(crate) struct Checker<'a> {
 }
 
 impl Checker<'_> {
+    /// A hint's example in the file's own syntax: `yaml`, or `toml` for a TOML file.
+    pub(crate) fn syntax<'t>(&self, yaml: &'t str, toml: &'t str) -> &'t str {
+        if self.file.format == crate::source::Format::Toml {
+            toml
+        } else {
+            yaml
+        }
+    }
+
     fn check_all(&mut self, validator: &mut Validator) -> graph::Graph {
         self.check_name();
         self.check_inputs();

@@ -168,11 +168,33 @@ impl Checker<'_> {
             );
         }
         match self.analyzer.template(self.file, span, text) {
-            Ok(refs) => self.references(&refs, scope),
+            Ok(refs) => {
+                self.check_filters(text, span, false);
+                self.references(&refs, scope)
+            }
             Err(d) => {
                 self.push(d);
                 Vec::new()
             }
+        }
+    }
+
+    /// Reports filters that do not exist, which minijinja would find only when it renders.
+    fn check_filters(&mut self, text: &str, span: Span, expression: bool) {
+        if !text.contains('|') {
+            return;
+        }
+        for (range, name, hint) in self.analyzer.unknown_filters(text, expression) {
+            let at = crate::validate::templates::locate(self.file, span, text, range);
+            self.push(
+                Diagnostic::error(
+                    codes::UNKNOWN_FILTER,
+                    at,
+                    format!("unknown filter `{name}`"),
+                )
+                .with_hint_opt(hint)
+                .with_hint("see the filters in docs/spec.md (templates and expressions)"),
+            );
         }
     }
 
@@ -183,7 +205,10 @@ impl Checker<'_> {
 
     pub fn expression_at(&mut self, text: &str, span: Span, scope: &Scope<'_>) -> Vec<Dep> {
         match self.analyzer.expression(self.file, span, text) {
-            Ok(refs) => self.references(&refs, scope),
+            Ok(refs) => {
+                self.check_filters(text, span, true);
+                self.references(&refs, scope)
+            }
             Err(d) => {
                 self.push(d);
                 Vec::new()
@@ -210,9 +235,10 @@ impl Checker<'_> {
                     r.span_of(1),
                     "`matrix` is only defined in a step with `matrix`",
                 )
-                .with_hint(
+                .with_hint(self.syntax(
                     "add `matrix:` to this step, or read the value from `steps.<id>.output`",
-                ),
+                    "add `matrix` to this step, or read the value from `steps.<id>.output`",
+                )),
             );
             return;
         };
@@ -273,9 +299,11 @@ impl Checker<'_> {
                             format!("unknown input `{name}`"),
                         )
                         .with_hint_opt(suggest::did_you_mean(name, known.iter().copied()))
-                        .with_hint(format!(
-                            "declare it under `inputs:`, for example `{name}: {{ type: string }}`"
-                        )),
+                        .with_hint(if self.file.format == crate::source::Format::Toml {
+                            format!("declare it under `[inputs]`, for example `{name} = {{ type = \"string\" }}`")
+                        } else {
+                            format!("declare it under `inputs:`, for example `{name}: {{ type: string }}`")
+                        }),
                     );
                 }
                 None
@@ -294,9 +322,16 @@ impl Checker<'_> {
                     let known: Vec<&str> =
                         self.spec.secrets.iter().map(|s| s.value.as_str()).collect();
                     self.push(
-                        Diagnostic::error(codes::UNKNOWN_SECRET, r.span_of(2), format!("unknown secret `{name}`"))
-                            .with_hint_opt(suggest::did_you_mean(name, known.iter().copied()))
-                            .with_hint(format!("declare it under `secrets:` (read from the environment variable `{name}`)")),
+                        Diagnostic::error(
+                            codes::UNKNOWN_SECRET,
+                            r.span_of(2),
+                            format!("unknown secret `{name}`"),
+                        )
+                        .with_hint_opt(suggest::did_you_mean(name, known.iter().copied()))
+                        .with_hint(format!(
+                            "declare it under `{}` (read from the environment variable `{name}`)",
+                            self.syntax("secrets:", "secrets = [...]")
+                        )),
                     );
                 }
                 None
@@ -324,9 +359,10 @@ impl Checker<'_> {
                         r.span_of(1),
                         format!("`{}` is only defined in a step with `foreach`", r.root()),
                     )
-                    .with_hint(
+                    .with_hint(self.syntax(
                         "add `foreach:` to this step, or read the value from `steps.<id>.output`",
-                    ),
+                        "add `foreach` to this step, or read the value from `steps.<id>.output`",
+                    )),
                 );
                 None
             }

@@ -4,7 +4,8 @@ use crate::diagnostic::{Diagnostic, codes};
 use crate::source::Span;
 use indexmap::IndexMap;
 
-use crate::spec::{Body, Node, Spanned, Step};
+use crate::source::Format;
+use crate::spec::{Body, Fallback, Node, Spanned, Step};
 use crate::validate::graph::{self, Graph};
 use crate::validate::refs::{Dep, Scope, StepTable};
 use crate::validate::{Checker, MAX_COMBINATIONS, Validator, suggest};
@@ -28,8 +29,12 @@ impl Checker<'_> {
         if self.spec.steps.is_empty() && self.raw_step_count == 0 {
             let at = self.steps_key.unwrap_or(Span::new(self.file.id, 0, 0));
             self.push(
-                Diagnostic::error(codes::EMPTY_WORKFLOW, at, "workflow has no steps")
-                    .with_hint("add at least one step under `steps:`"),
+                Diagnostic::error(codes::EMPTY_WORKFLOW, at, "workflow has no steps").with_hint(
+                    self.syntax(
+                        "add at least one step under `steps:`",
+                        "add at least one `[[steps]]` table",
+                    ),
+                ),
             );
         }
         let raw_ids = std::mem::take(&mut self.raw_step_ids);
@@ -150,9 +155,10 @@ impl Checker<'_> {
                     n.span,
                     "`max_parallel` has no effect without `foreach` or `matrix`",
                 )
-                .with_hint(
+                .with_hint(self.syntax(
                     "remove it, or add `foreach:`; the run-wide limit is `defaults.max_parallel`",
-                ),
+                    "remove it, or add `foreach`; the run-wide limit is `max_parallel` in `[defaults]`",
+                )),
             ),
             (Some(n), true) if n.value == 0 => self.push(Diagnostic::error(
                 codes::INVALID_VALUE,
@@ -173,7 +179,12 @@ impl Checker<'_> {
             deps.extend(self.value(value, &own));
         }
         if let Some(fallback) = &step.fallback {
-            if let Some(on_error) = &fallback.on_error {
+            let scoped = self.check_toml_scope(step, fallback);
+            if let Some(on_error) = fallback
+                .on_error
+                .as_ref()
+                .filter(|_| !scoped.contains(&"on_error"))
+            {
                 self.push(
                     Diagnostic::warning(
                         codes::INEFFECTIVE_FIELD,
@@ -186,6 +197,60 @@ impl Checker<'_> {
             deps.extend(self.check_body(fallback.body(), step.id.span, &inside, validator));
         }
         deps
+    }
+
+    /// In TOML, the keys a step and its fallback share, written after a `[steps.fallback]` header, are
+    /// the fallback's: a `retry` meant for the step, written below the header, silently retried only the
+    /// fallback. Warns about each one the step does not also set; returns the keys it warned about.
+    fn check_toml_scope(&mut self, step: &Step, fallback: &Fallback) -> Vec<&'static str> {
+        if self.file.format != Format::Toml {
+            return Vec::new();
+        }
+        let shared: [(&str, Option<Span>, bool); 4] = [
+            (
+                "retry",
+                fallback.retry.as_ref().map(|r| r.attempts.span),
+                step.retry.is_some(),
+            ),
+            (
+                "timeout",
+                fallback.timeout.as_ref().map(|t| t.span),
+                step.timeout.is_some(),
+            ),
+            (
+                "on_error",
+                fallback.on_error.as_ref().map(|o| o.span),
+                step.on_error.is_some(),
+            ),
+            (
+                "idempotent",
+                fallback.idempotent.as_ref().map(|i| i.span),
+                step.idempotent.is_some(),
+            ),
+        ];
+        let mut warned = Vec::new();
+        for (key, span, step_sets) in shared {
+            let Some(span) =
+                span.filter(|s| !step_sets && under_fallback_header(&self.file.text, s.start))
+            else {
+                continue;
+            };
+            self.push(
+                Diagnostic::warning(
+                    codes::TOML_TABLE_SCOPE,
+                    span,
+                    format!("`{key}` here belongs to `[steps.fallback]`, not to the step"),
+                )
+                .with_hint(crate::validate::structure::toml_scope_hint(key))
+                .with_hint(if key == "on_error" {
+                    "in a fallback it has no effect: the step's own `on_error` decides what its failure does".to_owned()
+                } else {
+                    format!("to give the fallback its own `{key}`, write the fallback inline: `fallback = {{ tool = \"...\", {key} = ... }}`")
+                }),
+            );
+            warned.push(key);
+        }
+        warned
     }
 
     /// A `foreach` list or a `matrix` value: an expression, or a list written out whose strings are
@@ -228,7 +293,10 @@ impl Checker<'_> {
         if matrix.is_empty() {
             self.push(
                 Diagnostic::error(codes::INVALID_VALUE, step.id.span, "`matrix` has no lists")
-                    .with_hint("give each name a list, such as `matrix: { os: [linux, mac] }`"),
+                    .with_hint(self.syntax(
+                        "give each name a list, such as `matrix: { os: [linux, mac] }`",
+                        "give each name a list, such as `matrix = { os = [\"linux\", \"mac\"] }`",
+                    )),
             );
         }
         let mut deps = Vec::new();
@@ -291,7 +359,7 @@ impl Checker<'_> {
         match kinds.as_slice() {
             [] if body.description.is_none() => self.push(
                 Diagnostic::error(codes::MISSING_STEP_KIND, anchor, "step does not say what to do")
-                    .with_hint("add `tool:` (with `with:`), `goal:`, `plan:` or `workflow:`, or a `description:` for the LLM to act on"),
+                    .with_hint(self.syntax("add `tool:` (with `with:`), `goal:`, `plan:` or `workflow:`, or a `description:` for the LLM to act on", "add `tool = \"...\"` (with `with = { ... }`), `goal`, `plan` or `workflow`, or a `description` for the LLM to act on")),
             ),
             [_, second, ..] => {
                 let names: Vec<&str> = kinds.iter().map(|(k, _)| *k).collect();
@@ -413,4 +481,24 @@ impl Checker<'_> {
             );
         }
     }
+}
+
+/// Whether the nearest table header before `at` in a TOML text is `[steps.fallback]` (or a composite
+/// tool's `[tools.<name>.steps.fallback]`): a key there was written under that header, not inline.
+fn under_fallback_header(text: &str, at: u32) -> bool {
+    let before = text.get(..at as usize).unwrap_or_default();
+    before
+        .lines()
+        .rev()
+        .map(str::trim_start)
+        .find(|line| line.starts_with('['))
+        .is_some_and(|header| {
+            let name = header
+                .trim_start_matches('[')
+                .split(']')
+                .next()
+                .unwrap_or_default();
+            let parts: Vec<&str> = name.split('.').map(str::trim).collect();
+            parts.ends_with(&["steps", "fallback"])
+        })
 }

@@ -14,8 +14,13 @@ use crate::validate::shape::{Additional, Shape, ShapeId, Shapes, Typed};
 use crate::validate::suggest;
 
 /// Checks `root` against the workflow schema. Returns the tree without the values it reported (borrowed
-/// when nothing was reported), or None if the root itself is unusable.
-pub fn check<'n>(root: &'n Node, diagnostics: &mut Vec<Diagnostic>) -> Option<Cow<'n, Node>> {
+/// when nothing was reported), or None if the root itself is unusable. `toml`: the file is TOML, so hints
+/// are written in TOML.
+pub fn check<'n>(
+    root: &'n Node,
+    toml: bool,
+    diagnostics: &mut Vec<Diagnostic>,
+) -> Option<Cow<'n, Node>> {
     let shapes = Shapes::workflow();
     let cx = Context {
         def: "Spec",
@@ -26,6 +31,7 @@ pub fn check<'n>(root: &'n Node, diagnostics: &mut Vec<Diagnostic>) -> Option<Co
         shapes,
         diagnostics: Some(&mut found),
         prune: false,
+        toml,
     }
     .check(root, shapes.root, &cx);
     let clean = found.is_empty();
@@ -39,6 +45,7 @@ pub fn check<'n>(root: &'n Node, diagnostics: &mut Vec<Diagnostic>) -> Option<Co
         shapes,
         diagnostics: None,
         prune: true,
+        toml,
     }
     .check(root, shapes.root, &cx)
     .map(Cow::Owned)
@@ -50,6 +57,8 @@ struct Walker<'a> {
     diagnostics: Option<&'a mut Bounded>,
     /// Build the pruned copy; the first, checking-only walk returns cheap placeholders instead.
     prune: bool,
+    /// The file is TOML: hints show TOML.
+    toml: bool,
 }
 
 /// Where a value sits: the schema definition being checked and the key it was found under.
@@ -245,7 +254,7 @@ impl Walker<'_> {
                             article(noun(cx.def))
                         ),
                     )
-                    .with_hint(missing_key_hint(cx.def, name)),
+                    .with_hint(missing_key_hint(cx.def, name, self.toml)),
                 );
                 broken = true;
             }
@@ -259,6 +268,12 @@ impl Walker<'_> {
             key.span,
             format!("unknown key `{}` in {}", key.name, article(noun(cx.def))),
         );
+        // In TOML, every key after a `[steps.fallback]` header belongs to the fallback, up to the next
+        // header: a step's key written there lands in the fallback.
+        if self.toml && cx.def == "Fallback" && step_keys().contains(&key.name) {
+            self.report(d.with_hint(toml_scope_hint(&key.name)));
+            return;
+        }
         d = match suggest::did_you_mean(&key.name, candidates.iter().copied()) {
             Some(hint) => d.with_hint(hint),
             None if !candidates.is_empty() && candidates.len() <= 12 => {
@@ -347,7 +362,7 @@ impl Walker<'_> {
                 node.type_name()
             ),
         );
-        if let Some(hint) = type_hint(cx.key, &expected, node) {
+        if let Some(hint) = type_hint(cx.key, &expected, node, self.toml) {
             d = d.with_hint(hint);
         }
         self.report(d);
@@ -381,14 +396,22 @@ fn article(noun: &str) -> String {
     format!("{} {noun}", if an { "an" } else { "a" })
 }
 
-fn type_hint(key: Option<&str>, expected: &[&str], node: &Node) -> Option<String> {
+fn type_hint(key: Option<&str>, expected: &[&str], node: &Node, toml: bool) -> Option<String> {
     let is_duration = matches!(key, Some("timeout" | "delay" | "max_delay"));
     match (expected, &node.kind) {
+        (["string"], NodeKind::Int(_) | NodeKind::Float(_)) if is_duration && toml => {
+            Some(format!(
+                "durations are strings with a unit, such as `\"{}s\"` or `\"500ms\"`",
+                node.to_json()
+            ))
+        }
         (["string"], NodeKind::Int(_) | NodeKind::Float(_)) if is_duration => Some(format!(
             "durations are strings with a unit, such as `{}s` or `500ms`",
             node.to_json()
         )),
+        (["array"], NodeKind::Str(s)) if toml => Some(format!("write a list: `[\"{s}\"]`")),
         (["array"], NodeKind::Str(s)) => Some(format!("write a list: `[{s}]`")),
+        (["string"], NodeKind::Map(_)) if toml => None,
         (["string"], NodeKind::Map(_)) if matches!(key, Some("if" | "foreach")) => Some(
             "write the expression as a string; quote it if it starts with `{` or `[`".to_owned(),
         ),
@@ -399,7 +422,23 @@ fn type_hint(key: Option<&str>, expected: &[&str], node: &Node) -> Option<String
     }
 }
 
-fn missing_key_hint(def: &str, name: &str) -> String {
+fn missing_key_hint(def: &str, name: &str, toml: bool) -> String {
+    if toml {
+        return match (def, name) {
+            ("Step", "id") => "give every step a unique `id` such as `id = \"fetch\"`".to_owned(),
+            ("Spec", "steps") => "a workflow needs at least one `[[steps]]` table".to_owned(),
+            ("Rule", "on") => {
+                "say when the rule applies, for example `on = \"before_tool\"`".to_owned()
+            }
+            ("Rule", "action") => {
+                "say what the rule does: `allow`, `deny`, `ask`, `redact` or `log`".to_owned()
+            }
+            ("ProviderDef", "kind") => {
+                "set `kind` to `\"openai\"`, `\"anthropic\"`, `\"gemini\"` or `\"mock\"`".to_owned()
+            }
+            _ => format!("add `{name}`"),
+        };
+    }
     match (def, name) {
         ("Step", "id") => "give every step a unique `id` such as `id: fetch`".to_owned(),
         ("Spec", "steps") => "a workflow needs a `steps:` list, even if it has one step".to_owned(),
@@ -412,4 +451,23 @@ fn missing_key_hint(def: &str, name: &str) -> String {
         }
         _ => format!("add `{name}`"),
     }
+}
+
+/// The keys of a step, which a fallback does not have.
+fn step_keys() -> &'static [String] {
+    static KEYS: std::sync::OnceLock<Vec<String>> = std::sync::OnceLock::new();
+    KEYS.get_or_init(|| {
+        let schema = crate::spec::schema::workflow_schema();
+        schema["$defs"]["Step"]["properties"]
+            .as_object()
+            .map(|keys| keys.keys().filter(|k| *k != "fallback").cloned().collect())
+            .unwrap_or_default()
+    })
+}
+
+/// How TOML's tables place a key written after `[steps.fallback]`.
+pub fn toml_scope_hint(key: &str) -> String {
+    format!(
+        "in TOML, every key after a `[steps.fallback]` header belongs to the fallback, up to the next header: `{key}` here is the fallback's, not the step's; move it above the `[steps.fallback]` table"
+    )
 }

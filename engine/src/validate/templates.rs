@@ -55,8 +55,137 @@ impl Default for Analyzer {
     fn default() -> Self {
         let mut env = Environment::new();
         env.set_undefined_behavior(minijinja::UndefinedBehavior::Strict);
+        // Archon's own filters (`run::render::Renderer` registers them), known here by name.
+        for name in ARCHON_FILTERS {
+            env.add_filter(*name, |value: minijinja::Value| value);
+        }
         Analyzer { env }
     }
+}
+
+/// The filters Archon adds to minijinja's.
+pub const ARCHON_FILTERS: &[&str] = &["shell_quote"];
+
+/// Filter names a misspelled one is compared with (whether a name is a filter is asked of minijinja).
+const COMMON_FILTERS: &[&str] = &[
+    "abs",
+    "attr",
+    "batch",
+    "bool",
+    "capitalize",
+    "count",
+    "default",
+    "dictsort",
+    "escape",
+    "first",
+    "float",
+    "format",
+    "groupby",
+    "indent",
+    "int",
+    "items",
+    "join",
+    "last",
+    "length",
+    "lines",
+    "list",
+    "lower",
+    "map",
+    "max",
+    "min",
+    "pprint",
+    "reject",
+    "rejectattr",
+    "replace",
+    "reverse",
+    "round",
+    "safe",
+    "select",
+    "selectattr",
+    "shell_quote",
+    "slice",
+    "sort",
+    "split",
+    "string",
+    "sum",
+    "title",
+    "tojson",
+    "trim",
+    "unique",
+    "upper",
+    "urlencode",
+];
+
+impl Analyzer {
+    /// The filters `text` applies (`| name`) that do not exist, each with its byte range in `text` and a
+    /// "did you mean". `expression`: the whole text is one expression, not a template. minijinja looks a
+    /// filter up only when it renders, so without this a misspelled one failed its step at run time.
+    pub fn unknown_filters(
+        &self,
+        text: &str,
+        expression: bool,
+    ) -> Vec<(std::ops::Range<usize>, String, Option<String>)> {
+        let bytes = text.as_bytes();
+        let codes: Vec<std::ops::Range<usize>> = if expression {
+            std::iter::once(0..text.len()).collect()
+        } else {
+            tags(bytes).collect()
+        };
+        let mut unknown = Vec::new();
+        for code in codes {
+            for name in filter_names(bytes, code) {
+                let written = &text[name.clone()];
+                if !self.is_filter(written) {
+                    let hint =
+                        super::suggest::did_you_mean(written, COMMON_FILTERS.iter().copied());
+                    unknown.push((name, written.to_owned(), hint));
+                }
+            }
+        }
+        unknown
+    }
+
+    fn is_filter(&self, name: &str) -> bool {
+        COMMON_FILTERS.contains(&name)
+            || !matches!(
+                self.env
+                    .render_str(&format!("{{{{ none | {name} }}}}"), ())
+                    .map_err(|e| e.kind()),
+                Err(minijinja::ErrorKind::UnknownFilter)
+            )
+    }
+}
+
+/// The byte ranges of the names after each `|` in `code` (one tag or expression), string literals left out.
+fn filter_names(bytes: &[u8], code: std::ops::Range<usize>) -> Vec<std::ops::Range<usize>> {
+    let mut names = Vec::new();
+    let mut i = code.start;
+    while i < code.end {
+        match bytes[i] {
+            quote @ (b'"' | b'\'') => {
+                i = string_end(&bytes[..code.end], i, quote);
+                continue;
+            }
+            b'|' => {
+                let mut start = i + 1;
+                while start < code.end && bytes[start].is_ascii_whitespace() {
+                    start += 1;
+                }
+                let len = bytes[start..code.end]
+                    .iter()
+                    .take_while(|b| b.is_ascii_alphanumeric() || **b == b'_')
+                    .count();
+                if len > 0 && !bytes[start].is_ascii_digit() {
+                    names.push(start..start + len);
+                }
+                i = start + len.max(1);
+                continue;
+            }
+            _ => {}
+        }
+        i += 1;
+    }
+    names
 }
 
 impl std::fmt::Debug for Analyzer {

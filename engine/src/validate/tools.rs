@@ -86,7 +86,10 @@ impl Checker<'_> {
                             schema.span,
                             "tool `parameters` must be an object schema",
                         )
-                        .with_hint("write `type: object` with `properties:` for each argument"),
+                        .with_hint(self.syntax(
+                            "write `type: object` with `properties:` for each argument",
+                            "write `type = \"object\"` with a `properties` table for each argument",
+                        )),
                     );
                 }
                 schema
@@ -299,7 +302,7 @@ impl Checker<'_> {
                     format!("unknown tool `{name}`"),
                 )
                 .with_hint_opt(suggest::did_you_mean(name, names.iter().copied()))
-                .with_hint("declare it under `tools:`, or use a built-in tool (see docs/tools.md)"),
+                .with_hint(self.syntax("declare it under `tools:`, or use a built-in tool (see docs/tools.md)", "declare it in a `[tools.<name>]` table, or use a built-in tool (see docs/tools.md)")),
             );
             None
         };
@@ -352,9 +355,15 @@ impl Checker<'_> {
                 first.span,
                 format!("`{path}` is pasted into a shell command line, where the shell parses whatever it holds"),
             )
-            .with_hint(format!(
-                "quote it as one word: `{{{{ {path} | shell_quote }}}}`, or pass it as an argument: `tool: exec` with `argv: [sh, -c, 'your command \"$1\"', sh, \"{{{{ {path} }}}}\"]`"
-            )),
+            .with_hint(if self.file.format == crate::source::Format::Toml {
+                format!(
+                    "quote it as one word: `{{{{ {path} | shell_quote }}}}`, or pass it as an argument: `tool = \"exec\"` with `argv = [\"sh\", \"-c\", 'your command \"$1\"', \"sh\", \"{{{{ {path} }}}}\"]`"
+                )
+            } else {
+                format!(
+                    "quote it as one word: `{{{{ {path} | shell_quote }}}}`, or pass it as an argument: `tool: exec` with `argv: [sh, -c, 'your command \"$1\"', sh, \"{{{{ {path} }}}}\"]`"
+                )
+            }),
         );
     }
 
@@ -509,7 +518,7 @@ impl Checker<'_> {
             code: codes::UNKNOWN_TOOL,
             known_elsewhere: mcp_tool,
             open_ended: mcp_servers,
-            hint: Some("declare it under `tools:`, or use a built-in tool (see docs/tools.md)"),
+            hint: Some(self.syntax("declare it under `tools:`, or use a built-in tool (see docs/tools.md)", "declare it in a `[tools.<name>]` table, or use a built-in tool (see docs/tools.md)")),
         };
         self.check_name_pattern(pattern, &names, &kind);
     }
