@@ -242,6 +242,16 @@ fn completions_cover_every_subcommand() {
         Vec::<&String>::new(),
         "absent from the bash script"
     );
+    assert!(
+        !bash.contains("__jq") && !bash.contains("__render"),
+        "the internal helpers are not offered"
+    );
+    assert!(
+        bash.contains("--color")
+            && bash.contains("--older-than")
+            && bash.contains("waiting_approval"),
+        "options and their values are completed"
+    );
     let script = dir.path().join("archon.bash");
     std::fs::write(&script, &bash).expect("write");
     let checked = std::process::Command::new("bash")
@@ -259,6 +269,7 @@ fn completions_cover_every_subcommand() {
         for command in &commands {
             assert!(script.contains(command.as_str()), "{shell}: {command}");
         }
+        assert!(!script.contains("__render"), "{shell}");
     }
     let out = archon(dir.path(), &["completions", "tcsh"]);
     assert_eq!(out.code, 2);
