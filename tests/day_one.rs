@@ -242,6 +242,16 @@ fn completions_cover_every_subcommand() {
         Vec::<&String>::new(),
         "absent from the bash script"
     );
+    assert!(
+        !bash.contains("__jq") && !bash.contains("__render"),
+        "the internal helpers are not offered"
+    );
+    assert!(
+        bash.contains("--color")
+            && bash.contains("--older-than")
+            && bash.contains("waiting_approval"),
+        "options and their values are completed"
+    );
     let script = dir.path().join("archon.bash");
     std::fs::write(&script, &bash).expect("write");
     let checked = std::process::Command::new("bash")
@@ -259,6 +269,7 @@ fn completions_cover_every_subcommand() {
         for command in &commands {
             assert!(script.contains(command.as_str()), "{shell}: {command}");
         }
+        assert!(!script.contains("__render"), "{shell}");
     }
     let out = archon(dir.path(), &["completions", "tcsh"]);
     assert_eq!(out.code, 2);
@@ -298,6 +309,8 @@ fn version_says_what_a_bug_report_needs() {
     insta::with_settings!({ filters => vec![
         (r"(?m)^(target|profile|rustc)( +).*$", "$1$2[..]"),
         (r"archon \d+\.\d+\.\d+", "archon [VERSION]"),
+        // Checked above against the engine's own number, which a new migration raises.
+        (r"(?m)^store schema   \d+$", "store schema   [N]"),
     ]}, {
         insta::assert_snapshot!("version", text);
     });
@@ -490,12 +503,22 @@ fn prune_deletes_old_finished_runs_completely_and_nothing_else() {
 
     // A dry run says what it would delete, and deletes nothing.
     let db = std::fs::read(dir.join(".archon/state.db")).expect("read");
-    insta::assert_snapshot!(ok(dir, &["prune", "--older-than", "1d", "--dry-run"]), @r"
+    let dry = ok(dir, &["prune", "--older-than", "1d", "--dry-run"]);
+    // The records' size: `grow`'s 70 KB output kept apart, its other records and the other runs'.
+    let kib: f64 = dry
+        .rsplit(": ")
+        .next()
+        .and_then(|s| s.strip_suffix(" KiB of records\n"))
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("a size: {dry}"));
+    assert!((100.0..200.0).contains(&kib), "{dry}");
+    let size = |text: &str| text.replace(&format!("{kib:.1} KiB"), "[SIZE]");
+    insta::assert_snapshot!(size(&dry), @r"
     RUN                  WORKFLOW  STATUS     FINISHED
     r6b04aac55d5f45ca31  pipeline  succeeded  2026-11-23T21:06:13Z
     r6b04aac55d6214c756  broken    failed     2026-11-23T21:06:13Z
     r6b04aac55d6864616e  grow      succeeded  2026-11-23T21:06:14Z
-    would delete 3 runs that ended more than 1d ago: 143.6 KiB of records
+    would delete 3 runs that ended more than 1d ago: [SIZE] of records
     ");
     assert_eq!(run_ids(dir).len(), 6);
     assert_eq!(
@@ -504,12 +527,17 @@ fn prune_deletes_old_finished_runs_completely_and_nothing_else() {
         "a dry run changes nothing"
     );
 
-    insta::assert_snapshot!(ok(dir, &["prune", "--older-than", "1d"]), @r"
+    let done = ok(dir, &["prune", "--older-than", "1d"]);
+    assert!(
+        done.contains(&format!(": {kib:.1} KiB of records")),
+        "{done}"
+    );
+    insta::assert_snapshot!(size(&done), @r"
     RUN                  WORKFLOW  STATUS     FINISHED
     r6b04aac55d5f45ca31  pipeline  succeeded  2026-11-23T21:06:13Z
     r6b04aac55d6214c756  broken    failed     2026-11-23T21:06:13Z
     r6b04aac55d6864616e  grow      succeeded  2026-11-23T21:06:14Z
-    deleted 3 runs that ended more than 1d ago: 143.6 KiB of records (the database file keeps its size; new runs reuse the space)
+    deleted 3 runs that ended more than 1d ago: [SIZE] of records (the database file keeps its size; new runs reuse the space)
     ");
     let pruned = [&old[1], &old[3], &old[4]];
     // The waiting and the interrupted run stay, and so does the new one, exactly as it was.

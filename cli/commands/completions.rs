@@ -7,7 +7,13 @@ use crate::args::{Cli, CompletionsArgs};
 use crate::output;
 
 pub fn completions(args: &CompletionsArgs) -> anyhow::Result<Status> {
-    let mut command = Cli::command();
+    // clap_complete offers hidden subcommands too: the internal helpers (`__jq`, `__render`) are left out
+    // of the command the script is made from.
+    let cli = Cli::command();
+    let mut command = clap::Command::new("archon")
+        .version(env!("CARGO_PKG_VERSION"))
+        .args(cli.get_arguments().cloned())
+        .subcommands(cli.get_subcommands().filter(|s| !s.is_hide_set()).cloned());
     output::stdout_with(|out| {
         clap_complete::generate(args.shell, &mut command, "archon", out);
         Ok(())
