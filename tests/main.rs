@@ -5,6 +5,7 @@ mod architecture;
 mod cli;
 mod conformance;
 mod day_one;
+mod docs;
 mod durable;
 mod format;
 mod hardening;

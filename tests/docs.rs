@@ -1,0 +1,263 @@
+//! Every command the README and docs/cli.md show in a shell block runs as shown: for each document, in a
+//! scratch copy of the repository's example files, with `archon` on `PATH` (and `cargo run --` read as `archon`), one block after
+//! another as a reader would type them (with the scratch directory as `HOME`), each command exiting with
+//! status 0 unless its line says otherwise with a trailing `# exit N`. Besides `archon` (and the library's
+//! example), a block may only make a directory (`mkdir -p`).
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use crate::support::root;
+
+/// The documents whose shell blocks are run, in the order a reader meets them.
+const DOCUMENTS: &[&str] = &["README.md", "docs/cli.md"];
+
+/// Commands shown that this test cannot run, each with the reason. Anything else that is shown runs.
+const NOT_RUN: &[(&str, &str)] = &[
+    (
+        "cargo test --workspace --locked",
+        "it is the command that runs this test",
+    ),
+    (
+        "cargo install --locked --path .",
+        "it builds a release binary into ~/.cargo/bin; `archon` on PATH stands for it here",
+    ),
+];
+
+/// A command shown in a shell block.
+#[derive(Debug)]
+struct Shown {
+    document: &'static str,
+    line: usize,
+    command: String,
+    exit: i32,
+}
+
+/// The commands of the ```sh blocks of `text`: comment lines and blank lines are left out, a line ending in
+/// `\` goes on with the next, and a trailing `# exit N` gives the status the command ends with.
+fn shown(document: &'static str, text: &str) -> Vec<Shown> {
+    let mut commands = Vec::new();
+    let mut in_block = false;
+    let mut pending: Option<(usize, String)> = None;
+    for (index, line) in text.lines().enumerate() {
+        let trimmed = line.trim();
+        if !in_block {
+            in_block = trimmed == "```sh";
+            continue;
+        }
+        if trimmed == "```" {
+            assert!(
+                pending.is_none(),
+                "{document}:{}: a command ends with `\\` at the end of its block",
+                index + 1
+            );
+            in_block = false;
+            continue;
+        }
+        if pending.is_none() && (trimmed.is_empty() || trimmed.starts_with('#')) {
+            continue;
+        }
+        let (start, mut command) = pending.take().unwrap_or((index + 1, String::new()));
+        if let Some(head) = trimmed.strip_suffix('\\') {
+            command.push_str(head);
+            pending = Some((start, command));
+            continue;
+        }
+        command.push_str(trimmed);
+        let (command, comment) = split_comment(&command);
+        let exit = match comment.and_then(|c| c.strip_prefix("exit ")) {
+            Some(code) => code
+                .trim()
+                .parse()
+                .unwrap_or_else(|_| panic!("{document}:{start}: `# exit {code}` is not a status")),
+            None => 0,
+        };
+        commands.push(Shown {
+            document,
+            line: start,
+            command,
+            exit,
+        });
+    }
+    assert!(!in_block, "{document}: a ```sh block is not closed");
+    commands
+}
+
+/// A command line and its trailing comment (`# ...` after white space, outside quotes), if any.
+fn split_comment(line: &str) -> (String, Option<&str>) {
+    let mut quote = None;
+    let mut previous = ' ';
+    for (at, c) in line.char_indices() {
+        match (quote, c) {
+            (None, '\'' | '"') => quote = Some(c),
+            (Some(open), _) if c == open => quote = None,
+            (None, '#') if previous.is_whitespace() => {
+                return (
+                    line[..at].trim_end().to_owned(),
+                    Some(line[at + 1..].trim()),
+                );
+            }
+            _ => {}
+        }
+        previous = c;
+    }
+    (line.to_owned(), None)
+}
+
+fn every_shown_command() -> Vec<Shown> {
+    DOCUMENTS
+        .iter()
+        .flat_map(|document| {
+            let text = std::fs::read_to_string(root().join(document))
+                .unwrap_or_else(|e| panic!("cannot read {document}: {e}"));
+            shown(document, &text)
+        })
+        .collect()
+}
+
+/// A scratch directory laid out like the repository where the docs' commands are typed: the example
+/// workflows and the schema, and a `bin/archon` that is the binary under test.
+fn scratch() -> (tempfile::TempDir, PathBuf) {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    for folder in ["workflows", "schemas"] {
+        copy_tree(&root().join(folder), &dir.path().join(folder));
+    }
+    let bin = dir.path().join("bin");
+    std::fs::create_dir(&bin).expect("bin");
+    std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_archon"), bin.join("archon")).expect("link");
+    (dir, bin)
+}
+
+fn copy_tree(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).expect("create");
+    for entry in std::fs::read_dir(from).expect("read_dir") {
+        let entry = entry.expect("entry");
+        let target = to.join(entry.file_name());
+        if entry.file_type().expect("type").is_dir() {
+            copy_tree(&entry.path(), &target);
+        } else {
+            std::fs::copy(entry.path(), &target).expect("copy");
+        }
+    }
+}
+
+/// The example program `name`, which `cargo test` builds beside the test binary; outside CI a narrower
+/// build (`cargo test --test main`) may not have built it, and its command is skipped, saying so.
+#[allow(clippy::print_stderr)]
+fn example(name: &str) -> Option<PathBuf> {
+    let deps = std::env::current_exe().expect("the test binary");
+    let binary = deps
+        .parent()
+        .and_then(Path::parent)
+        .map(|profile| profile.join("examples").join(name))
+        .expect("the build directory");
+    if binary.is_file() {
+        return Some(binary);
+    }
+    assert!(
+        std::env::var("CI").as_deref() != Ok("true"),
+        "the example `{name}` was not built at `{}`: run the whole `cargo test --workspace`",
+        binary.display()
+    );
+    eprintln!("skipped: the example `{name}` is not built (`cargo test --workspace` builds it)");
+    None
+}
+
+#[test]
+fn every_command_in_the_readme_and_the_cli_reference_runs_as_shown() {
+    let commands = every_shown_command();
+    let mut skipped = Vec::new();
+    let mut ran = 0;
+    let mut scratches = std::collections::BTreeMap::new();
+    for shown in &commands {
+        // Each document is read from the start by a reader of its own, in a scratch directory of its own.
+        let (dir, bin) = scratches.entry(shown.document).or_insert_with(scratch);
+        let path = format!(
+            "{}:{}",
+            bin.display(),
+            std::env::var("PATH").unwrap_or_default()
+        );
+        if let Some((command, _)) = NOT_RUN.iter().find(|(c, _)| *c == shown.command) {
+            skipped.push(*command);
+            continue;
+        }
+        let typed = if let Some(rest) = shown.command.strip_prefix("cargo run -- ") {
+            format!("archon {rest}")
+        } else if let Some(rest) = shown.command.strip_prefix("cargo run --example ") {
+            let (name, args) = rest.split_once(" -- ").unwrap_or((rest, ""));
+            match example(name) {
+                Some(binary) => format!("{} {args}", binary.display()),
+                None => continue,
+            }
+        } else {
+            shown.command.clone()
+        };
+        assert!(
+            typed.starts_with("archon ")
+                || typed.contains("/examples/")
+                || typed.starts_with("mkdir -p "),
+            "{}:{}: `{}` is neither an `archon` command, `mkdir -p`, nor in NOT_RUN",
+            shown.document,
+            shown.line,
+            shown.command
+        );
+        let mut command = Command::new("sh");
+        command
+            .arg("-c")
+            .arg(&typed)
+            .current_dir(dir.path())
+            .env("PATH", &path)
+            .env("HOME", dir.path())
+            .env("NO_COLOR", "1")
+            .stdin(std::process::Stdio::null());
+        for (key, _) in std::env::vars() {
+            if key.ends_with("_API_KEY") || key.ends_with("_BASE_URL") || key.starts_with("ARCHON_")
+            {
+                command.env_remove(key);
+            }
+        }
+        let output = command.output().expect("sh runs");
+        assert_eq!(
+            output.status.code(),
+            Some(shown.exit),
+            "{}:{}: `{}` exited with {:?}, not {}\nstdout:\n{}\nstderr:\n{}",
+            shown.document,
+            shown.line,
+            shown.command,
+            output.status.code(),
+            shown.exit,
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        );
+        ran += 1;
+    }
+    // Every exception is still shown somewhere: a stale one would hide nothing, but says what is not run.
+    let mut listed: Vec<&str> = NOT_RUN.iter().map(|(c, _)| *c).collect();
+    listed.sort_unstable();
+    skipped.sort_unstable();
+    skipped.dedup();
+    assert_eq!(skipped, listed, "NOT_RUN lists commands no document shows");
+    assert!(
+        ran >= 10,
+        "only {ran} commands ran: the docs show more than that"
+    );
+}
+
+/// The shell blocks are read as a reader would: continuation lines joined, comments left out, exit
+/// statuses taken from the line.
+#[test]
+fn shell_blocks_are_read_line_by_line() {
+    let text = "text\n```sh\n# a comment\narchon validate \\\n  bad.yaml # exit 2\n\narchon runs  # what ran\narchon run x.yaml --input 'who=a # b'\n```\n```text\narchon not a command\n```\n";
+    let commands: Vec<(usize, String, i32)> = shown("doc.md", text)
+        .into_iter()
+        .map(|s| (s.line, s.command, s.exit))
+        .collect();
+    assert_eq!(
+        commands,
+        vec![
+            (4, "archon validate bad.yaml".to_owned(), 2),
+            (7, "archon runs".to_owned(), 0),
+            (8, "archon run x.yaml --input 'who=a # b'".to_owned(), 0),
+        ]
+    );
+}
