@@ -38,6 +38,7 @@ fn options(max_parallel: usize) -> RunOptions {
         checkpoints: Default::default(),
         approvals: Default::default(),
         helper: None,
+        cache: Default::default(),
     }
 }
 

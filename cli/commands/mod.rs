@@ -1,5 +1,6 @@
 //! One module per subcommand, and the exit statuses they share.
 
+mod cache;
 mod helper;
 mod llm;
 mod load;
@@ -12,7 +13,7 @@ mod validate;
 
 use std::process::ExitCode;
 
-use crate::args::{Cli, Command, LlmCommand};
+use crate::args::{CacheCommand, Cli, Command, LlmCommand};
 
 /// How a command ended, mapped to the documented exit codes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -55,6 +56,8 @@ pub fn run(cli: Cli) -> anyhow::Result<Status> {
         Command::Approve(args) => runs::approve(&args),
         Command::Resolve(args) => runs::resolve(&args),
         Command::Llm(LlmCommand::Ping(args)) => llm::ping(&args),
+        Command::Cache(CacheCommand::Ls(args)) => cache::ls(&args),
+        Command::Cache(CacheCommand::Clear(args)) => cache::clear(&args),
         Command::Schema => schema::run(),
         Command::Jq => helper::serve(archon_engine::tools::builtin::jq::serve),
         Command::Render => helper::serve(archon_engine::run::render::helper::serve),

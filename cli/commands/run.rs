@@ -230,6 +230,7 @@ pub fn execute(
         approver,
         cassette,
         helper: std::env::current_exe().ok(),
+        no_cache: args.no_cache,
     };
     // Registered before any step starts, so an early Ctrl-C or SIGTERM is never missed. Closing the
     // terminal (SIGHUP) stops the run like Ctrl-C: its commands are killed and the run is left
@@ -416,7 +417,7 @@ impl Display {
                     | RunEvent::ApprovalRequested { .. }
                     | RunEvent::ApprovalDecided { .. }
                     | RunEvent::StepResolved { .. } => text.push_str(&event_line(event)),
-                    RunEvent::PlanProposed { .. } => {}
+                    RunEvent::PlanProposed { .. } | RunEvent::StepCached { .. } => {}
                     RunEvent::LlmCallFailed { .. } => text.push_str(&event_line(event)),
                     RunEvent::LlmCall { .. }
                     | RunEvent::AgentAnswerRejected { .. }
@@ -559,6 +560,7 @@ fn raw_event_line(event: &RunEvent) -> String {
             format!("reused    {step} ({} earlier)\n", status.as_str())
         }
         RunEvent::StepResolved { .. } => format!("resolved  {}\n", crate::trail::describe(event).1),
+        RunEvent::StepCached { .. } => format!("cached    {}\n", crate::trail::describe(event).1),
         RunEvent::PlanProposed { step, text, .. } => {
             format!("proposed  {step}: {}\n", one_line(text))
         }

@@ -165,7 +165,7 @@ fn describe(session: &Session, run: &StoredRun) -> String {
         seen.insert(name.as_str());
         rows.push([
             name.clone(),
-            result.status.as_str().to_owned(),
+            cached_status(name, result, run),
             attempts
                 .get(name.as_str())
                 .copied()
@@ -416,13 +416,34 @@ fn refuse(message: &str, hint: &str) -> Status {
     Status::Invalid
 }
 
+/// A step's status, marked when its result (or some of its `foreach` items') came from the cache.
+fn cached_status(name: &str, result: &archon_engine::run::StepResult, run: &StoredRun) -> String {
+    let status = result.status.as_str();
+    if let Some(from) = &result.cached {
+        return format!("{status} (cached from {})", from.run);
+    }
+    let prefix = format!("{name}[");
+    let (items, cached) = run
+        .results
+        .iter()
+        .filter(|(item, _)| item.starts_with(&prefix))
+        .fold((0, 0), |(items, cached), (_, r)| {
+            (items + 1, cached + usize::from(r.cached.is_some()))
+        });
+    match cached {
+        0 => status.to_owned(),
+        _ if cached == items => format!("{status} (cached)"),
+        _ => format!("{status} ({cached} of {items} items cached)"),
+    }
+}
+
 /// A time as RFC 3339 (UTC, seconds).
-fn timestamp(ms: u64) -> String {
+pub(super) fn timestamp(ms: u64) -> String {
     let time = std::time::UNIX_EPOCH + std::time::Duration::from_millis(ms);
     humantime::format_rfc3339_seconds(time).to_string()
 }
 
-fn duration(ms: u64) -> String {
+pub(super) fn duration(ms: u64) -> String {
     if ms < 1000 {
         format!("{ms} ms")
     } else {
@@ -431,7 +452,7 @@ fn duration(ms: u64) -> String {
 }
 
 /// Columns padded to their widest cell.
-fn table<const N: usize>(header: &[&str; N], rows: &[[String; N]]) -> String {
+pub(super) fn table<const N: usize>(header: &[&str; N], rows: &[[String; N]]) -> String {
     let mut widths: Vec<usize> = header.iter().map(|h| h.len()).collect();
     for row in rows {
         for (width, cell) in widths.iter_mut().zip(row) {

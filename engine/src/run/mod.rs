@@ -17,6 +17,6 @@ pub use crate::report::{
     ApprovalDecision, ApprovalRequest, LlmUsage, REPORT_VERSION, RunEvent, RunReport, RunStatus,
     StepResult, StepStatus,
 };
-pub use options::{Approvals, Approver, Cassette, MAX_DEPTH, RunOptions};
+pub use options::{Approvals, Approver, Cassette, MAX_DEPTH, Refresh, RunOptions, StepCache};
 pub use scheduler::{RunError, run};
 pub use unsupported::{Unsupported, unsupported_steps};

@@ -10,10 +10,10 @@ use minijinja::Value;
 use serde_json::{Map, Value as Json, json};
 use tokio::task::JoinSet;
 
-use super::call;
 use super::context::{Called, Failure, Shared, Steps, millis};
 use super::durable::{Record, persist};
 use super::gate::{self, Gate};
+use super::{cache, call};
 use crate::report::{LlmUsage, RunEvent, StepResult, StepStatus};
 use crate::run::render::{StepView, json_value, to_text};
 use crate::spec::{Backoff, Body, Retry, RetryOn, Step, Trigger};
@@ -193,6 +193,7 @@ fn gather(results: Vec<StepResult>) -> StepResult {
         llm,
         item: None,
         plan: None,
+        cached: None,
     }
 }
 /// Every attempt of the body, then the fallback if the last one failed. `label` names the step (or
@@ -214,12 +215,22 @@ async fn attempt_all(
         .retry
         .as_deref()
         .or_else(|| defaults.and_then(|d| d.retry.as_ref()));
+    // A step with `cache` whose call's key has a result is done: nothing is asked and nothing runs.
+    let cacheable = cache::prepare(shared, step, &ctx, item.as_ref().map(|(i, _)| i), &label).await;
+    if let Some(hit) = cacheable
+        .as_ref()
+        .and_then(|c| cache::hit(shared, step, c, &label))
+    {
+        return hit;
+    }
     if let Some(stopped) =
         before_step(shared, step, &label, &ctx, item.as_ref().map(|(i, _)| i)).await
     {
         return stopped;
     }
-    let (outcome, attempts) = with_retries(shared, &label, step.body(), None, retry, &ctx).await;
+    let rendered = cacheable.as_ref().and_then(|c| c.args.as_ref());
+    let (outcome, attempts) =
+        with_retries(shared, &label, step.body(), None, retry, &ctx, rendered).await;
     let outcome = match (outcome, &step.fallback) {
         // A cancelled run starts nothing new, fallbacks included.
         (Err(failure), Some(fallback))
@@ -236,13 +247,14 @@ async fn attempt_all(
                 Some(step.timeout.as_deref()),
                 fallback.retry.as_deref(),
                 &ctx,
+                None,
             )
             .await;
             fallback_outcome.map(|o| (o, true))
         }
         (outcome, _) => outcome.map(|o| (o, false)),
     };
-    match outcome {
+    let result = match outcome {
         Ok((
             Called {
                 output,
@@ -269,6 +281,7 @@ async fn attempt_all(
             llm,
             item: None,
             plan,
+            cached: None,
         },
         Err(failure) => StepResult {
             exit_code: failure.exit_code,
@@ -277,12 +290,17 @@ async fn attempt_all(
             llm: failure.llm.map(|u| *u),
             ..StepResult::ended(failure.status, Some(failure.message))
         },
+    };
+    if let Some(cacheable) = cacheable {
+        cache::keep(shared, step, cacheable, &label, &result);
     }
+    result
 }
 
 /// The attempts of a step's body, or of its fallback (`fallback`: the step's own `timeout`, which bounds
 /// the fallback when it has none of its own). The time limit of each attempt is the body's `timeout`, else
-/// (for a fallback) the step's, else `defaults.timeout`.
+/// (for a fallback) the step's, else `defaults.timeout`. `rendered`: the body's arguments, when they were
+/// rendered already (for the step's cache key).
 async fn with_retries(
     shared: &Shared,
     label: &str,
@@ -290,6 +308,7 @@ async fn with_retries(
     fallback: Option<Option<&crate::spec::Duration>>,
     retry: Option<&Retry>,
     ctx: &Value,
+    rendered: Option<&Json>,
 ) -> (Result<Called, Failure>, u32) {
     let attempts = retry.map_or(1, |r| r.attempts.value.max(1));
     let timeout = body
@@ -350,7 +369,7 @@ async fn with_retries(
         if llm_step {
             shared.llm.begin_step(label, model_time);
         }
-        let call = call::body(shared, label, body, ctx);
+        let call = call::body(shared, label, body, ctx, rendered);
         let outcome = match timeout {
             Some(limit) => match tokio::time::timeout(limit, call).await {
                 Ok(outcome) => outcome,
