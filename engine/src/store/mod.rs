@@ -100,7 +100,9 @@ pub enum Entry {
         step: String,
         source: String,
         result: std::sync::Arc<StepResult>,
-        expires_at: Option<u64>,
+        /// How long (milliseconds) from when it is written the result may be reused; `None`: until
+        /// cleared.
+        ttl_ms: Option<u64>,
     },
     /// The run ended (or was interrupted, when `status` is `interrupted`).
     RunEnded {

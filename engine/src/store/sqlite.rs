@@ -1589,7 +1589,7 @@ impl Writer {
                     step,
                     source,
                     result,
-                    expires_at,
+                    ttl_ms,
                 } => {
                     let output = |out: &mut dyn std::io::Write| {
                         serde_json::to_writer(out, &result.output).map_err(std::io::Error::from)
@@ -1629,7 +1629,8 @@ impl Writer {
                         text_blob,
                         size as i64,
                         now,
-                        expires_at.map(|e| e as i64),
+                        ttl_ms
+                            .map(|ttl| now.saturating_add(i64::try_from(ttl).unwrap_or(i64::MAX))),
                         FORMAT_VERSION
                     ])?;
                 }

@@ -268,7 +268,7 @@ impl Checker<'_> {
                     codes::CACHE_SENSITIVE,
                     cache.span,
                     format!(
-                        "step `{}` {why}, so `cache: true` could skip an effect someone wanted",
+                        "step `{}` {why}, so a result cached by the step's content could skip an effect someone wanted",
                         step.id.value
                     ),
                 )

@@ -134,16 +134,16 @@ pub(super) fn keep(
     }
     let mut kept = result.clone();
     shared.redactor.result(&mut kept);
-    let expires_at = cacheable.ttl.map(|ttl| {
-        crate::store::now_ms().saturating_add(u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX))
-    });
+    let ttl_ms = cacheable
+        .ttl
+        .map(|ttl| u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX));
     shared.options.journal.record(Entry::Cached {
         key: cacheable.key,
         workflow: shared.workflow.name.clone(),
         step: step.id.value.clone(),
         source: label.to_owned(),
         result: std::sync::Arc::new(kept),
-        expires_at,
+        ttl_ms,
     });
 }
 
