@@ -472,3 +472,34 @@ async fn an_llm_step_served_from_the_cache_does_not_call_its_model() {
     assert_eq!(third["steps"]["capital"]["cached"], Json::Null);
     assert_eq!(server.received_requests().await.expect("recorded").len(), 2);
 }
+
+#[test]
+fn a_cached_result_that_does_not_decode_is_reported_and_clear_removes_it() {
+    let dir = TempDir::new().expect("tempdir");
+    write(dir.path(), "counted.yaml", COUNTED);
+    ok(dir.path(), &["run", "counted.yaml"]);
+    let db = Connection::open(dir.path().join(".archon/state.db")).expect("db");
+    db.execute("UPDATE cache SET result = '{' WHERE step = 'greet'", [])
+        .expect("update");
+    drop(db);
+    let check = archon(dir.path(), &["runs", "--check"]);
+    assert_eq!(check.code, 1, "{}", check.stdout);
+    assert!(
+        check.stderr.contains("cache row `") && check.stderr.contains("does not decode"),
+        "{}",
+        check.stderr
+    );
+    // A run does not take a damaged entry for a miss: it says so, and how to go on.
+    let run = archon(dir.path(), &["run", "counted.yaml"]);
+    assert_eq!(run.code, 1, "{}", run.stderr);
+    assert!(
+        run.stderr
+            .contains("hint: `archon cache clear` removes the cached results"),
+        "{}",
+        run.stderr
+    );
+    assert_eq!(count(dir.path()), ["hello", "stamp"], "nothing ran");
+    ok(dir.path(), &["cache", "clear", "--step", "greet"]);
+    ok(dir.path(), &["run", "counted.yaml"]);
+    assert_eq!(count(dir.path()), ["hello", "stamp", "hello"]);
+}

@@ -158,22 +158,11 @@ CREATE INDEX logs_by_step ON logs(run_id, step, attempt);
 ",
     // Results of steps with `cache`, by the SHA-256 of what they depend on (`archon cache`). Large
     // outputs and texts live in `blobs`, as a run's results do.
+    // (Written compactly: the schema's text is kept small, so that it stays on the database's first page.)
     r"
-CREATE TABLE cache (
-    key TEXT PRIMARY KEY,
-    workflow TEXT NOT NULL,
-    step TEXT NOT NULL,
-    run_id TEXT NOT NULL,
-    source TEXT NOT NULL,
-    result TEXT NOT NULL,
-    output_blob TEXT REFERENCES blobs(hash),
-    text_blob TEXT REFERENCES blobs(hash),
-    size INTEGER NOT NULL,
-    created_at INTEGER NOT NULL,
-    expires_at INTEGER,
-    format INTEGER NOT NULL
-);
-CREATE INDEX cache_by_workflow ON cache(workflow, step);
+CREATE TABLE cache (key TEXT PRIMARY KEY, workflow TEXT NOT NULL, step TEXT NOT NULL, run_id TEXT NOT NULL,
+source TEXT NOT NULL, result TEXT NOT NULL, output_blob TEXT, text_blob TEXT, size INTEGER NOT NULL,
+created_at INTEGER NOT NULL, expires_at INTEGER, format INTEGER NOT NULL);
 ",
 ];
 
@@ -774,6 +763,27 @@ impl RunStore for SqliteStore {
                 .prepare("SELECT id FROM runs ORDER BY started_at, id")?
                 .query_map([], |r| r.get::<_, String>(0))?
                 .collect::<rusqlite::Result<Vec<_>>>()?;
+            // Every cached result decodes too.
+            let mut stmt = conn.prepare(
+                "SELECT c.run_id, c.key, c.format, c.result, c.output_blob, b.rowid, c.text_blob, t.rowid
+                 FROM cache c LEFT JOIN blobs b ON b.hash = c.output_blob
+                    LEFT JOIN blobs t ON t.hash = c.text_blob
+                 ORDER BY c.created_at, c.key",
+            )?;
+            let mut rows = stmt.query([])?;
+            while let Some(r) = rows.next()? {
+                let (run, key): (String, String) = (r.get(0)?, r.get(1)?);
+                let at = Row {
+                    run: &run,
+                    table: "cache",
+                    row: &key,
+                };
+                if let Err(e) = decode_result(&conn, at, r, 2)? {
+                    damage.push(e);
+                }
+            }
+            drop(rows);
+            drop(stmt);
             for id in ids {
                 load_run(&conn, &id, &mut damage, Blobs::Read)?;
                 let mut stmt = conn.prepare_cached(
@@ -847,7 +857,7 @@ impl RunStore for SqliteStore {
                 "SELECT key, workflow, step, run_id, source, created_at, expires_at, size
                  FROM cache ORDER BY created_at DESC, key",
             )?;
-            let rows = stmt.query_map([], |r| cache_summary(r))?;
+            let rows = stmt.query_map([], cache_summary)?;
             rows.collect()
         })
     }
