@@ -81,6 +81,11 @@ fn main() {
         .enable_all()
         .build()
         .unwrap();
+    // `cargo bench --bench scheduler -- cached`: only the cached re-run.
+    if std::env::args().any(|a| a == "cached") {
+        cached_rerun(&runtime);
+        return;
+    }
 
     // Wide: 1 -> 10,000 -> 1.
     let mut wide =
@@ -231,12 +236,24 @@ fn main() {
 /// costs: reading the workflow's entries, rendering each step's arguments and hashing its key, the
 /// lookup, and recording the step as cached (its events and result), the journal's writes included.
 fn cached_rerun(runtime: &tokio::runtime::Runtime) {
+    // Literal arguments, as the other benchmarks' steps have; then arguments with a template, which a
+    // cached step renders for its key (as any step renders them before its call).
+    cached_rerun_of(runtime, "{ v: I }", "literal arguments");
+    cached_rerun_of(
+        runtime,
+        "{ v: I, text: \"item {{ run.workflow }} I\" }",
+        "templated arguments",
+    );
+}
+
+fn cached_rerun_of(runtime: &tokio::runtime::Runtime, args: &str, what: &str) {
     use archon_engine::run::{Refresh, StepCache};
     const STEPS: usize = 1000;
     let mut spec = String::from("name: cached\nsteps:\n");
     for i in 0..STEPS {
+        let args = args.replace('I', &i.to_string());
         spec.push_str(&format!(
-            "  - {{ id: s{i}, tool: echo, with: {{ v: {i}, text: \"item {{{{ run.workflow }}}} {i}\" }}, cache: true }}\n"
+            "  - {{ id: s{i}, tool: echo, with: {args}, cache: true }}\n"
         ));
     }
     let workflow = Arc::new(workflow(&spec));
@@ -309,7 +326,7 @@ fn cached_rerun(runtime: &tokio::runtime::Runtime) {
     }
     let per_step = |d: Duration| d.as_secs_f64() * 1e6 / STEPS as f64;
     println!(
-        "fully cached re-run of 1,000 steps, durable: {:.1} us/step; the same steps reused as recorded results: {:.1} us/step; caching costs {:.1} us/step (lookups and recording)",
+        "fully cached re-run of 1,000 steps ({what}), durable: {:.1} us/step; the same steps reused as recorded results: {:.1} us/step; caching costs {:.1} us/step (lookups and recording)",
         per_step(cached),
         per_step(reused),
         per_step(cached.saturating_sub(reused)),

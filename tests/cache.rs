@@ -503,3 +503,76 @@ fn a_cached_result_that_does_not_decode_is_reported_and_clear_removes_it() {
     ok(dir.path(), &["run", "counted.yaml"]);
     assert_eq!(count(dir.path()), ["hello", "stamp", "hello"]);
 }
+
+#[test]
+fn a_sub_workflows_step_is_cached_and_a_fallbacks_result_is_not() {
+    let dir = TempDir::new().expect("tempdir");
+    write(
+        dir.path(),
+        "sub.yaml",
+        r#"name: sub
+inputs:
+  word: { type: string }
+tools:
+  count:
+    command: ["sh", "-c", "echo {{ word }} >> count; echo {{ word }}"]
+    parameters: { type: object, properties: { word: { type: string } } }
+steps:
+  - id: inner
+    tool: count
+    with: { word: "{{ inputs.word }}" }
+    cache: true
+outputs:
+  said: "{{ steps.inner.output }}"
+"#,
+    );
+    write(
+        dir.path(),
+        "parent.yaml",
+        r#"name: parent
+tools:
+  maybe:
+    command: ["sh", "-c", "echo {{ word }} >> count; test {{ word }} = saved"]
+    parameters: { type: object, properties: { word: { type: string } } }
+steps:
+  - id: call
+    workflow: sub.yaml
+    with: { word: hi }
+  - id: flaky
+    needs: [call]
+    tool: maybe
+    with: { word: first }
+    cache: true
+    fallback:
+      tool: maybe
+      with: { word: saved }
+"#,
+    );
+    ok(dir.path(), &["run", "parent.yaml"]);
+    assert_eq!(count(dir.path()), ["hi", "first", "saved"]);
+    let again = ok(dir.path(), &["run", "parent.yaml", "--json"]);
+    // The sub-workflow's step is reused; the step its fallback saved runs again, body first.
+    assert_eq!(
+        count(dir.path()),
+        ["hi", "first", "saved", "first", "saved"]
+    );
+    let report: Json = serde_json::from_str(&again.stdout).expect("report");
+    assert!(report["steps"]["call"]["steps"]["inner"]["cached"].is_object());
+    assert_eq!(report["steps"]["call"]["output"], json!({ "said": "hi" }));
+    assert_eq!(report["steps"]["flaky"]["cached"], Json::Null);
+    let steps: Vec<String> =
+        serde_json::from_str::<Json>(&ok(dir.path(), &["cache", "ls", "--json"]).stdout)
+            .expect("JSON")
+            .as_array()
+            .expect("list")
+            .iter()
+            .map(|e| {
+                format!(
+                    "{} {}",
+                    e["workflow"].as_str().expect("w"),
+                    e["source"].as_str().expect("s")
+                )
+            })
+            .collect();
+    assert_eq!(steps, ["sub call/inner"]);
+}

@@ -21,9 +21,13 @@ use crate::store::Entry;
 
 pub(super) async fn execute(shared: &Arc<Shared>, index: usize, steps: Steps) -> Arc<StepResult> {
     let step = &shared.steps()[index];
-    shared.emit(RunEvent::StepStarted {
-        step: shared.label(&step.id.value),
-    });
+    // A step without `foreach` says it started once it is known not to be served from the cache
+    // (`attempt_all`): a cached step only says `step_cached`.
+    if step.foreach.is_some() {
+        shared.emit(RunEvent::StepStarted {
+            step: shared.label(&step.id.value),
+        });
+    }
     let started = Instant::now();
     let mut result = match &step.foreach {
         Some(expr) => foreach(shared, index, &expr.value, &steps).await,
@@ -222,6 +226,11 @@ async fn attempt_all(
         .and_then(|c| cache::hit(shared, step, c, &label))
     {
         return hit;
+    }
+    if item.is_none() {
+        shared.emit(RunEvent::StepStarted {
+            step: label.clone(),
+        });
     }
     if let Some(stopped) =
         before_step(shared, step, &label, &ctx, item.as_ref().map(|(i, _)| i)).await
