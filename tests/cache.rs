@@ -284,6 +284,13 @@ fn show_marks_cached_steps_in_text_and_json() {
         .filter(|l| l.contains("cached"))
         .map(|l| l.split_once("cached").expect("cached").1.trim())
         .collect();
+    // A cached step says only that, as a step a resume reuses does.
+    let greet: Vec<&str> = events
+        .lines()
+        .filter(|l| l.contains(" greet"))
+        .map(|l| l.split_whitespace().nth(1).expect("a label"))
+        .collect();
+    assert_eq!(greet, ["cached"], "{events}");
     let first = run_ids_oldest_first(dir.path()).remove(0);
     assert_eq!(
         cached,

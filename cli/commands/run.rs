@@ -417,7 +417,8 @@ impl Display {
                     | RunEvent::ApprovalRequested { .. }
                     | RunEvent::ApprovalDecided { .. }
                     | RunEvent::StepResolved { .. } => text.push_str(&event_line(event)),
-                    RunEvent::PlanProposed { .. } | RunEvent::StepCached { .. } => {}
+                    RunEvent::PlanProposed { .. } => {}
+                    RunEvent::StepCached { .. } => live.succeeded += 1,
                     RunEvent::LlmCallFailed { .. } => text.push_str(&event_line(event)),
                     RunEvent::LlmCall { .. }
                     | RunEvent::AgentAnswerRejected { .. }

@@ -226,7 +226,13 @@ async fn content(
     if let Some(tool) = body.tool {
         hash.str("tool");
         hash.str(&tool.value);
-        hash.bytes(&tool_digest(shared, &tool.value));
+        if builtin(shared, &tool.value) {
+            // What `builtin_digest` holds, without hashing it apart.
+            hash.str("builtin");
+            hash.str(env!("CARGO_PKG_VERSION"));
+        } else {
+            hash.bytes(&tool_digest(shared, &tool.value));
+        }
         hash.json(shared, args.unwrap_or(&Json::Null));
         return Some(());
     }
@@ -302,6 +308,9 @@ async fn content(
 /// definition as written (a composite tool's with every declared tool, which its steps may call; a
 /// sub-workflow tool's with the sub-workflow). Worked out once per run.
 fn tool_digest(shared: &Shared, name: &str) -> [u8; 32] {
+    if builtin(shared, name) {
+        return builtin_digest(name);
+    }
     let memo = format!("tool\0{}\0{name}", shared.workflow.name);
     memoized(shared, memo, || {
         let mut hash = Hasher::new();
@@ -310,11 +319,7 @@ fn tool_digest(shared: &Shared, name: &str) -> [u8; 32] {
             shared.workflow.tools.get(name).map(|t| t.kind),
             spec.tools.get(name),
         ) {
-            (Some(ToolRef::Builtin(_)), _) | (_, None) => {
-                hash.str("builtin");
-                hash.str(name);
-                hash.str(env!("CARGO_PKG_VERSION"));
-            }
+            (Some(ToolRef::Builtin(_)), _) | (_, None) => return builtin_digest(name),
             (Some(ToolRef::Composite), Some(_)) => {
                 hash.str("composite");
                 hash.value(&serde_json::to_value(&spec.tools).unwrap_or(Json::Null));
@@ -329,6 +334,24 @@ fn tool_digest(shared: &Shared, name: &str) -> [u8; 32] {
         }
         hash.digest()
     })
+}
+
+/// Whether `name` is a built-in tool (a declared tool of the same name does not replace it, and is
+/// refused by validation).
+fn builtin(shared: &Shared, name: &str) -> bool {
+    matches!(
+        shared.workflow.tools.get(name).map(|t| t.kind),
+        Some(ToolRef::Builtin(_))
+    )
+}
+
+/// A built-in's digest: its name and archon's version.
+fn builtin_digest(name: &str) -> [u8; 32] {
+    let mut hash = Hasher::new();
+    hash.str("builtin");
+    hash.str(name);
+    hash.str(env!("CARGO_PKG_VERSION"));
+    hash.digest()
 }
 
 /// The digest of sub-workflow `path` as validated with the run: its spec, and its own sub-workflows'.

@@ -22,7 +22,7 @@ use crate::store::Entry;
 pub(super) async fn execute(shared: &Arc<Shared>, index: usize, steps: Steps) -> Arc<StepResult> {
     let step = &shared.steps()[index];
     // A step without `foreach` says it started once it is known not to be served from the cache
-    // (`attempt_all`): a cached step only says `step_cached`.
+    // (`attempt_all`): a cached step says only `step_cached`.
     if step.foreach.is_some() {
         shared.emit(RunEvent::StepStarted {
             step: shared.label(&step.id.value),
@@ -55,12 +55,16 @@ pub(super) async fn execute(shared: &Arc<Shared>, index: usize, steps: Steps) ->
     let result = Arc::new(result);
     shared.record_result(&step.id.value, &result);
     shared.result_durable(step).await;
-    shared.emit(RunEvent::StepFinished {
-        step: shared.label(&step.id.value),
-        status: result.status,
-        duration_ms: result.duration_ms,
-        error: result.error.clone(),
-    });
+    // A step served from the cache said so (`step_cached`), as a reused step does; it says how it
+    // finished only when its `outputs` or an `after_step` rule failed it.
+    if result.cached.is_none() || result.status != StepStatus::Succeeded {
+        shared.emit(RunEvent::StepFinished {
+            step: shared.label(&step.id.value),
+            status: result.status,
+            duration_ms: result.duration_ms,
+            error: result.error.clone(),
+        });
+    }
     result
 }
 
