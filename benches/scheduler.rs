@@ -1,7 +1,8 @@
 //! Scheduler benchmarks (run with `cargo bench --bench scheduler`): per-step overhead of wide and long DAGs
 //! of `echo` steps in memory, 1,000 `exec true` steps against the fork+exec floor, and the makespan of eight
-//! parallel 200 ms sleeps; the wide DAG and the `exec` steps again with durable state in SQLite. Figures
-//! are printed; nothing is asserted.
+//! parallel 200 ms sleeps; the wide DAG and the `exec` steps again with durable state in SQLite; and what
+//! step-result caching costs a fully cached re-run of 1,000 steps. Figures are printed; nothing is
+//! asserted.
 #![allow(clippy::print_stdout, clippy::unwrap_used)]
 
 use std::collections::BTreeMap;
@@ -38,6 +39,7 @@ fn options(max_parallel: usize) -> RunOptions {
         checkpoints: Default::default(),
         approvals: Default::default(),
         helper: None,
+        cache: Default::default(),
     }
 }
 
@@ -79,6 +81,11 @@ fn main() {
         .enable_all()
         .build()
         .unwrap();
+    // `cargo bench --bench scheduler -- cached`: only the cached re-run.
+    if std::env::args().any(|a| a == "cached") {
+        cached_rerun(&runtime);
+        return;
+    }
 
     // Wide: 1 -> 10,000 -> 1.
     let mut wide =
@@ -207,6 +214,8 @@ fn main() {
         durable_exec.as_secs_f64() * 1e6 / 1000.0,
     );
 
+    cached_rerun(&runtime);
+
     // Eight independent 200 ms sleeps.
     let mut sleeps = String::from("name: sleeps\nsteps:\n");
     for i in 0..8 {
@@ -219,5 +228,107 @@ fn main() {
     println!(
         "8 parallel 200 ms sleeps: makespan {:.1} ms",
         makespan.as_secs_f64() * 1e3
+    );
+}
+
+/// A fully cached re-run of 1,000 `cache: true` steps, durable, against the same steps reused another
+/// way: as the results an earlier process recorded (`resume`). The difference, per step, is what caching
+/// costs: reading the workflow's entries, rendering each step's arguments and hashing its key, the
+/// lookup, and recording the step as cached (its events and result), the journal's writes included.
+fn cached_rerun(runtime: &tokio::runtime::Runtime) {
+    // Literal arguments, as the other benchmarks' steps have; then arguments with a template, which a
+    // cached step renders for its key (as any step renders them before its call).
+    cached_rerun_of(runtime, "{ v: I }", "literal arguments");
+    cached_rerun_of(
+        runtime,
+        "{ v: I, text: \"item {{ run.workflow }} I\" }",
+        "templated arguments",
+    );
+}
+
+fn cached_rerun_of(runtime: &tokio::runtime::Runtime, args: &str, what: &str) {
+    use archon_engine::run::{Refresh, StepCache};
+    const STEPS: usize = 1000;
+    let mut spec = String::from("name: cached\nsteps:\n");
+    for i in 0..STEPS {
+        let args = args.replace('I', &i.to_string());
+        spec.push_str(&format!(
+            "  - {{ id: s{i}, tool: echo, with: {args}, cache: true }}\n"
+        ));
+    }
+    let workflow = Arc::new(workflow(&spec));
+    let state = tempfile::TempDir::new().unwrap();
+    let store = archon_engine::store::sqlite::SqliteStore::open(state.path()).unwrap();
+    let mut runs = 0;
+    // One durable run with `cache` and `prior`; returns its report and how long it took, journal
+    // included, from reading the cache (when `read` says so) to the last write.
+    let mut run = |read: bool, prior: std::collections::HashMap<String, run::StepResult>| {
+        runs += 1;
+        let id = format!("cached{runs}");
+        store
+            .create_run(&archon_engine::store::NewRun {
+                id: id.clone(),
+                workflow: workflow.name.clone(),
+                spec_path: "bench.yaml".into(),
+                files: Vec::new(),
+                inputs: Default::default(),
+                workdir: std::env::temp_dir().display().to_string(),
+                max_parallel: 64,
+            })
+            .unwrap();
+        let started = Instant::now();
+        let cache = if read {
+            let entries = store
+                .cache_entries(
+                    std::slice::from_ref(&workflow.name),
+                    archon_engine::store::now_ms(),
+                )
+                .unwrap();
+            StepCache::of(entries, Refresh::None)
+        } else {
+            StepCache::default()
+        };
+        let cancel = CancellationToken::new();
+        let journal = store.journal(&id, cancel.clone()).unwrap();
+        let report = runtime
+            .block_on(run::run(
+                workflow.clone(),
+                Default::default(),
+                RunOptions {
+                    cancel,
+                    journal: journal.clone(),
+                    prior: Arc::new(prior),
+                    cache,
+                    ..options(64)
+                },
+            ))
+            .unwrap();
+        journal.close();
+        let elapsed = started.elapsed();
+        assert_eq!(report.status, RunStatus::Succeeded, "{:?}", report.error);
+        (report, elapsed)
+    };
+    // The first run fills the cache.
+    let (first, _) = run(false, Default::default());
+    assert!(first.steps.values().all(|r| r.cached.is_none()));
+    let done: std::collections::HashMap<String, run::StepResult> =
+        first.steps.into_iter().collect();
+    let (mut cached, mut reused) = (Duration::MAX, Duration::MAX);
+    for _ in 0..5 {
+        let (report, elapsed) = run(true, Default::default());
+        assert!(
+            report.steps.values().all(|r| r.cached.is_some()),
+            "every step is a hit"
+        );
+        cached = cached.min(elapsed);
+        let (_, elapsed) = run(false, done.clone());
+        reused = reused.min(elapsed);
+    }
+    let per_step = |d: Duration| d.as_secs_f64() * 1e6 / STEPS as f64;
+    println!(
+        "fully cached re-run of 1,000 steps ({what}), durable: {:.1} us/step; the same steps reused as recorded results: {:.1} us/step; caching costs {:.1} us/step (lookups and recording)",
+        per_step(cached),
+        per_step(reused),
+        per_step(cached.saturating_sub(reused)),
     );
 }

@@ -44,6 +44,9 @@ pub enum Command {
     /// Work with LLM providers.
     #[command(subcommand)]
     Llm(LlmCommand),
+    /// List or clear the cached results of steps with `cache`.
+    #[command(subcommand)]
+    Cache(CacheCommand),
 
     /// Print the JSON Schema of the workflow format.
     Schema,
@@ -170,6 +173,47 @@ pub struct RunOutputArgs {
     /// Never prompt: a call that asks for approval pauses the run (exit 3) for `archon approve`.
     #[arg(long, conflicts_with = "yes")]
     pub no_input: bool,
+
+    /// Run every step even when its result is cached; the results of steps with `cache` that succeed
+    /// replace their cached ones.
+    #[arg(long)]
+    pub no_cache: bool,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum CacheCommand {
+    /// List the cached step results, newest first.
+    Ls(CacheLsArgs),
+    /// Remove cached step results: all of them, or those the options select.
+    Clear(CacheClearArgs),
+}
+
+#[derive(Debug, clap::Args)]
+pub struct CacheLsArgs {
+    /// Print the entries as a JSON array.
+    #[arg(long)]
+    pub json: bool,
+
+    #[command(flatten)]
+    pub state: StateArgs,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct CacheClearArgs {
+    /// Only the results of this workflow.
+    #[arg(long, value_name = "WORKFLOW")]
+    pub workflow: Option<String>,
+
+    /// Only the results of steps with this id.
+    #[arg(long, value_name = "STEP")]
+    pub step: Option<String>,
+
+    /// Only the results whose `ttl` has passed.
+    #[arg(long)]
+    pub expired: bool,
+
+    #[command(flatten)]
+    pub state: StateArgs,
 }
 
 /// Where runs are kept.

@@ -109,6 +109,10 @@ pub(crate) fn describe(event: &RunEvent) -> (&'static str, String) {
                     .map_or_else(String::new, |r| format!(": {r}"))
             ),
         ),
+        RunEvent::StepCached { step, run, from } => (
+            "cached",
+            format!("{step} (result of `{from}` in run {run})"),
+        ),
         RunEvent::StepReused { step, status } => (
             "reused",
             format!("{step} ({} by an earlier process)", status.as_str()),

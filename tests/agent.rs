@@ -33,6 +33,7 @@ pub(crate) async fn run_agent(dir: &Path, yaml: &str) -> (RunReport, Vec<RunEven
         checkpoints: Default::default(),
         approvals: Default::default(),
         helper: Some(env!("CARGO_BIN_EXE_archon").into()),
+        cache: Default::default(),
     };
     let report = run::run(Arc::new(workflow), Map::new(), options)
         .await

@@ -118,6 +118,7 @@ async fn run_with_events(
             ..Approvals::default()
         },
         helper: None,
+        cache: Default::default(),
     };
     let report = run::run(
         Arc::new(validation.workflow.expect("valid")),

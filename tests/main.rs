@@ -2,6 +2,7 @@
 
 mod agent;
 mod architecture;
+mod cache;
 mod cli;
 mod conformance;
 mod day_one;

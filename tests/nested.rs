@@ -26,6 +26,7 @@ fn options(workdir: &Path) -> RunOptions {
         checkpoints: Default::default(),
         approvals: Default::default(),
         helper: Some(env!("CARGO_BIN_EXE_archon").into()),
+        cache: Default::default(),
     }
 }
 

@@ -158,6 +158,7 @@ proptest! {
             checkpoints: Default::default(),
             approvals: Default::default(),
             helper: Some(env!("CARGO_BIN_EXE_archon").into()),
+            cache: Default::default(),
         };
         let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
         let report = runtime

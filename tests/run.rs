@@ -32,6 +32,7 @@ fn options(workdir: &Path, max_parallel: usize) -> RunOptions {
         checkpoints: Default::default(),
         approvals: Default::default(),
         helper: Some(env!("CARGO_BIN_EXE_archon").into()),
+        cache: Default::default(),
     }
 }
 

@@ -1,5 +1,6 @@
 //! One module per subcommand, and the exit statuses they share.
 
+mod cache;
 mod completions;
 mod dry_run;
 mod helper;
@@ -20,7 +21,7 @@ pub mod when;
 
 use std::process::ExitCode;
 
-use crate::args::{Cli, Command, LlmCommand};
+use crate::args::{CacheCommand, Cli, Command, LlmCommand};
 
 /// How a command ended, mapped to the documented exit codes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -63,6 +64,8 @@ pub fn run(cli: Cli) -> anyhow::Result<Status> {
         Command::Approve(args) => runs::approve(&args),
         Command::Resolve(args) => runs::resolve(&args),
         Command::Llm(LlmCommand::Ping(args)) => llm::ping(&args),
+        Command::Cache(CacheCommand::Ls(args)) => cache::ls(&args),
+        Command::Cache(CacheCommand::Clear(args)) => cache::clear(&args),
         Command::Schema => schema::run(),
         Command::Init(args) => init::init(&args),
         Command::Tools(args) => tools::tools(&args, cli.color),

@@ -248,6 +248,7 @@ pub fn execute(
         approver,
         cassette,
         helper: std::env::current_exe().ok(),
+        no_cache: args.no_cache,
     };
     // Registered before any step starts, so an early Ctrl-C or SIGTERM is never missed. Closing the
     // terminal (SIGHUP) stops the run like Ctrl-C: its commands are killed and the run is left
@@ -446,6 +447,7 @@ impl Display {
                     | RunEvent::StepResolved { .. }
                     | RunEvent::LlmCallFailed { .. }
                     | RunEvent::StepRetried { .. } => out.push_str(&line()),
+                    RunEvent::StepCached { .. } => live.succeeded += 1,
                     RunEvent::PlanProposed { .. }
                     | RunEvent::LlmCall { .. }
                     | RunEvent::AgentAnswerRejected { .. }
@@ -647,6 +649,7 @@ fn raw_event_line(event: &RunEvent) -> String {
             format!("reused    {step} ({} earlier)\n", status.as_str())
         }
         RunEvent::StepResolved { .. } => format!("resolved  {}\n", crate::trail::describe(event).1),
+        RunEvent::StepCached { .. } => format!("cached    {}\n", crate::trail::describe(event).1),
         RunEvent::PlanProposed { step, text, .. } => {
             format!("proposed  {step}: {}\n", one_line(text))
         }

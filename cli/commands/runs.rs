@@ -246,7 +246,7 @@ fn describe(session: &Session, run: &StoredRun, paint: Paint) -> String {
         // The attempts of the step's last run, as `show --json` gives them in its result.
         rows.push([
             shown(name),
-            status_cell(result.status.as_str(), ""),
+            status_cell(result.status.as_str(), &cached_note(name, result, run)),
             result.attempts.to_string(),
             error_cell(name, result.error.as_deref()),
         ]);
@@ -505,6 +505,28 @@ fn refuse(message: &str, hint: &str) -> Status {
         "error: {message}\n  hint: {hint}\n"
     )));
     Status::Invalid
+}
+
+/// A step's status, marked when its result (or some of its `foreach` items') came from the cache.
+/// ` (cached from RUN)` after the status of a step served from the cache, ` (cached)` or ` (N of M items
+/// cached)` after a `foreach` step's, else nothing.
+fn cached_note(name: &str, result: &archon_engine::run::StepResult, run: &StoredRun) -> String {
+    if let Some(from) = &result.cached {
+        return format!(" (cached from {})", from.run);
+    }
+    let prefix = format!("{name}[");
+    let (items, cached) = run
+        .results
+        .iter()
+        .filter(|(item, _)| item.starts_with(&prefix))
+        .fold((0, 0), |(items, cached), (_, r)| {
+            (items + 1, cached + usize::from(r.cached.is_some()))
+        });
+    match cached {
+        0 => String::new(),
+        _ if cached == items => " (cached)".to_owned(),
+        _ => format!(" ({cached} of {items} items cached)"),
+    }
 }
 
 /// A time as RFC 3339 (UTC, seconds).

@@ -189,4 +189,7 @@ pub mod codes {
     pub const TOML_TABLE_SCOPE: &str = "archon::toml_table_scope";
     pub const EMPTY_WORKFLOW: &str = "archon::empty_workflow";
     pub const PLAN_NOT_ALLOWED: &str = "archon::plan_not_allowed";
+    pub const CACHE_WITH_APPROVAL: &str = "archon::cache_with_approval";
+    pub const CACHE_SENSITIVE: &str = "archon::cache_sensitive";
+    pub const CACHE_UNSUPPORTED: &str = "archon::cache_unsupported";
 }

@@ -63,6 +63,12 @@ pub enum RunEvent {
         by: String,
         reason: Option<String>,
     },
+    /// A step (or `foreach` item) with `cache` reuses the result step `from` of run `run` produced.
+    StepCached {
+        step: String,
+        run: String,
+        from: String,
+    },
     /// A resumed run reuses the result an earlier process recorded.
     StepReused {
         step: String,
@@ -329,6 +335,19 @@ pub struct StepResult {
     /// `outputs` in the spec's format.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub plan: Option<Box<Json>>,
+    /// The result was not produced by this run: it was reused from the cache (`cache:` on the step).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cached: Option<CachedFrom>,
+}
+
+/// Where a reused result came from.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CachedFrom {
+    /// The run, and its step or `foreach` item, that produced it.
+    pub run: String,
+    pub step: String,
+    /// When it was produced (milliseconds since the Unix epoch).
+    pub at_ms: u64,
 }
 
 impl StepResult {
@@ -347,6 +366,7 @@ impl StepResult {
             llm: None,
             item: None,
             plan: None,
+            cached: None,
         }
     }
 }

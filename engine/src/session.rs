@@ -23,8 +23,8 @@ use crate::validate::{Validation, validate_file, validate_source};
 use crate::workflow::Workflow;
 
 pub use crate::store::{
-    ApprovalRecord, AttemptRecord, LogChunk, Owner, Pruned, RunFilter, RunState, RunSummary,
-    StoreError, StoredRun,
+    ApprovalRecord, AttemptRecord, CacheFilter, CacheSummary, LogChunk, Owner, Pruned, RunFilter,
+    RunState, RunSummary, StoreError, StoredRun,
 };
 
 /// The version of the run store's schema this build writes (what a bug report names).
@@ -167,6 +167,8 @@ pub struct Prepared {
     /// Process groups left running by the process that ran the run before, stopped before continuing:
     /// the step (or item) that started each, and the group.
     pub stopped: Vec<(String, u32)>,
+    /// Steps that run again even when their result is cached (`retry --from` reruns them afresh).
+    refresh: std::collections::HashSet<String>,
 }
 
 /// How a run being executed reaches the outside world.
@@ -185,6 +187,9 @@ pub struct Attachments {
     /// The executable that evaluates jq filters and renders templates that are not plain in a process
     /// of its own (`archon __jq`, `archon __render`).
     pub helper: Option<PathBuf>,
+    /// Run every step even when its result is cached (`--no-cache`); results of steps with `cache` that
+    /// succeed replace their entries.
+    pub no_cache: bool,
 }
 
 impl std::fmt::Debug for Attachments {
@@ -365,6 +370,16 @@ impl Session {
         self.store.logs(id, after)
     }
 
+    /// Every cached step result, newest first (`archon cache ls`).
+    pub fn cache_list(&self) -> Result<Vec<CacheSummary>, StoreError> {
+        self.store.cache_list()
+    }
+
+    /// Removes the cached results `filter` selects (`archon cache clear`); returns how many.
+    pub fn cache_clear(&self, filter: &CacheFilter) -> Result<usize, StoreError> {
+        self.store.cache_clear(filter, crate::store::now_ms())
+    }
+
     /// Records a new run, owned by this process, and prepares it to execute.
     pub fn start(&self, request: NewRunRequest) -> Result<Prepared, SessionError> {
         refuse_unsupported(&request.workflow)?;
@@ -402,6 +417,7 @@ impl Session {
             checkpoints: HashMap::new(),
             decided: HashMap::new(),
             stopped: Vec::new(),
+            refresh: Default::default(),
         })
     }
 
@@ -492,6 +508,11 @@ impl Session {
             checkpoints,
             decided,
             stopped,
+            // The steps `retry --from` runs again run afresh: a cached result would only repeat itself.
+            refresh: match how {
+                Continue::From(_) => rerun.iter().cloned().collect(),
+                Continue::Resume | Continue::Failed => Default::default(),
+            },
         })
     }
 
@@ -504,6 +525,30 @@ impl Session {
         let journal = self
             .store
             .journal(&prepared.run_id, attachments.cancel.clone())?;
+        let refresh = if attachments.no_cache {
+            run::Refresh::All
+        } else if prepared.refresh.is_empty() {
+            run::Refresh::None
+        } else {
+            run::Refresh::Steps(Arc::new(prepared.refresh))
+        };
+        // The entries of every workflow of the run are read once, before it starts: a step's lookup is a
+        // hash of its call and a map's.
+        let cache = match cached_workflows(&prepared.workflow) {
+            names if names.is_empty() || attachments.no_cache => run::StepCache::of([], refresh),
+            names => match self.store.cache_entries(&names, crate::store::now_ms()) {
+                Ok(entries) => run::StepCache::of(entries, refresh),
+                Err(e) => {
+                    journal.record(Entry::RunEnded {
+                        status: RunState::Failed,
+                        outputs: Map::new(),
+                        error: Some(e.to_string()),
+                    });
+                    journal.close();
+                    return Err(e.into());
+                }
+            },
+        };
         let options = RunOptions {
             max_parallel: prepared.max_parallel,
             workdir: prepared.workdir,
@@ -522,6 +567,7 @@ impl Session {
                 approver: attachments.approver,
             },
             helper: attachments.helper,
+            cache,
         };
         let report = run::run(Arc::new(prepared.workflow), prepared.inputs, options).await;
         let report = match report {
@@ -930,6 +976,27 @@ fn unknown(message: impl Into<String>, hint: &str) -> StoreError {
         unknown_run: true,
         ..StoreError::new(message).with_hint(hint)
     }
+}
+
+/// The names of the workflows of a run (the workflow and its sub-workflows) that have steps with
+/// `cache`: whose entries the run reads.
+fn cached_workflows(workflow: &Workflow) -> Vec<String> {
+    fn walk(workflow: &Workflow, names: &mut Vec<String>) {
+        let cached = workflow
+            .spec
+            .steps
+            .iter()
+            .any(|s| s.cache.as_ref().is_some_and(|c| c.value.enabled()));
+        if cached && !names.contains(&workflow.name) {
+            names.push(workflow.name.clone());
+        }
+        for inner in workflow.subworkflows.values() {
+            walk(inner, names);
+        }
+    }
+    let mut names = Vec::new();
+    walk(workflow, &mut names);
+    names
 }
 
 /// A new run id: `r`, then the start time in seconds, the process id and a random suffix, in hex.

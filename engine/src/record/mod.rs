@@ -190,6 +190,17 @@ pub struct StepResult {
     pub item: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub plan: Option<Box<Json>>,
+    /// Added in this format without a version change: a record without it was not reused.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cached: Option<CachedFrom>,
+}
+
+/// Where a reused result came from.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CachedFrom {
+    pub run: String,
+    pub step: String,
+    pub at_ms: u64,
 }
 
 /// A call that asked for a person's approval (a row of `approvals`).

@@ -19,6 +19,6 @@ pub use crate::report::{
     StepResult, StepStatus,
 };
 pub use dry_run::{Decision, DryRun, DryStep, dry_run};
-pub use options::{Approvals, Approver, Cassette, MAX_DEPTH, RunOptions};
+pub use options::{Approvals, Approver, Cassette, MAX_DEPTH, Refresh, RunOptions, StepCache};
 pub use scheduler::{RunError, run};
 pub use unsupported::{Unsupported, unsupported_steps};

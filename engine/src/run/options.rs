@@ -1,7 +1,7 @@
 //! How a run is carried out: the options a front end gives (`RunOptions`), how calls that ask for approval
 //! are decided (`Approvals`, `Approver`) and what happens to LLM calls (`Cassette`).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::future::Future;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -10,7 +10,7 @@ use serde_json::Value as Json;
 use tokio_util::sync::CancellationToken;
 
 use crate::report::{ApprovalDecision, ApprovalRequest, RunEvent, StepResult};
-use crate::store::{Journal, MemoryJournal};
+use crate::store::{CacheEntry, Journal, MemoryJournal};
 
 /// Most composite tools and sub-workflows nested inside each other at run time.
 pub const MAX_DEPTH: u32 = 16;
@@ -50,6 +50,48 @@ pub struct RunOptions {
     /// step's timeout and must not take the run down with it (jq filters, `archon __jq`). Without it,
     /// `json` steps fail.
     pub helper: Option<PathBuf>,
+    /// Results of steps with `cache` the run may reuse.
+    pub cache: StepCache,
+}
+
+/// The cached results a run may reuse (`cache:` on steps), read from the run store when it starts, and
+/// which steps run regardless.
+#[derive(Clone, Debug, Default)]
+pub struct StepCache {
+    /// Unexpired entries of the run's workflows, by key.
+    pub entries: Arc<HashMap<String, CacheEntry>>,
+    /// Steps that run even when their result is cached (`--no-cache`, `retry --from`); a success
+    /// replaces their entry.
+    pub refresh: Refresh,
+    /// The definitions of tools and sub-workflows, hashed once per run, by workflow and name.
+    pub(crate) digests: Arc<std::sync::Mutex<HashMap<String, [u8; 32]>>>,
+}
+
+/// Which cached steps run regardless of their entry.
+#[derive(Clone, Debug, Default)]
+pub enum Refresh {
+    #[default]
+    None,
+    /// Every step (`--no-cache`).
+    All,
+    /// These steps of the run's workflow, by id (`retry --from`).
+    Steps(Arc<HashSet<String>>),
+}
+
+impl StepCache {
+    /// A cache of `entries`.
+    pub fn of(entries: impl IntoIterator<Item = CacheEntry>, refresh: Refresh) -> Self {
+        StepCache {
+            entries: Arc::new(
+                entries
+                    .into_iter()
+                    .map(|e| (e.summary.key.clone(), e))
+                    .collect(),
+            ),
+            refresh,
+            digests: Arc::default(),
+        }
+    }
 }
 
 /// How calls that ask for a person's approval are decided: decisions already recorded (`archon approve`),
@@ -109,6 +151,7 @@ impl RunOptions {
             checkpoints: Default::default(),
             approvals: Approvals::default(),
             helper: None,
+            cache: StepCache::default(),
         }
     }
 }

@@ -63,7 +63,8 @@ impl Redactor {
             | RunEvent::PlanAccepted { .. }
             | RunEvent::Resumed { .. }
             | RunEvent::RuleMatched { .. }
-            | RunEvent::StepReused { .. } => {}
+            | RunEvent::StepReused { .. }
+            | RunEvent::StepCached { .. } => {}
         }
     }
 

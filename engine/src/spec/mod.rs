@@ -4,6 +4,7 @@
 //! `validate::structure` has passed, and their JSON Schema (`schemas/workflow.schema.json`) is generated
 //! from them. Nothing here checks meaning; that is `validate`'s job.
 
+mod cache;
 mod de;
 pub mod node;
 pub mod parse;
@@ -17,6 +18,7 @@ use indexmap::IndexMap;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+pub use cache::{Cache, CacheOptions};
 pub use de::from_node;
 pub use node::{Key, Node, NodeKind, PathSegment};
 pub use parse::{Limits, parse};
@@ -237,6 +239,9 @@ with_step_body! {
         /// `required` pauses for a human before the step runs.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         pub approval: Option<Spanned<Approval>>,
+        /// Reuse an earlier successful result: `true` (keyed by the step's content) or `{ key, ttl }`.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub cache: Option<Box<Spanned<Cache>>>,
     }
 }
 

@@ -113,6 +113,11 @@ impl record::StepResult {
             llm: result.llm.as_ref().map(record::Usage::from),
             item: result.item.clone(),
             plan: result.plan.clone(),
+            cached: result.cached.as_ref().map(|c| record::CachedFrom {
+                run: c.run.clone(),
+                step: c.step.clone(),
+                at_ms: c.at_ms,
+            }),
         }
     }
 }
@@ -143,6 +148,11 @@ impl From<record::StepResult> for StepResult {
             llm: record.llm.map(LlmUsage::from),
             item: record.item,
             plan: record.plan,
+            cached: record.cached.map(|c| crate::report::CachedFrom {
+                run: c.run,
+                step: c.step,
+                at_ms: c.at_ms,
+            }),
         }
     }
 }

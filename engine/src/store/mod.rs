@@ -91,6 +91,19 @@ pub enum Entry {
     },
     /// A progress event, for the event log, stamped (milliseconds since the epoch) when it happened.
     Event { event: RunEvent, at_ms: u64 },
+    /// A successful result of a step with `cache`, kept for later runs under `key` (a SHA-256 of what
+    /// the result depends on; never the rendered arguments themselves). `source` is the step or item
+    /// of this run that produced it; `result` is masked like every recorded result.
+    Cached {
+        key: String,
+        workflow: String,
+        step: String,
+        source: String,
+        result: std::sync::Arc<StepResult>,
+        /// How long (milliseconds) from when it is written the result may be reused; `None`: until
+        /// cleared.
+        ttl_ms: Option<u64>,
+    },
     /// The run ended (or was interrupted, when `status` is `interrupted`).
     RunEnded {
         status: RunState,
@@ -249,6 +262,21 @@ pub trait RunStore: Send + Sync + fmt::Debug {
     /// Reads the whole store and says what is wrong with it: damaged pages, and every row that does not
     /// decode. Costs time in proportion to the store's size (opening it does not).
     fn check(&self) -> Result<Vec<String>, StoreError>;
+    /// The cached results of steps of `workflows` that have not expired at `now` (milliseconds since the
+    /// epoch): what a run may reuse.
+    fn cache_entries(&self, workflows: &[String], now: u64) -> Result<Vec<CacheEntry>, StoreError> {
+        let _ = (workflows, now);
+        Ok(Vec::new())
+    }
+    /// Every cached result, without its output, newest first.
+    fn cache_list(&self) -> Result<Vec<CacheSummary>, StoreError> {
+        Ok(Vec::new())
+    }
+    /// Removes the cached results `filter` selects (expiry judged at `now`); returns how many.
+    fn cache_clear(&self, filter: &CacheFilter, now: u64) -> Result<usize, StoreError> {
+        let _ = (filter, now);
+        Ok(0)
+    }
     /// Starts recording a run this process owns; `cancel` is cancelled when the run is asked to stop.
     fn journal(
         &self,
@@ -326,6 +354,40 @@ impl RunState {
             _ => return None,
         })
     }
+}
+
+/// A cached step result, as a run reuses it.
+#[derive(Clone, Debug)]
+pub struct CacheEntry {
+    pub summary: CacheSummary,
+    pub result: StepResult,
+}
+
+/// A cached step result as `archon cache ls` lists it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct CacheSummary {
+    /// The SHA-256 (hex) of what the result depends on.
+    pub key: String,
+    pub workflow: String,
+    /// The step's id.
+    pub step: String,
+    /// The run, and its step or `foreach` item (`step[i]`), that produced the result.
+    pub run_id: String,
+    pub source: String,
+    /// Milliseconds since the Unix epoch.
+    pub created_at: u64,
+    pub expires_at: Option<u64>,
+    /// Bytes of the result's output and text.
+    pub size: u64,
+}
+
+/// Which cached results `archon cache clear` removes: all, or those of a workflow, of a step, or only
+/// the expired ones (the conditions given all hold).
+#[derive(Clone, Debug, Default)]
+pub struct CacheFilter {
+    pub workflow: Option<String>,
+    pub step: Option<String>,
+    pub expired: bool,
 }
 
 /// A run as `archon runs` lists it.

@@ -18,8 +18,9 @@ use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
 
 use super::{
-    Ack, ApprovalRecord, AttemptRecord, Entry, Journal, LogChunk, NewRun, Owner, Pruned, RunFilter,
-    RunState, RunStore, RunSummary, StoreError, StoredRun, now_ms, spec_hash,
+    Ack, ApprovalRecord, AttemptRecord, CacheEntry, CacheFilter, CacheSummary, Entry, Journal,
+    LogChunk, NewRun, Owner, Pruned, RunFilter, RunState, RunStore, RunSummary, StoreError, StoredRun,
+    now_ms, spec_hash,
 };
 use crate::record::{self, FORMAT_VERSION, RecordError, Row};
 use crate::report::{ApprovalDecision, ApprovalRequest, StepResult};
@@ -154,6 +155,14 @@ CREATE TABLE logs (
     PRIMARY KEY (run_id, seq)
 );
 CREATE INDEX logs_by_step ON logs(run_id, step, attempt);
+",
+    // Results of steps with `cache`, by the SHA-256 of what they depend on (`archon cache`). Large
+    // outputs and texts live in `blobs`, as a run's results do.
+    // (Written compactly: the schema's text is kept small, so that it stays on the database's first page.)
+    r"
+CREATE TABLE cache (key TEXT PRIMARY KEY, workflow TEXT NOT NULL, step TEXT NOT NULL, run_id TEXT NOT NULL,
+source TEXT NOT NULL, result TEXT NOT NULL, output_blob TEXT, text_blob TEXT, size INTEGER NOT NULL,
+created_at INTEGER NOT NULL, expires_at INTEGER, format INTEGER NOT NULL);
 ",
 ];
 
@@ -815,6 +824,27 @@ impl RunStore for SqliteStore {
                 .prepare("SELECT id FROM runs ORDER BY started_at, id")?
                 .query_map([], |r| r.get::<_, String>(0))?
                 .collect::<rusqlite::Result<Vec<_>>>()?;
+            // Every cached result decodes too.
+            let mut stmt = conn.prepare(
+                "SELECT c.run_id, c.key, c.format, c.result, c.output_blob, b.rowid, c.text_blob, t.rowid
+                 FROM cache c LEFT JOIN blobs b ON b.hash = c.output_blob
+                    LEFT JOIN blobs t ON t.hash = c.text_blob
+                 ORDER BY c.created_at, c.key",
+            )?;
+            let mut rows = stmt.query([])?;
+            while let Some(r) = rows.next()? {
+                let (run, key): (String, String) = (r.get(0)?, r.get(1)?);
+                let at = Row {
+                    run: &run,
+                    table: "cache",
+                    row: &key,
+                };
+                if let Err(e) = decode_result(&conn, at, r, 2)? {
+                    damage.push(e);
+                }
+            }
+            drop(rows);
+            drop(stmt);
             for id in ids {
                 load_run(&conn, &id, &mut damage, Blobs::Read)?;
                 let mut stmt = conn.prepare_cached(
@@ -839,6 +869,80 @@ impl RunStore for SqliteStore {
         })?;
         problems.extend(damage.iter().map(ToString::to_string));
         Ok(problems)
+    }
+
+    /// The cached results of `workflows` that have not expired at `now`, read in one query.
+    fn cache_entries(&self, workflows: &[String], now: u64) -> Result<Vec<CacheEntry>, StoreError> {
+        let mut damage = Vec::new();
+        let entries = self.with(|conn| {
+            let conn = conn.transaction()?;
+            let mut entries = Vec::new();
+            let mut stmt = conn.prepare_cached(
+                "SELECT c.key, c.workflow, c.step, c.run_id, c.source, c.created_at, c.expires_at,
+                    c.size, c.format, c.result, c.output_blob, b.rowid, c.text_blob, t.rowid
+                 FROM cache c LEFT JOIN blobs b ON b.hash = c.output_blob
+                    LEFT JOIN blobs t ON t.hash = c.text_blob
+                 WHERE c.workflow = ?1 AND (c.expires_at IS NULL OR c.expires_at > ?2)",
+            )?;
+            for workflow in workflows {
+                let mut rows = stmt.query(params![workflow, now as i64])?;
+                while let Some(r) = rows.next()? {
+                    let summary = cache_summary(r)?;
+                    let at = Row {
+                        run: &summary.run_id,
+                        table: "cache",
+                        row: &summary.key,
+                    };
+                    match decode_result(&conn, at, r, 8)? {
+                        Ok(result) => entries.push(CacheEntry {
+                            summary,
+                            result: StepResult::from(result),
+                        }),
+                        Err(e) => damage.push(e),
+                    }
+                }
+            }
+            Ok(entries)
+        })?;
+        if !damage.is_empty() {
+            return Err(damaged_rows(&self.path, &damage).with_hint(
+                "`archon cache clear` removes the cached results; runs go on without them",
+            ));
+        }
+        Ok(entries)
+    }
+
+    fn cache_list(&self) -> Result<Vec<CacheSummary>, StoreError> {
+        self.with(|conn| {
+            let mut stmt = conn.prepare(
+                "SELECT key, workflow, step, run_id, source, created_at, expires_at, size
+                 FROM cache ORDER BY created_at DESC, key",
+            )?;
+            let rows = stmt.query_map([], cache_summary)?;
+            rows.collect()
+        })
+    }
+
+    fn cache_clear(&self, filter: &CacheFilter, now: u64) -> Result<usize, StoreError> {
+        self.changeable()?;
+        self.with(|conn| {
+            let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+            let removed = tx.execute(
+                "DELETE FROM cache WHERE (?1 IS NULL OR workflow = ?1) AND (?2 IS NULL OR step = ?2)
+                    AND (?3 = 0 OR (expires_at IS NOT NULL AND expires_at <= ?4))",
+                params![filter.workflow, filter.step, filter.expired, now as i64],
+            )?;
+            // Blobs no result or cached result names any more go with them.
+            tx.execute(
+                "DELETE FROM blobs WHERE hash NOT IN (SELECT output_blob FROM results WHERE output_blob IS NOT NULL)
+                    AND hash NOT IN (SELECT text_blob FROM results WHERE text_blob IS NOT NULL)
+                    AND hash NOT IN (SELECT output_blob FROM cache WHERE output_blob IS NOT NULL)
+                    AND hash NOT IN (SELECT text_blob FROM cache WHERE text_blob IS NOT NULL)",
+                [],
+            )?;
+            tx.commit()?;
+            Ok(removed)
+        })
     }
 
     /// Starts the journal of a run this process owns: a writer thread that applies entries in order,
@@ -1550,6 +1654,57 @@ impl Writer {
                         FORMAT_VERSION
                     ])?;
                 }
+                Entry::Cached {
+                    key,
+                    workflow,
+                    step,
+                    source,
+                    result,
+                    ttl_ms,
+                } => {
+                    let output = |out: &mut dyn std::io::Write| {
+                        serde_json::to_writer(out, &result.output).map_err(std::io::Error::from)
+                    };
+                    let output_blob = put_blob(&tx, output, INLINE_OUTPUT_BYTES)?;
+                    let text = |out: &mut dyn std::io::Write| out.write_all(result.text.as_bytes());
+                    let text_blob = put_blob(&tx, text, INLINE_OUTPUT_BYTES)?;
+                    let size = result.text.len()
+                        + match output_blob {
+                            Some(_) => 0,
+                            None => json_text(&result.output).len(),
+                        };
+                    let record = record::encode(&record::StepResult::of(
+                        result,
+                        match output_blob {
+                            Some(_) => Json::Null,
+                            None => result.output.clone(),
+                        },
+                        match text_blob {
+                            Some(_) => String::new(),
+                            None => result.text.clone(),
+                        },
+                    ));
+                    tx.prepare_cached(
+                        "INSERT OR REPLACE INTO cache (key, workflow, step, run_id, source, result,
+                            output_blob, text_blob, size, created_at, expires_at, format)
+                         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)",
+                    )?
+                    .execute(params![
+                        key,
+                        workflow,
+                        step,
+                        self.run,
+                        source,
+                        record,
+                        output_blob,
+                        text_blob,
+                        size as i64,
+                        now,
+                        ttl_ms
+                            .map(|ttl| now.saturating_add(i64::try_from(ttl).unwrap_or(i64::MAX))),
+                        FORMAT_VERSION
+                    ])?;
+                }
                 Entry::ApprovalRequested(request) => {
                     let text = record::encode(&record::ApprovalRequest::from(request));
                     tx.prepare_cached(
@@ -2154,6 +2309,63 @@ impl std::io::Write for Measured {
     fn flush(&mut self) -> std::io::Result<()> {
         Ok(())
     }
+}
+
+/// A row of `cache` as listed: its first eight columns.
+fn cache_summary(r: &rusqlite::Row<'_>) -> rusqlite::Result<CacheSummary> {
+    Ok(CacheSummary {
+        key: r.get(0)?,
+        workflow: r.get(1)?,
+        step: r.get(2)?,
+        run_id: r.get(3)?,
+        source: r.get(4)?,
+        created_at: r.get::<_, i64>(5)? as u64,
+        expires_at: r.get::<_, Option<i64>>(6)?.map(|e| e as u64),
+        size: r.get::<_, i64>(7)? as u64,
+    })
+}
+
+/// Decodes a stored result from row `r`, whose columns from `first` are its format, its record, its
+/// output blob's name and rowid and its text blob's name and rowid; the blobs are read as they are
+/// decoded.
+fn decode_result(
+    conn: &Connection,
+    at: Row<'_>,
+    r: &rusqlite::Row<'_>,
+    first: usize,
+) -> rusqlite::Result<Result<record::StepResult, RecordError>> {
+    let output_apart = r.get_ref(first + 2)? != rusqlite::types::ValueRef::Null;
+    let text_apart = r.get_ref(first + 4)? != rusqlite::types::ValueRef::Null;
+    let blob = |rowid: Option<i64>| -> rusqlite::Result<Option<rusqlite::blob::Blob<'_>>> {
+        rowid
+            .map(|rowid| conn.blob_open("main", "blobs", "data", rowid, true))
+            .transpose()
+    };
+    let output_blob = blob(r.get(first + 3)?)?;
+    let text_blob = blob(r.get(first + 5)?)?;
+    Ok(
+        record::decode::<record::StepResult>(at, r.get(first)?, bytes(r.get_ref(first + 1)?))
+            .and_then(|mut result| {
+                let at = Row {
+                    table: "blobs",
+                    ..at
+                };
+                if output_apart {
+                    result.output = match output_blob {
+                        Some(blob) => record::decode_from(at, std::io::BufReader::new(blob))?,
+                        None => record::decode(at, FORMAT_VERSION.into(), b"")?,
+                    };
+                }
+                if text_apart {
+                    let read = text_blob.map(|mut blob| {
+                        let mut text = String::with_capacity(blob.len());
+                        std::io::Read::read_to_string(&mut blob, &mut text).map(|_| text)
+                    });
+                    result.text = record::text(at, read)?;
+                }
+                Ok(result)
+            }),
+    )
 }
 
 /// The bytes of a text or blob column; nothing for another type, which then fails to decode.

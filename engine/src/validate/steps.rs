@@ -5,7 +5,7 @@ use crate::source::Span;
 use indexmap::IndexMap;
 
 use crate::source::Format;
-use crate::spec::{Body, Fallback, Node, Spanned, Step};
+use crate::spec::{Approval, Body, Cache, Fallback, Node, Spanned, Step};
 use crate::validate::graph::{self, Graph};
 use crate::validate::refs::{Dep, Scope, StepTable};
 use crate::validate::{Checker, MAX_COMBINATIONS, Validator, suggest};
@@ -196,6 +196,9 @@ impl Checker<'_> {
             }
             deps.extend(self.check_body(fallback.body(), step.id.span, &inside, validator));
         }
+        if let Some(cache) = &step.cache {
+            deps.extend(self.check_cache(step, cache, list, &inside));
+        }
         deps
     }
 
@@ -326,6 +329,113 @@ impl Checker<'_> {
             }
         }
         deps
+    }
+
+    /// Checks a step's `cache`: where it may be, what it may not be combined with, its key and its
+    /// `ttl`. The key's references are dependencies like any other template's.
+    fn check_cache(
+        &mut self,
+        step: &Step,
+        cache: &Spanned<Cache>,
+        list: StepListScope<'_>,
+        scope: &Scope<'_>,
+    ) -> Vec<Dep> {
+        let mut deps = Vec::new();
+        if let Some(key) = cache.value.key() {
+            // A key holding a secret would be hashed with it masked: the secret cannot tell results apart.
+            deps.extend(
+                self.template(
+                    key,
+                    &Scope {
+                        place: "a cache key",
+                        ..*scope
+                    }
+                    .secrets(false),
+                ),
+            );
+        }
+        if let Some(ttl) = cache.value.ttl() {
+            self.check_duration(ttl);
+        }
+        if !cache.value.enabled() {
+            return deps;
+        }
+        if list.params.is_some() || self.planned {
+            let (what, hint) = if self.planned {
+                (
+                    "a planned step",
+                    "a plan's steps run once; cache the planner step itself instead",
+                )
+            } else {
+                (
+                    "a step of a composite tool",
+                    "cache the step that calls the tool instead",
+                )
+            };
+            self.push(
+                Diagnostic::error(
+                    codes::CACHE_UNSUPPORTED,
+                    cache.span,
+                    format!("`cache` is not supported on {what}"),
+                )
+                .with_hint(hint),
+            );
+            return deps;
+        }
+        if let Some(approval) = &step.approval
+            && approval.value == Approval::Required
+        {
+            self.push(
+                Diagnostic::error(
+                    codes::CACHE_WITH_APPROVAL,
+                    cache.span,
+                    format!(
+                        "step `{}` asks for approval, so its result is never reused",
+                        step.id.value
+                    ),
+                )
+                .with_label(approval.span, "`approval: required` given here")
+                .with_hint("remove `cache`, or remove `approval: required`"),
+            );
+        }
+        if cache.value.key().is_none()
+            && let Some(why) = self.sensitive_step(step)
+        {
+            self.push(
+                Diagnostic::error(
+                    codes::CACHE_SENSITIVE,
+                    cache.span,
+                    format!(
+                        "step `{}` {why}, so a result cached by the step's content could skip an effect someone wanted",
+                        step.id.value
+                    ),
+                )
+                .with_hint(
+                    "write the key yourself (`cache: { key: \"{{ ... }}\" }`) to say which calls give the same result",
+                ),
+            );
+        }
+        deps
+    }
+
+    /// Why a step's call is sensitive (its tool, a tool an LLM step may call, a sub-workflow), if it is.
+    fn sensitive_step(&self, step: &Step) -> Option<String> {
+        let body = step.body();
+        if let Some(path) = body.workflow {
+            return Some(format!("calls sub-workflow `{}`", path.value));
+        }
+        if let Some(tool) = body.tool {
+            let args = body
+                .args
+                .map_or(serde_json::Value::Object(Default::default()), Node::to_json);
+            return crate::tools::sensitive(self.spec, &tool.value, &args)
+                .then(|| format!("calls sensitive tool `{}`", tool.value));
+        }
+        let patterns = self.spec.tool_patterns(body);
+        self.tools
+            .iter()
+            .find(|t| patterns.iter().any(|p| p.matches(&t.name)) && t.safety.of(None).sensitive)
+            .map(|t| format!("may call sensitive tool `{}`", t.name))
     }
 
     /// Checks what a step or fallback does. `anchor` is where to report a problem with the body as a whole.

@@ -19,20 +19,22 @@ use crate::store::Entry;
 use crate::tools::builtin::{self, Builtin};
 use crate::tools::{ToolOutput, ToolRef};
 
-/// Renders the body's arguments once and calls its tool or sub-workflow.
+/// Renders the body's arguments once (unless `rendered` has them) and calls its tool or sub-workflow.
 pub(super) async fn body(
     shared: &Shared,
     label: &str,
     body: Body<'_>,
     ctx: &Value,
+    rendered: Option<&Json>,
 ) -> Result<Called, Failure> {
-    let args = match body.args {
-        Some(args) => shared
+    let args = match (rendered, body.args) {
+        (Some(rendered), _) => rendered.clone(),
+        (None, Some(args)) => shared
             .renderer
             .value(args, ctx)
             .await
             .map_err(CallError::render(None))?,
-        None => Json::Object(Map::new()),
+        (None, None) => Json::Object(Map::new()),
     };
     if let Some(path) = body.workflow {
         return workflow(shared, label, &path.value, args).await;

@@ -10,10 +10,10 @@ use minijinja::Value;
 use serde_json::{Map, Value as Json, json};
 use tokio::task::JoinSet;
 
-use super::call;
 use super::context::{Called, Failure, Shared, Steps, millis, unfinished_hint};
 use super::durable::{Record, persist};
 use super::gate::{self, Gate};
+use super::{cache, call};
 use crate::report::{LlmUsage, RunEvent, StepResult, StepStatus};
 use crate::run::render::{StepView, json_value, to_text};
 use crate::spec::{Backoff, Body, Node, Retry, RetryOn, Step, Trigger};
@@ -22,9 +22,13 @@ use crate::validate::MAX_COMBINATIONS;
 
 pub(super) async fn execute(shared: &Arc<Shared>, index: usize, steps: Steps) -> Arc<StepResult> {
     let step = &shared.steps()[index];
-    shared.emit(RunEvent::StepStarted {
-        step: shared.label(&step.id.value),
-    });
+    // A step without `foreach` says it started once it is known not to be served from the cache
+    // (`attempt_all`): a cached step says only `step_cached`.
+    if step.repeats() {
+        shared.emit(RunEvent::StepStarted {
+            step: shared.label(&step.id.value),
+        });
+    }
     let started = Instant::now();
     let mut result = if step.repeats() {
         foreach(shared, index, &steps).await
@@ -57,12 +61,16 @@ pub(super) async fn execute(shared: &Arc<Shared>, index: usize, steps: Steps) ->
     let result = Arc::new(result);
     shared.record_result(&step.id.value, &result);
     shared.result_durable(step).await;
-    shared.emit(RunEvent::StepFinished {
-        step: shared.label(&step.id.value),
-        status: result.status,
-        duration_ms: result.duration_ms,
-        error: result.error.clone(),
-    });
+    // A step served from the cache said so (`step_cached`), as a reused step does; it says how it
+    // finished only when its `outputs` or an `after_step` rule failed it.
+    if result.cached.is_none() || result.status != StepStatus::Succeeded {
+        shared.emit(RunEvent::StepFinished {
+            step: shared.label(&step.id.value),
+            status: result.status,
+            duration_ms: result.duration_ms,
+            error: result.error.clone(),
+        });
+    }
     result
 }
 
@@ -264,6 +272,7 @@ fn gather(results: Vec<StepResult>) -> StepResult {
         llm,
         item: None,
         plan: None,
+        cached: None,
     }
 }
 /// Every attempt of the body, then the fallback if the last one failed. `label` names the step (or
@@ -291,13 +300,27 @@ async fn attempt_all(
         .retry
         .as_deref()
         .or_else(|| defaults.and_then(|d| d.retry.as_ref()));
+    // A step with `cache` whose call's key has a result is done: nothing is asked and nothing runs.
+    let cacheable = cache::prepare(shared, step, &ctx, item.as_ref().map(|(i, _)| i), &label).await;
+    if let Some(hit) = cacheable
+        .as_ref()
+        .and_then(|c| cache::hit(shared, step, c, &label))
+    {
+        return hit;
+    }
+    if item.is_none() {
+        shared.emit(RunEvent::StepStarted {
+            step: label.clone(),
+        });
+    }
     if let Some(stopped) =
         before_step(shared, step, &label, &ctx, item.as_ref().map(|(i, _)| i)).await
     {
         return stopped;
     }
+    let rendered = cacheable.as_ref().and_then(|c| c.args.as_ref());
     let (outcome, mut attempts) =
-        with_retries(shared, &label, step.body(), None, retry, &ctx).await;
+        with_retries(shared, &label, step.body(), None, retry, &ctx, rendered).await;
     let outcome = match (outcome, &step.fallback) {
         // A cancelled run starts nothing new, fallbacks included.
         (Err(failure), Some(fallback))
@@ -315,6 +338,7 @@ async fn attempt_all(
                 Some(step.timeout.as_deref()),
                 fallback.retry.as_deref(),
                 &ctx,
+                None,
             )
             .await;
             attempts += more;
@@ -322,7 +346,7 @@ async fn attempt_all(
         }
         (outcome, _) => outcome.map(|o| (o, false)),
     };
-    match outcome {
+    let result = match outcome {
         Ok((
             Called {
                 output,
@@ -349,6 +373,7 @@ async fn attempt_all(
             llm,
             item: None,
             plan,
+            cached: None,
         },
         Err(failure) => StepResult {
             exit_code: failure.exit_code,
@@ -357,12 +382,17 @@ async fn attempt_all(
             llm: failure.llm.map(|u| *u),
             ..StepResult::ended(failure.status, Some(failure.message))
         },
+    };
+    if let Some(cacheable) = cacheable {
+        cache::keep(shared, step, cacheable, &label, &result);
     }
+    result
 }
 
 /// The attempts of a step's body, or of its fallback (`fallback`: the step's own `timeout`, which bounds
 /// the fallback when it has none of its own). The time limit of each attempt is the body's `timeout`, else
-/// (for a fallback) the step's, else `defaults.timeout`.
+/// (for a fallback) the step's, else `defaults.timeout`. `rendered`: the body's arguments, when they were
+/// rendered already (for the step's cache key).
 async fn with_retries(
     shared: &Shared,
     label: &str,
@@ -370,6 +400,7 @@ async fn with_retries(
     fallback: Option<Option<&crate::spec::Duration>>,
     retry: Option<&Retry>,
     ctx: &Value,
+    rendered: Option<&Json>,
 ) -> (Result<Called, Failure>, u32) {
     let attempts = retry.map_or(1, |r| r.attempts.value.max(1));
     let timeout = body
@@ -430,7 +461,7 @@ async fn with_retries(
         if llm_step {
             shared.llm.begin_step(label, model_time);
         }
-        let call = call::body(shared, label, body, ctx);
+        let call = call::body(shared, label, body, ctx, rendered);
         let outcome = match timeout {
             Some(limit) => match tokio::time::timeout(limit, call).await {
                 Ok(outcome) => outcome,

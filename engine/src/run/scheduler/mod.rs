@@ -8,6 +8,7 @@
 //! tool an agent calls, a nested run) goes through the `Nested` hooks this module implements.
 
 mod agent;
+mod cache;
 mod call;
 mod checkpoint;
 mod context;
