@@ -583,3 +583,28 @@ steps:
             .collect();
     assert_eq!(steps, ["sub call/inner"]);
 }
+
+/// A cached result kept apart (over 64 KiB) shares its blob with the run that produced it: pruning that
+/// run leaves the blob to the cache entry, which the next run reuses whole.
+#[test]
+fn pruning_the_run_that_produced_a_cached_result_keeps_the_result() {
+    let dir = TempDir::new().expect("tempdir");
+    let dir = dir.path();
+    write(
+        dir,
+        "big.yaml",
+        "name: big\nsteps:\n  - id: make\n    tool: exec\n    with: { argv: [\"sh\", \"-c\", \"echo made >> count; head -c 100000 /dev/zero | tr '\\\\0' x\"] }\n    cache: { key: v1 }\noutputs:\n  size: \"{{ steps.make.output | length }}\"\n",
+    );
+    ok(dir, &["run", "big.yaml"]);
+    ok(dir, &["prune", "--older-than", "0s"]);
+    let again = ok(dir, &["run", "big.yaml", "--json"]);
+    let report: Json = serde_json::from_str(&again.stdout).expect("report");
+    assert_eq!(
+        (
+            count(dir),
+            report["outputs"]["size"].clone(),
+            report["steps"]["make"]["cached"].is_object()
+        ),
+        (vec!["made".to_owned()], json!(100000), true)
+    );
+}

@@ -19,8 +19,8 @@ use tokio_util::sync::CancellationToken;
 
 use super::{
     Ack, ApprovalRecord, AttemptRecord, CacheEntry, CacheFilter, CacheSummary, Entry, Journal,
-    LogChunk, NewRun, Owner, Pruned, RunFilter, RunState, RunStore, RunSummary, StoreError, StoredRun,
-    now_ms, spec_hash,
+    LogChunk, NewRun, Owner, Pruned, RunFilter, RunState, RunStore, RunSummary, StoreError,
+    StoredRun, now_ms, spec_hash,
 };
 use crate::record::{self, FORMAT_VERSION, RecordError, Row};
 use crate::report::{ApprovalDecision, ApprovalRequest, StepResult};
@@ -2137,7 +2137,23 @@ fn prune_runs(tx: &rusqlite::Transaction<'_>, runs: &[RunSummary]) -> rusqlite::
     }
     tx.execute(&format!("DELETE FROM runs WHERE id IN {doomed}"), [])?;
     if !to_blobs.is_empty() {
-        let used = to_blobs
+        // A row that stays may hold a blob without declaring the key: the step cache keeps its results'
+        // large outputs in `blobs` as runs do, and outlives the runs that produced them. Every column named
+        // `*_blob` counts as a use.
+        let mut users = tx
+            .prepare(
+                "SELECT m.name, c.name FROM main.sqlite_master m, pragma_table_info(m.name) c
+                 WHERE m.type = 'table' AND m.name != 'blobs' AND c.name GLOB '*_blob'
+                 ORDER BY m.name, c.name",
+            )?
+            .query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?)))?
+            .collect::<rusqlite::Result<Vec<_>>>()?;
+        for (table, column) in &to_blobs {
+            if !users.iter().any(|(t, c)| t == table && c == column) {
+                users.push(((*table).to_owned(), (*column).to_owned()));
+            }
+        }
+        let used = users
             .iter()
             .map(|(t, c)| {
                 format!(
