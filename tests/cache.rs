@@ -608,3 +608,24 @@ fn pruning_the_run_that_produced_a_cached_result_keeps_the_result() {
         (vec!["made".to_owned()], json!(100000), true)
     );
 }
+
+/// `archon logs RUN STEP` of a step served from the cache names the run whose commands wrote its output.
+#[test]
+fn logs_of_a_cached_step_name_the_run_that_wrote_them() {
+    let dir = TempDir::new().expect("tempdir");
+    let dir = dir.path();
+    write(dir, "counted.yaml", COUNTED);
+    ok(dir, &["run", "counted.yaml"]);
+    let first = newest_run(dir);
+    ok(dir, &["run", "counted.yaml"]);
+    let logs = ok(dir, &["logs", "--last", "greet"]);
+    assert_eq!(
+        (logs.stdout.as_str(), logs.stderr.replace(&first, "[FIRST]")),
+        (
+            "",
+            "note: `greet` was served from the cache: run `[FIRST]` wrote it (`archon logs [FIRST] greet`)\n"
+                .to_owned()
+        )
+    );
+    assert_eq!(ok(dir, &["logs", &first, "greet"]).stdout, "hello\n");
+}

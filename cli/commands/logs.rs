@@ -33,6 +33,25 @@ pub fn logs(args: &LogsArgs, color: ColorChoice) -> anyhow::Result<Status> {
             name == step || name.strip_prefix(step).is_some_and(|r| r.starts_with('['))
         })
     };
+    // A step (or item) served from the cache ran no command in this run: its logs are the run's that
+    // produced it.
+    let cached: Vec<String> = run
+        .results
+        .iter()
+        .filter(|(name, _)| step.is_some() && wanted(name))
+        .filter_map(|(name, result)| {
+            result.cached.as_ref().map(|from| {
+                format!(
+                    "note: `{name}` was served from the cache: run `{}` wrote it (`archon logs {} {}`)\n",
+                    from.run, from.run, from.step
+                )
+            })
+        })
+        .collect();
+    if !cached.is_empty() && !run.attempts.iter().any(|a| wanted(&a.step)) {
+        output::stderr(&output::printable(&cached.concat()));
+        return Ok(Status::Success);
+    }
     if let Some(step) = &step
         && !run.attempts.iter().any(|a| wanted(&a.step))
     {
