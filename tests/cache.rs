@@ -76,7 +76,10 @@ fn progress(stderr: &str) -> Vec<String> {
 macro_rules! scrubbed {
     ($name:expr, $text:expr) => {
         insta::with_settings!({filters => vec![
-            (r"r[0-9a-f]{18}", "[RUN]"),
+            // Run ids are `r` and hex digits, as many as the time, the process id and a random part take.
+            (r"\br[0-9a-f]{12,32}\b", "[RUN]"),
+            // Columns are as wide as their widest cell, which a run id's length changes.
+            (r"  +", "  "),
             (r"\b[0-9a-f]{12}\b", "[KEY]"),
             (r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", "[TIME]"),
             (r#""(created_at|expires_at|at_ms)": \d+"#, "\"$1\": [MS]"),
