@@ -76,7 +76,10 @@ fn progress(stderr: &str) -> Vec<String> {
 macro_rules! scrubbed {
     ($name:expr, $text:expr) => {
         insta::with_settings!({filters => vec![
-            (r"r[0-9a-f]{18}", "[RUN]"),
+            // Run ids are `r` and hex digits, as many as the time, the process id and a random part take.
+            (r"\br[0-9a-f]{12,32}\b", "[RUN]"),
+            // Columns are as wide as their widest cell, which a run id's length changes.
+            (r"  +", "  "),
             (r"\b[0-9a-f]{12}\b", "[KEY]"),
             (r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", "[TIME]"),
             (r#""(created_at|expires_at|at_ms)": \d+"#, "\"$1\": [MS]"),
@@ -628,4 +631,67 @@ fn logs_of_a_cached_step_name_the_run_that_wrote_them() {
         )
     );
     assert_eq!(ok(dir, &["logs", &first, "greet"]).stdout, "hello\n");
+}
+
+#[test]
+fn a_large_result_is_cached_apart_and_read_back_whole() {
+    let dir = TempDir::new().expect("tempdir");
+    write(
+        dir.path(),
+        "large.yaml",
+        r#"name: large
+tools:
+  big:
+    command: ["sh", "-c", "echo run >> count; head -c 100000 /dev/zero | tr '\\0' a"]
+steps:
+  - id: make
+    tool: big
+    cache: true
+  - id: size
+    tool: echo
+    with: { length: "{{ steps.make.output | length }}" }
+"#,
+    );
+    let first: Json =
+        serde_json::from_str(&ok(dir.path(), &["run", "large.yaml", "--json"]).stdout)
+            .expect("report");
+    let second: Json =
+        serde_json::from_str(&ok(dir.path(), &["run", "large.yaml", "--json"]).stdout)
+            .expect("report");
+    assert_eq!(count(dir.path()), ["run"]);
+    assert!(second["steps"]["make"]["cached"].is_object());
+    assert_eq!(
+        second["steps"]["make"]["output"],
+        first["steps"]["make"]["output"]
+    );
+    assert_eq!(
+        second["steps"]["size"]["output"],
+        json!({ "length": 100000 })
+    );
+    // Kept in `blobs`, as a run's large results are.
+    let db = Connection::open(dir.path().join(".archon/state.db")).expect("db");
+    let apart: bool = db
+        .query_row("SELECT output_blob IS NOT NULL FROM cache", [], |r| {
+            r.get(0)
+        })
+        .expect("one entry");
+    assert!(apart);
+}
+
+#[test]
+fn a_fallback_cannot_say_cache() {
+    let dir = TempDir::new().expect("tempdir");
+    write(
+        dir.path(),
+        "fallback.yaml",
+        "name: fb\nsteps:\n  - id: a\n    tool: echo\n    with: { v: 1 }\n    fallback: { tool: echo, with: { v: 2 }, cache: true }\n",
+    );
+    let out = archon(dir.path(), &["validate", "fallback.yaml"]);
+    assert_eq!(out.code, 2);
+    let first = out.stdout.lines().next().unwrap_or_default();
+    assert!(
+        first.starts_with("error[archon::unknown_key]: unknown key `cache`"),
+        "{}",
+        out.stdout
+    );
 }

@@ -99,6 +99,7 @@ fn noun(def: &str) -> &'static str {
         "Rule" => "rule",
         "RuleMatch" => "rule `match`",
         "Defaults" => "`defaults` section",
+        "CacheOptions" => "`cache` setting",
         _ => "value",
     }
 }

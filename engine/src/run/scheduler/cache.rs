@@ -466,3 +466,42 @@ impl Hasher {
         text
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(value: &Json) -> String {
+        let mut hash = Hasher::new();
+        hash.value(value);
+        hash.finish()
+    }
+
+    #[test]
+    fn the_key_of_a_value_does_not_depend_on_its_key_order_but_on_every_value_and_type() {
+        let a = serde_json::from_str::<Json>(r#"{"b": [1, {"y": 2, "x": "1"}], "a": null}"#)
+            .expect("JSON");
+        let b = serde_json::from_str::<Json>(r#"{"a": null, "b": [1, {"x": "1", "y": 2}]}"#)
+            .expect("JSON");
+        assert_eq!(key(&a), key(&b));
+        assert_eq!(key(&a).len(), 64);
+        for other in [
+            r#"{"a": null, "b": [1, {"x": 1, "y": 2}]}"#,
+            r#"{"a": null, "b": [{"x": "1", "y": 2}, 1]}"#,
+            r#"{"a": null, "b": [1, {"x": "1", "y": 2}], "c": null}"#,
+            r#"{"a": "null", "b": [1, {"x": "1", "y": 2}]}"#,
+            r#"{"ab": null, "b": [1, {"x": "1", "y": 2}]}"#,
+        ] {
+            let other = serde_json::from_str::<Json>(other).expect("JSON");
+            assert_ne!(key(&a), key(&other), "{other}");
+        }
+        // Fields are length-prefixed: moving a boundary changes the key.
+        let mut one = Hasher::new();
+        one.str("ab");
+        one.str("c");
+        let mut two = Hasher::new();
+        two.str("a");
+        two.str("bc");
+        assert_ne!(one.finish(), two.finish());
+    }
+}
