@@ -32,3 +32,55 @@ fn completions_into_a_closed_pipe_stop_quietly() {
         );
     }
 }
+
+/// A dry run prints tool arguments, so a template that changes a secret (`upper`, `reverse`, a slice, a
+/// spec `env` entry built from it) must not show any of it: the dry run renders with every secret, and every
+/// environment variable that holds one, already masked, so what it prints derives from `***` and never from
+/// the value.
+#[test]
+fn a_dry_run_never_shows_a_secret_a_template_transformed() {
+    let dir = TempDir::new().expect("temp dir");
+    std::fs::write(
+        dir.path().join("leak.yaml"),
+        r#"name: leak
+secrets: [TOKEN]
+env:
+  AUTH: "Bearer {{ secrets.TOKEN | upper }}"
+steps:
+  - id: call
+    tool: echo
+    with:
+      nested: { deep: ["{{ secrets.TOKEN }}"] }
+      upper: "{{ secrets.TOKEN | upper }}"
+      reversed: "{{ secrets.TOKEN | reverse }}"
+      halves: "{{ secrets.TOKEN[:6] }} {{ secrets.TOKEN[6:] }}"
+      auth: "{{ env.AUTH }}"
+      raw_env: "{{ env.TOKEN | title }}"
+  - id: think
+    goal: "use {{ env.AUTH | lower }} and {{ env.TOKEN | reverse }}"
+"#,
+    )
+    .expect("spec");
+    let env = [("TOKEN", "s3cr3t-value-xyz")];
+    let text = crate::support::archon_with(dir.path(), &["run", "--dry-run", "leak.yaml"], &env);
+    assert_eq!(text.code, 0, "{}", text.stderr);
+    insta::assert_snapshot!(text.stdout, @r#"
+    dry run of `leak`: 2 steps in 1 wave; nothing is run
+
+    wave 1
+      call  tool echo
+        with: {"nested":{"deep":["***"]},"upper":"***","reversed":"***","halves":"*** ","auth":"Bearer ***","raw_env":"***"}
+      think  LLM agent
+        goal: use bearer *** and ***
+    "#);
+    let json = crate::support::archon_with(
+        dir.path(),
+        &["run", "--dry-run", "leak.yaml", "--json"],
+        &env,
+    );
+    assert_eq!(json.code, 0, "{}", json.stderr);
+    let lower = json.stdout.to_lowercase();
+    for piece in ["s3cr3t", "value-xyz", "zyx-eulav", "t3rc3s"] {
+        assert!(!lower.contains(piece), "`{piece}` in {}", json.stdout);
+    }
+}

@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use serde::Serialize;
 use serde_json::{Map, Value as Json};
 
-use super::redact::Redactor;
+use super::redact::{MASK, Redactor};
 use super::render::{Renderer, context_value};
 use crate::plan::{Plan, StepKind};
 use crate::spec::{Body, Node, NodeKind, Step};
@@ -101,6 +101,14 @@ pub async fn dry_run(
             .filter_map(|v| v.as_str().map(str::to_owned))
             .chain(crate::llm::config::key_values(&providers, env)),
     );
+    // Templates never see a secret's value, only the mask: what a template makes of a secret (`upper`,
+    // `reverse`, a slice) cannot be recognised in its output, and a dry run prints what it renders. The
+    // values were read above only so that one that is not set fails the dry run as it would fail the run;
+    // environment variables that hold one (or an LLM provider's key) are masked the same way.
+    let secrets: Map<String, Json> = secrets
+        .into_iter()
+        .map(|(name, _)| (name, Json::String(MASK.to_owned())))
+        .collect();
     let renderer = Renderer::new(helper);
     let run = serde_json::json!({
         "id": DRY_RUN_ID,
@@ -110,7 +118,7 @@ pub async fn dry_run(
     });
     let mut env: Map<String, Json> = env
         .iter()
-        .map(|(k, v)| (k.clone(), Json::String(v.clone())))
+        .map(|(k, v)| (k.clone(), Json::String(redactor.text(v).into_owned())))
         .collect();
     let mut ctx = Map::new();
     ctx.insert("inputs".into(), Json::Object(inputs.clone()));
