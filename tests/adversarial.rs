@@ -84,3 +84,28 @@ steps:
         assert!(!lower.contains(piece), "`{piece}` in {}", json.stdout);
     }
 }
+
+/// In a `matrix` step, `{{ matrix.os }}` is known once the step runs, as `{{ item }}` is: the dry run marks
+/// it so, where it said `matrix` was undefined and the step would fail.
+#[test]
+fn a_dry_run_marks_matrix_values_as_known_at_run_time() {
+    let dir = TempDir::new().expect("temp dir");
+    std::fs::write(
+        dir.path().join("grid.yaml"),
+        r#"name: grid
+steps:
+  - id: build
+    tool: echo
+    matrix: { os: [linux, mac], py: "[3, 4]" }
+    with: { target: "{{ matrix.os }}-py{{ matrix.py }}" }
+"#,
+    )
+    .expect("spec");
+    let out = crate::support::archon(dir.path(), &["run", "--dry-run", "grid.yaml", "--json"]);
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    let dry: serde_json::Value = serde_json::from_str(&out.stdout).expect("json");
+    assert_eq!(
+        dry["waves"][0][0]["arguments"],
+        serde_json::json!({ "target": "<known at run time: {{ matrix.os }}-py{{ matrix.py }}>" })
+    );
+}

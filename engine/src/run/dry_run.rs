@@ -74,8 +74,9 @@ pub enum Decision {
     Fails { expression: String, error: String },
 }
 
-/// Names whose values exist only once the run is under way: the results of steps, and a `foreach` item.
-const RUN_TIME: [&str; 3] = ["steps", "item", "index"];
+/// Names whose values exist only once the run is under way: the results of steps, a `foreach` item and a
+/// `matrix` combination.
+const RUN_TIME: [&str; 4] = ["steps", "item", "index", "matrix"];
 
 /// Renders what each step of `workflow` would run with `inputs`, `env` (the process environment), `workdir`
 /// (the workspace, as `run.workdir`) and the workflow's secrets (read as a run reads them, and masked in what is returned). Errors, as a run would
@@ -325,7 +326,7 @@ impl Dry {
 }
 
 /// The names a template (or an expression) reads that exist only at run time (`steps.X...`, `item`,
-/// `index`), sorted; `None` when it reads none of them.
+/// `index`, `matrix.X`), sorted; `None` when it reads none of them.
 fn reads_at_run_time(text: &str, expression: bool) -> Option<Vec<String>> {
     if !expression && !crate::validate::templates::is_template(text) {
         return None;
