@@ -109,3 +109,41 @@ steps:
         serde_json::json!({ "target": "<known at run time: {{ matrix.os }}-py{{ matrix.py }}>" })
     );
 }
+
+/// The text of a dry run shows a `matrix` step's lists, as its JSON does and as it shows a `foreach`
+/// list; it left them out, so a step that runs once per combination read as a step that runs once.
+#[test]
+fn a_dry_run_in_text_shows_a_matrix_steps_lists() {
+    let dir = TempDir::new().expect("temp dir");
+    std::fs::write(
+        dir.path().join("grid.yaml"),
+        r#"name: grid
+steps:
+  - id: build
+    tool: echo
+    matrix: { os: [linux, mac], py: "[3, 4, 5]", tag: "steps.first.output" }
+    with: { os: "{{ matrix.os }}" }
+    needs: [first]
+  - id: first
+    tool: echo
+    with: {}
+"#,
+    )
+    .expect("spec");
+    let out = crate::support::archon(dir.path(), &["run", "--dry-run", "grid.yaml"]);
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    insta::assert_snapshot!(out.stdout, @r#"
+    dry run of `grid`: 2 steps in 2 waves; nothing is run
+
+    wave 1
+      first  tool echo
+        with: {}
+
+    wave 2
+      build  tool echo  (after first)
+        matrix.os: `["linux","mac"]`: 2 items
+        matrix.py: `[3, 4, 5]`: 3 items
+        matrix.tag: `steps.first.output`: decided at run time (reads `steps.first.output`)
+        with: {"os":"<known at run time: {{ matrix.os }}>"}
+    "#);
+}

@@ -87,6 +87,9 @@ fn step_text(step: &DryStep, out: &mut String) {
     if let Some(decision) = &step.foreach {
         field("foreach", &decided(decision, false));
     }
+    for (name, decision) in &step.matrix {
+        field(&format!("matrix.{name}"), &decided(decision, false));
+    }
     if let Some(arguments) = &step.arguments {
         field("with", &arguments.to_string());
     }
