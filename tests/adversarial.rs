@@ -147,3 +147,36 @@ steps:
         with: {"os":"<known at run time: {{ matrix.os }}>"}
     "#);
 }
+
+/// `archon logs RUN STEP` for a step that has no attempt lists the steps that have, each once: a `foreach`
+/// step whose items were retried named its items once per attempt.
+#[test]
+fn logs_of_an_unknown_step_list_each_step_once() {
+    let dir = TempDir::new().expect("temp dir");
+    std::fs::write(
+        dir.path().join("items.yaml"),
+        r#"name: items
+steps:
+  - id: each
+    tool: exec
+    foreach: "[0, 1, 2]"
+    with: { argv: [sh, -c, "test {{ item }} -ne 1"] }
+    retry: { attempts: 3, delay: 1ms }
+  - id: after
+    tool: echo
+    needs: [each]
+    if: "steps.each.status == 'failed'"
+    with: {}
+"#,
+    )
+    .expect("spec");
+    let run = crate::support::archon(dir.path(), &["run", "items.yaml"]);
+    assert_eq!(run.code, 1, "{}", run.stderr);
+    let out = crate::support::archon(dir.path(), &["logs", "--last", "nope"]);
+    assert_eq!(out.code, 2);
+    let id = out.stderr.split('`').nth(1).expect("the run id").to_owned();
+    insta::assert_snapshot!(out.stderr.replace(&id, "RUN"), @r"
+    error: run `RUN` has no attempt of a step `nope`
+      hint: its steps with attempts: `after`, `each[0]`, `each[1]`, `each[2]`
+    ");
+}

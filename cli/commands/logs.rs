@@ -36,8 +36,9 @@ pub fn logs(args: &LogsArgs, color: ColorChoice) -> anyhow::Result<Status> {
     if let Some(step) = &step
         && !run.attempts.iter().any(|a| wanted(&a.step))
     {
-        let mut known: Vec<&str> = run.attempts.iter().map(|a| a.step.as_str()).collect();
-        known.dedup();
+        // Each step once (a retried step has several attempts), sorted.
+        let known: std::collections::BTreeSet<&str> =
+            run.attempts.iter().map(|a| a.step.as_str()).collect();
         output::stderr(&output::printable(&format!(
             "error: run `{}` has no attempt of a step `{step}`\n  hint: its steps with attempts: {}\n",
             id,
