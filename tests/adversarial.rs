@@ -180,3 +180,42 @@ steps:
       hint: its steps with attempts: `after`, `each[0]`, `each[1]`, `each[2]`
     ");
 }
+
+/// A value an option does not take is refused as every error of archon is: lowercase, the value and the
+/// option in backticks, and what it takes on a hint line (where clap wrote `invalid value 'bogus' for
+/// '--status <STATE>'` and a list in brackets).
+#[test]
+fn a_bad_option_value_is_an_error_with_a_hint() {
+    let dir = TempDir::new().expect("temp dir");
+    let refused = |args: &[&str]| {
+        let out = crate::support::archon(dir.path(), args);
+        assert_eq!((out.code, out.stdout.as_str()), (2, ""), "{args:?}");
+        out.stderr
+    };
+    insta::assert_snapshot!(refused(&["runs", "--status", "Failed"]), @r"
+    error: `Failed` is not a value of `--status`
+      hint: did you mean `failed`?
+      hint: `--status` takes `running`, `waiting_approval`, `interrupted`, `succeeded`, `failed`, `cancelled`
+    ");
+    insta::assert_snapshot!(refused(&["runs", "--status", "bogus"]), @r"
+    error: `bogus` is not a value of `--status`
+      hint: `--status` takes `running`, `waiting_approval`, `interrupted`, `succeeded`, `failed`, `cancelled`
+    ");
+    insta::assert_snapshot!(refused(&["runs", "--limit", "ten"]), @r"
+    error: `ten` is not a value of `--limit`: invalid digit found in string
+      hint: `archon runs --help` says what `--limit` takes
+    ");
+    insta::assert_snapshot!(refused(&["prune", "--older-than", "soon"]), @r"
+    error: `soon` is not an age such as `30d`, `12h` or `2w`
+      hint: `archon prune --help` says what `--older-than` takes
+    ");
+    insta::assert_snapshot!(refused(&["completions", "tcsh"]), @r"
+    error: `tcsh` is not a value of `SHELL`
+      hint: did you mean `zsh`?
+      hint: `SHELL` takes `bash`, `elvish`, `fish`, `powershell`, `zsh`
+    ");
+    insta::assert_snapshot!(refused(&["--color", "sometimes", "runs"]), @r"
+    error: `sometimes` is not a value of `--color`
+      hint: `--color` takes `auto`, `always`, `never`
+    ");
+}
