@@ -219,3 +219,32 @@ fn a_bad_option_value_is_an_error_with_a_hint() {
       hint: `--color` takes `auto`, `always`, `never`
     ");
 }
+
+/// `archon init ""` and `archon init notes/` name no file: the error says so and hints a name that works,
+/// where it said `` `.yaml` cannot name a workflow `` and hinted `archon init yaml`.
+#[test]
+fn init_without_a_file_name_says_so() {
+    let dir = TempDir::new().expect("temp dir");
+    let refused = |args: &[&str]| {
+        let out = crate::support::archon(dir.path(), args);
+        assert_eq!((out.code, out.stdout.as_str()), (2, ""), "{args:?}");
+        out.stderr
+    };
+    insta::assert_snapshot!(refused(&["init", ""]), @r"
+    error: an empty NAME names no workflow
+      hint: `archon init workflow`
+    ");
+    insta::assert_snapshot!(refused(&["init", "notes/"]), @r"
+    error: `notes/` holds no workflow name
+      hint: `archon init notes/workflow`
+    ");
+    insta::assert_snapshot!(refused(&["init", "notes/.yaml"]), @r"
+    error: `notes/.yaml` holds no workflow name
+      hint: `archon init notes/workflow`
+    ");
+    assert_eq!(
+        std::fs::read_dir(dir.path()).expect("dir").count(),
+        0,
+        "nothing written"
+    );
+}
