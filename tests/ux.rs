@@ -126,14 +126,32 @@ struct Terminal {
 
 impl Terminal {
     fn spawn(dir: &Path, args: &[&str], env: &[(&str, &str)]) -> Terminal {
+        Terminal::spawn_sized(dir, args, env, None)
+    }
+
+    /// With `columns`, the terminal is that wide and `COLUMNS` is not set (a shell does not export it);
+    /// without, `COLUMNS` says 200.
+    fn spawn_sized(
+        dir: &Path,
+        args: &[&str],
+        env: &[(&str, &str)],
+        columns: Option<u16>,
+    ) -> Terminal {
         use std::io::Read as _;
-        let pty = nix::pty::openpty(None, None).expect("a pseudo-terminal");
+        let size = columns.map(|ws_col| nix::pty::Winsize {
+            ws_row: 24,
+            ws_col,
+            ws_xpixel: 0,
+            ws_ypixel: 0,
+        });
+        let pty = nix::pty::openpty(size.as_ref(), None).expect("a pseudo-terminal");
         let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_archon"));
+        command.args(args).current_dir(dir).env_remove("NO_COLOR");
+        match columns {
+            Some(_) => command.env_remove("COLUMNS"),
+            None => command.env("COLUMNS", "200"),
+        };
         command
-            .args(args)
-            .current_dir(dir)
-            .env_remove("NO_COLOR")
-            .env("COLUMNS", "200")
             .envs(env.iter().copied())
             .stdin(std::process::Stdio::from(
                 pty.slave.try_clone().expect("dup"),
@@ -281,6 +299,37 @@ fn a_terminal_shows_the_live_status_line() {
         !stdout.contains('\x1b'),
         "standard output is not a terminal: {stdout}"
     );
+}
+
+/// The status line fits the terminal it is drawn on, read from the terminal when `COLUMNS` is not set (a
+/// shell does not export it): on a 60-column terminal it was cut at 99 columns, so it wrapped and every
+/// redraw left a line behind.
+#[test]
+fn the_status_line_fits_the_terminals_width() {
+    let dir = TempDir::new().expect("tempdir");
+    std::fs::write(
+        dir.path().join("wide.yaml"),
+        r#"name: wide
+steps:
+  - id: a_step_whose_name_is_longer_than_the_terminal_is_wide
+    tool: exec
+    with: { argv: [sh, -c, "while [ ! -f go ]; do sleep 0.01; done"] }
+"#,
+    )
+    .expect("write");
+    let mut terminal = Terminal::spawn_sized(
+        dir.path(),
+        &["run", "wide.yaml"],
+        &[("NO_COLOR", "1")],
+        Some(60),
+    );
+    let end = terminal.until(0, "\r\x1b[2Krunning 1 | done 0 | failed 0 | skipped 0");
+    std::fs::write(dir.path().join("go"), "").expect("go");
+    let (code, text, _) = terminal.finish();
+    assert_eq!(code, 0, "{text}");
+    let line = text[end..].split('\r').next().unwrap_or_default();
+    // 59 columns: the 41 of the counts, then ` | ` and as much of the name as fits.
+    assert_eq!(line, " | a_step_whose_na");
 }
 
 const PROMPTED: &str = r#"name: prompted

@@ -568,11 +568,18 @@ impl Screen {
     }
 }
 
-/// The terminal's width from `COLUMNS`, or 100.
+/// The terminal's width: `COLUMNS` when it is set, else what the terminal on standard error says (a shell
+/// does not export `COLUMNS`), else 100. Read at each redraw, so a resized window is followed.
 fn terminal_width() -> usize {
     std::env::var("COLUMNS")
         .ok()
         .and_then(|c| c.parse().ok())
+        .or_else(|| {
+            rustix::termios::tcgetwinsize(std::io::stderr())
+                .ok()
+                .map(|size| usize::from(size.ws_col))
+                .filter(|&columns| columns > 0)
+        })
         .unwrap_or(100)
 }
 
