@@ -248,3 +248,39 @@ fn init_without_a_file_name_says_so() {
         "nothing written"
     );
 }
+
+/// An `if:` over an `env` entry made from a secret is decided as the run would decide it (masking the
+/// secret for what a dry run prints must not turn a step that runs into one shown as skipped); only its truth
+/// is shown, and the expression itself is shown with the secret masked.
+#[test]
+fn a_dry_run_decides_a_condition_on_a_secret_as_the_run_would() {
+    let dir = TempDir::new().expect("temp dir");
+    std::fs::write(
+        dir.path().join("gate.yaml"),
+        r#"name: gate
+secrets: [TOKEN]
+env:
+  AUTH: "Bearer {{ secrets.TOKEN }}"
+steps:
+  - id: call
+    tool: echo
+    if: "env.AUTH == 'Bearer s3cr3t-value-xyz' and env.TOKEN | length == 16"
+    with: { auth: "{{ env.AUTH | upper }}" }
+"#,
+    )
+    .expect("spec");
+    let out = crate::support::archon_with(
+        dir.path(),
+        &["run", "--dry-run", "gate.yaml"],
+        &[("TOKEN", "s3cr3t-value-xyz")],
+    );
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    insta::assert_snapshot!(out.stdout, @r#"
+    dry run of `gate`: 1 step in 1 wave; nothing is run
+
+    wave 1
+      call  tool echo
+        if: `env.AUTH == 'Bearer ***' and env.TOKEN | length == 16` is true: it runs
+        with: {"auth":"BEARER ***"}
+    "#);
+}
