@@ -284,3 +284,42 @@ steps:
         with: {"auth":"BEARER ***"}
     "#);
 }
+
+/// A dry run says how many combinations a `matrix` step runs when its lists are known, and that the step
+/// fails when they are more than a run takes (each list alone looked fine: 1000 items).
+#[test]
+fn a_dry_run_counts_a_matrixs_combinations_and_says_when_they_are_too_many() {
+    let dir = TempDir::new().expect("temp dir");
+    std::fs::write(
+        dir.path().join("grid.yaml"),
+        r#"name: grid
+steps:
+  - id: small
+    tool: echo
+    matrix: { os: [linux, mac], py: "[3, 4, 5]" }
+    with: {}
+  - id: huge
+    tool: echo
+    matrix: { a: "range(1000)", b: "range(1000)" }
+    with: {}
+"#,
+    )
+    .expect("spec");
+    let out = crate::support::archon(dir.path(), &["run", "--dry-run", "grid.yaml"]);
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    insta::assert_snapshot!(out.stdout, @r#"
+    dry run of `grid`: 2 steps in 1 wave; nothing is run
+
+    wave 1
+      small  tool echo
+        matrix.os: `["linux","mac"]`: 2 items
+        matrix.py: `[3, 4, 5]`: 3 items
+        matrix: 6 combinations
+        with: {}
+      huge  tool echo
+        matrix.a: `range(1000)`: 1000 items
+        matrix.b: `range(1000)`: 1000 items
+        matrix: 1000000 combinations, more than 10000: the step fails
+        with: {}
+    "#);
+}
