@@ -323,3 +323,18 @@ steps:
         with: {}
     "#);
 }
+
+/// Completion scripts offer the commands a person types, not archon's internal helpers (`__jq`,
+/// `__render`, hidden from `--help`), which every shell's script offered after `archon <TAB>`.
+#[test]
+fn completions_leave_out_the_internal_helpers() {
+    let dir = TempDir::new().expect("temp dir");
+    for shell in ["bash", "zsh", "fish", "elvish", "powershell"] {
+        let out = crate::support::archon(dir.path(), &["completions", shell]);
+        assert_eq!(out.code, 0, "{shell}: {}", out.stderr);
+        assert!(out.stdout.contains("completions"), "{shell}");
+        for helper in ["__jq", "__render"] {
+            assert!(!out.stdout.contains(helper), "{shell} offers {helper}");
+        }
+    }
+}

@@ -7,7 +7,13 @@ use crate::args::{Cli, CompletionsArgs};
 use crate::output;
 
 pub fn completions(args: &CompletionsArgs) -> anyhow::Result<Status> {
-    let mut command = Cli::command();
+    // clap_complete offers hidden subcommands too: the script is made from the commands a person types,
+    // without archon's internal helpers (`__jq`, `__render`).
+    let full = Cli::command();
+    let mut command = clap::Command::new("archon")
+        .version(env!("CARGO_PKG_VERSION"))
+        .args(full.get_arguments().cloned())
+        .subcommands(full.get_subcommands().filter(|s| !s.is_hide_set()).cloned());
     // clap_complete panics when its writer fails (a closed pipe: `archon completions bash | head`), so the
     // script is made in memory and written as any output is.
     let mut script = Vec::new();
