@@ -221,9 +221,10 @@ fn a_bad_option_value_is_an_error_with_a_hint() {
 }
 
 /// `archon init ""` and `archon init notes/` name no file: the error says so and hints a name that works,
-/// where it said `` `.yaml` cannot name a workflow `` and hinted `archon init yaml`.
+/// where it said `` `.yaml` cannot name a workflow `` and hinted `archon init yaml`. `archon init notes.yaml
+/// --toml` asks for two formats, where it was told `notes.yaml` is not a name and hinted `notes-yaml`.
 #[test]
-fn init_without_a_file_name_says_so() {
+fn init_without_a_file_name_or_with_two_formats_says_so() {
     let dir = TempDir::new().expect("temp dir");
     let refused = |args: &[&str]| {
         let out = crate::support::archon(dir.path(), args);
@@ -237,6 +238,10 @@ fn init_without_a_file_name_says_so() {
     insta::assert_snapshot!(refused(&["init", "notes/"]), @r"
     error: `notes/` holds no workflow name
       hint: `archon init notes/workflow`
+    ");
+    insta::assert_snapshot!(refused(&["init", "notes.yaml", "--toml"]), @r"
+    error: `notes.yaml` is a YAML file, and `--toml` asks for TOML
+      hint: `archon init notes.toml`, or `archon init notes.yaml` without `--toml`
     ");
     insta::assert_snapshot!(refused(&["init", "notes/.yaml"]), @r"
     error: `notes/.yaml` holds no workflow name

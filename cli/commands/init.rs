@@ -122,6 +122,17 @@ pub fn init(args: &InitArgs) -> anyhow::Result<Status> {
     }
     let given = Path::new(&args.name);
     let written_ext = given.extension().and_then(|e| e.to_str());
+    if args.toml && matches!(written_ext, Some("yaml" | "yml")) {
+        let stem = given.with_extension("");
+        return Ok(refuse(
+            &format!("`{}` is a YAML file, and `--toml` asks for TOML", args.name),
+            &format!(
+                "`archon init {}.toml`, or `archon init {}` without `--toml`",
+                stem.display(),
+                args.name
+            ),
+        ));
+    }
     let (file, toml) = match written_ext {
         Some("yaml" | "yml") if !args.toml => (given.to_path_buf(), false),
         Some("toml") => (given.to_path_buf(), true),
