@@ -343,3 +343,55 @@ fn completions_leave_out_the_internal_helpers() {
         }
     }
 }
+
+/// An error of one very long line (a command that wrote 5,000 characters to stderr without a newline) is cut
+/// in progress, events and `archon show` as an error of many lines is, with a note naming `archon logs`,
+/// which prints it whole: progress printed all of it on one line.
+#[test]
+fn an_error_of_one_long_line_is_cut_in_progress_and_show() {
+    let dir = TempDir::new().expect("temp dir");
+    std::fs::write(
+        dir.path().join("long.yaml"),
+        r#"name: long
+steps:
+  - id: loud
+    tool: exec
+    with: { argv: [sh, -c, "printf '%05000d' 0 >&2; exit 1"] }
+"#,
+    )
+    .expect("spec");
+    let run = crate::support::archon(dir.path(), &["run", "long.yaml"]);
+    assert_eq!(run.code, 1, "{}", run.stderr);
+    let runs: serde_json::Value =
+        serde_json::from_str(&crate::support::archon(dir.path(), &["runs", "--json"]).stdout)
+            .expect("runs");
+    let id = runs[0]["id"].as_str().expect("id").to_owned();
+    // `` `sh` exited with code 1: `` is 25 characters; the line keeps 300.
+    let kept = format!("`sh` exited with code 1: {}", "0".repeat(275));
+    let cut = format!("{kept} (...+4725 characters, see `archon logs {id} loud`)");
+    let failed = run
+        .stderr
+        .lines()
+        .find(|l| l.starts_with("failed "))
+        .expect("a failed line");
+    assert_eq!(
+        failed.split_once("): ").map(|(_, e)| e),
+        Some(cut.as_str())
+    );
+    let show = crate::support::archon(dir.path(), &["show", &id]);
+    let row = show
+        .stdout
+        .lines()
+        .find(|l| l.starts_with("loud "))
+        .expect("the step's row");
+    assert!(row.ends_with(&format!("  {cut}")), "{row}");
+    // `archon logs` prints the whole error.
+    let logs = crate::support::archon(dir.path(), &["logs", &id, "loud"]);
+    let whole = format!("`sh` exited with code 1: {}", "0".repeat(5000));
+    assert!(
+        logs.stderr
+            .ends_with(&format!("archon: attempt 1 of `loud` failed: {whole}\n")),
+        "{}",
+        logs.stderr
+    );
+}
