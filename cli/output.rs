@@ -62,12 +62,22 @@ pub fn error(err: &anyhow::Error) {
 
 /// Whether to color standard output.
 pub fn use_color(choice: ColorChoice) -> bool {
-    color_for(choice, std::io::stdout().is_terminal())
+    color_for(choice, capable(std::io::stdout().is_terminal()))
 }
 
 /// Whether to color standard error.
 pub fn use_color_stderr(choice: ColorChoice) -> bool {
-    color_for(choice, std::io::stderr().is_terminal())
+    color_for(choice, capable(std::io::stderr().is_terminal()))
+}
+
+/// Whether standard error is a terminal that takes escape codes (moving the cursor, clearing a line,
+/// colours): a terminal whose `TERM` is not `dumb` (Emacs' shell, some CI logs).
+pub fn stderr_is_capable_terminal() -> bool {
+    capable(std::io::stderr().is_terminal())
+}
+
+fn capable(terminal: bool) -> bool {
+    terminal && std::env::var_os("TERM").is_none_or(|term| term != "dumb")
 }
 
 fn color_for(choice: ColorChoice, terminal: bool) -> bool {

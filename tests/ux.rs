@@ -332,6 +332,26 @@ steps:
     assert_eq!(line, " | a_step_whose_na");
 }
 
+/// A terminal that says it is dumb (`TERM=dumb`: Emacs' shell, some CI logs) cannot move the cursor or
+/// paint: progress is one plain line per event there, without colour, as when standard error is a file.
+#[test]
+fn a_dumb_terminal_gets_plain_lines() {
+    let dir = TempDir::new().expect("tempdir");
+    std::fs::write(dir.path().join("two.yaml"), TWO_STEPS).expect("write");
+    let terminal = Terminal::spawn(dir.path(), &["run", "two.yaml"], &[("TERM", "dumb")]);
+    let (code, text, _) = terminal.finish();
+    assert_eq!(code, 0, "{text}");
+    let text = text
+        .lines()
+        .map(|l| l.split_once(" (").map_or(l, |(head, _)| head))
+        .collect::<Vec<_>>()
+        .join("\n");
+    assert_eq!(
+        text,
+        "started   first\nsucceeded first\nstarted   second\nsucceeded second"
+    );
+}
+
 const PROMPTED: &str = r#"name: prompted
 steps:
   - id: pay

@@ -218,7 +218,7 @@ pub fn execute(
     let paint = Paint::new(output::use_color_stderr(color));
     let mut display = if args.json {
         Display::Quiet
-    } else if terminal {
+    } else if output::stderr_is_capable_terminal() {
         Display::Live(Live::default(), paint)
     } else {
         Display::Lines(paint)
