@@ -374,10 +374,7 @@ steps:
         .lines()
         .find(|l| l.starts_with("failed "))
         .expect("a failed line");
-    assert_eq!(
-        failed.split_once("): ").map(|(_, e)| e),
-        Some(cut.as_str())
-    );
+    assert_eq!(failed.split_once("): ").map(|(_, e)| e), Some(cut.as_str()));
     let show = crate::support::archon(dir.path(), &["show", &id]);
     let row = show
         .stdout
