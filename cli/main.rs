@@ -58,12 +58,16 @@ fn bad_value(err: &clap::Error) -> Option<String> {
     let arg = text(ContextKind::InvalidArg)?;
     let arg = arg.split_whitespace().next().unwrap_or(&arg);
     let arg = arg.trim_start_matches('<').trim_end_matches('>');
-    let value = text(ContextKind::InvalidValue)?;
+    // No value at all (`--spec` last on the line) is clap's own `a value is required` error.
+    let value = text(ContextKind::InvalidValue).filter(|v| !v.is_empty())?;
     match err.kind() {
         ErrorKind::InvalidValue => {
             let Some(ContextValue::Strings(takes)) = err.get(ContextKind::ValidValue) else {
                 return None;
             };
+            if takes.is_empty() {
+                return None;
+            }
             let takes = takes
                 .iter()
                 .map(|v| format!("`{v}`"))

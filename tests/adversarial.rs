@@ -214,6 +214,16 @@ fn a_bad_option_value_is_an_error_with_a_hint() {
       hint: did you mean `zsh`?
       hint: `SHELL` takes `bash`, `elvish`, `fish`, `powershell`, `zsh`
     ");
+    // An option given no value at all is clap's usage error, as before.
+    assert!(
+        refused(&["validate", "--format"]).starts_with(
+            "error: a value is required for '--format <FORMAT>' but none was supplied"
+        )
+    );
+    assert!(
+        refused(&["llm", "ping", "--spec"])
+            .starts_with("error: a value is required for '--spec <FILE>' but none was supplied")
+    );
     insta::assert_snapshot!(refused(&["--color", "sometimes", "runs"]), @r"
     error: `sometimes` is not a value of `--color`
       hint: `--color` takes `auto`, `always`, `never`
