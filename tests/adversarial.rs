@@ -202,7 +202,12 @@ fn a_bad_option_value_is_an_error_with_a_hint() {
       hint: `--status` takes `running`, `waiting_approval`, `interrupted`, `succeeded`, `failed`, `cancelled`
     ");
     insta::assert_snapshot!(refused(&["runs", "--limit", "ten"]), @r"
-    error: `ten` is not a value of `--limit`: invalid digit found in string
+    error: `ten` is not a number of runs
+      hint: `archon runs --help` says what `--limit` takes
+    ");
+    // `--limit 0` would list nothing and say that no run matches.
+    insta::assert_snapshot!(refused(&["runs", "--limit", "0"]), @r"
+    error: `0` would list no run: give 1 or more
       hint: `archon runs --help` says what `--limit` takes
     ");
     insta::assert_snapshot!(refused(&["prune", "--older-than", "soon"]), @r"
