@@ -81,6 +81,14 @@ pub fn logs(args: &LogsArgs, color: ColorChoice) -> anyhow::Result<Status> {
             Err(e) => return Ok(store_error(&e)),
         };
         after = chunks.last().map_or(after, |c| c.seq);
+        // Without `--follow`, everything is known at once: when more than one call wrote, every line is
+        // named, the first call's too.
+        if !args.follow {
+            let mut sources = chunks.iter().filter(|c| shown(c)).map(|c| &c.source);
+            if let Some(first) = sources.next() {
+                printer.several = sources.any(|s| s != first);
+            }
+        }
         for chunk in chunks.iter().filter(|c| shown(c)) {
             printer.print(chunk);
             printed += 1;
@@ -155,7 +163,8 @@ fn still_running(session: &Session, id: &str) -> bool {
         .is_ok_and(|run| run.status == RunState::Running)
 }
 
-/// Writes chunks out, naming the call that wrote each line once more than one call has written.
+/// Writes chunks out, naming the call that wrote each line once more than one call has written (from the
+/// start, when all that is shown is known before it is printed).
 #[derive(Default)]
 struct Printer {
     /// The first call seen, and whether another one has been since.
