@@ -146,7 +146,12 @@ impl Terminal {
         });
         let pty = nix::pty::openpty(size.as_ref(), None).expect("a pseudo-terminal");
         let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_archon"));
-        command.args(args).current_dir(dir).env_remove("NO_COLOR");
+        // A terminal that takes escape codes, whatever the tests' own `TERM` says (`dumb` in some CI).
+        command
+            .args(args)
+            .current_dir(dir)
+            .env_remove("NO_COLOR")
+            .env("TERM", "xterm-256color");
         match columns {
             Some(_) => command.env_remove("COLUMNS"),
             None => command.env("COLUMNS", "200"),
