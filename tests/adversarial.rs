@@ -407,3 +407,28 @@ steps:
         logs.stderr
     );
 }
+
+/// A spec file whose name holds an escape sequence (a hostile repository's file, found by `validate DIR`)
+/// is named in a diagnostic's location made printable, as every text a run produced is, where the name
+/// reached the terminal raw and its codes drove it.
+#[test]
+fn a_file_name_with_escape_codes_is_shown_printable_in_diagnostics() {
+    let dir = TempDir::new().expect("temp dir");
+    std::fs::create_dir(dir.path().join("specs")).expect("dir");
+    std::fs::write(
+        dir.path().join("specs").join("bad\u{1b}]0;owned\u{7}.yaml"),
+        "name: x\nsteps: 3\n",
+    )
+    .expect("spec");
+    let out = crate::support::archon(dir.path(), &["validate", "specs"]);
+    assert_eq!(out.code, 2);
+    let text = format!("{}{}", out.stdout, out.stderr);
+    assert!(
+        !text.contains('\u{1b}') && !text.contains('\u{7}'),
+        "{text:?}"
+    );
+    assert_eq!(
+        text.lines().find(|l| l.contains("-->")),
+        Some(" --> specs/bad\\u{001b}]0;owned\\u{0007}.yaml:2:8")
+    );
+}
