@@ -55,9 +55,10 @@ pub fn printable(text: &str) -> String {
     out
 }
 
-/// Reports a failure of the CLI itself (not a diagnostic) on standard error.
+/// Reports a failure of the CLI itself (not a diagnostic) on standard error, made printable (it may name
+/// a path as it was given).
 pub fn error(err: &anyhow::Error) {
-    eprintln!("error: {err:#}");
+    eprintln!("error: {}", printable(&format!("{err:#}")));
 }
 
 /// Whether to color standard output.

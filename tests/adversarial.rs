@@ -432,3 +432,27 @@ fn a_file_name_with_escape_codes_is_shown_printable_in_diagnostics() {
         Some(" --> specs/bad\\u{001b}]0;owned\\u{0007}.yaml:2:8")
     );
 }
+
+/// An events file that cannot be created is refused as archon's errors are: lowercase, and the path it was
+/// given made printable (it held an escape code), where the system's message came capitalised and the path
+/// raw.
+#[test]
+fn an_events_file_that_cannot_be_created_is_a_plain_lowercase_error() {
+    let dir = TempDir::new().expect("temp dir");
+    std::fs::write(
+        dir.path().join("one.yaml"),
+        "name: one\nsteps:\n  - { id: a, tool: echo, with: {} }\n",
+    )
+    .expect("spec");
+    let out = crate::support::archon(
+        dir.path(),
+        &["run", "one.yaml", "--events", "missing/\u{1b}[31mev.jsonl"],
+    );
+    assert_eq!(
+        (out.code, out.stderr.as_str()),
+        (
+            1,
+            "error: cannot open events file `missing/\\u{001b}[31mev.jsonl`: no such file or directory (os error 2)\n"
+        )
+    );
+}

@@ -201,7 +201,11 @@ pub fn execute(
                 .append(true)
                 .open(path)
                 .map_err(|e| {
-                    anyhow::anyhow!("cannot open events file `{}`: {e}", path.display())
+                    anyhow::anyhow!(
+                        "cannot open events file `{}`: {}",
+                        path.display(),
+                        e.to_string().to_lowercase()
+                    )
                 })?,
         ),
         None => None,
