@@ -456,3 +456,38 @@ fn an_events_file_that_cannot_be_created_is_a_plain_lowercase_error() {
         )
     );
 }
+
+/// Run ids are lowercase: an id or prefix typed in capitals (copied from a case-folding tool) names the
+/// same run, where it was no run at all.
+#[test]
+fn a_run_id_in_capitals_names_the_same_run() {
+    let dir = TempDir::new().expect("temp dir");
+    std::fs::write(
+        dir.path().join("one.yaml"),
+        "name: one\nsteps:\n  - { id: a, tool: echo, with: {} }\n",
+    )
+    .expect("spec");
+    assert_eq!(
+        crate::support::archon(dir.path(), &["run", "one.yaml"]).code,
+        0
+    );
+    let runs: serde_json::Value =
+        serde_json::from_str(&crate::support::archon(dir.path(), &["runs", "--json"]).stdout)
+            .expect("runs");
+    let id = runs[0]["id"].as_str().expect("id").to_owned();
+    let upper = id.to_uppercase();
+    let shown = crate::support::archon(dir.path(), &["show", &upper[..8]]);
+    assert_eq!(shown.code, 0, "{}", shown.stderr);
+    assert_eq!(
+        shown.stdout.lines().next(),
+        Some(format!("run       {id}").as_str())
+    );
+    let none = crate::support::archon(dir.path(), &["show", "RX"]);
+    assert_eq!(
+        (none.code, none.stderr.as_str()),
+        (
+            2,
+            "error: no run `RX` in the state directory\n  hint: `archon runs` lists the runs it holds\n"
+        )
+    );
+}
