@@ -268,7 +268,7 @@ pub struct RunsArgs {
     pub since: Option<u64>,
 
     /// At most this many runs, the newest.
-    #[arg(long, value_name = "N", conflicts_with = "check")]
+    #[arg(long, value_name = "N", conflicts_with = "check", value_parser = runs_limit)]
     pub limit: Option<usize>,
 
     /// Read the whole store instead: check every page and decode every row of every run, list what is
@@ -559,4 +559,13 @@ pub struct VersionArgs {
     /// Print it as JSON.
     #[arg(long)]
     pub json: bool,
+}
+
+/// `runs --limit N`: one run or more (`0` would list nothing and say that no run matches).
+fn runs_limit(text: &str) -> Result<usize, String> {
+    match text.parse::<usize>() {
+        Ok(0) => Err("`0` would list no run: give 1 or more".to_owned()),
+        Ok(n) => Ok(n),
+        Err(_) => Err(format!("`{text}` is not a number of runs")),
+    }
 }

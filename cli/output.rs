@@ -55,19 +55,30 @@ pub fn printable(text: &str) -> String {
     out
 }
 
-/// Reports a failure of the CLI itself (not a diagnostic) on standard error.
+/// Reports a failure of the CLI itself (not a diagnostic) on standard error, made printable (it may name
+/// a path as it was given).
 pub fn error(err: &anyhow::Error) {
-    eprintln!("error: {err:#}");
+    eprintln!("error: {}", printable(&format!("{err:#}")));
 }
 
 /// Whether to color standard output.
 pub fn use_color(choice: ColorChoice) -> bool {
-    color_for(choice, std::io::stdout().is_terminal())
+    color_for(choice, capable(std::io::stdout().is_terminal()))
 }
 
 /// Whether to color standard error.
 pub fn use_color_stderr(choice: ColorChoice) -> bool {
-    color_for(choice, std::io::stderr().is_terminal())
+    color_for(choice, capable(std::io::stderr().is_terminal()))
+}
+
+/// Whether standard error is a terminal that takes escape codes (moving the cursor, clearing a line,
+/// colours): a terminal whose `TERM` is not `dumb` (Emacs' shell, some CI logs).
+pub fn stderr_is_capable_terminal() -> bool {
+    capable(std::io::stderr().is_terminal())
+}
+
+fn capable(terminal: bool) -> bool {
+    terminal && std::env::var_os("TERM").is_none_or(|term| term != "dumb")
 }
 
 fn color_for(choice: ColorChoice, terminal: bool) -> bool {

@@ -207,7 +207,8 @@ impl Window {
 
     fn snippet<'a>(&self, file: &'a SourceFile) -> Snippet<'a, annotate_snippets::Annotation<'a>> {
         Snippet::source(&file.text[self.start..self.end])
-            .path(display_path(&file.path))
+            // A file's name may hold escape codes (a hostile repository's): shown printable.
+            .path(crate::output::printable(&display_path(&file.path)))
             .line_start(file.line_col(self.start).0)
             .fold(true)
     }

@@ -462,9 +462,8 @@ fn runs_are_filtered_by_status_workflow_and_start() {
         .expect("JSON");
     assert_eq!(json.as_array().map(Vec::len), Some(1));
     insta::assert_snapshot!(refused(dir, &["runs", "--since", "last week"]), @r"
-    error: invalid value 'last week' for '--since <WHEN>': `last week` is not a duration (`2h`), a date (`2026-11-01`) or a time (`2026-11-01T09:30:00Z`)
-
-    For more information, try '--help'.
+    error: `last week` is not a duration (`2h`), a date (`2026-11-01`) or a time (`2026-11-01T09:30:00Z`)
+      hint: `archon runs --help` says what `--since` takes
     ");
 }
 

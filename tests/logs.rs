@@ -108,7 +108,7 @@ steps:
     let id = last_run(dir.path());
     let Output { stdout, stderr, .. } = archon(dir.path(), &["logs", &id, "outer"]);
     insta::assert_snapshot!(stdout, @r"
-    from one
+    outer/one | from one
     outer/two | from two
     ");
     assert_eq!(stderr, "outer/two | oops\n");

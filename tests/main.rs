@@ -1,5 +1,6 @@
 //! The integration tests: one binary, one module per area.
 
+mod adversarial;
 mod agent;
 mod architecture;
 mod cache;

@@ -713,9 +713,10 @@ fn runnable_bundled_workflows_succeed() {
             let cassette = path.with_extension("cassette");
             if cassette.exists() {
                 let cassette = cassette.to_string_lossy().into_owned();
-                archon(dir.path(), &["run", &name, "--replay", &cassette])
+                archon(dir.path(), &["run", &name, "--replay", &cassette, "--yes"])
             } else {
-                archon(dir.path(), &["run", &name])
+                // A step that asks for approval is approved, as a person at the terminal would.
+                archon(dir.path(), &["run", &name, "--yes"])
             }
         };
         assert_eq!(code, 0, "{name}:\n{stdout}\n{stderr}");
@@ -731,12 +732,17 @@ fn runnable_bundled_workflows_succeed() {
         "retry-fallback.yaml",
         "agent-calculator.yaml",
         "agent-notes.yaml",
+        "word-report.yaml",
     ] {
         assert!(
             ran.iter().any(|r| r == expected),
             "{expected} did not run; these did: {ran:?}"
         );
     }
+    assert_eq!(
+        std::fs::read_to_string(dir.path().join("notes/REPORT.txt")).expect("written"),
+        "3 notes/one.md\n2 notes/two.md"
+    );
     assert_eq!(
         std::fs::read_to_string(dir.path().join("notes/RANKING.txt")).expect("written"),
         "3 notes/one.md\n2 notes/two.md\n"

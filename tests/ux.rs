@@ -126,14 +126,37 @@ struct Terminal {
 
 impl Terminal {
     fn spawn(dir: &Path, args: &[&str], env: &[(&str, &str)]) -> Terminal {
+        Terminal::spawn_sized(dir, args, env, None)
+    }
+
+    /// With `columns`, the terminal is that wide and `COLUMNS` is not set (a shell does not export it);
+    /// without, `COLUMNS` says 200.
+    fn spawn_sized(
+        dir: &Path,
+        args: &[&str],
+        env: &[(&str, &str)],
+        columns: Option<u16>,
+    ) -> Terminal {
         use std::io::Read as _;
-        let pty = nix::pty::openpty(None, None).expect("a pseudo-terminal");
+        let size = columns.map(|ws_col| nix::pty::Winsize {
+            ws_row: 24,
+            ws_col,
+            ws_xpixel: 0,
+            ws_ypixel: 0,
+        });
+        let pty = nix::pty::openpty(size.as_ref(), None).expect("a pseudo-terminal");
         let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_archon"));
+        // A terminal that takes escape codes, whatever the tests' own `TERM` says (`dumb` in some CI).
         command
             .args(args)
             .current_dir(dir)
             .env_remove("NO_COLOR")
-            .env("COLUMNS", "200")
+            .env("TERM", "xterm-256color");
+        match columns {
+            Some(_) => command.env_remove("COLUMNS"),
+            None => command.env("COLUMNS", "200"),
+        };
+        command
             .envs(env.iter().copied())
             .stdin(std::process::Stdio::from(
                 pty.slave.try_clone().expect("dup"),
@@ -280,6 +303,57 @@ fn a_terminal_shows_the_live_status_line() {
     assert!(
         !stdout.contains('\x1b'),
         "standard output is not a terminal: {stdout}"
+    );
+}
+
+/// The status line fits the terminal it is drawn on, read from the terminal when `COLUMNS` is not set (a
+/// shell does not export it): on a 60-column terminal it was cut at 99 columns, so it wrapped and every
+/// redraw left a line behind.
+#[test]
+fn the_status_line_fits_the_terminals_width() {
+    let dir = TempDir::new().expect("tempdir");
+    std::fs::write(
+        dir.path().join("wide.yaml"),
+        r#"name: wide
+steps:
+  - id: a_step_whose_name_is_longer_than_the_terminal_is_wide
+    tool: exec
+    with: { argv: [sh, -c, "while [ ! -f go ]; do sleep 0.01; done"] }
+"#,
+    )
+    .expect("write");
+    let mut terminal = Terminal::spawn_sized(
+        dir.path(),
+        &["run", "wide.yaml"],
+        &[("NO_COLOR", "1")],
+        Some(60),
+    );
+    let end = terminal.until(0, "\r\x1b[2Krunning 1 | done 0 | failed 0 | skipped 0");
+    std::fs::write(dir.path().join("go"), "").expect("go");
+    let (code, text, _) = terminal.finish();
+    assert_eq!(code, 0, "{text}");
+    let line = text[end..].split('\r').next().unwrap_or_default();
+    // 59 columns: the 41 of the counts, then ` | ` and as much of the name as fits.
+    assert_eq!(line, " | a_step_whose_na");
+}
+
+/// A terminal that says it is dumb (`TERM=dumb`: Emacs' shell, some CI logs) cannot move the cursor or
+/// paint: progress is one plain line per event there, without colour, as when standard error is a file.
+#[test]
+fn a_dumb_terminal_gets_plain_lines() {
+    let dir = TempDir::new().expect("tempdir");
+    std::fs::write(dir.path().join("two.yaml"), TWO_STEPS).expect("write");
+    let terminal = Terminal::spawn(dir.path(), &["run", "two.yaml"], &[("TERM", "dumb")]);
+    let (code, text, _) = terminal.finish();
+    assert_eq!(code, 0, "{text}");
+    let text = text
+        .lines()
+        .map(|l| l.split_once(" (").map_or(l, |(head, _)| head))
+        .collect::<Vec<_>>()
+        .join("\n");
+    assert_eq!(
+        text,
+        "started   first\nsucceeded first\nstarted   second\nsucceeded second"
     );
 }
 

@@ -87,6 +87,12 @@ fn step_text(step: &DryStep, out: &mut String) {
     if let Some(decision) = &step.foreach {
         field("foreach", &decided(decision, false));
     }
+    for (name, decision) in &step.matrix {
+        field(&format!("matrix.{name}"), &decided(decision, false));
+    }
+    if let Some(line) = combinations(step) {
+        field("matrix", &line);
+    }
     if let Some(arguments) = &step.arguments {
         field("with", &arguments.to_string());
     }
@@ -125,4 +131,29 @@ fn decided(decision: &Decision, condition: bool) -> String {
             format!("`{expression}` fails: {error}")
         }
     }
+}
+
+/// How many combinations a `matrix` step runs, when all its lists are known before the run, and whether a
+/// run takes that many.
+fn combinations(step: &DryStep) -> Option<String> {
+    if step.matrix.is_empty() {
+        return None;
+    }
+    let mut total: Option<usize> = Some(1);
+    for decision in step.matrix.values() {
+        let Decision::Now {
+            value: Json::Array(items),
+            ..
+        } = decision
+        else {
+            return None;
+        };
+        total = total.and_then(|t| t.checked_mul(items.len()));
+    }
+    let most = archon_engine::validate::MAX_COMBINATIONS;
+    Some(match total {
+        Some(n) if n <= most => plural(n, "combination"),
+        Some(n) => format!("{n} combinations, more than {most}: the step fails"),
+        None => format!("more than {most} combinations: the step fails"),
+    })
 }

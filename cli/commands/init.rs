@@ -109,8 +109,30 @@ words = "{{ steps.count.output | trim }}"
 "#;
 
 pub fn init(args: &InitArgs) -> anyhow::Result<Status> {
+    // `""`, `notes/`, `notes/.yaml`: a folder at most, and no name to make a file of.
+    let folder = &args.name[..args.name.rfind('/').map_or(0, |at| at + 1)];
+    let last = &args.name[folder.len()..];
+    if last.is_empty() || last.starts_with('.') {
+        let hint = format!("`archon init {folder}workflow`");
+        return Ok(if args.name.is_empty() {
+            refuse("an empty NAME names no workflow", &hint)
+        } else {
+            refuse(&format!("`{}` holds no workflow name", args.name), &hint)
+        });
+    }
     let given = Path::new(&args.name);
     let written_ext = given.extension().and_then(|e| e.to_str());
+    if args.toml && matches!(written_ext, Some("yaml" | "yml")) {
+        let stem = given.with_extension("");
+        return Ok(refuse(
+            &format!("`{}` is a YAML file, and `--toml` asks for TOML", args.name),
+            &format!(
+                "`archon init {}.toml`, or `archon init {}` without `--toml`",
+                stem.display(),
+                args.name
+            ),
+        ));
+    }
     let (file, toml) = match written_ext {
         Some("yaml" | "yml") if !args.toml => (given.to_path_buf(), false),
         Some("toml") => (given.to_path_buf(), true),

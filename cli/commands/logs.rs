@@ -55,8 +55,9 @@ pub fn logs(args: &LogsArgs, color: ColorChoice) -> anyhow::Result<Status> {
     if let Some(step) = &step
         && !run.attempts.iter().any(|a| wanted(&a.step))
     {
-        let mut known: Vec<&str> = run.attempts.iter().map(|a| a.step.as_str()).collect();
-        known.dedup();
+        // Each step once (a retried step has several attempts), sorted.
+        let known: std::collections::BTreeSet<&str> =
+            run.attempts.iter().map(|a| a.step.as_str()).collect();
         output::stderr(&output::printable(&format!(
             "error: run `{}` has no attempt of a step `{step}`\n  hint: its steps with attempts: {}\n",
             id,
@@ -99,6 +100,14 @@ pub fn logs(args: &LogsArgs, color: ColorChoice) -> anyhow::Result<Status> {
             Err(e) => return Ok(store_error(&e)),
         };
         after = chunks.last().map_or(after, |c| c.seq);
+        // Without `--follow`, everything is known at once: when more than one call wrote, every line is
+        // named, the first call's too.
+        if !args.follow {
+            let mut sources = chunks.iter().filter(|c| shown(c)).map(|c| &c.source);
+            if let Some(first) = sources.next() {
+                printer.several = sources.any(|s| s != first);
+            }
+        }
         for chunk in chunks.iter().filter(|c| shown(c)) {
             printer.print(chunk);
             printed += 1;
@@ -173,7 +182,8 @@ fn still_running(session: &Session, id: &str) -> bool {
         .is_ok_and(|run| run.status == RunState::Running)
 }
 
-/// Writes chunks out, naming the call that wrote each line once more than one call has written.
+/// Writes chunks out, naming the call that wrote each line once more than one call has written (from the
+/// start, when all that is shown is known before it is printed).
 #[derive(Default)]
 struct Printer {
     /// The first call seen, and whether another one has been since.

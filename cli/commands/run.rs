@@ -201,7 +201,11 @@ pub fn execute(
                 .append(true)
                 .open(path)
                 .map_err(|e| {
-                    anyhow::anyhow!("cannot open events file `{}`: {e}", path.display())
+                    anyhow::anyhow!(
+                        "cannot open events file `{}`: {}",
+                        path.display(),
+                        e.to_string().to_lowercase()
+                    )
                 })?,
         ),
         None => None,
@@ -218,7 +222,7 @@ pub fn execute(
     let paint = Paint::new(output::use_color_stderr(color));
     let mut display = if args.json {
         Display::Quiet
-    } else if terminal {
+    } else if output::stderr_is_capable_terminal() {
         Display::Live(Live::default(), paint)
     } else {
         Display::Lines(paint)
@@ -570,11 +574,18 @@ impl Screen {
     }
 }
 
-/// The terminal's width from `COLUMNS`, or 100.
+/// The terminal's width: `COLUMNS` when it is set, else what the terminal on standard error says (a shell
+/// does not export `COLUMNS`), else 100. Read at each redraw, so a resized window is followed.
 fn terminal_width() -> usize {
     std::env::var("COLUMNS")
         .ok()
         .and_then(|c| c.parse().ok())
+        .or_else(|| {
+            rustix::termios::tcgetwinsize(std::io::stderr())
+                .ok()
+                .map(|size| usize::from(size.ws_col))
+                .filter(|&columns| columns > 0)
+        })
         .unwrap_or(100)
 }
 

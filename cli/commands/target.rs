@@ -54,7 +54,19 @@ pub fn open(target: &RunTarget, state: &StateArgs) -> Result<(Session, String), 
             "run the command where the run was started, or point `--state-dir` at its state directory",
         ));
     };
-    match session.find(run) {
+    // Run ids are lowercase: an id typed in capitals is tried as such when it names no run as written.
+    let lowered = match run {
+        RunRef::Id(id) if id.chars().any(char::is_uppercase) => Some(id.to_lowercase()),
+        _ => None,
+    };
+    let found = match (session.find(run), &lowered) {
+        (Err(e), Some(lower)) if e.unknown_run => match session.find(RunRef::Id(lower)) {
+            Err(again) if again.unknown_run => Err(e),
+            other => other,
+        },
+        (found, _) => found,
+    };
+    match found {
         Ok(id) => Ok((session, id)),
         Err(e) => {
             // The candidates of an ambiguous prefix name workflows: made printable like any stored text.

@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use serde::Serialize;
 use serde_json::{Map, Value as Json};
 
-use super::redact::Redactor;
+use super::redact::{MASK, Redactor};
 use super::render::{Renderer, context_value};
 use crate::plan::{Plan, StepKind};
 use crate::spec::{Body, Node, NodeKind, Step};
@@ -74,8 +74,9 @@ pub enum Decision {
     Fails { expression: String, error: String },
 }
 
-/// Names whose values exist only once the run is under way: the results of steps, and a `foreach` item.
-const RUN_TIME: [&str; 3] = ["steps", "item", "index"];
+/// Names whose values exist only once the run is under way: the results of steps, a `foreach` item and a
+/// `matrix` combination.
+const RUN_TIME: [&str; 4] = ["steps", "item", "index", "matrix"];
 
 /// Renders what each step of `workflow` would run with `inputs`, `env` (the process environment), `workdir`
 /// (the workspace, as `run.workdir`) and the workflow's secrets (read as a run reads them, and masked in what is returned). Errors, as a run would
@@ -108,32 +109,41 @@ pub async fn dry_run(
         "workdir": workdir.display().to_string(),
         "started_at": humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string(),
     });
-    let mut env: Map<String, Json> = env
+    let base = |env: Map<String, Json>, secrets: Map<String, Json>| {
+        let mut ctx = Map::new();
+        ctx.insert("inputs".into(), Json::Object(inputs.clone()));
+        ctx.insert("env".into(), Json::Object(env));
+        ctx.insert("run".into(), run.clone());
+        ctx.insert("secrets".into(), Json::Object(secrets));
+        ctx
+    };
+    // Conditions are decided with the values the run would have: they show only true or false.
+    let real_env = env
         .iter()
         .map(|(k, v)| (k.clone(), Json::String(v.clone())))
         .collect();
-    let mut ctx = Map::new();
-    ctx.insert("inputs".into(), Json::Object(inputs.clone()));
-    ctx.insert("env".into(), Json::Object(env.clone()));
-    ctx.insert("run".into(), run.clone());
-    ctx.insert("secrets".into(), Json::Object(secrets.clone()));
-    let first = context_value(ctx.clone());
-    for (name, template) in &spec.env {
-        let value = renderer
-            .text(&template.value, &first)
-            .await
-            .map_err(|e| format!("env `{}`: {}", name.value, redactor.text(&e.message)))?;
-        env.insert(name.value.clone(), Json::String(value));
-    }
-    ctx.insert("env".into(), Json::Object(env));
-    let with_secrets = context_value(ctx.clone());
-    ctx.remove("secrets");
-    let without_secrets = context_value(ctx);
+    let (_, conditions) =
+        contexts(&renderer, &redactor, spec, base(real_env, secrets.clone())).await?;
+    // Everything else a dry run shows is rendered without a secret's value, only the mask: what a template
+    // makes of a secret (`upper`, `reverse`, a slice) cannot be recognised in its output. The values were
+    // read above so that one that is not set fails the dry run as it would fail the run; environment
+    // variables that hold one (or an LLM provider's key) are masked the same way.
+    let masked_env = env
+        .iter()
+        .map(|(k, v)| (k.clone(), Json::String(redactor.text(v).into_owned())))
+        .collect();
+    let masked_secrets = secrets
+        .keys()
+        .map(|name| (name.clone(), Json::String(MASK.to_owned())))
+        .collect();
+    let (with_secrets, without_secrets) =
+        contexts(&renderer, &redactor, spec, base(masked_env, masked_secrets)).await?;
     let dry = Dry {
         renderer,
         redactor,
         with_secrets,
         without_secrets,
+        conditions,
     };
     let plan = Plan::new(workflow);
     let mut waves = Vec::with_capacity(plan.waves.len());
@@ -160,6 +170,32 @@ pub async fn dry_run(
     })
 }
 
+/// The template contexts of a run from `ctx` (inputs, the process environment, `run`, secrets): with the
+/// spec's `env` rendered into `env`, with its secrets (tool arguments) and without (everything else).
+async fn contexts(
+    renderer: &Renderer,
+    redactor: &Redactor,
+    spec: &crate::spec::Spec,
+    mut ctx: Map<String, Json>,
+) -> Result<(minijinja::Value, minijinja::Value), String> {
+    let first = context_value(ctx.clone());
+    let mut env = match ctx.remove("env") {
+        Some(Json::Object(env)) => env,
+        _ => Map::new(),
+    };
+    for (name, template) in &spec.env {
+        let value = renderer
+            .text(&template.value, &first)
+            .await
+            .map_err(|e| format!("env `{}`: {}", name.value, redactor.text(&e.message)))?;
+        env.insert(name.value.clone(), Json::String(value));
+    }
+    ctx.insert("env".into(), Json::Object(env));
+    let with_secrets = context_value(ctx.clone());
+    ctx.remove("secrets");
+    Ok((with_secrets, context_value(ctx)))
+}
+
 /// What rendering a dry run takes.
 struct Dry {
     renderer: Renderer,
@@ -167,6 +203,8 @@ struct Dry {
     /// Tool arguments see secrets; goals, conditions and lists do not, as in a run.
     with_secrets: minijinja::Value,
     without_secrets: minijinja::Value,
+    /// What `if:` conditions read: the real values of the environment, no secrets.
+    conditions: minijinja::Value,
 }
 
 impl Dry {
@@ -231,7 +269,10 @@ impl Dry {
         match &node.kind {
             NodeKind::Str(text) => {
                 if reads_at_run_time(text, false).is_some() {
-                    return Json::String(format!("<known at run time: {text}>"));
+                    return Json::String(format!(
+                        "<known at run time: {}>",
+                        self.redactor.text(text)
+                    ));
                 }
                 match self.renderer.string(text, &self.with_secrets).await {
                     Ok(mut value) => {
@@ -262,7 +303,7 @@ impl Dry {
     /// A goal (text seen by a model: no secrets), rendered or marked as known at run time.
     async fn text(&self, text: &str) -> String {
         if reads_at_run_time(text, false).is_some() {
-            return format!("<known at run time: {text}>");
+            return format!("<known at run time: {}>", self.redactor.text(text));
         }
         match self.renderer.text(text, &self.without_secrets).await {
             Ok(text) => self.redactor.text(&text).into_owned(),
@@ -277,7 +318,7 @@ impl Dry {
         match list.as_str() {
             Some(expression) => self.decide(expression, false).await,
             None => Decision::Now {
-                expression: list.to_json().to_string(),
+                expression: self.redactor.text(&list.to_json().to_string()).into_owned(),
                 value: self.value(list).await,
             },
         }
@@ -286,13 +327,13 @@ impl Dry {
     async fn decide(&self, expression: &str, condition: bool) -> Decision {
         if let Some(reads) = reads_at_run_time(expression, true) {
             return Decision::AtRunTime {
-                expression: expression.to_owned(),
+                expression: self.redactor.text(expression).into_owned(),
                 reads,
             };
         }
         let value = if condition {
             self.renderer
-                .condition(expression, &self.without_secrets)
+                .condition(expression, &self.conditions)
                 .await
                 .map(Json::Bool)
         } else {
@@ -304,12 +345,12 @@ impl Dry {
             Ok(mut value) => {
                 self.redactor.json(&mut value);
                 Decision::Now {
-                    expression: expression.to_owned(),
+                    expression: self.redactor.text(expression).into_owned(),
                     value,
                 }
             }
             Err(e) => Decision::Fails {
-                expression: expression.to_owned(),
+                expression: self.redactor.text(expression).into_owned(),
                 error: self.redactor.text(&e.message).into_owned(),
             },
         }
@@ -317,7 +358,7 @@ impl Dry {
 }
 
 /// The names a template (or an expression) reads that exist only at run time (`steps.X...`, `item`,
-/// `index`), sorted; `None` when it reads none of them.
+/// `index`, `matrix.X`), sorted; `None` when it reads none of them.
 fn reads_at_run_time(text: &str, expression: bool) -> Option<Vec<String>> {
     if !expression && !crate::validate::templates::is_template(text) {
         return None;
