@@ -91,6 +91,21 @@ outputs:
 /// An output that reads a step that did not succeed (here skipped by its `if`, so its `output` is null)
 /// fails with a hint naming `| default(...)` and `steps.X.status`, for workflow and step outputs alike;
 /// with `| default(...)` it renders.
+/// A matrix written in TOML varies its lists in the order they are written, as in YAML: the first name
+/// slowest, whatever the names' alphabetical order.
+#[test]
+fn a_toml_matrix_keeps_the_order_its_lists_are_written_in() {
+    let dir = TempDir::new().expect("tempdir");
+    std::fs::write(
+        dir.path().join("m.toml"),
+        "name = \"m\"\n\n[[steps]]\nid = \"b\"\ntool = \"echo\"\nwith = { v = \"{{ matrix.zeta }}{{ matrix.alpha }}\" }\n\n[steps.matrix]\nzeta = [\"l\", \"m\"]\nalpha = [1, 2]\n\n[outputs]\nall = \"{{ steps.b.output | map(attribute='v') | join(',') }}\"\n",
+    )
+    .expect("write");
+    let out = archon(dir.path(), &["run", "m.toml", "--json"]);
+    let report: serde_json::Value = serde_json::from_str(&out.stdout).expect("report");
+    assert_eq!(report["outputs"]["all"], "l1,l2,m1,m2", "{}", out.stderr);
+}
+
 #[test]
 fn an_output_over_a_skipped_step_says_how_to_write_it() {
     let dir = TempDir::new().expect("tempdir");
