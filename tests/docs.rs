@@ -1,7 +1,8 @@
 //! Every command the README and docs/cli.md show in a shell block runs as shown: for each document, in a
 //! scratch copy of the repository's example files, with `archon` on `PATH` (and `cargo run --` read as `archon`), one block after
 //! another as a reader would type them (with the scratch directory as `HOME`), each command exiting with
-//! status 0 unless its line says otherwise with a trailing `# exit N`. Besides `archon` (and the library's
+//! status 0 unless its line says otherwise with a trailing `# exit N`, and, in a ```console block, printing
+//! the lines shown below it (`...` standing for any text). Besides `archon` (and the library's
 //! example), a block may only make a directory (`mkdir -p`).
 
 use std::path::{Path, PathBuf};
@@ -31,39 +32,65 @@ struct Shown {
     line: usize,
     command: String,
     exit: i32,
+    /// In a ```console block, the lines shown below the command: each is a line it prints, where `...`
+    /// stands for any text.
+    prints: Vec<String>,
 }
 
-/// The commands of the ```sh blocks of `text`: comment lines and blank lines are left out, a line ending in
-/// `\` goes on with the next, and a trailing `# exit N` gives the status the command ends with.
+/// The commands of the ```sh and ```console blocks of `text`. In a ```sh block every line is a command:
+/// comment lines and blank lines are left out, and a line ending in `\` goes on with the next. In a
+/// ```console block a command starts with `$ `, and the lines below it are what it prints. A trailing
+/// `# exit N` gives the status the command ends with.
 fn shown(document: &'static str, text: &str) -> Vec<Shown> {
-    let mut commands = Vec::new();
-    let mut in_block = false;
+    let mut commands: Vec<Shown> = Vec::new();
+    let mut block: Option<&str> = None;
     let mut pending: Option<(usize, String)> = None;
     for (index, line) in text.lines().enumerate() {
         let trimmed = line.trim();
-        if !in_block {
-            in_block = trimmed == "```sh";
+        let Some(kind) = block else {
+            block = match trimmed {
+                "```sh" => Some("sh"),
+                "```console" => Some("console"),
+                _ => None,
+            };
             continue;
-        }
+        };
         if trimmed == "```" {
             assert!(
                 pending.is_none(),
                 "{document}:{}: a command ends with `\\` at the end of its block",
                 index + 1
             );
-            in_block = false;
+            block = None;
             continue;
         }
-        if pending.is_none() && (trimmed.is_empty() || trimmed.starts_with('#')) {
+        let typed = if kind == "console" && pending.is_none() {
+            match line.strip_prefix("$ ") {
+                Some(command) => command.trim(),
+                None => {
+                    let last = commands
+                        .last_mut()
+                        .filter(|c| c.document == document)
+                        .unwrap_or_else(|| {
+                            panic!("{document}:{}: output before any `$ ` command", index + 1)
+                        });
+                    last.prints.push(line.to_owned());
+                    continue;
+                }
+            }
+        } else {
+            trimmed
+        };
+        if pending.is_none() && (typed.is_empty() || typed.starts_with('#')) {
             continue;
         }
         let (start, mut command) = pending.take().unwrap_or((index + 1, String::new()));
-        if let Some(head) = trimmed.strip_suffix('\\') {
+        if let Some(head) = typed.strip_suffix('\\') {
             command.push_str(head);
             pending = Some((start, command));
             continue;
         }
-        command.push_str(trimmed);
+        command.push_str(typed);
         let (command, comment) = split_comment(&command);
         let exit = match comment.and_then(|c| c.strip_prefix("exit ")) {
             Some(code) => code
@@ -77,10 +104,30 @@ fn shown(document: &'static str, text: &str) -> Vec<Shown> {
             line: start,
             command,
             exit,
+            prints: Vec::new(),
         });
     }
-    assert!(!in_block, "{document}: a ```sh block is not closed");
+    assert!(block.is_none(), "{document}: a shell block is not closed");
     commands
+}
+
+/// Whether `line` is what `shown` shows, where `...` stands for any text.
+fn matches(shown: &str, line: &str) -> bool {
+    let parts: Vec<&str> = shown.split("...").collect();
+    let (first, last) = (parts[0], parts[parts.len() - 1]);
+    if parts.len() == 1 {
+        return line == shown;
+    }
+    let Some(mut rest) = line.strip_prefix(first) else {
+        return false;
+    };
+    for part in &parts[1..parts.len() - 1] {
+        match rest.find(part) {
+            Some(at) => rest = &rest[at + part.len()..],
+            None => return false,
+        }
+    }
+    rest.len() >= last.len() && rest.ends_with(last)
 }
 
 /// A command line and its trailing comment (`# ...` after white space, outside quotes), if any.
@@ -229,6 +276,20 @@ fn every_command_in_the_readme_and_the_cli_reference_runs_as_shown() {
             String::from_utf8_lossy(&output.stdout),
             String::from_utf8_lossy(&output.stderr)
         );
+        let printed = format!(
+            "{}{}",
+            String::from_utf8_lossy(&output.stderr),
+            String::from_utf8_lossy(&output.stdout)
+        );
+        for expected in &shown.prints {
+            assert!(
+                printed.lines().any(|line| matches(expected, line)),
+                "{}:{}: `{}` did not print a line like\n  {expected}\nit printed:\n{printed}",
+                shown.document,
+                shown.line,
+                shown.command
+            );
+        }
         ran += 1;
     }
     // Every exception is still shown somewhere: a stale one would hide nothing, but says what is not run.
@@ -252,6 +313,28 @@ fn shell_blocks_are_read_line_by_line() {
         .into_iter()
         .map(|s| (s.line, s.command, s.exit))
         .collect();
+    let console =
+        "```console\n$ archon runs  # exit 1\nRUN  WORKFLOW\nr... hello\n$ archon version\n```\n";
+    let shown: Vec<(usize, String, i32, Vec<String>)> = shown("doc.md", console)
+        .into_iter()
+        .map(|s| (s.line, s.command, s.exit, s.prints))
+        .collect();
+    assert_eq!(
+        shown,
+        vec![
+            (
+                2,
+                "archon runs".to_owned(),
+                1,
+                vec!["RUN  WORKFLOW".to_owned(), "r... hello".to_owned()]
+            ),
+            (5, "archon version".to_owned(), 0, vec![]),
+        ]
+    );
+    assert!(matches("r... hello", "r6b0 hello"));
+    assert!(matches("a ... b ... c", "a x b y c"));
+    assert!(!matches("r... hello", "run hello world"));
+    assert!(!matches("abc...abc", "abc"));
     assert_eq!(
         commands,
         vec![

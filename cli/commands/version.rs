@@ -47,7 +47,8 @@ pub fn version(args: &VersionArgs) -> anyhow::Result<Status> {
         build.record_format,
         build.target,
         build.profile,
-        build.rustc
+        // `rustc 1.95.0 (...)`: the label says it is rustc.
+        build.rustc.strip_prefix("rustc ").unwrap_or(build.rustc)
     ));
     Ok(Status::Success)
 }
