@@ -74,6 +74,35 @@ impl Redactor {
         }
     }
 
+    /// Whether `text` holds a value this redactor masks, in any form it masks: what [`Redactor::text`]
+    /// would change, found without building the masked copy.
+    pub fn finds(&self, text: &str) -> bool {
+        match &self.pattern {
+            Some(pattern) => pattern.is_match(text),
+            None => self
+                .values
+                .iter()
+                .flat_map(|v| literal_forms(v))
+                .any(|form| text.contains(form.as_str())),
+        }
+    }
+
+    /// Whether [`Redactor::json`] would change `value`.
+    pub fn finds_in_json(&self, value: &Json) -> bool {
+        if self.is_empty() {
+            return false;
+        }
+        match value {
+            Json::String(text) => self.finds(text),
+            Json::Array(items) => items.iter().any(|i| self.finds_in_json(i)),
+            Json::Object(map) => map
+                .iter()
+                .any(|(k, v)| self.finds(k) || self.finds_in_json(v)),
+            Json::Number(number) => self.finds(&number.to_string()),
+            Json::Bool(_) | Json::Null => false,
+        }
+    }
+
     /// Where to cut `text` at `at` or before so that no secret, in any form, is split by the cut: the start
     /// of a secret the cut would go through, else `at`. What is kept then holds secrets only whole, and
     /// whole ones are masked wherever the kept text goes.

@@ -121,7 +121,8 @@ pub(super) fn hit(
 }
 
 /// Keeps a successful result of the step's own body (not its fallback's: the key describes the body)
-/// for later runs, masked like every recorded result.
+/// for later runs. A result holding a secret is not kept: the store keeps it masked, and a hit would
+/// give later steps `***` where this run gave them the value.
 pub(super) fn keep(
     shared: &Shared,
     step: &Step,
@@ -132,8 +133,10 @@ pub(super) fn keep(
     if result.status != StepStatus::Succeeded || result.fallback || result.cached.is_some() {
         return;
     }
-    let mut kept = result.clone();
-    shared.redactor.result(&mut kept);
+    if shared.redactor.finds_in_result(result) {
+        return;
+    }
+    let kept = result.clone();
     let ttl_ms = cacheable
         .ttl
         .map(|ttl| u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX));
