@@ -732,3 +732,65 @@ fn a_fallback_cannot_say_cache() {
         out.stdout
     );
 }
+
+#[test]
+fn retry_from_runs_the_cached_steps_of_the_sub_workflows_and_composite_tools_it_calls_afresh() {
+    let dir = TempDir::new().expect("tempdir");
+    write(
+        dir.path(),
+        "sub.yaml",
+        r#"name: sub
+inputs:
+  word: { type: string }
+steps:
+  - id: inner
+    tool: exec
+    with: { argv: ["sh", "-c", "echo {{ inputs.word }} >> count; echo {{ inputs.word }}"] }
+    cache: { key: "{{ inputs.word }}" }
+"#,
+    );
+    write(
+        dir.path(),
+        "parent.yaml",
+        r#"name: parent
+tools:
+  wrap:
+    description: calls the sub-workflow
+    parameters: { type: object, properties: { word: { type: string } } }
+    steps:
+      - id: w
+        workflow: sub.yaml
+        with: { word: "{{ args.word }}" }
+    result: "{{ steps.w.output }}"
+steps:
+  - id: direct
+    workflow: sub.yaml
+    with: { word: direct }
+  - id: composite
+    tool: wrap
+    with: { word: composite }
+"#,
+    );
+    ok(dir.path(), &["run", "parent.yaml"]);
+    let second = ok(dir.path(), &["run", "parent.yaml"]);
+    assert_eq!(
+        count(dir.path()),
+        ["direct", "composite"],
+        "{}",
+        second.stderr
+    );
+    let retried = ok(dir.path(), &["retry", "--last", "--from", "direct"]);
+    assert_eq!(
+        count(dir.path()),
+        ["direct", "composite", "direct"],
+        "{}",
+        retried.stderr
+    );
+    let retried = ok(dir.path(), &["retry", "--last", "--from", "composite"]);
+    assert_eq!(
+        count(dir.path()),
+        ["direct", "composite", "direct", "composite"],
+        "{}",
+        retried.stderr
+    );
+}

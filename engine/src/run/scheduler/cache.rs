@@ -87,6 +87,20 @@ pub(super) async fn prepare(
     })
 }
 
+/// For a step `retry --from` runs afresh (`Refresh::Steps`), the context its call runs in: one where
+/// every step refreshes, so that the cached steps of the sub-workflows and composite tools it calls run
+/// afresh too. `None` for any other step.
+pub(super) fn refreshing(shared: &Shared, step: &Step) -> Option<Shared> {
+    match &shared.options.cache.refresh {
+        Refresh::Steps(steps) if shared.depth == 0 && steps.contains(&step.id.value) => {
+            let mut refreshing = shared.clone();
+            refreshing.options.cache.refresh = Refresh::All;
+            Some(refreshing)
+        }
+        _ => None,
+    }
+}
+
 /// The cached result for `cacheable`, marked as reused and announced, unless the step runs regardless.
 pub(super) fn hit(
     shared: &Shared,
