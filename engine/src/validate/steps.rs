@@ -394,8 +394,17 @@ impl Checker<'_> {
                         step.id.value
                     ),
                 )
-                .with_label(approval.span, "`approval: required` given here")
-                .with_hint("remove `cache`, or remove `approval: required`"),
+                .with_label(
+                    approval.span,
+                    self.syntax(
+                        "`approval: required` given here",
+                        "`approval = \"required\"` given here",
+                    ),
+                )
+                .with_hint(self.syntax(
+                    "remove `cache`, or remove `approval: required`",
+                    "remove `cache`, or remove `approval = \"required\"`",
+                )),
             );
         }
         if cache.value.key().is_none()
@@ -410,9 +419,10 @@ impl Checker<'_> {
                         step.id.value
                     ),
                 )
-                .with_hint(
+                .with_hint(self.syntax(
                     "write the key yourself (`cache: { key: \"{{ ... }}\" }`) to say which calls give the same result",
-                ),
+                    "write the key yourself (`cache = { key = \"{{ ... }}\" }`) to say which calls give the same result",
+                )),
             );
         }
         deps
