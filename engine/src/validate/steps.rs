@@ -354,8 +354,22 @@ impl Checker<'_> {
                 ),
             );
         }
-        if let Some(ttl) = cache.value.ttl() {
-            self.check_duration(ttl);
+        if let Some(ttl) = cache.value.ttl()
+            && self.check_duration(ttl)
+            && ttl.value.get().is_some_and(|t| t.is_zero())
+        {
+            // An entry that expires as it is written is never reused: the step would only write it.
+            self.push(
+                Diagnostic::error(
+                    codes::INVALID_VALUE,
+                    ttl.span,
+                    format!("cache `ttl` `{}` is zero, so no result would ever be reused", ttl.value.text),
+                )
+                .with_hint(self.syntax(
+                    "write a longer `ttl` such as `1h`, leave `ttl` out to reuse until `archon cache clear`, or remove `cache`",
+                    "write a longer `ttl` such as `\"1h\"`, leave `ttl` out to reuse until `archon cache clear`, or remove `cache`",
+                )),
+            );
         }
         if !cache.value.enabled() {
             return deps;
