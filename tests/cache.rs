@@ -671,6 +671,53 @@ fn logs_of_a_cached_step_name_the_run_that_wrote_them() {
 }
 
 #[test]
+fn logs_of_a_run_name_the_runs_that_wrote_its_cached_steps() {
+    let dir = TempDir::new().expect("tempdir");
+    let dir = dir.path();
+    write(dir, "counted.yaml", COUNTED);
+    ok(dir, &["run", "counted.yaml"]);
+    let first = newest_run(dir);
+    ok(dir, &["run", "counted.yaml"]);
+    let second = newest_run(dir);
+    // `greet` and `stamp` were served from the cache; `after` ran, and is a built-in: no command wrote.
+    let logs = ok(dir, &["logs", "--last"]);
+    assert_eq!(
+        (
+            logs.stdout.as_str(),
+            logs.stderr
+                .replace(&first, "[FIRST]")
+                .replace(&second, "[SECOND]")
+        ),
+        (
+            "",
+            "note: no command of any step of run `[SECOND]` wrote anything\n\
+             note: `greet` was served from the cache: run `[FIRST]` wrote it (`archon logs [FIRST] greet`)\n\
+             note: `stamp` was served from the cache: run `[FIRST]` wrote it (`archon logs [FIRST] stamp`)\n"
+                .to_owned()
+        )
+    );
+    // A run whose every step was served from the cache.
+    write(
+        dir,
+        "all.yaml",
+        "name: all\nsteps:\n  - id: only\n    tool: exec\n    with: { argv: [\"echo\", \"hi\"] }\n    cache: { key: only }\n",
+    );
+    ok(dir, &["run", "all.yaml"]);
+    let first = newest_run(dir);
+    assert_eq!(ok(dir, &["logs", "--last"]).stdout, "hi\n");
+    ok(dir, &["run", "all.yaml"]);
+    let logs = ok(dir, &["logs", "--last"]);
+    assert_eq!(
+        (logs.stdout.as_str(), logs.stderr.replace(&first, "[FIRST]")),
+        (
+            "",
+            "note: `only` was served from the cache: run `[FIRST]` wrote it (`archon logs [FIRST] only`)\n"
+                .to_owned()
+        )
+    );
+}
+
+#[test]
 fn a_large_result_is_cached_apart_and_read_back_whole() {
     let dir = TempDir::new().expect("tempdir");
     write(
