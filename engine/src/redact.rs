@@ -396,6 +396,44 @@ mod tests {
         assert!(matches!(redactor.text("nothing here"), Cow::Borrowed(_)));
     }
 
+    /// `finds` and `finds_in_json` say exactly whether masking would change a text or a value, with one
+    /// pattern and with values too long for one.
+    #[test]
+    fn finding_a_secret_agrees_with_masking_it() {
+        let long: String = (0..400_000u32)
+            .map(|i| char::from(b'a' + u8::try_from(i * 7 % 26).unwrap_or(0)))
+            .collect();
+        for secret in ["s3cr3t-token".to_owned(), "123456".to_owned(), long] {
+            let redactor = Redactor::new([secret.clone()]);
+            let encoded = STANDARD_NO_PAD.encode(secret.as_bytes());
+            for text in [
+                format!("x {secret} y"),
+                format!("x {encoded} y"),
+                "nothing here".to_owned(),
+                secret[..secret.len() - 1].to_owned(),
+            ] {
+                let changed = matches!(redactor.text(&text), Cow::Owned(_));
+                assert_eq!(
+                    redactor.finds(&text),
+                    changed,
+                    "{}",
+                    &text[..text.len().min(40)]
+                );
+            }
+            let number = secret.parse::<u64>().map_or(Json::Null, Json::from);
+            for value in [
+                serde_json::json!({ "k": [1, { "v": format!("x {secret}") }] }),
+                serde_json::json!({ (secret.clone()): 1 }),
+                serde_json::json!([1, "nothing", { "k": null }]),
+                serde_json::json!({ "n": number }),
+            ] {
+                let mut masked = value.clone();
+                redactor.json(&mut masked);
+                assert_eq!(redactor.finds_in_json(&value), masked != value);
+            }
+        }
+    }
+
     #[test]
     fn encoded_forms_are_masked() {
         let secret = "p@ss w0rd/with+sym~bols\"é";
