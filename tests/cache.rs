@@ -399,12 +399,49 @@ fn a_call_a_rule_asks_about_is_never_served_from_the_cache() {
 }
 
 #[test]
-fn a_secret_in_a_cached_result_is_masked_and_its_arguments_are_not_stored() {
+fn a_result_holding_a_secret_is_not_cached_so_later_steps_read_the_value_every_run() {
+    let dir = TempDir::new().expect("tempdir");
+    write(
+        dir.path(),
+        "s.yaml",
+        r#"name: s
+secrets: [TOK]
+env: { TOK: "{{ secrets.TOK }}" }
+steps:
+  - id: get
+    tool: exec
+    with: { argv: ["sh", "-c", "echo get >> count; echo token=$TOK"], env: { TOK: "{{ env.TOK }}" } }
+    cache: { key: v1 }
+  - id: use
+    tool: write_file
+    with: { path: out.txt, content: "{{ steps.get.output }}" }
+"#,
+    );
+    for _ in 0..2 {
+        let out = archon_with(dir.path(), &["run", "s.yaml"], &[("TOK", "abc123")]);
+        assert_eq!(out.code, 0, "{}{}", out.stdout, out.stderr);
+        let written = std::fs::read_to_string(dir.path().join("out.txt")).expect("out.txt");
+        assert_eq!(written.trim_end(), "token=abc123");
+    }
+    assert_eq!(
+        count(dir.path()),
+        ["get", "get"],
+        "nothing was served from the cache"
+    );
+    let db = Connection::open(dir.path().join(".archon/state.db")).expect("db");
+    let rows: i64 = db
+        .query_row("SELECT count(*) FROM cache", [], |r| r.get(0))
+        .expect("count");
+    assert_eq!(rows, 0);
+}
+
+#[test]
+fn a_secret_in_a_cached_calls_arguments_is_not_stored() {
     let dir = TempDir::new().expect("tempdir");
     write(
         dir.path(),
         "secret.yaml",
-        "name: secret\nsecrets: [TOKEN]\nsteps:\n  - id: call\n    tool: exec\n    with: { argv: [\"sh\", \"-c\", \"echo $T >> count; echo token=$T\"], env: { T: \"{{ secrets.TOKEN }}\" } }\n    cache: { key: token-call }\n",
+        "name: secret\nsecrets: [TOKEN]\nsteps:\n  - id: call\n    tool: exec\n    with: { argv: [\"sh\", \"-c\", \"echo $T >> count; echo called\"], env: { T: \"{{ secrets.TOKEN }}\" } }\n    cache: { key: token-call }\n",
     );
     let token = "s3cr3t-value-42";
     for _ in 0..2 {
@@ -415,7 +452,7 @@ fn a_secret_in_a_cached_result_is_masked_and_its_arguments_are_not_stored() {
         );
         assert_eq!(out.code, 0, "{}", out.stderr);
         let report: Json = serde_json::from_str(&out.stdout).expect("report");
-        assert_eq!(report["steps"]["call"]["output"], json!("token=***"));
+        assert_eq!(report["steps"]["call"]["output"], json!("called"));
     }
     assert_eq!(
         count(dir.path()),
@@ -634,6 +671,53 @@ fn logs_of_a_cached_step_name_the_run_that_wrote_them() {
 }
 
 #[test]
+fn logs_of_a_run_name_the_runs_that_wrote_its_cached_steps() {
+    let dir = TempDir::new().expect("tempdir");
+    let dir = dir.path();
+    write(dir, "counted.yaml", COUNTED);
+    ok(dir, &["run", "counted.yaml"]);
+    let first = newest_run(dir);
+    ok(dir, &["run", "counted.yaml"]);
+    let second = newest_run(dir);
+    // `greet` and `stamp` were served from the cache; `after` ran, and is a built-in: no command wrote.
+    let logs = ok(dir, &["logs", "--last"]);
+    assert_eq!(
+        (
+            logs.stdout.as_str(),
+            logs.stderr
+                .replace(&first, "[FIRST]")
+                .replace(&second, "[SECOND]")
+        ),
+        (
+            "",
+            "note: no command of any step of run `[SECOND]` wrote anything\n\
+             note: `greet` was served from the cache: run `[FIRST]` wrote it (`archon logs [FIRST] greet`)\n\
+             note: `stamp` was served from the cache: run `[FIRST]` wrote it (`archon logs [FIRST] stamp`)\n"
+                .to_owned()
+        )
+    );
+    // A run whose every step was served from the cache.
+    write(
+        dir,
+        "all.yaml",
+        "name: all\nsteps:\n  - id: only\n    tool: exec\n    with: { argv: [\"echo\", \"hi\"] }\n    cache: { key: only }\n",
+    );
+    ok(dir, &["run", "all.yaml"]);
+    let first = newest_run(dir);
+    assert_eq!(ok(dir, &["logs", "--last"]).stdout, "hi\n");
+    ok(dir, &["run", "all.yaml"]);
+    let logs = ok(dir, &["logs", "--last"]);
+    assert_eq!(
+        (logs.stdout.as_str(), logs.stderr.replace(&first, "[FIRST]")),
+        (
+            "",
+            "note: `only` was served from the cache: run `[FIRST]` wrote it (`archon logs [FIRST] only`)\n"
+                .to_owned()
+        )
+    );
+}
+
+#[test]
 fn a_large_result_is_cached_apart_and_read_back_whole() {
     let dir = TempDir::new().expect("tempdir");
     write(
@@ -693,5 +777,67 @@ fn a_fallback_cannot_say_cache() {
         first.starts_with("error[archon::unknown_key]: unknown key `cache`"),
         "{}",
         out.stdout
+    );
+}
+
+#[test]
+fn retry_from_runs_the_cached_steps_of_the_sub_workflows_and_composite_tools_it_calls_afresh() {
+    let dir = TempDir::new().expect("tempdir");
+    write(
+        dir.path(),
+        "sub.yaml",
+        r#"name: sub
+inputs:
+  word: { type: string }
+steps:
+  - id: inner
+    tool: exec
+    with: { argv: ["sh", "-c", "echo {{ inputs.word }} >> count; echo {{ inputs.word }}"] }
+    cache: { key: "{{ inputs.word }}" }
+"#,
+    );
+    write(
+        dir.path(),
+        "parent.yaml",
+        r#"name: parent
+tools:
+  wrap:
+    description: calls the sub-workflow
+    parameters: { type: object, properties: { word: { type: string } } }
+    steps:
+      - id: w
+        workflow: sub.yaml
+        with: { word: "{{ args.word }}" }
+    result: "{{ steps.w.output }}"
+steps:
+  - id: direct
+    workflow: sub.yaml
+    with: { word: direct }
+  - id: composite
+    tool: wrap
+    with: { word: composite }
+"#,
+    );
+    ok(dir.path(), &["run", "parent.yaml"]);
+    let second = ok(dir.path(), &["run", "parent.yaml"]);
+    assert_eq!(
+        count(dir.path()),
+        ["direct", "composite"],
+        "{}",
+        second.stderr
+    );
+    let retried = ok(dir.path(), &["retry", "--last", "--from", "direct"]);
+    assert_eq!(
+        count(dir.path()),
+        ["direct", "composite", "direct"],
+        "{}",
+        retried.stderr
+    );
+    let retried = ok(dir.path(), &["retry", "--last", "--from", "composite"]);
+    assert_eq!(
+        count(dir.path()),
+        ["direct", "composite", "direct", "composite"],
+        "{}",
+        retried.stderr
     );
 }

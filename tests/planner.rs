@@ -112,6 +112,23 @@ async fn a_plan_with_a_cycle_is_rejected_and_the_corrected_plan_runs() {
 }
 
 #[tokio::test]
+async fn a_plan_whose_step_says_cache_is_rejected_and_the_corrected_plan_runs() {
+    let dir = TempDir::new().expect("tempdir");
+    let mut cached = good_plan();
+    cached["steps"][0]["cache"] = json!(true);
+    let turns = turn(Some("rejected"), &good_plan()) + &turn(None, &cached);
+    let (report, events) = run_agent(dir.path(), &spec(&turns, STEP)).await;
+    let p = &report.steps["p"];
+    assert_eq!(p.status, StepStatus::Succeeded, "{p:?}");
+    let rejected = rejected_plans(&events);
+    assert_eq!(rejected.len(), 1, "{events:?}");
+    insta::assert_snapshot!(rejected[0].join("\n"));
+    assert_eq!(p.llm.as_ref().map(|l| l.calls), Some(2));
+    assert_eq!(p.output, json!({ "answer": "the answer is 10" }));
+    assert!(p.steps["percent"].cached.is_none());
+}
+
+#[tokio::test]
 async fn plans_beyond_what_planned_steps_may_do_are_rejected() {
     let dir = TempDir::new().expect("tempdir");
     let bad = json!({

@@ -34,11 +34,11 @@ pub fn logs(args: &LogsArgs, color: ColorChoice) -> anyhow::Result<Status> {
         })
     };
     // A step (or item) served from the cache ran no command in this run: its logs are the run's that
-    // produced it.
+    // produced it. A note names that run for each one, after what the other steps wrote.
     let cached: Vec<String> = run
         .results
         .iter()
-        .filter(|(name, _)| step.is_some() && wanted(name))
+        .filter(|(name, _)| wanted(name))
         .filter_map(|(name, result)| {
             result.cached.as_ref().map(|from| {
                 format!(
@@ -171,6 +171,9 @@ pub fn logs(args: &LogsArgs, color: ColorChoice) -> anyhow::Result<Status> {
             "note: no command of {what} of run `{}` wrote anything\n",
             id
         )));
+    }
+    if !cached.is_empty() {
+        output::stderr(&output::printable(&cached.concat()));
     }
     output::stderr(&errors);
     Ok(Status::Success)

@@ -74,6 +74,35 @@ impl Redactor {
         }
     }
 
+    /// Whether `text` holds a value this redactor masks, in any form it masks: what [`Redactor::text`]
+    /// would change, found without building the masked copy.
+    pub fn finds(&self, text: &str) -> bool {
+        match &self.pattern {
+            Some(pattern) => pattern.is_match(text),
+            None => self
+                .values
+                .iter()
+                .flat_map(|v| literal_forms(v))
+                .any(|form| text.contains(form.as_str())),
+        }
+    }
+
+    /// Whether [`Redactor::json`] would change `value`.
+    pub fn finds_in_json(&self, value: &Json) -> bool {
+        if self.is_empty() {
+            return false;
+        }
+        match value {
+            Json::String(text) => self.finds(text),
+            Json::Array(items) => items.iter().any(|i| self.finds_in_json(i)),
+            Json::Object(map) => map
+                .iter()
+                .any(|(k, v)| self.finds(k) || self.finds_in_json(v)),
+            Json::Number(number) => self.finds(&number.to_string()),
+            Json::Bool(_) | Json::Null => false,
+        }
+    }
+
     /// Where to cut `text` at `at` or before so that no secret, in any form, is split by the cut: the start
     /// of a secret the cut would go through, else `at`. What is kept then holds secrets only whole, and
     /// whole ones are masked wherever the kept text goes.
@@ -365,6 +394,44 @@ mod tests {
         redactor.json(&mut value);
         assert_eq!(value, serde_json::json!({ "***": ["x ***"], "n": 1 }));
         assert!(matches!(redactor.text("nothing here"), Cow::Borrowed(_)));
+    }
+
+    /// `finds` and `finds_in_json` say exactly whether masking would change a text or a value, with one
+    /// pattern and with values too long for one.
+    #[test]
+    fn finding_a_secret_agrees_with_masking_it() {
+        let long: String = (0..400_000u32)
+            .map(|i| char::from(b'a' + u8::try_from(i * 7 % 26).unwrap_or(0)))
+            .collect();
+        for secret in ["s3cr3t-token".to_owned(), "123456".to_owned(), long] {
+            let redactor = Redactor::new([secret.clone()]);
+            let encoded = STANDARD_NO_PAD.encode(secret.as_bytes());
+            for text in [
+                format!("x {secret} y"),
+                format!("x {encoded} y"),
+                "nothing here".to_owned(),
+                secret[..secret.len() - 1].to_owned(),
+            ] {
+                let changed = matches!(redactor.text(&text), Cow::Owned(_));
+                assert_eq!(
+                    redactor.finds(&text),
+                    changed,
+                    "{}",
+                    &text[..text.len().min(40)]
+                );
+            }
+            let number = secret.parse::<u64>().map_or(Json::Null, Json::from);
+            for value in [
+                serde_json::json!({ "k": [1, { "v": format!("x {secret}") }] }),
+                serde_json::json!({ (secret.clone()): 1 }),
+                serde_json::json!([1, "nothing", { "k": null }]),
+                serde_json::json!({ "n": number }),
+            ] {
+                let mut masked = value.clone();
+                redactor.json(&mut masked);
+                assert_eq!(redactor.finds_in_json(&value), masked != value);
+            }
+        }
     }
 
     #[test]

@@ -22,6 +22,26 @@ impl Redactor {
         }
     }
 
+    /// Whether [`Redactor::result`] would change what later steps read of `result` (its output, text,
+    /// outputs, error, its own steps' results or its plan): the result holds a secret.
+    pub fn finds_in_result(&self, result: &StepResult) -> bool {
+        if self.is_empty() {
+            return false;
+        }
+        self.finds_in_json(&result.output)
+            || self.finds(&result.text)
+            || result
+                .outputs
+                .iter()
+                .any(|(k, v)| self.finds(k) || self.finds_in_json(v))
+            || result.error.as_deref().is_some_and(|e| self.finds(e))
+            || result.steps.values().any(|r| self.finds_in_result(r))
+            || result
+                .plan
+                .as_deref()
+                .is_some_and(|p| self.finds_in_json(p))
+    }
+
     pub fn event(&self, event: &mut RunEvent) {
         if self.is_empty() {
             return;

@@ -354,8 +354,22 @@ impl Checker<'_> {
                 ),
             );
         }
-        if let Some(ttl) = cache.value.ttl() {
-            self.check_duration(ttl);
+        if let Some(ttl) = cache.value.ttl()
+            && self.check_duration(ttl)
+            && ttl.value.get().is_some_and(|t| t.is_zero())
+        {
+            // An entry that expires as it is written is never reused: the step would only write it.
+            self.push(
+                Diagnostic::error(
+                    codes::INVALID_VALUE,
+                    ttl.span,
+                    format!("cache `ttl` `{}` is zero, so no result would ever be reused", ttl.value.text),
+                )
+                .with_hint(self.syntax(
+                    "write a longer `ttl` such as `1h`, leave `ttl` out to reuse until `archon cache clear`, or remove `cache`",
+                    "write a longer `ttl` such as `\"1h\"`, leave `ttl` out to reuse until `archon cache clear`, or remove `cache`",
+                )),
+            );
         }
         if !cache.value.enabled() {
             return deps;
@@ -394,8 +408,17 @@ impl Checker<'_> {
                         step.id.value
                     ),
                 )
-                .with_label(approval.span, "`approval: required` given here")
-                .with_hint("remove `cache`, or remove `approval: required`"),
+                .with_label(
+                    approval.span,
+                    self.syntax(
+                        "`approval: required` given here",
+                        "`approval = \"required\"` given here",
+                    ),
+                )
+                .with_hint(self.syntax(
+                    "remove `cache`, or remove `approval: required`",
+                    "remove `cache`, or remove `approval = \"required\"`",
+                )),
             );
         }
         if cache.value.key().is_none()
@@ -410,9 +433,10 @@ impl Checker<'_> {
                         step.id.value
                     ),
                 )
-                .with_hint(
+                .with_hint(self.syntax(
                     "write the key yourself (`cache: { key: \"{{ ... }}\" }`) to say which calls give the same result",
-                ),
+                    "write the key yourself (`cache = { key = \"{{ ... }}\" }`) to say which calls give the same result",
+                )),
             );
         }
         deps

@@ -87,6 +87,20 @@ pub(super) async fn prepare(
     })
 }
 
+/// For a step `retry --from` runs afresh (`Refresh::Steps`), the context its call runs in: one where
+/// every step refreshes, so that the cached steps of the sub-workflows and composite tools it calls run
+/// afresh too. `None` for any other step.
+pub(super) fn refreshing(shared: &Shared, step: &Step) -> Option<Shared> {
+    match &shared.options.cache.refresh {
+        Refresh::Steps(steps) if shared.depth == 0 && steps.contains(&step.id.value) => {
+            let mut refreshing = shared.clone();
+            refreshing.options.cache.refresh = Refresh::All;
+            Some(refreshing)
+        }
+        _ => None,
+    }
+}
+
 /// The cached result for `cacheable`, marked as reused and announced, unless the step runs regardless.
 pub(super) fn hit(
     shared: &Shared,
@@ -121,7 +135,8 @@ pub(super) fn hit(
 }
 
 /// Keeps a successful result of the step's own body (not its fallback's: the key describes the body)
-/// for later runs, masked like every recorded result.
+/// for later runs. A result holding a secret is not kept: the store keeps it masked, and a hit would
+/// give later steps `***` where this run gave them the value.
 pub(super) fn keep(
     shared: &Shared,
     step: &Step,
@@ -132,8 +147,10 @@ pub(super) fn keep(
     if result.status != StepStatus::Succeeded || result.fallback || result.cached.is_some() {
         return;
     }
-    let mut kept = result.clone();
-    shared.redactor.result(&mut kept);
+    if shared.redactor.finds_in_result(result) {
+        return;
+    }
+    let kept = result.clone();
     let ttl_ms = cacheable
         .ttl
         .map(|ttl| u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX));

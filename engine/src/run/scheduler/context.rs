@@ -175,6 +175,7 @@ impl Halt {
 pub struct RunError(pub String);
 
 /// Everything the step tasks of one step list share.
+#[derive(Clone)]
 pub(super) struct Shared {
     /// The workflow whose tools, defaults and network policy apply.
     pub workflow: Arc<Workflow>,

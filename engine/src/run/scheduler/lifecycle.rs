@@ -284,6 +284,9 @@ async fn attempt_all(
     item: Option<(Json, usize)>,
     label: String,
 ) -> StepResult {
+    // A step `retry --from` runs afresh runs what it calls afresh too.
+    let refreshing = cache::refreshing(shared, step);
+    let shared = refreshing.as_ref().unwrap_or(shared);
     let extra = match &item {
         // In a `matrix` step, the item is the combination, also read as `matrix.<name>`.
         Some((item, index)) if step.matrix.is_some() => vec![
