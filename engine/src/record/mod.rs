@@ -235,6 +235,10 @@ pub struct Event {
 /// Where an LLM step stood after an iteration (a row of `checkpoints`); the step reads it back.
 pub type Checkpoint = Json;
 
+fn is_zero(n: &u64) -> bool {
+    *n == 0
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -279,8 +283,4 @@ mod tests {
         );
         assert_eq!(decode::<Event>(AT, 1, &text).expect("event"), event);
     }
-}
-
-fn is_zero(n: &u64) -> bool {
-    *n == 0
 }

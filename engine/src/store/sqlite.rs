@@ -2491,38 +2491,8 @@ fn load_run(
             table: "results",
             row: &step,
         };
-        let output_apart = r.get_ref(3)? != rusqlite::types::ValueRef::Null;
-        let text_apart = r.get_ref(5)? != rusqlite::types::ValueRef::Null;
         // Blobs are read as they are decoded, not copied out whole first.
-        let blob = |rowid: Option<i64>| -> rusqlite::Result<Option<rusqlite::blob::Blob<'_>>> {
-            rowid
-                .map(|rowid| conn.blob_open("main", "blobs", "data", rowid, true))
-                .transpose()
-        };
-        let output_blob = blob(r.get(4)?)?;
-        let text_blob = blob(r.get(6)?)?;
-        let result = record::decode::<record::StepResult>(at, r.get(1)?, bytes(r.get_ref(2)?))
-            .and_then(|mut result| {
-                let at = Row {
-                    table: "blobs",
-                    ..at
-                };
-                if output_apart {
-                    // A missing blob reads as no JSON at all, and is reported.
-                    result.output = match output_blob {
-                        Some(blob) => record::decode_from(at, std::io::BufReader::new(blob))?,
-                        None => record::decode(at, FORMAT_VERSION.into(), b"")?,
-                    };
-                }
-                if text_apart {
-                    let read = text_blob.map(|mut blob| {
-                        let mut text = String::with_capacity(blob.len());
-                        std::io::Read::read_to_string(&mut blob, &mut text).map(|_| text)
-                    });
-                    result.text = record::text(at, read)?;
-                }
-                Ok(result)
-            });
+        let result = decode_result(conn, at, r, 1)?;
         match result {
             Ok(result) => {
                 run.results.insert(step, StepResult::from(result));

@@ -786,7 +786,7 @@ mod tests {
     #[test]
     fn a_raw_block_holds_no_tags() {
         let many = "{{ x }}".repeat(MAX_TAGS + 1);
-        let chained = format!("{{{{ {} }}}}", format!("x{}", ".a".repeat(300)));
+        let chained = format!("{{{{ x{} }}}}", ".a".repeat(300));
         for (open, close) in [
             ("{% raw %}", "{% endraw %}"),
             ("{%- raw -%}", "{%+ endraw -%}"),

@@ -205,16 +205,21 @@ mod tests {
         let quote = |json: serde_json::Value| {
             shell_quote(&crate::run::render::json_value(&json)).map(|v| v.to_string())
         };
-        assert_eq!(quote(serde_json::json!("it's")).unwrap(), r"'it'\''s'");
-        assert_eq!(quote(serde_json::json!("")).unwrap(), "''");
-        assert_eq!(quote(serde_json::json!(3.5)).unwrap(), "'3.5'");
         assert_eq!(
-            quote(serde_json::json!(["a b", 1, true])).unwrap(),
+            quote(serde_json::json!("it's")).expect("quoted"),
+            r"'it'\''s'"
+        );
+        assert_eq!(quote(serde_json::json!("")).expect("quoted"), "''");
+        assert_eq!(quote(serde_json::json!(3.5)).expect("quoted"), "'3.5'");
+        assert_eq!(
+            quote(serde_json::json!(["a b", 1, true])).expect("quoted"),
             "'a b' '1' 'true'"
         );
-        assert_eq!(quote(serde_json::json!([])).unwrap(), "");
+        assert_eq!(quote(serde_json::json!([])).expect("quoted"), "");
         assert_eq!(
-            quote(serde_json::json!([["nested"]])).unwrap_err().detail(),
+            quote(serde_json::json!([["nested"]]))
+                .expect_err("not quoted")
+                .detail(),
             Some("`shell_quote` quotes strings, numbers and lists of them, not sequence")
         );
     }
@@ -225,11 +230,17 @@ mod tests {
             crate::run::render::json_value(&serde_json::json!({"a": [1, "xyz", {"b": null}]}));
         let found = measure(&value, 1000).expect("small");
         assert_eq!(found.depth, 3);
-        assert_eq!(measure(&value, 10).unwrap_err(), Oversized::Large);
+        assert_eq!(
+            measure(&value, 10).expect_err("oversized"),
+            Oversized::Large
+        );
         let mut deep = Value::from(1);
         for _ in 0..=MAX_DEPTH {
             deep = Value::from(vec![deep]);
         }
-        assert_eq!(measure(&deep, usize::MAX).unwrap_err(), Oversized::Deep);
+        assert_eq!(
+            measure(&deep, usize::MAX).expect_err("oversized"),
+            Oversized::Deep
+        );
     }
 }
