@@ -150,7 +150,7 @@ fn validate_of_a_directory_skips_files_that_are_not_workflows() {
     .expect("write");
     std::fs::write(
         dir.path().join("ci.yaml"),
-        "on: push\njobs:\n  test: { runs-on: ubuntu-latest }\n",
+        "name: ci\non: push\nstages: [test]\njobs:\n  test: { runs-on: ubuntu-latest }\n",
     )
     .expect("write");
     std::fs::write(

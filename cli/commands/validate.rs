@@ -145,13 +145,26 @@ fn looks_like_a_workflow(path: &Path) -> bool {
         return true;
     }
     let keys: Vec<&str> = text.lines().filter_map(top_level_key).collect();
-    let steps_like = |key: &&str| {
-        *key == "steps" || archon_engine::validate::suggest::closest(key, ["steps"]).is_some()
-    };
+    let steps_like = |key: &&str| one_edit_from(&key.to_lowercase(), "steps");
     keys.iter().any(steps_like)
         || (keys.contains(&"name")
             && keys.len() > 1
             && keys.iter().all(|k| WORKFLOW_KEYS.contains(k)))
+}
+
+/// Whether `a` is `b` or one typo away from it: a letter inserted, deleted or changed, or two adjacent letters
+/// swapped (`stpes`, `step`). A looser match would take a CI file's `stages`, or `setup`, for `steps`.
+fn one_edit_from(a: &str, b: &str) -> bool {
+    let (a, b): (Vec<char>, Vec<char>) = (a.chars().collect(), b.chars().collect());
+    let same = a.iter().zip(&b).take_while(|(x, y)| x == y).count();
+    let (a, b) = (&a[same..], &b[same..]);
+    let swapped =
+        matches!((a, b), ([x, y, ra @ ..], [p, q, rb @ ..]) if x == q && y == p && ra == rb);
+    (a.is_empty() && b.is_empty())
+        || swapped
+        || (!a.is_empty() && a.get(1..) == b.get(1..))
+        || a.get(1..) == Some(b)
+        || Some(a) == b.get(1..)
 }
 
 /// The key a line starts at the top level, in YAML (`key:`) or TOML (`key =`, `[key]`, `[[key.sub]]`).
