@@ -16,6 +16,8 @@ pub const JSON_VERSION: u32 = 1;
 #[derive(Default)]
 pub struct Report {
     files: Vec<(PathBuf, usize, usize)>,
+    /// Spec files found in directories and skipped: their top level has no `steps` key.
+    pub skipped: usize,
     /// Each diagnostic, with the index of its files in `sources`.
     entries: Vec<(Diagnostic, usize)>,
     sources: Vec<Sources>,
@@ -109,7 +111,15 @@ pub fn write_text(report: &Report, color: bool, out: &mut dyn Write) -> std::io:
             s
         }
     };
-    writeln!(out, "{summary}")
+    if report.skipped > 0 {
+        writeln!(
+            out,
+            "{summary}, {} skipped (no top-level `steps` key)",
+            report.skipped
+        )
+    } else {
+        writeln!(out, "{summary}")
+    }
 }
 
 fn groups<'a>(d: &'a Diagnostic, sources: &'a Sources) -> Vec<Group<'a>> {
@@ -262,7 +272,7 @@ pub fn write_json(report: &Report, out: &mut dyn Write) -> std::io::Result<()> {
         version: JSON_VERSION,
         files,
         diagnostics: Diagnostics(report),
-        summary: json!({ "files": report.files.len(), "errors": report.errors(), "warnings": report.warnings() }),
+        summary: json!({ "files": report.files.len(), "skipped": report.skipped, "errors": report.errors(), "warnings": report.warnings() }),
     };
     serde_json::to_writer_pretty(&mut *out, &document)?;
     out.write_all(b"\n")

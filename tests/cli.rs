@@ -150,7 +150,7 @@ fn validate_of_a_directory_skips_files_that_are_not_workflows() {
     .expect("write");
     std::fs::write(
         dir.path().join("ci.yaml"),
-        "on: push\njobs:\n  test: { runs-on: ubuntu-latest }\n",
+        "name: ci\non: push\nstages: [test]\njobs:\n  test: { runs-on: ubuntu-latest }\n",
     )
     .expect("write");
     std::fs::write(
@@ -159,9 +159,73 @@ fn validate_of_a_directory_skips_files_that_are_not_workflows() {
     )
     .expect("write");
     let out = archon(dir.path(), &["validate", "."]);
-    assert_eq!((out.code, out.stdout.as_str()), (0, "1 file valid\n"));
+    assert_eq!(
+        (out.code, out.stdout.as_str()),
+        (0, "1 file valid, 2 skipped (no top-level `steps` key)\n")
+    );
     let named = archon(dir.path(), &["validate", "Cargo.toml"]);
     assert_eq!(named.code, 2, "{}", named.stdout);
+}
+
+/// A workflow whose `steps` key is misspelled (`stpes:`, TOML's `[[step]]`), or that has a `name` and only
+/// workflow keys, is checked in a directory rather than skipped as "not a workflow" (review, item 1).
+#[test]
+fn validate_of_a_directory_checks_a_workflow_with_a_misspelled_steps_key() {
+    let dir = TempDir::new().expect("tempdir");
+    write(
+        dir.path(),
+        "typo.yaml",
+        "name: typo\nstpes:\n  - { id: a, tool: echo, with: { text: hi } }\n",
+    );
+    write(
+        dir.path(),
+        "typo.toml",
+        "name = \"typo\"\n\n[[step]]\nid = \"a\"\ntool = \"echo\"\n",
+    );
+    write(
+        dir.path(),
+        "nosteps.yaml",
+        "name: nosteps\ninputs:\n  x: { type: string }\n",
+    );
+    let out = archon(dir.path(), &["validate", "."]);
+    assert_eq!(out.code, 2, "{}{}", out.stdout, out.stderr);
+    // The headline of each diagnostic, and the summary line.
+    let lines: Vec<&str> = out.stdout.lines().collect();
+    let mut headlines: Vec<&str> = lines
+        .iter()
+        .copied()
+        .filter(|l| l.starts_with("error["))
+        .collect();
+    headlines.extend(lines.last());
+    insta::assert_snapshot!(headlines.join("\n"), @r"
+    error[archon::missing_key]: a workflow is missing the required key `steps`
+    error[archon::missing_key]: a workflow is missing the required key `steps`
+    error[archon::unknown_key]: unknown key `step` in a workflow
+    error[archon::missing_key]: a workflow is missing the required key `steps`
+    error[archon::unknown_key]: unknown key `stpes` in a workflow
+    3 of 3 files invalid: 5 errors
+    ");
+}
+
+/// `validate DIR` never calls zero files valid: a directory without a workflow is an error naming the
+/// skip rule (review, item 1).
+#[test]
+fn validate_of_a_directory_without_workflows_says_none_was_found() {
+    let dir = TempDir::new().expect("tempdir");
+    write(
+        dir.path(),
+        "ci.yaml",
+        "on: push\njobs:\n  test: { runs-on: ubuntu-latest }\n",
+    );
+    let out = archon(dir.path(), &["validate", "."]);
+    assert_eq!((out.code, out.stdout.as_str()), (2, ""));
+    insta::assert_snapshot!(out.stderr, @r"
+    error: no workflow files found in `.`
+      hint: a `.yaml`, `.yml` or `.toml` file whose top level has no `steps` key is skipped (1 here); name a file to check it anyway
+    ");
+    let empty = TempDir::new().expect("tempdir");
+    let out = archon(empty.path(), &["validate", "."]);
+    assert_eq!(out.code, 2, "{}", out.stderr);
 }
 
 /// `validate` warns about a valid step `run` would refuse, instead of calling the workflow valid without a

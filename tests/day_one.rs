@@ -90,7 +90,7 @@ fn init_writes_a_starter_that_validates_without_warning_and_runs() {
         assert_eq!(report["diagnostics"], serde_json::json!([]), "{report}");
         assert_eq!(
             report["summary"],
-            serde_json::json!({ "files": 1, "errors": 0, "warnings": 0 })
+            serde_json::json!({ "files": 1, "skipped": 0, "errors": 0, "warnings": 0 })
         );
         let run: Json = serde_json::from_str(&ok(
             dir.path(),

@@ -214,6 +214,37 @@ outputs:
     assert_eq!(failing.steps["greet"].status, StepStatus::Skipped);
 }
 
+/// A sub-workflow's `defaults.max_parallel` limits its own steps, within the run's limit (review item 3):
+/// each step holds a lock directory while it runs, and notes an overlap if another holds it.
+#[tokio::test]
+async fn a_sub_workflow_runs_its_steps_within_its_own_max_parallel() {
+    let dir = TempDir::new().expect("tempdir");
+    let main = "name: main\nsteps:\n  - { id: sub, workflow: sub.yaml }\n";
+    let step = |id: &str| {
+        format!(
+            "  - id: {id}\n    tool: shell\n    with: {{ command: \"if mkdir lock; then sleep 0.5; rmdir lock; else echo {id} >> overlaps; fi\" }}\n"
+        )
+    };
+    let sub = format!(
+        "name: sub\ndefaults: {{ max_parallel: 1 }}\nsteps:\n{}{}{}",
+        step("a"),
+        step("b"),
+        step("c")
+    );
+    let report = run_files(
+        dir.path(),
+        &[("main.yaml", main), ("sub.yaml", &sub)],
+        options(dir.path()),
+    )
+    .await;
+    assert_eq!(report.status, RunStatus::Succeeded, "{report:?}");
+    let overlaps = std::fs::read_to_string(dir.path().join("overlaps")).unwrap_or_default();
+    assert_eq!(overlaps, "", "steps that found another running");
+    for id in ["a", "b", "c"] {
+        assert_eq!(report.steps["sub"].steps[id].status, StepStatus::Succeeded);
+    }
+}
+
 #[tokio::test]
 async fn a_timeout_reaches_the_processes_inside_a_composite_tool() {
     let dir = TempDir::new().expect("tempdir");

@@ -140,3 +140,45 @@ async fn retry_on_names_the_failures_of_an_agent_steps_model_calls() {
     let (result, received) = agent_step(400, ", on: [4xx]").await;
     assert_eq!((result["attempts"].as_u64(), received), (Some(2), 2));
 }
+
+/// Runs `r.yaml` holding `spec` with `archon run --json` and returns step `a`'s result.
+fn run_step(spec: &str) -> Json {
+    let dir = TempDir::new().expect("tempdir");
+    std::fs::write(dir.path().join("r.yaml"), spec).expect("write");
+    let Output { stdout, stderr, .. } = archon(dir.path(), &["run", "r.yaml", "--json"]);
+    let report: Json = serde_json::from_str(&stdout).unwrap_or_else(|_| panic!("{stdout}{stderr}"));
+    report["steps"]["a"].clone()
+}
+
+/// A refused connection is retried with `on: [connect]` and not with `on: [5xx]` (review item 4).
+#[test]
+fn retry_on_connect_retries_a_refused_connection() {
+    // A port nothing listens on: bound, then freed.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port();
+    let attempts = |on: &str| {
+        let a = run_step(&format!(
+            "name: r\nnetwork: {{ allow: [\"127.0.0.1\"] }}\nsteps:\n  - id: a\n    tool: http\n    with: {{ url: \"http://127.0.0.1:{port}/x\" }}\n    retry: {{ attempts: 3, delay: 1ms, on: [{on}] }}\n"
+        ));
+        assert_eq!(a["status"], "failed", "{a}");
+        a["attempts"].clone()
+    };
+    assert_eq!(attempts("connect"), 3);
+    assert_eq!(attempts("5xx"), 1);
+}
+
+/// A step that times out is retried with `on: [timeout]` and not with `on: [5xx]` (review item 4).
+#[test]
+fn retry_on_timeout_retries_a_step_that_timed_out() {
+    let attempts = |on: &str| {
+        let a = run_step(&format!(
+            "name: r\nsteps:\n  - id: a\n    tool: exec\n    with: {{ argv: [sleep, \"30\"] }}\n    timeout: 100ms\n    retry: {{ attempts: 3, delay: 1ms, on: [{on}] }}\n"
+        ));
+        assert_eq!(a["status"], "timed_out", "{a}");
+        a["attempts"].clone()
+    };
+    assert_eq!(attempts("timeout"), 3);
+    assert_eq!(attempts("5xx"), 1);
+}

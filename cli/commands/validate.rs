@@ -10,8 +10,23 @@ use crate::output;
 use crate::render::{self, Report};
 
 pub fn run(args: &ValidateArgs, color: ColorChoice) -> anyhow::Result<Status> {
-    let files = collect(&args.paths)?;
+    let Found { files, skipped } = collect(&args.paths)?;
+    if files.is_empty() {
+        // Zero files are not "valid": the directories held no workflow (only directories can be empty).
+        let dirs: Vec<String> = args
+            .paths
+            .iter()
+            .map(|p| format!("`{}`", p.display()))
+            .collect();
+        output::stderr(&output::printable(&format!(
+            "error: no workflow files found in {}\n  hint: a `.yaml`, `.yml` or `.toml` file whose top level has no \
+             `steps` key is skipped ({skipped} here); name a file to check it anyway\n",
+            dirs.join(", ")
+        )));
+        return Ok(Status::Invalid);
+    }
     let mut report = Report::default();
+    report.skipped = skipped;
     for file in &files {
         let validation: Validation = validate_file(file);
         let mut diagnostics = validation.diagnostics;
@@ -51,21 +66,28 @@ fn cannot_run_yet(workflow: &archon_engine::Workflow) -> Vec<archon_engine::Diag
         .collect()
 }
 
-/// Expands directories into the spec files under them (sorted, hidden entries skipped).
-fn collect(paths: &[PathBuf]) -> anyhow::Result<Vec<PathBuf>> {
-    let mut files = Vec::new();
-    for path in paths {
-        if path.is_dir() {
-            walk(path, &mut files)?;
-        } else {
-            // A missing file is reported as a diagnostic by the validator.
-            files.push(path.clone());
-        }
-    }
-    Ok(files)
+/// The files to check, and how many spec files the directories held that are not workflows.
+#[derive(Default)]
+struct Found {
+    files: Vec<PathBuf>,
+    skipped: usize,
 }
 
-fn walk(dir: &Path, files: &mut Vec<PathBuf>) -> anyhow::Result<()> {
+/// Expands directories into the spec files under them (sorted, hidden entries skipped).
+fn collect(paths: &[PathBuf]) -> anyhow::Result<Found> {
+    let mut found = Found::default();
+    for path in paths {
+        if path.is_dir() {
+            walk(path, &mut found)?;
+        } else {
+            // A missing file is reported as a diagnostic by the validator.
+            found.files.push(path.clone());
+        }
+    }
+    Ok(found)
+}
+
+fn walk(dir: &Path, found: &mut Found) -> anyhow::Result<()> {
     let mut entries: Vec<_> = std::fs::read_dir(dir)
         .map_err(|e| anyhow::anyhow!("cannot read directory `{}`: {e}", dir.display()))?
         .filter_map(Result::ok)
@@ -78,31 +100,87 @@ fn walk(dir: &Path, files: &mut Vec<PathBuf>) -> anyhow::Result<()> {
     entries.sort();
     for path in entries {
         if path.is_dir() {
-            walk(&path, files)?;
-        } else if is_spec(&path) && looks_like_a_workflow(&path) {
-            files.push(path);
+            walk(&path, found)?;
+        } else if is_spec(&path) {
+            if looks_like_a_workflow(&path) {
+                found.files.push(path);
+            } else {
+                found.skipped += 1;
+            }
         }
     }
     Ok(())
 }
 
-/// Whether a file found in a directory is a workflow spec: its top level has a `steps` key (a spec without
-/// steps is an error anyway, and `Cargo.toml`, a CI file or a compose file has none). A file named on the
-/// command line is always checked.
+/// The top-level keys of a workflow spec.
+const WORKFLOW_KEYS: &[&str] = &[
+    "$schema",
+    "name",
+    "description",
+    "inputs",
+    "env",
+    "secrets",
+    "llm",
+    "tools",
+    "agents",
+    "memory",
+    "steps",
+    "rules",
+    "outputs",
+    "defaults",
+    "timeout",
+    "network",
+];
+
+/// Whether a file found in a directory is a workflow spec, checked rather than skipped: its top level has a
+/// `steps` key or one misspelled (`stpes`, `[[step]]`), or a `name` and only keys a workflow has (a spec
+/// without steps is an error anyway). `Cargo.toml`, a CI file or a compose file has none of these and is
+/// skipped. A file named on the command line is always checked.
 fn looks_like_a_workflow(path: &Path) -> bool {
     let Ok(text) = std::fs::read_to_string(path) else {
         // Unreadable: the validator says why.
         return true;
     };
-    text.lines().any(|line| {
-        let line = line.trim_end();
-        line.starts_with("steps:")
-            || line.starts_with("steps =")
-            || line.starts_with("steps=")
-            || line.starts_with("[[steps]]")
-            || line.starts_with("\"steps\":")
-            || line.starts_with("{")
-    })
+    if text.trim_start().starts_with('{') {
+        return true;
+    }
+    let keys: Vec<&str> = text.lines().filter_map(top_level_key).collect();
+    let steps_like = |key: &&str| one_edit_from(&key.to_lowercase(), "steps");
+    keys.iter().any(steps_like)
+        || (keys.contains(&"name")
+            && keys.len() > 1
+            && keys.iter().all(|k| WORKFLOW_KEYS.contains(k)))
+}
+
+/// Whether `a` is `b` or one typo away from it: a letter inserted, deleted or changed, or two adjacent letters
+/// swapped (`stpes`, `step`). A looser match would take a CI file's `stages`, or `setup`, for `steps`.
+fn one_edit_from(a: &str, b: &str) -> bool {
+    let (a, b): (Vec<char>, Vec<char>) = (a.chars().collect(), b.chars().collect());
+    let same = a.iter().zip(&b).take_while(|(x, y)| x == y).count();
+    let (a, b) = (&a[same..], &b[same..]);
+    let swapped =
+        matches!((a, b), ([x, y, ra @ ..], [p, q, rb @ ..]) if x == q && y == p && ra == rb);
+    (a.is_empty() && b.is_empty())
+        || swapped
+        || (!a.is_empty() && a.get(1..) == b.get(1..))
+        || a.get(1..) == Some(b)
+        || Some(a) == b.get(1..)
+}
+
+/// The key a line starts at the top level, in YAML (`key:`) or TOML (`key =`, `[key]`, `[[key.sub]]`).
+fn top_level_key(line: &str) -> Option<&str> {
+    if line.starts_with([' ', '\t', '#', '-']) {
+        return None;
+    }
+    let key = if let Some(table) = line.strip_prefix('[') {
+        let table = table.trim_start_matches('[');
+        table.split([']', '.']).next()?
+    } else {
+        let end = line.find([':', '='])?;
+        &line[..end]
+    };
+    let key = key.trim().trim_matches(['"', '\'']);
+    (!key.is_empty()).then_some(key)
 }
 
 fn is_spec(path: &Path) -> bool {

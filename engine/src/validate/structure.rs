@@ -25,6 +25,9 @@ pub fn check<'n>(
     let cx = Context {
         def: "Spec",
         key: None,
+        parent: None,
+        list: None,
+        named: false,
     };
     let mut found = Bounded::default();
     let checked = Walker {
@@ -66,6 +69,12 @@ struct Walker<'a> {
 struct Context<'a> {
     def: &'a str,
     key: Option<&'a str>,
+    /// The key of the mapping holding `key` (`retry` for `on`), unless that mapping is a list item.
+    parent: Option<&'a str>,
+    /// For an item of a list, the key of the list (`key` is then `None`).
+    list: Option<&'a str>,
+    /// `key` is a name the user chose (a provider's, a tool's), not one of the format's keys.
+    named: bool,
 }
 
 impl Context<'_> {
@@ -74,6 +83,20 @@ impl Context<'_> {
         match self.key {
             Some(key) => format!("`{key}`"),
             None => format!("the {}", noun(self.def)),
+        }
+    }
+
+    /// Where a value is, for messages about a value (not a key): "in `retry.on`" for an item of that list,
+    /// "for `on_error`" for a value under a key.
+    fn place(&self) -> String {
+        let (preposition, key) = match (self.key, self.list) {
+            (Some(key), _) => ("for", key),
+            (None, Some(list)) => ("in", list),
+            (None, None) => return format!("for the {}", noun(self.def)),
+        };
+        match self.parent {
+            Some(parent) => format!("{preposition} `{parent}.{key}`"),
+            None => format!("{preposition} `{key}`"),
         }
     }
 }
@@ -137,7 +160,7 @@ impl Walker<'_> {
                 Shape::Named { def, .. } => def.as_str(),
                 _ => cx.def,
             };
-            return self.check_enum(node, values, &Context { def, key: cx.key });
+            return self.check_enum(node, values, &Context { def, ..*cx });
         }
         match &shapes.nodes[id] {
             Shape::Any => Some(self.keep(node)),
@@ -149,7 +172,7 @@ impl Walker<'_> {
                 ));
                 None
             }
-            Shape::Named { def, inner } => self.check(node, *inner, &Context { def, key: cx.key }),
+            Shape::Named { def, inner } => self.check(node, *inner, &Context { def, ..*cx }),
             Shape::Enum(values) => self.check_enum(node, values, cx),
             Shape::Union(branches) => {
                 match branches.iter().find(|b| accepts(&shapes.types[**b], node)) {
@@ -181,6 +204,9 @@ impl Walker<'_> {
                         let item_cx = Context {
                             def: cx.def,
                             key: None,
+                            parent: cx.parent,
+                            list: cx.key,
+                            named: false,
                         };
                         let kept: Vec<Node> = items
                             .iter()
@@ -209,6 +235,7 @@ impl Walker<'_> {
         // mapping (a mapping of many unknown keys was quadratic).
         let mut candidates = None;
         for (key, value) in entries {
+            let mut named = false;
             let child = match typed.properties.iter().find(|(name, _)| *name == key.name) {
                 Some((_, id)) => *id,
                 None => match typed.additional {
@@ -223,7 +250,10 @@ impl Walker<'_> {
                         self.unknown_key(key, candidates, cx);
                         continue;
                     }
-                    Additional::Schema(id) => id,
+                    Additional::Schema(id) => {
+                        named = true;
+                        id
+                    }
                     Additional::Allowed => {
                         if self.prune {
                             kept.push((key.clone(), value.clone()));
@@ -235,6 +265,14 @@ impl Walker<'_> {
             let child_cx = Context {
                 def: cx.def,
                 key: Some(&key.name),
+                // A list item's keys are named alone (`on_error` in a step, not `steps.on_error`).
+                parent: if cx.list.is_some() || cx.named {
+                    None
+                } else {
+                    cx.key
+                },
+                list: None,
+                named,
             };
             match self.check(value, child, &child_cx) {
                 Some(v) if self.prune => kept.push((key.clone(), v)),
@@ -303,14 +341,16 @@ impl Walker<'_> {
             "ProviderKind" => "provider kind",
             _ => "value",
         };
+        // A scalar is shown as written (`503`, `true`); a mapping or a list by its type.
         let shown = match &node.kind {
             NodeKind::Str(s) => format!("`{s}`"),
-            _ => format!("a {}", node.type_name()),
+            NodeKind::Map(_) | NodeKind::Seq(_) => format!("a {}", node.type_name()),
+            _ => format!("`{}`", node.to_json()),
         };
         let mut d = Diagnostic::error(
             enum_code(cx.def),
             node.span,
-            format!("unknown {what} {shown} for {}", cx.subject()),
+            format!("unknown {what} {shown} {}", cx.place()),
         );
         if let Some(s) = node.as_str() {
             d = d.with_hint_opt(suggest::did_you_mean(s, names.iter().copied()));

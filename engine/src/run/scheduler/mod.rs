@@ -68,10 +68,16 @@ impl Nested for Scheduler {
         depth: u32,
         prefix: String,
     ) -> Boxed<'static, Result<RunReport, RunError>> {
+        // A sub-workflow's `defaults.max_parallel` limits its steps within the run's limit (the run's
+        // `work` semaphore still bounds every command of the run).
+        let mut options = parent.options.clone();
+        if let Some(n) = (workflow.spec.defaults.as_ref()).and_then(|d| d.max_parallel.as_ref()) {
+            options.max_parallel = options.max_parallel.min(n.value as usize);
+        }
         run_workflow(
             workflow,
             inputs,
-            parent.options.clone(),
+            options,
             (depth, prefix),
             Inherited {
                 redactor: parent.redactor.clone(),
