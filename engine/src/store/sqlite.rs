@@ -1618,23 +1618,7 @@ impl Writer {
                 Entry::StepFinished { step, result } => {
                     // A large output, and a large text, go to `blobs` once each (the same blob when
                     // the text is the output's JSON), streamed into it from the result.
-                    let output = |out: &mut dyn std::io::Write| {
-                        serde_json::to_writer(out, &result.output).map_err(std::io::Error::from)
-                    };
-                    let output_blob = put_blob(&tx, output, INLINE_OUTPUT_BYTES)?;
-                    let text = |out: &mut dyn std::io::Write| out.write_all(result.text.as_bytes());
-                    let text_blob = put_blob(&tx, text, INLINE_OUTPUT_BYTES)?;
-                    let text = record::encode(&record::StepResult::of(
-                        result,
-                        match output_blob {
-                            Some(_) => Json::Null,
-                            None => result.output.clone(),
-                        },
-                        match text_blob {
-                            Some(_) => String::new(),
-                            None => result.text.clone(),
-                        },
-                    ));
+                    let (text, output_blob, text_blob) = put_result(&tx, result)?;
                     // Rare (large outputs, composite and planned steps): not kept in a slot, whose
                     // statement is the one for results encoded where they were recorded.
                     tx.prepare_cached(
@@ -1662,28 +1646,12 @@ impl Writer {
                     result,
                     ttl_ms,
                 } => {
-                    let output = |out: &mut dyn std::io::Write| {
-                        serde_json::to_writer(out, &result.output).map_err(std::io::Error::from)
-                    };
-                    let output_blob = put_blob(&tx, output, INLINE_OUTPUT_BYTES)?;
-                    let text = |out: &mut dyn std::io::Write| out.write_all(result.text.as_bytes());
-                    let text_blob = put_blob(&tx, text, INLINE_OUTPUT_BYTES)?;
+                    let (record, output_blob, text_blob) = put_result(&tx, result)?;
                     let size = result.text.len()
                         + match output_blob {
                             Some(_) => 0,
                             None => json_text(&result.output).len(),
                         };
-                    let record = record::encode(&record::StepResult::of(
-                        result,
-                        match output_blob {
-                            Some(_) => Json::Null,
-                            None => result.output.clone(),
-                        },
-                        match text_blob {
-                            Some(_) => String::new(),
-                            None => result.text.clone(),
-                        },
-                    ));
                     tx.prepare_cached(
                         "INSERT OR REPLACE INTO cache (key, workflow, step, run_id, source, result,
                             output_blob, text_blob, size, created_at, expires_at, format)
@@ -2339,6 +2307,32 @@ fn cache_summary(r: &rusqlite::Row<'_>) -> rusqlite::Result<CacheSummary> {
         expires_at: r.get::<_, Option<i64>>(6)?.map(|e| e as u64),
         size: r.get::<_, i64>(7)? as u64,
     })
+}
+
+/// A result encoded as a record, its output and text over [`INLINE_OUTPUT_BYTES`] streamed into `blobs`
+/// and left out of the record: the record and the names of the blobs, for a `results` or a `cache` row.
+fn put_result(
+    tx: &rusqlite::Transaction<'_>,
+    result: &StepResult,
+) -> rusqlite::Result<(String, Option<String>, Option<String>)> {
+    let output = |out: &mut dyn std::io::Write| {
+        serde_json::to_writer(out, &result.output).map_err(std::io::Error::from)
+    };
+    let output_blob = put_blob(tx, output, INLINE_OUTPUT_BYTES)?;
+    let text = |out: &mut dyn std::io::Write| out.write_all(result.text.as_bytes());
+    let text_blob = put_blob(tx, text, INLINE_OUTPUT_BYTES)?;
+    let record = record::encode(&record::StepResult::of(
+        result,
+        match output_blob {
+            Some(_) => Json::Null,
+            None => result.output.clone(),
+        },
+        match text_blob {
+            Some(_) => String::new(),
+            None => result.text.clone(),
+        },
+    ));
+    Ok((record, output_blob, text_blob))
 }
 
 /// Decodes a stored result from row `r`, whose columns from `first` are its format, its record, its
