@@ -56,6 +56,17 @@ fn count(dir: &Path) -> Vec<String> {
         .collect()
 }
 
+/// The steps `archon cache ls` lists, newest first.
+fn cached_steps(dir: &Path) -> Vec<String> {
+    serde_json::from_str::<Json>(&ok(dir, &["cache", "ls", "--json"]).stdout)
+        .expect("JSON")
+        .as_array()
+        .expect("list")
+        .iter()
+        .map(|e| e["step"].as_str().expect("step").to_owned())
+        .collect()
+}
+
 fn newest_run(dir: &Path) -> String {
     let runs: Json = serde_json::from_str(&ok(dir, &["runs", "--json"]).stdout).expect("JSON");
     runs[0]["id"].as_str().expect("id").to_owned()
@@ -207,14 +218,7 @@ fn an_expired_entry_misses_and_clear_expired_removes_only_expired_ones() {
     drop(db);
     let cleared = ok(dir.path(), &["cache", "clear", "--expired"]);
     assert_eq!(cleared.stdout, "removed 1 cached result\n");
-    let steps: Vec<String> =
-        serde_json::from_str::<Json>(&ok(dir.path(), &["cache", "ls", "--json"]).stdout)
-            .expect("JSON")
-            .as_array()
-            .expect("list")
-            .iter()
-            .map(|e| e["step"].as_str().expect("step").to_owned())
-            .collect();
+    let steps: Vec<String> = cached_steps(dir.path());
     assert_eq!(steps, ["greet"]);
 }
 
@@ -387,14 +391,7 @@ fn a_call_a_rule_asks_about_is_never_served_from_the_cache() {
     ok(dir.path(), &["run", "counted.yaml", "--yes"]);
     // `greet` was asked about and ran both times; `stamp`, which no rule asks about, ran once.
     assert_eq!(count(dir.path()), ["hello", "stamp", "hello"]);
-    let steps: Vec<String> =
-        serde_json::from_str::<Json>(&ok(dir.path(), &["cache", "ls", "--json"]).stdout)
-            .expect("JSON")
-            .as_array()
-            .expect("list")
-            .iter()
-            .map(|e| e["step"].as_str().expect("step").to_owned())
-            .collect();
+    let steps: Vec<String> = cached_steps(dir.path());
     assert_eq!(steps, ["stamp"]);
 }
 
