@@ -56,6 +56,11 @@ fn count(dir: &Path) -> Vec<String> {
         .collect()
 }
 
+/// The JSON report of `archon ARGS`, which must succeed.
+fn report_of(dir: &Path, args: &[&str]) -> Json {
+    serde_json::from_str(&ok(dir, args).stdout).expect("report")
+}
+
 /// The steps `archon cache ls` lists, newest first.
 fn cached_steps(dir: &Path) -> Vec<String> {
     serde_json::from_str::<Json>(&ok(dir, &["cache", "ls", "--json"]).stdout)
@@ -123,8 +128,7 @@ fn a_cached_step_does_not_run_again_and_no_cache_runs_it() {
         ]
     );
     // The step that reads a cached step's output sees it as the first run made it.
-    let report = ok(dir.path(), &["run", "counted.yaml", "--json"]);
-    let report: Json = serde_json::from_str(&report.stdout).expect("report");
+    let report = report_of(dir.path(), &["run", "counted.yaml", "--json"]);
     assert_eq!(
         report["steps"]["after"]["output"],
         json!({ "text": "hello" })
@@ -137,8 +141,7 @@ fn a_cached_step_does_not_run_again_and_no_cache_runs_it() {
     assert_eq!(count(dir.path()), ["hello", "stamp", "hello", "stamp"]);
     // The fresh results replaced the entries: the next run reuses them, from the `--no-cache` run.
     let refreshed = newest_run(dir.path());
-    let report = ok(dir.path(), &["run", "counted.yaml", "--json"]);
-    let report: Json = serde_json::from_str(&report.stdout).expect("report");
+    let report = report_of(dir.path(), &["run", "counted.yaml", "--json"]);
     assert_eq!(report["steps"]["greet"]["cached"]["run"], json!(refreshed));
     assert_eq!(count(dir.path()).len(), 4);
 }
@@ -374,8 +377,7 @@ fn retry_from_runs_the_step_afresh() {
     assert_eq!(shown["results"]["stamp"]["cached"], Json::Null);
     assert!(shown["results"]["greet"]["cached"].is_object());
     // The fresh result replaced the entry: the next run reuses the retried run's.
-    let report = ok(dir.path(), &["run", "counted.yaml", "--json"]);
-    let report: Json = serde_json::from_str(&report.stdout).expect("report");
+    let report = report_of(dir.path(), &["run", "counted.yaml", "--json"]);
     assert_eq!(report["steps"]["stamp"]["cached"]["run"], json!(run));
     assert_eq!(count(dir.path()).len(), 3);
 }
