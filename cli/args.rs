@@ -47,6 +47,9 @@ pub enum Command {
     /// List or clear the cached results of steps with `cache`.
     #[command(subcommand)]
     Cache(CacheCommand),
+    /// MCP: list a workflow's MCP servers and their tools, or serve workflows as MCP tools.
+    #[command(subcommand)]
+    Mcp(McpCommand),
 
     /// Print the JSON Schema of the workflow format.
     Schema,
@@ -178,6 +181,38 @@ pub struct RunOutputArgs {
     /// replace their cached ones.
     #[arg(long)]
     pub no_cache: bool,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum McpCommand {
+    /// Start a workflow's MCP servers, list their tools, and keep the lists for `archon validate`.
+    List(McpListArgs),
+    /// Serve the workflows under PATH as MCP tools, over stdio or streamable HTTP.
+    Serve(McpServeArgs),
+}
+
+#[derive(Debug, clap::Args)]
+pub struct McpListArgs {
+    /// The workflow spec whose MCP servers are listed.
+    #[arg(value_name = "FILE")]
+    pub file: PathBuf,
+
+    /// Print the servers and their tools as JSON.
+    #[arg(long)]
+    pub json: bool,
+
+    #[command(flatten)]
+    pub state: StateArgs,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct McpServeArgs {
+    /// Spec files or directories of spec files to serve (default: the current directory).
+    #[arg(value_name = "PATH")]
+    pub paths: Vec<PathBuf>,
+
+    #[command(flatten)]
+    pub state: StateArgs,
 }
 
 #[derive(Debug, Subcommand)]

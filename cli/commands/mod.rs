@@ -8,6 +8,8 @@ mod init;
 mod llm;
 mod load;
 mod logs;
+mod mcp;
+mod mcp_serve;
 mod plan;
 mod prune;
 mod run;
@@ -21,7 +23,7 @@ pub mod when;
 
 use std::process::ExitCode;
 
-use crate::args::{CacheCommand, Cli, Command, LlmCommand};
+use crate::args::{CacheCommand, Cli, Command, LlmCommand, McpCommand};
 
 /// How a command ended, mapped to the documented exit codes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -66,6 +68,8 @@ pub fn run(cli: Cli) -> anyhow::Result<Status> {
         Command::Llm(LlmCommand::Ping(args)) => llm::ping(&args),
         Command::Cache(CacheCommand::Ls(args)) => cache::ls(&args),
         Command::Cache(CacheCommand::Clear(args)) => cache::clear(&args),
+        Command::Mcp(McpCommand::List(args)) => mcp::list(&args, cli.color),
+        Command::Mcp(McpCommand::Serve(args)) => mcp_serve::serve(&args),
         Command::Schema => schema::run(),
         Command::Init(args) => init::init(&args),
         Command::Tools(args) => tools::tools(&args, cli.color),

@@ -49,7 +49,7 @@ pub fn tools(args: &ToolsArgs, color: ColorChoice) -> anyhow::Result<Status> {
                     let only = server
                         .tools
                         .as_ref()
-                        .map(|tools| tools.iter().map(|t| t.value.clone()).collect());
+                        .map(|tools| tools.iter().map(|t| t.value.as_str().to_owned()).collect());
                     servers.insert(name.value.clone(), only);
                 }
             }

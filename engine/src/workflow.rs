@@ -32,6 +32,8 @@ pub struct Workflow {
     /// The hosts the spec names itself (in URLs it writes out, and in `network.allow`), lowercase: an
     /// LLM's request to any other host asks a person first, since its URL could carry data out.
     pub hosts: Arc<std::collections::BTreeSet<String>>,
+    /// Its MCP servers (`tools: NAME: { mcp: ... }`), resolved by validation, by tool name.
+    pub mcp: BTreeMap<String, Arc<crate::tools::mcp::ServerDef>>,
 }
 
 impl Workflow {

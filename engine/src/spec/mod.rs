@@ -642,18 +642,49 @@ pub enum HttpMethod {
     Options,
 }
 
+/// An MCP server: started as a child process (`command`), reached over streamable HTTP (`url`), or read
+/// from an `mcpServers` JSON file users already have (`from`). Its tools are called as `<name>.<tool>`.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct McpServer {
-    /// Start a local server: argv.
+    /// Start a local server speaking MCP on its standard input and output: argv (templates), never a shell.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub command: Option<Vec<Template>>,
-    /// Or connect to a server over streamable HTTP.
+    /// Environment of the server process (values are templates and may use `secrets`).
+    #[serde(default, skip_serializing_if = "IndexMap::is_empty")]
+    pub env: IndexMap<Spanned<String>, Template>,
+    /// Working directory of the server process, relative to the workspace (template).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cwd: Option<Template>,
+    /// Or connect to a server over streamable HTTP (template).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub url: Option<Template>,
-    /// Only expose these tools of the server.
+    /// Headers of every HTTP request to the server (values are templates and may use `secrets`).
+    #[serde(default, skip_serializing_if = "IndexMap::is_empty")]
+    pub headers: IndexMap<Spanned<String>, Template>,
+    /// Or take the server from an `mcpServers` JSON file (`.mcp.json`, Claude Desktop or Code, Cursor),
+    /// relative to the spec.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub tools: Option<Vec<Spanned<String>>>,
+    pub from: Option<Spanned<String>>,
+    /// The entry of `from`'s `mcpServers` to use (default: this tool's name).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub server: Option<Spanned<String>>,
+    /// Only expose the server's tools whose names match these globs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tools: Option<Vec<Spanned<Pattern>>>,
+    /// Most time the server may take to start and answer `initialize` (default 30s).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub startup_timeout: Option<Duration>,
+    /// Most time one call may take without news from the server (default 60s; a step's `timeout` bounds
+    /// it too).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub call_timeout: Option<Duration>,
+    /// Most time one call may take when the server keeps reporting progress (default 10m).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_call_timeout: Option<Duration>,
+    /// How many times a server that exits during a run is started again (default 3).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub restarts: Option<Spanned<u32>>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]

@@ -5,6 +5,7 @@
 //! validation, planning, agents, rules and the scheduler all ask it.
 
 pub mod builtin;
+pub mod mcp;
 mod registry;
 mod safety;
 

@@ -89,6 +89,7 @@ struct Checked {
     composites: BTreeMap<String, StepGraph>,
     subworkflows: BTreeMap<String, Arc<Workflow>>,
     tools: Registry,
+    mcp: BTreeMap<String, Arc<crate::tools::mcp::ServerDef>>,
 }
 
 impl Checked {
@@ -114,6 +115,7 @@ impl Checked {
             tools: Arc::new(self.tools),
             network,
             hosts,
+            mcp: self.mcp,
         }
     }
 }
@@ -288,6 +290,7 @@ impl Validator {
             valid_schemas: std::collections::HashSet::new(),
             composites: BTreeMap::new(),
             subworkflows: BTreeMap::new(),
+            mcp: BTreeMap::new(),
             planned: plan.is_some(),
         };
         let graph = checker.check_all(self);
@@ -298,12 +301,14 @@ impl Validator {
         diagnostics.append(&mut checker.diagnostics);
         let composites = std::mem::take(&mut checker.composites);
         let subworkflows = std::mem::take(&mut checker.subworkflows);
+        let mcp = std::mem::take(&mut checker.mcp);
         Some(Checked {
             spec,
             graph,
             composites,
             subworkflows,
             tools,
+            mcp,
         })
     }
 
@@ -438,6 +443,8 @@ pub(crate) struct Checker<'a> {
     pub composites: BTreeMap<String, StepGraph>,
     /// The valid sub-workflows referenced so far, by the path as written.
     pub subworkflows: BTreeMap<String, Arc<Workflow>>,
+    /// The MCP servers it declares, resolved (`tools: NAME: { mcp: ... }`).
+    pub mcp: BTreeMap<String, Arc<crate::tools::mcp::ServerDef>>,
     /// The spec is a plan written by the LLM planner: its templates may not read `env` or `secrets`.
     pub planned: bool,
 }

@@ -185,14 +185,15 @@ impl Checker<'_> {
             self.load_sub_workflow(workflow, validator);
         }
         if let Some(mcp) = &def.mcp {
-            if mcp.command.is_some() == mcp.url.is_some() {
+            let given = [mcp.command.is_some(), mcp.url.is_some(), mcp.from.is_some()];
+            if given.iter().filter(|g| **g).count() != 1 {
                 self.push(
                     Diagnostic::error(
                         codes::INVALID_VALUE,
                         mcp.span,
-                        "an `mcp` server needs exactly one of `command` or `url`",
+                        "an `mcp` server needs exactly one of `command`, `url` or `from`",
                     )
-                    .with_hint("`command` starts a local server; `url` connects to one over HTTP"),
+                    .with_hint("`command` starts a local server; `url` connects to one over HTTP; `from` reads one from an `mcpServers` JSON file"),
                 );
             }
             for t in mcp.command.iter().flatten().chain(mcp.url.iter()) {
@@ -280,7 +281,8 @@ impl Checker<'_> {
         {
             let (_, tool_name) = name.split_once('.').unwrap_or_default();
             let exposed = def.mcp.as_ref().and_then(|m| m.tools.as_ref());
-            if let Some(exposed) = exposed.filter(|list| !list.iter().any(|t| t.value == tool_name))
+            if let Some(exposed) =
+                exposed.filter(|list| !list.iter().any(|t| t.value.matches(tool_name)))
             {
                 let known: Vec<&str> = exposed.iter().map(|t| t.value.as_str()).collect();
                 self.push(
