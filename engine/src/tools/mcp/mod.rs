@@ -14,6 +14,9 @@
 //! - `cache.rs`: tool lists kept in the state directory, keyed by a server's definition, for `validate`.
 //! - `import.rs`: `mcpServers` JSON files (`.mcp.json`, Claude Desktop or Code, Cursor).
 
+pub mod cache;
+pub mod import;
+
 use std::path::PathBuf;
 use std::time::Duration;
 
