@@ -110,7 +110,7 @@ impl Checker<'_> {
         if let Some(dir) = self.mcp_cache.clone() {
             let listed = cache::read(&dir, &key).map(Arc::new);
             if listed.is_none() {
-                self.push(
+                self.mcp_unlisted.push(
                     Diagnostic::warning(
                         codes::MCP_NOT_LISTED,
                         name.span,

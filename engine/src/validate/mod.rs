@@ -305,6 +305,7 @@ impl Validator {
             mcp: BTreeMap::new(),
             mcp_cache: self.mcp_cache.clone(),
             mcp_lists: BTreeMap::new(),
+            mcp_unlisted: Vec::new(),
             planned: plan.is_some(),
         };
         let graph = checker.check_all(self);
@@ -312,6 +313,11 @@ impl Validator {
             checker.check_plan_policy(policy);
         }
         self.stack.pop();
+        if !checker.diagnostics.iter().any(Diagnostic::is_error)
+            && !diagnostics.iter().any(Diagnostic::is_error)
+        {
+            checker.diagnostics.append(&mut checker.mcp_unlisted);
+        }
         diagnostics.append(&mut checker.diagnostics);
         let composites = std::mem::take(&mut checker.composites);
         let subworkflows = std::mem::take(&mut checker.subworkflows);
@@ -464,6 +470,9 @@ pub(crate) struct Checker<'a> {
     /// The tool list kept for each MCP server, by server name (`None`: not listed yet); empty when
     /// `mcp_cache` is `None`.
     pub mcp_lists: BTreeMap<String, Option<Arc<crate::tools::mcp::cache::CachedTools>>>,
+    /// A warning for each MCP server with no tool list, reported only for a spec without errors (where
+    /// listing the server is the next thing to do).
+    pub mcp_unlisted: Vec<Diagnostic>,
     /// The spec is a plan written by the LLM planner: its templates may not read `env` or `secrets`.
     pub planned: bool,
 }

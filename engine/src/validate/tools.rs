@@ -8,6 +8,7 @@ use serde_json::Value as Json;
 use crate::diagnostic::{Diagnostic, codes};
 use crate::source::Span;
 use crate::spec::{Node, Pattern, Spanned, ToolDef};
+use crate::tools::mcp::cache::CachedTools;
 use crate::tools::{Registry, ToolRef, builtin};
 use crate::validate::patterns::PatternKind;
 use crate::validate::refs::{Dep, Scope, StepTable};
@@ -283,21 +284,7 @@ impl Checker<'_> {
                 match listed.tools.iter().find(|t| t.name == tool_name) {
                     Some(found) => Some(Cow::Owned(found.input_schema.clone())),
                     None => {
-                        let names: Vec<&str> =
-                            listed.tools.iter().map(|t| t.name.as_str()).collect();
-                        self.push(
-                            Diagnostic::error(
-                                codes::UNKNOWN_TOOL,
-                                tool.span,
-                                format!("MCP server `{server}` has no tool `{tool_name}`"),
-                            )
-                            .with_hint_opt(suggest::did_you_mean(tool_name, names.iter().copied()))
-                            .with_hint(format!(
-                                "checked against the tools it listed {}; run `archon mcp list {}` again if it changed",
-                                listed_when(listed.listed_at),
-                                self.file.path.display()
-                            )),
-                        );
+                        self.unlisted_mcp_tool(tool.span, server, tool_name, &listed);
                         None
                     }
                 }
@@ -526,6 +513,14 @@ impl Checker<'_> {
                 self.spec.tools.get(server).is_some_and(|d| d.mcp.is_some())
                     && self.mcp_listed(server).is_none()
             });
+        if let Some((server, tool_name)) = pattern.value.as_str().split_once('.')
+            && !crate::validate::patterns::is_glob(tool_name)
+            && let Some(listed) = self.mcp_listed(server)
+            && !listed.tools.iter().any(|t| t.name == tool_name)
+        {
+            self.unlisted_mcp_tool(pattern.span, server, tool_name, &listed);
+            return;
+        }
         let kind = PatternKind {
             what: "tool",
             code: codes::UNKNOWN_TOOL,
@@ -534,6 +529,26 @@ impl Checker<'_> {
             hint: Some(self.syntax("declare it under `tools:`, or use a built-in tool (see docs/tools.md)", "declare it in a `[tools.<name>]` table, or use a built-in tool (see docs/tools.md)")),
         };
         self.check_name_pattern(pattern, &names, &kind);
+    }
+}
+
+impl Checker<'_> {
+    /// `server.tool` names a tool the server's kept list does not have.
+    fn unlisted_mcp_tool(&mut self, at: Span, server: &str, tool: &str, listed: &CachedTools) {
+        let names: Vec<&str> = listed.tools.iter().map(|t| t.name.as_str()).collect();
+        self.push(
+            Diagnostic::error(
+                codes::UNKNOWN_TOOL,
+                at,
+                format!("MCP server `{server}` has no tool `{tool}`"),
+            )
+            .with_hint_opt(suggest::did_you_mean(tool, names.iter().copied()))
+            .with_hint(format!(
+                "checked against the tools it listed {}; run `archon mcp list {}` again if it changed",
+                listed_when(listed.listed_at),
+                self.file.path.display()
+            )),
+        );
     }
 }
 
