@@ -390,3 +390,112 @@ impl Checker<'_> {
         (names, unknown)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use crate::tools::mcp::{DefValue, Limits, TransportDef, cache};
+    use crate::validate::validate_file as validate;
+
+    fn t(s: &str) -> DefValue {
+        DefValue::Template(s.to_owned())
+    }
+
+    fn l(s: &str) -> DefValue {
+        DefValue::Literal(s.to_owned())
+    }
+
+    #[test]
+    fn servers_resolve_to_their_definitions_with_limits_and_keys() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        std::fs::write(
+            dir.path().join(".mcp.json"),
+            r#"{"mcpServers": {
+                "fs": {"command": "fs-server", "args": ["--root", "${ROOT:-.}"], "env": {"A": "1", "B": "2"}},
+                "docs": {"type": "http", "url": "https://docs.example/mcp", "headers": {"Authorization": "Bearer x"}}
+            }}"#,
+        )
+        .expect("written");
+        let spec = dir.path().join("w.yaml");
+        std::fs::write(
+            &spec,
+            r#"name: w
+secrets: [TOKEN]
+tools:
+  github:
+    mcp:
+      command: [github-mcp-server, stdio]
+      env: { GITHUB_TOKEN: "{{ secrets.TOKEN }}" }
+      tools: ["get_*"]
+      call_timeout: 2m
+      max_call_timeout: 20m
+      restarts: 0
+  files:
+    mcp: { from: .mcp.json, server: fs, env: { B: "{{ env.HOME }}" } }
+  docs:
+    mcp: { from: .mcp.json, headers: { authorization: "Bearer {{ secrets.TOKEN }}" } }
+steps:
+  - id: a
+    tool: echo
+    with: { message: hi }
+"#,
+        )
+        .expect("written");
+        let validation = validate(&spec);
+        assert!(
+            validation.diagnostics.is_empty(),
+            "{:?}",
+            validation.diagnostics
+        );
+        let workflow = validation.workflow.expect("valid");
+        let github = &workflow.mcp["github"];
+        assert_eq!(
+            github.transport,
+            TransportDef::Stdio {
+                argv: vec![t("github-mcp-server"), t("stdio")],
+                env: vec![("GITHUB_TOKEN".to_owned(), t("{{ secrets.TOKEN }}"))],
+                cwd: None,
+            }
+        );
+        assert_eq!(
+            github.limits,
+            Limits {
+                call_timeout: Duration::from_secs(120),
+                max_call_timeout: Duration::from_secs(1200),
+                restarts: 0,
+                ..Limits::default()
+            }
+        );
+        let globs: Vec<&str> = github.tools.iter().flatten().map(|p| p.as_str()).collect();
+        assert_eq!(globs, ["get_*"]);
+        assert_eq!(
+            github.key,
+            cache::key(&github.transport, github.tools.as_deref())
+        );
+        // The spec's `env` comes after the file's, replacing its value of the same name.
+        assert_eq!(
+            workflow.mcp["files"].transport,
+            TransportDef::Stdio {
+                argv: vec![l("fs-server"), l("--root"), l("${ROOT:-.}")],
+                env: vec![
+                    ("A".to_owned(), l("1")),
+                    ("B".to_owned(), t("{{ env.HOME }}"))
+                ],
+                cwd: None,
+            }
+        );
+        assert_eq!(workflow.mcp["files"].limits, Limits::default());
+        // Header names compare without case.
+        assert_eq!(
+            workflow.mcp["docs"].transport,
+            TransportDef::Http {
+                url: l("https://docs.example/mcp"),
+                headers: vec![("authorization".to_owned(), t("Bearer {{ secrets.TOKEN }}"))],
+            }
+        );
+        let keys: std::collections::BTreeSet<&str> =
+            workflow.mcp.values().map(|d| d.key.as_str()).collect();
+        assert_eq!(keys.len(), 3, "each server has its own key");
+    }
+}
