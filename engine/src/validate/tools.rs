@@ -146,11 +146,17 @@ impl Checker<'_> {
                 ("env", def.env.keys().next().map(|k| k.span)),
             ];
             for (field, span) in command_only.iter().filter_map(|(f, s)| s.map(|s| (*f, s))) {
-                self.push(Diagnostic::warning(
-                    codes::INEFFECTIVE_FIELD,
-                    span,
-                    format!("`{field}` applies only to `command` tools"),
-                ));
+                let inside_mcp = def.mcp.is_some() && matches!(field, "env" | "cwd");
+                self.push(
+                    Diagnostic::warning(
+                        codes::INEFFECTIVE_FIELD,
+                        span,
+                        format!("`{field}` applies only to `command` tools"),
+                    )
+                    .with_hint_opt(inside_mcp.then(|| {
+                        format!("an MCP server's `{field}` goes inside `mcp`, beside its `command`")
+                    })),
+                );
             }
         }
         if let Some(steps) = &def.steps {
