@@ -492,6 +492,10 @@ pub struct ValidateArgs {
     /// Output format.
     #[arg(long, value_enum, default_value_t = Format::Text)]
     pub format: Format,
+
+    /// Where `archon mcp list` keeps the MCP tool lists that calls to MCP tools are checked against.
+    #[command(flatten)]
+    pub state: StateArgs,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -565,6 +569,13 @@ pub struct ToolsArgs {
     /// Print the tools as JSON, with their full argument schemas.
     #[arg(long)]
     pub json: bool,
+
+    /// Start FILE's MCP servers, list their tools and keep the lists (as `archon mcp list` does).
+    #[arg(long, requires = "file")]
+    pub refresh: bool,
+
+    #[command(flatten)]
+    pub state: StateArgs,
 }
 
 #[derive(Debug, clap::Args)]

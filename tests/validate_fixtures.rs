@@ -196,3 +196,108 @@ fn rule_key_on_is_not_a_boolean() {
         validation.diagnostics
     );
 }
+
+/// Keeps `tests/fixtures/validate/mcp/github_tools.json` in `state` as the tool list of the `github` server
+/// the `mcp/listed*.yaml` fixtures declare, as `archon mcp list` would (at a fixed time).
+fn keep_github_tools(state: &Path) {
+    use archon_engine::spec::Pattern;
+    use archon_engine::tools::mcp::{DefValue, TransportDef, cache};
+    let transport = TransportDef::Stdio {
+        argv: vec![
+            DefValue::Template("github-mcp-server".into()),
+            DefValue::Template("stdio".into()),
+        ],
+        env: Vec::new(),
+        cwd: None,
+    };
+    let key = cache::key(
+        &transport,
+        Some(&[Pattern::new("get_*"), Pattern::new("list_*")]),
+    );
+    let tools: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(root().join("tests/fixtures/validate/mcp/github_tools.json"))
+            .expect("readable"),
+    )
+    .expect("JSON");
+    let kept = serde_json::json!({ "server": "github", "listed_at": 1_764_180_000_000_u64, "tools": tools });
+    std::fs::create_dir_all(state.join("mcp")).expect("mcp dir");
+    std::fs::write(state.join(format!("mcp/{key}.json")), kept.to_string()).expect("written");
+}
+
+/// The codes of `validate --format json`'s diagnostics, but `archon::cannot_run_yet`, which says what
+/// `archon run` refuses and not what validation checks.
+fn codes_of(stdout: &str) -> Vec<String> {
+    let report: serde_json::Value = serde_json::from_str(stdout).expect("JSON output parses");
+    report["diagnostics"]
+        .as_array()
+        .expect("diagnostics")
+        .iter()
+        .filter_map(|d| d["code"].as_str())
+        .filter(|c| *c != "archon::cannot_run_yet")
+        .map(str::to_owned)
+        .collect()
+}
+
+#[test]
+fn calls_to_mcp_tools_are_checked_against_the_kept_tool_list() {
+    let state = tempfile::tempdir().expect("temp dir");
+    keep_github_tools(state.path());
+    let state_dir = state.path().to_str().expect("UTF-8 path");
+    let (code, stdout) = run(&[
+        "validate",
+        "--color",
+        "never",
+        "--state-dir",
+        state_dir,
+        "tests/fixtures/validate/mcp/listed.yaml",
+    ]);
+    insta::assert_snapshot!(format!("exit: {code}\n{stdout}"));
+
+    // A spec whose calls are all in the list: no diagnostics, and no `archon::mcp_not_listed`.
+    let (code, stdout) = run(&[
+        "validate",
+        "--format",
+        "json",
+        "--state-dir",
+        state_dir,
+        "tests/fixtures/validate/mcp/listed_valid.yaml",
+    ]);
+    assert_eq!(code, 0, "{stdout}");
+    assert_eq!(codes_of(&stdout), Vec::<String>::new(), "{stdout}");
+
+    // Without the list the same spec is valid too, with one warning that its calls are not checked.
+    let empty = tempfile::tempdir().expect("temp dir");
+    let (code, stdout) = run(&[
+        "validate",
+        "--format",
+        "json",
+        "--state-dir",
+        empty.path().to_str().expect("UTF-8 path"),
+        "tests/fixtures/validate/mcp/listed_valid.yaml",
+    ]);
+    assert_eq!(code, 0, "{stdout}");
+    assert_eq!(codes_of(&stdout), ["archon::mcp_not_listed"], "{stdout}");
+}
+
+#[test]
+fn a_corrupt_tool_list_is_no_list() {
+    let state = tempfile::tempdir().expect("temp dir");
+    keep_github_tools(state.path());
+    let kept = std::fs::read_dir(state.path().join("mcp"))
+        .expect("mcp dir")
+        .next()
+        .expect("one list")
+        .expect("entry")
+        .path();
+    std::fs::write(&kept, "{\"server\": \"github\", \"tools\": [").expect("written");
+    let (code, stdout) = run(&[
+        "validate",
+        "--format",
+        "json",
+        "--state-dir",
+        state.path().to_str().expect("UTF-8 path"),
+        "tests/fixtures/validate/mcp/listed_valid.yaml",
+    ]);
+    assert_eq!(code, 0, "{stdout}");
+    assert_eq!(codes_of(&stdout), ["archon::mcp_not_listed"], "{stdout}");
+}

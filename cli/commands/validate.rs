@@ -2,7 +2,8 @@
 
 use std::path::{Path, PathBuf};
 
-use archon_engine::validate::{Validation, validate_file};
+use archon_engine::spec::Limits;
+use archon_engine::validate::{Validation, Validator};
 
 use super::Status;
 use crate::args::{ColorChoice, Format, ValidateArgs};
@@ -28,7 +29,9 @@ pub fn run(args: &ValidateArgs, color: ColorChoice) -> anyhow::Result<Status> {
     let mut report = Report::default();
     report.skipped = skipped;
     for file in &files {
-        let validation: Validation = validate_file(file);
+        let validation: Validation = Validator::new(Limits::default())
+            .mcp_cache(args.state.dir())
+            .validate_path(file);
         let mut diagnostics = validation.diagnostics;
         if let Some(workflow) = &validation.workflow {
             diagnostics.extend(cannot_run_yet(workflow));

@@ -192,4 +192,7 @@ pub mod codes {
     pub const CACHE_WITH_APPROVAL: &str = "archon::cache_with_approval";
     pub const CACHE_SENSITIVE: &str = "archon::cache_sensitive";
     pub const CACHE_UNSUPPORTED: &str = "archon::cache_unsupported";
+    pub const INVALID_MCP_FILE: &str = "archon::invalid_mcp_file";
+    pub const UNKNOWN_MCP_SERVER: &str = "archon::unknown_mcp_server";
+    pub const MCP_NOT_LISTED: &str = "archon::mcp_not_listed";
 }

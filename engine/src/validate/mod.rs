@@ -7,6 +7,7 @@
 
 mod config;
 mod graph;
+mod mcp;
 mod patterns;
 mod planned;
 mod refs;
@@ -71,6 +72,9 @@ pub struct Validator {
     /// Sub-workflows already validated with the workflow a plan belongs to, by the path as written: a
     /// plan is checked against them, never against the files as they are now.
     preloaded: HashMap<String, SubWorkflow>,
+    /// The state directory whose MCP tool lists (`<dir>/mcp/<key>.json`) calls to MCP tools are checked
+    /// against; `None`: MCP calls are not checked and no server is reported as not listed.
+    mcp_cache: Option<PathBuf>,
 }
 
 /// What a caller needs to know about a sub-workflow.
@@ -129,7 +133,15 @@ impl Validator {
             loaded: HashMap::new(),
             stack: Vec::new(),
             preloaded: HashMap::new(),
+            mcp_cache: None,
         }
+    }
+
+    /// Checks calls to MCP tools against the tool lists `archon mcp list` keeps in the state directory
+    /// `dir`, and warns about each server with no list there.
+    pub fn mcp_cache(mut self, dir: impl Into<PathBuf>) -> Self {
+        self.mcp_cache = Some(dir.into());
+        self
     }
 
     pub fn validate_path(mut self, path: &Path) -> Validation {
@@ -291,6 +303,9 @@ impl Validator {
             composites: BTreeMap::new(),
             subworkflows: BTreeMap::new(),
             mcp: BTreeMap::new(),
+            mcp_cache: self.mcp_cache.clone(),
+            mcp_lists: BTreeMap::new(),
+            mcp_unlisted: Vec::new(),
             planned: plan.is_some(),
         };
         let graph = checker.check_all(self);
@@ -298,6 +313,11 @@ impl Validator {
             checker.check_plan_policy(policy);
         }
         self.stack.pop();
+        if !checker.diagnostics.iter().any(Diagnostic::is_error)
+            && !diagnostics.iter().any(Diagnostic::is_error)
+        {
+            checker.diagnostics.append(&mut checker.mcp_unlisted);
+        }
         diagnostics.append(&mut checker.diagnostics);
         let composites = std::mem::take(&mut checker.composites);
         let subworkflows = std::mem::take(&mut checker.subworkflows);
@@ -445,6 +465,14 @@ pub(crate) struct Checker<'a> {
     pub subworkflows: BTreeMap<String, Arc<Workflow>>,
     /// The MCP servers it declares, resolved (`tools: NAME: { mcp: ... }`).
     pub mcp: BTreeMap<String, Arc<crate::tools::mcp::ServerDef>>,
+    /// Where MCP tool lists are kept, if calls to MCP tools are checked against them.
+    pub mcp_cache: Option<PathBuf>,
+    /// The tool list kept for each MCP server, by server name (`None`: not listed yet); empty when
+    /// `mcp_cache` is `None`.
+    pub mcp_lists: BTreeMap<String, Option<Arc<crate::tools::mcp::cache::CachedTools>>>,
+    /// A warning for each MCP server with no tool list, reported only for a spec without errors (where
+    /// listing the server is the next thing to do).
+    pub mcp_unlisted: Vec<Diagnostic>,
     /// The spec is a plan written by the LLM planner: its templates may not read `env` or `secrets`.
     pub planned: bool,
 }
@@ -465,6 +493,8 @@ impl Checker<'_> {
         self.check_env_and_secrets();
         self.check_network();
         self.check_llm();
+        // Before agents and rules, whose tool patterns may name MCP tools.
+        self.check_mcp_servers();
         self.check_agents();
         self.check_memory();
         self.check_defaults();

@@ -1,11 +1,14 @@
 //! Tool checks: declared tools, calls to tools (names and arguments), sub-workflow calls and recursion
 //! through composite tools.
 
+use std::borrow::Cow;
+
 use serde_json::Value as Json;
 
 use crate::diagnostic::{Diagnostic, codes};
 use crate::source::Span;
 use crate::spec::{Node, Pattern, Spanned, ToolDef};
+use crate::tools::mcp::cache::CachedTools;
 use crate::tools::{Registry, ToolRef, builtin};
 use crate::validate::patterns::PatternKind;
 use crate::validate::refs::{Dep, Scope, StepTable};
@@ -143,11 +146,17 @@ impl Checker<'_> {
                 ("env", def.env.keys().next().map(|k| k.span)),
             ];
             for (field, span) in command_only.iter().filter_map(|(f, s)| s.map(|s| (*f, s))) {
-                self.push(Diagnostic::warning(
-                    codes::INEFFECTIVE_FIELD,
-                    span,
-                    format!("`{field}` applies only to `command` tools"),
-                ));
+                let inside_mcp = def.mcp.is_some() && matches!(field, "env" | "cwd");
+                self.push(
+                    Diagnostic::warning(
+                        codes::INEFFECTIVE_FIELD,
+                        span,
+                        format!("`{field}` applies only to `command` tools"),
+                    )
+                    .with_hint_opt(inside_mcp.then(|| {
+                        format!("an MCP server's `{field}` goes inside `mcp`, beside its `command`")
+                    })),
+                );
             }
         }
         if let Some(steps) = &def.steps {
@@ -183,22 +192,6 @@ impl Checker<'_> {
         }
         if let Some(workflow) = &def.workflow {
             self.load_sub_workflow(workflow, validator);
-        }
-        if let Some(mcp) = &def.mcp {
-            let given = [mcp.command.is_some(), mcp.url.is_some(), mcp.from.is_some()];
-            if given.iter().filter(|g| **g).count() != 1 {
-                self.push(
-                    Diagnostic::error(
-                        codes::INVALID_VALUE,
-                        mcp.span,
-                        "an `mcp` server needs exactly one of `command`, `url` or `from`",
-                    )
-                    .with_hint("`command` starts a local server; `url` connects to one over HTTP; `from` reads one from an `mcpServers` JSON file"),
-                );
-            }
-            for t in mcp.command.iter().flatten().chain(mcp.url.iter()) {
-                self.template(t, &scope);
-            }
         }
         if let Some(timeout) = &def.timeout {
             self.check_duration(timeout);
@@ -272,14 +265,13 @@ impl Checker<'_> {
     ) -> Vec<Dep> {
         let name = tool.value.as_str();
         let tools = self.tools;
-        let schema: Option<&Json> = if let Some(entry) = tools.get(name) {
-            (!matches!(entry.kind, ToolRef::Mcp)).then_some(&entry.parameters)
-        } else if let Some(def) = name
+        let schema: Option<Cow<'_, Json>> = if let Some(entry) = tools.get(name) {
+            (!matches!(entry.kind, ToolRef::Mcp)).then_some(Cow::Borrowed(&entry.parameters))
+        } else if let Some((server, tool_name, def)) = name
             .split_once('.')
-            .and_then(|(server, _)| self.spec.tools.get(server))
-            .filter(|d| d.mcp.is_some())
+            .and_then(|(server, tool_name)| Some((server, tool_name, self.spec.tools.get(server)?)))
+            .filter(|(_, _, d)| d.mcp.is_some())
         {
-            let (_, tool_name) = name.split_once('.').unwrap_or_default();
             let exposed = def.mcp.as_ref().and_then(|m| m.tools.as_ref());
             if let Some(exposed) =
                 exposed.filter(|list| !list.iter().any(|t| t.value.matches(tool_name)))
@@ -293,8 +285,18 @@ impl Checker<'_> {
                     )
                     .with_hint_opt(suggest::did_you_mean(tool_name, known.iter().copied())),
                 );
+                None
+            } else if let Some(listed) = self.mcp_listed(server) {
+                match listed.tools.iter().find(|t| t.name == tool_name) {
+                    Some(found) => Some(Cow::Owned(found.input_schema.clone())),
+                    None => {
+                        self.unlisted_mcp_tool(tool.span, server, tool_name, &listed);
+                        None
+                    }
+                }
+            } else {
+                None
             }
-            None
         } else {
             let names = tool_names(tools);
             self.push(
@@ -309,7 +311,7 @@ impl Checker<'_> {
             None
         };
         if let Some(schema) = schema {
-            self.check_arguments(tool, args, schema);
+            self.check_arguments(tool, args, &schema);
         }
         if let (Some(ToolRef::Builtin(builtin)), Some(args)) =
             (tools.get(name).map(|t| t.kind), args)
@@ -504,25 +506,65 @@ impl Checker<'_> {
 
     /// Checks a tool name or glob in an LLM step's, agent's or rule's `tools`.
     pub(super) fn check_tool_pattern(&mut self, pattern: &Spanned<Pattern>) {
-        let names = tool_names(self.tools);
-        // MCP servers list their tools only when they run: `server.tool` names and globs cannot be
-        // checked against them now.
-        let mcp_servers = self.spec.tools.iter().any(|(_, d)| d.mcp.is_some());
+        // MCP servers list their tools when they run: `server.tool` names and globs are checked against
+        // the lists `archon mcp list` kept, and cannot be checked for a server with no list.
+        let (listed, some_unlisted) = self.mcp_listed_names();
+        let mut names = tool_names(self.tools);
+        names.extend(listed.iter().map(String::as_str));
         let mcp_tool = pattern
             .value
             .as_str()
             .split_once('.')
             .is_some_and(|(server, _)| {
                 self.spec.tools.get(server).is_some_and(|d| d.mcp.is_some())
+                    && self.mcp_listed(server).is_none()
             });
+        if let Some((server, tool_name)) = pattern.value.as_str().split_once('.')
+            && !crate::validate::patterns::is_glob(tool_name)
+            && let Some(listed) = self.mcp_listed(server)
+            && !listed.tools.iter().any(|t| t.name == tool_name)
+        {
+            self.unlisted_mcp_tool(pattern.span, server, tool_name, &listed);
+            return;
+        }
         let kind = PatternKind {
             what: "tool",
             code: codes::UNKNOWN_TOOL,
             known_elsewhere: mcp_tool,
-            open_ended: mcp_servers,
+            open_ended: some_unlisted,
             hint: Some(self.syntax("declare it under `tools:`, or use a built-in tool (see docs/tools.md)", "declare it in a `[tools.<name>]` table, or use a built-in tool (see docs/tools.md)")),
         };
         self.check_name_pattern(pattern, &names, &kind);
+    }
+}
+
+impl Checker<'_> {
+    /// `server.tool` names a tool the server's kept list does not have.
+    fn unlisted_mcp_tool(&mut self, at: Span, server: &str, tool: &str, listed: &CachedTools) {
+        let names: Vec<&str> = listed.tools.iter().map(|t| t.name.as_str()).collect();
+        self.push(
+            Diagnostic::error(
+                codes::UNKNOWN_TOOL,
+                at,
+                format!("MCP server `{server}` has no tool `{tool}`"),
+            )
+            .with_hint_opt(suggest::did_you_mean(tool, names.iter().copied()))
+            .with_hint(format!(
+                "checked against the tools it listed {}; run `archon mcp list {}` again if it changed",
+                listed_when(listed.listed_at),
+                self.file.path.display()
+            )),
+        );
+    }
+}
+
+/// When a tool list was kept, as a person reads it: "on 2026-11-26 at 18:30 UTC".
+fn listed_when(ms: u64) -> String {
+    let at = std::time::UNIX_EPOCH + std::time::Duration::from_millis(ms);
+    let text = humantime::format_rfc3339_seconds(at).to_string();
+    match text.split_once('T') {
+        Some((day, time)) => format!("on {day} at {} UTC", &time[..5.min(time.len())]),
+        None => text,
     }
 }
 

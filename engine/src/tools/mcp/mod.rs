@@ -14,7 +14,9 @@
 //! - `cache.rs`: tool lists kept in the state directory, keyed by a server's definition, for `validate`.
 //! - `import.rs`: `mcpServers` JSON files (`.mcp.json`, Claude Desktop or Code, Cursor).
 
+pub mod cache;
 mod client;
+pub mod import;
 mod pool;
 mod result;
 
