@@ -2,7 +2,7 @@
 //! (`examples/mcp_test_server.rs`) and against the reference server `@modelcontextprotocol/server-everything`
 //! over stdio and streamable HTTP.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};

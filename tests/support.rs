@@ -163,7 +163,7 @@ pub fn mcp_fixture() -> PathBuf {
                 {
                     build.push("--release");
                 }
-                let status = std::process::Command::new(env!("CARGO"))
+                let status = Command::new(env!("CARGO"))
                     .args(build)
                     .current_dir(root())
                     .status()

@@ -94,12 +94,12 @@ mod tests {
 
     #[test]
     fn a_collision_is_an_error_naming_both_tools() {
-        let error = model_names(["github__list", "github.list"]).unwrap_err();
+        let error = model_names(["github__list", "github.list"]).expect_err("a collision");
         assert_eq!(
             error,
             "tools `github__list` and `github.list` would both reach the model as `github__list`"
         );
-        let (offered, back) = model_names(["echo", "everything.echo"]).unwrap();
+        let (offered, back) = model_names(["echo", "everything.echo"]).expect("no collision");
         assert_eq!(offered, ["echo", "everything__echo"]);
         assert_eq!(back["everything__echo"], "everything.echo");
     }
