@@ -292,27 +292,40 @@ where
     let mut done: HashSet<String> = HashSet::new();
     let mut events_open = true;
     loop {
-        tokio::select! {
+        let event = tokio::select! {
+            biased;
+            event = received.recv(), if events_open => event,
             outcome = &mut ended => {
+                // What the run said before it ended is told before its result.
+                while let Ok(event) = received.try_recv() {
+                    if let Some(message) = newly_done(&event, &steps, &mut done) {
+                        report(done.len(), total, message).await;
+                    }
+                }
                 return outcome.unwrap_or_else(|_| Ended::Refused {
                     run_id: id,
                     message: "the run stopped without a result".to_owned(),
                 });
             }
-            event = received.recv(), if events_open => {
-                let Some(event) = event else {
-                    events_open = false;
-                    continue;
-                };
-                if let Some((step, said)) = finished(&event)
-                    && steps.contains(step)
-                    && done.insert(step.to_owned())
-                {
-                    report(done.len(), total, format!("step `{step}` {said}")).await;
-                }
-            }
+        };
+        let Some(event) = event else {
+            events_open = false;
+            continue;
+        };
+        if let Some(message) = newly_done(&event, &steps, &mut done) {
+            report(done.len(), total, message).await;
         }
     }
+}
+
+/// What to say when an event tells of a top-level step done for the first time.
+fn newly_done(
+    event: &RunEvent,
+    steps: &HashSet<&str>,
+    done: &mut HashSet<String>,
+) -> Option<String> {
+    let (step, said) = finished(event)?;
+    (steps.contains(step) && done.insert(step.to_owned())).then(|| format!("step `{step}` {said}"))
 }
 
 /// The step an event says is done, and how.

@@ -21,16 +21,17 @@ struct Guard {
     token: Option<Arc<str>>,
 }
 
-/// Serves MCP at `http://ADDR/mcp` until the server stops. `listener` is already bound.
+/// Serves MCP at `http://ADDR/mcp` until `closing` is cancelled. `listener` is already bound.
 pub async fn serve(
     listener: tokio::net::TcpListener,
     address: SocketAddr,
     token: Option<String>,
     shared: Arc<Shared>,
+    closing: tokio_util::sync::CancellationToken,
 ) -> std::io::Result<()> {
     let handlers = shared.clone();
-    let mut config = StreamableHttpServerConfig::default()
-        .with_cancellation_token(shared.stopping.child_token());
+    let mut config =
+        StreamableHttpServerConfig::default().with_cancellation_token(closing.child_token());
     if !address.ip().is_loopback() {
         // The token guards it; clients name the host as they reach it.
         config = config.disable_allowed_hosts();
@@ -46,9 +47,8 @@ pub async fn serve(
     let router = axum::Router::new()
         .nest_service("/mcp", service)
         .layer(axum::middleware::from_fn_with_state(guard, check));
-    let stopping = shared.stopping.clone();
     axum::serve(listener, router)
-        .with_graceful_shutdown(async move { stopping.cancelled_owned().await })
+        .with_graceful_shutdown(async move { closing.cancelled_owned().await })
         .await
 }
 

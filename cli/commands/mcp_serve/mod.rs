@@ -88,14 +88,29 @@ pub fn serve(args: &McpServeArgs) -> anyhow::Result<Status> {
     let served = runtime.block_on(async {
         match args.http {
             None => {
-                let service = Handler::new(shared.clone())
-                    .serve(rmcp::transport::stdio())
-                    .await
-                    .map_err(|e| anyhow::anyhow!("cannot start the MCP session: {e}"))?;
-                let cancel = service.cancellation_token();
-                tokio::select! {
-                    _ = service.waiting() => {}
-                    () = stopping.cancelled() => cancel.cancel(),
+                let starting = Handler::new(shared.clone()).serve(rmcp::transport::stdio());
+                let service = tokio::select! {
+                    started = starting => match started {
+                        Ok(service) => Some(service),
+                        // The client went away before it began: nothing to serve.
+                        Err(rmcp::service::ServerInitializeError::ConnectionClosed(_)) => None,
+                        Err(e) => anyhow::bail!("cannot start the MCP session: {e}"),
+                    },
+                    () = stopping.cancelled() => None,
+                };
+                if let Some(service) = service {
+                    let cancel = service.cancellation_token();
+                    let mut waiting = std::pin::pin!(service.waiting());
+                    tokio::select! {
+                        _ = &mut waiting => {}
+                        () = stopping.cancelled() => {
+                            // The calls answer as their runs end; then the session closes, sending
+                            // what is left to send.
+                            let _ = watching.wait_for(|n| *n == 0).await;
+                            cancel.cancel();
+                            let _ = waiting.await;
+                        }
+                    }
                 }
             }
             Some(address) => {
@@ -107,14 +122,21 @@ pub fn serve(args: &McpServeArgs) -> anyhow::Result<Status> {
                 })?;
                 let bound = listener.local_addr()?;
                 output::stderr(&format!("listening on http://{bound}/mcp\n"));
-                let mut server =
-                    tokio::spawn(http::serve(listener, address, token, shared.clone()));
+                let closing = CancellationToken::new();
+                let mut server = tokio::spawn(http::serve(
+                    listener,
+                    address,
+                    token,
+                    shared.clone(),
+                    closing.clone(),
+                ));
                 tokio::select! {
                     ended = &mut server => {
                         ended?.map_err(|e| anyhow::anyhow!("the HTTP server stopped: {e}"))?;
                     }
                     () = stopping.cancelled() => {
                         let _ = watching.wait_for(|n| *n == 0).await;
+                        closing.cancel();
                         let _ = tokio::time::timeout(CLOSE_LIMIT, server).await;
                     }
                 }
