@@ -119,12 +119,21 @@ type Session = RunningService<RoleClient, Client>;
 /// `archon mcp serve .` in `dir` as a child process, with its state in `dir/.archon`, and a client
 /// connected to it over stdio.
 async fn stdio(dir: &Path) -> (Session, mpsc::UnboundedReceiver<ProgressNotificationParam>) {
+    stdio_with(dir, &[]).await
+}
+
+/// [`stdio`], with `env` set for the server.
+async fn stdio_with(
+    dir: &Path,
+    env: &[(&str, &str)],
+) -> (Session, mpsc::UnboundedReceiver<ProgressNotificationParam>) {
     let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_archon"));
     command
         .args(["mcp", "serve", "."])
         .current_dir(dir)
         .env("NO_COLOR", "1")
-        .env_remove("ARCHON_STATE_DIR");
+        .env_remove("ARCHON_STATE_DIR")
+        .envs(env.iter().copied());
     let (transport, _) = TokioChildProcess::builder(command)
         .stderr(Stdio::null())
         .spawn()
@@ -251,6 +260,33 @@ async fn a_failing_workflow_is_a_tool_error_with_the_step_error_and_run_id() {
     insta::assert_snapshot!("mcp_serve_failed", stable(&text_of(&result), &id));
     client.cancel().await.expect("closed");
     assert_eq!(stored(dir.path(), &id)["status"], "failed");
+}
+
+#[tokio::test]
+async fn a_failure_never_shows_a_secret() {
+    let dir = workflows();
+    std::fs::write(
+        dir.path().join("leaks.yaml"),
+        r#"name: leaks
+secrets: [API_TOKEN]
+steps:
+  - id: leak
+    tool: exec
+    with:
+      argv: ["sh", "-c", "echo token=$API_TOKEN >&2; exit 1"]
+      env: { API_TOKEN: "{{ secrets.API_TOKEN }}" }
+"#,
+    )
+    .expect("write");
+    let (client, _) = stdio_with(dir.path(), &[("API_TOKEN", "hunter2-very-secret")]).await;
+    let result = call(&client, "leaks", json!({})).await;
+    let id = run_of(&result);
+    assert_eq!(result.is_error, Some(true));
+    assert_eq!(
+        stable(&text_of(&result), &id),
+        "run RUN of `leaks` failed\nstep `leak` failed: `sh` exited with code 1: token=***\n`archon show RUN` shows the run; `archon retry RUN --failed` runs the failed steps again"
+    );
+    client.cancel().await.expect("closed");
 }
 
 #[tokio::test]
@@ -425,10 +461,11 @@ impl Drop for HttpServer {
     }
 }
 
-fn http_server(dir: &Path, env: &[(&str, &str)]) -> HttpServer {
+fn http_server(dir: &Path, args: &[&str], env: &[(&str, &str)]) -> HttpServer {
     tls();
     let mut child = Command::new(env!("CARGO_BIN_EXE_archon"))
         .args(["mcp", "serve", ".", "--http", "127.0.0.1:0"])
+        .args(args)
         .current_dir(dir)
         .env_remove("ARCHON_STATE_DIR")
         .env_remove("ARCHON_MCP_TOKEN")
@@ -457,7 +494,7 @@ fn http_server(dir: &Path, env: &[(&str, &str)]) -> HttpServer {
 #[tokio::test]
 async fn over_http_a_call_returns_the_outputs() {
     let dir = workflows();
-    let server = http_server(dir.path(), &[]);
+    let server = http_server(dir.path(), &[], &[]);
     let transport = StreamableHttpClientTransport::from_uri(server.url.clone());
     let (sender, _progress) = mpsc::unbounded_channel();
     let client = Client { progress: sender }
@@ -488,7 +525,10 @@ async fn over_http_a_call_returns_the_outputs() {
 #[tokio::test]
 async fn over_http_a_token_is_required_and_checked() {
     let dir = workflows();
-    let server = http_server(dir.path(), &[("ARCHON_MCP_TOKEN", "s3cret-token")]);
+    let token_file = dir.path().join("token");
+    std::fs::write(&token_file, "s3cret-token\n").expect("write");
+    let file = token_file.to_str().expect("utf-8");
+    let server = http_server(dir.path(), &["--token-file", file], &[]);
     let initialize = json!({
         "jsonrpc": "2.0", "id": 1, "method": "initialize",
         "params": { "protocolVersion": "2025-06-18", "capabilities": {},
@@ -518,6 +558,20 @@ async fn over_http_a_token_is_required_and_checked() {
     }
     let response = post(Some("Bearer s3cret-token")).await.expect("answered");
     assert_eq!(response.status(), 200);
+    // The token may come from the environment instead.
+    let from_env = http_server(dir.path(), &[], &[("ARCHON_MCP_TOKEN", "another-token")]);
+    for (auth, status) in [("Bearer s3cret-token", 401), ("Bearer another-token", 200)] {
+        let response = http
+            .post(&from_env.url)
+            .header("content-type", "application/json")
+            .header("accept", "application/json, text/event-stream")
+            .header("authorization", auth)
+            .body(initialize.to_string())
+            .send()
+            .await
+            .expect("answered");
+        assert_eq!(response.status(), status, "{auth}");
+    }
 
     // The rmcp client with the token lists and calls.
     let transport = StreamableHttpClientTransport::from_config(
@@ -539,7 +593,7 @@ async fn over_http_a_token_is_required_and_checked() {
 #[tokio::test]
 async fn over_http_without_a_token_pages_from_other_origins_are_refused() {
     let dir = workflows();
-    let server = http_server(dir.path(), &[]);
+    let server = http_server(dir.path(), &[], &[]);
     let http = reqwest::Client::new();
     let post = |origin: &str| {
         http.post(&server.url)
