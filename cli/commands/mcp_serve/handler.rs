@@ -149,6 +149,10 @@ impl ServerHandler for Handler {
                 let mut text = String::from("invalid arguments:\n");
                 for problem in problems {
                     let _ = writeln!(text, "- {}", problem.message);
+                    // Hints on how to write `--input` do not help a client.
+                    if let Some(hint) = problem.hint.filter(|h| !h.contains("--input")) {
+                        let _ = writeln!(text, "  hint: {hint}");
+                    }
                 }
                 return Ok(CallToolResult::error(vec![ContentBlock::text(text)]).into());
             }
@@ -171,6 +175,12 @@ impl ServerHandler for Handler {
             calls: &self.calls,
             id: context.id.clone(),
         };
+        if context.ct.is_cancelled() {
+            return Ok(CallToolResult::error(vec![ContentBlock::text(
+                "the call was cancelled before its run started",
+            )])
+            .into());
+        }
         let progress = context.meta.get_progress_token();
         let ended = execute(
             &self.shared,
