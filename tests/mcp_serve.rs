@@ -330,7 +330,10 @@ async fn each_finished_step_is_a_progress_notification() {
         .await
         .expect("sent");
     let token = handle.progress_token.clone();
-    let response = handle.await_response().await.expect("answered");
+    let response = tokio::time::timeout(Duration::from_secs(30), handle.await_response())
+        .await
+        .expect("the call is answered within 30 s")
+        .expect("answered");
     let rmcp::model::ServerResult::CallToolResult(result) = response else {
         panic!("a tool result: {response:?}")
     };
@@ -419,7 +422,10 @@ async fn sigterm_interrupts_the_runs_going_on_and_leaves_them_resumable() {
         .expect("kill runs");
     assert!(killed.success());
     // The server answers the call as its run ends, then exits.
-    let response = handle.await_response().await.expect("answered");
+    let response = tokio::time::timeout(Duration::from_secs(30), handle.await_response())
+        .await
+        .expect("the call is answered within 30 s")
+        .expect("answered");
     let rmcp::model::ServerResult::CallToolResult(result) = response else {
         panic!("a tool result: {response:?}")
     };
@@ -462,9 +468,14 @@ impl Drop for HttpServer {
 }
 
 fn http_server(dir: &Path, args: &[&str], env: &[(&str, &str)]) -> HttpServer {
+    http_server_on(dir, "127.0.0.1:0", args, env)
+}
+
+/// [`http_server`] on `address`.
+fn http_server_on(dir: &Path, address: &str, args: &[&str], env: &[(&str, &str)]) -> HttpServer {
     tls();
     let mut child = Command::new(env!("CARGO_BIN_EXE_archon"))
-        .args(["mcp", "serve", ".", "--http", "127.0.0.1:0"])
+        .args(["mcp", "serve", ".", "--http", address])
         .args(args)
         .current_dir(dir)
         .env_remove("ARCHON_STATE_DIR")
@@ -614,6 +625,92 @@ async fn over_http_without_a_token_pages_from_other_origins_are_refused() {
     assert_eq!(response.status(), 403);
     let response = post("http://localhost:6274").await.expect("answered");
     assert_eq!(response.status(), 200);
+    // A name that resolves to this machine (DNS rebinding) is not a loopback host.
+    let response = http
+        .post(&server.url)
+        .header("host", "evil.example")
+        .header("content-type", "application/json")
+        .header("accept", "application/json, text/event-stream")
+        .body("{}")
+        .send()
+        .await
+        .expect("answered");
+    assert_eq!(response.status(), 403);
+}
+
+#[tokio::test]
+async fn a_token_lets_the_server_listen_beyond_loopback() {
+    let dir = workflows();
+    let server = http_server_on(
+        dir.path(),
+        "0.0.0.0:0",
+        &[],
+        &[("ARCHON_MCP_TOKEN", "s3cret-token")],
+    );
+    let port = server
+        .url
+        .strip_prefix("http://0.0.0.0:")
+        .and_then(|rest| rest.strip_suffix("/mcp"))
+        .expect("the URL names the address");
+    // Reached under whatever name the client uses: the token guards it.
+    let transport = StreamableHttpClientTransport::from_config(
+        rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig::with_uri(
+            format!("http://127.0.0.1:{port}/mcp"),
+        )
+        .auth_header("s3cret-token"),
+    );
+    let (sender, _progress) = mpsc::unbounded_channel();
+    let client = Client { progress: sender }
+        .serve(transport)
+        .await
+        .expect("connects");
+    let result = call(&client, "hello", json!({ "who": "remote" })).await;
+    assert_eq!(
+        result.structured_content,
+        Some(json!({ "greeting": "hello, remote", "times": 1 }))
+    );
+    client.cancel().await.expect("closed");
+}
+
+#[tokio::test]
+async fn over_http_sigterm_answers_the_calls_going_on_and_exits() {
+    let dir = workflows();
+    let mut server = http_server(dir.path(), &[], &[]);
+    let transport = StreamableHttpClientTransport::from_uri(server.url.clone());
+    let (sender, _progress) = mpsc::unbounded_channel();
+    let client = Client { progress: sender }
+        .serve(transport)
+        .await
+        .expect("connects");
+    let handle = client
+        .send_cancellable_request(
+            ClientRequest::CallToolRequest(Request::new(CallToolRequestParams::new("slow"))),
+            PeerRequestOptions::no_options(),
+        )
+        .await
+        .expect("sent");
+    wait_for(&dir.path().join("started")).await;
+    let killed = Command::new("kill")
+        .args(["-TERM", &server.child.id().to_string()])
+        .status()
+        .expect("kill runs");
+    assert!(killed.success());
+    let response = tokio::time::timeout(Duration::from_secs(30), handle.await_response())
+        .await
+        .expect("the call is answered within 30 s")
+        .expect("answered");
+    let rmcp::model::ServerResult::CallToolResult(result) = response else {
+        panic!("a tool result: {response:?}")
+    };
+    let id = run_of(&result);
+    assert_eq!(
+        result.meta.as_ref().expect("_meta").0["archon/run"]["status"],
+        "interrupted"
+    );
+    let status = server.child.wait().expect("it exits");
+    assert_eq!(status.code(), Some(0));
+    assert_eq!(stored(dir.path(), &id)["status"], "interrupted");
+    drop(client);
 }
 
 #[test]

@@ -32,6 +32,8 @@ pub struct Shared {
     pub stopping: CancellationToken,
     /// How many runs are going on: the server waits for none before it exits.
     pub running: tokio::sync::watch::Sender<usize>,
+    /// How many calls are being handled: over HTTP, the server waits for none before it closes.
+    pub answering: tokio::sync::watch::Sender<usize>,
     /// `archon` itself, for the jq filters and templates a run evaluates in a process of its own.
     pub helper: Option<PathBuf>,
 }
@@ -76,17 +78,17 @@ impl Drop for Registered<'_> {
     }
 }
 
-/// Counts a run as going on for as long as it lives.
-struct Running(tokio::sync::watch::Sender<usize>);
+/// Counts a run or a call as going on for as long as it lives.
+struct Counted(tokio::sync::watch::Sender<usize>);
 
-impl Running {
+impl Counted {
     fn new(counter: &tokio::sync::watch::Sender<usize>) -> Self {
         counter.send_modify(|n| *n += 1);
-        Running(counter.clone())
+        Counted(counter.clone())
     }
 }
 
-impl Drop for Running {
+impl Drop for Counted {
     fn drop(&mut self) {
         self.0.send_modify(|n| *n = n.saturating_sub(1));
     }
@@ -142,6 +144,7 @@ impl ServerHandler for Handler {
                 None,
             ));
         };
+        let _answering = Counted::new(&self.shared.answering);
         let given = request.arguments.unwrap_or_default();
         let inputs = match inputs::resolve(&served.workflow.spec, given, &[]) {
             Ok(inputs) => inputs,
@@ -272,7 +275,7 @@ where
     };
     let state_dir = shared.state_dir.clone();
     let for_good = call.for_good.clone();
-    let running = Running::new(&shared.running);
+    let running = Counted::new(&shared.running);
     let id = run_id.clone();
     let spawned = std::thread::Builder::new()
         .name(format!("run-{run_id}"))

@@ -21,12 +21,15 @@ struct Guard {
     token: Option<Arc<str>>,
 }
 
-/// Serves MCP at `http://ADDR/mcp` until `closing` is cancelled. `listener` is already bound.
+/// Serves MCP at `http://ADDR/mcp` (`listener` is already bound). Once `draining` is cancelled no
+/// connection is accepted and the server ends when the open ones have; `closing` ends the MCP sessions
+/// (and with them the streams a client keeps open).
 pub async fn serve(
     listener: tokio::net::TcpListener,
     address: SocketAddr,
     token: Option<String>,
     shared: Arc<Shared>,
+    draining: tokio_util::sync::CancellationToken,
     closing: tokio_util::sync::CancellationToken,
 ) -> std::io::Result<()> {
     let handlers = shared.clone();
@@ -48,7 +51,7 @@ pub async fn serve(
         .nest_service("/mcp", service)
         .layer(axum::middleware::from_fn_with_state(guard, check));
     axum::serve(listener, router)
-        .with_graceful_shutdown(async move { closing.cancelled_owned().await })
+        .with_graceful_shutdown(async move { draining.cancelled_owned().await })
         .await
 }
 

@@ -20,8 +20,9 @@ use crate::args::McpServeArgs;
 use crate::output;
 use handler::{Handler, Shared};
 
-/// How long the HTTP server waits for its connections to close once every run has ended.
-const CLOSE_LIMIT: Duration = Duration::from_secs(5);
+/// How long the HTTP server waits, once every call is answered, for the answers to reach their clients and
+/// the connections to close, then for the connections to end once it has closed the sessions.
+const CLOSE_LIMIT: Duration = Duration::from_secs(2);
 
 pub fn serve(args: &McpServeArgs) -> anyhow::Result<Status> {
     let paths = if args.paths.is_empty() {
@@ -60,11 +61,13 @@ pub fn serve(args: &McpServeArgs) -> anyhow::Result<Status> {
     }
     let stopping = CancellationToken::new();
     let (running, mut watching) = tokio::sync::watch::channel(0_usize);
+    let (answering, mut answered) = tokio::sync::watch::channel(0_usize);
     let shared = Arc::new(Shared {
         catalog,
         state_dir,
         stopping: stopping.clone(),
         running,
+        answering,
         helper: std::env::current_exe().ok(),
     });
     let mut signals = signal_hook::iterator::Signals::new([
@@ -122,12 +125,13 @@ pub fn serve(args: &McpServeArgs) -> anyhow::Result<Status> {
                 })?;
                 let bound = listener.local_addr()?;
                 output::stderr(&format!("listening on http://{bound}/mcp\n"));
-                let closing = CancellationToken::new();
+                let (draining, closing) = (CancellationToken::new(), CancellationToken::new());
                 let mut server = tokio::spawn(http::serve(
                     listener,
                     address,
                     token,
                     shared.clone(),
+                    draining.clone(),
                     closing.clone(),
                 ));
                 tokio::select! {
@@ -135,9 +139,15 @@ pub fn serve(args: &McpServeArgs) -> anyhow::Result<Status> {
                         ended?.map_err(|e| anyhow::anyhow!("the HTTP server stopped: {e}"))?;
                     }
                     () = stopping.cancelled() => {
+                        // The runs are interrupted and recorded, their calls answered; then no
+                        // connection is taken, and the sessions close once the answers are out.
                         let _ = watching.wait_for(|n| *n == 0).await;
-                        closing.cancel();
-                        let _ = tokio::time::timeout(CLOSE_LIMIT, server).await;
+                        let _ = answered.wait_for(|n| *n == 0).await;
+                        draining.cancel();
+                        if tokio::time::timeout(CLOSE_LIMIT, &mut server).await.is_err() {
+                            closing.cancel();
+                            let _ = tokio::time::timeout(CLOSE_LIMIT, server).await;
+                        }
                     }
                 }
             }
