@@ -220,6 +220,10 @@ pub struct McpServeArgs {
     #[arg(long, value_name = "FILE", requires = "http")]
     pub token_file: Option<PathBuf>,
 
+    /// Most runs going on at once; further calls wait for one to end.
+    #[arg(long, value_name = "N", default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_runs: u32,
+
     #[command(flatten)]
     pub state: StateArgs,
 }

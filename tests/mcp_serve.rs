@@ -119,17 +119,19 @@ type Session = RunningService<RoleClient, Client>;
 /// `archon mcp serve .` in `dir` as a child process, with its state in `dir/.archon`, and a client
 /// connected to it over stdio.
 async fn stdio(dir: &Path) -> (Session, mpsc::UnboundedReceiver<ProgressNotificationParam>) {
-    stdio_with(dir, &[]).await
+    stdio_with(dir, &[], &[]).await
 }
 
-/// [`stdio`], with `env` set for the server.
+/// [`stdio`], with more arguments and `env` set for the server.
 async fn stdio_with(
     dir: &Path,
+    args: &[&str],
     env: &[(&str, &str)],
 ) -> (Session, mpsc::UnboundedReceiver<ProgressNotificationParam>) {
     let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_archon"));
     command
         .args(["mcp", "serve", "."])
+        .args(args)
         .current_dir(dir)
         .env("NO_COLOR", "1")
         .env_remove("ARCHON_STATE_DIR")
@@ -278,7 +280,7 @@ steps:
 "#,
     )
     .expect("write");
-    let (client, _) = stdio_with(dir.path(), &[("API_TOKEN", "hunter2-very-secret")]).await;
+    let (client, _) = stdio_with(dir.path(), &[], &[("API_TOKEN", "hunter2-very-secret")]).await;
     let result = call(&client, "leaks", json!({})).await;
     let id = run_of(&result);
     assert_eq!(result.is_error, Some(true));
@@ -388,6 +390,52 @@ async fn a_call_the_client_cancels_ends_its_run_cancelled_while_others_run() {
     // Closing the session waits for the server to exit, which it does once its runs are recorded.
     client.cancel().await.expect("closed");
     assert_eq!(stored(dir.path(), &id)["status"], "cancelled");
+}
+
+#[tokio::test]
+async fn beyond_max_runs_a_call_waits_for_a_run_to_end() {
+    let dir = workflows();
+    let (client, _) = stdio_with(dir.path(), &["--max-runs", "1"], &[]).await;
+    let slow = client
+        .send_cancellable_request(
+            ClientRequest::CallToolRequest(Request::new(CallToolRequestParams::new("slow"))),
+            PeerRequestOptions::no_options(),
+        )
+        .await
+        .expect("sent");
+    wait_for(&dir.path().join("started")).await;
+    let Json::Object(arguments) = json!({ "who": "ada" }) else {
+        unreachable!()
+    };
+    let hello = client
+        .send_cancellable_request(
+            ClientRequest::CallToolRequest(Request::new(
+                CallToolRequestParams::new("hello").with_arguments(arguments),
+            )),
+            PeerRequestOptions::no_options(),
+        )
+        .await
+        .expect("sent");
+    slow.cancel(None).await.expect("cancelled");
+    let response = tokio::time::timeout(Duration::from_secs(30), hello.await_response())
+        .await
+        .expect("the call is answered within 30 s")
+        .expect("answered");
+    let rmcp::model::ServerResult::CallToolResult(result) = response else {
+        panic!("a tool result: {response:?}")
+    };
+    let second = stored(dir.path(), &run_of(&result));
+    let Output { stdout, .. } = archon(dir.path(), &["runs", "--json", "--workflow", "slow"]);
+    let runs: Json = serde_json::from_str(&stdout).expect("json");
+    let first = stored(dir.path(), runs[0]["id"].as_str().expect("the slow run"));
+    assert_eq!(first["status"], "cancelled");
+    let started = second["started_at"].as_u64().expect("a start time");
+    let ended = first["finished_at"].as_u64().expect("an end time");
+    assert!(
+        started >= ended,
+        "the second run started after the first ended: {started} < {ended}"
+    );
+    client.cancel().await.expect("closed");
 }
 
 #[tokio::test]

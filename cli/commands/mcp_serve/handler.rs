@@ -34,6 +34,8 @@ pub struct Shared {
     pub running: tokio::sync::watch::Sender<usize>,
     /// How many calls are being handled: over HTTP, the server waits for none before it closes.
     pub answering: tokio::sync::watch::Sender<usize>,
+    /// A permit for each run that may go on at once (`--max-runs`).
+    pub slots: Arc<tokio::sync::Semaphore>,
     /// `archon` itself, for the jq filters and templates a run evaluates in a process of its own.
     pub helper: Option<PathBuf>,
 }
@@ -178,18 +180,24 @@ impl ServerHandler for Handler {
             calls: &self.calls,
             id: context.id.clone(),
         };
-        if context.ct.is_cancelled() {
+        // A run starts once fewer than `--max-runs` go on.
+        let slot = tokio::select! {
+            slot = self.shared.slots.clone().acquire_owned() => slot.ok(),
+            () = call.cancel.cancelled() => None,
+        };
+        let Some(slot) = slot.filter(|_| !context.ct.is_cancelled()) else {
             return Ok(CallToolResult::error(vec![ContentBlock::text(
                 "the call was cancelled before its run started",
             )])
             .into());
-        }
+        };
         let progress = context.meta.get_progress_token();
         let ended = execute(
             &self.shared,
             &served,
             inputs,
             &call,
+            slot,
             |done, total, message| {
                 let peer = context.peer.clone();
                 let progress = progress.clone();
@@ -245,6 +253,7 @@ async fn execute<F, Fut>(
     served: &Served,
     inputs: Map<String, Json>,
     call: &Call,
+    slot: tokio::sync::OwnedSemaphorePermit,
     report: F,
 ) -> Ended
 where
@@ -280,7 +289,7 @@ where
     let spawned = std::thread::Builder::new()
         .name(format!("run-{run_id}"))
         .spawn(move || {
-            let _running = running;
+            let _held = (running, slot);
             let _ = sender.send(run_on_this_thread(
                 &state_dir,
                 request,

@@ -68,6 +68,7 @@ pub fn serve(args: &McpServeArgs) -> anyhow::Result<Status> {
         stopping: stopping.clone(),
         running,
         answering,
+        slots: Arc::new(tokio::sync::Semaphore::new(args.max_runs as usize)),
         helper: std::env::current_exe().ok(),
     });
     let mut signals = signal_hook::iterator::Signals::new([
