@@ -209,3 +209,25 @@ pub fn input_schema(workflow: &Workflow) -> JsonObject {
         _ => JsonObject::new(),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tool_names_are_what_clients_accept_and_stay_distinct() {
+        assert_eq!(tool_name("release-notes_2"), "release-notes_2");
+        assert_eq!(tool_name("pay.invoice"), "pay_invoice");
+        let long = "a".repeat(80);
+        let longer = format!("{long}b");
+        let (one, two) = (tool_name(&long), tool_name(&longer));
+        assert_eq!(one.len(), 64);
+        assert_eq!(two.len(), 64);
+        assert_ne!(one, two);
+        assert_eq!(one, tool_name(&long), "stable");
+        assert_eq!(
+            one,
+            format!("{}_{:016x}", "a".repeat(47), fnv1a(long.as_bytes()))
+        );
+    }
+}
