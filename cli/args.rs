@@ -211,6 +211,19 @@ pub struct McpServeArgs {
     #[arg(value_name = "PATH")]
     pub paths: Vec<PathBuf>,
 
+    /// Serve streamable HTTP on this address (such as `127.0.0.1:8808`) instead of stdio. An address
+    /// other than loopback needs a bearer token (`ARCHON_MCP_TOKEN` or `--token-file`).
+    #[arg(long, value_name = "ADDR")]
+    pub http: Option<std::net::SocketAddr>,
+
+    /// A file holding the bearer token HTTP clients must send (instead of `ARCHON_MCP_TOKEN`).
+    #[arg(long, value_name = "FILE", requires = "http")]
+    pub token_file: Option<PathBuf>,
+
+    /// Most runs going on at once; further calls wait for one to end.
+    #[arg(long, value_name = "N", default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_runs: u32,
+
     #[command(flatten)]
     pub state: StateArgs,
 }

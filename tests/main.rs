@@ -21,6 +21,7 @@ mod llm_openai;
 mod logs;
 mod mcp_client;
 mod mcp_run;
+mod mcp_serve;
 mod nested;
 mod plan;
 mod planner;

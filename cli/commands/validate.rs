@@ -71,13 +71,13 @@ fn cannot_run_yet(workflow: &archon_engine::Workflow) -> Vec<archon_engine::Diag
 
 /// The files to check, and how many spec files the directories held that are not workflows.
 #[derive(Default)]
-struct Found {
-    files: Vec<PathBuf>,
-    skipped: usize,
+pub(super) struct Found {
+    pub(super) files: Vec<PathBuf>,
+    pub(super) skipped: usize,
 }
 
 /// Expands directories into the spec files under them (sorted, hidden entries skipped).
-fn collect(paths: &[PathBuf]) -> anyhow::Result<Found> {
+pub(super) fn collect(paths: &[PathBuf]) -> anyhow::Result<Found> {
     let mut found = Found::default();
     for path in paths {
         if path.is_dir() {

@@ -1,0 +1,176 @@
+//! Streamable HTTP for `archon mcp serve --http ADDR`: the MCP endpoint at `/mcp`, behind a bearer token
+//! when one is given (required for any address but loopback), and refusing browser pages from other
+//! origins when none is (DNS rebinding).
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use axum::extract::{Request, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
+use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
+
+use super::handler::{Handler, Shared};
+
+/// Who may call.
+#[derive(Clone, Debug)]
+struct Guard {
+    /// The bearer token every request must carry, if any.
+    token: Option<Arc<str>>,
+}
+
+/// Serves MCP at `http://ADDR/mcp` (`listener` is already bound). Once `draining` is cancelled no
+/// connection is accepted and the server ends when the open ones have; `closing` ends the MCP sessions
+/// (and with them the streams a client keeps open).
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    address: SocketAddr,
+    token: Option<String>,
+    shared: Arc<Shared>,
+    draining: tokio_util::sync::CancellationToken,
+    closing: tokio_util::sync::CancellationToken,
+) -> std::io::Result<()> {
+    let handlers = shared.clone();
+    let mut config =
+        StreamableHttpServerConfig::default().with_cancellation_token(closing.child_token());
+    if !address.ip().is_loopback() {
+        // The token guards it; clients name the host as they reach it.
+        config = config.disable_allowed_hosts();
+    }
+    let service = StreamableHttpService::new(
+        move || Ok(Handler::new(handlers.clone())),
+        Arc::new(LocalSessionManager::default()),
+        config,
+    );
+    let guard = Guard {
+        token: token.map(Arc::from),
+    };
+    let router = axum::Router::new()
+        .nest_service("/mcp", service)
+        .layer(axum::middleware::from_fn_with_state(guard, check));
+    axum::serve(listener, router)
+        .with_graceful_shutdown(async move { draining.cancelled_owned().await })
+        .await
+}
+
+/// Lets a request through only with the bearer token (when there is one), and without one only from a
+/// loopback origin (or none: a client that is not a browser).
+async fn check(State(guard): State<Guard>, request: Request, next: Next) -> Response {
+    let headers = request.headers();
+    match &guard.token {
+        Some(token) => {
+            if !bearer_matches(headers, token) {
+                let mut response = (
+                    StatusCode::UNAUTHORIZED,
+                    "a valid bearer token is required\n",
+                )
+                    .into_response();
+                response
+                    .headers_mut()
+                    .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+                return response;
+            }
+        }
+        None => {
+            if let Some(origin) = headers.get(header::ORIGIN)
+                && !origin.to_str().is_ok_and(loopback_origin)
+            {
+                return (
+                    StatusCode::FORBIDDEN,
+                    "requests from this origin are refused\n",
+                )
+                    .into_response();
+            }
+        }
+    }
+    next.run(request).await
+}
+
+/// Whether the request's `Authorization` header is `Bearer TOKEN`, compared in constant time.
+fn bearer_matches(headers: &HeaderMap, token: &str) -> bool {
+    let Some(given) = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| {
+            let (scheme, rest) = v.split_once(' ')?;
+            scheme.eq_ignore_ascii_case("bearer").then(|| rest.trim())
+        })
+    else {
+        return false;
+    };
+    same(given.as_bytes(), token.as_bytes())
+}
+
+/// Whether two byte strings are equal, in time that depends only on their lengths.
+fn same(given: &[u8], expected: &[u8]) -> bool {
+    let mut differ = u8::from(given.len() != expected.len());
+    for (i, e) in expected.iter().enumerate() {
+        differ |= given.get(i).copied().unwrap_or(!e) ^ e;
+    }
+    std::hint::black_box(differ) == 0
+}
+
+/// Whether an `Origin` is a page served from this machine: `http(s)://localhost`, `127.x.y.z` or `[::1]`,
+/// on any port.
+fn loopback_origin(origin: &str) -> bool {
+    let Some((scheme, rest)) = origin.split_once("://") else {
+        return false;
+    };
+    if !matches!(scheme, "http" | "https") {
+        return false;
+    }
+    let host = if let Some(v6) = rest.strip_prefix('[') {
+        match v6.split_once(']') {
+            Some((host, tail)) if tail.is_empty() || tail.starts_with(':') => host,
+            _ => return false,
+        }
+    } else {
+        match rest.split_once(':') {
+            Some((host, _)) => host,
+            None => rest,
+        }
+    };
+    host.eq_ignore_ascii_case("localhost")
+        || host
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn loopback_origins_are_recognised() {
+        for origin in [
+            "http://localhost",
+            "http://localhost:6274",
+            "https://127.0.0.1:8080",
+            "http://[::1]:3000",
+            "HTTP://LOCALHOST".to_lowercase().as_str(),
+        ] {
+            assert!(loopback_origin(origin), "{origin}");
+        }
+        for origin in [
+            "http://evil.example",
+            "http://localhost.evil.example",
+            "http://127.0.0.1.evil.example",
+            "null",
+            "file://localhost",
+            "http://[::1]evil",
+        ] {
+            assert!(!loopback_origin(origin), "{origin}");
+        }
+    }
+
+    #[test]
+    fn tokens_compare_exactly() {
+        assert!(same(b"s3cret", b"s3cret"));
+        assert!(!same(b"s3cre", b"s3cret"));
+        assert!(!same(b"s3cret!", b"s3cret"));
+        assert!(!same(b"S3cret", b"s3cret"));
+        assert!(!same(b"", b"s3cret"));
+    }
+}
