@@ -91,7 +91,9 @@ pub fn write(
     std::fs::create_dir_all(&dir)?;
     let cached = CachedTools {
         server: server.to_owned(),
-        listed_at: crate::store::now_ms(),
+        listed_at: std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
         tools: tools.to_vec(),
     };
     let mut file = tempfile::NamedTempFile::new_in(&dir)?;
