@@ -179,3 +179,74 @@ fn rules_match_mcp_tools_by_glob() {
         "{error}"
     );
 }
+
+#[test]
+fn the_bundled_example_runs_against_the_reference_server() {
+    // The example starts the pinned server with npx; Node must be there (and the package reachable).
+    if crate::support::npm_bin("mcp-server-everything").is_none() {
+        return;
+    }
+    let dir = TempDir::new().expect("tempdir");
+    let example = crate::support::root().join("workflows/mcp-everything.yaml");
+    let example = example.to_str().expect("a UTF-8 path");
+    let state = dir.path().join("state");
+    let state = state.to_str().expect("a UTF-8 path");
+    let Output {
+        code,
+        stdout,
+        stderr,
+    } = archon(
+        dir.path(),
+        &["run", example, "--no-input", "--json", "--state-dir", state],
+    );
+    assert_eq!(code, 0, "{stderr}");
+    assert_eq!(
+        report(&stdout)["outputs"],
+        json!({
+            "echo": "Echo: hello from archon",
+            "sum": "The sum of 19 and 23 is 42.",
+            "weather": { "conditions": "Cloudy", "humidity": 82, "temperature": 33 },
+            "progress": "Long running operation completed. Duration: 2 seconds, Steps: 4.",
+        })
+    );
+}
+
+#[test]
+fn after_a_crash_an_mcp_call_is_in_doubt_unless_its_server_is_idempotent() {
+    let dir = TempDir::new().expect("tempdir");
+    let fixture = format!("{:?}", mcp_fixture().display().to_string());
+    let text = format!(
+        "name: m\ntools:\n  fx:\n    mcp: {{ command: [{fixture}] }}\n  fy:\n    mcp: {{ command: [{fixture}] }}\n    idempotent: true\nsteps:\n  - {{ id: effect, tool: fx.slow, with: {{ ticks: 0, interval_ms: 0, answer: false }} }}\n  - {{ id: lookup, tool: fy.slow, with: {{ ticks: 0, interval_ms: 0, answer: false }} }}\n"
+    );
+    write(dir.path(), &text);
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_archon"))
+        .args(["run", "m.yaml", "--no-input"])
+        .current_dir(dir.path())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("archon starts");
+    // Both calls are under way once both attempts are recorded (an attempt is durable before its call).
+    let started = std::time::Instant::now();
+    let id = loop {
+        let Output { stdout, .. } = archon(dir.path(), &["show", "--last", "--json"]);
+        if let Ok(run) = serde_json::from_str::<Json>(&stdout)
+            && run["attempts"].as_array().is_some_and(|a| a.len() == 2)
+        {
+            break run["id"].as_str().expect("id").to_owned();
+        }
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(60),
+            "the calls never started"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    let _ = child.kill();
+    let _ = child.wait();
+    let Output { code, stderr, .. } = archon(dir.path(), &["resume", &id, "--no-input"]);
+    assert_eq!(code, 2, "{stderr}");
+    assert!(
+        stderr.contains("`effect`") && !stderr.contains("`lookup`"),
+        "only the call of the server that is not idempotent is in doubt: {stderr}"
+    );
+}
