@@ -489,6 +489,41 @@ async fn sigterm_interrupts_the_runs_going_on_and_leaves_them_resumable() {
     drop(client);
 }
 
+#[tokio::test]
+async fn archon_cancel_stops_only_that_served_run_and_the_server_goes_on() {
+    let dir = workflows();
+    let (client, _) = stdio(dir.path()).await;
+    let handle = client
+        .send_cancellable_request(
+            ClientRequest::CallToolRequest(Request::new(CallToolRequestParams::new("slow"))),
+            PeerRequestOptions::no_options(),
+        )
+        .await
+        .expect("sent");
+    wait_for(&dir.path().join("started")).await;
+    let Output { stdout, .. } = archon(dir.path(), &["runs", "--json"]);
+    let runs: Json = serde_json::from_str(&stdout).expect("json");
+    let id = runs[0]["id"]
+        .as_str()
+        .expect("the run is recorded")
+        .to_owned();
+    let Output { code, stderr, .. } = archon(dir.path(), &["cancel", &id]);
+    assert_eq!(code, 0, "{stderr}");
+    let response = tokio::time::timeout(Duration::from_secs(30), handle.await_response())
+        .await
+        .expect("the call is answered within 30 s")
+        .expect("answered");
+    let rmcp::model::ServerResult::CallToolResult(result) = response else {
+        panic!("a tool result: {response:?}")
+    };
+    assert_eq!(result.is_error, Some(true), "{}", text_of(&result));
+    assert_eq!(stored(dir.path(), &id)["status"], "cancelled");
+    // The server still serves.
+    let result = call(&client, "hello", json!({ "who": "ada" })).await;
+    assert_eq!(result.is_error, Some(false), "{}", text_of(&result));
+    client.cancel().await.expect("closed");
+}
+
 /// Waits for a file a step writes (10 s at most), letting the client's tasks run meanwhile.
 async fn wait_for(path: &Path) {
     let started = Instant::now();

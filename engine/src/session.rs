@@ -17,6 +17,7 @@ use crate::run::{
     self, ApprovalDecision, ApprovalRequest, Approver, Cassette, RunError, RunEvent, RunOptions,
     RunReport, RunStatus, StepResult, StepStatus, Unsupported,
 };
+pub use crate::store::sqlite::ServingMark;
 use crate::store::sqlite::{DATABASE, SqliteStore};
 use crate::store::{Entry, NewRun, RunStore, spec_hash};
 use crate::validate::{Validation, validate_file, validate_source};

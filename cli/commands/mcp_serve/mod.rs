@@ -59,6 +59,8 @@ pub fn serve(args: &McpServeArgs) -> anyhow::Result<Status> {
     if let Err(e) = Session::open(&state_dir) {
         return Ok(super::run::store_error(&e));
     }
+    // This process runs many runs: `archon cancel` must ask through the store, not signal it.
+    let _serving = archon_engine::session::ServingMark::new(&state_dir)?;
     let stopping = CancellationToken::new();
     let (running, mut watching) = tokio::sync::watch::channel(0_usize);
     let (answering, mut answered) = tokio::sync::watch::channel(0_usize);

@@ -577,7 +577,11 @@ impl RunStore for SqliteStore {
                 self.with(|conn| {
                     conn.execute("UPDATE runs SET cancel_requested = 1 WHERE id = ?1", [id])
                 })?;
-                if let Some(owner) = run.owner.filter(|o| o.host == host()) {
+                // A process that serves several runs (`archon mcp serve`) is not signalled: its journal
+                // reads the request at its next heartbeat and stops only this run.
+                if let Some(owner) = run.owner.filter(|o| o.host == host())
+                    && !serving_mark(&self.path, owner.pid).exists()
+                {
                     let _ = rustix::process::Pid::from_raw(owner.pid as i32).map(|pid| {
                         rustix::process::kill_process(pid, rustix::process::Signal::TERM)
                     });
@@ -2211,6 +2215,34 @@ fn is_zombie(pid: u32) -> bool {
 }
 
 /// This machine's name, to tell whose process ids are checkable.
+/// The file by which process `pid` says it serves several runs at once (beside the database, in
+/// `serving/`): `cancel` then asks through the store only, since a signal would stop them all.
+fn serving_mark(database: &Path, pid: u32) -> PathBuf {
+    database.with_file_name("serving").join(pid.to_string())
+}
+
+/// Says, for as long as the value lives, that this process serves several runs of the store in
+/// `state_dir` at once, so that cancelling one of them does not signal the process.
+#[derive(Debug)]
+pub struct ServingMark(PathBuf);
+
+impl ServingMark {
+    pub fn new(state_dir: &Path) -> std::io::Result<ServingMark> {
+        let path = serving_mark(&state_dir.join(DATABASE), std::process::id());
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir)?;
+        }
+        std::fs::write(&path, b"")?;
+        Ok(ServingMark(path))
+    }
+}
+
+impl Drop for ServingMark {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
 fn host() -> String {
     std::fs::read_to_string("/proc/sys/kernel/hostname")
         .map(|h| h.trim().to_owned())
