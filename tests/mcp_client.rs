@@ -213,6 +213,24 @@ async fn mcp_client_reports_a_crash_mid_call_and_restarts_the_server() {
 }
 
 #[tokio::test]
+async fn mcp_client_reports_a_crash_while_a_grandchild_holds_its_pipes() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let grandchild = dir.path().join("grandchild");
+    let (servers, _) = pool();
+    let config = server(&["--grandchild", &grandchild.display().to_string()]);
+    let error = servers
+        .call(&config, "crash", json!({}), None, &never())
+        .await
+        .expect_err("it crashes");
+    assert_eq!(
+        error.message,
+        "MCP server `fx` exited with status 3 during `tools/call`: crash: exiting mid-call as asked\nit is restarted on its next use (3 of 3 restarts left)"
+    );
+    until("the grandchild's end", || gone(&read(&grandchild))).await;
+    servers.shutdown().await;
+}
+
+#[tokio::test]
 async fn mcp_client_stops_restarting_after_the_limit() {
     let (servers, spawned) = pool();
     let mut config = server(&[]);

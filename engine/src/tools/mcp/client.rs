@@ -97,6 +97,7 @@ pub(crate) struct Connection {
     /// Set when the server sent a message larger than [`MAX_MESSAGE_BYTES`].
     overflow: Arc<AtomicBool>,
     url: Option<String>,
+    redactor: Arc<Redactor>,
 }
 
 impl std::fmt::Debug for Connection {
@@ -174,6 +175,7 @@ impl Connection {
                         process: Some(process),
                         overflow,
                         url: None,
+                        redactor: options.redactor.clone(),
                     }),
                     Ok(Err(error)) => {
                         let why = match process.exited(TERM_GRACE).await {
@@ -252,6 +254,7 @@ impl Connection {
                         process: None,
                         overflow: Arc::new(AtomicBool::new(false)),
                         url: Some(url.clone()),
+                        redactor: redactor.clone(),
                     }),
                     Ok(Err(error)) => {
                         let error = redactor.text(&error.to_string()).into_owned();
@@ -465,10 +468,7 @@ impl Connection {
     }
 
     fn redact(&self, text: &str) -> String {
-        match &self.process {
-            Some(process) => process.redactor.text(text).into_owned(),
-            None => text.to_owned(),
-        }
+        self.redactor.text(text).into_owned()
     }
 
     /// MCP close (the connection ends; a child's input closes), then the whole process group: SIGTERM,
@@ -507,9 +507,14 @@ impl Process {
         mut stderr: tokio::process::ChildStderr,
         redactor: Arc<Redactor>,
     ) -> Process {
+        #[allow(clippy::cast_possible_wrap)]
+        let pgid = Pid::from_raw(pid as i32);
         let (sender, exit) = watch::channel(None);
         tokio::spawn(async move {
             if let Ok(status) = child.wait().await {
+                // What the server left running in its group goes with it (and no longer holds its
+                // output open, so the connection sees the end).
+                let _ = killpg(pgid, Signal::SIGKILL);
                 let _ = sender.send(Some(status));
             }
         });
@@ -531,8 +536,6 @@ impl Process {
                 }
             }
         });
-        #[allow(clippy::cast_possible_wrap)]
-        let pgid = Pid::from_raw(pid as i32);
         Process {
             pgid,
             exit,
