@@ -19,6 +19,7 @@ mod llm_anthropic;
 mod llm_gemini;
 mod llm_openai;
 mod logs;
+mod mcp_client;
 mod nested;
 mod plan;
 mod planner;

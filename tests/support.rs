@@ -111,3 +111,33 @@ pub fn chat_completion(message: serde_json::Value) -> wiremock::ResponseTemplate
         "usage": { "prompt_tokens": 100, "completion_tokens": 10 }
     }))
 }
+
+/// A program of the test dependencies in `tests/npm` (installed by `scripts/install-test-deps.sh`), with
+/// Node to run it; `None` after saying why when either is missing, except with `CI=true`, where a missing
+/// prerequisite fails the test.
+pub fn npm_bin(name: &str) -> Option<PathBuf> {
+    let path = root().join("tests/npm/node_modules/.bin").join(name);
+    let node = Command::new("node")
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    let missing = if !node {
+        "Node is not installed".to_owned()
+    } else if !path.exists() {
+        format!(
+            "`{}` is missing: run scripts/install-test-deps.sh",
+            path.display()
+        )
+    } else {
+        return Some(path);
+    };
+    assert!(
+        std::env::var("CI").as_deref() != Ok("true"),
+        "{missing} (required with CI=true)"
+    );
+    #[allow(clippy::print_stderr)]
+    {
+        eprintln!("skipped: {missing}");
+    }
+    None
+}

@@ -15,15 +15,24 @@
 //! - `import.rs`: `mcpServers` JSON files (`.mcp.json`, Claude Desktop or Code, Cursor).
 
 pub mod cache;
+mod client;
 pub mod import;
+mod pool;
+mod result;
 
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value as Json;
 
+use crate::network::NetworkPolicy;
+use crate::redact::Redactor;
 use crate::spec::Pattern;
+
+pub use client::MAX_MESSAGE_BYTES;
+pub use pool::Servers;
 
 /// One value of a server's definition: a spec template, or a literal read from an `mcpServers` file
 /// (where `${VAR}` and `${VAR:-default}` name variables of archon's environment, as other MCP clients
@@ -124,4 +133,39 @@ pub struct McpTool {
     /// What the server says about it (`readOnlyHint` and the like): hints, not trust.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub annotations: Option<Json>,
+}
+
+/// What a run's [`Servers`] need to know about the run.
+#[derive(Clone)]
+pub struct ServersOptions {
+    /// Told the process group of every server process started, as soon as it starts (the run records
+    /// it, so that a resume after a crash can stop leftovers).
+    pub on_spawn: Arc<dyn Fn(u32) + Send + Sync>,
+    /// Variables a server process does not inherit from archon's environment (the declared secrets:
+    /// they reach a server only through its `env`).
+    pub withheld: Vec<String>,
+    /// Secret values, masked in results and in the standard error errors quote.
+    pub redactor: Arc<Redactor>,
+    /// What a streamable HTTP server's URL may reach.
+    pub network: Arc<NetworkPolicy>,
+}
+
+impl Default for ServersOptions {
+    fn default() -> Self {
+        ServersOptions {
+            on_spawn: Arc::new(|_| {}),
+            withheld: Vec::new(),
+            redactor: Arc::new(Redactor::default()),
+            network: Arc::new(NetworkPolicy::default()),
+        }
+    }
+}
+
+impl std::fmt::Debug for ServersOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ServersOptions")
+            .field("withheld", &self.withheld)
+            .field("network", &self.network)
+            .finish_non_exhaustive()
+    }
 }
