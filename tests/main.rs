@@ -20,6 +20,7 @@ mod llm_gemini;
 mod llm_openai;
 mod logs;
 mod mcp_client;
+mod mcp_list;
 mod nested;
 mod plan;
 mod planner;

@@ -19,7 +19,7 @@ use crate::support::{npm_bin, root};
 /// The test server, built next to the `archon` binary (`target/<profile>/examples/mcp_test_server`):
 /// `cargo test` builds examples, a narrower run (`cargo test --test main`) does not, so it is built here
 /// (a quick no-op when it is up to date).
-fn fixture() -> PathBuf {
+pub(crate) fn fixture() -> PathBuf {
     static BUILT: OnceLock<PathBuf> = OnceLock::new();
     BUILT
         .get_or_init(|| {
