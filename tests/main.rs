@@ -21,6 +21,7 @@ mod llm_openai;
 mod logs;
 mod mcp_client;
 mod mcp_list;
+mod mcp_run;
 mod nested;
 mod plan;
 mod planner;

@@ -4,7 +4,7 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use archon_engine::network::NetworkPolicy;
@@ -14,39 +14,7 @@ use archon_engine::tools::mcp::{Limits, ServerConfig, Servers, ServersOptions, T
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
-use crate::support::{npm_bin, root};
-
-/// The test server, built next to the `archon` binary (`target/<profile>/examples/mcp_test_server`):
-/// `cargo test` builds examples, a narrower run (`cargo test --test main`) does not, so it is built here
-/// (a quick no-op when it is up to date).
-pub(crate) fn fixture() -> PathBuf {
-    static BUILT: OnceLock<PathBuf> = OnceLock::new();
-    BUILT
-        .get_or_init(|| {
-            let path = Path::new(env!("CARGO_BIN_EXE_archon"))
-                .parent()
-                .expect("the binary's directory")
-                .join("examples/mcp_test_server");
-            {
-                let mut build = vec!["build", "-q", "--example", "mcp_test_server"];
-                if path
-                    .parent()
-                    .and_then(Path::parent)
-                    .is_some_and(|p| p.ends_with("release"))
-                {
-                    build.push("--release");
-                }
-                let status = std::process::Command::new(env!("CARGO"))
-                    .args(build)
-                    .current_dir(root())
-                    .status()
-                    .expect("cargo runs");
-                assert!(status.success(), "cannot build the MCP test server");
-            }
-            path
-        })
-        .clone()
-}
+use crate::support::{mcp_fixture as fixture, npm_bin, root};
 
 fn limits() -> Limits {
     Limits {

@@ -15,7 +15,7 @@ fn workspace(spec: &str) -> tempfile::TempDir {
 
 /// `archon ARGS` in `dir`, with the test server's path in `MCP_TEST_SERVER` and the state in `state`.
 fn archon(dir: &Path, args: &[&str]) -> Output {
-    let server = crate::mcp_client::fixture();
+    let server = crate::support::mcp_fixture();
     archon_in(dir, args, server.to_str().expect("UTF-8 path"))
 }
 

@@ -2,6 +2,7 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::OnceLock;
 use std::time::Duration;
 
 use archon_engine::llm::client::Settings;
@@ -140,4 +141,36 @@ pub fn npm_bin(name: &str) -> Option<PathBuf> {
         eprintln!("skipped: {missing}");
     }
     None
+}
+
+/// The test server, built next to the `archon` binary (`target/<profile>/examples/mcp_test_server`):
+/// `cargo test` builds examples, a narrower run (`cargo test --test main`) does not, so it is built here
+/// (a quick no-op when it is up to date).
+pub fn mcp_fixture() -> PathBuf {
+    static BUILT: OnceLock<PathBuf> = OnceLock::new();
+    BUILT
+        .get_or_init(|| {
+            let path = Path::new(env!("CARGO_BIN_EXE_archon"))
+                .parent()
+                .expect("the binary's directory")
+                .join("examples/mcp_test_server");
+            {
+                let mut build = vec!["build", "-q", "--example", "mcp_test_server"];
+                if path
+                    .parent()
+                    .and_then(Path::parent)
+                    .is_some_and(|p| p.ends_with("release"))
+                {
+                    build.push("--release");
+                }
+                let status = std::process::Command::new(env!("CARGO"))
+                    .args(build)
+                    .current_dir(root())
+                    .status()
+                    .expect("cargo runs");
+                assert!(status.success(), "cannot build the MCP test server");
+            }
+            path
+        })
+        .clone()
 }

@@ -54,6 +54,14 @@ fn body_idempotent(workflow: &Workflow, body: Body<'_>, seen: &mut HashSet<Strin
 }
 
 fn tool_idempotent(workflow: &Workflow, name: &str, seen: &mut HashSet<String>) -> bool {
+    // A tool of an MCP server is a side effect unless the server is declared `idempotent: true`.
+    if let Some((server, _)) = workflow.tools.mcp_server_of(name) {
+        return workflow
+            .spec
+            .tools
+            .get(server.name.as_str())
+            .is_some_and(|d| d.idempotent == Some(true));
+    }
     match workflow.spec.tools.get(name) {
         Some(def) if def.idempotent == Some(true) => true,
         Some(def) => match (&def.steps, &def.workflow) {
@@ -89,7 +97,16 @@ fn llm_step_idempotent(workflow: &Workflow, body: Body<'_>, seen: &mut HashSet<S
         .filter(|t| !matches!(t.kind, ToolRef::Mcp) && allowed(&t.name))
         .map(|t| t.name.as_str())
         .collect();
-    usable
+    // The tools of an MCP server its globs may reach count as one: the server's word.
+    let servers = workflow.tools.iter().filter(|t| {
+        matches!(t.kind, ToolRef::Mcp)
+            && patterns
+                .iter()
+                .any(|p| crate::tools::mcp::could_match(p.as_str(), &t.name))
+    });
+    servers.into_iter().all(|server| {
+        (workflow.spec.tools.get(server.name.as_str())).is_some_and(|d| d.idempotent == Some(true))
+    }) && usable
         .iter()
         .all(|name| tool_idempotent(workflow, name, seen))
 }

@@ -6,6 +6,7 @@
 //! `on_error: continue`; steps that do not depend on it keep running. `retry.attempts` counts every attempt.
 
 pub mod dry_run;
+pub mod mcp;
 mod options;
 pub mod redact;
 pub mod render;

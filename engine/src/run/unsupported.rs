@@ -56,6 +56,10 @@ impl Walk {
         if let Some(tool) = body.tool {
             let name = tool.value.as_str();
             let def = workflow.spec.tools.get(name);
+            if workflow.tools.mcp_server_of(name).is_some() {
+                // A tool of a declared MCP server: found when the server runs.
+                return;
+            }
             match workflow.tools.get(name).map(|t| t.kind) {
                 // Built-ins, commands and requests run.
                 Some(ToolRef::Builtin(_) | ToolRef::Command | ToolRef::Http) => {}
@@ -72,7 +76,9 @@ impl Walk {
                         self.sub_workflow(workflow, &path.value, step);
                     }
                 }
-                Some(ToolRef::Mcp) => refuse(format!("MCP tool `{name}` cannot run yet")),
+                Some(ToolRef::Mcp) => refuse(format!(
+                    "`{name}` is an MCP server, not a tool: call one of its tools as `{name}.<tool>`"
+                )),
                 None => refuse(format!("tool `{name}` cannot run yet")),
             }
             return;

@@ -1,7 +1,8 @@
 //! One registry of the tools a workflow can call: the built-ins and the tools its spec declares, each
 //! resolved once (when the workflow is validated) to what it is, the schema of its arguments and what its
-//! calls may do. Validation, planning, agents, rules and the scheduler ask it; MCP tools will be
-//! registered here beside the others.
+//! calls may do. Validation, planning, agents, rules and the scheduler ask it. An MCP server is one
+//! entry here (its safety is every one of its tools'); its tools are known only when it runs
+//! (`tools::mcp`), and [`Registry::mcp_server_of`] finds the server of a `<server>.<tool>` name.
 
 use indexmap::IndexMap;
 use serde_json::{Value as Json, json};
@@ -23,7 +24,7 @@ pub enum ToolRef {
     Composite,
     /// A sub-workflow used as a tool.
     Workflow,
-    /// A tool of an MCP server (not callable yet; `archon run` refuses steps that need one).
+    /// An MCP server: its tools are `<server>.<tool>`, listed when the server first runs.
     Mcp,
 }
 
@@ -103,9 +104,23 @@ impl Registry {
     }
 
     /// Whether a call of `name` with `args` needs a person's approval when an LLM chose it (`None`
-    /// arguments: not known before the call). An unknown name is not sensitive: it cannot run.
+    /// arguments: not known before the call). An MCP tool (`<server>.<tool>`) is as its server's entry
+    /// says: sensitive unless the spec says `sensitive: false`. An unknown name is not sensitive: it
+    /// cannot run.
     pub fn sensitive(&self, name: &str, args: Option<&Json>) -> bool {
-        self.get(name).is_some_and(|t| t.safety.of(args).sensitive)
+        self.get(name)
+            .or_else(|| self.mcp_server_of(name).map(|(server, _)| server))
+            .is_some_and(|t| t.safety.of(args).sensitive)
+    }
+
+    /// For a tool of a declared MCP server (`<server>.<tool>`): the server's entry and the tool's name on
+    /// the server.
+    pub fn mcp_server_of<'a>(&self, name: &'a str) -> Option<(&RegistryEntry, &'a str)> {
+        let (server, tool) = name.split_once('.')?;
+        let entry = self
+            .get(server)
+            .filter(|e| matches!(e.kind, ToolRef::Mcp))?;
+        (!tool.is_empty()).then_some((entry, tool))
     }
 }
 

@@ -90,7 +90,11 @@ fn sensitive_tool(
     if let Some(b) = builtin::get(tool) {
         return b.safety(args).sensitive;
     }
-    let Some(def) = spec.tools.get(tool) else {
+    let Some(def) = spec.tools.get(tool).or_else(|| {
+        // A tool of an MCP server is as sensitive as the server says, and is unless it says otherwise.
+        let (server, _) = tool.split_once('.')?;
+        spec.tools.get(server).filter(|d| d.mcp.is_some())
+    }) else {
         return false;
     };
     // The spec's author may say either way; otherwise it follows from what the tool does.

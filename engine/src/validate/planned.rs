@@ -24,7 +24,10 @@ impl PlanPolicy {
     /// counts as sensitive when one of its steps calls a sensitive tool; `http` is checked per call).
     pub fn allows(&self, tools: &Registry, name: &str) -> bool {
         let wanted = self.tools.iter().any(|p| p.matches(name));
-        wanted && tools.get(name).is_some_and(|t| t.safety.may_be_harmless())
+        let entry = tools
+            .get(name)
+            .or_else(|| tools.mcp_server_of(name).map(|(server, _)| server));
+        wanted && entry.is_some_and(|t| t.safety.may_be_harmless())
     }
 
     /// The tools a planned step may call, in the order the planner is told about them.

@@ -1,5 +1,6 @@
 //! What an attempt calls: renders the body's arguments once, asks the gate, and calls a built-in tool, a
-//! declared tool (command, HTTP request, composite tool, sub-workflow), an agent or a planner.
+//! declared tool (command, HTTP request, composite tool, sub-workflow, a tool of an MCP server), an agent
+//! or a planner.
 
 use std::sync::Arc;
 
@@ -96,6 +97,9 @@ pub(super) async fn call_tool(
     args: Json,
     llm_chosen: bool,
 ) -> Result<Called, Failure> {
+    if let Some((server, tool)) = shared.workflow.tools.mcp_server_of(name) {
+        return super::mcp::call(shared, &server.name, tool, args).await;
+    }
     let Some(entry) = shared.workflow.tools.get(name) else {
         return Err(CallError::UnknownTool(name.to_owned()).into());
     };

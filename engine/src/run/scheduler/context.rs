@@ -211,6 +211,8 @@ pub(super) struct Shared {
     pub work: Arc<tokio::sync::Semaphore>,
     /// The scheduler, for calls that schedule steps one level down.
     pub nested: &'static dyn Nested,
+    /// The run's MCP servers, shared with its sub-workflows.
+    pub mcp: Arc<super::mcp::McpRun>,
 }
 
 /// The names every template context of a step list shares, and about how much data they and the secrets
@@ -293,6 +295,7 @@ impl Shared {
             halt: self.halt.clone(),
             work: self.work.clone(),
             nested: self.nested,
+            mcp: self.mcp.clone(),
         }
     }
 

@@ -15,6 +15,7 @@ mod context;
 mod durable;
 mod gate;
 mod lifecycle;
+mod mcp;
 mod planner;
 mod prompt;
 
@@ -84,6 +85,7 @@ impl Nested for Scheduler {
                 llm: Arc::new(parent.llm.nested()),
                 halt: Some(parent.halt.clone()),
                 work: Some(parent.work.clone()),
+                mcp: Some(parent.mcp.clone()),
             },
         )
     }
@@ -105,6 +107,7 @@ pub async fn run(
             llm: Arc::new(LlmContext::default()),
             halt: None,
             work: None,
+            mcp: None,
         },
     )
     .await
@@ -118,6 +121,8 @@ struct Inherited {
     halt: Option<Arc<Halt>>,
     /// The run's limit on commands and LLM calls running at once (`Shared::work`), for a nested run.
     work: Option<Arc<tokio::sync::Semaphore>>,
+    /// The run's MCP servers, for a nested run.
+    mcp: Option<Arc<mcp::McpRun>>,
 }
 
 /// Runs a workflow at a nesting depth: the run itself, or a sub-workflow called by step `prefix`.
@@ -134,6 +139,7 @@ fn run_workflow(
             llm,
             halt,
             work,
+            mcp,
         } = inherited;
         let work = work
             .unwrap_or_else(|| Arc::new(tokio::sync::Semaphore::new(options.max_parallel.max(1))));
@@ -196,12 +202,21 @@ fn run_workflow(
             }
         }
         let secrets = json_value(&Json::Object(secrets));
+        let withheld: Vec<String> = spec.secrets.iter().map(|s| s.value.clone()).collect();
+        let mcp = mcp.unwrap_or_else(|| {
+            Arc::new(mcp::McpRun::new(crate::tools::mcp::ServersOptions {
+                withheld: withheld.clone(),
+                network: workflow.network.clone(),
+                redactor: redactor.clone(),
+                on_spawn: Arc::new(|_| {}),
+            }))
+        });
         let shared = Arc::new(Shared {
             tool_context: ToolContext {
                 workdir: options.workdir.clone(),
                 protected: options.protected.clone(),
                 env: tool_env,
-                withheld: spec.secrets.iter().map(|s| s.value.clone()).collect(),
+                withheld,
                 network: workflow.network.clone(),
                 redactor: redactor.clone(),
                 helper: options.helper.clone(),
@@ -232,6 +247,7 @@ fn run_workflow(
             halt,
             work,
             nested: &Scheduler,
+            mcp,
         });
         // `before_run` rules decide whether anything runs at all; the run's `timeout` bounds it all (a
         // sub-workflow's bounds its call instead: `call.rs`).
@@ -260,6 +276,10 @@ fn run_workflow(
             }
         })
         .await;
+        // The run's steps are over: its MCP servers stop (a sub-workflow's steps use the run's).
+        if depth == 0 {
+            shared.mcp.servers.shutdown().await;
+        }
 
         let failed = first_failure(&spec.steps, |i| views[i].result().status).is_some();
         let waiting = waits(&views);

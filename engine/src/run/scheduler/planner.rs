@@ -83,8 +83,11 @@ async fn plan_and_run(
     let policy = PlanPolicy {
         tools: spec.tool_patterns(body).into_iter().cloned().collect(),
     };
-    let system =
-        prompt::with_instructions(shared, agent, ctx, instructions(shared, &policy, ctx)).await?;
+    // The MCP tools the plan may use (servers its globs reach start here): listed with the others.
+    let patterns: Vec<&Pattern> = policy.tools.iter().collect();
+    let mcp_tools = agent::mcp_tools(shared, &patterns).await?;
+    let text = instructions(shared, &policy, ctx, mcp_tools);
+    let system = prompt::with_instructions(shared, agent, ctx, text).await?;
     let mut user = format!("Goal: {goal}");
     if let Some(text) = prompt::expected_output(shared, body, ctx).await? {
         user.push_str(&format!("\n\nThe plan's result should be: {text}"));
@@ -540,7 +543,12 @@ fn revision_request(
 }
 
 /// The planner's instructions: the plan format, the tools it may use and the workflow's inputs.
-fn instructions(shared: &Shared, policy: &PlanPolicy, ctx: &Value) -> String {
+fn instructions(
+    shared: &Shared,
+    policy: &PlanPolicy,
+    ctx: &Value,
+    mcp_tools: Vec<crate::llm::ToolSpec>,
+) -> String {
     let spec = &shared.workflow.spec;
     let mut text = String::from(
         "You are the planner of a workflow engine. Break the goal into steps that the engine will run, and \
@@ -562,6 +570,7 @@ fn instructions(shared: &Shared, policy: &PlanPolicy, ctx: &Value) -> String {
     let registry = &shared.workflow.tools;
     let tools: Vec<_> = agent::offered_tools(registry, &policy.tools.iter().collect::<Vec<_>>())
         .into_iter()
+        .chain(mcp_tools)
         .filter(|t| policy.allows(registry, &t.name))
         .collect();
     if tools.is_empty() {

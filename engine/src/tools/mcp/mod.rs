@@ -17,6 +17,7 @@
 pub mod cache;
 mod client;
 pub mod import;
+pub mod names;
 mod pool;
 mod result;
 
@@ -167,5 +168,37 @@ impl std::fmt::Debug for ServersOptions {
             .field("withheld", &self.withheld)
             .field("network", &self.network)
             .finish_non_exhaustive()
+    }
+}
+
+/// Whether a tool name or glob could match a tool of MCP server `server` (`<server>.<tool>`): whether the
+/// literal start of the glob, before its first wildcard, and `<server>.` agree. An over-approximation, for
+/// deciding which servers an agent's tool globs may reach before they are listed.
+pub fn could_match(pattern: &str, server: &str) -> bool {
+    let literal = pattern
+        .find(['*', '?', '[', '{'])
+        .map_or(pattern, |at| &pattern[..at]);
+    let prefix = format!("{server}.");
+    if pattern.len() == literal.len() {
+        return literal.len() > prefix.len() && literal.starts_with(&prefix);
+    }
+    literal.starts_with(&prefix) || prefix.starts_with(literal)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::could_match;
+
+    #[test]
+    fn globs_reach_the_servers_their_literal_start_allows() {
+        assert!(could_match("github.list_issues", "github"));
+        assert!(could_match("github.*", "github"));
+        assert!(could_match("*", "github"));
+        assert!(could_match("git*", "github"));
+        assert!(!could_match("github", "github"));
+        assert!(!could_match("github.", "github"));
+        assert!(!could_match("gitlab.*", "github"));
+        assert!(!could_match("read_*", "github"));
+        assert!(!could_match("read_file", "github"));
     }
 }

@@ -13,14 +13,15 @@ use crate::spec::Pattern;
 use crate::tools::ToolOutput;
 use crate::tools::{Registry, ToolRef};
 
-/// Runs one tool call the model asked for; returns the observation, whether it is an error, and whether the
+/// Runs one tool call the model asked for (`name` as the model wrote it, `tool` the tool's own name);
+/// returns the observation, whether it is an error, and whether the
 /// tool wrote it (its output or failure, shown to the model as data) rather than archon.
 pub(super) async fn observe(
     shared: &Shared,
     label: &str,
     tools: &[ToolSpec],
     validators: &HashMap<String, jsonschema::Validator>,
-    name: &str,
+    (name, tool): (&str, &str),
     arguments: &Json,
 ) -> Result<(String, bool, bool), String> {
     if !tools.iter().any(|t| t.name == name) {
@@ -53,10 +54,10 @@ pub(super) async fn observe(
             false,
         ));
     }
-    let call_label = format!("{label}/{name}");
+    let call_label = format!("{label}/{tool}");
     let outcome = shared
         .nested
-        .tool(shared, &call_label, name, arguments.clone(), true)
+        .tool(shared, &call_label, tool, arguments.clone(), true)
         .await;
     match outcome {
         Ok(called) => {
@@ -83,8 +84,8 @@ pub(super) async fn observe(
 }
 
 /// The tools an agent may call: the registry's tools (built-ins and declared tools) whose names match
-/// `patterns` (globs), except MCP tools, which cannot run yet. Sensitive ones are offered too: each call of
-/// one asks for a person's approval unless a rule allows it.
+/// `patterns` (globs); the tools of MCP servers are added by [`mcp_tools`]. Sensitive ones are offered
+/// too: each call of one asks for a person's approval unless a rule allows it.
 pub(in crate::run::scheduler) fn offered_tools(
     tools: &Registry,
     patterns: &[&Pattern],
@@ -98,4 +99,46 @@ pub(in crate::run::scheduler) fn offered_tools(
             parameters: t.parameters.clone(),
         })
         .collect()
+}
+
+/// The tools of the workflow's MCP servers whose `<server>.<tool>` names match `patterns`: each server the
+/// globs may reach is started (if it is not running) and listed.
+pub(in crate::run::scheduler) async fn mcp_tools(
+    shared: &Shared,
+    patterns: &[&Pattern],
+) -> Result<Vec<ToolSpec>, crate::run::scheduler::context::Failure> {
+    let mut offered = Vec::new();
+    for server in shared.workflow.mcp.keys() {
+        if !patterns
+            .iter()
+            .any(|p| crate::tools::mcp::could_match(p.as_str(), server))
+        {
+            continue;
+        }
+        let listed = crate::run::scheduler::mcp::tools(shared, server).await?;
+        for tool in listed.iter() {
+            let name = format!("{server}.{}", tool.name);
+            if patterns.iter().any(|p| p.matches(&name)) {
+                offered.push(ToolSpec {
+                    name,
+                    description: tool.description.clone(),
+                    parameters: tool.input_schema.clone(),
+                });
+            }
+        }
+    }
+    Ok(offered)
+}
+
+/// The tools as models see them: each name a provider accepts (`tools::mcp::names`), and the map back to
+/// the tool's own name for those that changed; two tools under one name are an error.
+pub(in crate::run::scheduler) fn as_offered(
+    mut tools: Vec<ToolSpec>,
+) -> Result<(Vec<ToolSpec>, HashMap<String, String>), String> {
+    let (names, back) =
+        crate::tools::mcp::names::model_names(tools.iter().map(|t| t.name.as_str()))?;
+    for (tool, name) in tools.iter_mut().zip(names) {
+        tool.name = name;
+    }
+    Ok((tools, back))
 }

@@ -13,7 +13,7 @@ mod error;
 mod model;
 mod text;
 
-pub(super) use calls::offered_tools;
+pub(super) use calls::{mcp_tools, offered_tools};
 pub(super) use context::as_data;
 pub(super) use model::{MODEL_TIME, chosen, complete};
 pub(super) use text::parse_json;
@@ -94,7 +94,13 @@ pub(super) async fn run(
     } else {
         spec.tool_patterns(body)
     };
-    let tools = offered_tools(&shared.workflow.tools, &patterns);
+    // The registry's tools and the MCP servers' (each server the globs reach starts here), under the
+    // names models accept; `real` maps a changed name back.
+    let mut tools = offered_tools(&shared.workflow.tools, &patterns);
+    tools.extend(mcp_tools(shared, &patterns).await?);
+    let (tools, real) = calls::as_offered(tools).map_err(Failure::fixed)?;
+    let real_name =
+        |name: &str| -> String { real.get(name).cloned().unwrap_or_else(|| name.to_owned()) };
     // Text mode, for models without native tool calling: the tools are described in the prompt and the
     // model writes `Action: {json}` lines, which are read (and repaired) here. `auto` (the default) starts
     // native and changes to text for the rest of the run when the provider refuses tools.
@@ -499,13 +505,14 @@ pub(super) async fn run(
             } else {
                 Turn::Run
             };
-            let sensitive = shared.llm_call_asks(&call.name, &call.arguments);
+            let tool_name = real_name(&call.name);
+            let sensitive = shared.llm_call_asks(&tool_name, &call.arguments);
             let known = tools.iter().any(|t| t.name == call.name);
             if known && turn == Turn::Run && (sensitive || !spec.rules.is_empty()) {
                 let asked = gate::Call {
                     on: Trigger::BeforeTool,
                     label,
-                    tool: Some(&call.name),
+                    tool: Some(&tool_name),
                     agent: agent_name,
                     chosen_by: ChosenBy::Llm,
                     args: &call.arguments,
@@ -531,7 +538,7 @@ pub(super) async fn run(
             actions.push(RunEvent::AgentAction {
                 step: label.to_owned(),
                 iteration,
-                tool: call.name.clone(),
+                tool: tool_name,
                 arguments,
             });
             planned.push((call, turn));
@@ -560,7 +567,8 @@ pub(super) async fn run(
                     }
                     Turn::Refused(reason) => Ok((reason.clone(), true, false)),
                     Turn::Run => {
-                        observe(shared, label, allowed, compiled, &call.name, &call.arguments).await
+                        let tool = real_name(&call.name);
+                        observe(shared, label, allowed, compiled, (&call.name, &tool), &call.arguments).await
                     }
                 }
             }))
@@ -584,7 +592,7 @@ pub(super) async fn run(
                 shared.emit(RunEvent::AgentObservation {
                     step: label.to_owned(),
                     iteration,
-                    tool: call.name.clone(),
+                    tool: real_name(&call.name),
                     text: content.clone(),
                     error: is_error,
                     full_text,

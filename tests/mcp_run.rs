@@ -1,0 +1,181 @@
+//! MCP tools in runs, through the CLI: `tool:` steps and agents call the tools of a declared server (the
+//! test server, `examples/mcp_test_server.rs`), which starts on first use and stops with the run; an
+//! agent's call asks for approval, models see names they accept, secrets in results are masked, and rules
+//! match `<server>.<tool>` globs.
+
+use std::path::Path;
+
+use serde_json::{Value as Json, json};
+use tempfile::TempDir;
+
+use crate::support::{Output, archon, mcp_fixture};
+
+/// A workflow whose server `fx` is the test server, started with `flags`, followed by `rest`.
+fn spec(flags: &[&str], rest: &str) -> String {
+    let mut argv = vec![format!("{:?}", mcp_fixture().display().to_string())];
+    argv.extend(flags.iter().map(|f| format!("{f:?}")));
+    format!(
+        "name: m\ntools:\n  fx:\n    mcp:\n      command: [{}]\n{rest}",
+        argv.join(", ")
+    )
+}
+
+fn write(dir: &Path, text: &str) {
+    std::fs::write(dir.join("m.yaml"), text).expect("write");
+}
+
+fn report(stdout: &str) -> Json {
+    serde_json::from_str(stdout).unwrap_or_else(|e| panic!("a report: {e}\n{stdout}"))
+}
+
+/// A line of `show --events` without its time (`0.611s`), trimmed.
+fn without_time(line: &str) -> &str {
+    let line = line.trim();
+    match line.split_once(' ') {
+        Some((time, rest))
+            if time
+                .strip_suffix('s')
+                .is_some_and(|t| t.parse::<f64>().is_ok()) =>
+        {
+            rest.trim()
+        }
+        _ => line,
+    }
+}
+
+/// Whether process `pid` still exists (a zombie counts as gone).
+fn alive(pid: &str) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+        !stat
+            .rsplit(')')
+            .next()
+            .unwrap_or("")
+            .trim()
+            .starts_with('Z')
+    })
+}
+
+#[test]
+fn steps_call_mcp_tools_and_the_server_and_its_children_stop_with_the_run() {
+    let dir = TempDir::new().expect("tempdir");
+    let steps = "steps:\n  - { id: echo, tool: fx.echo, with: { message: hello } }\n  - { id: sum, tool: fx.sum, with: { a: 19, b: 23 } }\noutputs:\n  echo: \"{{ steps.echo.output }}\"\n  sum: \"{{ steps.sum.output }}\"\n";
+    write(
+        dir.path(),
+        &spec(
+            &["--pid-file", "server.pid", "--grandchild", "child.pid"],
+            steps,
+        ),
+    );
+    let Output {
+        code,
+        stdout,
+        stderr,
+    } = archon(dir.path(), &["run", "m.yaml", "--no-input", "--json"]);
+    assert_eq!(code, 0, "{stderr}");
+    let report = report(&stdout);
+    assert_eq!(report["outputs"]["echo"], "hello");
+    assert_eq!(report["steps"]["sum"]["output"], json!({ "sum": 42.0 }));
+    for file in ["server.pid", "child.pid"] {
+        let pid = std::fs::read_to_string(dir.path().join(file)).expect("the server wrote its pid");
+        assert!(!alive(pid.trim()), "{file}: process {pid} outlived the run");
+    }
+}
+
+#[test]
+fn an_agent_chooses_an_mcp_tool_under_a_name_models_accept_and_waits_for_approval() {
+    let dir = TempDir::new().expect("tempdir");
+    let rest = "llm:\n  providers:\n    scripted:\n      kind: mock\n      turns:\n        - tool_calls: [{ name: fx__echo, arguments: { message: from the agent } }]\n        - text: done\nsteps:\n  - { id: ask, goal: say something, tools: [\"fx.*\"] }\n";
+    write(dir.path(), &spec(&[], rest));
+    let Output {
+        code,
+        stdout,
+        stderr,
+    } = archon(dir.path(), &["run", "m.yaml", "--no-input", "--json"]);
+    assert_eq!(code, 3, "an MCP tool is sensitive: {stderr}");
+    let id = report(&stdout)["run_id"].as_str().expect("id").to_owned();
+    let Output { code, stderr, .. } = archon(dir.path(), &["approve", &id, "--step", "ask"]);
+    assert_eq!(code, 0, "{stderr}");
+    let Output { code, stderr, .. } = archon(dir.path(), &["resume", &id, "--no-input"]);
+    assert_eq!(code, 0, "{stderr}");
+    let Output { stdout, .. } = archon(dir.path(), &["show", &id, "--json"]);
+    let run = report(&stdout);
+    assert_eq!(run["status"], "succeeded");
+    assert_eq!(run["approvals"][0]["request"]["tool"], "fx.echo");
+    assert_eq!(run["approvals"][0]["decision"]["approved"], true);
+    // Events, rules and approvals name the tool `fx.echo`; the model called it `fx__echo`.
+    let Output { stdout, .. } = archon(dir.path(), &["show", &id, "--events"]);
+    let lines: Vec<&str> = stdout.lines().map(without_time).collect();
+    let observed = lines
+        .iter()
+        .position(|l| *l == "observed  ask #1: fx.echo ->")
+        .unwrap_or_else(|| panic!("an observation of `fx.echo`:\n{stdout}"));
+    assert_eq!(lines[observed + 1], "from the agent", "{stdout}");
+}
+
+#[test]
+fn a_secret_in_a_result_is_masked_and_reaches_the_server_only_through_its_env() {
+    let dir = TempDir::new().expect("tempdir");
+    let mut text = spec(
+        &[],
+        "secrets: [MCP_TOKEN]\nsteps:\n  - { id: own, tool: fx.env, with: { name: MCP_TOKEN } }\n  - { id: passed, tool: fx.env, with: { name: PASSED } }\noutputs:\n  own: \"{{ steps.own.output }}\"\n  passed: \"{{ steps.passed.output }}\"\n",
+    );
+    text = text.replace(
+        "      command:",
+        "      env: { PASSED: \"{{ secrets.MCP_TOKEN }}\" }\n      command:",
+    );
+    write(dir.path(), &text);
+    let Output {
+        code,
+        stdout,
+        stderr,
+    } = crate::support::archon_with(
+        dir.path(),
+        &["run", "m.yaml", "--no-input", "--json"],
+        &[("MCP_TOKEN", "hunter2-secret-value")],
+    );
+    assert_eq!(code, 0, "{stderr}");
+    assert!(!stdout.contains("hunter2"), "{stdout}");
+    let report = report(&stdout);
+    assert_eq!(
+        report["outputs"],
+        json!({ "own": "", "passed": "***" }),
+        "the server does not inherit the secret; it gets what its env passes, masked in results"
+    );
+    let Output { stdout, .. } = archon(dir.path(), &["show", "--last", "--json"]);
+    assert!(!stdout.contains("hunter2"), "{stdout}");
+}
+
+#[test]
+fn two_tools_under_one_model_name_fail_the_step_naming_both() {
+    let dir = TempDir::new().expect("tempdir");
+    let rest = "  fx__echo:\n    command: [echo, hi]\nllm:\n  providers:\n    scripted:\n      kind: mock\n      turns:\n        - text: done\nsteps:\n  - { id: ask, goal: say something, tools: [fx__echo, \"fx.*\"] }\n";
+    write(dir.path(), &spec(&[], rest));
+    let Output {
+        code,
+        stdout,
+        stderr,
+    } = archon(dir.path(), &["run", "m.yaml", "--no-input", "--json"]);
+    assert_eq!(code, 1, "{stderr}");
+    assert_eq!(
+        report(&stdout)["steps"]["ask"]["error"],
+        "tools `fx__echo` and `fx.echo` would both reach the model as `fx__echo`"
+    );
+}
+
+#[test]
+fn rules_match_mcp_tools_by_glob() {
+    let dir = TempDir::new().expect("tempdir");
+    let rest = "steps:\n  - { id: echo, tool: fx.echo, with: { message: hello } }\nrules:\n  - { name: no-fx, on: before_tool, match: { tool: \"fx.ec*\" }, action: deny, reason: not today }\n";
+    write(dir.path(), &spec(&[], rest));
+    let Output {
+        code,
+        stdout,
+        stderr,
+    } = archon(dir.path(), &["run", "m.yaml", "--no-input", "--json"]);
+    assert_eq!(code, 1, "{stderr}");
+    let error = report(&stdout)["steps"]["echo"]["error"].clone();
+    assert!(
+        error.as_str().is_some_and(|e| e.contains("not today")),
+        "{error}"
+    );
+}
