@@ -191,11 +191,6 @@ fn kind(entry: &RegistryEntry) -> &'static str {
     }
 }
 
-/// Whether `archon run` can call it today.
-fn runnable(entry: &RegistryEntry) -> bool {
-    !matches!(entry.kind, ToolRef::Mcp)
-}
-
 /// What its calls may do.
 fn safety(entry: &RegistryEntry) -> &'static str {
     match entry.safety {
@@ -226,9 +221,6 @@ fn server_tools(name: &str, only: Option<&[String]>) -> String {
 
 fn describe(entry: &RegistryEntry, text: &mut String) {
     let _ = write!(text, "\n{}  {}, {}", entry.name, kind(entry), safety(entry));
-    if !runnable(entry) {
-        text.push_str(", not runnable yet");
-    }
     text.push('\n');
     if !entry.description.is_empty() {
         let _ = writeln!(text, "  {}", one_line(&entry.description));
@@ -356,7 +348,8 @@ fn to_json(entry: &RegistryEntry, servers: &Servers, known: Option<&Known>) -> J
     let mut tool = json!({
         "name": entry.name,
         "kind": kind(entry),
-        "runnable": runnable(entry),
+        // Kept for scripts written when MCP servers could not run: every tool runs now.
+        "runnable": true,
         "description": entry.description,
         "safety": safety,
         "parameters": entry.parameters,
