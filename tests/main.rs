@@ -20,6 +20,7 @@ mod llm_gemini;
 mod llm_openai;
 mod logs;
 mod mcp_client;
+mod mcp_list;
 mod mcp_run;
 mod mcp_serve;
 mod nested;

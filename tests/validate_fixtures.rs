@@ -224,8 +224,7 @@ fn keep_github_tools(state: &Path) {
     std::fs::write(state.join(format!("mcp/{key}.json")), kept.to_string()).expect("written");
 }
 
-/// The codes of `validate --format json`'s diagnostics, but `archon::cannot_run_yet`, which says what
-/// `archon run` refuses and not what validation checks.
+/// The codes of `validate --format json`'s diagnostics.
 fn codes_of(stdout: &str) -> Vec<String> {
     let report: serde_json::Value = serde_json::from_str(stdout).expect("JSON output parses");
     report["diagnostics"]
@@ -233,7 +232,6 @@ fn codes_of(stdout: &str) -> Vec<String> {
         .expect("diagnostics")
         .iter()
         .filter_map(|d| d["code"].as_str())
-        .filter(|c| *c != "archon::cannot_run_yet")
         .map(str::to_owned)
         .collect()
 }

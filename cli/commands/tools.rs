@@ -5,6 +5,8 @@ use std::collections::HashMap;
 use std::fmt::Write as _;
 
 use archon_engine::tools::builtin;
+use archon_engine::tools::mcp::McpTool;
+use archon_engine::tools::mcp::cache::{self, CachedTools};
 use archon_engine::tools::{RegistryEntry, SafetyRule, ToolRef};
 use archon_engine::validate::validate_file;
 use serde_json::{Value as Json, json};
@@ -17,8 +19,19 @@ use crate::render::{self, Report};
 /// The tools an MCP server may expose, by the server's name (`None`: whatever it lists).
 type Servers = HashMap<String, Option<Vec<String>>>;
 
+/// What is known of an MCP server's tools: listed now (`--refresh`), kept from an earlier listing, or
+/// nothing yet.
+enum Known {
+    Listed(Vec<McpTool>),
+    Kept(CachedTools),
+    Failed(String),
+    NotListed,
+}
+
 pub fn tools(args: &ToolsArgs, color: ColorChoice) -> anyhow::Result<Status> {
     let mut servers = Servers::new();
+    let mut known: HashMap<String, Known> = HashMap::new();
+    let mut status = Status::Success;
     let entries: Vec<RegistryEntry> = match &args.file {
         None => builtin::all()
             .iter()
@@ -44,6 +57,23 @@ pub fn tools(args: &ToolsArgs, color: ColorChoice) -> anyhow::Result<Status> {
                 });
                 return Ok(Status::Invalid);
             };
+            if args.refresh {
+                let listed = super::mcp::refresh(workflow, file, &args.state.dir())?;
+                status = super::mcp::status(&listed);
+                for l in listed {
+                    let state = match l.tools {
+                        Ok(tools) => Known::Listed(tools),
+                        Err(e) => Known::Failed(e),
+                    };
+                    known.insert(l.server, state);
+                }
+            } else {
+                for (name, def) in &workflow.mcp {
+                    let state = cache::read(&args.state.dir(), &def.key)
+                        .map_or(Known::NotListed, Known::Kept);
+                    known.insert(name.clone(), state);
+                }
+            }
             for (name, def) in &workflow.spec.tools {
                 if let Some(server) = &def.mcp {
                     let only = server
@@ -57,9 +87,12 @@ pub fn tools(args: &ToolsArgs, color: ColorChoice) -> anyhow::Result<Status> {
         }
     };
     if args.json {
-        let tools: Vec<Json> = entries.iter().map(|e| to_json(e, &servers)).collect();
+        let tools: Vec<Json> = entries
+            .iter()
+            .map(|e| to_json(e, &servers, known.get(&e.name)))
+            .collect();
         output::stdout_json(&tools);
-        return Ok(Status::Success);
+        return Ok(status);
     }
     let mut text = String::new();
     let (builtins, declared): (Vec<_>, Vec<_>) = entries.iter().partition(|e| !e.declared());
@@ -85,13 +118,65 @@ pub fn tools(args: &ToolsArgs, color: ColorChoice) -> anyhow::Result<Status> {
             for entry in declared {
                 describe(entry, &mut text);
                 if let Some(only) = servers.get(&entry.name) {
-                    let _ = writeln!(text, "  {}", server_tools(&entry.name, only.as_deref()));
+                    describe_server(
+                        &entry.name,
+                        only.as_deref(),
+                        known.get(&entry.name).unwrap_or(&Known::NotListed),
+                        file,
+                        &mut text,
+                    );
                 }
             }
         }
     }
     output::stdout(&output::printable(&text));
-    Ok(Status::Success)
+    Ok(status)
+}
+
+/// An MCP server's tools: the table of those listed or kept, or why there is none.
+fn describe_server(
+    name: &str,
+    only: Option<&[String]>,
+    known: &Known,
+    file: &std::path::Path,
+    text: &mut String,
+) {
+    let again = format!("`archon tools {} --refresh`", file.display());
+    match known {
+        Known::Listed(tools) => {
+            let _ = writeln!(
+                text,
+                "  tools `{name}.<tool>` ({}, listed now):",
+                tools.len()
+            );
+            super::mcp::write_tools(tools, "    ", text);
+        }
+        Known::Kept(kept) => {
+            let _ = writeln!(
+                text,
+                "  tools `{name}.<tool>` ({}, as listed {}; {again} lists them again):",
+                kept.tools.len(),
+                cache::listed_when(kept.listed_at)
+            );
+            super::mcp::write_tools(&kept.tools, "    ", text);
+        }
+        Known::Failed(error) => {
+            let _ = writeln!(text, "  {}", server_tools(name, only));
+            let _ = writeln!(
+                text,
+                "  not listed: {}",
+                error.split_whitespace().collect::<Vec<_>>().join(" ")
+            );
+        }
+        Known::NotListed => {
+            let _ = writeln!(text, "  {}", server_tools(name, only));
+            let _ = writeln!(
+                text,
+                "  not listed yet: {again} (or `archon mcp list {}`) starts it and lists them",
+                file.display()
+            );
+        }
+    }
 }
 
 /// What a tool is, as a person reads it.
@@ -104,11 +189,6 @@ fn kind(entry: &RegistryEntry) -> &'static str {
         ToolRef::Workflow => "sub-workflow",
         ToolRef::Mcp => "mcp",
     }
-}
-
-/// Whether `archon run` can call it today.
-fn runnable(entry: &RegistryEntry) -> bool {
-    !matches!(entry.kind, ToolRef::Mcp)
 }
 
 /// What its calls may do.
@@ -126,7 +206,7 @@ fn safety(entry: &RegistryEntry) -> &'static str {
 fn server_tools(name: &str, only: Option<&[String]>) -> String {
     match only {
         Some(tools) => format!(
-            "tools `{name}.<tool>`, of these only: {} (the server describes their arguments when it starts)",
+            "tools `{name}.<tool>` matching {} (the server describes them when it starts)",
             tools
                 .iter()
                 .map(|t| format!("`{t}`"))
@@ -141,9 +221,6 @@ fn server_tools(name: &str, only: Option<&[String]>) -> String {
 
 fn describe(entry: &RegistryEntry, text: &mut String) {
     let _ = write!(text, "\n{}  {}, {}", entry.name, kind(entry), safety(entry));
-    if !runnable(entry) {
-        text.push_str(", not runnable yet");
-    }
     text.push('\n');
     if !entry.description.is_empty() {
         let _ = writeln!(text, "  {}", one_line(&entry.description));
@@ -263,7 +340,7 @@ fn one_line(text: &str) -> String {
     text.split_whitespace().collect::<Vec<_>>().join(" ")
 }
 
-fn to_json(entry: &RegistryEntry, servers: &Servers) -> Json {
+fn to_json(entry: &RegistryEntry, servers: &Servers, known: Option<&Known>) -> Json {
     let safety = match entry.safety {
         SafetyRule::ByMethod => json!("by_method"),
         SafetyRule::Fixed(s) => json!({ "read_only": s.read_only, "sensitive": s.sensitive }),
@@ -271,7 +348,8 @@ fn to_json(entry: &RegistryEntry, servers: &Servers) -> Json {
     let mut tool = json!({
         "name": entry.name,
         "kind": kind(entry),
-        "runnable": runnable(entry),
+        // Kept for scripts written when MCP servers could not run: every tool runs now.
+        "runnable": true,
         "description": entry.description,
         "safety": safety,
         "parameters": entry.parameters,
@@ -279,6 +357,15 @@ fn to_json(entry: &RegistryEntry, servers: &Servers) -> Json {
     if let Some(only) = servers.get(&entry.name) {
         // The server's tools are known once it runs; the spec may name the only ones it exposes.
         tool["server_tools"] = json!(only);
+        let (tools, listed_at, error) = match known {
+            Some(Known::Listed(tools)) => (json!(tools), json!(null), json!(null)),
+            Some(Known::Kept(kept)) => (json!(kept.tools), json!(kept.listed_at), json!(null)),
+            Some(Known::Failed(e)) => (json!(null), json!(null), json!(e)),
+            Some(Known::NotListed) | None => (json!(null), json!(null), json!(null)),
+        };
+        tool["tools"] = tools;
+        tool["listed_at"] = listed_at;
+        tool["error"] = error;
     }
     tool
 }

@@ -551,20 +551,10 @@ impl Checker<'_> {
             .with_hint_opt(suggest::did_you_mean(tool, names.iter().copied()))
             .with_hint(format!(
                 "checked against the tools it listed {}; run `archon mcp list {}` again if it changed",
-                listed_when(listed.listed_at),
+                crate::tools::mcp::cache::listed_when(listed.listed_at),
                 self.file.path.display()
             )),
         );
-    }
-}
-
-/// When a tool list was kept, as a person reads it: "on 2026-11-26 at 18:30 UTC".
-fn listed_when(ms: u64) -> String {
-    let at = std::time::UNIX_EPOCH + std::time::Duration::from_millis(ms);
-    let text = humantime::format_rfc3339_seconds(at).to_string();
-    match text.split_once('T') {
-        Some((day, time)) => format!("on {day} at {} UTC", &time[..5.min(time.len())]),
-        None => text,
     }
 }
 

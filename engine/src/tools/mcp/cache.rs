@@ -104,6 +104,16 @@ pub fn write(
     Ok(path)
 }
 
+/// When a list was kept, as a person reads it: "on 2026-11-26 at 18:30 UTC".
+pub fn listed_when(ms: u64) -> String {
+    let at = std::time::UNIX_EPOCH + std::time::Duration::from_millis(ms);
+    let text = humantime::format_rfc3339_seconds(at).to_string();
+    match text.split_once('T') {
+        Some((day, time)) => format!("on {day} at {} UTC", time.get(..5).unwrap_or(time)),
+        None => text,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -116,6 +126,11 @@ mod tests {
             output_schema: None,
             annotations: Some(serde_json::json!({"readOnlyHint": true})),
         }
+    }
+
+    #[test]
+    fn a_listing_time_reads_as_a_day_and_a_minute() {
+        assert_eq!(listed_when(1_764_180_000_000), "on 2025-11-26 at 18:00 UTC");
     }
 
     #[test]
