@@ -250,3 +250,24 @@ fn after_a_crash_an_mcp_call_is_in_doubt_unless_its_server_is_idempotent() {
         "only the call of the server that is not idempotent is in doubt: {stderr}"
     );
 }
+
+#[test]
+fn a_steps_timeout_cancels_its_mcp_call_on_the_server() {
+    let dir = TempDir::new().expect("tempdir");
+    let steps = "steps:\n  - { id: wait, tool: fx.slow, with: { ticks: 0, interval_ms: 0, answer: false }, timeout: 1s, on_error: continue }\n  - { id: after, needs: [wait], if: \"true\", tool: fx.echo, with: { message: next } }\n";
+    write(dir.path(), &spec(&["--log", "calls.log"], steps));
+    let Output {
+        code,
+        stdout,
+        stderr,
+    } = archon(dir.path(), &["run", "m.yaml", "--no-input", "--json"]);
+    assert_eq!(code, 0, "{stderr}");
+    let report = report(&stdout);
+    assert_eq!(report["steps"]["wait"]["status"], "timed_out");
+    assert_eq!(report["steps"]["after"]["output"], "next");
+    assert_eq!(
+        std::fs::read_to_string(dir.path().join("calls.log")).expect("the server logged"),
+        "call slow\nstarted slow\ncancelled slow\ncall echo\n",
+        "the server hears of the cancellation as soon as the step times out"
+    );
+}

@@ -353,23 +353,26 @@ impl Connection {
             Ok(handle) => handle,
             Err(error) => return Err(self.failure("tools/call", error, None).await),
         };
-        let peer = handle.peer.clone();
-        let id = handle.id.clone();
+        // Armed while the answer is awaited: a caller that stops waiting (a step's timeout drops the
+        // call) tells the server too.
+        let mut abandoned = Abandoned {
+            peer: Some(handle.peer.clone()),
+            id: handle.id.clone(),
+        };
         let response = tokio::select! {
             response = handle.await_response() => response,
             () = cancel.cancelled() => {
-                let notification = CancelledNotification::new(CancelledNotificationParam::new(
-                    Some(id),
-                    Some("cancelled".to_owned()),
-                ));
-                let _ = tokio::time::timeout(
-                    CLOSE_GRACE,
-                    peer.send_notification(ClientNotification::CancelledNotification(notification)),
-                )
-                .await;
+                if let Some(peer) = abandoned.peer.take() {
+                    let _ = tokio::time::timeout(
+                        CLOSE_GRACE,
+                        peer.send_notification(cancelled(abandoned.id.clone())),
+                    )
+                    .await;
+                }
                 return Err(Failure::Call(ToolError::new("cancelled")));
             }
         };
+        abandoned.peer = None;
         match response {
             Ok(ServerResult::CallToolResult(result)) => Ok(result),
             Ok(_) => Err(Failure::Call(ToolError::new(format!(
@@ -758,5 +761,33 @@ mod tests {
         let (out, overflow) = read_all(input.clone()).await;
         assert!(!overflow);
         assert_eq!(out.len(), input.len());
+    }
+}
+
+/// `notifications/cancelled` for request `id`.
+fn cancelled(id: rmcp::model::RequestId) -> ClientNotification {
+    ClientNotification::CancelledNotification(CancelledNotification::new(
+        CancelledNotificationParam::new(Some(id), Some("cancelled".to_owned())),
+    ))
+}
+
+/// A call whose answer is still awaited: dropped before it is disarmed (its caller stopped waiting), it
+/// sends the server `notifications/cancelled` for the request, from a task of its own.
+struct Abandoned {
+    peer: Option<rmcp::Peer<RoleClient>>,
+    id: rmcp::model::RequestId,
+}
+
+impl Drop for Abandoned {
+    fn drop(&mut self) {
+        if let Some(peer) = self.peer.take()
+            && let Ok(runtime) = tokio::runtime::Handle::try_current()
+        {
+            let notification = cancelled(self.id.clone());
+            runtime.spawn(async move {
+                let _ =
+                    tokio::time::timeout(CLOSE_GRACE, peer.send_notification(notification)).await;
+            });
+        }
     }
 }
