@@ -76,9 +76,8 @@ impl Walk {
                         self.sub_workflow(workflow, &path.value, step);
                     }
                 }
-                Some(ToolRef::Mcp) => refuse(format!(
-                    "`{name}` is an MCP server, not a tool: call one of its tools as `{name}.<tool>`"
-                )),
+                // An MCP server called as a tool: `validate` refuses it.
+                Some(ToolRef::Mcp) => {}
                 None => refuse(format!("tool `{name}` cannot run yet")),
             }
             return;

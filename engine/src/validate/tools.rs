@@ -266,6 +266,16 @@ impl Checker<'_> {
         let name = tool.value.as_str();
         let tools = self.tools;
         let schema: Option<Cow<'_, Json>> = if let Some(entry) = tools.get(name) {
+            if self.spec.tools.get(name).is_some_and(|d| d.mcp.is_some()) {
+                self.push(
+                    Diagnostic::error(
+                        codes::UNKNOWN_TOOL,
+                        tool.span,
+                        format!("`{name}` is an MCP server, not a tool"),
+                    )
+                    .with_hint(format!("call one of its tools as `{name}.<tool>`")),
+                );
+            }
             (!matches!(entry.kind, ToolRef::Mcp)).then_some(Cow::Borrowed(&entry.parameters))
         } else if let Some((server, tool_name, def)) = name
             .split_once('.')
