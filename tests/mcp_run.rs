@@ -216,7 +216,7 @@ fn after_a_crash_an_mcp_call_is_in_doubt_unless_its_server_is_idempotent() {
     let dir = TempDir::new().expect("tempdir");
     let fixture = format!("{:?}", mcp_fixture().display().to_string());
     let text = format!(
-        "name: m\ntools:\n  fx:\n    mcp: {{ command: [{fixture}] }}\n  fy:\n    mcp: {{ command: [{fixture}] }}\n    idempotent: true\nsteps:\n  - {{ id: effect, tool: fx.slow, with: {{ ticks: 0, interval_ms: 0, answer: false }} }}\n  - {{ id: lookup, tool: fy.slow, with: {{ ticks: 0, interval_ms: 0, answer: false }} }}\n"
+        "name: m\ntools:\n  fx:\n    mcp: {{ command: [{fixture}, --grandchild, child.pid] }}\n  fy:\n    mcp: {{ command: [{fixture}] }}\n    idempotent: true\nsteps:\n  - {{ id: effect, tool: fx.slow, with: {{ ticks: 0, interval_ms: 0, answer: false }} }}\n  - {{ id: lookup, tool: fy.slow, with: {{ ticks: 0, interval_ms: 0, answer: false }} }}\n"
     );
     write(dir.path(), &text);
     let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_archon"))
@@ -249,6 +249,16 @@ fn after_a_crash_an_mcp_call_is_in_doubt_unless_its_server_is_idempotent() {
         stderr.contains("`effect`") && !stderr.contains("`lookup`"),
         "only the call of the server that is not idempotent is in doubt: {stderr}"
     );
+    // The server's process group is recorded for the step whose call started it: what outlived the
+    // crash (the server's child) is known, and a resume that reruns the step stops it first.
+    let child = std::fs::read_to_string(dir.path().join("child.pid")).expect("a child");
+    assert!(
+        stderr.contains("`effect` (its command is still running: process group `"),
+        "{stderr}"
+    );
+    let _ = std::process::Command::new("kill")
+        .args(["-KILL", child.trim()])
+        .status();
 }
 
 #[test]

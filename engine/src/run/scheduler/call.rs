@@ -98,7 +98,7 @@ pub(super) async fn call_tool(
     llm_chosen: bool,
 ) -> Result<Called, Failure> {
     if let Some((server, tool)) = shared.workflow.tools.mcp_server_of(name) {
-        return super::mcp::call(shared, &server.name, tool, args).await;
+        return super::mcp::call(shared, label, &server.name, tool, args).await;
     }
     let Some(entry) = shared.workflow.tools.get(name) else {
         return Err(CallError::UnknownTool(name.to_owned()).into());

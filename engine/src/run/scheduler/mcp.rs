@@ -12,6 +12,25 @@ use tokio::sync::Mutex as AsyncMutex;
 use super::context::{Called, Failure, Shared, tool_failure};
 use crate::tools::mcp::{McpTool, ServerConfig, Servers};
 
+tokio::task_local! {
+    /// The step (as the journal knows it) whose call is starting an MCP server, if any: the server's
+    /// process group is recorded for it, so that a resume after a crash stops a server that outlived it.
+    static STARTING_FOR: String;
+}
+
+/// Records the process group of an MCP server a step's call started, for the step (see [`STARTING_FOR`]).
+pub(super) fn spawned(journal: &Arc<dyn crate::store::Journal>, pgid: u32) {
+    if let Ok(step) = STARTING_FOR.try_with(Clone::clone) {
+        journal.record(crate::store::Entry::ProcessStarted {
+            step,
+            pgid,
+            started: crate::process::process_start_time(pgid),
+        });
+        // Committed at once, without waiting for it: the server is already running.
+        drop(journal.flush());
+    }
+}
+
 /// The MCP servers of one run.
 pub(crate) struct McpRun {
     pub servers: Servers,
@@ -68,28 +87,36 @@ async fn config(shared: &Shared, server: &str) -> Result<Arc<ServerConfig>, Fail
 }
 
 /// The tools of MCP server `server` (after its `tools` filter), starting it if it is not running.
-pub(super) async fn tools(shared: &Shared, server: &str) -> Result<Arc<[McpTool]>, Failure> {
+pub(super) async fn tools(
+    shared: &Shared,
+    label: &str,
+    server: &str,
+) -> Result<Arc<[McpTool]>, Failure> {
     let config = config(shared, server).await?;
-    shared
-        .mcp
-        .servers
-        .tools(&config)
+    let listing = shared.mcp.servers.tools(&config);
+    STARTING_FOR
+        .scope(step_of(label), listing)
         .await
         .map_err(tool_failure)
+}
+
+/// The run's own step that makes a call labelled `label` (`outer` of `outer/inner`).
+fn step_of(label: &str) -> String {
+    label.split('/').next().unwrap_or(label).to_owned()
 }
 
 /// Calls tool `tool` of MCP server `server` with rendered arguments.
 pub(super) async fn call(
     shared: &Shared,
+    label: &str,
     server: &str,
     tool: &str,
     args: Json,
 ) -> Result<Called, Failure> {
     let config = config(shared, server).await?;
-    shared
-        .mcp
-        .servers
-        .call(&config, tool, args, None, &shared.options.cancel)
+    let call = (shared.mcp.servers).call(&config, tool, args, None, &shared.options.cancel);
+    STARTING_FOR
+        .scope(step_of(label), call)
         .await
         .map(Called::from)
         .map_err(tool_failure)

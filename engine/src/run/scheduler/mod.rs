@@ -208,7 +208,10 @@ fn run_workflow(
                 withheld: withheld.clone(),
                 network: workflow.network.clone(),
                 redactor: redactor.clone(),
-                on_spawn: Arc::new(|_| {}),
+                on_spawn: {
+                    let journal = options.journal.clone();
+                    Arc::new(move |pgid| mcp::spawned(&journal, pgid))
+                },
             }))
         });
         let shared = Arc::new(Shared {

@@ -85,7 +85,7 @@ async fn plan_and_run(
     };
     // The MCP tools the plan may use (servers its globs reach start here): listed with the others.
     let patterns: Vec<&Pattern> = policy.tools.iter().collect();
-    let mcp_tools = agent::mcp_tools(shared, &patterns).await?;
+    let mcp_tools = agent::mcp_tools(shared, label, &patterns).await?;
     let text = instructions(shared, &policy, ctx, mcp_tools);
     let system = prompt::with_instructions(shared, agent, ctx, text).await?;
     let mut user = format!("Goal: {goal}");

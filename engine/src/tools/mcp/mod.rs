@@ -139,8 +139,9 @@ pub struct McpTool {
 /// What a run's [`Servers`] need to know about the run.
 #[derive(Clone)]
 pub struct ServersOptions {
-    /// Told the process group of every server process started, as soon as it starts (the run records
-    /// it, so that a resume after a crash can stop leftovers).
+    /// Told the process group of every server process started, as soon as it starts, on the task that
+    /// started it (a run records it for the step whose call started the server, so that a resume after a
+    /// crash stops a server that outlived it when that step is in doubt).
     pub on_spawn: Arc<dyn Fn(u32) + Send + Sync>,
     /// Variables a server process does not inherit from archon's environment (the declared secrets:
     /// they reach a server only through its `env`).

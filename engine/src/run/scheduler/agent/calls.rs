@@ -105,6 +105,7 @@ pub(in crate::run::scheduler) fn offered_tools(
 /// globs may reach is started (if it is not running) and listed.
 pub(in crate::run::scheduler) async fn mcp_tools(
     shared: &Shared,
+    label: &str,
     patterns: &[&Pattern],
 ) -> Result<Vec<ToolSpec>, crate::run::scheduler::context::Failure> {
     let mut offered = Vec::new();
@@ -115,7 +116,7 @@ pub(in crate::run::scheduler) async fn mcp_tools(
         {
             continue;
         }
-        let listed = crate::run::scheduler::mcp::tools(shared, server).await?;
+        let listed = crate::run::scheduler::mcp::tools(shared, label, server).await?;
         for tool in listed.iter() {
             let name = format!("{server}.{}", tool.name);
             if patterns.iter().any(|p| p.matches(&name)) {

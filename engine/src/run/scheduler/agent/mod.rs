@@ -97,7 +97,7 @@ pub(super) async fn run(
     // The registry's tools and the MCP servers' (each server the globs reach starts here), under the
     // names models accept; `real` maps a changed name back.
     let mut tools = offered_tools(&shared.workflow.tools, &patterns);
-    tools.extend(mcp_tools(shared, &patterns).await?);
+    tools.extend(mcp_tools(shared, label, &patterns).await?);
     let (tools, real) = calls::as_offered(tools).map_err(Failure::fixed)?;
     let real_name =
         |name: &str| -> String { real.get(name).cloned().unwrap_or_else(|| name.to_owned()) };
