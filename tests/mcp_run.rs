@@ -226,12 +226,17 @@ fn after_a_crash_an_mcp_call_is_in_doubt_unless_its_server_is_idempotent() {
         .stderr(std::process::Stdio::null())
         .spawn()
         .expect("archon starts");
-    // Both calls are under way once both attempts are recorded (an attempt is durable before its call).
+    // Both calls are under way once both attempts are recorded (an attempt is durable before its call),
+    // and `effect`'s server is running once its process group is recorded for it.
     let started = std::time::Instant::now();
     let id = loop {
         let Output { stdout, .. } = archon(dir.path(), &["show", "--last", "--json"]);
         if let Ok(run) = serde_json::from_str::<Json>(&stdout)
-            && run["attempts"].as_array().is_some_and(|a| a.len() == 2)
+            && let Some(attempts) = run["attempts"].as_array()
+            && attempts.len() == 2
+            && attempts
+                .iter()
+                .any(|a| a["step"] == "effect" && !a["pgid"].is_null())
         {
             break run["id"].as_str().expect("id").to_owned();
         }

@@ -60,10 +60,35 @@ pub fn process_start_time(pid: u32) -> Option<u64> {
     rest.split_whitespace().nth(19)?.parse().ok()
 }
 
-/// Whether the process group a crashed attempt started still has its leader running: the same process,
-/// not a later one with the same id.
+/// Whether the process group a crashed attempt started still runs something: its leader (the same
+/// process, not a later one with the same id), or, once the leader has exited, a process it left in the
+/// group (a server's child that outlived it), started no earlier than the leader.
 pub fn leftover_group(pgid: u32, started: Option<u64>) -> bool {
-    started.is_some() && process_start_time(pgid) == started && !zombie(pgid)
+    let Some(started) = started else {
+        return false;
+    };
+    match process_start_time(pgid) {
+        // A process has the leader's id: the group is ours only if it is the same process.
+        Some(leader) if !zombie(pgid) => leader == started,
+        _ => group_members(pgid).any(|(pid, start)| start >= started && !zombie(pid)),
+    }
+}
+
+/// The processes of group `pgid`, with their start times, as `/proc` lists them.
+fn group_members(pgid: u32) -> impl Iterator<Item = (u32, u64)> {
+    std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .filter_map(|entry| entry.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter_map(move |pid| {
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+            let (_, rest) = stat.rsplit_once(')')?;
+            let fields: Vec<&str> = rest.split_whitespace().collect();
+            // After the name: state, ppid, pgrp, ..., start time (the 20th after the name).
+            let group: u32 = fields.get(2)?.parse().ok()?;
+            let start: u64 = fields.get(19)?.parse().ok()?;
+            (group == pgid).then_some((pid, start))
+        })
 }
 
 /// Whether process `pid` has exited and waits only to be reaped (an orphan whose new parent does not reap
