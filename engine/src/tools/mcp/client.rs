@@ -725,6 +725,34 @@ fn check_url(url: &reqwest::Url, policy: &NetworkPolicy) -> Result<(), String> {
     }
 }
 
+/// `notifications/cancelled` for request `id`.
+fn cancelled(id: rmcp::model::RequestId) -> ClientNotification {
+    ClientNotification::CancelledNotification(CancelledNotification::new(
+        CancelledNotificationParam::new(Some(id), Some("cancelled".to_owned())),
+    ))
+}
+
+/// A call whose answer is still awaited: dropped before it is disarmed (its caller stopped waiting), it
+/// sends the server `notifications/cancelled` for the request, from a task of its own.
+struct Abandoned {
+    peer: Option<rmcp::Peer<RoleClient>>,
+    id: rmcp::model::RequestId,
+}
+
+impl Drop for Abandoned {
+    fn drop(&mut self) {
+        if let Some(peer) = self.peer.take()
+            && let Ok(runtime) = tokio::runtime::Handle::try_current()
+        {
+            let notification = cancelled(self.id.clone());
+            runtime.spawn(async move {
+                let _ =
+                    tokio::time::timeout(CLOSE_GRACE, peer.send_notification(notification)).await;
+            });
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -761,33 +789,5 @@ mod tests {
         let (out, overflow) = read_all(input.clone()).await;
         assert!(!overflow);
         assert_eq!(out.len(), input.len());
-    }
-}
-
-/// `notifications/cancelled` for request `id`.
-fn cancelled(id: rmcp::model::RequestId) -> ClientNotification {
-    ClientNotification::CancelledNotification(CancelledNotification::new(
-        CancelledNotificationParam::new(Some(id), Some("cancelled".to_owned())),
-    ))
-}
-
-/// A call whose answer is still awaited: dropped before it is disarmed (its caller stopped waiting), it
-/// sends the server `notifications/cancelled` for the request, from a task of its own.
-struct Abandoned {
-    peer: Option<rmcp::Peer<RoleClient>>,
-    id: rmcp::model::RequestId,
-}
-
-impl Drop for Abandoned {
-    fn drop(&mut self) {
-        if let Some(peer) = self.peer.take()
-            && let Ok(runtime) = tokio::runtime::Handle::try_current()
-        {
-            let notification = cancelled(self.id.clone());
-            runtime.spawn(async move {
-                let _ =
-                    tokio::time::timeout(CLOSE_GRACE, peer.send_notification(notification)).await;
-            });
-        }
     }
 }
