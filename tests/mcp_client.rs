@@ -16,6 +16,16 @@ use tokio_util::sync::CancellationToken;
 
 use crate::support::{mcp_fixture as fixture, npm_bin, root};
 
+/// One call of `tool` with no limit of the caller's and nothing cancelling it.
+async fn call(
+    servers: &Servers,
+    config: &ServerConfig,
+    tool: &str,
+    args: serde_json::Value,
+) -> Result<archon_engine::tools::ToolOutput, archon_engine::tools::ToolError> {
+    servers.call(config, tool, args, None, &never()).await
+}
+
 fn limits() -> Limits {
     Limits {
         startup_timeout: Duration::from_secs(20),
@@ -118,14 +128,12 @@ async fn mcp_client_lists_tools_through_the_filter() {
 async fn mcp_client_calls_tools() {
     let (servers, _) = pool();
     let config = server(&[]);
-    let echo = servers
-        .call(&config, "echo", json!({ "message": "hi" }), None, &never())
+    let echo = call(&servers, &config, "echo", json!({ "message": "hi" }))
         .await
         .expect("echo");
     assert_eq!(echo.output, json!("hi"));
     assert_eq!(echo.text, "hi");
-    let sum = servers
-        .call(&config, "sum", json!({ "a": 2, "b": 3 }), None, &never())
+    let sum = call(&servers, &config, "sum", json!({ "a": 2, "b": 3 }))
         .await
         .expect("sum");
     assert_eq!(sum.output, json!({ "sum": 5.0 }));
@@ -149,14 +157,7 @@ async fn mcp_client_lists_again_after_list_changed() {
     let (servers, _) = pool();
     let config = server(&[]);
     assert_eq!(servers.tools(&config).await.expect("tools").len(), 7);
-    let added = servers
-        .call(
-            &config,
-            "add_tool",
-            json!({ "name": "fresh" }),
-            None,
-            &never(),
-        )
+    let added = call(&servers, &config, "add_tool", json!({ "name": "fresh" }))
         .await
         .expect("add_tool");
     assert_eq!(added.text, "added fresh");
@@ -174,9 +175,7 @@ async fn mcp_client_lists_again_after_list_changed() {
         );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    let fresh = servers
-        .call(&config, "fresh", json!({}), None, &never())
-        .await;
+    let fresh = call(&servers, &config, "fresh", json!({})).await;
     assert_eq!(
         fresh.expect_err("the fixture has no body for it").message,
         "MCP server `fx` refused `tools/call`: no tool `fresh`"
@@ -188,8 +187,7 @@ async fn mcp_client_lists_again_after_list_changed() {
 async fn mcp_client_reports_a_crash_mid_call_and_restarts_the_server() {
     let (servers, spawned) = pool();
     let config = server(&[]);
-    let error = servers
-        .call(&config, "crash", json!({}), None, &never())
+    let error = call(&servers, &config, "crash", json!({}))
         .await
         .expect_err("it crashes");
     assert_eq!(
@@ -197,14 +195,7 @@ async fn mcp_client_reports_a_crash_mid_call_and_restarts_the_server() {
         "MCP server `fx` exited with status 3 during `tools/call`: crash: exiting mid-call as asked\nit is restarted on its next use (3 of 3 restarts left)"
     );
     assert_eq!(error.class, ErrorClass::Connect);
-    let echo = servers
-        .call(
-            &config,
-            "echo",
-            json!({ "message": "back" }),
-            None,
-            &never(),
-        )
+    let echo = call(&servers, &config, "echo", json!({ "message": "back" }))
         .await
         .expect("restarted");
     assert_eq!(echo.text, "back");
@@ -218,8 +209,7 @@ async fn mcp_client_reports_a_crash_while_a_grandchild_holds_its_pipes() {
     let grandchild = dir.path().join("grandchild");
     let (servers, _) = pool();
     let config = server(&["--grandchild", &grandchild.display().to_string()]);
-    let error = servers
-        .call(&config, "crash", json!({}), None, &never())
+    let error = call(&servers, &config, "crash", json!({}))
         .await
         .expect_err("it crashes");
     assert_eq!(
@@ -235,12 +225,10 @@ async fn mcp_client_stops_restarting_after_the_limit() {
     let (servers, spawned) = pool();
     let mut config = server(&[]);
     config.limits.restarts = 1;
-    servers
-        .call(&config, "crash", json!({}), None, &never())
+    call(&servers, &config, "crash", json!({}))
         .await
         .expect_err("first crash");
-    let error = servers
-        .call(&config, "crash", json!({}), None, &never())
+    let error = call(&servers, &config, "crash", json!({}))
         .await
         .expect_err("second crash");
     assert_eq!(
@@ -248,8 +236,7 @@ async fn mcp_client_stops_restarting_after_the_limit() {
         "MCP server `fx` exited with status 3 during `tools/call`: crash: exiting mid-call as asked\nit is not started again: it was started 2 times in this run (`restarts: 1`)"
     );
     let started = Instant::now();
-    let error = servers
-        .call(&config, "echo", json!({ "message": "x" }), None, &never())
+    let error = call(&servers, &config, "echo", json!({ "message": "x" }))
         .await
         .expect_err("no more restarts");
     assert_eq!(
@@ -298,8 +285,7 @@ async fn mcp_client_times_out_a_silent_call_and_cancels_it() {
     let mut config = server(&["--log", &log.display().to_string()]);
     config.limits.call_timeout = Duration::from_millis(300);
     let started = Instant::now();
-    let error = servers
-        .call(&config, "slow", json!({ "answer": false }), None, &never())
+    let error = call(&servers, &config, "slow", json!({ "answer": false }))
         .await
         .expect_err("it never answers");
     assert_eq!(
@@ -313,14 +299,7 @@ async fn mcp_client_times_out_a_silent_call_and_cancels_it() {
     })
     .await;
     // The server is still usable.
-    let echo = servers
-        .call(
-            &config,
-            "echo",
-            json!({ "message": "still" }),
-            None,
-            &never(),
-        )
+    let echo = call(&servers, &config, "echo", json!({ "message": "still" }))
         .await
         .expect("echo");
     assert_eq!(echo.text, "still");
@@ -333,16 +312,14 @@ async fn mcp_client_lets_progress_extend_the_timeout() {
     let mut config = server(&[]);
     config.limits.call_timeout = Duration::from_millis(400);
     let started = Instant::now();
-    let done = servers
-        .call(
-            &config,
-            "slow",
-            json!({ "ticks": 8, "interval_ms": 100 }),
-            None,
-            &never(),
-        )
-        .await
-        .expect("progress keeps it alive");
+    let done = call(
+        &servers,
+        &config,
+        "slow",
+        json!({ "ticks": 8, "interval_ms": 100 }),
+    )
+    .await
+    .expect("progress keeps it alive");
     assert_eq!(done.text, "done after 8 ticks");
     assert!(started.elapsed() >= Duration::from_millis(800));
     servers.shutdown().await;
@@ -354,16 +331,14 @@ async fn mcp_client_ends_a_call_at_max_call_timeout_despite_progress() {
     let mut config = server(&[]);
     config.limits.call_timeout = Duration::from_millis(300);
     config.limits.max_call_timeout = Duration::from_millis(700);
-    let error = servers
-        .call(
-            &config,
-            "slow",
-            json!({ "ticks": 1000, "interval_ms": 50 }),
-            None,
-            &never(),
-        )
-        .await
-        .expect_err("too long in all");
+    let error = call(
+        &servers,
+        &config,
+        "slow",
+        json!({ "ticks": 1000, "interval_ms": 50 }),
+    )
+    .await
+    .expect_err("too long in all");
     assert_eq!(
         error.message,
         "`fx.slow` timed out after 700ms (`max_call_timeout`)"
@@ -415,8 +390,7 @@ async fn mcp_client_cancels_a_call() {
 async fn mcp_client_caps_a_50_mb_result() {
     let (servers, _) = pool();
     let config = server(&[]);
-    let big = servers
-        .call(&config, "big", json!({ "mb": 50 }), None, &never())
+    let big = call(&servers, &config, "big", json!({ "mb": 50 }))
         .await
         .expect("big");
     let cap = archon_engine::tools::builtin::MAX_CAPTURE_BYTES;
@@ -434,16 +408,14 @@ async fn mcp_client_caps_a_50_mb_result() {
 async fn mcp_client_refuses_a_message_over_the_bound_and_restarts() {
     let (servers, spawned) = pool();
     let config = server(&[]);
-    let error = servers
-        .call(&config, "big", json!({ "mb": 65 }), None, &never())
+    let error = call(&servers, &config, "big", json!({ "mb": 65 }))
         .await
         .expect_err("too large");
     assert_eq!(
         error.message,
         "MCP server `fx` sent a message larger than 64 MiB during `tools/call`\nit is restarted on its next use (3 of 3 restarts left)"
     );
-    let echo = servers
-        .call(&config, "echo", json!({ "message": "ok" }), None, &never())
+    let echo = call(&servers, &config, "echo", json!({ "message": "ok" }))
         .await
         .expect("restarted");
     assert_eq!(echo.text, "ok");
@@ -457,8 +429,7 @@ async fn mcp_client_refuses_invalid_arguments_before_sending() {
     let log = dir.path().join("log");
     let (servers, _) = pool();
     let config = server(&["--log", &log.display().to_string()]);
-    let error = servers
-        .call(&config, "sum", json!({ "a": "two" }), None, &never())
+    let error = call(&servers, &config, "sum", json!({ "a": "two" }))
         .await
         .expect_err("invalid");
     assert_eq!(
@@ -466,16 +437,14 @@ async fn mcp_client_refuses_invalid_arguments_before_sending() {
         r#"invalid arguments for `fx.sum`: at the arguments: "b" is a required property; at `/a`: value is not of type "number""#
     );
     assert_eq!(error.class, ErrorClass::Permanent);
-    let error = servers
-        .call(&config, "sum", json!([1, 2]), None, &never())
+    let error = call(&servers, &config, "sum", json!([1, 2]))
         .await
         .expect_err("not an object");
     assert_eq!(
         error.message,
         "invalid arguments for `fx.sum`: an object is expected, not an array"
     );
-    let error = servers
-        .call(&config, "ecko", json!({}), None, &never())
+    let error = call(&servers, &config, "ecko", json!({}))
         .await
         .expect_err("unknown");
     assert_eq!(
@@ -484,8 +453,7 @@ async fn mcp_client_refuses_invalid_arguments_before_sending() {
     );
     assert_eq!(error.class, ErrorClass::Permanent);
     // Nothing reached the server.
-    servers
-        .call(&config, "echo", json!({ "message": "x" }), None, &never())
+    call(&servers, &config, "echo", json!({ "message": "x" }))
         .await
         .expect("echo");
     assert_eq!(read(&log), "call echo\n");
@@ -504,14 +472,12 @@ async fn mcp_client_withholds_secrets_and_masks_them() {
     if let Transport::Stdio { env, .. } = &mut config.transport {
         env.push(("TOKEN".to_owned(), "s3cret-value-1234".to_owned()));
     }
-    let token = servers
-        .call(&config, "env", json!({ "name": "TOKEN" }), None, &never())
+    let token = call(&servers, &config, "env", json!({ "name": "TOKEN" }))
         .await
         .expect("env");
     assert_eq!(token.text, "***");
     assert_eq!(token.output, json!("***"));
-    let home = servers
-        .call(&config, "env", json!({ "name": "HOME" }), None, &never())
+    let home = call(&servers, &config, "env", json!({ "name": "HOME" }))
         .await
         .expect("env");
     assert_eq!(home.text, "");

@@ -24,6 +24,11 @@ fn write(dir: &Path, text: &str) {
     std::fs::write(dir.join("m.yaml"), text).expect("write");
 }
 
+/// `archon run m.yaml --no-input --json` in `dir`.
+fn run(dir: &Path) -> Output {
+    archon(dir, &["run", "m.yaml", "--no-input", "--json"])
+}
+
 fn report(stdout: &str) -> Json {
     serde_json::from_str(stdout).unwrap_or_else(|e| panic!("a report: {e}\n{stdout}"))
 }
@@ -70,7 +75,7 @@ fn steps_call_mcp_tools_and_the_server_and_its_children_stop_with_the_run() {
         code,
         stdout,
         stderr,
-    } = archon(dir.path(), &["run", "m.yaml", "--no-input", "--json"]);
+    } = run(dir.path());
     assert_eq!(code, 0, "{stderr}");
     let report = report(&stdout);
     assert_eq!(report["outputs"]["echo"], "hello");
@@ -90,7 +95,7 @@ fn an_agent_chooses_an_mcp_tool_under_a_name_models_accept_and_waits_for_approva
         code,
         stdout,
         stderr,
-    } = archon(dir.path(), &["run", "m.yaml", "--no-input", "--json"]);
+    } = run(dir.path());
     assert_eq!(code, 3, "an MCP tool is sensitive: {stderr}");
     let id = report(&stdout)["run_id"].as_str().expect("id").to_owned();
     let Output { code, stderr, .. } = archon(dir.path(), &["approve", &id, "--step", "ask"]);
@@ -154,7 +159,7 @@ fn two_tools_under_one_model_name_fail_the_step_naming_both() {
         code,
         stdout,
         stderr,
-    } = archon(dir.path(), &["run", "m.yaml", "--no-input", "--json"]);
+    } = run(dir.path());
     assert_eq!(code, 1, "{stderr}");
     assert_eq!(
         report(&stdout)["steps"]["ask"]["error"],
@@ -171,7 +176,7 @@ fn rules_match_mcp_tools_by_glob() {
         code,
         stdout,
         stderr,
-    } = archon(dir.path(), &["run", "m.yaml", "--no-input", "--json"]);
+    } = run(dir.path());
     assert_eq!(code, 1, "{stderr}");
     let error = report(&stdout)["steps"]["echo"]["error"].clone();
     assert!(
@@ -275,7 +280,7 @@ fn a_steps_timeout_cancels_its_mcp_call_on_the_server() {
         code,
         stdout,
         stderr,
-    } = archon(dir.path(), &["run", "m.yaml", "--no-input", "--json"]);
+    } = run(dir.path());
     assert_eq!(code, 0, "{stderr}");
     let report = report(&stdout);
     assert_eq!(report["steps"]["wait"]["status"], "timed_out");

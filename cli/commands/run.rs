@@ -259,20 +259,7 @@ pub fn execute(
     // resumable, rather than archon dying at once with its children still running. The signals are
     // watched on a thread of their own, so that the run is stopped at once even while its own thread is
     // busy: no step or command starts after Ctrl-C.
-    let mut signals = signal_hook::iterator::Signals::new([
-        signal_hook::consts::SIGINT,
-        signal_hook::consts::SIGTERM,
-        signal_hook::consts::SIGHUP,
-    ])?;
-    let signal_handle = signals.handle();
-    let watcher = cancel.clone();
-    std::thread::Builder::new()
-        .name("archon-signals".to_owned())
-        .spawn(move || {
-            for _ in signals.forever() {
-                watcher.cancel();
-            }
-        })?;
+    let signal_handle = cancel_on_signals(cancel.clone())?;
     let outcome = runtime.block_on(async move {
         // Events that arrived together are written together: one write to standard error (and to the
         // events file) for all of them, rather than one per line, which cost a wide run of 10,000 steps
@@ -945,4 +932,25 @@ impl run::Approver for TerminalApprover {
             })
         })
     }
+}
+
+/// Cancels `token` on Ctrl-C, SIGTERM or SIGHUP, watched on a thread of its own so that it happens at once
+/// even while the caller's thread is busy; closing the returned handle stops watching.
+pub(super) fn cancel_on_signals(
+    token: CancellationToken,
+) -> std::io::Result<signal_hook::iterator::Handle> {
+    let mut signals = signal_hook::iterator::Signals::new([
+        signal_hook::consts::SIGINT,
+        signal_hook::consts::SIGTERM,
+        signal_hook::consts::SIGHUP,
+    ])?;
+    let handle = signals.handle();
+    std::thread::Builder::new()
+        .name("archon-signals".to_owned())
+        .spawn(move || {
+            for _ in signals.forever() {
+                token.cancel();
+            }
+        })?;
+    Ok(handle)
 }

@@ -1,13 +1,71 @@
 //! Which network destinations a workflow may reach: addresses that are not globally reachable (by the IANA
 //! special-purpose address registries) are refused unless the spec's `network.allow` lists them.
 //!
-//! Validation reads `network.allow` ranges with [`parse_range`]; the `http` tool asks a [`NetworkPolicy`]
-//! about every address it would connect to.
+//! Validation reads `network.allow` ranges with [`parse_range`]; the `http` tool and MCP servers over
+//! HTTP ask a [`NetworkPolicy`] about every address they would connect to ([`GuardedResolver`],
+//! [`check_url`]).
 
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
-use std::sync::OnceLock;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::sync::{Arc, OnceLock};
 
 use ipnet::IpNet;
+use reqwest::dns::{Addrs, Name, Resolve, Resolving};
+
+/// A DNS resolver for reqwest that drops the addresses the policy refuses, and refuses a name when none
+/// is left; `who` names the refusing tool in the error (`` `http` ``, `MCP`).
+#[derive(Debug)]
+pub struct GuardedResolver {
+    policy: Arc<NetworkPolicy>,
+    who: &'static str,
+}
+
+impl GuardedResolver {
+    pub fn new(policy: Arc<NetworkPolicy>, who: &'static str) -> Self {
+        GuardedResolver { policy, who }
+    }
+}
+
+impl Resolve for GuardedResolver {
+    fn resolve(&self, name: Name) -> Resolving {
+        let policy = self.policy.clone();
+        let who = self.who;
+        Box::pin(async move {
+            let host = name.as_str().to_owned();
+            let addrs: Vec<SocketAddr> =
+                tokio::net::lookup_host((host.as_str(), 0)).await?.collect();
+            if policy.host_allowed(&host) {
+                return Ok(Box::new(addrs.into_iter()) as Addrs);
+            }
+            let allowed: Vec<SocketAddr> = addrs
+                .iter()
+                .copied()
+                .filter(|a| policy.ip_allowed(a.ip()))
+                .collect();
+            if allowed.is_empty() {
+                return Err(format!("`{host}` resolves to an internal address, which {who} refuses unless `network.allow` lists it").into());
+            }
+            Ok(Box::new(allowed.into_iter()) as Addrs)
+        })
+    }
+}
+
+/// Refuses a URL whose host is an IP literal the policy does not allow (names are checked when
+/// resolved, by [`GuardedResolver`]); `who` names the refusing tool.
+pub fn check_url(url: &reqwest::Url, policy: &NetworkPolicy, who: &str) -> Result<(), String> {
+    let ip = match url.host() {
+        Some(url::Host::Ipv4(ip)) => IpAddr::V4(ip),
+        Some(url::Host::Ipv6(ip)) => IpAddr::V6(ip),
+        Some(url::Host::Domain(_)) => return Ok(()),
+        None => return Err(format!("`{url}` has no host")),
+    };
+    match policy.refusal(ip) {
+        Some(_) if policy.host_allowed(&ip.to_string()) => Ok(()),
+        Some(block) => Err(format!(
+            "`{ip}` is an internal address ({block}), which {who} refuses unless `network.allow` lists it"
+        )),
+        None => Ok(()),
+    }
+}
 
 /// Which destinations the workflow allows despite the default refusal.
 #[derive(Clone, Debug, Default)]

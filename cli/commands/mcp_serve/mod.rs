@@ -73,20 +73,7 @@ pub fn serve(args: &McpServeArgs) -> anyhow::Result<Status> {
         slots: Arc::new(tokio::sync::Semaphore::new(args.max_runs as usize)),
         helper: std::env::current_exe().ok(),
     });
-    let mut signals = signal_hook::iterator::Signals::new([
-        signal_hook::consts::SIGINT,
-        signal_hook::consts::SIGTERM,
-        signal_hook::consts::SIGHUP,
-    ])?;
-    let signal_handle = signals.handle();
-    let watcher = stopping.clone();
-    std::thread::Builder::new()
-        .name("archon-signals".to_owned())
-        .spawn(move || {
-            for _ in signals.forever() {
-                watcher.cancel();
-            }
-        })?;
+    let signal_handle = super::run::cancel_on_signals(stopping.clone())?;
     // One thread serves the protocol; each run has a thread of its own.
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()

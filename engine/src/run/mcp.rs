@@ -152,33 +152,20 @@ pub async fn list_servers(
     });
     let mut listed = Vec::new();
     for (name, def) in &workflow.mcp {
-        let tools = match &secrets {
-            Err(e) => Err(e.clone()),
-            Ok(_) => {
-                let mut rendered = Ok(Vec::new());
-                for t in templates(def) {
-                    match renderer.text(t, &ctx).await {
-                        Ok(text) => rendered.as_mut().map(|r| r.push(text)).unwrap_or_default(),
-                        Err(e) => {
-                            rendered = Err(e.message);
-                            break;
-                        }
-                    }
-                }
-                match rendered.and_then(|r| render_server(def, workdir, &env, r)) {
-                    Err(e) => Err(e),
-                    Ok(config) => servers
-                        .tools(&config)
-                        .await
-                        .map(|t| t.to_vec())
-                        .map_err(|e| e.message),
-                }
+        let tools = async {
+            secrets.as_ref().map_err(Clone::clone)?;
+            let mut rendered = Vec::new();
+            for t in templates(def) {
+                rendered.push(renderer.text(t, &ctx).await.map_err(|e| e.message)?);
             }
+            let config = render_server(def, workdir, &env, rendered)?;
+            let tools = servers.tools(&config).await.map_err(|e| e.message)?;
+            Ok::<_, String>(tools.to_vec())
         };
         listed.push(Listed {
             server: name.clone(),
             def: def.clone(),
-            tools: tools.map_err(|e| redactor.text(&e).into_owned()),
+            tools: tools.await.map_err(|e| redactor.text(&e).into_owned()),
         });
     }
     servers.shutdown().await;

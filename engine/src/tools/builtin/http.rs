@@ -3,13 +3,10 @@
 //! checked on the resolved addresses of every request and every redirect — unless `network.allow` lists
 //! them.
 
-use std::net::{IpAddr, SocketAddr};
-
-use crate::network::NetworkPolicy;
+use crate::network::{GuardedResolver, NetworkPolicy, check_url};
 use std::sync::Arc;
 use std::time::Duration;
 
-use reqwest::dns::{Addrs, Name, Resolve, Resolving};
 use serde_json::{Map, Value as Json, json};
 
 use super::{Tool, ToolContext, ToolError, ToolOutput, Watcher, object, timeout};
@@ -70,51 +67,6 @@ pub const MAX_BODY_BYTES: usize = 8 * 1024 * 1024;
 /// Most redirects followed.
 const MAX_REDIRECTS: usize = 10;
 
-/// Resolves names and drops the addresses the policy refuses; refuses the name if none is left.
-struct GuardedResolver {
-    policy: Arc<NetworkPolicy>,
-}
-
-impl Resolve for GuardedResolver {
-    fn resolve(&self, name: Name) -> Resolving {
-        let policy = self.policy.clone();
-        Box::pin(async move {
-            let host = name.as_str().to_owned();
-            let addrs: Vec<SocketAddr> =
-                tokio::net::lookup_host((host.as_str(), 0)).await?.collect();
-            if policy.host_allowed(&host) {
-                return Ok(Box::new(addrs.into_iter()) as Addrs);
-            }
-            let allowed: Vec<SocketAddr> = addrs
-                .iter()
-                .copied()
-                .filter(|a| policy.ip_allowed(a.ip()))
-                .collect();
-            if allowed.is_empty() {
-                return Err(format!("`{host}` resolves to an internal address, which `http` refuses unless `network.allow` lists it").into());
-            }
-            Ok(Box::new(allowed.into_iter()) as Addrs)
-        })
-    }
-}
-
-/// Refuses a URL whose host is an IP literal the policy does not allow (names are checked when resolved).
-fn check_url(url: &reqwest::Url, policy: &NetworkPolicy) -> Result<(), String> {
-    let ip = match url.host() {
-        Some(url::Host::Ipv4(ip)) => IpAddr::V4(ip),
-        Some(url::Host::Ipv6(ip)) => IpAddr::V6(ip),
-        Some(url::Host::Domain(_)) => return Ok(()),
-        None => return Err(format!("`{url}` has no host")),
-    };
-    match policy.refusal(ip) {
-        Some(_) if policy.host_allowed(&ip.to_string()) => Ok(()),
-        Some(block) => Err(format!(
-            "`{ip}` is an internal address ({block}), which `http` refuses unless `network.allow` lists it"
-        )),
-        None => Ok(()),
-    }
-}
-
 /// Makes one request (following redirects that pass the same checks, without carrying credentials or a
 /// body to another origin).
 pub async fn request(
@@ -132,7 +84,7 @@ pub async fn request(
             url.scheme()
         )));
     }
-    check_url(&url, policy).map_err(ToolError::permanent)?;
+    check_url(&url, policy, "`http`").map_err(ToolError::permanent)?;
     let ok_status = OkStatus::of(&args["ok_status"])?;
     // An argument, perhaps rendered from a template, so it is read here.
     let timeout = match args["timeout"].as_str() {
@@ -143,9 +95,7 @@ pub async fn request(
     // Redirects are followed here, not by reqwest, so that what is sent on each hop is decided against
     // the origin the spec named (see `Outgoing::redirect`).
     let client = reqwest::Client::builder()
-        .dns_resolver(Arc::new(GuardedResolver {
-            policy: policy.clone(),
-        }))
+        .dns_resolver(Arc::new(GuardedResolver::new(policy.clone(), "`http`")))
         .redirect(reqwest::redirect::Policy::none())
         .connect_timeout(Duration::from_secs(10).min(timeout))
         .timeout(timeout)
@@ -298,7 +248,7 @@ impl Outgoing {
         if !matches!(next.scheme(), "http" | "https") {
             return Err(format!("`{next}` is not http or https"));
         }
-        check_url(&next, policy)?;
+        check_url(&next, policy, "`http`")?;
         let keeps_method = matches!(status.as_u16(), 307 | 308);
         if !keeps_method
             && (status.as_u16() == 303 || self.method == reqwest::Method::POST)

@@ -3,7 +3,6 @@
 //! every page, calls with progress, timeouts and cancellation.
 
 use std::collections::HashMap;
-use std::net::{IpAddr, SocketAddr};
 use std::pin::Pin;
 use std::process::{ExitStatus, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -13,7 +12,6 @@ use std::time::{Duration, Instant};
 
 use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
-use reqwest::dns::{Addrs, Name, Resolve, Resolving};
 use rmcp::model::{
     CallToolRequestParams, CallToolResult, CancelledNotification, CancelledNotificationParam,
     ClientConfig, ClientNotification, ClientRequest, Implementation, JsonObject, ListToolsRequest,
@@ -29,7 +27,7 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use super::{ServerConfig, ServersOptions, Transport};
-use crate::network::NetworkPolicy;
+use crate::network::{GuardedResolver, check_url};
 use crate::redact::Redactor;
 use crate::tools::{ErrorClass, ToolError};
 
@@ -212,11 +210,12 @@ impl Connection {
                         "MCP server `{name}`: `{url}` is not an http or https URL"
                     )));
                 }
-                check_url(&parsed, &options.network).map_err(ToolError::permanent)?;
+                check_url(&parsed, &options.network, "MCP").map_err(ToolError::permanent)?;
                 let client = reqwest::Client::builder()
-                    .dns_resolver(Arc::new(GuardedResolver {
-                        policy: options.network.clone(),
-                    }))
+                    .dns_resolver(Arc::new(GuardedResolver::new(
+                        options.network.clone(),
+                        "MCP",
+                    )))
                     .redirect(reqwest::redirect::Policy::none())
                     .connect_timeout(Duration::from_secs(10).min(startup))
                     .no_proxy()
@@ -677,51 +676,6 @@ impl<R: AsyncRead + Unpin> AsyncRead for Bounded<R> {
             }
             other => other,
         }
-    }
-}
-
-/// Resolves names and drops the addresses the network policy refuses; refuses the name if none is left.
-struct GuardedResolver {
-    policy: Arc<NetworkPolicy>,
-}
-
-impl Resolve for GuardedResolver {
-    fn resolve(&self, name: Name) -> Resolving {
-        let policy = self.policy.clone();
-        Box::pin(async move {
-            let host = name.as_str().to_owned();
-            let addrs: Vec<SocketAddr> =
-                tokio::net::lookup_host((host.as_str(), 0)).await?.collect();
-            if policy.host_allowed(&host) {
-                return Ok(Box::new(addrs.into_iter()) as Addrs);
-            }
-            let allowed: Vec<SocketAddr> = addrs
-                .iter()
-                .copied()
-                .filter(|a| policy.ip_allowed(a.ip()))
-                .collect();
-            if allowed.is_empty() {
-                return Err(format!("`{host}` resolves to an internal address, which MCP refuses unless `network.allow` lists it").into());
-            }
-            Ok(Box::new(allowed.into_iter()) as Addrs)
-        })
-    }
-}
-
-/// Refuses a URL whose host is an IP literal the policy does not allow (names are checked when resolved).
-fn check_url(url: &reqwest::Url, policy: &NetworkPolicy) -> Result<(), String> {
-    let ip = match url.host() {
-        Some(url::Host::Ipv4(ip)) => IpAddr::V4(ip),
-        Some(url::Host::Ipv6(ip)) => IpAddr::V6(ip),
-        Some(url::Host::Domain(_)) => return Ok(()),
-        None => return Err(format!("`{url}` has no host")),
-    };
-    match policy.refusal(ip) {
-        Some(_) if policy.host_allowed(&ip.to_string()) => Ok(()),
-        Some(block) => Err(format!(
-            "`{ip}` is an internal address ({block}), which MCP refuses unless `network.allow` lists it"
-        )),
-        None => Ok(()),
     }
 }
 
