@@ -86,7 +86,10 @@ async fn bench(path: PathBuf) {
     for _ in 0..STARTS {
         let started = Instant::now();
         let servers = Servers::new(ServersOptions::default());
-        servers.tools(&config).await.unwrap();
+        servers
+            .tools(&config, &CancellationToken::new())
+            .await
+            .unwrap();
         archon_starts.push(started.elapsed());
         servers.shutdown().await;
 

@@ -8,7 +8,8 @@
 //!
 //! Flags: `--many N`, `--page-size N` (tools per `tools/list` page), `--crash-at-start` (writes to
 //! standard error and exits with status 2 before speaking MCP), `--grandchild FILE` (starts a long-lived
-//! `sleep` in its own process group and writes its pid to FILE), `--pid-file FILE` (its own pid),
+//! `sleep` in its own process group and writes its pid to FILE), `--detached FILE` (the same, in a
+//! session of its own, with `setsid`), `--pid-file FILE` (its own pid),
 //! `--log FILE` (appends `cancelled <tool>` when a call is cancelled).
 // The grandchild is left running on purpose: stopping the server's process group must end it.
 #![allow(clippy::print_stderr, clippy::unwrap_used, clippy::zombie_processes)]
@@ -267,6 +268,16 @@ async fn main() {
                 // Same process group as this server: stopping the group must reach it.
                 let child = std::process::Command::new("sleep")
                     .arg("1000")
+                    .spawn()
+                    .unwrap();
+                std::fs::write(path, child.id().to_string()).unwrap();
+            }
+            "--detached" => {
+                let path = args.next().unwrap();
+                // A session of its own: outside the server's process group, which stopping the group
+                // does not reach; archon finds it by the tag it inherits.
+                let child = std::process::Command::new("setsid")
+                    .args(["sleep", "1000"])
                     .spawn()
                     .unwrap();
                 std::fs::write(path, child.id().to_string()).unwrap();

@@ -108,7 +108,7 @@ fn gone(pid: &str) -> bool {
 async fn mcp_client_lists_tools_through_the_filter() {
     let (servers, spawned) = pool();
     let mut config = server(&[]);
-    let all = servers.tools(&config).await.expect("tools");
+    let all = servers.tools(&config, &never()).await.expect("tools");
     assert_eq!(
         names(&all),
         ["echo", "sum", "slow", "crash", "big", "env", "add_tool"]
@@ -116,10 +116,10 @@ async fn mcp_client_lists_tools_through_the_filter() {
     assert_eq!(all[0].description, "Returns its message");
     assert_eq!(all[0].input_schema["required"], json!(["message"]));
     config.tools = Some(vec!["e*".to_owned(), "sum".to_owned()]);
-    let filtered = servers.tools(&config).await.expect("tools");
+    let filtered = servers.tools(&config, &never()).await.expect("tools");
     assert_eq!(names(&filtered), ["echo", "sum", "env"]);
     // One process per configuration, started once however often it is asked.
-    servers.tools(&config).await.expect("tools");
+    servers.tools(&config, &never()).await.expect("tools");
     assert_eq!(spawned.load(Ordering::SeqCst), 2);
     servers.shutdown().await;
 }
@@ -145,7 +145,7 @@ async fn mcp_client_calls_tools() {
 async fn mcp_client_lists_every_page() {
     let (servers, _) = pool();
     let config = server(&["--many", "25", "--page-size", "4"]);
-    let tools = servers.tools(&config).await.expect("tools");
+    let tools = servers.tools(&config, &never()).await.expect("tools");
     assert_eq!(tools.len(), 32);
     assert_eq!(tools[7].name, "tool_000");
     assert_eq!(tools[31].name, "tool_024");
@@ -156,7 +156,10 @@ async fn mcp_client_lists_every_page() {
 async fn mcp_client_lists_again_after_list_changed() {
     let (servers, _) = pool();
     let config = server(&[]);
-    assert_eq!(servers.tools(&config).await.expect("tools").len(), 7);
+    assert_eq!(
+        servers.tools(&config, &never()).await.expect("tools").len(),
+        7
+    );
     let added = call(&servers, &config, "add_tool", json!({ "name": "fresh" }))
         .await
         .expect("add_tool");
@@ -164,7 +167,7 @@ async fn mcp_client_lists_again_after_list_changed() {
     // The notification is handled as it arrives, perhaps just after the call's answer.
     let started = Instant::now();
     loop {
-        let tools = servers.tools(&config).await.expect("tools");
+        let tools = servers.tools(&config, &never()).await.expect("tools");
         if tools.len() == 8 {
             assert_eq!(tools[7].name, "fresh");
             break;
@@ -254,7 +257,7 @@ async fn mcp_client_stops_restarting_after_the_limit() {
 async fn mcp_client_quotes_the_stderr_of_a_server_that_fails_at_start() {
     let (servers, _) = pool();
     let error = servers
-        .tools(&server(&["--crash-at-start"]))
+        .tools(&server(&["--crash-at-start"]), &never())
         .await
         .expect_err("it cannot start");
     assert_eq!(
@@ -268,7 +271,10 @@ async fn mcp_client_quotes_the_stderr_of_a_server_that_fails_at_start() {
 async fn mcp_client_reports_a_program_that_does_not_exist() {
     let (servers, _) = pool();
     let error = servers
-        .tools(&stdio(vec!["/nonexistent/mcp-server".to_owned()], limits()))
+        .tools(
+            &stdio(vec!["/nonexistent/mcp-server".to_owned()], limits()),
+            &never(),
+        )
         .await
         .expect_err("no such program");
     assert_eq!(
@@ -500,7 +506,7 @@ async fn mcp_client_shutdown_leaves_no_process_of_the_group() {
         "--pid-file",
         &pid.display().to_string(),
     ]);
-    servers.tools(&config).await.expect("tools");
+    servers.tools(&config, &never()).await.expect("tools");
     let (grandchild, pid) = (read(&grandchild), read(&pid));
     assert_eq!(
         *pgids.lock().expect("lock"),
@@ -510,7 +516,10 @@ async fn mcp_client_shutdown_leaves_no_process_of_the_group() {
     servers.shutdown().await;
     assert!(gone(&pid), "the server survived");
     until("the grandchild's end", || gone(&grandchild)).await;
-    let error = servers.tools(&config).await.expect_err("shut down");
+    let error = servers
+        .tools(&config, &never())
+        .await
+        .expect_err("shut down");
     assert_eq!(
         error.message,
         "MCP server `fx` is not available: the run's MCP servers are shut down"
@@ -523,7 +532,7 @@ async fn mcp_client_kills_the_group_when_dropped() {
     let grandchild = dir.path().join("grandchild");
     let (servers, _) = pool();
     let config = server(&["--grandchild", &grandchild.display().to_string()]);
-    servers.tools(&config).await.expect("tools");
+    servers.tools(&config, &never()).await.expect("tools");
     let grandchild = read(&grandchild);
     assert!(!gone(&grandchild));
     drop(servers);
@@ -594,7 +603,7 @@ fn loopback_pool() -> Servers {
 
 /// What the reference server's tools are called in this version: its echo, sum and long-running tools.
 async fn reference_tools(servers: &Servers, config: &ServerConfig) -> (String, String, String) {
-    let tools = servers.tools(config).await.expect("tools");
+    let tools = servers.tools(config, &never()).await.expect("tools");
     let find = |part: &str| {
         tools
             .iter()
@@ -704,7 +713,7 @@ async fn mcp_client_refuses_loopback_unless_the_network_policy_allows_it() {
     };
     let _child = Reaped(child);
     let servers = Servers::new(ServersOptions::default());
-    let error = servers.tools(&config).await.expect_err("refused");
+    let error = servers.tools(&config, &never()).await.expect_err("refused");
     assert_eq!(
         error.message,
         "`127.0.0.1` is an internal address (loopback), which MCP refuses unless `network.allow` lists it"

@@ -194,3 +194,64 @@ fn tools_refresh_lists_and_keeps_the_tools_that_tools_then_shows() {
     assert!(server["listed_at"].as_u64().is_some(), "{server}");
     assert_eq!(server["error"], serde_json::Value::Null);
 }
+
+/// Ctrl-C while a server is starting stops it (it is in a process group of its own, which the terminal's
+/// SIGINT does not reach) and keeps no list.
+#[test]
+fn ctrl_c_during_mcp_list_stops_the_server_being_started() {
+    let dir = workspace(
+        "name: m\ntools:\n  mute:\n    mcp: { command: [sh, -c, \"echo $$ > pid; exec sleep 600\"] }\nsteps:\n  - { id: a, tool: echo, with: { message: hi } }\n",
+    );
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_archon"))
+        .args(["mcp", "list", "spec.yaml"])
+        .current_dir(dir.path())
+        .env("NO_COLOR", "1")
+        .env("ARCHON_STATE_DIR", "state")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("archon starts");
+    let pid_file = dir.path().join("pid");
+    let started = crate::support::wait_until(std::time::Duration::from_secs(20), || {
+        std::fs::read_to_string(&pid_file).is_ok_and(|p| p.ends_with('\n'))
+    });
+    assert!(started, "the server never started");
+    let server = std::fs::read_to_string(&pid_file).expect("pid");
+    let sent = std::process::Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status()
+        .expect("kill runs");
+    assert!(sent.success());
+    let exited = crate::support::wait_until(std::time::Duration::from_secs(10), || {
+        child.try_wait().expect("try_wait").is_some()
+    });
+    if !exited {
+        let _ = child.kill();
+    }
+    let output = child.wait_with_output().expect("output");
+    let gone = crate::support::wait_until(std::time::Duration::from_secs(5), || {
+        std::fs::read_to_string(format!("/proc/{}/stat", server.trim()))
+            .map_or(true, |stat| stat.contains(") Z "))
+    });
+    if !gone {
+        let _ = std::process::Command::new("kill")
+            .args(["-KILL", server.trim()])
+            .status();
+    }
+    assert_eq!(
+        (
+            exited,
+            output.status.code(),
+            String::from_utf8_lossy(&output.stderr).into_owned(),
+            gone
+        ),
+        (
+            true,
+            Some(1),
+            "error: interrupted: the MCP servers started were stopped and no tool list was kept\n"
+                .to_owned(),
+            true
+        )
+    );
+    assert_eq!(kept(dir.path()), Vec::<String>::new());
+}

@@ -67,7 +67,14 @@ fn steps_call_mcp_tools_and_the_server_and_its_children_stop_with_the_run() {
     write(
         dir.path(),
         &spec(
-            &["--pid-file", "server.pid", "--grandchild", "child.pid"],
+            &[
+                "--pid-file",
+                "server.pid",
+                "--grandchild",
+                "child.pid",
+                "--detached",
+                "detached.pid",
+            ],
             steps,
         ),
     );
@@ -80,9 +87,14 @@ fn steps_call_mcp_tools_and_the_server_and_its_children_stop_with_the_run() {
     let report = report(&stdout);
     assert_eq!(report["outputs"]["echo"], "hello");
     assert_eq!(report["steps"]["sum"]["output"], json!({ "sum": 42.0 }));
-    for file in ["server.pid", "child.pid"] {
+    for file in ["server.pid", "child.pid", "detached.pid"] {
         let pid = std::fs::read_to_string(dir.path().join(file)).expect("the server wrote its pid");
-        assert!(!alive(pid.trim()), "{file}: process {pid} outlived the run");
+        if alive(pid.trim()) {
+            let _ = std::process::Command::new("kill")
+                .args(["-KILL", pid.trim()])
+                .status();
+            panic!("{file}: process {pid} outlived the run");
+        }
     }
 }
 
@@ -289,5 +301,35 @@ fn a_steps_timeout_cancels_its_mcp_call_on_the_server() {
         std::fs::read_to_string(dir.path().join("calls.log")).expect("the server logged"),
         "call slow\nstarted slow\ncancelled slow\ncall echo\n",
         "the server hears of the cancellation as soon as the step times out"
+    );
+}
+
+/// A `timeout` on the server's tool definition bounds each call of its tools, as a step's does.
+#[test]
+fn the_servers_timeout_bounds_each_call_and_cancels_it_on_the_server() {
+    let dir = TempDir::new().expect("tempdir");
+    let steps = "    timeout: 1s\nsteps:\n  - { id: wait, tool: fx.slow, with: { ticks: 0, interval_ms: 0, answer: false }, on_error: continue }\n  - { id: after, needs: [wait], if: \"true\", tool: fx.echo, with: { message: next } }\n";
+    write(dir.path(), &spec(&["--log", "calls.log"], steps));
+    let Output {
+        code,
+        stdout,
+        stderr,
+    } = run(dir.path());
+    assert_eq!(code, 0, "{stderr}");
+    let report = report(&stdout);
+    assert_eq!(
+        (
+            &report["steps"]["wait"]["status"],
+            &report["steps"]["wait"]["error"]
+        ),
+        (
+            &json!("timed_out"),
+            &json!("tool `fx.slow` timed out after 1s")
+        )
+    );
+    assert_eq!(report["steps"]["after"]["output"], "next");
+    assert_eq!(
+        std::fs::read_to_string(dir.path().join("calls.log")).expect("the server logged"),
+        "call slow\nstarted slow\ncancelled slow\ncall echo\n"
     );
 }

@@ -10,7 +10,7 @@ use archon_engine::run::{self, RunOptions, StepStatus};
 use serde_json::{Map, Value as Json};
 use tempfile::TempDir;
 
-use crate::support::archon;
+use crate::support::{archon, wait_until};
 
 /// Writes `yaml` as `spec.yaml` in `dir`.
 fn write_spec(dir: &Path, yaml: &str) {
@@ -20,18 +20,6 @@ fn write_spec(dir: &Path, yaml: &str) {
 /// The JSON report of an `archon run --json`.
 fn report(stdout: &str) -> Json {
     serde_json::from_str(stdout).unwrap_or_else(|e| panic!("{e}: {stdout}"))
-}
-
-/// Polls `done` until it holds, for at most `limit`.
-fn wait_until(limit: Duration, mut done: impl FnMut() -> bool) -> bool {
-    let deadline = Instant::now() + limit;
-    while Instant::now() < deadline {
-        if done() {
-            return true;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    done()
 }
 
 /// Whether process `pid` is alive (a zombie has finished).

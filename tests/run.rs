@@ -344,6 +344,60 @@ steps:
     );
 }
 
+/// A declared tool's `timeout` bounds each call of it, whatever the tool runs (it was read only by `http`
+/// tools): the call times out and its command is killed.
+#[tokio::test]
+async fn a_declared_tools_timeout_bounds_each_call() {
+    let dir = TempDir::new().expect("tempdir");
+    let yaml = r#"name: t
+tools:
+  slow:
+    command: [sh, -c, "echo $$ > pid; exec sleep 30"]
+    timeout: 200ms
+  wrapped:
+    steps:
+      - { id: inner, tool: sleep, with: { duration: 1h } }
+    timeout: 200ms
+  quick:
+    command: ["true"]
+    timeout: 10s
+steps:
+  - { id: command, tool: slow }
+  - { id: composite, tool: wrapped }
+  - { id: quick, tool: quick }
+"#;
+    let report = run_yaml(yaml, Map::new(), options(dir.path(), 4)).await;
+    let ended: Vec<(StepStatus, Option<&str>)> = ["command", "composite", "quick"]
+        .iter()
+        .map(|id| (report.steps[*id].status, report.steps[*id].error.as_deref()))
+        .collect();
+    assert_eq!(
+        ended,
+        [
+            (
+                StepStatus::TimedOut,
+                Some("tool `slow` timed out after 200ms")
+            ),
+            (
+                StepStatus::TimedOut,
+                Some("tool `wrapped` timed out after 200ms")
+            ),
+            (StepStatus::Succeeded, None),
+        ]
+    );
+    let pid = std::fs::read_to_string(dir.path().join("pid")).expect("the command started");
+    let proc_dir = format!("/proc/{}", pid.trim());
+    for _ in 0..50 {
+        let alive =
+            std::fs::read_to_string(format!("{proc_dir}/stat")).is_ok_and(|s| !s.contains(") Z "));
+        if !alive {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("the command {} is still running", pid.trim());
+}
+
 /// Issue 13, item 13: a step's `timeout` bounds its fallback too (as a budget of its own), unless the
 /// fallback has a `timeout` of its own; `defaults.timeout` applies only when neither says.
 #[tokio::test]

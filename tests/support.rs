@@ -174,3 +174,15 @@ pub fn mcp_fixture() -> PathBuf {
         })
         .clone()
 }
+
+/// Polls `done` until it holds, for at most `limit`.
+pub fn wait_until(limit: std::time::Duration, mut done: impl FnMut() -> bool) -> bool {
+    let deadline = std::time::Instant::now() + limit;
+    while std::time::Instant::now() < deadline {
+        if done() {
+            return true;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    done()
+}

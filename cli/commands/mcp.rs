@@ -104,9 +104,18 @@ pub fn refresh(workflow: &Workflow, file: &Path, state_dir: &Path) -> anyhow::Re
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
+    // Ctrl-C stops the servers started so far rather than leaving them behind.
+    let cancel = tokio_util::sync::CancellationToken::new();
+    let signals = super::run::cancel_on_signals(cancel.clone())?;
     let found = runtime.block_on(archon_engine::run::mcp::list_servers(
-        workflow, &workdir, env,
+        workflow, &workdir, env, &cancel,
     ));
+    signals.close();
+    if cancel.is_cancelled() {
+        anyhow::bail!(
+            "interrupted: the MCP servers started were stopped and no tool list was kept"
+        );
+    }
     let mut listed = Vec::with_capacity(found.len());
     for server in found {
         let tools = match server.tools {

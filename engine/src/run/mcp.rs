@@ -111,11 +111,13 @@ pub struct Listed {
 
 /// Starts every MCP server of `workflow` (in `workdir`, with the process environment `env`), lists its
 /// tools and stops it. Templates see `env`, `secrets` and the inputs' defaults (a template that needs an
-/// input without one fails that server).
+/// input without one fails that server). When `cancel` fires, the server being started is given up and
+/// every server stopped.
 pub async fn list_servers(
     workflow: &Workflow,
     workdir: &Path,
     env: BTreeMap<String, String>,
+    cancel: &tokio_util::sync::CancellationToken,
 ) -> Vec<Listed> {
     let spec = &workflow.spec;
     let dir = workflow.path.parent().unwrap_or(Path::new(""));
@@ -159,7 +161,10 @@ pub async fn list_servers(
                 rendered.push(renderer.text(t, &ctx).await.map_err(|e| e.message)?);
             }
             let config = render_server(def, workdir, &env, rendered)?;
-            let tools = servers.tools(&config).await.map_err(|e| e.message)?;
+            let tools = servers
+                .tools(&config, cancel)
+                .await
+                .map_err(|e| e.message)?;
             Ok::<_, String>(tools.to_vec())
         };
         listed.push(Listed {

@@ -144,6 +144,11 @@ impl Checker<'_> {
                 ("cwd", def.cwd.as_ref().map(|c| c.span)),
                 ("stdin", def.stdin.as_ref().map(|s| s.span)),
                 ("env", def.env.keys().next().map(|k| k.span)),
+                // Not spanned: the tool's name stands for it.
+                (
+                    "ok_exit_codes",
+                    def.ok_exit_codes.as_ref().map(|_| name.span),
+                ),
             ];
             for (field, span) in command_only.iter().filter_map(|(f, s)| s.map(|s| (*f, s))) {
                 let inside_mcp = def.mcp.is_some() && matches!(field, "env" | "cwd");
@@ -158,6 +163,16 @@ impl Checker<'_> {
                     })),
                 );
             }
+        }
+        if let (Some(_), Some(parameters)) = (&def.mcp, &def.parameters) {
+            self.push(
+                Diagnostic::warning(
+                    codes::INEFFECTIVE_FIELD,
+                    parameters.span,
+                    "`parameters` has no effect on an MCP server",
+                )
+                .with_hint("each of the server's tools brings its own input schema, from `tools/list`"),
+            );
         }
         if let Some(steps) = &def.steps {
             let list = StepListScope {

@@ -4,6 +4,7 @@
 
 use std::sync::Arc;
 
+use futures_util::FutureExt;
 use minijinja::Value;
 use serde_json::{Map, Value as Json, json};
 
@@ -97,24 +98,54 @@ pub(super) async fn call_tool(
     args: Json,
     llm_chosen: bool,
 ) -> Result<Called, Failure> {
-    if let Some((server, tool)) = shared.workflow.tools.mcp_server_of(name) {
-        return super::mcp::call(shared, label, &server.name, tool, args).await;
-    }
-    let Some(entry) = shared.workflow.tools.get(name) else {
-        return Err(CallError::UnknownTool(name.to_owned()).into());
+    // A declared tool's `timeout` bounds each call of it (an MCP server's, each call of its tools):
+    // when it passes, the call is dropped, its commands killed and an MCP call cancelled.
+    let (def, call) = if let Some((server, tool)) = shared.workflow.tools.mcp_server_of(name) {
+        let call = super::mcp::call(shared, label, &server.name, tool, args);
+        (
+            shared.workflow.spec.tools.get(server.name.as_str()),
+            call.boxed(),
+        )
+    } else {
+        let Some(entry) = shared.workflow.tools.get(name) else {
+            return Err(CallError::UnknownTool(name.to_owned()).into());
+        };
+        let def = shared.workflow.spec.tools.get(name);
+        let call = async move {
+            match (entry.kind, def) {
+                (ToolRef::Builtin(builtin), _) => builtin_call(shared, label, builtin, args).await,
+                (ToolRef::Composite, _) => composite(shared, label, name, args, llm_chosen).await,
+                (ToolRef::Workflow, Some(def)) if def.workflow.is_some() => {
+                    let path = def.workflow.as_ref().map_or("", |p| p.value.as_str());
+                    workflow(shared, label, path, args).await
+                }
+                (ToolRef::Command | ToolRef::Http, Some(def)) => {
+                    declared(shared, label, name, def, args).await
+                }
+                _ => Err(CallError::CannotRun(name.to_owned()).into()),
+            }
+        };
+        (def, call.boxed())
     };
-    let def = shared.workflow.spec.tools.get(name);
-    match (entry.kind, def) {
-        (ToolRef::Builtin(builtin), _) => builtin_call(shared, label, builtin, args).await,
-        (ToolRef::Composite, _) => composite(shared, label, name, args, llm_chosen).await,
-        (ToolRef::Workflow, Some(def)) if def.workflow.is_some() => {
-            let path = def.workflow.as_ref().map_or("", |p| p.value.as_str());
-            workflow(shared, label, path, args).await
-        }
-        (ToolRef::Command | ToolRef::Http, Some(def)) => {
-            declared(shared, label, name, def, args).await
-        }
-        _ => Err(CallError::CannotRun(name.to_owned()).into()),
+    match def
+        .and_then(|d| d.timeout.as_ref())
+        .and_then(|t| t.value.get())
+    {
+        Some(limit) => tokio::time::timeout(limit, call).await.unwrap_or_else(|_| {
+            Err(Failure {
+                status: StepStatus::TimedOut,
+                message: format!(
+                    "tool `{name}` timed out after {}",
+                    humantime::format_duration(limit)
+                ),
+                exit_code: None,
+                retryable: true,
+                class: crate::tools::ErrorClass::Other,
+                steps: indexmap::IndexMap::new(),
+                llm: None,
+            })
+        }),
+        None => call.await,
     }
 }
 
@@ -232,9 +263,6 @@ async fn declared(
         }
         if let Some(body) = &http.body {
             request["body"] = Json::String(text(body).await?);
-        }
-        if let Some(timeout) = &def.timeout {
-            request["timeout"] = Json::String(timeout.value.text.clone());
         }
         ("http", request)
     } else {

@@ -93,7 +93,7 @@ pub(super) async fn tools(
     server: &str,
 ) -> Result<Arc<[McpTool]>, Failure> {
     let config = config(shared, server).await?;
-    let listing = shared.mcp.servers.tools(&config);
+    let listing = shared.mcp.servers.tools(&config, &shared.options.cancel);
     STARTING_FOR
         .scope(step_of(label), listing)
         .await

@@ -137,6 +137,9 @@ impl Connection {
                     command.env_remove(variable);
                 }
                 command.envs(env.iter().map(|(k, v)| (k, v)));
+                // Like a command's: what leaves the server's group and session is found by this tag.
+                let tag = crate::process::new_tag();
+                command.env(crate::process::TAG_VAR, &tag);
                 let mut child = command.spawn().map_err(|e| {
                     ToolError::new(format!(
                         "cannot start MCP server `{name}`: `{program}`: {e}"
@@ -155,7 +158,8 @@ impl Connection {
                     .of(ErrorClass::Connect));
                 };
                 (options.on_spawn)(pid);
-                let process = Process::watch(pid, child, stderr, options.redactor.clone());
+                let tracked = crate::process::Tracked::new(pid, tag);
+                let process = Process::watch(pid, child, tracked, stderr, options.redactor.clone());
                 let overflow = Arc::new(AtomicBool::new(false));
                 let reader = Bounded {
                     inner: stdout,
@@ -506,20 +510,22 @@ impl Process {
     fn watch(
         pid: u32,
         mut child: tokio::process::Child,
+        tracked: crate::process::Tracked,
         mut stderr: tokio::process::ChildStderr,
         redactor: Arc<Redactor>,
     ) -> Process {
-        #[allow(clippy::cast_possible_wrap)]
-        let pgid = Pid::from_raw(pid as i32);
         let (sender, exit) = watch::channel(None);
         tokio::spawn(async move {
             if let Ok(status) = child.wait().await {
-                // What the server left running in its group goes with it (and no longer holds its
-                // output open, so the connection sees the end).
-                let _ = killpg(pgid, Signal::SIGKILL);
+                // What the server left running goes with it: its group, and what left the group or
+                // the session (found by its tag), which then no longer holds its output open, so the
+                // connection sees the end.
+                tracked.exited();
                 let _ = sender.send(Some(status));
             }
         });
+        #[allow(clippy::cast_possible_wrap)]
+        let pgid = Pid::from_raw(pid as i32);
         let kept = Arc::new(Mutex::new(Vec::new()));
         let tail = kept.clone();
         tokio::spawn(async move {

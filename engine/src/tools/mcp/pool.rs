@@ -75,11 +75,21 @@ impl Servers {
     }
 
     /// The server's tools (after its `tools` filter), starting it on first use; listed again after
-    /// `notifications/tools/list_changed`.
-    pub async fn tools(&self, config: &ServerConfig) -> Result<Arc<[McpTool]>, ToolError> {
-        let (slot, live) = self.live(config).await?;
-        let listing = self.listing(config, &slot, &live).await?;
-        Ok(listing.tools.clone())
+    /// `notifications/tools/list_changed`. Given up when `cancel` fires (a server half started is
+    /// stopped with the others by [`Servers::shutdown`]).
+    pub async fn tools(
+        &self,
+        config: &ServerConfig,
+        cancel: &CancellationToken,
+    ) -> Result<Arc<[McpTool]>, ToolError> {
+        tokio::select! {
+            listed = async {
+                let (slot, live) = self.live(config).await?;
+                let listing = self.listing(config, &slot, &live).await?;
+                Ok(listing.tools.clone())
+            } => listed,
+            () = cancel.cancelled() => Err(ToolError::new("cancelled")),
+        }
     }
 
     /// One call of `tool` (its name on the server). The arguments are checked against the tool's
