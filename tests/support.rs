@@ -176,13 +176,13 @@ pub fn mcp_fixture() -> PathBuf {
 }
 
 /// Polls `done` until it holds, for at most `limit`.
-pub fn wait_until(limit: std::time::Duration, mut done: impl FnMut() -> bool) -> bool {
+pub fn wait_until(limit: Duration, mut done: impl FnMut() -> bool) -> bool {
     let deadline = std::time::Instant::now() + limit;
     while std::time::Instant::now() < deadline {
         if done() {
             return true;
         }
-        std::thread::sleep(std::time::Duration::from_millis(20));
+        std::thread::sleep(Duration::from_millis(20));
     }
     done()
 }
