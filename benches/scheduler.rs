@@ -40,6 +40,8 @@ fn options(max_parallel: usize) -> RunOptions {
         approvals: Default::default(),
         helper: None,
         cache: Default::default(),
+        memory_dir: None,
+        memory: Default::default(),
     }
 }
 

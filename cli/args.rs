@@ -50,6 +50,9 @@ pub enum Command {
     /// MCP: list a workflow's MCP servers and their tools, or serve workflows as MCP tools.
     #[command(subcommand)]
     Mcp(McpCommand),
+    /// Long-term memory of agents: list, search, show, forget, export and import memories.
+    #[command(subcommand)]
+    Memory(MemoryCommand),
 
     /// Print the JSON Schema of the workflow format.
     Schema,
@@ -627,4 +630,119 @@ fn runs_limit(text: &str) -> Result<usize, String> {
         Ok(n) => Ok(n),
         Err(_) => Err(format!("`{text}` is not a number of runs")),
     }
+}
+
+#[derive(Debug, Subcommand)]
+pub enum MemoryCommand {
+    /// List the namespaces, or the memories of one (`--namespace`).
+    Ls(MemoryLsArgs),
+    /// Search a namespace's memories as an agent's `recall` does (BM25).
+    Search(MemorySearchArgs),
+    /// Show one memory: its text, where it came from, what it replaced and what replaced it.
+    Show(MemoryShowArgs),
+    /// Forget a memory: it is kept, and never recalled again.
+    Forget(MemoryForgetArgs),
+    /// Write memories (of one namespace, or all) as JSON Lines on standard output.
+    Export(MemoryExportArgs),
+    /// Read memories `export` wrote; what is already remembered is not written twice.
+    Import(MemoryImportArgs),
+}
+
+/// Which memory file: `memory.path` of the spec, in the state directory.
+#[derive(Debug, clap::Args)]
+pub struct MemoryFileArgs {
+    /// The memory file, relative to the state directory (a spec's `memory.path`).
+    #[arg(long = "file", value_name = "PATH", default_value = "memory.db")]
+    pub file: PathBuf,
+
+    /// Print JSON.
+    #[arg(long)]
+    pub json: bool,
+
+    #[command(flatten)]
+    pub state: StateArgs,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct MemoryLsArgs {
+    /// The namespace whose memories to list.
+    #[arg(long, short = 'n', value_name = "NAMESPACE")]
+    pub namespace: Option<String>,
+
+    /// Also memories that were replaced or forgotten, and notes and episodes.
+    #[arg(long)]
+    pub all: bool,
+
+    #[command(flatten)]
+    pub memory: MemoryFileArgs,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct MemorySearchArgs {
+    /// What to look for.
+    #[arg(value_name = "QUERY")]
+    pub query: String,
+
+    /// The namespace to search.
+    #[arg(long, short = 'n', value_name = "NAMESPACE")]
+    pub namespace: String,
+
+    /// Most memories to show.
+    #[arg(long, value_name = "N", default_value_t = 10)]
+    pub limit: usize,
+
+    /// Search the episodes of earlier steps instead of facts.
+    #[arg(long)]
+    pub episodes: bool,
+
+    #[command(flatten)]
+    pub memory: MemoryFileArgs,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct MemoryShowArgs {
+    /// The memory's id.
+    #[arg(value_name = "ID")]
+    pub id: i64,
+
+    #[command(flatten)]
+    pub memory: MemoryFileArgs,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct MemoryForgetArgs {
+    /// The memory's id.
+    #[arg(value_name = "ID")]
+    pub id: i64,
+
+    /// Why (kept with it).
+    #[arg(long, value_name = "TEXT")]
+    pub reason: Option<String>,
+
+    #[command(flatten)]
+    pub memory: MemoryFileArgs,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct MemoryExportArgs {
+    /// Only this namespace.
+    #[arg(long, short = 'n', value_name = "NAMESPACE")]
+    pub namespace: Option<String>,
+
+    #[command(flatten)]
+    pub memory: MemoryFileArgs,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct MemoryImportArgs {
+    /// A JSON Lines file `archon memory export` wrote (`-` for standard input).
+    #[arg(value_name = "FILE")]
+    pub input: PathBuf,
+
+    /// Import into this namespace instead of the records' own.
+    #[arg(long, short = 'n', value_name = "NAMESPACE")]
+    pub namespace: Option<String>,
+
+    #[command(flatten)]
+    pub memory: MemoryFileArgs,
 }

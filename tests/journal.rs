@@ -119,6 +119,8 @@ async fn run_with_events(
         },
         helper: None,
         cache: Default::default(),
+        memory_dir: None,
+        memory: Default::default(),
     };
     let report = run::run(
         Arc::new(validation.workflow.expect("valid")),

@@ -23,6 +23,7 @@ mod mcp_client;
 mod mcp_list;
 mod mcp_run;
 mod mcp_serve;
+mod memory;
 mod nested;
 mod plan;
 mod planner;

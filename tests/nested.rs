@@ -27,6 +27,8 @@ fn options(workdir: &Path) -> RunOptions {
         approvals: Default::default(),
         helper: Some(env!("CARGO_BIN_EXE_archon").into()),
         cache: Default::default(),
+        memory_dir: None,
+        memory: Default::default(),
     }
 }
 

@@ -159,6 +159,8 @@ proptest! {
             approvals: Default::default(),
             helper: Some(env!("CARGO_BIN_EXE_archon").into()),
             cache: Default::default(),
+            memory_dir: None,
+            memory: Default::default(),
         };
         let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
         let report = runtime

@@ -33,6 +33,8 @@ fn options(workdir: &Path, max_parallel: usize) -> RunOptions {
         approvals: Default::default(),
         helper: Some(env!("CARGO_BIN_EXE_archon").into()),
         cache: Default::default(),
+        memory_dir: None,
+        memory: Default::default(),
     }
 }
 

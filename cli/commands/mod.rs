@@ -10,6 +10,7 @@ mod load;
 mod logs;
 mod mcp;
 mod mcp_serve;
+mod memory;
 mod plan;
 mod prune;
 mod run;
@@ -23,7 +24,7 @@ pub mod when;
 
 use std::process::ExitCode;
 
-use crate::args::{CacheCommand, Cli, Command, LlmCommand, McpCommand};
+use crate::args::{CacheCommand, Cli, Command, LlmCommand, McpCommand, MemoryCommand};
 
 /// How a command ended, mapped to the documented exit codes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -70,6 +71,12 @@ pub fn run(cli: Cli) -> anyhow::Result<Status> {
         Command::Cache(CacheCommand::Clear(args)) => cache::clear(&args),
         Command::Mcp(McpCommand::List(args)) => mcp::list(&args, cli.color),
         Command::Mcp(McpCommand::Serve(args)) => mcp_serve::serve(&args),
+        Command::Memory(MemoryCommand::Ls(args)) => memory::ls(&args),
+        Command::Memory(MemoryCommand::Search(args)) => memory::search(&args),
+        Command::Memory(MemoryCommand::Show(args)) => memory::show(&args),
+        Command::Memory(MemoryCommand::Forget(args)) => memory::forget(&args),
+        Command::Memory(MemoryCommand::Export(args)) => memory::export(&args),
+        Command::Memory(MemoryCommand::Import(args)) => memory::import(&args),
         Command::Schema => schema::run(),
         Command::Init(args) => init::init(&args),
         Command::Tools(args) => tools::tools(&args, cli.color),

@@ -569,6 +569,8 @@ impl Session {
             },
             helper: attachments.helper,
             cache,
+            memory_dir: self.store.location(),
+            memory: run::MemoryFiles::default(),
         };
         let report = run::run(Arc::new(prepared.workflow), prepared.inputs, options).await;
         let report = match report {

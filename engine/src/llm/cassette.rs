@@ -87,6 +87,15 @@ impl Provider for Recorder {
         self.inner.name()
     }
 
+    /// Embeddings go to the provider and are not recorded: a replayed run has none.
+    fn embed<'a>(
+        &'a self,
+        model: &'a str,
+        inputs: &'a [String],
+    ) -> BoxFuture<'a, Result<Vec<Vec<f32>>, LlmError>> {
+        self.inner.embed(model, inputs)
+    }
+
     fn complete<'a>(
         &'a self,
         request: &'a ChatRequest,

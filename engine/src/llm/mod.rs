@@ -276,6 +276,21 @@ pub trait Provider: Send + Sync + fmt::Debug {
         &'a self,
         request: &'a ChatRequest,
     ) -> BoxFuture<'a, Result<ChatResponse, LlmError>>;
+    /// The embeddings of `inputs` from `model`, in order. Only OpenAI-compatible providers have them
+    /// (`/embeddings`); the others say so.
+    fn embed<'a>(
+        &'a self,
+        model: &'a str,
+        inputs: &'a [String],
+    ) -> BoxFuture<'a, Result<Vec<Vec<f32>>, LlmError>> {
+        let _ = (model, inputs);
+        Box::pin(async move {
+            Err(LlmError::fatal(format!(
+                "provider `{}` has no embeddings endpoint",
+                self.name()
+            )))
+        })
+    }
 }
 
 /// An API key. It is never shown: `Debug` and `Display` print `***`.

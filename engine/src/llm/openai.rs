@@ -98,6 +98,27 @@ impl Provider for OpenAi {
         self.endpoint.client.name()
     }
 
+    fn embed<'a>(
+        &'a self,
+        model: &'a str,
+        inputs: &'a [String],
+    ) -> BoxFuture<'a, Result<Vec<Vec<f32>>, LlmError>> {
+        Box::pin(async move {
+            let mut headers = Vec::new();
+            if let Some(key) = &self.endpoint.key {
+                headers.push(("authorization", format!("Bearer {}", key.expose())));
+            }
+            let url = format!("{}/embeddings", self.endpoint.base_url);
+            let body = serde_json::json!({ "model": model, "input": inputs });
+            self.endpoint
+                .client
+                .post_and_read(&url, &headers, &body, |reply| {
+                    parse_embeddings(self.name(), &reply.body, inputs.len())
+                })
+                .await
+        })
+    }
+
     fn complete<'a>(
         &'a self,
         request: &'a ChatRequest,
@@ -374,4 +395,49 @@ pub fn parse_response(
             .to_owned(),
         request_id: request_id.or_else(|| body.get("id").and_then(Json::as_str).map(str::to_owned)),
     })
+}
+
+/// The vectors of an `/embeddings` response, in the order of the inputs (by each item's `index`).
+pub fn parse_embeddings(
+    provider: &str,
+    body: &Json,
+    expected: usize,
+) -> Result<Vec<Vec<f32>>, LlmError> {
+    let wrong = |what: &str| {
+        LlmError::fatal(format!(
+            "provider `{provider}` answered `/embeddings` with {what}"
+        ))
+    };
+    let Some(items) = body.get("data").and_then(Json::as_array) else {
+        return Err(wrong("no `data` list"));
+    };
+    if items.len() != expected {
+        return Err(wrong(&format!(
+            "{} embeddings for {expected} inputs",
+            items.len()
+        )));
+    }
+    let mut vectors: Vec<Option<Vec<f32>>> = vec![None; expected];
+    for (position, item) in items.iter().enumerate() {
+        let index = item
+            .get("index")
+            .and_then(Json::as_u64)
+            .map_or(position, |i| usize::try_from(i).unwrap_or(usize::MAX));
+        let Some(values) = item.get("embedding").and_then(Json::as_array) else {
+            return Err(wrong("an item without an `embedding` list"));
+        };
+        #[allow(clippy::cast_possible_truncation)]
+        let vector: Option<Vec<f32>> = values
+            .iter()
+            .map(|v| v.as_f64().map(|x| x as f32))
+            .collect();
+        let Some(vector) = vector.filter(|v| !v.is_empty()) else {
+            return Err(wrong("an embedding that is not a list of numbers"));
+        };
+        match vectors.get_mut(index) {
+            Some(slot @ None) => *slot = Some(vector),
+            _ => return Err(wrong(&format!("an unexpected `index` {index}"))),
+        }
+    }
+    Ok(vectors.into_iter().flatten().collect())
 }

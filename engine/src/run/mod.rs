@@ -7,6 +7,7 @@
 
 pub mod dry_run;
 pub mod mcp;
+pub mod memory;
 mod options;
 pub mod redact;
 pub mod render;
@@ -20,6 +21,8 @@ pub use crate::report::{
     StepResult, StepStatus,
 };
 pub use dry_run::{Decision, DryRun, DryStep, dry_run};
-pub use options::{Approvals, Approver, Cassette, MAX_DEPTH, Refresh, RunOptions, StepCache};
+pub use options::{
+    Approvals, Approver, Cassette, MAX_DEPTH, MemoryFiles, Refresh, RunOptions, StepCache,
+};
 pub use scheduler::{RunError, run};
 pub use unsupported::{Unsupported, unsupported_steps};

@@ -52,7 +52,18 @@ pub struct RunOptions {
     pub helper: Option<PathBuf>,
     /// Results of steps with `cache` the run may reuse.
     pub cache: StepCache,
+    /// Where long-term memory files are (`memory.path` is relative to it): the state directory. Without
+    /// one, an agent with `memory` or `notes` fails.
+    pub memory_dir: Option<PathBuf>,
+    /// The memory files the run opened, shared with its sub-workflows.
+    pub memory: MemoryFiles,
 }
+
+/// The memory files a run opened, by path.
+#[derive(Clone, Debug, Default)]
+pub struct MemoryFiles(
+    pub(crate) Arc<std::sync::Mutex<HashMap<PathBuf, Arc<crate::run::memory::MemoryStore>>>>,
+);
 
 /// The cached results a run may reuse (`cache:` on steps), read from the run store when it starts, and
 /// which steps run regardless.
@@ -152,6 +163,8 @@ impl RunOptions {
             approvals: Approvals::default(),
             helper: None,
             cache: StepCache::default(),
+            memory_dir: None,
+            memory: MemoryFiles::default(),
         }
     }
 }

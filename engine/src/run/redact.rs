@@ -138,4 +138,18 @@ impl Provider for Redacting {
             self.inner.complete(&request).await
         })
     }
+
+    fn embed<'a>(
+        &'a self,
+        model: &'a str,
+        inputs: &'a [String],
+    ) -> BoxFuture<'a, Result<Vec<Vec<f32>>, LlmError>> {
+        Box::pin(async move {
+            let masked: Vec<String> = inputs
+                .iter()
+                .map(|text| self.redactor.text(text).into_owned())
+                .collect();
+            self.inner.embed(model, &masked).await
+        })
+    }
 }

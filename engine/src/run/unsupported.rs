@@ -87,12 +87,10 @@ impl Walk {
             return;
         }
         // An agent or planner step: its agent role must be one this version can play.
-        if let Some(agent) = workflow.spec.agent_of(body) {
-            if !agent.delegates.is_empty() {
-                refuse("agent delegation (`delegates`) cannot run yet".to_owned());
-            } else if agent.memory == Some(true) {
-                refuse("agent memory (`memory: true`) cannot run yet".to_owned());
-            }
+        if let Some(agent) = workflow.spec.agent_of(body)
+            && !agent.delegates.is_empty()
+        {
+            refuse("agent delegation (`delegates`) cannot run yet".to_owned());
         }
     }
 

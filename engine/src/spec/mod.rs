@@ -715,31 +715,45 @@ pub struct AgentDef {
     pub delegates: Vec<Spanned<String>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_iterations: Option<Spanned<u32>>,
-    /// Use long-term memory (see top-level `memory`).
+    /// Long-term memory across runs (see top-level `memory`): the `remember`, `recall`, `forget`, `note`
+    /// and `notes` tools, and relevant memories recalled into the prompt.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub memory: Option<bool>,
+    /// Session notes without long-term memory: the `note` and `notes` tools, kept for the run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub notes: Option<bool>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tool_mode: Option<Spanned<ToolMode>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub temperature: Option<f64>,
 }
 
-/// Memory settings.
+/// Long-term memory of the workflow's agents with `memory: true`, and where their notes are kept.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct MemoryConfig {
-    /// Where long-term memory is stored, relative to the state directory.
+    /// The memory file, relative to the state directory (default `memory.db`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub path: Option<String>,
-    /// Separate memories by namespace (template; default the workflow name).
+    pub path: Option<Spanned<String>>,
+    /// Separates memories by namespace (template over `inputs` and `env`; default the workflow name).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub namespace: Option<Template>,
-    /// Most conversation turns kept verbatim before older ones are summarised.
+    /// Most memories recalled into an agent's prompt when its step starts (default 5; 0 for none).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub conversation_turns: Option<u32>,
-    /// Most long-term memories recalled into a prompt.
+    pub recall: Option<Spanned<u32>>,
+    /// Opt-in semantic retrieval: an OpenAI-compatible `/embeddings` endpoint, fused with BM25.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub recall: Option<u32>,
+    pub embeddings: Option<Spanned<EmbeddingsConfig>>,
+}
+
+/// Which embedding model memories are embedded with.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct EmbeddingsConfig {
+    /// A provider of `llm.providers` of kind `openai` (any OpenAI-compatible server).
+    pub provider: Spanned<String>,
+    /// The embedding model.
+    pub model: String,
 }
 
 /// An interception rule.

@@ -4,6 +4,11 @@
 //! HTTP requests, composite tools, sub-workflows; later MCP tools), resolved once by validation, and
 //! validation, planning, agents, rules and the scheduler all ask it.
 
+/// The tools memory gives an agent with `memory: true` (not in any registry: the agent loop answers them).
+pub const MEMORY_TOOLS: [&str; 5] = ["remember", "recall", "forget", "note", "notes"];
+/// The tools an agent with `notes: true` (and no `memory`) is given.
+pub const NOTE_TOOLS: [&str; 2] = ["note", "notes"];
+
 pub mod builtin;
 pub mod mcp;
 mod registry;

@@ -3,7 +3,9 @@
 
 use crate::diagnostic::{Diagnostic, codes};
 use crate::source::Span;
-use crate::spec::{Action, Duration, Node, Retry, Spanned, Trigger};
+use std::path::Path;
+
+use crate::spec::{Action, Duration, Node, ProviderKind, Retry, Spanned, Trigger};
 use crate::validate::patterns::PatternKind;
 use crate::validate::refs::{Scope, StepTable};
 use crate::validate::tools::pointer_segments;
@@ -190,7 +192,7 @@ impl Checker<'_> {
                 );
             }
             if let Some(param) = &provider.max_tokens_param
-                && provider.kind.value != crate::spec::ProviderKind::Openai
+                && provider.kind.value != ProviderKind::Openai
             {
                 self.push(
                     Diagnostic::error(
@@ -206,7 +208,7 @@ impl Checker<'_> {
                     ),
                 );
             }
-            let is_mock = provider.kind.value == crate::spec::ProviderKind::Mock;
+            let is_mock = provider.kind.value == ProviderKind::Mock;
             if !is_mock && (!provider.turns.is_empty() || provider.script.is_some()) {
                 self.push(Diagnostic::warning(
                     codes::INEFFECTIVE_FIELD,
@@ -222,7 +224,7 @@ impl Checker<'_> {
                     .file
                     .path
                     .parent()
-                    .unwrap_or(std::path::Path::new(""))
+                    .unwrap_or(Path::new(""))
                     .join(&script.value);
                 if !path.is_file() {
                     self.push(
@@ -314,8 +316,116 @@ impl Checker<'_> {
     }
 
     pub(super) fn check_memory(&mut self) {
-        if let Some(namespace) = self.spec.memory.as_ref().and_then(|m| m.namespace.as_ref()) {
+        const MAX_RECALL: u32 = 50;
+        // A declared tool may not take the name of a tool memory gives an agent.
+        for (agent, def) in &self.spec.agents {
+            let given: &[&str] = match (def.memory, def.notes) {
+                (Some(true), _) => &crate::tools::MEMORY_TOOLS,
+                (_, Some(true)) => &crate::tools::NOTE_TOOLS,
+                _ => continue,
+            };
+            for name in self
+                .spec
+                .tools
+                .keys()
+                .filter(|k| given.contains(&k.value.as_str()))
+            {
+                self.push(
+                    Diagnostic::error(
+                        codes::INVALID_NAME,
+                        name.span,
+                        format!(
+                            "tool `{}` has the name of a tool memory gives agent `{}`",
+                            name.value, agent.value
+                        ),
+                    )
+                    .with_hint(format!("choose another name, such as `my_{}`", name.value)),
+                );
+            }
+        }
+        let Some(memory) = &self.spec.memory else {
+            return;
+        };
+        if let Some(namespace) = &memory.namespace {
             self.template(namespace, &Scope::new("the memory namespace"));
+        }
+        if let Some(path) = &memory.path {
+            let relative = Path::new(&path.value);
+            let escapes = relative.is_absolute()
+                || relative.as_os_str().is_empty()
+                || relative
+                    .components()
+                    .any(|c| !matches!(c, std::path::Component::Normal(_)));
+            if escapes {
+                self.push(
+                    Diagnostic::error(
+                        codes::INVALID_VALUE,
+                        path.span,
+                        format!("memory `path` `{}` is not inside the state directory", path.value),
+                    )
+                    .with_hint("write a relative path without `..`, such as `memory.db` or `memory/team.db`"),
+                );
+            }
+        }
+        if let Some(recall) = &memory.recall
+            && recall.value > MAX_RECALL
+        {
+            self.push(Diagnostic::error(
+                codes::INVALID_VALUE,
+                recall.span,
+                format!(
+                    "memory `recall` is {}, more than the {MAX_RECALL} a prompt may hold",
+                    recall.value
+                ),
+            ));
+        }
+        if let Some(embeddings) = &memory.embeddings {
+            let provider = &embeddings.value.provider;
+            self.check_provider_ref(provider);
+            let kind = self
+                .spec
+                .llm
+                .as_ref()
+                .and_then(|l| l.providers.get(provider.value.as_str()))
+                .map(|p| p.kind.value);
+            if let Some(kind) = kind.filter(|k| *k != ProviderKind::Openai) {
+                self.push(
+                    Diagnostic::error(
+                        codes::INVALID_VALUE,
+                        provider.span,
+                        format!(
+                            "provider `{}` is of kind `{}`, and embeddings come only from an OpenAI-compatible `/embeddings` endpoint",
+                            provider.value,
+                            serde_json::to_value(kind)
+                                .ok()
+                                .and_then(|k| k.as_str().map(str::to_owned))
+                                .unwrap_or_default()
+                        ),
+                    )
+                    .with_hint("declare a provider of kind `openai` whose `base_url` serves `/embeddings`"),
+                );
+            }
+        }
+        let used = self
+            .spec
+            .agents
+            .values()
+            .any(|a| a.memory == Some(true) || a.notes == Some(true));
+        let written = [
+            memory.path.as_ref().map(|p| p.span),
+            memory.namespace.as_ref().map(|n| n.span),
+            memory.recall.as_ref().map(|r| r.span),
+            memory.embeddings.as_ref().map(|e| e.span),
+        ];
+        if !used && let Some(key) = written.into_iter().flatten().next() {
+            self.push(
+                Diagnostic::warning(
+                    codes::INEFFECTIVE_FIELD,
+                    key,
+                    "`memory` has no effect: no agent has `memory: true` or `notes: true`",
+                )
+                .with_hint("give an agent `memory: true` to remember across runs"),
+            );
         }
     }
 

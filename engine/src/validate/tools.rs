@@ -171,7 +171,9 @@ impl Checker<'_> {
                     parameters.span,
                     "`parameters` has no effect on an MCP server",
                 )
-                .with_hint("each of the server's tools brings its own input schema, from `tools/list`"),
+                .with_hint(
+                    "each of the server's tools brings its own input schema, from `tools/list`",
+                ),
             );
         }
         if let Some(steps) = &def.steps {
@@ -536,6 +538,13 @@ impl Checker<'_> {
         let (listed, some_unlisted) = self.mcp_listed_names();
         let mut names = tool_names(self.tools);
         names.extend(listed.iter().map(String::as_str));
+        // The tools memory gives agents with `memory` (all of them) or `notes` (`note` and `notes`).
+        let agents = self.spec.agents.values();
+        if agents.clone().any(|a| a.memory == Some(true)) {
+            names.extend(crate::tools::MEMORY_TOOLS);
+        } else if agents.clone().any(|a| a.notes == Some(true)) {
+            names.extend(crate::tools::NOTE_TOOLS);
+        }
         let mcp_tool = pattern
             .value
             .as_str()

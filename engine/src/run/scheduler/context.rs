@@ -462,6 +462,11 @@ impl Shared {
     }
 
     /// The context of a declared tool's own templates, which the spec's author wrote.
+    /// What the memory `namespace` template reads: `inputs`, `env` and `run`, no secrets.
+    pub(super) fn memory_context(&self) -> Value {
+        self.context_of(&Steps::new(), false, true, &[])
+    }
+
     pub(super) fn tool_definition_context(&self, extra: &[(&str, Value)]) -> Value {
         self.context_of(&Steps::new(), true, true, extra)
     }

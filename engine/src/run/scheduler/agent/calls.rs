@@ -39,20 +39,8 @@ pub(super) async fn observe(
             false,
         ));
     }
-    if let Some(validator) = validators.get(name)
-        && let Some(error) = validator.iter_errors(arguments).next()
-    {
-        let path = error.instance_path().to_string();
-        let at = if path.is_empty() {
-            "the arguments".to_owned()
-        } else {
-            format!("`{path}`")
-        };
-        return Ok((
-            format!("invalid arguments for `{name}` at {at}: {error}"),
-            true,
-            false,
-        ));
+    if let Some(problem) = invalid(validators, name, arguments) {
+        return Ok((problem, true, false));
     }
     let call_label = format!("{label}/{tool}");
     let outcome = shared
@@ -81,6 +69,22 @@ pub(super) async fn observe(
             true,
         )),
     }
+}
+
+/// What is wrong with a call's arguments, by the tool's schema.
+pub(super) fn invalid(
+    validators: &HashMap<String, jsonschema::Validator>,
+    name: &str,
+    arguments: &Json,
+) -> Option<String> {
+    let error = validators.get(name)?.iter_errors(arguments).next()?;
+    let path = error.instance_path().to_string();
+    let at = if path.is_empty() {
+        "the arguments".to_owned()
+    } else {
+        format!("`{path}`")
+    };
+    Some(format!("invalid arguments for `{name}` at {at}: {error}"))
 }
 
 /// The tools an agent may call: the registry's tools (built-ins and declared tools) whose names match

@@ -10,6 +10,7 @@
 mod calls;
 mod context;
 mod error;
+mod memory;
 mod model;
 mod text;
 
@@ -61,13 +62,36 @@ pub const MAX_TOOL_NAME_BYTES: usize = 128;
 /// a note.
 pub const MAX_TURN_TEXT_BYTES: usize = 32 * 1024;
 
-/// Runs an agent step's body: `goal` is the rendered goal.
+/// Runs an agent step's body: `goal` is the rendered goal. An agent with memory keeps an episode of how
+/// the step ended.
 pub(super) async fn run(
     shared: &Shared,
     label: &str,
     body: Body<'_>,
     goal: String,
     ctx: &Value,
+) -> Result<Called, Failure> {
+    let spec: &Spec = &shared.workflow.spec;
+    let memory = memory::open(shared, label, spec.agent_name(body), spec.agent_of(body)).await?;
+    let outcome = converse(shared, label, body, goal.clone(), ctx, memory.as_ref()).await;
+    if let Some(memory) = &memory {
+        let ended = match &outcome {
+            Ok(called) => Ok(called.output.text.clone()),
+            Err(failure) => Err((failure.status, failure.message.clone())),
+        };
+        memory.episode(shared, &goal, &ended).await;
+    }
+    outcome
+}
+
+/// The ReAct loop of an agent step.
+async fn converse(
+    shared: &Shared,
+    label: &str,
+    body: Body<'_>,
+    goal: String,
+    ctx: &Value,
+    memory: Option<&memory::AgentMemory>,
 ) -> Result<Called, Failure> {
     let spec: &Spec = &shared.workflow.spec;
     let (agent, provider_name, configured) = chosen(shared, body)?;
@@ -98,6 +122,9 @@ pub(super) async fn run(
     // names models accept; `real` maps a changed name back.
     let mut tools = offered_tools(&shared.workflow.tools, &patterns);
     tools.extend(mcp_tools(shared, label, &patterns).await?);
+    if let Some(memory) = memory {
+        tools.extend(memory.tools());
+    }
     let (tools, real) = calls::as_offered(tools).map_err(Failure::fixed)?;
     let real_name =
         |name: &str| -> String { real.get(name).cloned().unwrap_or_else(|| name.to_owned()) };
@@ -137,6 +164,11 @@ pub(super) async fn run(
         ));
     }
     let mut user = goal;
+    if let Some(memory) = memory
+        && let Some(recalled) = memory.prompt_section(&user).await?
+    {
+        user.push_str(&recalled);
+    }
     user.push_str(&prompt::context_section(shared, body, ctx).await?);
     let start = |text_mode: bool| {
         let mut system = system.clone();
@@ -229,6 +261,9 @@ pub(super) async fn run(
         });
         first = state.iteration + 1;
         conversation.replace(state.messages);
+        if let Some(memory) = memory {
+            memory.saw(conversation.messages());
+        }
         tool_calls = state.tool_calls;
         usage = state.usage;
         seen_calls = state.seen_calls;
@@ -568,7 +603,16 @@ pub(super) async fn run(
                     Turn::Refused(reason) => Ok((reason.clone(), true, false)),
                     Turn::Run => {
                         let tool = real_name(&call.name);
-                        observe(shared, label, allowed, compiled, (&call.name, &tool), &call.arguments).await
+                        match memory.filter(|m| m.handles(&tool)) {
+                            Some(memory) => Ok(match calls::invalid(compiled, &call.name, &call.arguments) {
+                                Some(problem) => (problem, true, false),
+                                None => {
+                                    let (text, error) = memory.call(shared, &tool, &call.arguments).await;
+                                    (text, error, true)
+                                }
+                            }),
+                            None => observe(shared, label, allowed, compiled, (&call.name, &tool), &call.arguments).await,
+                        }
                     }
                 }
             }))

@@ -51,7 +51,7 @@ pub(in crate::run::scheduler) fn chosen<'s>(
 
 /// The provider `name` of the run, built on first use: replaying a cassette, or from the spec and the
 /// environment (recording when asked), wrapped so that the model never reads a secret value.
-fn provider(shared: &Shared, name: &str) -> Result<Arc<Configured>, Failure> {
+pub(super) fn provider(shared: &Shared, name: &str) -> Result<Arc<Configured>, Failure> {
     let spec = &shared.workflow.spec;
     if let Some(found) = shared
         .llm

@@ -1,0 +1,334 @@
+//! Agent memory through the CLI: an agent with `memory: true` remembers in one run and recalls in the next
+//! (mock provider scripts), records are superseded, forgotten and deduplicated, secrets are stored masked,
+//! namespaces separate teams, no memory is shown twice in one conversation, `remember` goes through the
+//! rules, and `archon memory` reads and changes what is kept.
+
+use std::path::Path;
+
+use serde_json::Value as Json;
+use tempfile::TempDir;
+
+use crate::support::{Output, archon_with};
+
+/// A workflow `keeper` whose agent `keeper` has memory and whose mock provider answers `turns` (YAML flow
+/// list items, one per line), with extra top-level `rest`.
+fn spec(turns: &[&str], rest: &str) -> String {
+    let turns: Vec<String> = turns.iter().map(|t| format!("        - {t}\n")).collect();
+    format!(
+        "name: keeper\nsecrets: [DEPLOY_TOKEN]\nllm:\n  providers:\n    scripted:\n      kind: mock\n      turns:\n{}agents:\n  keeper: {{ provider: scripted, memory: true }}\n{rest}steps:\n  - {{ id: work, goal: \"when does the team deploy?\", agent: keeper }}\n",
+        turns.concat()
+    )
+}
+
+fn archon(dir: &Path, args: &[&str]) -> Output {
+    archon_with(dir, args, &[("DEPLOY_TOKEN", "tok-5ecret-deploy")])
+}
+
+fn run(dir: &Path, file: &str, text: &str) -> Json {
+    std::fs::write(dir.join(file), text).expect("write");
+    let out = archon(
+        dir,
+        &[
+            "run",
+            file,
+            "--json",
+            "--events",
+            "events.jsonl",
+            "--no-input",
+        ],
+    );
+    serde_json::from_str(&out.stdout)
+        .unwrap_or_else(|e| panic!("{e}: {}\n{}", out.stdout, out.stderr))
+}
+
+/// What the agent's tools answered in the last run, in order: (tool, text).
+fn observations(dir: &Path) -> Vec<(String, String)> {
+    let events = std::fs::read_to_string(dir.join("events.jsonl")).expect("events");
+    events
+        .lines()
+        .filter_map(|line| serde_json::from_str::<Json>(line).ok())
+        .filter(|e| e["event"] == "agent_observation")
+        .map(|e| {
+            (
+                e["tool"].as_str().unwrap_or("").to_owned(),
+                e["text"].as_str().unwrap_or("").to_owned(),
+            )
+        })
+        .collect()
+}
+
+/// The memories `archon memory ls --all --json` lists: (id, kind, content, live).
+fn kept(dir: &Path, namespace: &str) -> Vec<(i64, String, String, bool)> {
+    let out = archon(
+        dir,
+        &["memory", "ls", "--namespace", namespace, "--all", "--json"],
+    );
+    let list: Json =
+        serde_json::from_str(&out.stdout).unwrap_or_else(|e| panic!("{e}: {}", out.stdout));
+    list.as_array()
+        .expect("a list")
+        .iter()
+        .map(|m| {
+            (
+                m["id"].as_i64().unwrap_or(0),
+                m["kind"].as_str().unwrap_or("").to_owned(),
+                m["content"].as_str().unwrap_or("").to_owned(),
+                m.get("superseded_by").is_none() && m.get("forgotten_ms").is_none(),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn a_decision_remembered_in_one_run_is_recalled_into_the_next_runs_prompt() {
+    let dir = TempDir::new().expect("tempdir");
+    let first = spec(
+        &[
+            "{ tool_calls: [{ name: remember, arguments: { content: \"The team deploys on Thursdays with token tok-5ecret-deploy\" } }] }",
+            "{ text: noted }",
+        ],
+        "",
+    );
+    let report = run(dir.path(), "first.yaml", &first);
+    assert_eq!(report["steps"]["work"]["output"], "noted", "{report}");
+    assert_eq!(
+        observations(dir.path()),
+        [("remember".to_owned(), "remembered as memory 1".to_owned())]
+    );
+    // The second run's model answers only when its prompt holds the memory (the mock's `match` reads the
+    // goal message), and the episode of the first run's step comes with it.
+    let second = spec(&["{ match: \"deploys on Thursdays\", text: Thursday }"], "");
+    let report = run(dir.path(), "second.yaml", &second);
+    assert_eq!(report["steps"]["work"]["output"], "Thursday", "{report}");
+    let memories = kept(dir.path(), "keeper");
+    assert_eq!(
+        memories
+            .iter()
+            .map(|(id, kind, content, _)| (
+                *id,
+                kind.as_str(),
+                content.lines().next().unwrap_or("")
+            ))
+            .collect::<Vec<_>>(),
+        [
+            (1, "fact", "The team deploys on Thursdays with token ***"),
+            (2, "episode", "Goal: when does the team deploy?"),
+            (3, "episode", "Goal: when does the team deploy?"),
+        ]
+    );
+}
+
+#[test]
+fn memories_are_deduplicated_superseded_forgotten_and_never_shown_twice() {
+    let dir = TempDir::new().expect("tempdir");
+    let text = spec(
+        &[
+            "{ tool_calls: [{ name: remember, arguments: { content: \"deploys happen on Tuesdays\" } }] }",
+            "{ tool_calls: [{ name: remember, arguments: { content: \"deploys  happen on Tuesdays\" } }] }",
+            "{ tool_calls: [{ name: remember, arguments: { content: \"deploys happen on Thursdays\", replaces: 1 } }] }",
+            "{ tool_calls: [{ name: recall, arguments: { query: deploys } }] }",
+            "{ tool_calls: [{ name: recall, arguments: { query: deploys } }] }",
+            "{ tool_calls: [{ name: forget, arguments: { id: 2, reason: cancelled } }] }",
+            "{ tool_calls: [{ name: recall, arguments: { query: deploys, include_replaced: true } }] }",
+            "{ tool_calls: [{ name: note, arguments: { text: \"half done\" } }, { name: notes, arguments: {} }] }",
+            "{ text: done }",
+        ],
+        "memory: { recall: 0 }\n",
+    );
+    let report = run(dir.path(), "m.yaml", &text);
+    assert_eq!(report["steps"]["work"]["output"], "done", "{report}");
+    let today = &humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string()[..10];
+    let observed: Vec<(String, String)> = observations(dir.path())
+        .into_iter()
+        .map(|(tool, text)| (tool, text.replace(today, "DAY")))
+        .collect();
+    let pairs: Vec<(&str, &str)> = observed
+        .iter()
+        .map(|(t, x)| (t.as_str(), x.as_str()))
+        .collect();
+    assert_eq!(
+        pairs,
+        [
+            ("remember", "remembered as memory 1"),
+            ("remember", "already remembered as memory 1"),
+            ("remember", "remembered as memory 2, replacing memory 1"),
+            ("recall", "[memory 2 · DAY] deploys happen on Thursdays"),
+            (
+                "recall",
+                "nothing found for `deploys` that this conversation has not shown already"
+            ),
+            ("forget", "forgot memory 2"),
+            (
+                "recall",
+                "[memory 1 · DAY · replaced by 2] deploys happen on Tuesdays"
+            ),
+            ("note", "noted (note 3)"),
+            ("notes", "[note 3 · DAY] half done"),
+        ]
+    );
+    let out = archon(dir.path(), &["memory", "show", "1"]);
+    let lines: Vec<&str> = out.stdout.lines().collect();
+    assert_eq!(
+        (lines[0], &lines[2..]),
+        (
+            "memory 1 · fact · namespace `keeper`",
+            &["replaced by memory 2", "", "deploys happen on Tuesdays"][..]
+        ),
+        "{}",
+        out.stdout
+    );
+}
+
+#[test]
+fn a_namespace_template_separates_teams() {
+    let dir = TempDir::new().expect("tempdir");
+    let rest =
+        "inputs:\n  team: { type: string }\nmemory: { namespace: \"team-{{ inputs.team }}\" }\n";
+    let remember = spec(
+        &[
+            "{ tool_calls: [{ name: remember, arguments: { content: \"standup is at nine\" } }] }",
+            "{ text: ok }",
+        ],
+        rest,
+    );
+    std::fs::write(dir.path().join("r.yaml"), &remember).expect("write");
+    let out = archon(
+        dir.path(),
+        &["run", "r.yaml", "--input", "team=red", "--no-input"],
+    );
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    let recall = spec(
+        &[
+            "{ tool_calls: [{ name: recall, arguments: { query: standup } }] }",
+            "{ text: ok }",
+        ],
+        rest,
+    );
+    std::fs::write(dir.path().join("q.yaml"), &recall).expect("write");
+    let out = archon(
+        dir.path(),
+        &[
+            "run",
+            "q.yaml",
+            "--input",
+            "team=blue",
+            "--no-input",
+            "--events",
+            "events.jsonl",
+        ],
+    );
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    assert_eq!(
+        observations(dir.path()),
+        [(
+            "recall".to_owned(),
+            "nothing found for `standup` that this conversation has not shown already".to_owned()
+        )]
+    );
+    let out = archon(dir.path(), &["memory", "ls"]);
+    assert_eq!(
+        out.stdout,
+        "NAMESPACE  LIVE  TOTAL\nteam-blue  1     1\nteam-red   2     2\n"
+    );
+}
+
+#[test]
+fn remember_goes_through_the_rules_and_is_written_once_after_approval() {
+    let dir = TempDir::new().expect("tempdir");
+    let text = spec(
+        &[
+            "{ tool_calls: [{ name: remember, arguments: { content: \"the vendor is Acme\" } }] }",
+            "{ text: done }",
+        ],
+        "rules:\n  - { on: before_tool, match: { tool: remember }, action: ask, reason: memory is shared }\n",
+    );
+    std::fs::write(dir.path().join("m.yaml"), &text).expect("write");
+    let out = archon(dir.path(), &["run", "m.yaml", "--no-input"]);
+    assert_eq!(out.code, 3, "{}\n{}", out.stdout, out.stderr);
+    assert_eq!(kept(dir.path(), "keeper"), []);
+    let out = archon(dir.path(), &["approve", "--last"]);
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    let out = archon(dir.path(), &["resume", "--last", "--no-input"]);
+    assert_eq!(out.code, 0, "{}\n{}", out.stdout, out.stderr);
+    assert_eq!(
+        kept(dir.path(), "keeper")
+            .into_iter()
+            .map(|(id, kind, content, live)| (
+                id,
+                kind,
+                content.lines().next().unwrap_or("").to_owned(),
+                live
+            ))
+            .collect::<Vec<_>>(),
+        [
+            (1, "fact".to_owned(), "the vendor is Acme".to_owned(), true),
+            (
+                2,
+                "episode".to_owned(),
+                "Goal: when does the team deploy?".to_owned(),
+                true
+            ),
+        ]
+    );
+}
+
+#[test]
+fn memory_export_and_import_round_trip_and_search_reads_bm25() {
+    let dir = TempDir::new().expect("tempdir");
+    let text = spec(
+        &[
+            "{ tool_calls: [{ name: remember, arguments: { content: \"the database is postgres 16\" } }, { name: remember, arguments: { content: \"lunch is at noon\" } }] }",
+            "{ text: ok }",
+        ],
+        "memory: { recall: 0 }\n",
+    );
+    run(dir.path(), "m.yaml", &text);
+    let out = archon(
+        dir.path(),
+        &["memory", "search", "postgres?", "--namespace", "keeper"],
+    );
+    let today = &humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string()[..10];
+    assert_eq!(
+        out.stdout.replace(today, "DAY"),
+        "ID  CREATED     TEXT\n1   DAY  the database is postgres 16\n"
+    );
+    let out = archon(dir.path(), &["memory", "export", "--namespace", "keeper"]);
+    std::fs::write(dir.path().join("export.jsonl"), &out.stdout).expect("write");
+    let out = archon(
+        dir.path(),
+        &[
+            "memory",
+            "import",
+            "export.jsonl",
+            "--namespace",
+            "copy",
+            "--file",
+            "other.db",
+        ],
+    );
+    assert_eq!(
+        out.stdout, "imported 3 memories (0 already known)\n",
+        "{}",
+        out.stderr
+    );
+    let out = archon(
+        dir.path(),
+        &[
+            "memory",
+            "import",
+            "export.jsonl",
+            "--namespace",
+            "copy",
+            "--file",
+            "other.db",
+        ],
+    );
+    assert_eq!(out.stdout, "imported 0 memories (3 already known)\n");
+    let out = archon(dir.path(), &["memory", "forget", "1", "--file", "other.db"]);
+    assert_eq!(out.stdout, "forgot memory 1\n");
+    let out = archon(dir.path(), &["memory", "forget", "1", "--file", "other.db"]);
+    assert_eq!(
+        (out.code, out.stderr.as_str()),
+        (1, "error: memory `1` was forgotten\n")
+    );
+}
