@@ -332,3 +332,172 @@ fn memory_export_and_import_round_trip_and_search_reads_bm25() {
         (1, "error: memory `1` was forgotten\n")
     );
 }
+
+/// A small `/v1/embeddings` server: each input's vector counts its words' character trigrams in 256
+/// buckets, so that a misspelt word lands near the right one (which BM25 cannot see).
+struct Trigrams(std::sync::atomic::AtomicUsize);
+
+fn trigram_vector(text: &str) -> Vec<f32> {
+    let mut vector = vec![0.0f32; 256];
+    for word in text.to_lowercase().split(|c: char| !c.is_alphanumeric()) {
+        if word.is_empty() {
+            continue;
+        }
+        let padded: Vec<char> = format!("  {word} ").chars().collect();
+        for gram in padded.windows(3) {
+            let mut hash: u32 = 2_166_136_261;
+            for c in gram {
+                hash = (hash ^ u32::from(*c)).wrapping_mul(16_777_619);
+            }
+            vector[(hash % 256) as usize] += 1.0;
+        }
+    }
+    vector
+}
+
+impl wiremock::Respond for Trigrams {
+    fn respond(&self, request: &wiremock::Request) -> wiremock::ResponseTemplate {
+        self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        let body: Json = serde_json::from_slice(&request.body).unwrap_or(Json::Null);
+        let inputs: Vec<String> = match &body["input"] {
+            Json::String(one) => vec![one.clone()],
+            Json::Array(many) => many
+                .iter()
+                .filter_map(|v| v.as_str().map(str::to_owned))
+                .collect(),
+            _ => Vec::new(),
+        };
+        let data: Vec<Json> = inputs
+            .iter()
+            .enumerate()
+            .map(|(index, text)| serde_json::json!({ "object": "embedding", "index": index, "embedding": trigram_vector(text) }))
+            .collect();
+        wiremock::ResponseTemplate::new(200).set_body_json(serde_json::json!({
+            "object": "list",
+            "data": data,
+            "model": body["model"],
+            "usage": { "prompt_tokens": 8, "total_tokens": 8 }
+        }))
+    }
+}
+
+/// A chat model that answers with these assistant messages in order.
+struct Script(Vec<Json>, std::sync::atomic::AtomicUsize);
+
+impl wiremock::Respond for Script {
+    fn respond(&self, _: &wiremock::Request) -> wiremock::ResponseTemplate {
+        let n = self.1.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        let message = self.0[n.min(self.0.len() - 1)].clone();
+        let finish = if message.get("tool_calls").is_some() {
+            "tool_calls"
+        } else {
+            "stop"
+        };
+        wiremock::ResponseTemplate::new(200).set_body_json(serde_json::json!({
+            "id": format!("chatcmpl-{n}"),
+            "object": "chat.completion",
+            "created": 1_700_000_000,
+            "model": "chat-small",
+            "choices": [{ "index": 0, "message": message, "finish_reason": finish }],
+            "usage": { "prompt_tokens": 50, "completion_tokens": 10, "total_tokens": 60 }
+        }))
+    }
+}
+
+fn call(name: &str, arguments: &Json) -> Json {
+    serde_json::json!({
+        "role": "assistant",
+        "content": null,
+        "tool_calls": [{ "id": format!("call_{name}"), "type": "function",
+                         "function": { "name": name, "arguments": arguments.to_string() } }]
+    })
+}
+
+fn said(text: &str) -> Json {
+    serde_json::json!({ "role": "assistant", "content": text })
+}
+
+/// Without `memory.embeddings` no embedding request is made, though the chat provider's server has the
+/// endpoint; with it, a misspelt query finds by embeddings what BM25 cannot.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn embeddings_are_asked_only_when_named_and_fused_with_bm25() {
+    let server = wiremock::MockServer::start().await;
+    let embedded = std::sync::Arc::new(Trigrams(std::sync::atomic::AtomicUsize::new(0)));
+    wiremock::Mock::given(wiremock::matchers::method("POST"))
+        .and(wiremock::matchers::path("/v1/embeddings"))
+        .respond_with(TrigramsRef(embedded.clone()))
+        .mount(&server)
+        .await;
+    wiremock::Mock::given(wiremock::matchers::method("POST"))
+        .and(wiremock::matchers::path("/v1/chat/completions"))
+        .respond_with(Script(
+            vec![
+                call("remember", &serde_json::json!({ "content": "the deploy cluster runs kubernetes" })),
+                call("recall", &serde_json::json!({ "query": "kubrnetes" })),
+                said("first done"),
+                call("remember", &serde_json::json!({ "content": "staging uses the kubernetes cluster named blue" })),
+                call("recall", &serde_json::json!({ "query": "kubrnetes" })),
+                said("second done"),
+            ],
+            std::sync::atomic::AtomicUsize::new(0),
+        ))
+        .mount(&server)
+        .await;
+    let dir = TempDir::new().expect("tempdir");
+    let spec = |embeddings: &str| {
+        format!(
+            "name: kube\nllm:\n  providers:\n    local: {{ kind: openai, base_url: \"{}/v1\", model: chat-small }}\nagents:\n  ops: {{ provider: local, memory: true }}\nmemory: {{ recall: 0{embeddings} }}\nsteps:\n  - {{ id: work, goal: note the cluster, agent: ops }}\n",
+            server.uri()
+        )
+    };
+    let path = dir.path().to_owned();
+    let plain = spec("");
+    let first = tokio::task::spawn_blocking(move || run(&path, "plain.yaml", &plain))
+        .await
+        .expect("ran");
+    assert_eq!(first["steps"]["work"]["output"], "first done", "{first}");
+    let recalled: Vec<(String, String)> = observations(dir.path());
+    assert_eq!(
+        recalled[1],
+        (
+            "recall".to_owned(),
+            "nothing found for `kubrnetes` that this conversation has not shown already".to_owned()
+        )
+    );
+    assert_eq!(embedded.0.load(std::sync::atomic::Ordering::SeqCst), 0);
+
+    let path = dir.path().to_owned();
+    let semantic = spec(", embeddings: { provider: local, model: trigram-256 }");
+    let second = tokio::task::spawn_blocking(move || run(&path, "semantic.yaml", &semantic))
+        .await
+        .expect("ran");
+    assert_eq!(second["steps"]["work"]["output"], "second done", "{second}");
+    let today = &humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string()[..10];
+    // The events file holds both runs' events: the second run's come after the first's two.
+    let recalled: Vec<(String, String)> = observations(dir.path())
+        .into_iter()
+        .skip(2)
+        .map(|(tool, text)| (tool, text.replace(today, "DAY")))
+        .collect();
+    assert_eq!(
+        recalled,
+        [
+            ("remember".to_owned(), "remembered as memory 3".to_owned()),
+            (
+                "recall".to_owned(),
+                "[memory 3 · DAY] staging uses the kubernetes cluster named blue".to_owned()
+            ),
+        ]
+    );
+    // One request for the memory written, one for the query.
+    assert_eq!(embedded.0.load(std::sync::atomic::Ordering::SeqCst), 2);
+}
+
+/// Shares a [`Trigrams`] server's count with the test.
+struct TrigramsRef(std::sync::Arc<Trigrams>);
+
+impl wiremock::Respond for TrigramsRef {
+    fn respond(&self, request: &wiremock::Request) -> wiremock::ResponseTemplate {
+        self.0.respond(request)
+    }
+}

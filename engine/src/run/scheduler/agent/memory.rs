@@ -244,7 +244,11 @@ impl AgentMemory {
         let mut unembedded = None;
         let embedding = match &self.embeddings {
             Some((provider, model)) if !content.trim().is_empty() => {
-                match provider.provider.embed(model, std::slice::from_ref(&content)).await {
+                match provider
+                    .provider
+                    .embed(model, std::slice::from_ref(&content))
+                    .await
+                {
                     Ok(mut vectors) => vectors.pop().map(|v| (model.clone(), v)),
                     Err(e) => {
                         unembedded = Some(e.message);
