@@ -733,6 +733,16 @@ mod context {
             })
             .collect();
         assert_eq!(compactions.len(), 1, "{compactions:?}");
+        // The step's result says what its working memory was and how often it was compacted (`archon
+        // show` lists it).
+        assert_eq!(
+            answer.llm.as_ref().and_then(|l| l.context),
+            Some(archon_engine::report::ContextUse {
+                window: 8000,
+                compact_at: 2000,
+                compactions: 1
+            })
+        );
         let (iteration, turns, before, after) = compactions[0];
         assert_eq!(
             (iteration, turns),

@@ -235,16 +235,16 @@ fn validate_warns_about_what_run_cannot_run_yet() {
     let dir = TempDir::new().expect("tempdir");
     std::fs::write(
         dir.path().join("m.yaml"),
-        "name: m\nagents:\n  helper: { memory: true }\nsteps:\n  - { id: a, goal: remember things, agent: helper }\n",
+        "name: m\nagents:\n  helper: { delegates: [other] }\n  other: {}\nsteps:\n  - { id: a, goal: remember things, agent: helper }\n",
     )
     .expect("write");
     let out = archon(dir.path(), &["validate", "m.yaml"]);
     assert_eq!(out.code, 0);
     insta::assert_snapshot!(out.stdout, @r"
-    warning[archon::cannot_run_yet]: step `a` cannot run in this version: agent memory (`memory: true`) cannot run yet
-     --> m.yaml:5:11
+    warning[archon::cannot_run_yet]: step `a` cannot run in this version: agent delegation (`delegates`) cannot run yet
+     --> m.yaml:6:11
       |
-    5 |   - { id: a, goal: remember things, agent: helper }
+    6 |   - { id: a, goal: remember things, agent: helper }
       |           ^
       |
       = hint: `archon run` refuses the workflow until it can

@@ -277,7 +277,8 @@ fn memory_export_and_import_round_trip_and_search_reads_bm25() {
     let dir = TempDir::new().expect("tempdir");
     let text = spec(
         &[
-            "{ tool_calls: [{ name: remember, arguments: { content: \"the database is postgres 16\" } }, { name: remember, arguments: { content: \"lunch is at noon\" } }] }",
+            "{ tool_calls: [{ name: remember, arguments: { content: \"the database is postgres 16\" } }] }",
+            "{ tool_calls: [{ name: remember, arguments: { content: \"lunch is at noon\" } }] }",
             "{ text: ok }",
         ],
         "memory: { recall: 0 }\n",

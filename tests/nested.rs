@@ -328,12 +328,12 @@ fn unsupported_steps_inside_tools_and_sub_workflows_are_found() {
     let dir = TempDir::new().expect("tempdir");
     std::fs::write(
         dir.path().join("parent.yaml"),
-        "name: parent\nagents:\n  keeper: { memory: true }\ntools:\n  think:\n    parameters: { type: object, properties: {} }\n    steps:\n      - { id: ask, goal: say hello, agent: keeper }\nsteps:\n  - { id: a, tool: think }\n  - { id: b, workflow: child.yaml }\n",
+        "name: parent\nagents:\n  keeper: { delegates: [other] }\n  other: {}\ntools:\n  think:\n    parameters: { type: object, properties: {} }\n    steps:\n      - { id: ask, goal: say hello, agent: keeper }\nsteps:\n  - { id: a, tool: think }\n  - { id: b, workflow: child.yaml }\n",
     )
     .expect("write");
     std::fs::write(
         dir.path().join("child.yaml"),
-        "name: child\nagents:\n  keeper: { memory: true }\nsteps:\n  - { id: plan_it, plan: write a plan, agent: keeper }\n",
+        "name: child\nagents:\n  keeper: { delegates: [other] }\n  other: {}\nsteps:\n  - { id: plan_it, plan: write a plan, agent: keeper }\n",
     )
     .expect("write");
     let workflow = archon_engine::validate_file(&dir.path().join("parent.yaml"))

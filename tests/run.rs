@@ -527,7 +527,7 @@ fn archon_run_prints_outputs_and_exits_by_status() {
     .expect("write");
     std::fs::write(
         dir.path().join("llm.yaml"),
-        "name: llm\nagents:\n  keeper: { memory: true }\nsteps:\n  - { id: a, goal: Say hi, agent: keeper }\n",
+        "name: llm\nagents:\n  keeper: { delegates: [other] }\n  other: {}\nsteps:\n  - { id: a, goal: Say hi, agent: keeper }\n",
     )
     .expect("write");
 

@@ -293,6 +293,35 @@ fn describe(session: &Session, run: &StoredRun, paint: Paint) -> String {
         text.push('\n');
         text.push_str(&table(&["STEP", "STATUS", "ATTEMPTS", "ERROR"], &rows));
     }
+    // What each agent step's model could read, and how close it came.
+    let working: Vec<[String; 5]> = run
+        .results
+        .iter()
+        .filter_map(|(name, result)| {
+            let llm = result.llm.as_ref()?;
+            let context = llm.context?;
+            Some([
+                shown(name),
+                llm.largest_prompt.to_string(),
+                context.compact_at.to_string(),
+                context.window.to_string(),
+                context.compactions.to_string(),
+            ])
+        })
+        .collect();
+    if !working.is_empty() {
+        text.push_str("\nworking memory of agent steps, in tokens:\n");
+        text.push_str(&table(
+            &[
+                "STEP",
+                "LARGEST PROMPT",
+                "COMPACTS AT",
+                "WINDOW",
+                "COMPACTIONS",
+            ],
+            &working,
+        ));
+    }
     if !run.outputs.is_empty() {
         text.push('\n');
         text.push_str(&shown(&outputs_text(&run.outputs)));

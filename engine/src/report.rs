@@ -223,6 +223,24 @@ pub struct LlmUsage {
     pub cost_usd: f64,
     /// Calls whose model has no known price (not in `cost_usd`).
     pub unpriced_calls: u64,
+    /// The largest prompt one call sent, in tokens (as the provider counted it).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub largest_prompt: u64,
+    /// An agent step's working memory: its model's context window, where earlier turns are compacted,
+    /// and how many times they were. Only a step's own usage has it, not a sum over steps.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub context: Option<ContextUse>,
+}
+
+/// The limits of an agent step's working memory, and how often it reached them.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ContextUse {
+    /// The model's context window, in tokens.
+    pub window: u64,
+    /// The prompt size, in tokens, past which earlier turns are summarised.
+    pub compact_at: u64,
+    /// How many times they were.
+    pub compactions: u32,
 }
 
 impl LlmUsage {
@@ -245,6 +263,8 @@ impl LlmUsage {
             cached_input_tokens: usage.cached_input_tokens,
             cost_usd: cost.unwrap_or(0.0),
             unpriced_calls: u64::from(cost.is_none()),
+            largest_prompt: usage.input_tokens,
+            context: None,
         }
     }
 
@@ -259,6 +279,7 @@ impl LlmUsage {
             .saturating_add(other.cached_input_tokens);
         self.cost_usd += other.cost_usd;
         self.unpriced_calls = self.unpriced_calls.saturating_add(other.unpriced_calls);
+        self.largest_prompt = self.largest_prompt.max(other.largest_prompt);
     }
 }
 

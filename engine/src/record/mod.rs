@@ -168,6 +168,20 @@ pub struct Usage {
     pub cached_input_tokens: u64,
     pub cost_usd: f64,
     pub unpriced_calls: u64,
+    /// Added in this format without a version change: a record without it had none.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub largest_prompt: u64,
+    /// Added in this format without a version change: a record without it had none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub context: Option<ContextUse>,
+}
+
+/// An agent step's working memory: context window, compaction threshold (tokens), compactions.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ContextUse {
+    pub window: u64,
+    pub compact_at: u64,
+    pub compactions: u32,
 }
 
 /// A step's final result (a row of `results`; its output may live in `blobs`).

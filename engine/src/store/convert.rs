@@ -73,6 +73,12 @@ impl From<&LlmUsage> for record::Usage {
             cached_input_tokens: usage.cached_input_tokens,
             cost_usd: usage.cost_usd,
             unpriced_calls: usage.unpriced_calls,
+            largest_prompt: usage.largest_prompt,
+            context: usage.context.map(|c| record::ContextUse {
+                window: c.window,
+                compact_at: c.compact_at,
+                compactions: c.compactions,
+            }),
         }
     }
 }
@@ -87,6 +93,12 @@ impl From<record::Usage> for LlmUsage {
             cached_input_tokens: usage.cached_input_tokens,
             cost_usd: usage.cost_usd,
             unpriced_calls: usage.unpriced_calls,
+            largest_prompt: usage.largest_prompt,
+            context: usage.context.map(|c| crate::report::ContextUse {
+                window: c.window,
+                compact_at: c.compact_at,
+                compactions: c.compactions,
+            }),
         }
     }
 }

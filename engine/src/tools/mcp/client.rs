@@ -496,6 +496,9 @@ struct Process {
     redactor: Arc<Redactor>,
     /// Set once the group was killed on purpose.
     stopped: AtomicBool,
+    /// The server's processes, until they are swept: when it exits (by the task that waits for it), or
+    /// when it is stopped or dropped before that task could.
+    tracked: Arc<Mutex<Option<crate::process::Tracked>>>,
 }
 
 impl std::fmt::Debug for Process {
@@ -515,12 +518,16 @@ impl Process {
         redactor: Arc<Redactor>,
     ) -> Process {
         let (sender, exit) = watch::channel(None);
+        let tracked = Arc::new(Mutex::new(Some(tracked)));
+        let swept = tracked.clone();
         tokio::spawn(async move {
             if let Ok(status) = child.wait().await {
                 // What the server left running goes with it: its group, and what left the group or
                 // the session (found by its tag), which then no longer holds its output open, so the
                 // connection sees the end.
-                tracked.exited();
+                if let Some(tracked) = swept.lock().ok().and_then(|mut t| t.take()) {
+                    tracked.exited();
+                }
                 let _ = sender.send(Some(status));
             }
         });
@@ -550,7 +557,15 @@ impl Process {
             stderr: kept,
             redactor,
             stopped: AtomicBool::new(false),
+            tracked,
         }
+    }
+
+    /// Sweeps what the server left running now, unless the task that waits for it did already.
+    fn sweep(&self) {
+        let tracked = self.tracked.lock().ok().and_then(|mut t| t.take());
+        // Dropped before it exited is a command abandoned: its group and descendants are killed.
+        drop(tracked);
     }
 
     fn status(&self) -> Option<ExitStatus> {
@@ -604,6 +619,8 @@ impl Process {
         let _ = self.exited(TERM_GRACE).await;
         let _ = killpg(self.pgid, Signal::SIGKILL);
         let _ = self.exited(TERM_GRACE).await;
+        // On a machine too busy for the waiting task to have swept by now, this does.
+        self.sweep();
     }
 }
 
@@ -612,6 +629,7 @@ impl Drop for Process {
         if !self.stopped.swap(true, Ordering::SeqCst) {
             let _ = killpg(self.pgid, Signal::SIGKILL);
         }
+        self.sweep();
     }
 }
 

@@ -318,6 +318,9 @@ pub(super) async fn fit(
         return Err(Failure::from(AgentError::EmptySummary).with_llm(usage.clone()));
     }
     conversation.compact(cut, summary.trim());
+    if let Some(context) = usage.context.as_mut() {
+        context.compactions = context.compactions.saturating_add(1);
+    }
     let after = conversation.estimate(note);
     shared.emit(RunEvent::AgentCompacted {
         step: label.to_owned(),

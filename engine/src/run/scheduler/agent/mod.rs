@@ -215,7 +215,16 @@ async fn converse(
             ))
         })
         .collect();
-    let mut usage = LlmUsage::default();
+    let window = conversation.window;
+    let context_use = crate::report::ContextUse {
+        window: window.size as u64,
+        compact_at: window.threshold as u64,
+        compactions: 0,
+    };
+    let mut usage = LlmUsage {
+        context: Some(context_use),
+        ..LlmUsage::default()
+    };
     let mut seen_calls: HashMap<String, usize> = HashMap::new();
     let mut schema_retries = 0;
     let validator = match &schema {
@@ -266,6 +275,7 @@ async fn converse(
         }
         tool_calls = state.tool_calls;
         usage = state.usage;
+        usage.context.get_or_insert(context_use);
         seen_calls = state.seen_calls;
         schema_retries = state.schema_retries;
         pending = state.pending;
