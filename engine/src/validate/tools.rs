@@ -171,7 +171,9 @@ impl Checker<'_> {
                     parameters.span,
                     "`parameters` has no effect on an MCP server",
                 )
-                .with_hint("each of the server's tools brings its own input schema, from `tools/list`"),
+                .with_hint(
+                    "each of the server's tools brings its own input schema, from `tools/list`",
+                ),
             );
         }
         if let Some(steps) = &def.steps {
