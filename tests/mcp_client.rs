@@ -721,6 +721,33 @@ async fn mcp_client_refuses_loopback_unless_the_network_policy_allows_it() {
     assert_eq!(error.class, ErrorClass::Permanent);
 }
 
+#[tokio::test]
+async fn mcp_client_says_plainly_why_a_url_server_is_unreachable() {
+    // A port nothing listens on: bound, then let go.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port();
+    let url = format!("http://127.0.0.1:{port}/mcp");
+    let config = ServerConfig {
+        name: "down".to_owned(),
+        transport: Transport::Http {
+            url: url.clone(),
+            headers: Vec::new(),
+        },
+        tools: None,
+        limits: limits(),
+    };
+    let servers = loopback_pool();
+    let error = servers.tools(&config, &never()).await.expect_err("down");
+    assert_eq!(
+        error.message,
+        format!("cannot reach MCP server `down` at `{url}`: connection refused (os error 111)")
+    );
+    assert_eq!(error.class, ErrorClass::Connect);
+    servers.shutdown().await;
+}
+
 /// A child process killed and reaped when dropped.
 struct Reaped(std::process::Child);
 

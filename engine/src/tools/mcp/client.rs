@@ -45,6 +45,33 @@ const MAX_TOOLS: usize = 10_000;
 const CLOSE_GRACE: Duration = Duration::from_secs(1);
 const TERM_GRACE: Duration = Duration::from_secs(2);
 
+/// Why a streamable HTTP server could not be reached, as a person reads it: the innermost cause of an
+/// HTTP client error (`connection refused (os error 111)`), without rmcp's layers of transport types.
+fn unreachable_why(error: &rmcp::service::ClientInitializeError) -> String {
+    use rmcp::transport::streamable_http_client::StreamableHttpError;
+    let rmcp::service::ClientInitializeError::TransportError { error, .. } = error else {
+        return error.to_string();
+    };
+    let inner: &(dyn std::error::Error + Send + Sync + 'static) = &*error.error;
+    let Some(StreamableHttpError::Client(client)) =
+        inner.downcast_ref::<StreamableHttpError<reqwest::Error>>()
+    else {
+        return inner.to_string();
+    };
+    let mut innermost: &(dyn std::error::Error + 'static) = client;
+    while let Some(source) = innermost.source() {
+        innermost = source;
+    }
+    let text = innermost.to_string();
+    let mut chars = text.chars();
+    match (chars.next(), chars.next()) {
+        (Some(first), Some(second)) if first.is_uppercase() && second.is_lowercase() => {
+            first.to_lowercase().chain(text.chars().skip(1)).collect()
+        }
+        _ => text,
+    }
+}
+
 /// What the client side tells the pool.
 #[derive(Clone, Debug, Default)]
 pub(crate) struct Handler {
@@ -260,7 +287,7 @@ impl Connection {
                         redactor: redactor.clone(),
                     }),
                     Ok(Err(error)) => {
-                        let error = redactor.text(&error.to_string()).into_owned();
+                        let error = redactor.text(&unreachable_why(&error)).into_owned();
                         let class = if error.contains("which MCP refuses") {
                             ErrorClass::Permanent
                         } else {
