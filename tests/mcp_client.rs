@@ -279,7 +279,18 @@ async fn mcp_client_reports_a_program_that_does_not_exist() {
         .expect_err("no such program");
     assert_eq!(
         error.message,
-        "cannot start MCP server `fx`: `/nonexistent/mcp-server`: No such file or directory (os error 2)"
+        "cannot start MCP server `fx`: `/nonexistent/mcp-server` does not exist"
+    );
+    let error = servers
+        .tools(
+            &stdio(vec!["archon-no-such-mcp-server".to_owned()], limits()),
+            &never(),
+        )
+        .await
+        .expect_err("no such program");
+    assert_eq!(
+        error.message,
+        "cannot start MCP server `fx`: `archon-no-such-mcp-server` is not found on `PATH`\ninstall it, or give its path in `command`"
     );
 }
 

@@ -62,13 +62,18 @@ fn unreachable_why(error: &rmcp::service::ClientInitializeError) -> String {
     while let Some(source) = innermost.source() {
         innermost = source;
     }
-    let text = innermost.to_string();
+    lowercase_first(&innermost.to_string())
+}
+
+/// `text` with its first letter lowercase, as errors are written (`Connection refused` becomes
+/// `connection refused`), unless it begins an acronym (`URL`).
+fn lowercase_first(text: &str) -> String {
     let mut chars = text.chars();
     match (chars.next(), chars.next()) {
         (Some(first), Some(second)) if first.is_uppercase() && second.is_lowercase() => {
             first.to_lowercase().chain(text.chars().skip(1)).collect()
         }
-        _ => text,
+        _ => text.to_owned(),
     }
 }
 
@@ -168,10 +173,15 @@ impl Connection {
                 let tag = crate::process::new_tag();
                 command.env(crate::process::TAG_VAR, &tag);
                 let mut child = command.spawn().map_err(|e| {
-                    ToolError::new(format!(
-                        "cannot start MCP server `{name}`: `{program}`: {e}"
-                    ))
-                    .of(ErrorClass::Connect)
+                    let why = match e.kind() {
+                        std::io::ErrorKind::NotFound if !program.contains('/') => format!(
+                            "`{program}` is not found on `PATH`\ninstall it, or give its path in `command`"
+                        ),
+                        std::io::ErrorKind::NotFound => format!("`{program}` does not exist"),
+                        _ => format!("`{program}`: {}", lowercase_first(&e.to_string())),
+                    };
+                    ToolError::new(format!("cannot start MCP server `{name}`: {why}"))
+                        .of(ErrorClass::Connect)
                 })?;
                 let (Some(pid), Some(stdin), Some(stdout), Some(stderr)) = (
                     child.id(),
