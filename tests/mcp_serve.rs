@@ -760,18 +760,18 @@ async fn over_http_sessions_open_at_once_are_bounded_and_a_closed_one_frees_its_
         .expect("answered");
     assert!(closed.status().is_success(), "{}", closed.status());
     // The session's place is freed as its handler ends.
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         let response = initialize().await.expect("answered");
         if response.status() == 200 {
             break;
         }
         assert!(
-            std::time::Instant::now() < deadline,
+            Instant::now() < deadline,
             "no session was accepted after one closed: {}",
             response.status()
         );
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
 
