@@ -279,7 +279,18 @@ async fn mcp_client_reports_a_program_that_does_not_exist() {
         .expect_err("no such program");
     assert_eq!(
         error.message,
-        "cannot start MCP server `fx`: `/nonexistent/mcp-server`: No such file or directory (os error 2)"
+        "cannot start MCP server `fx`: `/nonexistent/mcp-server` does not exist"
+    );
+    let error = servers
+        .tools(
+            &stdio(vec!["archon-no-such-mcp-server".to_owned()], limits()),
+            &never(),
+        )
+        .await
+        .expect_err("no such program");
+    assert_eq!(
+        error.message,
+        "cannot start MCP server `fx`: `archon-no-such-mcp-server` is not found on `PATH`\ninstall it, or give its path in `command`"
     );
 }
 
@@ -719,6 +730,33 @@ async fn mcp_client_refuses_loopback_unless_the_network_policy_allows_it() {
         "`127.0.0.1` is an internal address (loopback), which MCP refuses unless `network.allow` lists it"
     );
     assert_eq!(error.class, ErrorClass::Permanent);
+}
+
+#[tokio::test]
+async fn mcp_client_says_plainly_why_a_url_server_is_unreachable() {
+    // A port nothing listens on: bound, then let go.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port();
+    let url = format!("http://127.0.0.1:{port}/mcp");
+    let config = ServerConfig {
+        name: "down".to_owned(),
+        transport: Transport::Http {
+            url: url.clone(),
+            headers: Vec::new(),
+        },
+        tools: None,
+        limits: limits(),
+    };
+    let servers = loopback_pool();
+    let error = servers.tools(&config, &never()).await.expect_err("down");
+    assert_eq!(
+        error.message,
+        format!("cannot reach MCP server `down` at `{url}`: connection refused (os error 111)")
+    );
+    assert_eq!(error.class, ErrorClass::Connect);
+    servers.shutdown().await;
 }
 
 /// A child process killed and reaped when dropped.

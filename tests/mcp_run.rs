@@ -163,6 +163,51 @@ fn a_secret_in_a_result_is_masked_and_reaches_the_server_only_through_its_env() 
 }
 
 #[test]
+fn variables_an_mcp_servers_file_passes_to_env_or_url_are_masked_like_secrets() {
+    let dir = TempDir::new().expect("tempdir");
+    let fixture = mcp_fixture().display().to_string();
+    std::fs::write(
+        dir.path().join(".mcp.json"),
+        json!({ "mcpServers": {
+            "fx": { "command": fixture, "env": { "GH_TOKEN": "${IMPORTED_TOKEN}" } },
+            "down": { "url": "http://127.0.0.1:1/mcp?key=${IMPORTED_KEY}" },
+        }})
+        .to_string(),
+    )
+    .expect("write");
+    write(
+        dir.path(),
+        "name: m\nnetwork:\n  allow: [\"127.0.0.1\"]\ntools:\n  fx:\n    mcp: { from: .mcp.json }\n  down:\n    mcp: { from: .mcp.json }\nsteps:\n  - { id: token, tool: fx.env, with: { name: GH_TOKEN } }\n  - { id: key, tool: down.any, with: {}, on_error: continue }\noutputs:\n  token: \"{{ steps.token.output }}\"\n",
+    );
+    let env = [
+        ("IMPORTED_TOKEN", "ghp-imported-token-value"),
+        ("IMPORTED_KEY", "imported-api-key-value"),
+    ];
+    let Output {
+        code,
+        stdout,
+        stderr,
+    } = crate::support::archon_with(dir.path(), &["run", "m.yaml", "--no-input", "--json"], &env);
+    assert_eq!(code, 0, "{stderr}");
+    let report = report(&stdout);
+    assert_eq!(report["outputs"], json!({ "token": "***" }), "{stdout}");
+    let error = report["steps"]["key"]["error"].as_str().unwrap_or_default();
+    assert!(
+        error.starts_with("cannot reach MCP server `down` at `http://127.0.0.1:1/mcp?key=***`"),
+        "{error}"
+    );
+    for args in [
+        &["show", "--last", "--json"][..],
+        &["mcp", "list", "m.yaml"],
+    ] {
+        let Output { stdout, .. } = crate::support::archon_with(dir.path(), args, &env);
+        assert!(!stdout.contains("imported-"), "{args:?}: {stdout}");
+        assert!(stdout.contains("***"), "{args:?}: {stdout}");
+    }
+    assert!(!stderr.contains("imported-"), "{stderr}");
+}
+
+#[test]
 fn two_tools_under_one_model_name_fail_the_step_naming_both() {
     let dir = TempDir::new().expect("tempdir");
     let rest = "  fx__echo:\n    command: [echo, hi]\nllm:\n  providers:\n    scripted:\n      kind: mock\n      turns:\n        - text: done\nsteps:\n  - { id: ask, goal: say something, tools: [fx__echo, \"fx.*\"] }\n";

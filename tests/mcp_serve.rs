@@ -722,6 +722,60 @@ async fn over_http_without_a_token_pages_from_other_origins_are_refused() {
 }
 
 #[tokio::test]
+async fn over_http_sessions_open_at_once_are_bounded_and_a_closed_one_frees_its_place() {
+    let dir = workflows();
+    let server = http_server(dir.path(), &[], &[]);
+    let http = reqwest::Client::new();
+    let initialize = || {
+        http.post(&server.url)
+            .header("content-type", "application/json")
+            .header("accept", "application/json, text/event-stream")
+            .body(
+                json!({
+                    "jsonrpc": "2.0", "id": 1, "method": "initialize",
+                    "params": { "protocolVersion": "2025-06-18", "capabilities": {},
+                                "clientInfo": { "name": "test", "version": "1" } }
+                })
+                .to_string(),
+            )
+            .send()
+    };
+    let mut sessions = Vec::new();
+    for _ in 0..256 {
+        let response = initialize().await.expect("answered");
+        assert_eq!(response.status(), 200);
+        sessions.push(response.headers()["mcp-session-id"].clone());
+    }
+    let refused = initialize().await.expect("answered");
+    assert_eq!(refused.status(), 500);
+    assert_eq!(
+        refused.text().await.expect("a body"),
+        "Encounter an error when get service: 256 MCP sessions are open, the most served at once: close one (HTTP `DELETE` with its `mcp-session-id`) or wait for one to go idle"
+    );
+    let closed = http
+        .delete(&server.url)
+        .header("mcp-session-id", sessions[0].clone())
+        .send()
+        .await
+        .expect("answered");
+    assert!(closed.status().is_success(), "{}", closed.status());
+    // The session's place is freed as its handler ends.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let response = initialize().await.expect("answered");
+        if response.status() == 200 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no session was accepted after one closed: {}",
+            response.status()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test]
 async fn a_token_lets_the_server_listen_beyond_loopback() {
     let dir = workflows();
     let server = http_server_on(

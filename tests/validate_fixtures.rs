@@ -200,6 +200,11 @@ fn rule_key_on_is_not_a_boolean() {
 /// Keeps `tests/fixtures/validate/mcp/github_tools.json` in `state` as the tool list of the `github` server
 /// the `mcp/listed*.yaml` fixtures declare, as `archon mcp list` would (at a fixed time).
 fn keep_github_tools(state: &Path) {
+    keep_github_tools_for(state, &["get_*", "list_*"]);
+}
+
+/// [`keep_github_tools`] for a `github` server whose `tools` globs are `globs`.
+fn keep_github_tools_for(state: &Path, globs: &[&str]) {
     use archon_engine::spec::Pattern;
     use archon_engine::tools::mcp::{DefValue, TransportDef, cache};
     let transport = TransportDef::Stdio {
@@ -210,10 +215,8 @@ fn keep_github_tools(state: &Path) {
         env: Vec::new(),
         cwd: None,
     };
-    let key = cache::key(
-        &transport,
-        Some(&[Pattern::new("get_*"), Pattern::new("list_*")]),
-    );
+    let globs: Vec<Pattern> = globs.iter().map(|g| Pattern::new(*g)).collect();
+    let key = cache::key(&transport, Some(&globs));
     let tools: serde_json::Value = serde_json::from_str(
         &std::fs::read_to_string(root().join("tests/fixtures/validate/mcp/github_tools.json"))
             .expect("readable"),
@@ -275,6 +278,34 @@ fn calls_to_mcp_tools_are_checked_against_the_kept_tool_list() {
     ]);
     assert_eq!(code, 0, "{stdout}");
     assert_eq!(codes_of(&stdout), ["archon::mcp_not_listed"], "{stdout}");
+}
+
+#[test]
+fn a_tools_glob_that_matches_none_of_the_listed_tools_warns() {
+    let state = tempfile::tempdir().expect("temp dir");
+    keep_github_tools_for(state.path(), &["get_*", "lsit_*"]);
+    let spec = state.path().join("typo.yaml");
+    std::fs::write(
+        &spec,
+        "name: typo\ntools:\n  github:\n    mcp:\n      command: [github-mcp-server, stdio]\n      tools: [\"get_*\", \"lsit_*\"]\nsteps:\n  - { id: issue, tool: github.get_issue, with: { owner: a, repo: b, issue_number: 1 } }\n",
+    )
+    .expect("written");
+    let output = archon(
+        state.path(),
+        &[
+            "validate",
+            "--color",
+            "never",
+            "--state-dir",
+            ".",
+            "typo.yaml",
+        ],
+    );
+    assert_eq!(output.code, 0, "{}", output.stdout);
+    assert_eq!(
+        output.stdout,
+        "warning[archon::pattern_matches_nothing]: `lsit_*` matches none of the tools MCP server `github` listed\n --> typo.yaml:6:24\n  |\n6 |       tools: [\"get_*\", \"lsit_*\"]\n  |                        ^^^^^^^^\n  |\n  = hint: the tools its `tools` keep: `get_issue` and `list_issues`\n\n1 file valid, 1 warning\n"
+    );
 }
 
 #[test]

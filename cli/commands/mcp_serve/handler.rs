@@ -44,6 +44,8 @@ pub struct Shared {
 #[derive(Clone, Debug)]
 pub struct Handler {
     shared: Arc<Shared>,
+    /// Over HTTP, the session's place among those open at once: freed when the session ends.
+    _session: Option<Arc<tokio::sync::OwnedSemaphorePermit>>,
     /// The calls going on, by request id: what cancels each.
     calls: Arc<Mutex<HashMap<RequestId, Call>>>,
 }
@@ -61,7 +63,16 @@ impl Handler {
     pub fn new(shared: Arc<Shared>) -> Self {
         Handler {
             shared,
+            _session: None,
             calls: Arc::default(),
+        }
+    }
+
+    /// The handler of an HTTP session that holds `session` while it is open.
+    pub fn holding(self, session: tokio::sync::OwnedSemaphorePermit) -> Self {
+        Handler {
+            _session: Some(Arc::new(session)),
+            ..self
         }
     }
 }

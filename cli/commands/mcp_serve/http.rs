@@ -14,6 +14,10 @@ use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, Stream
 
 use super::handler::{Handler, Shared};
 
+/// Most MCP sessions open at once: each holds memory until it is closed or has been idle for 5
+/// minutes, and a client that opens sessions without end must not exhaust it.
+pub const MAX_SESSIONS: usize = 256;
+
 /// Who may call.
 #[derive(Clone, Debug)]
 struct Guard {
@@ -39,8 +43,16 @@ pub async fn serve(
         // The token guards it; clients name the host as they reach it.
         config = config.disable_allowed_hosts();
     }
+    let sessions = Arc::new(tokio::sync::Semaphore::new(MAX_SESSIONS));
     let service = StreamableHttpService::new(
-        move || Ok(Handler::new(handlers.clone())),
+        move || {
+            let session = sessions.clone().try_acquire_owned().map_err(|_| {
+                std::io::Error::other(format!(
+                    "{MAX_SESSIONS} MCP sessions are open, the most served at once: close one (HTTP `DELETE` with its `mcp-session-id`) or wait for one to go idle"
+                ))
+            })?;
+            Ok(Handler::new(handlers.clone()).holding(session))
+        },
         Arc::new(LocalSessionManager::default()),
         config,
     );

@@ -98,6 +98,32 @@ pub(crate) fn render_server(
     })
 }
 
+/// The values of archon's environment that `workflow`'s `mcpServers` files pass to a server's `env`,
+/// `headers` or `url` through `${VAR}`: tokens, as a rule, and masked like declared secrets (a variable
+/// in `args` or `cwd`, a path as a rule, is not).
+pub(crate) fn imported_secrets(workflow: &Workflow, env: &BTreeMap<String, String>) -> Vec<String> {
+    let mut values = Vec::new();
+    for def in workflow.mcp.values() {
+        let carried: Vec<&DefValue> = match &def.transport {
+            TransportDef::Stdio { env, .. } => env.iter().map(|(_, v)| v).collect(),
+            TransportDef::Http { url, headers } => std::iter::once(url)
+                .chain(headers.iter().map(|(_, v)| v))
+                .collect(),
+        };
+        for value in carried {
+            let DefValue::Literal(text) = value else {
+                continue;
+            };
+            for (name, _) in crate::tools::mcp::import::references(text).unwrap_or_default() {
+                if let Some(value) = env.get(&name).filter(|v| !v.is_empty()) {
+                    values.push(value.clone());
+                }
+            }
+        }
+    }
+    values
+}
+
 /// What listing one server found.
 #[derive(Debug)]
 pub struct Listed {
@@ -127,7 +153,8 @@ pub async fn list_servers(
         secrets
             .iter()
             .flat_map(|s| s.values())
-            .filter_map(|v| v.as_str().map(str::to_owned)),
+            .filter_map(|v| v.as_str().map(str::to_owned))
+            .chain(imported_secrets(workflow, &env)),
     ));
     let mut ctx = Map::new();
     ctx.insert("inputs".into(), Json::Object(inputs));

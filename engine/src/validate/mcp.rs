@@ -109,6 +109,9 @@ impl Checker<'_> {
         let key = cache::key(&transport, tools.as_deref());
         if let Some(dir) = self.mcp_cache.clone() {
             let listed = cache::read(&dir, &key).map(Arc::new);
+            if let (Some(list), Some(patterns)) = (&listed, &mcp.tools) {
+                self.check_mcp_globs_listed(&name.value, patterns, list);
+            }
             if listed.is_none() {
                 self.mcp_unlisted.push(
                     Diagnostic::warning(
@@ -180,6 +183,40 @@ impl Checker<'_> {
             }
         }
         ok
+    }
+
+    /// Warns of each `tools` glob that matches none of the tools the server listed: the kept list holds
+    /// every tool some glob matched, so a glob that matches none of them matched none of the server's.
+    fn check_mcp_globs_listed(
+        &mut self,
+        server: &str,
+        patterns: &[Spanned<crate::spec::Pattern>],
+        list: &CachedTools,
+    ) {
+        for pattern in patterns {
+            let Ok(glob) = Glob::new(pattern.value.as_str()) else {
+                continue;
+            };
+            let matcher = glob.compile_matcher();
+            if list.tools.iter().any(|t| matcher.is_match(&t.name)) {
+                continue;
+            }
+            let names: Vec<&str> = list.tools.iter().map(|t| t.name.as_str()).collect();
+            self.push(
+                Diagnostic::warning(
+                    codes::PATTERN_MATCHES_NOTHING,
+                    pattern.span,
+                    format!(
+                        "`{}` matches none of the tools MCP server `{server}` listed",
+                        pattern.value.as_str()
+                    ),
+                )
+                .with_hint_opt(
+                    (!names.is_empty())
+                        .then(|| format!("the tools its `tools` keep: {}", suggest::list(&names))),
+                ),
+            );
+        }
     }
 
     /// `startup_timeout`, `call_timeout`, `max_call_timeout` and `restarts` over [`Limits::default`].

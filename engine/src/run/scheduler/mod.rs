@@ -166,6 +166,7 @@ fn run_workflow(
                 .values()
                 .filter_map(|v| v.as_str().map(str::to_owned))
                 .chain(crate::llm::config::key_values(&providers, &options.env))
+                .chain(crate::run::mcp::imported_secrets(&workflow, &options.env))
                 .filter(|v| !outer.masks(v)),
         );
         let redactor = Arc::new(outer.with(&own));

@@ -96,9 +96,25 @@ pub fn write(
             .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
         tools: tools.to_vec(),
     };
+    let mut text = serde_json::to_vec_pretty(&cached)?;
+    text.push(b'\n');
+    if text.len() as u64 > MAX_FILE_BYTES {
+        // A list that could not be read back is not kept, nor is an earlier one left to stand for it.
+        if let Err(e) = std::fs::remove_file(&path)
+            && e.kind() != std::io::ErrorKind::NotFound
+        {
+            return Err(e);
+        }
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::FileTooLarge,
+            format!(
+                "the list takes {} bytes, more than the {MAX_FILE_BYTES} kept (its `tools` globs can keep fewer tools)",
+                text.len()
+            ),
+        ));
+    }
     let mut file = tempfile::NamedTempFile::new_in(&dir)?;
-    serde_json::to_writer_pretty(&mut file, &cached)?;
-    file.write_all(b"\n")?;
+    file.write_all(&text)?;
     file.as_file().sync_all()?;
     file.persist(&path).map_err(|e| e.error)?;
     Ok(path)
@@ -177,6 +193,26 @@ mod tests {
                 .expect("dir")
                 .count(),
             1
+        );
+    }
+
+    #[test]
+    fn a_list_too_large_to_read_back_is_not_kept_and_replaces_the_last() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        write(dir.path(), "ab12", "fs", &[tool("a")]).expect("written");
+        let mut big = tool("big");
+        big.description = "d".repeat(MAX_FILE_BYTES as usize);
+        let error = write(dir.path(), "ab12", "fs", &[big]).expect_err("too large");
+        assert_eq!(
+            error.to_string(),
+            "the list takes 16777461 bytes, more than the 16777216 kept (its `tools` globs can keep fewer tools)"
+        );
+        assert_eq!(read(dir.path(), "ab12"), None);
+        assert_eq!(
+            std::fs::read_dir(dir.path().join("mcp"))
+                .expect("dir")
+                .count(),
+            0
         );
     }
 

@@ -45,6 +45,38 @@ const MAX_TOOLS: usize = 10_000;
 const CLOSE_GRACE: Duration = Duration::from_secs(1);
 const TERM_GRACE: Duration = Duration::from_secs(2);
 
+/// Why a streamable HTTP server could not be reached, as a person reads it: the innermost cause of an
+/// HTTP client error (`connection refused (os error 111)`), without rmcp's layers of transport types.
+fn unreachable_why(error: &rmcp::service::ClientInitializeError) -> String {
+    use rmcp::transport::streamable_http_client::StreamableHttpError;
+    let rmcp::service::ClientInitializeError::TransportError { error, .. } = error else {
+        return error.to_string();
+    };
+    let inner: &(dyn std::error::Error + Send + Sync + 'static) = &*error.error;
+    let Some(StreamableHttpError::Client(client)) =
+        inner.downcast_ref::<StreamableHttpError<reqwest::Error>>()
+    else {
+        return inner.to_string();
+    };
+    let mut innermost: &(dyn std::error::Error + 'static) = client;
+    while let Some(source) = innermost.source() {
+        innermost = source;
+    }
+    lowercase_first(&innermost.to_string())
+}
+
+/// `text` with its first letter lowercase, as errors are written (`Connection refused` becomes
+/// `connection refused`), unless it begins an acronym (`URL`).
+fn lowercase_first(text: &str) -> String {
+    let mut chars = text.chars();
+    match (chars.next(), chars.next()) {
+        (Some(first), Some(second)) if first.is_uppercase() && second.is_lowercase() => {
+            first.to_lowercase().chain(text.chars().skip(1)).collect()
+        }
+        _ => text.to_owned(),
+    }
+}
+
 /// What the client side tells the pool.
 #[derive(Clone, Debug, Default)]
 pub(crate) struct Handler {
@@ -141,10 +173,15 @@ impl Connection {
                 let tag = crate::process::new_tag();
                 command.env(crate::process::TAG_VAR, &tag);
                 let mut child = command.spawn().map_err(|e| {
-                    ToolError::new(format!(
-                        "cannot start MCP server `{name}`: `{program}`: {e}"
-                    ))
-                    .of(ErrorClass::Connect)
+                    let why = match e.kind() {
+                        std::io::ErrorKind::NotFound if !program.contains('/') => format!(
+                            "`{program}` is not found on `PATH`\ninstall it, or give its path in `command`"
+                        ),
+                        std::io::ErrorKind::NotFound => format!("`{program}` does not exist"),
+                        _ => format!("`{program}`: {}", lowercase_first(&e.to_string())),
+                    };
+                    ToolError::new(format!("cannot start MCP server `{name}`: {why}"))
+                        .of(ErrorClass::Connect)
                 })?;
                 let (Some(pid), Some(stdin), Some(stdout), Some(stderr)) = (
                     child.id(),
@@ -260,7 +297,7 @@ impl Connection {
                         redactor: redactor.clone(),
                     }),
                     Ok(Err(error)) => {
-                        let error = redactor.text(&error.to_string()).into_owned();
+                        let error = redactor.text(&unreachable_why(&error)).into_owned();
                         let class = if error.contains("which MCP refuses") {
                             ErrorClass::Permanent
                         } else {

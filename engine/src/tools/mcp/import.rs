@@ -291,6 +291,12 @@ fn pieces(text: &str) -> Result<Vec<Piece<'_>>, String> {
                 "`${{{inner}}}` does not name an environment variable"
             ));
         }
+        if default.is_some_and(|d| d.contains("${")) {
+            // `${A:-${B}}` would be cut at the first `}` and pass `${B}` on as text.
+            return Err(format!(
+                "`${{{inner}}}`: a default cannot name another variable"
+            ));
+        }
         out.push(Piece::Var(name, default));
         rest = &after[end + 1..];
     }
@@ -383,6 +389,10 @@ mod tests {
         assert_eq!(
             expand("${A", &vars),
             Err("`${` is not closed by `}`".to_owned())
+        );
+        assert_eq!(
+            expand("${MISSING:-${TOKEN}}", &vars),
+            Err("`${MISSING:-${TOKEN}`: a default cannot name another variable".to_owned())
         );
         assert_eq!(
             expand("${input:token}", &vars),
