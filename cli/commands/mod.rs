@@ -15,6 +15,7 @@ mod prune;
 mod run;
 mod runs;
 mod schema;
+mod skills;
 mod target;
 mod tools;
 mod validate;
@@ -23,7 +24,7 @@ pub mod when;
 
 use std::process::ExitCode;
 
-use crate::args::{CacheCommand, Cli, Command, LlmCommand, McpCommand};
+use crate::args::{CacheCommand, Cli, Command, LlmCommand, McpCommand, SkillsCommand};
 
 /// How a command ended, mapped to the documented exit codes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -70,6 +71,7 @@ pub fn run(cli: Cli) -> anyhow::Result<Status> {
         Command::Cache(CacheCommand::Clear(args)) => cache::clear(&args),
         Command::Mcp(McpCommand::List(args)) => mcp::list(&args, cli.color),
         Command::Mcp(McpCommand::Serve(args)) => mcp_serve::serve(&args),
+        Command::Skills(SkillsCommand::Ls(args)) => skills::ls(&args, cli.color),
         Command::Schema => schema::run(),
         Command::Init(args) => init::init(&args),
         Command::Tools(args) => tools::tools(&args, cli.color),

@@ -171,7 +171,9 @@ impl Checker<'_> {
                     parameters.span,
                     "`parameters` has no effect on an MCP server",
                 )
-                .with_hint("each of the server's tools brings its own input schema, from `tools/list`"),
+                .with_hint(
+                    "each of the server's tools brings its own input schema, from `tools/list`",
+                ),
             );
         }
         if let Some(steps) = &def.steps {
@@ -536,6 +538,10 @@ impl Checker<'_> {
         let (listed, some_unlisted) = self.mcp_listed_names();
         let mut names = tool_names(self.tools);
         names.extend(listed.iter().map(String::as_str));
+        // The skill tools agents are offered when they have skills (rules may match them).
+        if self.skills.any() {
+            names.extend(crate::skills::TOOL_NAMES);
+        }
         let mcp_tool = pattern
             .value
             .as_str()

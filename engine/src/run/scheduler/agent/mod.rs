@@ -11,6 +11,7 @@ mod calls;
 mod context;
 mod error;
 mod model;
+mod skills;
 mod text;
 
 pub(super) use calls::{mcp_tools, offered_tools};
@@ -98,6 +99,9 @@ pub(super) async fn run(
     // names models accept; `real` maps a changed name back.
     let mut tools = offered_tools(&shared.workflow.tools, &patterns);
     tools.extend(mcp_tools(shared, label, &patterns).await?);
+    // Its skills: their tools, and the declared tools an active skill may extend it to.
+    let skills = skills::Session::new(shared, agent_name, &configured.model, &tools);
+    tools.extend(skills.tools(shared));
     let (tools, real) = calls::as_offered(tools).map_err(Failure::fixed)?;
     let real_name =
         |name: &str| -> String { real.get(name).cloned().unwrap_or_else(|| name.to_owned()) };
@@ -128,6 +132,7 @@ pub(super) async fn run(
         system.push_str(context::DATA_RULE);
     }
     let mut system = prompt::with_instructions(shared, agent, ctx, system).await?;
+    system.push_str(skills.prompt());
     if let Some(text) = prompt::expected_output(shared, body, ctx).await? {
         system.push_str(&format!("\n\nExpected output: {text}"));
     }
@@ -229,6 +234,7 @@ pub(super) async fn run(
         });
         first = state.iteration + 1;
         conversation.replace(state.messages);
+        skills.restore(conversation.messages());
         tool_calls = state.tool_calls;
         usage = state.usage;
         seen_calls = state.seen_calls;
@@ -250,7 +256,7 @@ pub(super) async fn run(
         .await?;
         let request = ask(
             conversation.request(Some(&note)),
-            offered.clone(),
+            skills.offered(&offered),
             text_mode,
         );
         let reply = match pending.take() {
@@ -281,7 +287,11 @@ pub(super) async fn run(
                 });
                 text_mode = true;
                 (offered, conversation) = start(true);
-                let request = ask(conversation.request(Some(&note)), offered.clone(), true);
+                let request = ask(
+                    conversation.request(Some(&note)),
+                    skills.offered(&offered),
+                    true,
+                );
                 complete(shared, label, &configured, &request, &mut usage).await?
             }
             other => other?,
@@ -508,7 +518,15 @@ pub(super) async fn run(
             let tool_name = real_name(&call.name);
             let sensitive = shared.llm_call_asks(&tool_name, &call.arguments);
             let known = tools.iter().any(|t| t.name == call.name);
-            if known && turn == Turn::Run && (sensitive || !spec.rules.is_empty()) {
+            // A tool an active skill does not allow (or one only a skill could allow) is not run.
+            if known && turn == Turn::Run && !skills.permits(&call.name) {
+                turn = Turn::Refused(skills.refusal(&call.name));
+            }
+            let skill_rules = skills.rules();
+            if known
+                && turn == Turn::Run
+                && (sensitive || !spec.rules.is_empty() || !skill_rules.is_empty())
+            {
                 let asked = gate::Call {
                     on: Trigger::BeforeTool,
                     label,
@@ -519,7 +537,7 @@ pub(super) async fn run(
                     sensitive,
                     required: false,
                 };
-                match gate::gate(shared, asked).await {
+                match gate::gate_with(shared, asked, &skill_rules).await {
                     Gate::Go { redact } => {
                         arguments = crate::run::rules::redacted_args(&arguments, &redact);
                     }
@@ -548,6 +566,7 @@ pub(super) async fn run(
         let mut results = Vec::with_capacity(planned.len());
         let allowed = &tools;
         let compiled = &validators;
+        let skills = &skills;
         let shown = conversation.window.observation_tokens();
         // Whether every call of the turn was invalid, and the first problem, for the breaker below.
         let mut all_invalid = !planned.is_empty();
@@ -566,6 +585,7 @@ pub(super) async fn run(
                         Ok((format!("this call was not made: {reason}"), true, false))
                     }
                     Turn::Refused(reason) => Ok((reason.clone(), true, false)),
+                    Turn::Run if skills.handles(&call.name) => Ok(skills.call(&call.name, &call.arguments)),
                     Turn::Run => {
                         let tool = real_name(&call.name);
                         observe(shared, label, allowed, compiled, (&call.name, &tool), &call.arguments).await
