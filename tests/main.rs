@@ -34,6 +34,7 @@ mod run;
 mod schema;
 mod security;
 mod session;
+mod skills;
 mod store;
 mod support;
 mod ux;
