@@ -162,24 +162,22 @@ pub fn discover(spec: &Spec, agent: Option<&AgentDef>, spec_path: &Path, trust: 
         if found.skills.iter().any(|s| s.dir == dir) {
             continue;
         }
-        match front::read(&dir, project, &mut found.problems) {
-            Some(skill) => {
-                if let Some(first) = found.skills.iter().find(|s| s.name == skill.name) {
-                    found.problems.push(Problem {
-                        kind: ProblemKind::Name,
-                        message: format!(
-                            "two skills are named `{}`: `{}` is skipped",
-                            skill.name,
-                            dir.display()
-                        ),
-                        hint: Some(format!("the first is `{}`", first.dir.display())),
-                        at: front::name_place(&dir),
-                    });
-                } else {
-                    found.skills.push(skill);
-                }
-            }
-            None => {}
+        let Some(skill) = front::read(&dir, project, &mut found.problems) else {
+            continue;
+        };
+        if let Some(first) = found.skills.iter().find(|s| s.name == skill.name) {
+            found.problems.push(Problem {
+                kind: ProblemKind::Name,
+                message: format!(
+                    "two skills are named `{}`: `{}` is skipped",
+                    skill.name,
+                    dir.display()
+                ),
+                hint: Some(format!("the first is `{}`", first.dir.display())),
+                at: front::name_place(&dir),
+            });
+        } else {
+            found.skills.push(skill);
         }
     }
     found
