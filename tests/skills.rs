@@ -459,3 +459,53 @@ async fn the_bundled_skill_example_runs_offline() {
         json!("**cli**: add `archon skills ls` to show what each agent sees")
     );
 }
+
+/// Regression: with skills, the agent's own tools stay callable before any skill is active, and a skill
+/// without `allowed-tools` changes nothing.
+#[tokio::test]
+async fn an_agents_own_tools_stay_callable_beside_its_skills() {
+    let dir = TempDir::new().expect("tempdir");
+    skill(
+        &dir.path().join("skills"),
+        "maths",
+        "description: Explains arithmetic.\n",
+        "Show your working.",
+    );
+    let turns = [
+        "        - tool_calls: [{ name: calculator, arguments: { expression: \"1 + 1\" } }]",
+        "        - tool_calls: [{ name: activate_skill, arguments: { name: maths } }]",
+        "        - tool_calls: [{ name: calculator, arguments: { expression: \"2 + 2\" } }]",
+        "        - text: done",
+    ]
+    .join("\n");
+    let yaml = format!(
+        "name: maths\nllm:\n  providers:\n    scripted:\n      kind: mock\n      turns:\n{turns}\n\
+         skills: [skills]\nsteps:\n  - {{ id: answer, goal: add, tools: [calculator], max_iterations: 5 }}\n"
+    );
+    let (report, events) = run_agent(dir.path(), &yaml).await;
+    assert_eq!(
+        report.steps["answer"].status,
+        StepStatus::Succeeded,
+        "{report:?}"
+    );
+    let observed: Vec<(String, bool)> = observations(&events)
+        .into_iter()
+        .map(|(tool, text, error)| {
+            (
+                format!("{tool}: {}", text.lines().next().unwrap_or_default()),
+                error,
+            )
+        })
+        .collect();
+    assert_eq!(
+        observed,
+        [
+            ("calculator: 2".to_owned(), false),
+            (
+                "activate_skill: Skill `maths` is active. Its instructions:".to_owned(),
+                false
+            ),
+            ("calculator: 4".to_owned(), false),
+        ]
+    );
+}

@@ -256,7 +256,7 @@ pub(super) async fn run(
         .await?;
         let request = ask(
             conversation.request(Some(&note)),
-            skills.offered(&offered),
+            skills.offered(&offered, &real_name),
             text_mode,
         );
         let reply = match pending.take() {
@@ -289,7 +289,7 @@ pub(super) async fn run(
                 (offered, conversation) = start(true);
                 let request = ask(
                     conversation.request(Some(&note)),
-                    skills.offered(&offered),
+                    skills.offered(&offered, &real_name),
                     true,
                 );
                 complete(shared, label, &configured, &request, &mut usage).await?
@@ -519,8 +519,8 @@ pub(super) async fn run(
             let sensitive = shared.llm_call_asks(&tool_name, &call.arguments);
             let known = tools.iter().any(|t| t.name == call.name);
             // A tool an active skill does not allow (or one only a skill could allow) is not run.
-            if known && turn == Turn::Run && !skills.permits(&call.name) {
-                turn = Turn::Refused(skills.refusal(&call.name));
+            if known && turn == Turn::Run && !skills.permits(&tool_name) {
+                turn = Turn::Refused(skills.refusal(&tool_name));
             }
             let skill_rules = skills.rules();
             if known

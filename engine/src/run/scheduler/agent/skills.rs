@@ -30,7 +30,7 @@ pub(super) struct Session {
     catalog: Catalog,
     /// Names of the activated skills, in order.
     active: Mutex<Vec<String>>,
-    /// The tools the agent may call with no skill narrowing them (as offered).
+    /// The tools the agent may call with no skill narrowing them (their own names).
     own: Vec<String>,
     /// The workflow's declared tools, which an active skill's `allowed-tools` may extend to.
     declared: Vec<String>,
@@ -142,11 +142,12 @@ impl Session {
         !self.skills.is_empty() && skills::TOOL_NAMES.contains(&name)
     }
 
-    /// Whether the agent may call `tool` (as offered) now: the skill tools always; with no active skill
+    /// Whether the agent may call `tool` (its own name, as the spec writes it) now: the skill tools always; with no active skill
     /// that has `allowed-tools`, its own tools; otherwise the tools (its own and the workflow's declared
     /// ones) that one of those skills allows.
     pub(super) fn permits(&self, tool: &str) -> bool {
-        if self.handles(tool) {
+        // Without skills nothing changes what the agent may call.
+        if self.skills.is_empty() || self.handles(tool) {
             return true;
         }
         let active = self.active.lock().map(|a| a.clone()).unwrap_or_default();
@@ -180,14 +181,19 @@ impl Session {
         )
     }
 
-    /// `offered` as the model may call it now.
-    pub(super) fn offered(&self, offered: &[ToolSpec]) -> Vec<ToolSpec> {
+    /// `offered` (under the names models accept; `real` gives a tool's own name) as the model may call it
+    /// now.
+    pub(super) fn offered(
+        &self,
+        offered: &[ToolSpec],
+        real: &dyn Fn(&str) -> String,
+    ) -> Vec<ToolSpec> {
         if self.skills.is_empty() {
             return offered.to_vec();
         }
         offered
             .iter()
-            .filter(|t| self.permits(&t.name))
+            .filter(|t| self.permits(&real(&t.name)))
             .cloned()
             .collect()
     }
