@@ -142,9 +142,9 @@ impl Session {
         !self.skills.is_empty() && skills::TOOL_NAMES.contains(&name)
     }
 
-    /// Whether the agent may call `tool` (its own name, as the spec writes it) now: the skill tools always; with no active skill
-    /// that has `allowed-tools`, its own tools; otherwise the tools (its own and the workflow's declared
-    /// ones) that one of those skills allows.
+    /// Whether the agent may call `tool` (its own name, as the spec writes it) now: the skill tools
+    /// always; with no active skill that has `allowed-tools`, its own tools; otherwise the tools (its own
+    /// and the workflow's declared ones) that one of those skills allows.
     pub(super) fn permits(&self, tool: &str) -> bool {
         // Without skills nothing changes what the agent may call.
         if self.skills.is_empty() || self.handles(tool) {
