@@ -509,3 +509,25 @@ async fn an_agents_own_tools_stay_callable_beside_its_skills() {
         ]
     );
 }
+
+#[test]
+fn skills_ls_without_a_spec_lists_the_project_skills_here_and_what_is_wrong() {
+    let dir = TempDir::new().expect("tempdir");
+    let skills = dir.path().join(".agents/skills");
+    skill(
+        &skills,
+        "notes",
+        "description: Keeps meeting notes tidy.\n",
+        "Bullets.",
+    );
+    skill(&skills, "silent", "", "No description.");
+    let ls = archon(dir.path(), &["skills", "ls"]);
+    assert_eq!(
+        (ls.code, ls.stdout.as_str()),
+        (
+            0,
+            "warning: .agents/skills/silent/SKILL.md: skill `silent` has no description: it is skipped\n\
+             project skills in `.agents/skills`: 1 skill(s), catalog 57 of 2000 tokens\n  notes  Keeps meeting notes tidy. [project]\n"
+        )
+    );
+}
