@@ -531,3 +531,46 @@ fn skills_ls_without_a_spec_lists_the_project_skills_here_and_what_is_wrong() {
         )
     );
 }
+
+/// The call a skill allowed, which the spec's rule made wait, runs once approved and resumed.
+#[test]
+fn a_call_a_skill_allowed_runs_once_approved_and_resumed() {
+    let dir = TempDir::new().expect("tempdir");
+    let at = skill(
+        &dir.path().join("skills"),
+        "deploy",
+        "description: Deploys the site.\nallowed-tools: publish\n",
+        "Run `publish` to deploy.",
+    );
+    write(
+        &at.join("scripts/publish.sh"),
+        "#!/bin/sh\necho published > published.txt\necho ok\n",
+    );
+    let turns = [
+        "        - tool_calls: [{ name: activate_skill, arguments: { name: deploy } }]",
+        "        - tool_calls: [{ name: publish, arguments: {} }]",
+        "        - text: done",
+    ]
+    .join("\n");
+    write(
+        &dir.path().join("flow.yaml"),
+        &format!(
+            "name: deploy\nllm:\n  providers:\n    scripted:\n      kind: mock\n      turns:\n{turns}\n\
+             skills: [skills]\n\
+             tools:\n  publish:\n    description: Publish the site\n    command: [sh, skills/deploy/scripts/publish.sh]\n\
+             rules:\n  - {{ name: publishing-asks, on: before_tool, match: {{ tool: publish }}, action: ask }}\n\
+             steps:\n  - {{ id: answer, goal: deploy the site, max_iterations: 5 }}\n"
+        ),
+    );
+    let run = archon(dir.path(), &["run", "--no-input", "flow.yaml"]);
+    assert_eq!(run.code, 3, "{}{}", run.stdout, run.stderr);
+    assert!(!dir.path().join("published.txt").exists());
+    let approve = archon(dir.path(), &["approve", "--last"]);
+    assert_eq!(approve.code, 0, "{}", approve.stderr);
+    let resume = archon(dir.path(), &["resume", "--last"]);
+    assert_eq!(resume.code, 0, "{}{}", resume.stdout, resume.stderr);
+    assert_eq!(
+        std::fs::read_to_string(dir.path().join("published.txt")).expect("published"),
+        "published\n"
+    );
+}
