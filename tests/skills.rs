@@ -532,9 +532,10 @@ fn skills_ls_without_a_spec_lists_the_project_skills_here_and_what_is_wrong() {
     );
 }
 
-/// The call a skill allowed, which the spec's rule made wait, runs once approved and resumed.
+/// A resumed agent step still has the skills its conversation activated: the call the skill allowed,
+/// which the spec's rule made wait, runs first thing once approved and resumed.
 #[test]
-fn a_call_a_skill_allowed_runs_once_approved_and_resumed() {
+fn a_resumed_agent_keeps_the_skills_it_activated() {
     let dir = TempDir::new().expect("tempdir");
     let at = skill(
         &dir.path().join("skills"),
@@ -569,6 +570,11 @@ fn a_call_a_skill_allowed_runs_once_approved_and_resumed() {
     assert_eq!(approve.code, 0, "{}", approve.stderr);
     let resume = archon(dir.path(), &["resume", "--last"]);
     assert_eq!(resume.code, 0, "{}{}", resume.stdout, resume.stderr);
+    let first = format!("{}{}", resume.stderr, resume.stdout)
+        .lines()
+        .find(|l| l.starts_with("observed"))
+        .map(str::to_owned);
+    assert_eq!(first.as_deref(), Some("observed  answer: publish -> ok"));
     assert_eq!(
         std::fs::read_to_string(dir.path().join("published.txt")).expect("published"),
         "published\n"
