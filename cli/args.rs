@@ -53,6 +53,9 @@ pub enum Command {
     /// Long-term memory of agents: list, search, show, forget, export and import memories.
     #[command(subcommand)]
     Memory(MemoryCommand),
+    /// Agent Skills: what each agent of a workflow would see.
+    #[command(subcommand)]
+    Skills(SkillsCommand),
 
     /// Print the JSON Schema of the workflow format.
     Schema,
@@ -187,6 +190,23 @@ pub struct RunOutputArgs {
 }
 
 #[derive(Debug, Subcommand)]
+pub enum SkillsCommand {
+    /// Show the skills each agent would be offered: the catalog in its prompt and its token cost.
+    Ls(SkillsLsArgs),
+}
+
+#[derive(Debug, clap::Args)]
+pub struct SkillsLsArgs {
+    /// The workflow spec; without it, the project skills in `.agents/skills/` here.
+    #[arg(value_name = "SPEC")]
+    pub file: Option<PathBuf>,
+
+    /// Print the agents, their catalogs and skills as JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, clap::Subcommand)]
 pub enum McpCommand {
     /// Start a workflow's MCP servers, list their tools, and keep the lists for `archon validate`.
     List(McpListArgs),

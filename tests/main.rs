@@ -35,6 +35,7 @@ mod run;
 mod schema;
 mod security;
 mod session;
+mod skills;
 mod store;
 mod support;
 mod ux;

@@ -16,6 +16,7 @@ mod prune;
 mod run;
 mod runs;
 mod schema;
+mod skills;
 mod target;
 mod tools;
 mod validate;
@@ -24,7 +25,9 @@ pub mod when;
 
 use std::process::ExitCode;
 
-use crate::args::{CacheCommand, Cli, Command, LlmCommand, McpCommand, MemoryCommand};
+use crate::args::{
+    CacheCommand, Cli, Command, LlmCommand, McpCommand, MemoryCommand, SkillsCommand,
+};
 
 /// How a command ended, mapped to the documented exit codes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -77,6 +80,7 @@ pub fn run(cli: Cli) -> anyhow::Result<Status> {
         Command::Memory(MemoryCommand::Forget(args)) => memory::forget(&args),
         Command::Memory(MemoryCommand::Export(args)) => memory::export(&args),
         Command::Memory(MemoryCommand::Import(args)) => memory::import(&args),
+        Command::Skills(SkillsCommand::Ls(args)) => skills::ls(&args, cli.color),
         Command::Schema => schema::run(),
         Command::Init(args) => init::init(&args),
         Command::Tools(args) => tools::tools(&args, cli.color),

@@ -195,4 +195,10 @@ pub mod codes {
     pub const INVALID_MCP_FILE: &str = "archon::invalid_mcp_file";
     pub const UNKNOWN_MCP_SERVER: &str = "archon::unknown_mcp_server";
     pub const MCP_NOT_LISTED: &str = "archon::mcp_not_listed";
+    pub const SKILL_FRONT_MATTER: &str = "archon::skill_front_matter";
+    pub const SKILL_NAME: &str = "archon::skill_name";
+    pub const SKILL_DESCRIPTION: &str = "archon::skill_description";
+    pub const SKILL_RULES: &str = "archon::skill_rules";
+    pub const SKILL_CATALOG_OVER_BUDGET: &str = "archon::skill_catalog_over_budget";
+    pub const INVALID_CONFIG: &str = "archon::invalid_config";
 }

@@ -19,6 +19,7 @@ pub mod report;
 pub mod resume;
 pub mod run;
 pub mod session;
+pub mod skills;
 pub mod source;
 pub mod spec;
 pub mod store;

@@ -34,6 +34,8 @@ pub struct Workflow {
     pub hosts: Arc<std::collections::BTreeSet<String>>,
     /// Its MCP servers (`tools: NAME: { mcp: ... }`), resolved by validation, by tool name.
     pub mcp: BTreeMap<String, Arc<crate::tools::mcp::ServerDef>>,
+    /// The Agent Skills each agent may use, found and read by validation.
+    pub skills: Arc<crate::skills::Skills>,
 }
 
 impl Workflow {

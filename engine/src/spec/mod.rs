@@ -73,6 +73,10 @@ pub struct Spec {
     /// Memory settings for agents.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub memory: Option<MemoryConfig>,
+    /// Agent Skills every agent may use: a skill directory (with `SKILL.md`) or a directory of them,
+    /// relative to this spec, or the bare name of a project skill in `.agents/skills/` beside it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub skills: Vec<Spanned<String>>,
     /// The task graph.
     #[serde(deserialize_with = "exact_list")]
     pub steps: Vec<Step>,
@@ -722,6 +726,9 @@ pub struct AgentDef {
     /// Session notes without long-term memory: the `note` and `notes` tools, kept for the run.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub notes: Option<bool>,
+    /// Agent Skills this agent may use besides the top-level `skills` (same forms).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub skills: Vec<Spanned<String>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tool_mode: Option<Spanned<ToolMode>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -861,6 +868,10 @@ pub struct Defaults {
     /// `0` turns revisions off).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_replans: Option<Spanned<u32>>,
+    /// Most tokens the skill catalog (each available skill's name and description) may take in an agent's
+    /// system prompt (default 2000); skills past it are left out of the catalog with a note.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub skill_catalog_tokens: Option<Spanned<u32>>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]

@@ -12,6 +12,7 @@ mod patterns;
 mod planned;
 mod refs;
 mod shape;
+mod skills;
 mod steps;
 mod structure;
 pub mod suggest;
@@ -94,6 +95,7 @@ struct Checked {
     subworkflows: BTreeMap<String, Arc<Workflow>>,
     tools: Registry,
     mcp: BTreeMap<String, Arc<crate::tools::mcp::ServerDef>>,
+    skills: crate::skills::Skills,
 }
 
 impl Checked {
@@ -120,6 +122,7 @@ impl Checked {
             network,
             hosts,
             mcp: self.mcp,
+            skills: Arc::new(self.skills),
         }
     }
 }
@@ -307,6 +310,7 @@ impl Validator {
             mcp_lists: BTreeMap::new(),
             mcp_unlisted: Vec::new(),
             planned: plan.is_some(),
+            skills: crate::skills::Skills::default(),
         };
         let graph = checker.check_all(self);
         if let Some((_, policy)) = plan {
@@ -322,6 +326,7 @@ impl Validator {
         let composites = std::mem::take(&mut checker.composites);
         let subworkflows = std::mem::take(&mut checker.subworkflows);
         let mcp = std::mem::take(&mut checker.mcp);
+        let skills = std::mem::take(&mut checker.skills);
         Some(Checked {
             spec,
             graph,
@@ -329,6 +334,7 @@ impl Validator {
             subworkflows,
             tools,
             mcp,
+            skills,
         })
     }
 
@@ -475,6 +481,8 @@ pub(crate) struct Checker<'a> {
     pub mcp_unlisted: Vec<Diagnostic>,
     /// The spec is a plan written by the LLM planner: its templates may not read `env` or `secrets`.
     pub planned: bool,
+    /// The skills each agent may use (`check_skills`).
+    pub skills: crate::skills::Skills,
 }
 
 impl Checker<'_> {
@@ -496,6 +504,7 @@ impl Checker<'_> {
         // Before agents and rules, whose tool patterns may name MCP tools.
         self.check_mcp_servers();
         self.check_agents();
+        self.check_skills(validator);
         self.check_memory();
         self.check_defaults();
         self.check_tools(validator);

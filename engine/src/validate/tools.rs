@@ -545,6 +545,10 @@ impl Checker<'_> {
         } else if agents.clone().any(|a| a.notes == Some(true)) {
             names.extend(crate::tools::NOTE_TOOLS);
         }
+        // The skill tools agents are offered when they have skills (rules may match them).
+        if self.skills.any() {
+            names.extend(crate::skills::TOOL_NAMES);
+        }
         let mcp_tool = pattern
             .value
             .as_str()

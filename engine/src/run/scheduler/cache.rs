@@ -5,7 +5,7 @@
 //! keys) of the workflow's name, the step's id, the `foreach` item and either the rendered `cache.key` or
 //! the step's content: the workspace and the spec's rendered `env`, then for a tool step the tool's name,
 //! its definition and the rendered arguments, for a sub-workflow step its files and inputs, and for an
-//! LLM step the provider (name, definition, kind, model, base URLs from the environment), the agent role,
+//! LLM step the provider (name, definition, kind, model, base URLs from the environment), the agent role and its skills (as read),
 //! the step as written, the rendered goal, instructions, context and expected output, and the tools it
 //! is offered with their definitions. Secret values are masked before anything is hashed.
 
@@ -285,6 +285,15 @@ async fn content(
     }
     hash.value(&serde_json::to_value(agent).ok()?);
     hash.value(&serde_json::to_value(&spec.defaults).ok()?);
+    // The agent's skills as read: a changed `SKILL.md` or `rules.yaml` is another call. (Their files in
+    // `references/` and the like are read only if the model asks, and are not part of the key.)
+    for skill in shared.workflow.skills.of(spec.agent_name(body)).iter() {
+        hash.str(&skill.name);
+        hash.str(&skill.description);
+        hash.str(&skill.body);
+        hash.value(&serde_json::to_value(&skill.allowed_tools).ok()?);
+        hash.value(&serde_json::to_value(&skill.rules).ok()?);
+    }
     let goal = body.goal.or(body.plan).or(body.description)?;
     hash.str(
         &shared

@@ -40,6 +40,15 @@ pub(super) struct Call<'a> {
 
 /// Asks the rules about `call`, then a person when they say `ask`.
 pub(super) async fn gate(shared: &Shared, call: Call<'_>) -> Gate {
+    gate_with(shared, call, &[]).await
+}
+
+/// [`gate`], with `extra` rules (those of an agent's active skills) after the spec's.
+pub(super) async fn gate_with(
+    shared: &Shared,
+    call: Call<'_>,
+    extra: &[crate::spec::Rule],
+) -> Gate {
     let run = serde_json::json!({ "id": shared.options.run_id, "workflow": shared.workflow.name });
     let event = Event {
         on: call.on,
@@ -50,7 +59,15 @@ pub(super) async fn gate(shared: &Shared, call: Call<'_>) -> Gate {
         args: call.args,
         run: &run,
     };
-    let mut verdict = rules::evaluate(&shared.workflow.spec.rules, &shared.renderer, &event)
+    let spec_rules = &shared.workflow.spec.rules;
+    let joined: Vec<crate::spec::Rule>;
+    let all: &[crate::spec::Rule] = if extra.is_empty() {
+        spec_rules
+    } else {
+        joined = spec_rules.iter().chain(extra).cloned().collect();
+        &joined
+    };
+    let mut verdict = rules::evaluate(all, &shared.renderer, &event)
         .await
         .default_for(call.sensitive, call.chosen_by);
     // Asking because of where a request goes rather than what the tool does: say so.

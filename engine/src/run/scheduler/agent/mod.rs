@@ -12,6 +12,7 @@ mod context;
 mod error;
 mod memory;
 mod model;
+mod skills;
 mod text;
 
 pub(super) use calls::{mcp_tools, offered_tools};
@@ -125,6 +126,9 @@ async fn converse(
     if let Some(memory) = memory {
         tools.extend(memory.tools());
     }
+    // Its skills: their tools, and the declared tools an active skill may extend it to.
+    let skills = skills::Session::new(shared, agent_name, &configured.model, &tools);
+    tools.extend(skills.tools(shared));
     let (tools, real) = calls::as_offered(tools).map_err(Failure::fixed)?;
     let real_name =
         |name: &str| -> String { real.get(name).cloned().unwrap_or_else(|| name.to_owned()) };
@@ -155,6 +159,7 @@ async fn converse(
         system.push_str(context::DATA_RULE);
     }
     let mut system = prompt::with_instructions(shared, agent, ctx, system).await?;
+    system.push_str(skills.prompt());
     if let Some(text) = prompt::expected_output(shared, body, ctx).await? {
         system.push_str(&format!("\n\nExpected output: {text}"));
     }
@@ -273,6 +278,7 @@ async fn converse(
         if let Some(memory) = memory {
             memory.saw(conversation.messages());
         }
+        skills.restore(conversation.messages());
         tool_calls = state.tool_calls;
         usage = state.usage;
         usage.context.get_or_insert(context_use);
@@ -295,7 +301,7 @@ async fn converse(
         .await?;
         let request = ask(
             conversation.request(Some(&note)),
-            offered.clone(),
+            skills.offered(&offered, &real_name),
             text_mode,
         );
         let reply = match pending.take() {
@@ -326,7 +332,11 @@ async fn converse(
                 });
                 text_mode = true;
                 (offered, conversation) = start(true);
-                let request = ask(conversation.request(Some(&note)), offered.clone(), true);
+                let request = ask(
+                    conversation.request(Some(&note)),
+                    skills.offered(&offered, &real_name),
+                    true,
+                );
                 complete(shared, label, &configured, &request, &mut usage).await?
             }
             other => other?,
@@ -553,7 +563,15 @@ async fn converse(
             let tool_name = real_name(&call.name);
             let sensitive = shared.llm_call_asks(&tool_name, &call.arguments);
             let known = tools.iter().any(|t| t.name == call.name);
-            if known && turn == Turn::Run && (sensitive || !spec.rules.is_empty()) {
+            // A tool an active skill does not allow (or one only a skill could allow) is not run.
+            if known && turn == Turn::Run && !skills.permits(&tool_name) {
+                turn = Turn::Refused(skills.refusal(&tool_name));
+            }
+            let skill_rules = skills.rules();
+            if known
+                && turn == Turn::Run
+                && (sensitive || !spec.rules.is_empty() || !skill_rules.is_empty())
+            {
                 let asked = gate::Call {
                     on: Trigger::BeforeTool,
                     label,
@@ -564,7 +582,7 @@ async fn converse(
                     sensitive,
                     required: false,
                 };
-                match gate::gate(shared, asked).await {
+                match gate::gate_with(shared, asked, &skill_rules).await {
                     Gate::Go { redact } => {
                         arguments = crate::run::rules::redacted_args(&arguments, &redact);
                     }
@@ -593,6 +611,7 @@ async fn converse(
         let mut results = Vec::with_capacity(planned.len());
         let allowed = &tools;
         let compiled = &validators;
+        let skills = &skills;
         let shown = conversation.window.observation_tokens();
         // Whether every call of the turn was invalid, and the first problem, for the breaker below.
         let mut all_invalid = !planned.is_empty();
@@ -611,6 +630,7 @@ async fn converse(
                         Ok((format!("this call was not made: {reason}"), true, false))
                     }
                     Turn::Refused(reason) => Ok((reason.clone(), true, false)),
+                    Turn::Run if skills.handles(&call.name) => Ok(skills.call(&call.name, &call.arguments)),
                     Turn::Run => {
                         let tool = real_name(&call.name);
                         match memory.filter(|m| m.handles(&tool)) {
