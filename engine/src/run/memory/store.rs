@@ -829,6 +829,34 @@ mod tests {
     }
 
     #[test]
+    fn a_small_namespace_is_found_past_the_best_matches_of_a_large_one() {
+        let dir = tempfile::tempdir().expect("dir");
+        let store = MemoryStore::open(&dir.path().join("memory.db")).expect("open");
+        for i in 0..300 {
+            let text = format!("alpha alpha alpha note {i}");
+            store.write(&fact("big", &text)).expect("write");
+        }
+        for text in ["alpha one", "alpha two", "beta alpha three"] {
+            store.write(&fact("small", text)).expect("write");
+        }
+        let none = HashSet::new();
+        let found = store
+            .recall(&recall("small", "alpha", &none))
+            .expect("recall");
+        assert_eq!(
+            contents(&found),
+            ["alpha one", "alpha two", "beta alpha three"]
+        );
+        assert_eq!(
+            store
+                .recall(&recall("big", "alpha", &none))
+                .expect("recall")
+                .len(),
+            5
+        );
+    }
+
+    #[test]
     fn export_and_import_keep_links_and_forgotten_records() {
         let dir = tempfile::tempdir().expect("dir");
         let store = MemoryStore::open(&dir.path().join("a.db")).expect("open");
