@@ -297,16 +297,24 @@ steps:
     assert_eq!(status(&report, "slow"), StepStatus::TimedOut);
     let pid =
         std::fs::read_to_string(dir.path().join("grandchild.pid")).expect("the grandchild started");
-    let proc_dir = format!("/proc/{}", pid.trim());
+    assert!(
+        ends(pid.trim()).await,
+        "grandchild {} is still running",
+        pid.trim()
+    );
+}
+
+/// Whether process `pid` ends (or is a zombie) within a second.
+async fn ends(pid: &str) -> bool {
+    let stat = format!("/proc/{pid}/stat");
     for _ in 0..50 {
-        let alive =
-            std::fs::read_to_string(format!("{proc_dir}/stat")).is_ok_and(|s| !s.contains(") Z "));
+        let alive = std::fs::read_to_string(&stat).is_ok_and(|s| !s.contains(") Z "));
         if !alive {
-            return;
+            return true;
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    panic!("grandchild {} is still running", pid.trim());
+    false
 }
 
 /// The `timeout` argument of `exec`, `shell` and `http` (documented in docs/tools.md) bounds the call, and a
@@ -388,16 +396,11 @@ steps:
         ]
     );
     let pid = std::fs::read_to_string(dir.path().join("pid")).expect("the command started");
-    let proc_dir = format!("/proc/{}", pid.trim());
-    for _ in 0..50 {
-        let alive =
-            std::fs::read_to_string(format!("{proc_dir}/stat")).is_ok_and(|s| !s.contains(") Z "));
-        if !alive {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    panic!("the command {} is still running", pid.trim());
+    assert!(
+        ends(pid.trim()).await,
+        "the command {} is still running",
+        pid.trim()
+    );
 }
 
 /// Issue 13, item 13: a step's `timeout` bounds its fallback too (as a budget of its own), unless the

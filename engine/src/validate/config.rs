@@ -356,6 +356,21 @@ impl Checker<'_> {
                 || relative
                     .components()
                     .any(|c| !matches!(c, std::path::Component::Normal(_)));
+            // The run store's own file (`store::sqlite::DATABASE`) and its journal files.
+            let store_file = relative.components().count() == 1
+                && relative
+                    .to_str()
+                    .is_some_and(|name| name.starts_with("state.db"));
+            if store_file {
+                self.push(
+                    Diagnostic::error(
+                        codes::INVALID_VALUE,
+                        path.span,
+                        format!("memory `path` `{}` is the run store's file", path.value),
+                    )
+                    .with_hint("choose a file of its own, such as `memory.db`"),
+                );
+            }
             if escapes {
                 self.push(
                     Diagnostic::error(
