@@ -13,6 +13,26 @@ use crate::args::{ColorChoice, WorkflowArgs};
 use crate::output;
 use crate::render::{self, Report};
 
+/// The workflow of `validation` (of `file`) when it has no error; otherwise `None`, its diagnostics shown
+/// on standard error.
+pub fn valid(
+    file: &std::path::Path,
+    validation: archon_engine::Validation,
+    color: ColorChoice,
+) -> Option<Workflow> {
+    match validation.workflow {
+        Some(workflow) if !validation.has_errors() => Some(workflow),
+        _ => {
+            let mut report = Report::default();
+            report.add(file, validation.diagnostics, &validation.sources);
+            output::stderr_with(|err| {
+                render::write_text(&report, output::use_color_stderr(color), err)
+            });
+            None
+        }
+    }
+}
+
 /// A valid workflow and its resolved inputs, or the status to exit with after the problems were shown.
 pub fn workflow_and_inputs(
     args: &WorkflowArgs,

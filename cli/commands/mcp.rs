@@ -15,7 +15,6 @@ use serde_json::{Value as Json, json};
 use super::Status;
 use crate::args::{ColorChoice, McpListArgs};
 use crate::output;
-use crate::render::{self, Report};
 
 pub fn list(args: &McpListArgs, color: ColorChoice) -> anyhow::Result<Status> {
     let Some(workflow) = load(&args.file, color) else {
@@ -74,18 +73,11 @@ pub struct Listed {
 /// Validates `file` (without checking MCP calls against kept lists: a list gone stale must not stop it
 /// being listed again); diagnostics on standard error when it is invalid.
 pub fn load(file: &Path, color: ColorChoice) -> Option<Workflow> {
-    let validation = Validator::new(Limits::default()).validate_path(file);
-    match validation.workflow {
-        Some(workflow) if !validation.has_errors() => Some(workflow),
-        _ => {
-            let mut report = Report::default();
-            report.add(file, validation.diagnostics, &validation.sources);
-            output::stderr_with(|err| {
-                render::write_text(&report, output::use_color_stderr(color), err)
-            });
-            None
-        }
-    }
+    super::load::valid(
+        file,
+        Validator::new(Limits::default()).validate_path(file),
+        color,
+    )
 }
 
 /// Starts each MCP server of `workflow`, lists its tools and keeps the list in `state_dir`. The servers

@@ -13,7 +13,6 @@ use serde_json::json;
 use super::Status;
 use crate::args::{ColorChoice, SkillsLsArgs};
 use crate::output;
-use crate::render::{self, Report};
 
 /// One agent's view: who, its skills, and its catalog.
 struct View {
@@ -115,19 +114,7 @@ pub fn ls(args: &SkillsLsArgs, color: ColorChoice) -> anyhow::Result<Status> {
 
 /// What each agent of the spec at `file` would see, or `None` (the diagnostics printed) when it is invalid.
 fn of_spec(file: &Path, color: ColorChoice) -> Option<Vec<View>> {
-    let validation = validate_file(file);
-    let Some(workflow) = validation
-        .workflow
-        .as_ref()
-        .filter(|_| !validation.has_errors())
-    else {
-        let mut report = Report::default();
-        report.add(file, validation.diagnostics, &validation.sources);
-        output::stderr_with(|err| {
-            render::write_text(&report, output::use_color_stderr(color), err)
-        });
-        return None;
-    };
+    let workflow = super::load::valid(file, validate_file(file), color)?;
     let spec = &workflow.spec;
     let agents = std::iter::once(None).chain(spec.agents.keys().map(|k| Some(k.value.as_str())));
     Some(

@@ -14,7 +14,6 @@ use serde_json::{Value as Json, json};
 use super::Status;
 use crate::args::{ColorChoice, ToolsArgs};
 use crate::output;
-use crate::render::{self, Report};
 
 /// The tools an MCP server may expose, by the server's name (`None`: whatever it lists).
 type Servers = HashMap<String, Option<Vec<String>>>;
@@ -44,21 +43,11 @@ pub fn tools(args: &ToolsArgs, color: ColorChoice) -> anyhow::Result<Status> {
             })
             .collect(),
         Some(file) => {
-            let validation = validate_file(file);
-            let Some(workflow) = validation
-                .workflow
-                .as_ref()
-                .filter(|_| !validation.has_errors())
-            else {
-                let mut report = Report::default();
-                report.add(file, validation.diagnostics, &validation.sources);
-                output::stderr_with(|err| {
-                    render::write_text(&report, output::use_color_stderr(color), err)
-                });
+            let Some(workflow) = super::load::valid(file, validate_file(file), color) else {
                 return Ok(Status::Invalid);
             };
             if args.refresh {
-                let listed = super::mcp::refresh(workflow, file, &args.state.dir())?;
+                let listed = super::mcp::refresh(&workflow, file, &args.state.dir())?;
                 status = super::mcp::status(&listed);
                 for l in listed {
                     let state = match l.tools {
