@@ -227,10 +227,6 @@ impl MemoryStore {
         })
     }
 
-    pub fn path(&self) -> &Path {
-        &self.path
-    }
-
     fn with<T>(
         &self,
         f: impl FnOnce(&mut Connection) -> Result<T, MemoryError>,

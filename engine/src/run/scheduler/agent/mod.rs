@@ -631,18 +631,19 @@ async fn converse(
                     }
                     Turn::Refused(reason) => Ok((reason.clone(), true, false)),
                     Turn::Run if skills.handles(&call.name) => Ok(skills.call(&call.name, &call.arguments)),
+                    // Memory's tools keep their names: no provider changes them.
+                    Turn::Run if let Some(memory) = memory.filter(|m| m.handles(&call.name)) => {
+                        Ok(match calls::invalid(compiled, &call.name, &call.arguments) {
+                            Some(problem) => (problem, true, false),
+                            None => {
+                                let (text, error) = memory.call(shared, &call.name, &call.arguments).await;
+                                (text, error, true)
+                            }
+                        })
+                    }
                     Turn::Run => {
                         let tool = real_name(&call.name);
-                        match memory.filter(|m| m.handles(&tool)) {
-                            Some(memory) => Ok(match calls::invalid(compiled, &call.name, &call.arguments) {
-                                Some(problem) => (problem, true, false),
-                                None => {
-                                    let (text, error) = memory.call(shared, &tool, &call.arguments).await;
-                                    (text, error, true)
-                                }
-                            }),
-                            None => observe(shared, label, allowed, compiled, (&call.name, &tool), &call.arguments).await,
-                        }
+                        observe(shared, label, allowed, compiled, (&call.name, &tool), &call.arguments).await
                     }
                 }
             }))
