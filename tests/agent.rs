@@ -16,8 +16,6 @@ pub(crate) async fn run_agent(dir: &Path, yaml: &str) -> (RunReport, Vec<RunEven
     let validation = archon_engine::validate_file(&dir.join("agent.yaml"));
     assert!(!validation.has_errors(), "{:?}", validation.diagnostics);
     let workflow = validation.workflow.expect("valid");
-    let unsupported = run::unsupported_steps(&workflow);
-    assert!(unsupported.is_empty(), "{unsupported:?}");
     let (sender, mut receiver) = tokio::sync::mpsc::unbounded_channel();
     let options = RunOptions {
         max_parallel: 4,
@@ -410,24 +408,6 @@ steps:
         observations[1],
         (false, "10".to_owned()),
         "the repaired action ran"
-    );
-}
-
-#[test]
-fn agents_with_delegation_are_refused_before_running() {
-    let dir = TempDir::new().expect("tempdir");
-    let yaml = "name: agent\nllm:\n  providers:\n    scripted: { kind: mock, turns: [{ text: hi }] }\nagents:\n  lead: { provider: scripted, delegates: [helper] }\n  helper: { provider: scripted }\nsteps:\n  - { id: a, goal: say hi, agent: lead }\n";
-    std::fs::write(dir.path().join("agent.yaml"), yaml).expect("write");
-    let workflow = archon_engine::validate_file(&dir.path().join("agent.yaml"))
-        .workflow
-        .expect("valid");
-    let refused = run::unsupported_steps(&workflow);
-    assert_eq!(
-        refused
-            .iter()
-            .map(|r| (r.step.as_str(), r.reason.as_str()))
-            .collect::<Vec<_>>(),
-        [("a", "agent delegation (`delegates`) cannot run yet")]
     );
 }
 

@@ -228,31 +228,6 @@ fn validate_of_a_directory_without_workflows_says_none_was_found() {
     assert_eq!(out.code, 2, "{}", out.stderr);
 }
 
-/// `validate` warns about a valid step `run` would refuse, instead of calling the workflow valid without a
-/// word (issue 15, item 7).
-#[test]
-fn validate_warns_about_what_run_cannot_run_yet() {
-    let dir = TempDir::new().expect("tempdir");
-    std::fs::write(
-        dir.path().join("m.yaml"),
-        "name: m\nagents:\n  helper: { delegates: [other] }\n  other: {}\nsteps:\n  - { id: a, goal: remember things, agent: helper }\n",
-    )
-    .expect("write");
-    let out = archon(dir.path(), &["validate", "m.yaml"]);
-    assert_eq!(out.code, 0);
-    insta::assert_snapshot!(out.stdout, @r"
-    warning[archon::cannot_run_yet]: step `a` cannot run in this version: agent delegation (`delegates`) cannot run yet
-     --> m.yaml:6:11
-      |
-    6 |   - { id: a, goal: remember things, agent: helper }
-      |           ^
-      |
-      = hint: `archon run` refuses the workflow until it can
-
-    1 file valid, 1 warning
-    ");
-}
-
 /// The template traps of issue 15, item 5 each get a hint that says what to write.
 #[test]
 fn template_traps_say_what_to_write() {

@@ -40,8 +40,6 @@ async fn run_files(dir: &Path, files: &[(&str, &str)], options: RunOptions) -> R
     let validation = archon_engine::validate_file(&dir.join(files[0].0));
     assert!(!validation.has_errors(), "{:?}", validation.diagnostics);
     let workflow = validation.workflow.expect("valid");
-    let unsupported = run::unsupported_steps(&workflow);
-    assert!(unsupported.is_empty(), "{unsupported:?}");
     let inputs =
         archon_engine::inputs::resolve(&workflow.spec, Map::new(), &[]).expect("inputs resolve");
     run::run(Arc::new(workflow), inputs, options)
@@ -321,27 +319,4 @@ async fn nesting_deeper_than_the_limit_fails_the_step() {
     std::fs::remove_file(dir.path().join("level0.yaml")).expect("remove");
     let report = run_files(dir.path(), &files[1..], options(dir.path())).await;
     assert_eq!(report.status, RunStatus::Succeeded, "{:?}", report.error);
-}
-
-#[test]
-fn unsupported_steps_inside_tools_and_sub_workflows_are_found() {
-    let dir = TempDir::new().expect("tempdir");
-    std::fs::write(
-        dir.path().join("parent.yaml"),
-        "name: parent\nagents:\n  keeper: { delegates: [other] }\n  other: {}\ntools:\n  think:\n    parameters: { type: object, properties: {} }\n    steps:\n      - { id: ask, goal: say hello, agent: keeper }\nsteps:\n  - { id: a, tool: think }\n  - { id: b, workflow: child.yaml }\n",
-    )
-    .expect("write");
-    std::fs::write(
-        dir.path().join("child.yaml"),
-        "name: child\nagents:\n  keeper: { delegates: [other] }\n  other: {}\nsteps:\n  - { id: plan_it, plan: write a plan, agent: keeper }\n",
-    )
-    .expect("write");
-    let workflow = archon_engine::validate_file(&dir.path().join("parent.yaml"))
-        .workflow
-        .expect("valid");
-    let steps: Vec<String> = run::unsupported_steps(&workflow)
-        .into_iter()
-        .map(|u| u.step)
-        .collect();
-    assert_eq!(steps, ["a/ask", "b/plan_it"]);
 }

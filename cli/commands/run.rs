@@ -65,11 +65,6 @@ pub fn run(args: &RunArgs, color: ColorChoice) -> anyhow::Result<Status> {
     let workdir = std::fs::canonicalize(&workdir)
         .map_err(|e| anyhow::anyhow!("workspace `{}`: {e}", workdir.display()))?;
     if args.dry_run {
-        // As the run would be, a workflow this version cannot run is refused.
-        let unsupported = run::unsupported_steps(&workflow);
-        if !unsupported.is_empty() {
-            return Ok(unsupported_error(&unsupported));
-        }
         return super::dry_run::show(&workflow, inputs, &workdir, args.output.json, color);
     }
     let cassette = match (&args.record, &args.replay) {
@@ -114,24 +109,6 @@ fn refuse_cassette(message: &str) -> Status {
     Status::Invalid
 }
 
-/// Shows, with the list of steps, why a workflow cannot run in this version.
-fn unsupported_error(unsupported: &[run::Unsupported]) -> Status {
-    let mut text = String::new();
-    for u in unsupported {
-        let _ = writeln!(
-            text,
-            "error: step `{}` cannot run in this version: {}",
-            u.step, u.reason
-        );
-    }
-    let _ = writeln!(
-        text,
-        "  hint: `archon validate` and `archon plan` accept this workflow; running it needs a later version"
-    );
-    output::stderr(&text);
-    Status::Invalid
-}
-
 /// Opens the run store for a command that only reads or changes existing runs: a missing store is not
 /// created. `Ok(None)` when there is none.
 pub fn existing_session(state: &StateArgs) -> Result<Option<Session>, Status> {
@@ -168,7 +145,6 @@ pub fn session_error(error: &SessionError, color: ColorChoice) -> Status {
                 render::write_text(&report, output::use_color_stderr(color), err)
             });
         }
-        SessionError::Unsupported(unsupported) => return unsupported_error(unsupported),
         SessionError::Write { path, source } => output::stderr(&format!(
             "error: cannot write `{}`: {}\n",
             path.display(),

@@ -32,11 +32,7 @@ pub fn run(args: &ValidateArgs, color: ColorChoice) -> anyhow::Result<Status> {
         let validation: Validation = Validator::new(Limits::default())
             .mcp_cache(args.state.dir())
             .validate_path(file);
-        let mut diagnostics = validation.diagnostics;
-        if let Some(workflow) = &validation.workflow {
-            diagnostics.extend(cannot_run_yet(workflow));
-        }
-        report.add(file, diagnostics, &validation.sources);
+        report.add(file, validation.diagnostics, &validation.sources);
     }
     output::stdout_with(|out| match args.format {
         Format::Json => render::write_json(&report, out),
@@ -47,26 +43,6 @@ pub fn run(args: &ValidateArgs, color: ColorChoice) -> anyhow::Result<Status> {
     } else {
         Status::Success
     })
-}
-
-/// A warning for each step of a valid workflow that `archon run` would refuse: what this version cannot
-/// run yet (MCP tools, agent delegation or memory), so that "valid" does not promise a run.
-fn cannot_run_yet(workflow: &archon_engine::Workflow) -> Vec<archon_engine::Diagnostic> {
-    archon_engine::run::unsupported_steps(workflow)
-        .into_iter()
-        .filter_map(|u| {
-            let outer = u.step.split('/').next().unwrap_or(&u.step);
-            let step = workflow.spec.steps.iter().find(|s| s.id.value == outer)?;
-            Some(
-                archon_engine::Diagnostic::warning(
-                    archon_engine::diagnostic::codes::CANNOT_RUN_YET,
-                    step.id.span,
-                    format!("step `{}` cannot run in this version: {}", u.step, u.reason),
-                )
-                .with_hint("`archon run` refuses the workflow until it can"),
-            )
-        })
-        .collect()
 }
 
 /// The files to check, and how many spec files the directories held that are not workflows.

@@ -183,7 +183,6 @@ pub mod codes {
     pub const INVALID_SUBWORKFLOW: &str = "archon::invalid_subworkflow";
     pub const MISSING_INPUT: &str = "archon::missing_input";
     pub const INEFFECTIVE_FIELD: &str = "archon::ineffective_field";
-    pub const CANNOT_RUN_YET: &str = "archon::cannot_run_yet";
     pub const DOLLAR_TEMPLATE: &str = "archon::dollar_template";
     pub const SHELL_TEMPLATE: &str = "archon::shell_template";
     pub const TOML_TABLE_SCOPE: &str = "archon::toml_table_scope";

@@ -89,7 +89,38 @@ fn tool_idempotent(workflow: &Workflow, name: &str, seen: &mut HashSet<String>) 
 /// An agent or planner step is safe to repeat when every tool it may use is: the tools its `tools` globs
 /// (or its agent's) allow. A checkpoint spares the iterations it completed in any case.
 fn llm_step_idempotent(workflow: &Workflow, body: Body<'_>, seen: &mut HashSet<String>) -> bool {
-    let patterns = workflow.spec.tool_patterns(body);
+    // The agents it may delegate to call tools of their own, at every depth.
+    let mut delegates: Vec<&str> = workflow
+        .spec
+        .agent_of(body)
+        .map(|a| a.delegates.iter().map(|d| d.name()).collect())
+        .unwrap_or_default();
+    let mut asked = HashSet::new();
+    while let Some(name) = delegates.pop() {
+        if !asked.insert(name) {
+            continue;
+        }
+        let Some(agent) = workflow.spec.agents.get(name) else {
+            continue;
+        };
+        if !patterns_idempotent(
+            workflow,
+            agent.tools.iter().map(|t| &t.value).collect(),
+            seen,
+        ) {
+            return false;
+        }
+        delegates.extend(agent.delegates.iter().map(|d| d.name()));
+    }
+    patterns_idempotent(workflow, workflow.spec.tool_patterns(body), seen)
+}
+
+/// Whether every tool that `patterns` reach is safe to repeat.
+fn patterns_idempotent(
+    workflow: &Workflow,
+    patterns: Vec<&crate::spec::Pattern>,
+    seen: &mut HashSet<String>,
+) -> bool {
     let allowed = |name: &str| patterns.iter().any(|p| p.matches(name));
     let usable: Vec<&str> = workflow
         .tools

@@ -15,7 +15,7 @@ use tokio_util::sync::CancellationToken;
 use crate::resume;
 use crate::run::{
     self, ApprovalDecision, ApprovalRequest, Approver, Cassette, RunError, RunEvent, RunOptions,
-    RunReport, RunStatus, StepResult, StepStatus, Unsupported,
+    RunReport, RunStatus, StepResult, StepStatus,
 };
 pub use crate::store::sqlite::ServingMark;
 use crate::store::sqlite::{DATABASE, SqliteStore};
@@ -63,9 +63,6 @@ pub enum SessionError {
         path: PathBuf,
         validation: Box<Validation>,
     },
-    /// The workflow has steps this version cannot run.
-    #[error("the workflow has steps this version cannot run")]
-    Unsupported(Vec<Unsupported>),
     /// The run could not start: a problem found before any step started. It is recorded as failed.
     #[error(transparent)]
     Run(#[from] RunError),
@@ -95,7 +92,6 @@ impl SessionError {
             SessionError::Store(e) => e.unknown_run,
             SessionError::Refused { .. }
             | SessionError::Invalid { .. }
-            | SessionError::Unsupported(_)
             | SessionError::Run(_)
             | SessionError::Goal(_) => true,
             SessionError::Write { .. } => false,
@@ -383,7 +379,6 @@ impl Session {
 
     /// Records a new run, owned by this process, and prepares it to execute.
     pub fn start(&self, request: NewRunRequest) -> Result<Prepared, SessionError> {
-        refuse_unsupported(&request.workflow)?;
         let spec_path = std::fs::canonicalize(&request.spec_path).map_err(|e| {
             StoreError::new(format!(
                 "cannot read `{}`: {}",
@@ -739,7 +734,6 @@ impl Session {
         let stored = self.store.load(id)?;
         let spec_path = PathBuf::from(&stored.spec_path);
         let workflow = current_workflow(&spec_path)?;
-        refuse_unsupported(&workflow)?;
         let files = spec_files(&workflow, &spec_path);
         let mut rerun: Vec<String> = Vec::new();
         if spec_hash(&files) != stored.spec_hash {
@@ -887,16 +881,6 @@ fn in_doubt_refusal(id: &str, doubtful: &[&resume::InDoubt]) -> SessionError {
              `idempotent: true`, on the step or on its tool)"
         ),
     )
-}
-
-/// Refuses a workflow this version cannot run, listing the steps.
-fn refuse_unsupported(workflow: &Workflow) -> Result<(), SessionError> {
-    let unsupported = run::unsupported_steps(workflow);
-    if unsupported.is_empty() {
-        Ok(())
-    } else {
-        Err(SessionError::Unsupported(unsupported))
-    }
 }
 
 /// The spec as it is now on disk, validated.

@@ -63,17 +63,6 @@ pub fn load(paths: &[PathBuf]) -> anyhow::Result<Result<Catalog, Refusal>> {
                 continue;
             }
         };
-        let unsupported = archon_engine::run::unsupported_steps(&workflow);
-        if let Some(first) = unsupported.first() {
-            output::stderr(&output::printable(&format!(
-                "not serving `{}`: step `{}` cannot run in this version: {}\n",
-                file.display(),
-                first.step,
-                first.reason
-            )));
-            left_out += 1;
-            continue;
-        }
         let name = tool_name(&workflow.name);
         if let Some(other) = catalog.tools.get(&name) {
             return Ok(Err(Refusal {

@@ -437,11 +437,6 @@ fn session_message(error: &SessionError) -> String {
             Some(hint) => format!("{}\nhint: {hint}", e.message),
             None => e.message.clone(),
         },
-        SessionError::Unsupported(unsupported) => unsupported
-            .iter()
-            .map(|u| format!("step `{}` cannot run in this version: {}", u.step, u.reason))
-            .collect::<Vec<_>>()
-            .join("\n"),
         SessionError::Invalid { path, .. } => {
             format!(
                 "the workflow `{}` does not validate: `archon validate` shows why",

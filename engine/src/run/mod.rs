@@ -14,7 +14,6 @@ pub mod render;
 pub mod rules;
 mod scheduler;
 pub mod secrets;
-mod unsupported;
 
 pub use crate::report::{
     ApprovalDecision, ApprovalRequest, LlmUsage, REPORT_VERSION, RunEvent, RunReport, RunStatus,
@@ -25,4 +24,3 @@ pub use options::{
     Approvals, Approver, Cassette, MAX_DEPTH, MemoryFiles, Refresh, RunOptions, StepCache,
 };
 pub use scheduler::{RunError, run};
-pub use unsupported::{Unsupported, unsupported_steps};

@@ -6,6 +6,7 @@
 
 mod cache;
 mod de;
+mod delegate;
 pub mod node;
 pub mod parse;
 pub mod schema;
@@ -20,6 +21,7 @@ use serde::{Deserialize, Serialize};
 
 pub use cache::{Cache, CacheOptions};
 pub use de::from_node;
+pub use delegate::Delegate;
 pub use node::{Key, Node, NodeKind, PathSegment};
 pub use parse::{Limits, parse};
 pub use spanned::Spanned;
@@ -714,9 +716,10 @@ pub struct AgentDef {
     /// Tools this agent may call.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub tools: Vec<Spanned<Pattern>>,
-    /// Other agents this one may delegate to.
+    /// Other agents this one may delegate to, each offered as a tool (`delegate.<agent>` to rules): a
+    /// name, or `{ agent, handoff, output_schema }`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub delegates: Vec<Spanned<String>>,
+    pub delegates: Vec<Spanned<Delegate>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_iterations: Option<Spanned<u32>>,
     /// Long-term memory across runs (see top-level `memory`): the `remember`, `recall`, `forget`, `note`
@@ -872,6 +875,13 @@ pub struct Defaults {
     /// system prompt (default 2000); skills past it are left out of the catalog with a note.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub skill_catalog_tokens: Option<Spanned<u32>>,
+    /// How deep agents may delegate to agents that delegate in turn (default 3): an agent on the last
+    /// level is not offered its delegates.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_delegation_depth: Option<Spanned<u32>>,
+    /// Most delegations one agent step may make in all, at every depth (default 10).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_delegations: Option<Spanned<u32>>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
@@ -881,7 +891,7 @@ pub enum Unspecified {
     Plan,
 }
 
-fn json_schema_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+pub(crate) fn json_schema_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
     schemars::json_schema!({ "description": "A JSON Schema", "type": ["object", "boolean"] })
 }
 

@@ -280,15 +280,40 @@ impl Checker<'_> {
             for tool in &agent.tools {
                 self.check_tool_pattern(tool);
             }
+            let mut seen = std::collections::HashSet::new();
             for delegate in &agent.delegates {
-                if delegate.value == name.value {
+                let delegate_name = delegate.agent();
+                if delegate_name.value == name.value {
                     self.push(Diagnostic::error(
                         codes::INVALID_VALUE,
-                        delegate.span,
+                        delegate_name.span,
                         format!("agent `{}` cannot delegate to itself", name.value),
                     ));
+                } else if !seen.insert(delegate_name.value.clone()) {
+                    self.push(Diagnostic::error(
+                        codes::DUPLICATE_KEY,
+                        delegate_name.span,
+                        format!(
+                            "agent `{}` lists delegate `{}` twice",
+                            name.value, delegate_name.value
+                        ),
+                    ));
                 } else {
-                    self.check_agent_ref(delegate);
+                    self.check_agent_ref(&delegate_name);
+                }
+                if let Some(schema) = &delegate.value.output_schema {
+                    if delegate.value.hands_off() {
+                        self.push(
+                            Diagnostic::error(
+                                codes::INVALID_VALUE,
+                                schema.span,
+                                "a delegate that takes the step over answers with the step's `output_schema`, not its own".to_owned(),
+                            )
+                            .with_hint("remove `output_schema` here, or `handoff: true`"),
+                        );
+                    } else {
+                        self.check_json_schema(schema, "`output_schema`");
+                    }
                 }
             }
             if let Some(n) = &agent.max_iterations {
@@ -463,6 +488,21 @@ impl Checker<'_> {
         if let Some(n) = &defaults.max_iterations {
             self.check_positive(n, "max_iterations");
         }
+        for (n, field, most) in [
+            (&defaults.max_delegation_depth, "max_delegation_depth", 10),
+            (&defaults.max_delegations, "max_delegations", 1000),
+        ] {
+            if let Some(n) = n {
+                self.check_positive(n, field);
+                if n.value > most {
+                    self.push(Diagnostic::error(
+                        codes::INVALID_VALUE,
+                        n.span,
+                        format!("`{field}` must be at most {most}"),
+                    ));
+                }
+            }
+        }
         if let Some(agent) = &defaults.agent {
             self.check_agent_ref(agent);
         }
@@ -558,7 +598,7 @@ impl Checker<'_> {
                     if matches!(trigger, Trigger::BeforeRun | Trigger::OnPlan) {
                         self.ineffective(tool.span, "`match.tool`", trigger);
                     }
-                    self.check_tool_pattern(tool);
+                    self.check_rule_tool_pattern(tool);
                 }
                 if let Some(step) = &matcher.step {
                     if trigger == Trigger::BeforeRun {

@@ -533,10 +533,24 @@ impl Checker<'_> {
 
     /// Checks a tool name or glob in an LLM step's, agent's or rule's `tools`.
     pub(super) fn check_tool_pattern(&mut self, pattern: &Spanned<Pattern>) {
+        self.check_tool_pattern_with(pattern, &[]);
+    }
+
+    /// A rule's `match.tool`: it may also name the tools that delegate to an agent (`delegate.<agent>`).
+    pub(super) fn check_rule_tool_pattern(&mut self, pattern: &Spanned<Pattern>) {
+        let delegations: Vec<String> = (self.spec.agents.values())
+            .flat_map(|a| a.delegates.iter())
+            .map(|d| format!("delegate.{}", d.name()))
+            .collect();
+        self.check_tool_pattern_with(pattern, &delegations);
+    }
+
+    fn check_tool_pattern_with(&mut self, pattern: &Spanned<Pattern>, extra: &[String]) {
         // MCP servers list their tools when they run: `server.tool` names and globs are checked against
         // the lists `archon mcp list` kept, and cannot be checked for a server with no list.
         let (listed, some_unlisted) = self.mcp_listed_names();
         let mut names = tool_names(self.tools);
+        names.extend(extra.iter().map(String::as_str));
         names.extend(listed.iter().map(String::as_str));
         // The tools memory gives agents with `memory` (all of them) or `notes` (`note` and `notes`).
         let agents = self.spec.agents.values();

@@ -12,7 +12,9 @@ use serde::{Deserialize, Serialize};
 
 use super::context::{Failure, Shared};
 use crate::llm::Message;
-use crate::report::LlmUsage;
+use indexmap::IndexMap;
+
+use crate::report::{LlmUsage, StepResult};
 use crate::store::{Ack, Entry};
 
 /// Where an agent step stands after a completed iteration.
@@ -33,6 +35,12 @@ pub(super) struct AgentState {
     /// A turn whose calls wait for a person's approval: a resume takes it up instead of asking the model.
     #[serde(default)]
     pub pending: Option<crate::llm::ChatResponse>,
+    /// Model turns the step's delegates took (kept by the step's own agent).
+    #[serde(default)]
+    pub delegated_turns: u32,
+    /// The results of the delegations the agent made, by name.
+    #[serde(default, skip_serializing_if = "IndexMap::is_empty")]
+    pub delegations: IndexMap<String, StepResult>,
 }
 
 /// An [`AgentState`] as borrowed from the running loop: serialised the same way, without copying the
@@ -48,6 +56,9 @@ pub(super) struct AgentStateRef<'a> {
     pub seen_calls: &'a HashMap<String, usize>,
     pub schema_retries: usize,
     pub pending: Option<&'a crate::llm::ChatResponse>,
+    pub delegated_turns: u32,
+    #[serde(skip_serializing_if = "IndexMap::is_empty")]
+    pub delegations: &'a IndexMap<String, StepResult>,
 }
 
 /// Where a planner step stands: the plan the validator accepted last, and the conversation that led to it.

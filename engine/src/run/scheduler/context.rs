@@ -62,6 +62,8 @@ pub(crate) struct LlmContext {
     text_only: Mutex<HashSet<String>>,
     /// What the model calls of each LLM step's attempt under way spent, by step label.
     meters: Arc<Mutex<HashMap<String, Meter>>>,
+    /// The delegates at work, by label: the step whose model time their calls spend.
+    delegated: Arc<Mutex<HashMap<String, String>>>,
 }
 
 /// What the model calls of one attempt of an LLM step spent: their time, against `limit` (the step's
@@ -94,6 +96,33 @@ impl LlmContext {
             replans: self.replans.clone(),
             text_only: Mutex::default(),
             meters: self.meters.clone(),
+            delegated: self.delegated.clone(),
+        }
+    }
+
+    /// The model calls of delegate `child` spend the model time of step `step` until [`Self::undelegate`].
+    pub fn delegate(&self, child: &str, step: &str) {
+        if let Ok(mut delegated) = self.delegated.lock() {
+            delegated.insert(child.to_owned(), step.to_owned());
+        }
+    }
+
+    pub fn undelegate(&self, child: &str) {
+        if let Ok(mut delegated) = self.delegated.lock() {
+            delegated.remove(child);
+        }
+    }
+
+    /// The step whose meter `label`'s model calls use, and whether `label` is a delegate's.
+    fn metered(&self, label: &str) -> (String, bool) {
+        match self
+            .delegated
+            .lock()
+            .ok()
+            .and_then(|d| d.get(label).cloned())
+        {
+            Some(step) => (step, true),
+            None => (label.to_owned(), false),
         }
     }
 
@@ -117,20 +146,25 @@ impl LlmContext {
 
     /// The model-time limit of step `label`'s attempt and the time its calls took so far.
     pub fn model_time(&self, label: &str) -> (Option<Duration>, Duration) {
+        let (label, _) = self.metered(label);
         self.meters
             .lock()
             .ok()
-            .and_then(|m| m.get(label).map(|m| (m.limit, m.spent)))
+            .and_then(|m| m.get(&label).map(|m| (m.limit, m.spent)))
             .unwrap_or_default()
     }
 
-    /// Step `label`'s calls took `took` more, and its usage is now `usage`.
+    /// Step `label`'s calls took `took` more, and its usage is now `usage` (a delegate's time counts for
+    /// its step; its usage joins the step's when it returns).
     pub fn spend(&self, label: &str, took: Duration, usage: &LlmUsage) {
+        let (label, delegate) = self.metered(label);
         if let Ok(mut meters) = self.meters.lock()
-            && let Some(meter) = meters.get_mut(label)
+            && let Some(meter) = meters.get_mut(&label)
         {
             meter.spent += took;
-            meter.usage.clone_from(usage);
+            if !delegate {
+                meter.usage.clone_from(usage);
+            }
         }
     }
 

@@ -26,7 +26,6 @@ use crate::llm::config::Configured;
 use crate::llm::{FinishReason, Message, Part};
 use crate::report::{LlmUsage, RunEvent, StepResult, StepStatus};
 use crate::run::render::to_text;
-use crate::run::unsupported::unsupported_steps;
 use crate::spec::Pattern;
 use crate::spec::{Body, ChosenBy, Limits, Trigger};
 use crate::tools::ToolOutput;
@@ -400,24 +399,18 @@ fn accept(
         policy,
     );
     let mut problems = validate::problems(&validation);
-    if let Some(workflow) = validation.workflow {
-        // What this version cannot run is refused like in a hand-written spec.
-        problems.extend(
-            unsupported_steps(&workflow)
-                .into_iter()
-                .map(|u| format!("step `{}`: {}", u.step, u.reason)),
-        );
-        if problems.is_empty() {
-            let document = validation
-                .sources
-                .find(&path)
-                .and_then(|file| crate::spec::parse(file, &Limits::default()).0)
-                .map_or(Json::Null, |root| root.to_json());
-            return Ok(Accepted {
-                workflow: Arc::new(workflow),
-                document,
-            });
-        }
+    if let Some(workflow) = validation.workflow
+        && problems.is_empty()
+    {
+        let document = validation
+            .sources
+            .find(&path)
+            .and_then(|file| crate::spec::parse(file, &Limits::default()).0)
+            .map_or(Json::Null, |root| root.to_json());
+        return Ok(Accepted {
+            workflow: Arc::new(workflow),
+            document,
+        });
     }
     if problems.is_empty() {
         problems.push("the plan is not a document of `steps`".to_owned());

@@ -9,6 +9,7 @@
 
 mod calls;
 mod context;
+mod delegate;
 mod error;
 mod memory;
 mod model;
@@ -72,20 +73,70 @@ pub(super) async fn run(
     goal: String,
     ctx: &Value,
 ) -> Result<Called, Failure> {
-    let spec: &Spec = &shared.workflow.spec;
-    let memory = memory::open(shared, label, spec.agent_name(body), spec.agent_of(body)).await?;
-    let outcome = converse(shared, label, body, goal.clone(), ctx, memory.as_ref()).await;
-    if let Some(memory) = &memory {
+    run_as(shared, label, body, goal, ctx, None).await
+}
+
+/// [`run`] for the step's own agent (`chain` none) or a delegate at work for it; the results of the
+/// delegations it made are nested in its own.
+fn run_as<'a>(
+    shared: &'a Shared,
+    label: &'a str,
+    body: Body<'a>,
+    goal: String,
+    ctx: &'a Value,
+    chain: Option<&'a delegate::Chain<'a>>,
+) -> std::pin::Pin<Box<dyn Future<Output = Result<Called, Failure>> + Send + 'a>> {
+    Box::pin(async move {
+        let spec: &Spec = &shared.workflow.spec;
+        let memory =
+            memory::open(shared, label, spec.agent_name(body), spec.agent_of(body)).await?;
+        let delegations = std::sync::Mutex::new(indexmap::IndexMap::new());
+        let outcome = converse(
+            shared,
+            label,
+            body,
+            goal.clone(),
+            ctx,
+            memory.as_ref(),
+            chain,
+            &delegations,
+        )
+        .await;
+        let delegations = delegations.into_inner().unwrap_or_default();
+        let outcome = match outcome {
+            Ok(mut called) => {
+                called.steps.extend(delegations);
+                Ok(called)
+            }
+            Err(mut failure) => {
+                failure.steps.extend(delegations);
+                Err(failure)
+            }
+        };
+        ended(shared, memory.as_ref(), &goal, outcome).await
+    })
+}
+
+/// Keeps an episode of how the step (or delegation) ended, for an agent with memory.
+async fn ended(
+    shared: &Shared,
+    memory: Option<&memory::AgentMemory>,
+    goal: &str,
+    outcome: Result<Called, Failure>,
+) -> Result<Called, Failure> {
+    if let Some(memory) = memory {
         let ended = match &outcome {
             Ok(called) => Ok(called.output.text.clone()),
             Err(failure) => Err((failure.status, failure.message.clone())),
         };
-        memory.episode(shared, &goal, &ended).await;
+        memory.episode(shared, goal, &ended).await;
     }
     outcome
 }
 
-/// The ReAct loop of an agent step.
+/// The ReAct loop of an agent step (or of a delegate at work for one, on `chain`); the results of the
+/// delegations it makes go to `delegations`.
+#[allow(clippy::too_many_arguments)]
 async fn converse(
     shared: &Shared,
     label: &str,
@@ -93,6 +144,8 @@ async fn converse(
     goal: String,
     ctx: &Value,
     memory: Option<&memory::AgentMemory>,
+    chain: Option<&delegate::Chain<'_>>,
+    delegations: &std::sync::Mutex<indexmap::IndexMap<String, crate::report::StepResult>>,
 ) -> Result<Called, Failure> {
     let spec: &Spec = &shared.workflow.spec;
     let (agent, provider_name, configured) = chosen(shared, body)?;
@@ -113,6 +166,21 @@ async fn converse(
         })
         .unwrap_or(DEFAULT_MAX_ITERATIONS)
         .max(1);
+    // The step's own agent starts the delegation tree, whose budget is its iterations.
+    let own_tree;
+    let own_chain;
+    let chain = match chain {
+        Some(chain) => chain,
+        None => {
+            own_tree = delegate::Tree::new(shared, label, max_iterations);
+            own_chain = delegate::Chain {
+                tree: &own_tree,
+                agents: vec![agent_name.unwrap_or("the step").to_owned()],
+            };
+            &own_chain
+        }
+    };
+    let root = chain.depth() == 0;
     // A planned agent has only the tools its plan gave it.
     let patterns: Vec<&crate::spec::Pattern> = if shared.planned && body.tools.is_none() {
         Vec::new()
@@ -126,6 +194,7 @@ async fn converse(
     if let Some(memory) = memory {
         tools.extend(memory.tools());
     }
+    tools.extend(chain.tools(shared, agent));
     // Its skills: their tools, and the declared tools an active skill may extend it to.
     let skills = skills::Session::new(shared, agent_name, &configured.model, &tools);
     tools.extend(skills.tools(shared));
@@ -279,6 +348,14 @@ async fn converse(
             memory.saw(conversation.messages());
         }
         skills.restore(conversation.messages());
+        chain.tree.restore(
+            chain.agents.last().map_or("", String::as_str),
+            state.iteration,
+            state.delegated_turns,
+        );
+        if let Ok(mut made) = delegations.lock() {
+            made.extend(state.delegations);
+        }
         tool_calls = state.tool_calls;
         usage = state.usage;
         usage.context.get_or_insert(context_use);
@@ -288,6 +365,7 @@ async fn converse(
     }
 
     for iteration in first..=max_iterations {
+        chain.turn().map_err(|f| f.with_llm(usage.clone()))?;
         let note = context::status_note(shared, iteration, max_iterations, tool_calls);
         context::fit(
             shared,
@@ -504,6 +582,12 @@ async fn converse(
                 message: as_kept(&response.message),
                 ..response.clone()
             }),
+            delegated_turns: if root {
+                chain.tree.delegated(iteration)
+            } else {
+                0
+            },
+            delegations: delegations.lock().map(|d| d.clone()).unwrap_or_default(),
         };
         // Guard against loops first, in order, and ask the rules (and, for sensitive tools, a person);
         // then run the turn's calls together, a few at a time.
@@ -563,6 +647,16 @@ async fn converse(
             let tool_name = real_name(&call.name);
             let sensitive = shared.llm_call_asks(&tool_name, &call.arguments);
             let known = tools.iter().any(|t| t.name == call.name);
+            // A handoff ends the agent's turn: it cannot share the turn with other calls.
+            if known
+                && calls.len() > 1
+                && delegate::entry(agent, &tool_name).is_some_and(|d| d.value.hands_off())
+            {
+                turn = Turn::Refused(format!(
+                    "this call was not made: handing the task over to `{}` ends your turn, so it must be the only call of its turn",
+                    tool_name.trim_start_matches(delegate::PREFIX)
+                ));
+            }
             // A tool an active skill does not allow (or one only a skill could allow) is not run.
             if known && turn == Turn::Run && !skills.permits(&tool_name) {
                 turn = Turn::Refused(skills.refusal(&tool_name));
@@ -608,16 +702,42 @@ async fn converse(
         }
         // Recorded once every call of the turn may go ahead: a turn that waits shows no action yet.
         actions.into_iter().for_each(|a| shared.emit(a));
+        // The delegate a call of the turn asks, when it is a delegation offered to this agent.
+        let delegation_of = |call: &crate::llm::ToolCall| {
+            tools
+                .iter()
+                .any(|t| t.name == call.name)
+                .then(|| delegate::entry(agent, &real_name(&call.name)))
+                .flatten()
+        };
+        if planned
+            .iter()
+            .any(|(call, turn)| *turn == Turn::Run && delegation_of(call).is_some())
+        {
+            // The turn is on disk before its delegates start: a resumed run takes this same turn up again
+            // (its other calls may run again), and each delegate continues where it was.
+            let state = paused(before_turn(&seen_calls, &counted), conversation.messages());
+            let saved = checkpoint::save(shared, label, &state);
+            if let Err(e) = durable(shared, saved, Record::AgentCheckpoint).await {
+                return Err(Failure::from(e).with_llm(usage));
+            }
+        }
         let mut results = Vec::with_capacity(planned.len());
         let allowed = &tools;
         let compiled = &validators;
         let skills = &skills;
         let shown = conversation.window.observation_tokens();
+        // What the turn's delegates used, and the answer of the one the task was handed to.
+        let spent: std::sync::Mutex<Vec<LlmUsage>> = std::sync::Mutex::default();
+        let handed: std::sync::Mutex<Option<Json>> = std::sync::Mutex::default();
+        let (spent_ref, handed_ref, delegation_of) = (&spent, &handed, &delegation_of);
         // Whether every call of the turn was invalid, and the first problem, for the breaker below.
         let mut all_invalid = !planned.is_empty();
         let mut problem: Option<String> = None;
-        for chunk in planned.chunks(PARALLEL_CALLS) {
-            let observations = futures_util::future::join_all(chunk.iter().map(|(call, turn)| async move {
+        let numbered: Vec<_> = planned.iter().enumerate().collect();
+        let mut turn_spent = Vec::new();
+        for chunk in numbered.chunks(PARALLEL_CALLS) {
+            let observations = futures_util::future::join_all(chunk.iter().map(|&(index, (call, turn))| async move {
                 match turn {
                     Turn::Warn => Ok((
                         format!(
@@ -631,6 +751,43 @@ async fn converse(
                     }
                     Turn::Refused(reason) => Ok((reason.clone(), true, false)),
                     Turn::Run if skills.handles(&call.name) => Ok(skills.call(&call.name, &call.arguments)),
+                    Turn::Run if let Some(entry) = delegation_of(call) => {
+                        if let Some(problem) = calls::invalid(compiled, &call.name, &call.arguments) {
+                            return Ok((problem, true, false));
+                        }
+                        let request = delegate::Request {
+                            label,
+                            iteration,
+                            index,
+                            delegate: entry,
+                            arguments: &call.arguments,
+                            step_schema: body.output_schema,
+                        };
+                        let delegated = delegate::call(shared, chain, ctx, request).await.map_err(|f| {
+                            if f.status == crate::report::StepStatus::WaitingApproval {
+                                Stop::Waiting(f.message)
+                            } else {
+                                Stop::Failed(f)
+                            }
+                        })?;
+                        if let Some((name, result)) = delegated.record {
+                            if let Some(llm) = &result.llm
+                                && let Ok(mut spent) = spent_ref.lock()
+                            {
+                                spent.push(llm.clone());
+                            }
+                            if let Ok(mut made) = delegations.lock() {
+                                made.insert(name, result);
+                            }
+                        }
+                        if entry.value.hands_off()
+                            && !delegated.is_error
+                            && let Ok(mut handed) = handed_ref.lock()
+                        {
+                            *handed = Some(delegated.output);
+                        }
+                        Ok((delegated.text, delegated.is_error, true))
+                    }
                     // Memory's tools keep their names: no provider changes them.
                     Turn::Run if let Some(memory) = memory.filter(|m| m.handles(&call.name)) => {
                         Ok(match calls::invalid(compiled, &call.name, &call.arguments) {
@@ -643,19 +800,53 @@ async fn converse(
                     }
                     Turn::Run => {
                         let tool = real_name(&call.name);
-                        observe(shared, label, allowed, compiled, (&call.name, &tool), &call.arguments).await
+                        observe(shared, label, allowed, compiled, (&call.name, &tool), &call.arguments).await.map_err(Stop::Waiting)
                     }
                 }
             }))
             .await;
-            if let Some(message) = observations.iter().find_map(|o| o.as_ref().err()) {
-                // A tool waits for approval: the turn is taken up again on resume (its other calls may
-                // run again).
-                let state = paused(before_turn(&seen_calls, &counted), conversation.messages());
-                return Err(pause(shared, label, state, message.clone()).await);
+            let spent_now = spent
+                .lock()
+                .map(|mut s| std::mem::take(&mut *s))
+                .unwrap_or_default();
+            let mut stop: Option<Stop> = None;
+            let observations: Vec<(String, bool, bool)> = observations
+                .into_iter()
+                .filter_map(|o| match o {
+                    Ok(o) => Some(o),
+                    Err(e) => {
+                        // A delegate that ended the step wins over one that waits.
+                        if !matches!(stop, Some(Stop::Failed(_))) {
+                            stop = Some(e);
+                        }
+                        None
+                    }
+                })
+                .collect();
+            match stop {
+                None => {}
+                Some(Stop::Waiting(message)) => {
+                    // A tool (or a delegate's) waits for approval: the turn is taken up again on resume
+                    // (its other calls may run again).
+                    let state = paused(before_turn(&seen_calls, &counted), conversation.messages());
+                    return Err(pause(shared, label, state, message).await);
+                }
+                Some(Stop::Failed(mut failure)) => {
+                    if let Ok(mut made) = delegations.lock() {
+                        made.extend(std::mem::take(&mut failure.steps));
+                    }
+                    for llm in turn_spent
+                        .iter()
+                        .chain(&spent_now)
+                        .chain(failure.llm.as_deref())
+                    {
+                        delegate::add_usage(&mut usage, Some(llm));
+                    }
+                    return Err(failure.with_llm(usage));
+                }
             }
-            for ((call, turn), (output, is_error, from_tool)) in
-                chunk.iter().zip(observations.into_iter().flatten())
+            turn_spent.extend(spent_now);
+            for ((_, (call, turn)), (output, is_error, from_tool)) in chunk.iter().zip(observations)
             {
                 let invalid = matches!(turn, Turn::Refused(_))
                     || (matches!(turn, Turn::Run) && is_error && !from_tool);
@@ -683,6 +874,14 @@ async fn converse(
                     is_error,
                 }));
             }
+        }
+        for llm in &turn_spent {
+            delegate::add_usage(&mut usage, Some(llm));
+        }
+        // The task was handed over: the delegate's answer is the step's.
+        if let Some(output) = handed.into_inner().ok().flatten() {
+            emit_answer(shared, label, iteration, &to_text(&output));
+            return Ok(answer(output, usage));
         }
         invalid_turns = if all_invalid { invalid_turns + 1 } else { 0 };
         if invalid_turns >= INVALID_TURNS_LIMIT {
@@ -725,6 +924,12 @@ async fn converse(
                 seen_calls: &seen_calls,
                 schema_retries,
                 pending: None,
+                delegated_turns: if root {
+                    chain.tree.delegated(iteration)
+                } else {
+                    0
+                },
+                delegations: &delegations.lock().map(|d| d.clone()).unwrap_or_default(),
             },
         );
         // Before tools that are not safe to repeat run again, this iteration's record is on disk: a crash
@@ -820,6 +1025,12 @@ fn before_turn(seen_calls: &HashMap<String, usize>, counted: &[String]) -> HashM
         }
     }
     before
+}
+
+/// Why a turn's calls stopped the agent: a call waits for a person, or a delegate ended the step.
+enum Stop {
+    Waiting(String),
+    Failed(Failure),
 }
 
 /// What becomes of one tool call of a turn.
