@@ -7,6 +7,7 @@ mod cache;
 mod cli;
 mod conformance;
 mod day_one;
+mod delegation;
 mod docs;
 mod durable;
 mod format;

@@ -26,18 +26,12 @@ pub(super) async fn observe(
 ) -> Result<(String, bool, bool), String> {
     if !tools.iter().any(|t| t.name == name) {
         let names: Vec<String> = tools.iter().map(|t| format!("`{}`", t.name)).collect();
-        return Ok((
-            format!(
-                "unknown tool `{name}`; the tools are {}",
-                if names.is_empty() {
-                    "none".to_owned()
-                } else {
-                    names.join(", ")
-                }
-            ),
-            true,
-            false,
-        ));
+        let text = if names.is_empty() {
+            format!("unknown tool `{name}`; you have no tools: give your final answer")
+        } else {
+            format!("unknown tool `{name}`; the tools are {}", names.join(", "))
+        };
+        return Ok((text, true, false));
     }
     if let Some(problem) = invalid(validators, name, arguments) {
         return Ok((problem, true, false));

@@ -280,7 +280,7 @@ pub(super) async fn call(
     let made = chain.tree.delegations.fetch_add(1, Ordering::SeqCst) + 1;
     if made > chain.tree.max_delegations {
         return Ok(refused(format!(
-            "this delegation was not made: the step has made its {} delegations (`defaults.max_delegations`); finish the task with what you have",
+            "this delegation was not made: the step has made the {} delegations `defaults.max_delegations` allows; finish the task with what you have",
             chain.tree.max_delegations
         )));
     }
@@ -359,11 +359,18 @@ pub(super) async fn call(
             };
             (output.text, false, result)
         }
-        // A person must decide, or the whole tree is out of turns: the caller stops too.
-        Err(failure)
-            if failure.status == StepStatus::WaitingApproval
-                || chain.tree.exhausted.load(Ordering::SeqCst) =>
-        {
+        // A person must decide: the caller pauses too, and takes this delegation up again on resume.
+        Err(failure) if failure.status == StepStatus::WaitingApproval => return Err(failure),
+        // The whole tree is out of turns: the step ends, with the delegate's result in its record.
+        Err(mut failure) if chain.tree.exhausted.load(Ordering::SeqCst) => {
+            let result = StepResult {
+                steps: std::mem::take(&mut failure.steps),
+                llm: failure.llm.as_deref().cloned(),
+                attempts: 1,
+                duration_ms,
+                ..StepResult::ended(failure.status, Some(failure.message.clone()))
+            };
+            failure.steps = IndexMap::from([(short(&label), result)]);
             return Err(failure);
         }
         Err(failure) => {

@@ -728,9 +728,10 @@ async fn converse(
         let skills = &skills;
         let shown = conversation.window.observation_tokens();
         // What the turn's delegates used, and the answer of the one the task was handed to.
-        let spent: std::sync::Mutex<Vec<LlmUsage>> = std::sync::Mutex::default();
+        let finished: std::sync::Mutex<Vec<(usize, (String, crate::report::StepResult))>> =
+            std::sync::Mutex::default();
         let handed: std::sync::Mutex<Option<Json>> = std::sync::Mutex::default();
-        let (spent_ref, handed_ref, delegation_of) = (&spent, &handed, &delegation_of);
+        let (finished_ref, handed_ref, delegation_of) = (&finished, &handed, &delegation_of);
         // Whether every call of the turn was invalid, and the first problem, for the breaker below.
         let mut all_invalid = !planned.is_empty();
         let mut problem: Option<String> = None;
@@ -770,15 +771,10 @@ async fn converse(
                                 Stop::Failed(f)
                             }
                         })?;
-                        if let Some((name, result)) = delegated.record {
-                            if let Some(llm) = &result.llm
-                                && let Ok(mut spent) = spent_ref.lock()
-                            {
-                                spent.push(llm.clone());
-                            }
-                            if let Ok(mut made) = delegations.lock() {
-                                made.insert(name, result);
-                            }
+                        if let Some(record) = delegated.record
+                            && let Ok(mut finished) = finished_ref.lock()
+                        {
+                            finished.push((index, record));
                         }
                         if entry.value.hands_off()
                             && !delegated.is_error
@@ -805,10 +801,19 @@ async fn converse(
                 }
             }))
             .await;
-            let spent_now = spent
+            // The chunk's delegations, recorded in the order they were asked for.
+            let mut spent_now = Vec::new();
+            let mut done = finished
                 .lock()
-                .map(|mut s| std::mem::take(&mut *s))
+                .map(|mut f| std::mem::take(&mut *f))
                 .unwrap_or_default();
+            done.sort_by_key(|(index, _)| *index);
+            if let Ok(mut made) = delegations.lock() {
+                for (_, (name, result)) in done {
+                    spent_now.extend(result.llm.clone());
+                    made.insert(name, result);
+                }
+            }
             let mut stop: Option<Stop> = None;
             let observations: Vec<(String, bool, bool)> = observations
                 .into_iter()
