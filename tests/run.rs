@@ -780,6 +780,7 @@ fn runnable_bundled_workflows_succeed() {
         "retry-fallback.yaml",
         "agent-calculator.yaml",
         "agent-notes.yaml",
+        "team-review.yaml",
         "word-report.yaml",
     ] {
         assert!(

@@ -520,6 +520,38 @@ impl Checker<'_> {
         if let Some(goal) = body.goal.or(body.plan) {
             deps.extend(self.template(goal, &prompt));
         }
+        // A planner writes a plan; it does not delegate (the agent steps of its plan may).
+        let plans = body.plan.is_some()
+            || (kinds.is_empty()
+                && self
+                    .spec
+                    .defaults
+                    .as_ref()
+                    .and_then(|d| d.unspecified.as_ref())
+                    .map(|u| u.value)
+                    == Some(crate::spec::Unspecified::Plan));
+        if plans
+            && let Some(agent) = body
+                .agent
+                .or_else(|| self.spec.defaults.as_ref().and_then(|d| d.agent.as_ref()))
+            && self
+                .spec
+                .agents
+                .get(agent.value.as_str())
+                .is_some_and(|a| !a.delegates.is_empty())
+        {
+            self.push(
+                Diagnostic::warning(
+                    codes::INEFFECTIVE_FIELD,
+                    agent.span,
+                    format!(
+                        "the `delegates` of agent `{}` have no effect on a planner step",
+                        agent.value
+                    ),
+                )
+                .with_hint("a planner writes a plan; the agent steps of its plan may delegate"),
+            );
+        }
         if let Some(workflow) = body.workflow {
             deps.extend(self.check_workflow_call(
                 workflow,
