@@ -739,3 +739,41 @@ async fn a_run_killed_inside_a_delegate_resumes_without_repeating_finished_work_
     assert_eq!(asked(&server, "lead-model").await, 3);
     assert_eq!(asked(&server, "worker-model").await, 4);
 }
+
+/// A cached agent step is served again only while what its delegates are stays the same: their
+/// instructions are part of the call.
+#[test]
+fn a_cached_agent_step_is_asked_again_when_a_delegate_changes() {
+    let dir = TempDir::new().expect("tempdir");
+    let spec = |instructions: &str| {
+        format!(
+            r#"name: cached
+llm:
+  providers:
+    lead_model:
+      kind: mock
+      turns:
+        - tool_calls: [{{ name: delegate__helper, arguments: {{ task: say hello }} }}]
+        - text: the helper said hello
+    helper_model: {{ kind: mock, turns: [{{ text: hello }}] }}
+agents:
+  lead: {{ provider: lead_model, delegates: [helper] }}
+  helper: {{ provider: helper_model, instructions: "{instructions}" }}
+steps:
+  - {{ id: greet, goal: get a greeting, agent: lead, cache: true }}
+"#
+        )
+    };
+    let cached = |instructions: &str| -> bool {
+        std::fs::write(dir.path().join("cached.yaml"), spec(instructions)).expect("write");
+        let out = crate::support::archon(dir.path(), &["run", "cached.yaml"]);
+        assert_eq!(out.code, 0, "{}", out.stderr);
+        let run = show(dir.path(), &last_run(dir.path()));
+        assert_eq!(run["results"]["greet"]["output"], "the helper said hello");
+        !run["results"]["greet"]["cached"].is_null()
+    };
+    assert_eq!(
+        [cached("Be brief."), cached("Be brief."), cached("Be warm.")],
+        [false, true, false]
+    );
+}

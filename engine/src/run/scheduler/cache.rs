@@ -285,6 +285,30 @@ async fn content(
     }
     hash.value(&serde_json::to_value(agent).ok()?);
     hash.value(&serde_json::to_value(&spec.defaults).ok()?);
+    // The agents it may delegate to, at every depth, as written, with their providers and tools.
+    let mut delegates: Vec<&str> = agent
+        .map(|a| a.delegates.iter().map(|d| d.name()).collect())
+        .unwrap_or_default();
+    let mut seen = std::collections::BTreeSet::new();
+    while let Some(name) = delegates.pop() {
+        let Some(delegate) = spec.agents.get(name).filter(|_| seen.insert(name)) else {
+            continue;
+        };
+        hash.str(name);
+        hash.value(&serde_json::to_value(delegate).ok()?);
+        let provider = delegate.provider.as_ref().map(|p| p.value.as_str());
+        let provider = provider.and_then(|p| spec.llm.as_ref()?.providers.get(p));
+        hash.value(&serde_json::to_value(provider).ok()?);
+        for tool in shared.workflow.tools.iter() {
+            if !matches!(tool.kind, ToolRef::Mcp)
+                && delegate.tools.iter().any(|p| p.value.matches(&tool.name))
+            {
+                hash.str(&tool.name);
+                hash.bytes(&tool_digest(shared, &tool.name));
+            }
+        }
+        delegates.extend(delegate.delegates.iter().map(|d| d.name()));
+    }
     // The agent's skills as read: a changed `SKILL.md` or `rules.yaml` is another call. (Their files in
     // `references/` and the like are read only if the model asks, and are not part of the key.)
     for skill in shared.workflow.skills.of(spec.agent_name(body)).iter() {

@@ -338,9 +338,13 @@ pub(super) async fn call(
         agents,
     };
     shared.llm.delegate(&label, &chain.tree.step);
+    let metered = Metered {
+        shared,
+        label: &label,
+    };
     let started = Instant::now();
     let outcome = super::run_as(shared, &label, body, goal, ctx, Some(&child)).await;
-    shared.llm.undelegate(&label);
+    drop(metered);
     let duration_ms = millis(started.elapsed());
     let (text, is_error, result) = match outcome {
         Ok(called) => {
@@ -400,6 +404,19 @@ pub(super) async fn call(
         output: result.output.clone(),
         record: Some((short(&label), result)),
     })
+}
+
+/// While a delegate works its model time is the step's: until it returns, or its step stops (a timeout,
+/// a cancelled run) and drops it.
+struct Metered<'a> {
+    shared: &'a Shared,
+    label: &'a str,
+}
+
+impl Drop for Metered<'_> {
+    fn drop(&mut self) {
+        self.shared.llm.undelegate(self.label);
+    }
 }
 
 /// The name a delegate's result has among the calling step's nested results: its label after the step's.
