@@ -1,4 +1,4 @@
-//! Agent-loop overhead (run with `cargo bench --bench agent`): an agent step against a local
+//! Agent-loop and delegation overhead (run with `cargo bench --bench agent`): an agent step against a local
 //! OpenAI-compatible server (wiremock) that answers every request after a fixed delay, calling `echo` for a
 //! number of turns and then answering. Per iteration, the time beyond the server's own delay is the loop's
 //! overhead (render, build and parse the request, run the tool, record events, count tokens); the request
@@ -13,6 +13,13 @@
 //! Wall-clock figures on a busy machine are dominated by its load; the CPU time of the thread that runs the
 //! agent (and its HTTP client; the server has its own thread), beyond what the same plain requests take,
 //! is not, and its slope is the loop's own work per iteration.
+//!
+//! Delegation (issue 18): a lead agent delegates to a helper that answers at once, then answers itself. The
+//! server notes when each request arrives; a response leaves `DELAY` after it. "To the delegate" is the time
+//! from the lead's answer leaving the server to the helper's first request arriving (reading the answer, the
+//! turn's checkpoint, starting the child agent, building its prompt); "back to the caller" from the helper's
+//! answer leaving to the lead's next request arriving. The same lead calling `echo` instead gives the plain
+//! tool turnaround for comparison. Medians and 90th percentiles of 30 runs each.
 #![allow(clippy::print_stdout, clippy::unwrap_used)]
 
 use std::sync::Arc;
@@ -220,11 +227,110 @@ fn report(name: &str, figures: &Figures) {
     );
 }
 
+/// Answers a lead (model `lead`) that calls `tool` once and then answers, and a helper (model `helper`) that
+/// answers at once; notes when each request arrived.
+struct Timed {
+    tool: &'static str,
+    arrivals: Arc<std::sync::Mutex<Vec<Instant>>>,
+}
+
+impl Respond for Timed {
+    fn respond(&self, request: &Request) -> ResponseTemplate {
+        self.arrivals.lock().unwrap().push(Instant::now());
+        let body = String::from_utf8_lossy(&request.body);
+        let message = if body.contains(r#""model":"helper""#) {
+            json!({ "role": "assistant", "content": "hi" })
+        } else if body.contains(r#""role":"tool""#) {
+            json!({ "role": "assistant", "content": "done" })
+        } else {
+            json!({ "role": "assistant", "content": null, "tool_calls": [{
+                "id": "call_1", "type": "function",
+                "function": { "name": self.tool, "arguments": json!({ "task": "say hi" }).to_string() }
+            }] })
+        };
+        ResponseTemplate::new(200)
+            .set_delay(DELAY)
+            .set_body_json(json!({
+                "id": "bench", "object": "chat.completion", "model": "bench",
+                "choices": [{ "index": 0, "message": message, "finish_reason": "stop" }],
+                "usage": { "prompt_tokens": 100, "completion_tokens": 10 }
+            }))
+    }
+}
+
+/// The gaps between one request's response leaving the server and the next request arriving, in one run
+/// of a lead that calls `tool`.
+fn gaps(runtime: &tokio::runtime::Runtime, tool: &'static str) -> Vec<Duration> {
+    let dir = tempfile::TempDir::new().unwrap();
+    runtime.block_on(async {
+        let server = MockServer::start().await;
+        let arrivals = Arc::new(std::sync::Mutex::new(Vec::new()));
+        Mock::given(method("POST"))
+            .respond_with(Timed {
+                tool,
+                arrivals: arrivals.clone(),
+            })
+            .mount(&server)
+            .await;
+        let spec = format!(
+            "name: bench\nllm:\n  providers:\n    lead: {{ kind: openai, base_url: \"{0}/v1\", model: lead }}\n    helper: {{ kind: openai, base_url: \"{0}/v1\", model: helper }}\nagents:\n  lead: {{ provider: lead, tools: [echo], delegates: [helper] }}\n  helper: {{ provider: helper, description: says hi }}\nsteps:\n  - {{ id: agent, goal: get a greeting, agent: lead }}\n",
+            server.uri()
+        );
+        std::fs::write(dir.path().join("bench.yaml"), spec).unwrap();
+        let workflow = archon_engine::validate_file(&dir.path().join("bench.yaml"))
+            .workflow
+            .unwrap();
+        let options = RunOptions::new(dir.path().to_path_buf(), "bench");
+        let report = run::run(Arc::new(workflow), Default::default(), options)
+            .await
+            .unwrap();
+        assert_eq!(report.steps["agent"].status, StepStatus::Succeeded, "{:?}", report.steps["agent"].error);
+        let arrivals = arrivals.lock().unwrap().clone();
+        arrivals
+            .windows(2)
+            .map(|w| w[1].saturating_duration_since(w[0] + DELAY))
+            .collect()
+    })
+}
+
+fn delegation(runtime: &tokio::runtime::Runtime) {
+    const RUNS: usize = 30;
+    let quantiles = |mut d: Vec<Duration>| {
+        d.sort_unstable();
+        let at = |q: f64| d[((d.len() - 1) as f64 * q).round() as usize].as_secs_f64() * 1e6;
+        format!("median {:.0} us, p90 {:.0} us", at(0.5), at(0.9))
+    };
+    let (mut to_child, mut back, mut tool) = (Vec::new(), Vec::new(), Vec::new());
+    for _ in 0..RUNS {
+        let delegated = gaps(runtime, "delegate__helper");
+        to_child.push(delegated[0]);
+        back.push(delegated[1]);
+        tool.push(gaps(runtime, "echo")[0]);
+    }
+    println!(
+        "delegation, {RUNS} runs each (the model's {} ms excluded):",
+        DELAY.as_millis()
+    );
+    println!(
+        "  to the delegate (caller's answer out to the delegate's first request): {}",
+        quantiles(to_child)
+    );
+    println!(
+        "  back to the caller (delegate's answer out to the caller's next request): {}",
+        quantiles(back)
+    );
+    println!(
+        "  for comparison, a plain tool turn (`echo`: answer out to next request): {}",
+        quantiles(tool)
+    );
+}
+
 fn main() {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .unwrap();
+    delegation(&runtime);
     // A model of unknown family, far from its context window: token counts are bounded by bytes alone.
     report(
         "agent loop",
