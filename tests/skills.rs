@@ -580,3 +580,105 @@ fn a_resumed_agent_keeps_the_skills_it_activated() {
         "published\n"
     );
 }
+
+/// In text mode the tools are written in the prompt: a tool only a skill unlocks is not there before the
+/// skill is active, the activation tells it, and a resumed run still has the skill active (its
+/// conversation has no tool calls to find the activation in).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_text_mode_a_skill_unlocks_its_tools_in_the_prompt_and_stays_active_after_resume() {
+    use wiremock::matchers::body_string_contains;
+    use wiremock::{Mock, ResponseTemplate};
+    let dir = TempDir::new().expect("tempdir");
+    skill(
+        &dir.path().join("skills"),
+        "deploy",
+        "description: Deploys the site.\nallowed-tools: publish\n",
+        "Run `publish` to deploy.",
+    );
+    let server = MockServer::start().await;
+    let text = |content: &str| {
+        json!({
+            "id": "chatcmpl-text", "object": "chat.completion", "created": 1_763_900_000, "model": "gpt-4o",
+            "choices": [{ "index": 0, "message": { "role": "assistant", "content": content }, "finish_reason": "stop" }],
+            "usage": { "prompt_tokens": 100, "completion_tokens": 10 }
+        })
+    };
+    for (priority, (seen, answer)) in (1u8..).zip([
+        ("tool_output>\\npublished", "Final Answer: deployed"),
+        (
+            "Skill `deploy` is active",
+            r#"Action: {"tool": "publish", "arguments": {}}"#,
+        ),
+        (
+            "",
+            r#"Action: {"tool": "activate_skill", "arguments": {"name": "deploy"}}"#,
+        ),
+    ]) {
+        Mock::given(method("POST"))
+            .and(body_string_contains(seen))
+            .respond_with(ResponseTemplate::new(200).set_body_json(text(answer)))
+            .with_priority(priority)
+            .mount(&server)
+            .await;
+    }
+    std::fs::write(
+        dir.path().join("deploy.yaml"),
+        format!(
+            "name: deploy\nllm:\n  providers:\n    local: {{ kind: openai, model: gpt-4o, base_url: \"{}/v1\", tool_mode: text }}\n\
+             skills: [skills]\n\
+             tools:\n  publish:\n    description: Publish the site\n    parameters: {{ type: object, properties: {{}} }}\n    command: [sh, -c, \"echo once >> published.txt; echo published\"]\n\
+             rules:\n  - {{ name: publishing, on: before_tool, match: {{ tool: publish }}, action: ask }}\n\
+             steps:\n  - {{ id: answer, goal: deploy the site, max_iterations: 6 }}\n",
+            server.uri()
+        ),
+    )
+    .expect("write");
+    let env = [("OPENAI_API_KEY", "sk-test")];
+    let out = archon_with(dir.path(), &["run", "deploy.yaml"], &env);
+    assert_eq!(out.code, 3, "{}", out.stderr);
+    let sent = bodies(&server).await;
+    let listed = |body: &Json| -> Vec<String> {
+        system_prompt(body)
+            .lines()
+            .filter(|l| l.starts_with("- "))
+            .map(|l| l.split(':').next().unwrap_or_default().to_owned())
+            .collect()
+    };
+    assert_eq!(
+        listed(&sent[0]),
+        ["- `deploy`", "- activate_skill", "- read_skill_file"]
+    );
+    let activation = sent[1]["messages"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|m| m["content"].as_str())
+        .find(|c| c.starts_with("Observation:"))
+        .unwrap_or_default()
+        .to_owned();
+    assert_eq!(
+        activation,
+        "Observation: Skill `deploy` is active. Its instructions:\n\nRun `publish` to deploy.\n\nWhile it is active you may call only these tools (and the skill tools): `publish`\n\nTools you may call now besides the others:\n- publish: Publish the site. Arguments (JSON Schema): {\"type\":\"object\",\"properties\":{}}"
+    );
+    let runs: Json =
+        serde_json::from_str(&archon(dir.path(), &["runs", "--json"]).stdout).expect("JSON");
+    let id = runs[0]["id"].as_str().expect("a run").to_owned();
+    assert_eq!(archon(dir.path(), &["approve", &id]).code, 0);
+    let out = archon_with(dir.path(), &["resume", &id], &env);
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    assert_eq!(
+        std::fs::read_to_string(dir.path().join("published.txt")).expect("published"),
+        "once\n"
+    );
+    assert_eq!(
+        show_output(dir.path(), &id),
+        "deployed",
+        "the resumed step ran `publish` once, as the skill it had activated allows"
+    );
+}
+
+fn show_output(dir: &Path, id: &str) -> Json {
+    let run: Json =
+        serde_json::from_str(&archon(dir, &["show", id, "--json"]).stdout).expect("JSON");
+    run["results"]["answer"]["output"].clone()
+}

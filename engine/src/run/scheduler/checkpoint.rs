@@ -41,6 +41,9 @@ pub(super) struct AgentState {
     /// The results of the delegations the agent made, by name.
     #[serde(default, skip_serializing_if = "IndexMap::is_empty")]
     pub delegations: IndexMap<String, StepResult>,
+    /// The skills it had activated (in text mode the conversation has no tool calls to find them in).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub skills: Vec<String>,
 }
 
 /// An [`AgentState`] as borrowed from the running loop: serialised the same way, without copying the
@@ -59,6 +62,8 @@ pub(super) struct AgentStateRef<'a> {
     pub delegated_turns: u32,
     #[serde(skip_serializing_if = "IndexMap::is_empty")]
     pub delegations: &'a IndexMap<String, StepResult>,
+    #[serde(skip_serializing_if = "<[String]>::is_empty")]
+    pub skills: &'a [String],
 }
 
 /// Where a planner step stands: the plan the validator accepted last, and the conversation that led to it.

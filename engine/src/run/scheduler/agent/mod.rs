@@ -247,7 +247,8 @@ async fn converse(
     let start = |text_mode: bool| {
         let mut system = system.clone();
         if text_mode && !tools.is_empty() {
-            system.push_str(&text_mode_instructions(&tools));
+            // The tools it may call now: one a skill unlocks is described when the skill activates.
+            system.push_str(&text_mode_instructions(&skills.offered(&tools, &real_name)));
         }
         let offered = if text_mode { Vec::new() } else { tools.clone() };
         let conversation = context::Conversation::new(
@@ -348,6 +349,7 @@ async fn converse(
             memory.saw(conversation.messages());
         }
         skills.restore(conversation.messages());
+        skills.activate_all(&state.skills);
         chain.tree.restore(
             chain.agents.last().map_or("", String::as_str),
             state.iteration,
@@ -446,8 +448,11 @@ async fn converse(
                     emit_written_thought(shared, label, iteration, &response.text());
                     response.message.parts = vec![Part::Text(answer)];
                 }
+                // A turn taken up again after an approval holds the call read from it then.
                 TextTurn::Action(call) => {
-                    response.message.parts.push(Part::ToolCall(call));
+                    if response.tool_calls().next().is_none() {
+                        response.message.parts.push(Part::ToolCall(call));
+                    }
                 }
                 TextTurn::Unreadable(problem) => {
                     shared.emit(RunEvent::AgentObservation {
@@ -588,6 +593,7 @@ async fn converse(
                 0
             },
             delegations: delegations.lock().map(|d| d.clone()).unwrap_or_default(),
+            skills: skills.active(),
         };
         // Guard against loops first, in order, and ask the rules (and, for sensitive tools, a person);
         // then run the turn's calls together, a few at a time.
@@ -751,7 +757,21 @@ async fn converse(
                         Ok((format!("this call was not made: {reason}"), true, false))
                     }
                     Turn::Refused(reason) => Ok((reason.clone(), true, false)),
-                    Turn::Run if skills.handles(&call.name) => Ok(skills.call(&call.name, &call.arguments)),
+                    Turn::Run if skills.handles(&call.name) => {
+                        let before: Vec<String> = allowed.iter().filter(|t| skills.permits(&real_name(&t.name))).map(|t| t.name.clone()).collect();
+                        let (mut text, error, data) = skills.call(&call.name, &call.arguments);
+                        // In text mode the tools are in the prompt: those the skill unlocked are told here.
+                        let unlocked: Vec<crate::llm::ToolSpec> = allowed
+                            .iter()
+                            .filter(|t| !before.contains(&t.name) && skills.permits(&real_name(&t.name)))
+                            .cloned()
+                            .collect();
+                        if text_mode && !error && !unlocked.is_empty() {
+                            text.push_str("\nTools you may call now besides the others:");
+                            text.push_str(&prompt::tool_lines(&unlocked, "Arguments"));
+                        }
+                        Ok((text, error, data))
+                    }
                     Turn::Run if let Some(entry) = delegation_of(call) => {
                         if let Some(problem) = calls::invalid(compiled, &call.name, &call.arguments) {
                             return Ok((problem, true, false));
@@ -935,6 +955,7 @@ async fn converse(
                     0
                 },
                 delegations: &delegations.lock().map(|d| d.clone()).unwrap_or_default(),
+                skills: &skills.active(),
             },
         );
         // Before tools that are not safe to repeat run again, this iteration's record is on disk: a crash

@@ -232,6 +232,20 @@ impl Session {
         }
     }
 
+    /// The skills active now, by name.
+    pub(super) fn active(&self) -> Vec<String> {
+        self.active.lock().map(|a| a.clone()).unwrap_or_default()
+    }
+
+    /// Activates the skills `names` names (those it has).
+    pub(super) fn activate_all(&self, names: &[String]) {
+        for name in names {
+            if self.skills.iter().any(|s| &s.name == name) {
+                self.activate(name);
+            }
+        }
+    }
+
     fn activate(&self, name: &str) {
         if let Ok(mut active) = self.active.lock()
             && !active.iter().any(|a| a == name)
