@@ -658,7 +658,7 @@ async fn in_text_mode_a_skill_unlocks_its_tools_in_the_prompt_and_stays_active_a
         .to_owned();
     assert_eq!(
         activation,
-        "Observation: Skill `deploy` is active. Its instructions:\n\nRun `publish` to deploy.\n\nWhile it is active you may call only these tools (and the skill tools): `publish`\n\nTools you may call now besides the others:\n- publish: Publish the site. Arguments (JSON Schema): {\"type\":\"object\",\"properties\":{}}"
+        "Observation: Skill `deploy` is active. Its instructions:\n\nRun `publish` to deploy.\n\nWhile it is active you may call only these tools (and the skill tools): `publish`\n\nTools you may call now besides the others:\n- publish: Publish the site Arguments (JSON Schema): {\"type\":\"object\",\"properties\":{}}"
     );
     let runs: Json =
         serde_json::from_str(&archon(dir.path(), &["runs", "--json"]).stdout).expect("JSON");

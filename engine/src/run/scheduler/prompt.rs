@@ -66,15 +66,9 @@ pub(super) async fn context_section(
 pub(super) fn tool_lines(tools: &[ToolSpec], schema_name: &str) -> String {
     let mut text = String::new();
     for tool in tools {
-        let description = tool.description.trim_end();
-        let stop = if description.is_empty() || description.ends_with(['.', '!', '?', ':']) {
-            ""
-        } else {
-            "."
-        };
         text.push_str(&format!(
-            "\n- {}: {description}{stop} {schema_name} (JSON Schema): {}",
-            tool.name, tool.parameters
+            "\n- {}: {} {schema_name} (JSON Schema): {}",
+            tool.name, tool.description, tool.parameters
         ));
     }
     text
