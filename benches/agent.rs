@@ -14,12 +14,13 @@
 //! agent (and its HTTP client; the server has its own thread), beyond what the same plain requests take,
 //! is not, and its slope is the loop's own work per iteration.
 //!
-//! Delegation (issue 18): a lead agent delegates to a helper that answers at once, then answers itself. The
+//! Delegation (issue 18): a lead agent delegates twice to a helper that answers at once, then answers. The
 //! server notes when each request arrives; a response leaves `DELAY` after it. "To the delegate" is the time
 //! from the lead's answer leaving the server to the helper's first request arriving (reading the answer, the
 //! turn's checkpoint, starting the child agent, building its prompt); "back to the caller" from the helper's
-//! answer leaving to the lead's next request arriving. The same lead calling `echo` instead gives the plain
-//! tool turnaround for comparison. Medians and 90th percentiles of 30 runs each.
+//! answer leaving to the lead's next request arriving; both for the second delegation (the first also
+//! builds the helper's provider, once per run, shown apart). The same lead calling `echo` instead gives
+//! the plain tool turnaround for comparison. Medians and 90th percentiles of 30 runs each.
 #![allow(clippy::print_stdout, clippy::unwrap_used)]
 
 use std::sync::Arc;
@@ -240,7 +241,7 @@ impl Respond for Timed {
         let body = String::from_utf8_lossy(&request.body);
         let message = if body.contains(r#""model":"helper""#) {
             json!({ "role": "assistant", "content": "hi" })
-        } else if body.contains(r#""role":"tool""#) {
+        } else if body.matches(r#""role":"tool""#).count() >= 2 {
             json!({ "role": "assistant", "content": "done" })
         } else {
             json!({ "role": "assistant", "content": null, "tool_calls": [{
@@ -300,16 +301,23 @@ fn delegation(runtime: &tokio::runtime::Runtime) {
         let at = |q: f64| d[((d.len() - 1) as f64 * q).round() as usize].as_secs_f64() * 1e6;
         format!("median {:.0} us, p90 {:.0} us", at(0.5), at(0.9))
     };
-    let (mut to_child, mut back, mut tool) = (Vec::new(), Vec::new(), Vec::new());
+    // The lead delegates twice (or calls `echo` twice): requests lead, helper, lead, helper, lead.
+    let (mut first, mut to_child, mut back, mut tool) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for _ in 0..RUNS {
         let delegated = gaps(runtime, "delegate__helper");
-        to_child.push(delegated[0]);
-        back.push(delegated[1]);
-        tool.push(gaps(runtime, "echo")[0]);
+        first.push(delegated[0]);
+        to_child.push(delegated[2]);
+        back.push(delegated[3]);
+        tool.push(gaps(runtime, "echo")[1]);
     }
     println!(
         "delegation, {RUNS} runs each (the model's {} ms excluded):",
         DELAY.as_millis()
+    );
+    println!(
+        "  to the delegate, its provider's first use in the run (building its HTTP client): {}",
+        quantiles(first)
     );
     println!(
         "  to the delegate (caller's answer out to the delegate's first request): {}",
