@@ -11,7 +11,7 @@ use tempfile::TempDir;
 use crate::agent::run_agent;
 
 /// The agent events of a run as `(step label, what)`, in order.
-fn trail(events: &[RunEvent]) -> Vec<(String, String)> {
+pub(crate) fn trail(events: &[RunEvent]) -> Vec<(String, String)> {
     events
         .iter()
         .filter_map(|e| match e {
@@ -42,7 +42,7 @@ fn trail(events: &[RunEvent]) -> Vec<(String, String)> {
         .collect()
 }
 
-fn pairs(trail: &[(String, String)]) -> Vec<(&str, &str)> {
+pub(crate) fn pairs(trail: &[(String, String)]) -> Vec<(&str, &str)> {
     trail
         .iter()
         .map(|(s, t)| (s.as_str(), t.as_str()))
@@ -50,7 +50,7 @@ fn pairs(trail: &[(String, String)]) -> Vec<(&str, &str)> {
 }
 
 /// The nested results of `result`, as `name: status` lines, depth first, indented by depth.
-fn tree(result: &StepResult) -> Vec<String> {
+pub(crate) fn tree(result: &StepResult) -> Vec<String> {
     fn walk(result: &StepResult, depth: usize, lines: &mut Vec<String>) {
         for (name, nested) in &result.steps {
             lines.push(format!(
@@ -67,7 +67,7 @@ fn tree(result: &StepResult) -> Vec<String> {
     lines
 }
 
-async fn run(dir: &Path, yaml: &str) -> (RunReport, Vec<RunEvent>) {
+pub(crate) async fn run(dir: &Path, yaml: &str) -> (RunReport, Vec<RunEvent>) {
     run_agent(dir, yaml).await
 }
 
@@ -467,7 +467,7 @@ steps:
 }
 
 /// An OpenAI-compatible answer: `text`, or a call of `tool` with `arguments`.
-fn answer(text: Option<&str>, tool: Option<(&str, Json)>) -> Json {
+pub(crate) fn answer(text: Option<&str>, tool: Option<(&str, Json)>) -> Json {
     let message = match &tool {
         Some((name, arguments)) => json!({
             "role": "assistant",
@@ -495,7 +495,7 @@ fn answer(text: Option<&str>, tool: Option<(&str, Json)>) -> Json {
 }
 
 /// Mounts the answers of model `model`: the first whose text the request holds answers (`""` always does).
-async fn script(server: &wiremock::MockServer, model: &str, answers: Vec<(&str, Json)>) {
+pub(crate) async fn script(server: &wiremock::MockServer, model: &str, answers: Vec<(&str, Json)>) {
     use wiremock::matchers::{body_string_contains, method};
     use wiremock::{Mock, ResponseTemplate};
     for (priority, (seen, body)) in (1u8..).zip(answers) {
@@ -510,7 +510,7 @@ async fn script(server: &wiremock::MockServer, model: &str, answers: Vec<(&str, 
 }
 
 /// How many requests model `model` was sent.
-async fn asked(server: &wiremock::MockServer, model: &str) -> usize {
+pub(crate) async fn asked(server: &wiremock::MockServer, model: &str) -> usize {
     let marker = format!(r#""model":"{model}""#);
     server
         .received_requests()
@@ -521,17 +521,17 @@ async fn asked(server: &wiremock::MockServer, model: &str) -> usize {
         .count()
 }
 
-fn read(dir: &Path, file: &str) -> String {
+pub(crate) fn read(dir: &Path, file: &str) -> String {
     std::fs::read_to_string(dir.join(file)).unwrap_or_default()
 }
 
-fn show(dir: &Path, id: &str) -> Json {
+pub(crate) fn show(dir: &Path, id: &str) -> Json {
     let out = crate::support::archon(dir, &["show", id, "--json"]);
     assert_eq!(out.code, 0, "{}", out.stderr);
     serde_json::from_str(&out.stdout).expect("JSON")
 }
 
-fn last_run(dir: &Path) -> String {
+pub(crate) fn last_run(dir: &Path) -> String {
     let out = crate::support::archon(dir, &["runs", "--json"]);
     let runs: Json = serde_json::from_str(&out.stdout).expect("JSON");
     runs[0]["id"].as_str().expect("a run").to_owned()

@@ -8,6 +8,7 @@ mod cli;
 mod conformance;
 mod day_one;
 mod delegation;
+mod delegation_adversarial;
 mod docs;
 mod durable;
 mod format;

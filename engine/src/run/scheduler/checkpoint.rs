@@ -35,9 +35,12 @@ pub(super) struct AgentState {
     /// A turn whose calls wait for a person's approval: a resume takes it up instead of asking the model.
     #[serde(default)]
     pub pending: Option<crate::llm::ChatResponse>,
-    /// Model turns the step's delegates took (kept by the step's own agent).
+    /// Model turns the agent's delegates took, at every depth.
     #[serde(default)]
     pub delegated_turns: u32,
+    /// Delegations the agent and its delegates made.
+    #[serde(default)]
+    pub delegations_made: u32,
     /// The results of the delegations the agent made, by name.
     #[serde(default, skip_serializing_if = "IndexMap::is_empty")]
     pub delegations: IndexMap<String, StepResult>,
@@ -60,6 +63,7 @@ pub(super) struct AgentStateRef<'a> {
     pub schema_retries: usize,
     pub pending: Option<&'a crate::llm::ChatResponse>,
     pub delegated_turns: u32,
+    pub delegations_made: u32,
     #[serde(skip_serializing_if = "IndexMap::is_empty")]
     pub delegations: &'a IndexMap<String, StepResult>,
     #[serde(skip_serializing_if = "<[String]>::is_empty")]

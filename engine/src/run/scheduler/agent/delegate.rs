@@ -9,8 +9,8 @@
 //! chain is refused and returned to the model as a tool error naming the chain. A finished delegation is
 //! recorded, so that a resumed run does not repeat it; a delegate at work resumes from its own checkpoint.
 
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use indexmap::IndexMap;
@@ -69,14 +69,20 @@ impl Tree {
         }
     }
 
-    /// Turns an earlier process spent before the checkpoint a resumed agent continues from: its own, and
-    /// (for the step's own agent) its delegates'.
-    pub fn restore(&self, agent: &str, own: u32, delegated: u32) {
-        self.used.fetch_add(own + delegated, Ordering::SeqCst);
-        if let Ok(mut turns) = self.turns.lock() {
-            *turns.entry(agent.to_owned()).or_default() += own;
-            if delegated > 0 {
-                *turns.entry("delegates".to_owned()).or_default() += delegated;
+    /// Turns and delegations an earlier process spent, as a checkpoint or a finished delegation recorded
+    /// them: `turns` of them by `agent`.
+    fn restore(&self, agent: &str, turns: u32, delegated: &Spent) {
+        let delegated_turns = delegated.turns.load(Ordering::SeqCst);
+        self.used
+            .fetch_add(turns + delegated_turns, Ordering::SeqCst);
+        self.delegations.fetch_add(
+            delegated.delegations.load(Ordering::SeqCst),
+            Ordering::SeqCst,
+        );
+        if let Ok(mut turns_by) = self.turns.lock() {
+            *turns_by.entry(agent.to_owned()).or_default() += turns;
+            if delegated_turns > 0 {
+                *turns_by.entry("delegates".to_owned()).or_default() += delegated_turns;
             }
         }
     }
@@ -97,11 +103,6 @@ impl Tree {
         taken
     }
 
-    /// Turns taken by all agents but the step's own, for its checkpoint.
-    pub fn delegated(&self, own: u32) -> u32 {
-        self.used.load(Ordering::SeqCst).saturating_sub(own)
-    }
-
     fn spent(&self) -> String {
         let turns = self.turns.lock().map(|t| t.clone()).unwrap_or_default();
         turns
@@ -117,9 +118,87 @@ impl Tree {
 pub(in crate::run::scheduler) struct Chain<'t> {
     pub tree: &'t Tree,
     pub agents: Vec<String>,
+    /// What the part of the tree below each agent on the chain spent (the agent's own turns with its
+    /// delegates'), this agent's last: what its checkpoints and finished delegations record, so that a
+    /// resumed run counts it again.
+    spent: Vec<Arc<Spent>>,
 }
 
-impl Chain<'_> {
+/// Model turns and delegations one agent's part of a delegation tree spent.
+#[derive(Debug, Default)]
+pub(in crate::run::scheduler) struct Spent {
+    turns: AtomicU32,
+    delegations: AtomicU32,
+}
+
+impl Spent {
+    pub fn new(turns: u32, delegations: u32) -> Spent {
+        Spent {
+            turns: AtomicU32::new(turns),
+            delegations: AtomicU32::new(delegations),
+        }
+    }
+
+    pub fn turns(&self) -> u32 {
+        self.turns.load(Ordering::SeqCst)
+    }
+
+    pub fn delegations(&self) -> u32 {
+        self.delegations.load(Ordering::SeqCst)
+    }
+}
+
+impl<'t> Chain<'t> {
+    /// The chain of the step's own agent, which starts the tree.
+    pub fn root(tree: &'t Tree, agent: &str) -> Chain<'t> {
+        Chain {
+            tree,
+            agents: vec![agent.to_owned()],
+            spent: vec![Arc::default()],
+        }
+    }
+
+    fn child(&self, agent: &str) -> Chain<'t> {
+        let mut agents = self.agents.clone();
+        agents.push(agent.to_owned());
+        let mut spent = self.spent.clone();
+        spent.push(Arc::default());
+        Chain {
+            tree: self.tree,
+            agents,
+            spent,
+        }
+    }
+
+    /// Counts again what an earlier process spent here before the checkpoint this agent continues from:
+    /// its `own` turns and what its delegates spent.
+    pub fn restore(&self, own: u32, delegated: &Spent) {
+        self.tree.restore(self.agent(), own, delegated);
+        let turns = own + delegated.turns.load(Ordering::SeqCst);
+        let delegations = delegated.delegations.load(Ordering::SeqCst);
+        for spent in &self.spent {
+            spent.turns.fetch_add(turns, Ordering::SeqCst);
+            spent.delegations.fetch_add(delegations, Ordering::SeqCst);
+        }
+    }
+
+    /// What this agent's delegates have spent so far, when it has taken `own` turns itself.
+    pub fn delegated(&self, own: u32) -> Spent {
+        let here = self.spent.last();
+        let load = |n: Option<&AtomicU32>| n.map_or(0, |n| n.load(Ordering::SeqCst));
+        Spent::new(
+            load(here.map(|s| &s.turns)).saturating_sub(own),
+            load(here.map(|s| &s.delegations)),
+        )
+    }
+
+    /// A delegation this agent made: counted at every level above it.
+    fn delegating(&self) {
+        for spent in &self.spent {
+            spent.delegations.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
     /// How many delegations deep this agent is (0 for the step's own agent).
     pub fn depth(&self) -> u32 {
         u32::try_from(self.agents.len().saturating_sub(1)).unwrap_or(u32::MAX)
@@ -136,6 +215,9 @@ impl Chain<'_> {
     /// Takes the model turn the agent is about to take, or fails the step: the tree's budget is spent.
     pub fn turn(&self) -> Result<(), Failure> {
         if self.tree.take(self.agent()) {
+            for spent in &self.spent {
+                spent.turns.fetch_add(1, Ordering::SeqCst);
+            }
             return Ok(());
         }
         let mut failure = Failure::fixed(format!(
@@ -221,6 +303,12 @@ struct Finished {
     text: String,
     is_error: bool,
     result: StepResult,
+    /// The model turns the delegate and its own delegates took.
+    #[serde(default)]
+    turns: u32,
+    /// The delegations the delegate made, at every depth.
+    #[serde(default)]
+    delegations: u32,
 }
 
 /// What a call of a delegation tool asks for.
@@ -284,6 +372,7 @@ pub(super) async fn call(
             chain.tree.max_delegations
         )));
     }
+    chain.delegating();
     let label = format!(
         "{}/{name}#{}.{}",
         request.label,
@@ -296,6 +385,10 @@ pub(super) async fn call(
     }
     let delegation = crate::store::spec_hash(&[(name.to_owned(), goal.clone())]);
     if let Some(finished) = take_finished(shared, &label, &delegation) {
+        // What it spent is spent: the step's budget and its delegations count it again.
+        chain
+            .child(name)
+            .restore(finished.turns, &Spent::new(0, finished.delegations));
         super::super::checkpoint::count_restored(
             shared,
             finished.result.llm.as_ref().unwrap_or(&LlmUsage::default()),
@@ -331,12 +424,7 @@ pub(super) async fn call(
         on_error: None,
         idempotent: None,
     };
-    let mut agents = chain.agents.clone();
-    agents.push(name.to_owned());
-    let child = Chain {
-        tree: chain.tree,
-        agents,
-    };
+    let child = chain.child(name);
     shared.llm.delegate(&label, &chain.tree.step);
     let metered = Metered {
         shared,
@@ -390,11 +478,14 @@ pub(super) async fn call(
         }
     };
     // Recorded before the caller goes on: a resumed run takes this answer instead of asking again.
+    let spent = child.delegated(0);
     let finished = Finished {
         delegation,
         text: text.clone(),
         is_error,
         result: result.clone(),
+        turns: spent.turns(),
+        delegations: spent.delegations(),
     };
     let saved = super::super::checkpoint::save(shared, &label, &finished);
     durable(shared, saved, Record::AgentCheckpoint).await?;

@@ -173,10 +173,7 @@ async fn converse(
         Some(chain) => chain,
         None => {
             own_tree = delegate::Tree::new(shared, label, max_iterations);
-            own_chain = delegate::Chain {
-                tree: &own_tree,
-                agents: vec![agent_name.unwrap_or("the step").to_owned()],
-            };
+            own_chain = delegate::Chain::root(&own_tree, agent_name.unwrap_or("the step"));
             &own_chain
         }
     };
@@ -350,10 +347,9 @@ async fn converse(
         }
         skills.restore(conversation.messages());
         skills.activate_all(&state.skills);
-        chain.tree.restore(
-            chain.agents.last().map_or("", String::as_str),
+        chain.restore(
             state.iteration,
-            state.delegated_turns,
+            &delegate::Spent::new(state.delegated_turns, state.delegations_made),
         );
         if let Ok(mut made) = delegations.lock() {
             made.extend(state.delegations);
@@ -368,6 +364,9 @@ async fn converse(
 
     for iteration in first..=max_iterations {
         chain.turn().map_err(|f| f.with_llm(usage.clone()))?;
+        // What the delegates had spent before this turn: a turn taken up again on resume spends its own
+        // delegations' anew (a finished one counts again what it recorded).
+        let delegated_before = chain.delegated(iteration);
         let note = context::status_note(shared, iteration, max_iterations, tool_calls);
         context::fit(
             shared,
@@ -587,11 +586,8 @@ async fn converse(
                 message: as_kept(&response.message),
                 ..response.clone()
             }),
-            delegated_turns: if root {
-                chain.tree.delegated(iteration)
-            } else {
-                0
-            },
+            delegated_turns: delegated_before.turns(),
+            delegations_made: delegated_before.delegations(),
             delegations: delegations.lock().map(|d| d.clone()).unwrap_or_default(),
             skills: skills.active(),
         };
@@ -936,6 +932,7 @@ async fn converse(
                 parts: results,
             });
         }
+        let delegated = chain.delegated(iteration);
         let saved = checkpoint::save(
             shared,
             label,
@@ -949,11 +946,8 @@ async fn converse(
                 seen_calls: &seen_calls,
                 schema_retries,
                 pending: None,
-                delegated_turns: if root {
-                    chain.tree.delegated(iteration)
-                } else {
-                    0
-                },
+                delegated_turns: delegated.turns(),
+                delegations_made: delegated.delegations(),
                 delegations: &delegations.lock().map(|d| d.clone()).unwrap_or_default(),
                 skills: &skills.active(),
             },
@@ -964,7 +958,11 @@ async fn converse(
             return Err(Failure::from(e).with_llm(usage));
         }
     }
-    // Out of iterations: one last turn without tools for the best answer so far.
+    // Out of iterations: one last turn without tools for the best answer so far. A delegate's is a turn of
+    // the step's budget as any other.
+    if !root {
+        chain.turn().map_err(|f| f.with_llm(usage.clone()))?;
+    }
     conversation.push(Message::user(
         "You have reached the iteration limit. Give your best final answer now, without calling tools.".to_owned(),
     ));
