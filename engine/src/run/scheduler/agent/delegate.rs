@@ -97,6 +97,11 @@ impl Tree {
         taken
     }
 
+    /// Whether an agent found the budget spent.
+    pub fn exhausted(&self) -> bool {
+        self.exhausted.load(Ordering::SeqCst)
+    }
+
     /// Turns taken by all agents but the step's own, for its checkpoint.
     pub fn delegated(&self, own: u32) -> u32 {
         self.used.load(Ordering::SeqCst).saturating_sub(own)
@@ -326,6 +331,8 @@ pub(super) async fn call(
         max_iterations: None,
         agent: Some(&request.delegate.value.agent),
         provider: None,
+        ask: None,
+        consensus: None,
         retry: None,
         timeout: None,
         on_error: None,
