@@ -260,6 +260,7 @@ pub(crate) fn describe(event: &RunEvent) -> (&'static str, String) {
             reason,
         } => ("replan", format!("{step} (revision {replan}): {reason}")),
         RunEvent::Resumed { step, from } => ("resumed", format!("{step} {from}")),
+        RunEvent::Consensus { step, summary, .. } => ("consensus", format!("{step}: {summary}")),
         RunEvent::RuleMatched {
             step,
             tool,

@@ -6,6 +6,7 @@ mod architecture;
 mod cache;
 mod cli;
 mod conformance;
+mod consensus;
 mod day_one;
 mod delegation;
 mod delegation_adversarial;

@@ -428,13 +428,14 @@ async fn planned_agents_get_only_the_tools_the_plan_gives_them() {
         "steps": [
             { "id": "named", "goal": "read the secret", "agent": "reader", "tools": [] },
             { "id": "bare", "goal": "read the secret" },
+            { "id": "asking", "goal": "read the secret", "ask": ["reader", "other"], "consensus": { "by": "first" }, "tools": [] },
             { "id": "wrapped", "tool": "save_note", "with": { "text": "x" } }
         ]
     });
     let turns = turn(None, &sneaky) + &turn(None, &sneaky) + &turn(None, &sneaky);
     let yaml = spec(&turns, "  - id: p\n    plan: read the secret\n    tools: [echo, save_note]\n").replace(
         "steps:\n",
-        "agents:\n  reader: { tools: [read_file] }\ndefaults:\n  agent: reader\ntools:\n  save_note:\n    description: Saves a note\n    parameters: { type: object, properties: { text: { type: string } } }\n    steps:\n      - { id: w, tool: write_file, with: { path: note.txt, content: \"{{ text }}\" } }\nsteps:\n",
+        "agents:\n  reader: { tools: [read_file] }\n  other: { tools: [read_file] }\ndefaults:\n  agent: reader\ntools:\n  save_note:\n    description: Saves a note\n    parameters: { type: object, properties: { text: { type: string } } }\n    steps:\n      - { id: w, tool: write_file, with: { path: note.txt, content: \"{{ text }}\" } }\nsteps:\n",
     );
     let (report, events) = run_agent(dir.path(), &yaml).await;
     assert_eq!(report.steps["p"].status, StepStatus::Failed);
@@ -445,6 +446,10 @@ async fn planned_agents_get_only_the_tools_the_plan_gives_them() {
     assert!(
         all.contains("planned step `named` cannot name an agent"),
         "{all}"
+    );
+    assert!(
+        all.contains("planned step `asking` cannot ask agents"),
+        "the agents it would ask have tools of their own: {all}"
     );
     assert!(
         all.contains("planned goal step `bare` does not list its `tools`"),

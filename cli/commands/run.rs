@@ -407,6 +407,7 @@ impl Display {
                     | RunEvent::PlanAccepted { .. }
                     | RunEvent::PlanRejected { .. }
                     | RunEvent::PlanRevising { .. }
+                    | RunEvent::Consensus { .. }
                     | RunEvent::Resumed { .. }
                     | RunEvent::RuleMatched { .. }
                     | RunEvent::ApprovalRequested { .. }
@@ -683,6 +684,9 @@ fn raw_event_line(event: &RunEvent) -> String {
         ),
         RunEvent::PlanRevising { step, reason, .. } => {
             format!("replan    {step}: {}\n", one_line(reason))
+        }
+        RunEvent::Consensus { step, summary, .. } => {
+            format!("consensus {step}: {}\n", one_line(summary))
         }
     }
 }

@@ -95,6 +95,18 @@ fn llm_step_idempotent(workflow: &Workflow, body: Body<'_>, seen: &mut HashSet<S
         .agent_of(body)
         .map(|a| a.delegates.iter().map(|d| d.name()).collect())
         .unwrap_or_default();
+    // So do the agents a step asks (`ask`) and its judge.
+    delegates.extend(
+        body.ask
+            .unwrap_or_default()
+            .iter()
+            .map(|a| a.value.as_str()),
+    );
+    delegates.extend(
+        body.consensus
+            .and_then(|c| c.judge.as_ref())
+            .map(|j| j.value.as_str()),
+    );
     let mut asked = HashSet::new();
     while let Some(name) = delegates.pop() {
         if !asked.insert(name) {

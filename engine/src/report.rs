@@ -200,6 +200,16 @@ pub enum RunEvent {
         by: String,
         reason: Option<String>,
     },
+    /// A step that asked several agents (`ask`) resolved their answers (`by`: `vote`, `judge` or
+    /// `first`): `winner` is the agent whose answer became the step's (none when a judge gave it), and
+    /// `summary` says how (the votes, the judge, the answers cancelled). The step's nested result
+    /// `consensus` holds the same resolution as data.
+    Consensus {
+        step: String,
+        by: String,
+        winner: Option<String>,
+        summary: String,
+    },
     /// A planned step failed after its retries: the planner revises the rest of the plan.
     PlanRevising {
         step: String,

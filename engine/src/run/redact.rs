@@ -79,6 +79,7 @@ impl Redactor {
                 problems.iter_mut().for_each(|p| self.string(p))
             }
             RunEvent::PlanRevising { reason, .. } => self.string(reason),
+            RunEvent::Consensus { summary, .. } => self.string(summary),
             RunEvent::StepStarted { .. }
             | RunEvent::PlanAccepted { .. }
             | RunEvent::Resumed { .. }

@@ -5,6 +5,7 @@
 //! from them. Nothing here checks meaning; that is `validate`'s job.
 
 mod cache;
+mod consensus;
 mod de;
 mod delegate;
 pub mod node;
@@ -20,6 +21,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 pub use cache::{Cache, CacheOptions};
+pub use consensus::{Consensus, ResolveBy};
 pub use de::from_node;
 pub use delegate::Delegate;
 pub use node::{Key, Node, NodeKind, PathSegment};
@@ -160,6 +162,14 @@ macro_rules! with_step_body {
             /// An LLM provider from `llm.providers` for this step.
             #[serde(default, skip_serializing_if = "Option::is_none")]
             pub provider: Option<Box<Spanned<String>>>,
+            /// Agents from `agents` to ask this step's `goal`, each on its own (at least 2, not with
+            /// `agent`); `consensus` says how their answers become the step's answer.
+            #[serde(default, skip_serializing_if = "Option::is_none")]
+            pub ask: Option<Box<[Spanned<String>]>>,
+            /// How the answers of the agents in `ask` become the step's answer: `{ by: vote, field }`,
+            /// `{ by: judge, judge }` or `{ by: first }`.
+            #[serde(default, skip_serializing_if = "Option::is_none")]
+            pub consensus: Option<Box<Consensus>>,
             /// Retry policy; `attempts` counts every attempt.
             // Boxed, as are the fields an LLM step alone uses and the rarer ones: a step of 10,000 keeps
             // 8 bytes for each it does not write, instead of up to 144.
@@ -195,6 +205,8 @@ macro_rules! with_step_body {
                     max_iterations: self.max_iterations.as_deref(),
                     agent: self.agent.as_deref(),
                     provider: self.provider.as_deref(),
+                    ask: self.ask.as_deref(),
+                    consensus: self.consensus.as_deref(),
                     retry: self.retry.as_deref(),
                     timeout: self.timeout.as_deref(),
                     on_error: self.on_error.as_ref(),
@@ -310,6 +322,8 @@ pub struct Body<'a> {
     pub max_iterations: Option<&'a Spanned<u32>>,
     pub agent: Option<&'a Spanned<String>>,
     pub provider: Option<&'a Spanned<String>>,
+    pub ask: Option<&'a [Spanned<String>]>,
+    pub consensus: Option<&'a Consensus>,
     pub retry: Option<&'a Retry>,
     pub timeout: Option<&'a Duration>,
     pub on_error: Option<&'a Spanned<OnError>>,

@@ -6,6 +6,7 @@
 //! diagnostics; later stages run on whatever the earlier ones left intact.
 
 mod config;
+mod consensus;
 mod graph;
 mod mcp;
 mod patterns;

@@ -241,6 +241,14 @@ impl Checker<'_> {
                     "give the step its `tools` instead",
                 ));
             }
+            // The agents it would ask bring tools of their own, past the planner's allowance.
+            if let Some(asked) = body.ask.and_then(|a| a.first()) {
+                self.push(refuse(
+                    asked.span,
+                    format!("planned step `{}` cannot ask agents", step.id.value),
+                    "give the step its `tools` instead",
+                ));
+            }
             if body.tools.is_none() {
                 self.push(refuse(
                     step.id.span,

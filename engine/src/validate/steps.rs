@@ -374,8 +374,13 @@ impl Checker<'_> {
         if !cache.value.enabled() {
             return deps;
         }
-        if list.params.is_some() || self.planned {
-            let (what, hint) = if self.planned {
+        if list.params.is_some() || self.planned || step.ask.is_some() {
+            let (what, hint) = if step.ask.is_some() {
+                (
+                    "a step that asks several agents",
+                    "its answer depends on every asked agent's instructions and tools, which its key does not cover; cache the steps it reads instead",
+                )
+            } else if self.planned {
                 (
                     "a planned step",
                     "a plan's steps run once; cache the planner step itself instead",
@@ -620,6 +625,7 @@ impl Checker<'_> {
         if let Some(n) = body.max_iterations {
             self.check_positive(n, "max_iterations");
         }
+        self.check_consensus(body, anchor);
         if let Some(retry) = body.retry {
             self.check_retry(retry);
         }

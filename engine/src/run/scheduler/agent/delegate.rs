@@ -103,6 +103,11 @@ impl Tree {
         taken
     }
 
+    /// Whether an agent found the budget spent.
+    pub fn exhausted(&self) -> bool {
+        self.exhausted.load(Ordering::SeqCst)
+    }
+
     fn spent(&self) -> String {
         let turns = self.turns.lock().map(|t| t.clone()).unwrap_or_default();
         turns
@@ -158,7 +163,7 @@ impl<'t> Chain<'t> {
         }
     }
 
-    fn child(&self, agent: &str) -> Chain<'t> {
+    pub(super) fn child(&self, agent: &str) -> Chain<'t> {
         let mut agents = self.agents.clone();
         agents.push(agent.to_owned());
         let mut spent = self.spent.clone();
@@ -419,6 +424,8 @@ pub(super) async fn call(
         max_iterations: None,
         agent: Some(&request.delegate.value.agent),
         provider: None,
+        ask: None,
+        consensus: None,
         retry: None,
         timeout: None,
         on_error: None,

@@ -8,6 +8,7 @@
 //! its context window (`context`).
 
 mod calls;
+mod consensus;
 mod context;
 mod delegate;
 mod error;
@@ -73,6 +74,10 @@ pub(super) async fn run(
     goal: String,
     ctx: &Value,
 ) -> Result<Called, Failure> {
+    // Several agents asked the same question (`ask`): their answers resolved (`consensus`).
+    if body.ask.is_some() {
+        return consensus::run(shared, label, body, goal, ctx).await;
+    }
     run_as(shared, label, body, goal, ctx, None).await
 }
 
