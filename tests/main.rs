@@ -7,6 +7,7 @@ mod cache;
 mod cli;
 mod conformance;
 mod day_one;
+mod delegation_show;
 mod docs;
 mod durable;
 mod format;
