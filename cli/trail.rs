@@ -30,21 +30,25 @@ pub fn render(events: &[Json]) -> String {
             continue;
         };
         let (label, body) = describe(&event);
+        // What a delegate did is set in by its depth: two spaces a level.
+        let indent = "  ".repeat(delegation_depth(
+            raw.get("step").and_then(Json::as_str).unwrap_or_default(),
+        ));
         let mut lines = body.lines();
         // A label as long as the column (`incomplete`, `waiting_approval`) still has a space after it.
         let _ = writeln!(
             text,
-            "{at:>9}  {label:<9} {}",
+            "{at:>9}  {label:<9} {indent}{}",
             shown(lines.next().unwrap_or_default())
         );
         let rest: Vec<&str> = lines.collect();
         for line in rest.iter().take(SHOWN_LINES) {
-            let _ = writeln!(text, "{:>9}  {:<10}{}", "", "", shown(line));
+            let _ = writeln!(text, "{:>9}  {:<10}{indent}{}", "", "", shown(line));
         }
         if rest.len() > SHOWN_LINES {
             let _ = writeln!(
                 text,
-                "{:>9}  {:<10}[... {} more lines]",
+                "{:>9}  {:<10}{indent}[... {} more lines]",
                 "",
                 "",
                 rest.len() - SHOWN_LINES
@@ -52,6 +56,12 @@ pub fn render(events: &[Json]) -> String {
         }
     }
     crate::output::printable(&text)
+}
+
+/// How many delegations deep the agent of `step` works: the parts of its label that name a delegate
+/// (`<agent>#<iteration>.<call>`; a step id has no `#`), as in `quiz/researcher#1.1/checker#1.1`.
+pub(crate) fn delegation_depth(step: &str) -> usize {
+    step.split('/').filter(|part| part.contains('#')).count()
 }
 
 /// `line`, or its first [`SHOWN_LINE_CHARS`] characters and a count of the rest.

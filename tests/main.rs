@@ -10,6 +10,7 @@ mod consensus;
 mod day_one;
 mod delegation;
 mod delegation_adversarial;
+mod delegation_show;
 mod docs;
 mod durable;
 mod format;

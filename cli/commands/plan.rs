@@ -3,7 +3,7 @@
 
 use std::fmt::Write as _;
 
-use archon_engine::plan::{Plan, StepKind};
+use archon_engine::plan::{Plan, Reach, StepKind};
 use serde_json::json;
 
 use super::{Status, load};
@@ -63,7 +63,74 @@ fn text(plan: &Plan, paint: Paint) -> String {
             out.push('\n');
         }
     }
+    delegation(plan, &mut out);
     out
+}
+
+/// The agents each agent step may reach by delegation, as a tree under the step's agent: each agent under
+/// the first agent that may ask it, at the least depth it can be reached at.
+fn delegation(plan: &Plan, out: &mut String) {
+    let steps: Vec<_> = plan
+        .steps
+        .iter()
+        .filter(|s| !s.reaches.is_empty())
+        .collect();
+    let Some(max_depth) = plan.max_delegation_depth else {
+        return;
+    };
+    if steps.is_empty() {
+        return;
+    }
+    let _ = writeln!(
+        out,
+        "\nagents each step may reach by delegation (at most {} deep, `defaults.max_delegation_depth`):",
+        plural(max_depth as usize, "level")
+    );
+    let width = steps.iter().map(|s| s.id.len()).max().unwrap_or(0);
+    for step in steps {
+        let agent = step.agent.as_deref().unwrap_or_default();
+        let _ = writeln!(out, "  {:width$}  {agent}", step.id);
+        let indent = " ".repeat(width + 4);
+        branch(&step.reaches, agent, &indent, out);
+    }
+}
+
+/// The agents `parent` is the first to ask, each on a line of the tree, and theirs below them.
+fn branch(reaches: &[Reach], parent: &str, prefix: &str, out: &mut String) {
+    let children: Vec<&Reach> = reaches
+        .iter()
+        .filter(|r| r.from.first().map(String::as_str) == Some(parent))
+        .collect();
+    for (index, reach) in children.iter().enumerate() {
+        let last = index + 1 == children.len();
+        let mut line = format!(
+            "{prefix}{}{}",
+            if last { "└─ " } else { "├─ " },
+            reach.agent
+        );
+        let mut notes = Vec::new();
+        if reach.from.len() > 1 {
+            notes.push(format!("also asked by {}", reach.from[1..].join(", ")));
+        }
+        if !reach.beyond_depth.is_empty() {
+            notes.push(format!(
+                "last level: not offered {}",
+                reach
+                    .beyond_depth
+                    .iter()
+                    .map(|d| format!("`delegate.{d}`"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ));
+        }
+        if !notes.is_empty() {
+            let _ = write!(line, " ({})", notes.join("; "));
+        }
+        out.push_str(&line);
+        out.push('\n');
+        let deeper = format!("{prefix}{}", if last { "   " } else { "│  " });
+        branch(reaches, &reach.agent, &deeper, out);
+    }
 }
 
 fn quoted(s: &str) -> String {

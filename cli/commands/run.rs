@@ -753,25 +753,7 @@ fn summary(report: &RunReport, resumable: bool, paint: Paint) -> String {
         );
     }
     if let Some(llm) = &report.llm {
-        // Failed requests have no price either way: only answered calls say whether the model has one.
-        let cost = if llm.unpriced_calls >= llm.calls.saturating_sub(llm.failed_calls) {
-            String::new()
-        } else {
-            format!(", ${:.4}", llm.cost_usd)
-        };
-        let failed = if llm.failed_calls > 0 {
-            format!(" ({} failed)", llm.failed_calls)
-        } else {
-            String::new()
-        };
-        let _ = writeln!(
-            text,
-            "llm: {} call{}{failed}, {} tokens in, {} out{cost}",
-            llm.calls,
-            if llm.calls == 1 { "" } else { "s" },
-            llm.input_tokens,
-            llm.output_tokens
-        );
+        let _ = writeln!(text, "llm: {}", super::runs::usage(llm));
     }
     if resumable {
         let _ = writeln!(

@@ -293,6 +293,7 @@ fn describe(session: &Session, run: &StoredRun, paint: Paint) -> String {
         text.push('\n');
         text.push_str(&table(&["STEP", "STATUS", "ATTEMPTS", "ERROR"], &rows));
     }
+    text.push_str(&delegations(run, paint));
     // What each agent step's model could read, and how close it came.
     let working: Vec<[String; 5]> = run
         .results
@@ -374,6 +375,130 @@ fn nested_rows(
         ]);
         nested_rows(&label, nested, rows, paint);
     }
+}
+
+/// Most characters of a task, answer or error the delegation tree shows (of its first line).
+const DELEGATION_CHARS: usize = 100;
+
+/// The delegation tree of each agent step that delegated: under the step, each delegation its agent made
+/// (named `<agent>#<iteration>.<call>`), with its status, what it cost (its own delegations included),
+/// its task, and its answer or error; the delegations a delegate made below it.
+fn delegations(run: &StoredRun, paint: Paint) -> String {
+    let mut text = String::new();
+    for (name, result) in &run.results {
+        delegation_roots(name, result, &mut text, paint);
+    }
+    if text.is_empty() {
+        return text;
+    }
+    format!("\ndelegations:\n{text}")
+}
+
+/// Whether a nested result is a delegation's: its name is `<agent>#<iteration>.<call>` (a step id has
+/// no `#`).
+fn is_delegation(name: &str) -> bool {
+    name.contains('#')
+}
+
+/// The tree of `label`'s delegations, if it made any, and of the agent steps nested in it that did.
+fn delegation_roots(
+    label: &str,
+    result: &archon_engine::run::StepResult,
+    text: &mut String,
+    paint: Paint,
+) {
+    if result.steps.keys().any(|name| is_delegation(name)) {
+        let usage = result.llm.as_ref().map(usage).unwrap_or_default();
+        let line = format!("{}  {usage}", output::printable(label));
+        let _ = writeln!(text, "{}", line.trim_end());
+        delegation_branch(result, "", text, paint);
+    }
+    for (inner, nested) in &result.steps {
+        if !is_delegation(inner) {
+            delegation_roots(&format!("{label}/{inner}"), nested, text, paint);
+        }
+    }
+}
+
+/// The delegations `result`'s agent made, one node each, `prefix` before every line.
+fn delegation_branch(
+    result: &archon_engine::run::StepResult,
+    prefix: &str,
+    text: &mut String,
+    paint: Paint,
+) {
+    let made: Vec<_> = result
+        .steps
+        .iter()
+        .filter(|(name, _)| is_delegation(name))
+        .collect();
+    for (index, (name, delegated)) in made.iter().enumerate() {
+        let last = index + 1 == made.len();
+        let status = delegated.status.as_str();
+        let mut line = format!(
+            "{prefix}{}{}  {}",
+            if last { "└─ " } else { "├─ " },
+            output::printable(name),
+            paint.status(status, status)
+        );
+        if let Some(llm) = &delegated.llm {
+            let _ = write!(line, "  {}", usage(llm));
+        }
+        let _ = write!(line, ", {}", duration(delegated.duration_ms));
+        let _ = writeln!(text, "{line}");
+        let inner = format!("{prefix}{}", if last { "   " } else { "│  " });
+        if let Some(task) = &delegated.task {
+            let _ = writeln!(text, "{inner}task    {}", first_line(task));
+        }
+        match &delegated.error {
+            Some(error) => {
+                let _ = writeln!(text, "{inner}error   {}", first_line(error));
+            }
+            None => {
+                let _ = writeln!(text, "{inner}answer  {}", first_line(&delegated.text));
+            }
+        }
+        delegation_branch(delegated, &inner, text, paint);
+    }
+}
+
+/// What model calls used: `3 calls, 313 tokens in, 14 out`, with the calls that failed and the cost
+/// when their models have a price.
+pub(super) fn usage(llm: &archon_engine::run::LlmUsage) -> String {
+    // Failed requests have no price either way: only answered calls say whether the model has one.
+    let cost = if llm.unpriced_calls >= llm.calls.saturating_sub(llm.failed_calls) {
+        String::new()
+    } else {
+        format!(", ${:.4}", llm.cost_usd)
+    };
+    let failed = if llm.failed_calls > 0 {
+        format!(" ({} failed)", llm.failed_calls)
+    } else {
+        String::new()
+    };
+    format!(
+        "{} call{}{failed}, {} tokens in, {} out{cost}",
+        llm.calls,
+        if llm.calls == 1 { "" } else { "s" },
+        llm.input_tokens,
+        llm.output_tokens
+    )
+}
+
+/// The first line of `text`, at most [`DELEGATION_CHARS`] characters of it, with `…` when there is
+/// more; printable.
+fn first_line(text: &str) -> String {
+    let text = text.trim();
+    let (line, more_lines) = match text.split_once('\n') {
+        Some((line, _)) => (line.trim_end(), true),
+        None => (text, false),
+    };
+    let shown = match archon_engine::text::split_at_chars(line, DELEGATION_CHARS) {
+        Some((head, _)) => format!("{head} …"),
+        None if more_lines => format!("{line} …"),
+        None => line.to_owned(),
+    };
+    output::printable(&shown)
 }
 
 /// `archon approve RUN [--step S] [--deny] [--reason TEXT] [--as NAME]`.

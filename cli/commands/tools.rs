@@ -4,6 +4,9 @@
 use std::collections::HashMap;
 use std::fmt::Write as _;
 
+use archon_engine::llm::ToolSpec;
+use archon_engine::run::delegation_tool;
+use archon_engine::spec::Spec;
 use archon_engine::tools::builtin;
 use archon_engine::tools::mcp::McpTool;
 use archon_engine::tools::mcp::cache::{self, CachedTools};
@@ -31,6 +34,7 @@ pub fn tools(args: &ToolsArgs, color: ColorChoice) -> anyhow::Result<Status> {
     let mut servers = Servers::new();
     let mut known: HashMap<String, Known> = HashMap::new();
     let mut status = Status::Success;
+    let mut delegations = Vec::new();
     let entries: Vec<RegistryEntry> = match &args.file {
         None => builtin::all()
             .iter()
@@ -72,6 +76,7 @@ pub fn tools(args: &ToolsArgs, color: ColorChoice) -> anyhow::Result<Status> {
                     servers.insert(name.value.clone(), only);
                 }
             }
+            delegations = Delegation::of(&workflow.spec);
             workflow.tools.iter().cloned().collect()
         }
     };
@@ -79,6 +84,7 @@ pub fn tools(args: &ToolsArgs, color: ColorChoice) -> anyhow::Result<Status> {
         let tools: Vec<Json> = entries
             .iter()
             .map(|e| to_json(e, &servers, known.get(&e.name)))
+            .chain(delegations.iter().map(Delegation::to_json))
             .collect();
         output::stdout_json(&tools);
         return Ok(status);
@@ -115,6 +121,23 @@ pub fn tools(args: &ToolsArgs, color: ColorChoice) -> anyhow::Result<Status> {
                         &mut text,
                     );
                 }
+            }
+        }
+        if !delegations.is_empty() {
+            let _ = writeln!(
+                text,
+                "\ndelegation tools ({}), one per agent another agent lists in `delegates`:",
+                delegations.len()
+            );
+            for delegation in &delegations {
+                let heading = format!("delegation, offered to {}", delegation.agents.join(", "));
+                write_tool(
+                    &delegation.tool.name,
+                    &heading,
+                    &delegation.tool.description,
+                    Some(&delegation.tool.parameters),
+                    &mut text,
+                );
             }
         }
     }
@@ -209,17 +232,33 @@ fn server_tools(name: &str, only: Option<&[String]>) -> String {
 }
 
 fn describe(entry: &RegistryEntry, text: &mut String) {
-    let _ = write!(text, "\n{}  {}, {}", entry.name, kind(entry), safety(entry));
-    text.push('\n');
-    if !entry.description.is_empty() {
-        let _ = writeln!(text, "  {}", one_line(&entry.description));
+    write_tool(
+        &entry.name,
+        &format!("{}, {}", kind(entry), safety(entry)),
+        &entry.description,
+        (!matches!(entry.kind, ToolRef::Mcp)).then_some(&entry.parameters),
+        text,
+    );
+}
+
+/// A tool's name and what it is, its description and its arguments (`parameters`, when they are known).
+fn write_tool(
+    name: &str,
+    heading: &str,
+    description: &str,
+    parameters: Option<&Json>,
+    text: &mut String,
+) {
+    let _ = writeln!(text, "\n{name}  {heading}");
+    if !description.is_empty() {
+        let _ = writeln!(text, "  {}", one_line(description));
     }
-    if matches!(entry.kind, ToolRef::Mcp) {
+    let Some(parameters) = parameters else {
         return;
-    }
-    let arguments = arguments(&entry.parameters);
+    };
+    let arguments = arguments(parameters);
     if arguments.is_empty() {
-        let closed = entry.parameters.get("additionalProperties") == Some(&Json::Bool(false));
+        let closed = parameters.get("additionalProperties") == Some(&Json::Bool(false));
         let _ = writeln!(
             text,
             "  {}",
@@ -357,4 +396,43 @@ fn to_json(entry: &RegistryEntry, servers: &Servers, known: Option<&Known>) -> J
         tool["error"] = error;
     }
     tool
+}
+
+/// A tool that delegates to an agent, and the agents offered it (each that lists the agent in
+/// `delegates`, in the spec's order).
+struct Delegation {
+    tool: ToolSpec,
+    agents: Vec<String>,
+}
+
+impl Delegation {
+    /// The delegation tools of a spec's agents: one per delegate and way of delegating (a handoff is
+    /// described as one).
+    fn of(spec: &Spec) -> Vec<Delegation> {
+        let mut found: Vec<Delegation> = Vec::new();
+        for (agent, def) in &spec.agents {
+            for delegate in &def.delegates {
+                let tool = delegation_tool(spec, delegate);
+                match found.iter_mut().find(|d| d.tool == tool) {
+                    Some(same) => same.agents.push(agent.value.clone()),
+                    None => found.push(Delegation {
+                        tool,
+                        agents: vec![agent.value.clone()],
+                    }),
+                }
+            }
+        }
+        found
+    }
+
+    fn to_json(&self) -> Json {
+        json!({
+            "name": self.tool.name,
+            "kind": "delegation",
+            "runnable": true,
+            "description": self.tool.description,
+            "agents": self.agents,
+            "parameters": self.tool.parameters,
+        })
+    }
 }

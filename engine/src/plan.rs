@@ -1,9 +1,10 @@
 //! The execution plan of a validated workflow: each step's kind and the waves of steps that can run
-//! together (a step's wave is one more than the latest wave among its dependencies).
+//! together (a step's wave is one more than the latest wave among its dependencies), and for an agent
+//! step, the agents it may reach by delegation.
 
 use serde::Serialize;
 
-use crate::spec::{Step, Unspecified};
+use crate::spec::{Spec, Step, Unspecified};
 use crate::workflow::Workflow;
 
 /// How a step will be executed.
@@ -68,6 +69,77 @@ pub struct PlannedStep {
     pub foreach: bool,
     /// Has an `if` condition.
     pub conditional: bool,
+    /// For an agent step: the declared agent it plays (its own `agent`, else `defaults.agent`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub agent: Option<String>,
+    /// The agents that agent may reach by delegation, nearest first (see [`reach`]).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub reaches: Vec<Reach>,
+}
+
+/// An agent a step's agent may reach by delegation.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Reach {
+    pub agent: String,
+    /// Delegations on the shortest way there: 1 for the step's agent's own delegates.
+    pub depth: u32,
+    /// The agents one level up that list it in `delegates` (the first asked it first in the spec).
+    pub from: Vec<String>,
+    /// Its own delegates it is not offered: it is on the last level `defaults.max_delegation_depth`
+    /// allows.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub beyond_depth: Vec<String>,
+}
+
+/// The agents `agent` may reach by delegation, level by level, each at the least depth it can be reached
+/// at, down to `defaults.max_delegation_depth` levels. An agent already on a chain cannot be asked again
+/// (the run refuses such a delegation), so the agent itself is never reached.
+pub fn reach(spec: &Spec, agent: &str) -> Vec<Reach> {
+    let max_depth = spec.max_delegation_depth();
+    let delegates = |name: &str| -> Vec<&str> {
+        spec.agents
+            .get(name)
+            .map(|a| a.delegates.iter().map(|d| d.name()).collect())
+            .unwrap_or_default()
+    };
+    let mut reached: Vec<Reach> = Vec::new();
+    let mut level = vec![agent.to_owned()];
+    for depth in 1..=max_depth {
+        let mut next = Vec::new();
+        for asker in &level {
+            for delegate in delegates(asker) {
+                if delegate == agent {
+                    continue;
+                }
+                match reached.iter_mut().find(|r| r.agent == delegate) {
+                    Some(found) if found.depth == depth => {
+                        if !found.from.contains(asker) {
+                            found.from.push(asker.clone());
+                        }
+                    }
+                    Some(_) => {}
+                    None => {
+                        reached.push(Reach {
+                            agent: delegate.to_owned(),
+                            depth,
+                            from: vec![asker.clone()],
+                            beyond_depth: if depth == max_depth {
+                                delegates(delegate).into_iter().map(str::to_owned).collect()
+                            } else {
+                                Vec::new()
+                            },
+                        });
+                        next.push(delegate.to_owned());
+                    }
+                }
+            }
+        }
+        if next.is_empty() {
+            break;
+        }
+        level = next;
+    }
+    reached
 }
 
 /// The plan: steps in document order, and the waves (the first is wave 1) as lists of step indexes.
@@ -76,6 +148,9 @@ pub struct Plan {
     pub workflow: String,
     pub steps: Vec<PlannedStep>,
     pub waves: Vec<Vec<usize>>,
+    /// `defaults.max_delegation_depth` (or its default), when a step's agent may delegate.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_delegation_depth: Option<u32>,
 }
 
 impl Plan {
@@ -112,12 +187,29 @@ impl Plan {
                 wave: wave[index] + 1,
                 foreach: step.repeats(),
                 conditional: step.condition.is_some(),
+                agent: agent(spec, step, unspecified),
+                reaches: agent(spec, step, unspecified)
+                    .map(|a| reach(spec, &a))
+                    .unwrap_or_default(),
             })
-            .collect();
+            .collect::<Vec<PlannedStep>>();
         Plan {
             workflow: workflow.name.clone(),
+            max_delegation_depth: steps
+                .iter()
+                .any(|s| !s.reaches.is_empty())
+                .then(|| spec.max_delegation_depth()),
             steps,
             waves,
         }
     }
+}
+
+/// The declared agent an agent step plays.
+fn agent(spec: &Spec, step: &Step, unspecified: Unspecified) -> Option<String> {
+    matches!(StepKind::of(step, unspecified), StepKind::Agent { .. })
+        .then(|| spec.agent_name(step.body()))
+        .flatten()
+        .filter(|name| spec.agents.contains_key(*name))
+        .map(str::to_owned)
 }

@@ -369,6 +369,10 @@ pub struct StepResult {
     /// The result was not produced by this run: it was reused from the cache (`cache:` on the step).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cached: Option<CachedFrom>,
+    /// For a delegation (a result nested in an agent step's, under `<agent>#<iteration>.<call>`): the task
+    /// the calling agent gave the delegate.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub task: Option<String>,
 }
 
 /// Where a reused result came from.
@@ -398,6 +402,7 @@ impl StepResult {
             item: None,
             plan: None,
             cached: None,
+            task: None,
         }
     }
 }

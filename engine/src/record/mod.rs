@@ -207,6 +207,9 @@ pub struct StepResult {
     /// Added in this format without a version change: a record without it was not reused.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cached: Option<CachedFrom>,
+    /// Added in this format without a version change: a delegation recorded without it shows no task.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub task: Option<String>,
 }
 
 /// Where a reused result came from.

@@ -16,6 +16,7 @@ impl Redactor {
         self.string(&mut result.text);
         self.map(&mut result.outputs);
         self.option(&mut result.error);
+        self.option(&mut result.task);
         result.steps.values_mut().for_each(|r| self.result(r));
         if let Some(plan) = &mut result.plan {
             self.json(plan);
@@ -23,7 +24,7 @@ impl Redactor {
     }
 
     /// Whether [`Redactor::result`] would change what later steps read of `result` (its output, text,
-    /// outputs, error, its own steps' results or its plan): the result holds a secret.
+    /// outputs, error, task, its own steps' results or its plan): the result holds a secret.
     pub fn finds_in_result(&self, result: &StepResult) -> bool {
         if self.is_empty() {
             return false;
@@ -35,6 +36,7 @@ impl Redactor {
                 .iter()
                 .any(|(k, v)| self.finds(k) || self.finds_in_json(v))
             || result.error.as_deref().is_some_and(|e| self.finds(e))
+            || result.task.as_deref().is_some_and(|t| self.finds(t))
             || result.steps.values().any(|r| self.finds_in_result(r))
             || result
                 .plan

@@ -9,6 +9,10 @@ use serde::{Deserialize, Serialize, Serializer};
 
 use super::{JsonSchemaValue, Spanned};
 
+/// Levels of delegation unless `defaults.max_delegation_depth` says otherwise: the step's own agent is
+/// level 0, and an agent on the last level is not offered its delegates.
+pub const DEFAULT_MAX_DELEGATION_DEPTH: u32 = 3;
+
 /// An agent another agent may hand work to, and on what terms.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Delegate {
@@ -41,6 +45,16 @@ impl Delegate {
     /// Whether the delegate takes the whole step over.
     pub fn hands_off(&self) -> bool {
         self.handoff == Some(true)
+    }
+}
+
+impl super::Spec {
+    /// How many levels deep the agents of one step may delegate (`defaults.max_delegation_depth`).
+    pub fn max_delegation_depth(&self) -> u32 {
+        self.defaults
+            .as_ref()
+            .and_then(|d| d.max_delegation_depth.as_ref())
+            .map_or(DEFAULT_MAX_DELEGATION_DEPTH, |m| m.value)
     }
 }
 

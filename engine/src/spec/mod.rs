@@ -23,7 +23,7 @@ use serde::{Deserialize, Serialize};
 pub use cache::{Cache, CacheOptions};
 pub use consensus::{Consensus, ResolveBy};
 pub use de::from_node;
-pub use delegate::Delegate;
+pub use delegate::{DEFAULT_MAX_DELEGATION_DEPTH, Delegate};
 pub use node::{Key, Node, NodeKind, PathSegment};
 pub use parse::{Limits, parse};
 pub use spanned::Spanned;

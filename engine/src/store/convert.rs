@@ -130,6 +130,7 @@ impl record::StepResult {
                 step: c.step.clone(),
                 at_ms: c.at_ms,
             }),
+            task: result.task.clone(),
         }
     }
 }
@@ -165,6 +166,7 @@ impl From<record::StepResult> for StepResult {
                 step: c.step,
                 at_ms: c.at_ms,
             }),
+            task: record.task,
         }
     }
 }

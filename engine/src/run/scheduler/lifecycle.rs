@@ -273,6 +273,7 @@ fn gather(results: Vec<StepResult>) -> StepResult {
         item: None,
         plan: None,
         cached: None,
+        task: None,
     }
 }
 /// Every attempt of the body, then the fallback if the last one failed. `label` names the step (or
@@ -377,6 +378,7 @@ async fn attempt_all(
             item: None,
             plan,
             cached: None,
+            task: None,
         },
         Err(failure) => StepResult {
             exit_code: failure.exit_code,

@@ -40,6 +40,7 @@ use context::{
 };
 use gate::Gate;
 
+pub use agent::delegation_tool;
 pub use context::RunError;
 
 /// The scheduler as its children see it (`context::Nested`).

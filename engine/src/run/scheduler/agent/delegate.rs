@@ -22,12 +22,12 @@ use super::super::context::{Called, Failure, Shared, millis};
 use super::super::durable::{Record, durable};
 use crate::llm::ToolSpec;
 use crate::report::{LlmUsage, StepResult, StepStatus};
-use crate::spec::{AgentDef, Body, Delegate, Spanned};
+use crate::spec::{AgentDef, Body, Delegate, Spanned, Spec};
 
 /// How the rules, the trail and `archon tools` name the tool that delegates to agent `x`: `delegate.x`.
 pub(crate) const PREFIX: &str = "delegate.";
 /// Levels of delegation unless `defaults.max_delegation_depth` says otherwise.
-pub const DEFAULT_MAX_DEPTH: u32 = 3;
+pub const DEFAULT_MAX_DEPTH: u32 = crate::spec::DEFAULT_MAX_DELEGATION_DEPTH;
 /// Delegations of one step unless `defaults.max_delegations` says otherwise.
 pub const DEFAULT_MAX_DELEGATIONS: u32 = 10;
 /// Longest task or context a delegation may carry, in bytes (the rest is refused, not cut).
@@ -245,40 +245,38 @@ impl<'t> Chain<'t> {
             return Vec::new();
         }
         let spec = &shared.workflow.spec;
-        agent
-            .delegates
-            .iter()
-            .map(|delegate| {
-                let name = delegate.name();
-                let about = spec
-                    .agents
-                    .get(name)
-                    .and_then(|a| a.description.as_deref())
-                    .unwrap_or("another agent of this workflow");
-                let description = if delegate.value.hands_off() {
-                    format!(
-                        "Hand this whole task over to agent `{name}` ({about}). Its answer becomes the final answer: your turn ends."
-                    )
-                } else {
-                    format!(
-                        "Ask agent `{name}` to do a task for you and return its answer: {about}"
-                    )
-                };
-                ToolSpec {
-                    name: format!("{PREFIX}{name}"),
-                    description,
-                    parameters: json!({
-                        "type": "object",
-                        "properties": {
-                            "task": { "type": "string", "description": "what the agent should do, self-contained" },
-                            "context": { "type": "string", "description": "what it needs to know to do it" }
-                        },
-                        "required": ["task"],
-                        "additionalProperties": false
-                    }),
-                }
-            })
-            .collect()
+        agent.delegates.iter().map(|d| tool(spec, d)).collect()
+    }
+}
+
+/// The tool that delegates to `delegate`, as an agent listing it is offered it (`archon tools` shows it
+/// too).
+pub fn tool(spec: &Spec, delegate: &Spanned<Delegate>) -> ToolSpec {
+    let name = delegate.name();
+    let about = spec
+        .agents
+        .get(name)
+        .and_then(|a| a.description.as_deref())
+        .unwrap_or("another agent of this workflow");
+    let description = if delegate.value.hands_off() {
+        format!(
+            "Hand this whole task over to agent `{name}` ({about}). Its answer becomes the final answer: your turn ends."
+        )
+    } else {
+        format!("Ask agent `{name}` to do a task for you and return its answer: {about}")
+    };
+    ToolSpec {
+        name: format!("{PREFIX}{name}"),
+        description,
+        parameters: json!({
+            "type": "object",
+            "properties": {
+                "task": { "type": "string", "description": "what the agent should do, self-contained" },
+                "context": { "type": "string", "description": "what it needs to know to do it" }
+            },
+            "required": ["task"],
+            "additionalProperties": false
+        }),
     }
 }
 
@@ -483,6 +481,10 @@ pub(super) async fn call(
             };
             (text, true, result)
         }
+    };
+    let result = StepResult {
+        task: Some(task.to_owned()),
+        ..result
     };
     // Recorded before the caller goes on: a resumed run takes this answer instead of asking again.
     let spent = child.delegated(0);

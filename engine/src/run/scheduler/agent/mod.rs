@@ -19,6 +19,7 @@ mod text;
 
 pub(super) use calls::{mcp_tools, offered_tools};
 pub(super) use context::as_data;
+pub use delegate::tool as delegation_tool;
 pub(super) use model::{MODEL_TIME, chosen, complete};
 pub(super) use text::parse_json;
 
