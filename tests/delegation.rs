@@ -650,7 +650,6 @@ steps:
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_run_killed_inside_a_delegate_resumes_without_repeating_finished_work_at_any_depth() {
-    use std::process::{Command, Stdio};
     let server = wiremock::MockServer::start().await;
     script(
         &server,
@@ -686,28 +685,9 @@ async fn a_run_killed_inside_a_delegate_resumes_without_repeating_finished_work_
         ("OPENAI_BASE_URL", base.as_str()),
         ("OPENAI_API_KEY", "sk-test"),
     ];
-    let mut child = Command::new(env!("CARGO_BIN_EXE_archon"))
-        .args(["run", "killed.yaml"])
-        .current_dir(dir.path())
-        .env("NO_COLOR", "1")
-        .envs(env)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("archon starts");
     // `wait` starts after the worker's first iteration is on disk (its tools are not safe to repeat),
     // and the lead's turn that delegated was on disk before the worker started.
-    let started = std::time::Instant::now();
-    while !dir.path().join("started").exists() {
-        assert!(
-            started.elapsed() < std::time::Duration::from_secs(30),
-            "the worker never started waiting"
-        );
-        std::thread::sleep(std::time::Duration::from_millis(10));
-    }
-    let _ = child.kill();
-    let _ = child.wait();
-    std::fs::remove_file(dir.path().join("slow")).expect("remove");
+    kill_when_started(dir.path(), "killed.yaml", &env);
     let id = last_run(dir.path());
 
     let out = crate::support::archon_with(dir.path(), &["resume", &id, "--rerun-in-doubt"], &env);
@@ -776,4 +756,30 @@ steps:
         [cached("Be brief."), cached("Be brief."), cached("Be warm.")],
         [false, true, false]
     );
+}
+
+/// Runs `archon run FILE` in `dir` until its `wait` tool has started (it writes `started`, then waits while
+/// `slow` exists), kills it, and makes `wait` fast for the resume.
+pub(crate) fn kill_when_started(dir: &Path, file: &str, env: &[(&str, &str)]) {
+    use std::process::{Command, Stdio};
+    let mut child = Command::new(env!("CARGO_BIN_EXE_archon"))
+        .args(["run", file])
+        .current_dir(dir)
+        .env("NO_COLOR", "1")
+        .envs(env.iter().copied())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("archon starts");
+    let started = std::time::Instant::now();
+    while !dir.join("started").exists() {
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(30),
+            "`wait` never started"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    std::fs::remove_file(dir.join("slow")).expect("remove");
 }

@@ -5,7 +5,7 @@ use archon_engine::run::StepStatus;
 use serde_json::json;
 use tempfile::TempDir;
 
-use crate::delegation::{answer, asked, last_run, run, script, show};
+use crate::delegation::{answer, asked, kill_when_started, last_run, run, script, show};
 
 /// A delegate that runs out of its own `max_iterations` is asked once more for its best answer: that
 /// request is a model turn of the tree too, so three such delegates cannot take the step past its budget.
@@ -75,7 +75,6 @@ steps:
 /// budget by being killed and resumed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_resumed_middle_delegate_still_counts_the_turns_its_finished_delegates_took() {
-    use std::process::{Command, Stdio};
     let server = wiremock::MockServer::start().await;
     script(
         &server,
@@ -126,27 +125,8 @@ async fn a_resumed_middle_delegate_still_counts_the_turns_its_finished_delegates
         ("OPENAI_BASE_URL", base.as_str()),
         ("OPENAI_API_KEY", "sk-test"),
     ];
-    let mut child = Command::new(env!("CARGO_BIN_EXE_archon"))
-        .args(["run", "middle.yaml"])
-        .current_dir(dir.path())
-        .env("NO_COLOR", "1")
-        .envs(env)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("archon starts");
     // `wait` starts after the manager's first iteration (the scout's three turns) is on disk.
-    let started = std::time::Instant::now();
-    while !dir.path().join("started").exists() {
-        assert!(
-            started.elapsed() < std::time::Duration::from_secs(30),
-            "the manager never started waiting"
-        );
-        std::thread::sleep(std::time::Duration::from_millis(10));
-    }
-    let _ = child.kill();
-    let _ = child.wait();
-    std::fs::remove_file(dir.path().join("slow")).expect("remove");
+    kill_when_started(dir.path(), "middle.yaml", &env);
     // Before the kill: lead 1, manager 2, scout 3 (6 of the 7 turns).
     assert_eq!(
         (
