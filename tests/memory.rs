@@ -615,3 +615,69 @@ impl wiremock::Respond for TrigramsRef {
         self.0.respond(request)
     }
 }
+
+/// Hybrid recall end to end against llama.cpp's `llama-server` started with `--embeddings`
+/// (`scripts/llama-embeddings.sh start`), when `ARCHON_E2E_EMBEDDINGS_BASE_URL` names it: an agent remembers
+/// four facts, each embedded by the server, and a query sharing no word with any of them (so BM25 finds
+/// nothing, as `archon memory search` shows) recalls the one it is about. Without the variable the test
+/// checks nothing and says so.
+#[test]
+#[allow(clippy::print_stderr)]
+fn hybrid_recall_against_llama_cpp_finds_a_fact_worded_differently() {
+    let Ok(base_url) = std::env::var("ARCHON_E2E_EMBEDDINGS_BASE_URL") else {
+        eprintln!(
+            "skipped: set ARCHON_E2E_EMBEDDINGS_BASE_URL (from scripts/llama-embeddings.sh start) to run against llama.cpp"
+        );
+        return;
+    };
+    let facts = [
+        "The production cluster runs on Kubernetes in Frankfurt",
+        "Lunch is served at noon in the cafeteria",
+        "Invoices are paid within thirty days",
+        "The office dog is called Biscuit",
+    ];
+    let query = "where do our containers get orchestrated?";
+    let mut turns: Vec<String> = facts
+        .iter()
+        .map(|fact| {
+            format!(
+                "{{ tool_calls: [{{ name: remember, arguments: {{ content: \"{fact}\" }} }}] }}"
+            )
+        })
+        .collect();
+    turns.push(format!(
+        "{{ tool_calls: [{{ name: recall, arguments: {{ query: \"{query}\", limit: 1 }} }}] }}"
+    ));
+    turns.push("{ text: done }".to_owned());
+    let turns: Vec<&str> = turns.iter().map(String::as_str).collect();
+    let text = spec(
+        &turns,
+        "memory: { recall: 0, embeddings: { provider: llama, model: gemma-3-270m } }\n",
+    )
+    .replace(
+        "llm:\n  providers:\n",
+        &format!("llm:\n  providers:\n    llama: {{ kind: openai, base_url: \"{base_url}\", model: gemma-3-270m }}\n"),
+    );
+    let dir = TempDir::new().expect("tempdir");
+    let report = run(dir.path(), "e2e.yaml", &text);
+    assert_eq!(report["steps"]["work"]["output"], "done", "{report}");
+    let today = &humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string()[..10];
+    let observed: Vec<(String, String)> = observations(dir.path())
+        .into_iter()
+        .map(|(tool, text)| (tool, text.replace(today, "DAY")))
+        .collect();
+    let expected: Vec<(String, String)> = (1..=4)
+        .map(|id| ("remember".to_owned(), format!("remembered as memory {id}")))
+        .chain([(
+            "recall".to_owned(),
+            format!("[memory 1 · DAY] {}", facts[0]),
+        )])
+        .collect();
+    assert_eq!(observed, expected);
+    // BM25 alone finds nothing: the query shares no word with the facts.
+    let out = archon(
+        dir.path(),
+        &["memory", "search", query, "--namespace", "keeper", "--json"],
+    );
+    assert_eq!((out.code, out.stdout.trim()), (0, "[]"), "{}", out.stderr);
+}
