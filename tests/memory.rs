@@ -273,6 +273,118 @@ fn remember_goes_through_the_rules_and_is_written_once_after_approval() {
     );
 }
 
+/// Kills `archon` (SIGKILL) while its agent's turn is half done: `remember` has written its fact, and `hold`,
+/// called in the same turn, waits for a `go` file. No checkpoint holds that turn, so the resumed step asks
+/// the model again, which calls `remember` again: the fact is not written a second time.
+#[test]
+fn an_agent_killed_after_remember_does_not_remember_twice_when_resumed() {
+    let dir = TempDir::new().expect("tempdir");
+    let text = spec(
+        &[
+            "{ tool_calls: [{ name: remember, arguments: { content: \"the release train leaves on Fridays\" } }, { name: hold }] }",
+            "{ text: done }",
+        ],
+        "tools:\n  hold:\n    description: Waits until it may go on\n    parameters: { type: object, properties: {} }\n    idempotent: true\n    command: [sh, -c, 'touch held; while [ ! -f go ]; do sleep 0.02; done; echo released']\n",
+    );
+    let text = text.replace(
+        "{ provider: scripted, memory: true }",
+        "{ provider: scripted, memory: true, tools: [hold] }",
+    );
+    std::fs::write(dir.path().join("m.yaml"), &text).expect("write");
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_archon"))
+        .args(["run", "m.yaml", "--no-input"])
+        .current_dir(dir.path())
+        .env("NO_COLOR", "1")
+        .env("DEPLOY_TOKEN", "tok-5ecret-deploy")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("archon starts");
+    // Both calls of the turn have started, and the fact is in the memory file.
+    let started = std::time::Instant::now();
+    let remembered = || {
+        let out = archon(
+            dir.path(),
+            &["memory", "ls", "--namespace", "keeper", "--json"],
+        );
+        serde_json::from_str::<Json>(&out.stdout)
+            .ok()
+            .and_then(|list| list.as_array().map(|l| !l.is_empty()))
+            .unwrap_or(false)
+    };
+    while !(dir.path().join("held").exists() && remembered()) {
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(20),
+            "the agent never remembered and held"
+        );
+        assert_eq!(child.try_wait().expect("running"), None, "archon ended");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    child.kill().expect("killed");
+    child.wait().expect("reaped");
+    let fact = (
+        1,
+        "fact".to_owned(),
+        "the release train leaves on Fridays".to_owned(),
+        true,
+    );
+    assert_eq!(kept(dir.path(), "keeper"), std::slice::from_ref(&fact));
+    std::fs::write(dir.path().join("go"), "").expect("write");
+    let out = archon(
+        dir.path(),
+        &[
+            "resume",
+            "--last",
+            "--no-input",
+            "--json",
+            "--events",
+            "events.jsonl",
+        ],
+    );
+    assert_eq!(out.code, 0, "{}\n{}", out.stdout, out.stderr);
+    let report: Json = serde_json::from_str(&out.stdout).expect("a report");
+    assert_eq!(
+        (&report["status"], &report["steps"]["work"]["output"]),
+        (&Json::from("succeeded"), &Json::from("done")),
+        "{report}"
+    );
+    let mut observed = observations(dir.path());
+    observed.sort();
+    assert_eq!(
+        observed,
+        [
+            ("hold".to_owned(), "released\n".to_owned()),
+            (
+                "remember".to_owned(),
+                "already remembered as memory 1".to_owned()
+            ),
+        ]
+    );
+    let memories: Vec<(i64, String, String, bool)> = kept(dir.path(), "keeper")
+        .into_iter()
+        .map(|(id, kind, content, live)| {
+            (
+                id,
+                kind,
+                content.lines().next().unwrap_or("").to_owned(),
+                live,
+            )
+        })
+        .collect();
+    assert_eq!(
+        memories,
+        [
+            fact,
+            (
+                2,
+                "episode".to_owned(),
+                "Goal: when does the team deploy?".to_owned(),
+                true
+            ),
+        ]
+    );
+}
+
 #[test]
 fn memory_export_and_import_round_trip_and_search_reads_bm25() {
     let dir = TempDir::new().expect("tempdir");
@@ -502,4 +614,70 @@ impl wiremock::Respond for TrigramsRef {
     fn respond(&self, request: &wiremock::Request) -> wiremock::ResponseTemplate {
         self.0.respond(request)
     }
+}
+
+/// Hybrid recall end to end against llama.cpp's `llama-server` started with `--embeddings`
+/// (`scripts/llama-embeddings.sh start`), when `ARCHON_E2E_EMBEDDINGS_BASE_URL` names it: an agent remembers
+/// four facts, each embedded by the server, and a query sharing no word with any of them (so BM25 finds
+/// nothing, as `archon memory search` shows) recalls the one it is about. Without the variable the test
+/// checks nothing and says so.
+#[test]
+#[allow(clippy::print_stderr)]
+fn hybrid_recall_against_llama_cpp_finds_a_fact_worded_differently() {
+    let Ok(base_url) = std::env::var("ARCHON_E2E_EMBEDDINGS_BASE_URL") else {
+        eprintln!(
+            "skipped: set ARCHON_E2E_EMBEDDINGS_BASE_URL (from scripts/llama-embeddings.sh start) to run against llama.cpp"
+        );
+        return;
+    };
+    let facts = [
+        "The production cluster runs on Kubernetes in Frankfurt",
+        "Lunch is served at noon in the cafeteria",
+        "Invoices are paid within thirty days",
+        "The office dog is called Biscuit",
+    ];
+    let query = "where do our containers get orchestrated?";
+    let mut turns: Vec<String> = facts
+        .iter()
+        .map(|fact| {
+            format!(
+                "{{ tool_calls: [{{ name: remember, arguments: {{ content: \"{fact}\" }} }}] }}"
+            )
+        })
+        .collect();
+    turns.push(format!(
+        "{{ tool_calls: [{{ name: recall, arguments: {{ query: \"{query}\", limit: 1 }} }}] }}"
+    ));
+    turns.push("{ text: done }".to_owned());
+    let turns: Vec<&str> = turns.iter().map(String::as_str).collect();
+    let text = spec(
+        &turns,
+        "memory: { recall: 0, embeddings: { provider: llama, model: gemma-3-270m } }\n",
+    )
+    .replace(
+        "llm:\n  providers:\n",
+        &format!("llm:\n  providers:\n    llama: {{ kind: openai, base_url: \"{base_url}\", model: gemma-3-270m }}\n"),
+    );
+    let dir = TempDir::new().expect("tempdir");
+    let report = run(dir.path(), "e2e.yaml", &text);
+    assert_eq!(report["steps"]["work"]["output"], "done", "{report}");
+    let today = &humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string()[..10];
+    let observed: Vec<(String, String)> = observations(dir.path())
+        .into_iter()
+        .map(|(tool, text)| (tool, text.replace(today, "DAY")))
+        .collect();
+    let expected: Vec<(String, String)> = (1..=4)
+        .map(|id| ("remember".to_owned(), format!("remembered as memory {id}")))
+        .chain([(
+            "recall".to_owned(),
+            format!("[memory 1 · DAY] {}", facts[0]),
+        )])
+        .collect();
+    assert_eq!(observed, expected);
+    // BM25 alone finds nothing: the query shares no word with the facts.
+    let out = archon(
+        dir.path(),
+        &["memory", "search", query, "--namespace", "keeper", "--json"],
+    );
+    assert_eq!((out.code, out.stdout.trim()), (0, "[]"), "{}", out.stderr);
 }
