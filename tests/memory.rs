@@ -328,7 +328,7 @@ fn an_agent_killed_after_remember_does_not_remember_twice_when_resumed() {
         "the release train leaves on Fridays".to_owned(),
         true,
     );
-    assert_eq!(kept(dir.path(), "keeper"), [fact.clone()]);
+    assert_eq!(kept(dir.path(), "keeper"), std::slice::from_ref(&fact));
     std::fs::write(dir.path().join("go"), "").expect("write");
     let out = archon(
         dir.path(),
