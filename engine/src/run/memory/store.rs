@@ -42,15 +42,6 @@ CREATE TRIGGER IF NOT EXISTS memories_indexed AFTER INSERT ON memories BEGIN
 END;
 ";
 
-/// The condition on `m` that a recalled record meets: its kind one of `?2` (comma-separated), not forgotten,
-/// and not superseded unless `?3`.
-const LIVE: &str = "instr(',' || ?2 || ',', ',' || m.kind || ',') > 0
-                    AND m.forgotten_ms IS NULL AND (?3 OR m.superseded_by IS NULL)";
-
-/// A query word found in more than one record in this many is common: a record matching only common words
-/// is recalled only when too few records match a rarer one (see [`by_bm25`]).
-const COMMON_IN: i64 = 50;
-
 const COLUMNS: &str = "m.id, m.namespace, m.kind, m.agent, m.run, m.step, m.content, m.created_ms, \
                        m.supersedes, m.superseded_by, m.forgotten_ms, m.forgotten_reason";
 
@@ -204,73 +195,6 @@ pub struct Recall<'a> {
 pub struct MemoryStore {
     path: PathBuf,
     connection: Mutex<Connection>,
-    /// Copies the log into the file off the write path; `None` when its thread could not start (the
-    /// connection then checkpoints as SQLite does by default).
-    checkpoints: Option<Checkpointer>,
-}
-
-/// Records written between two checkpoints of the log (about SQLite's default of 1,000 pages).
-const CHECKPOINT_EVERY: u32 = 100;
-
-/// A thread with a connection of its own that checkpoints the log when woken. A commit in WAL mode is
-/// durable once it is in the log; moving the log into the database file (with its syncs) is work a write
-/// need not wait for.
-#[derive(Debug)]
-struct Checkpointer {
-    wake: Option<std::sync::mpsc::SyncSender<()>>,
-    thread: Option<std::thread::JoinHandle<()>>,
-    written: std::sync::atomic::AtomicU32,
-}
-
-impl Checkpointer {
-    fn start(path: &Path) -> Option<Checkpointer> {
-        let (wake, woken) = std::sync::mpsc::sync_channel::<()>(1);
-        let path = path.to_owned();
-        let thread = std::thread::Builder::new()
-            .name("memory-checkpoint".to_owned())
-            .spawn(move || {
-                let Ok(connection) = Connection::open(&path) else {
-                    return;
-                };
-                if connection.busy_timeout(Duration::from_secs(10)).is_err() {
-                    return;
-                }
-                while woken.recv().is_ok() {
-                    // PASSIVE: copies what no reader still needs, never blocks a writer.
-                    let _ = connection.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(()));
-                }
-            })
-            .ok()?;
-        Some(Checkpointer {
-            wake: Some(wake),
-            thread: Some(thread),
-            written: std::sync::atomic::AtomicU32::new(0),
-        })
-    }
-
-    /// Counts a write; wakes the thread every [`CHECKPOINT_EVERY`]. False when the thread is gone.
-    fn wrote(&self) -> bool {
-        let n = self
-            .written
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
-            + 1;
-        if !n.is_multiple_of(CHECKPOINT_EVERY) {
-            return true;
-        }
-        matches!(
-            self.wake.as_ref().map(|w| w.try_send(())),
-            Some(Ok(()) | Err(std::sync::mpsc::TrySendError::Full(())))
-        )
-    }
-}
-
-impl Drop for Checkpointer {
-    fn drop(&mut self) {
-        self.wake = None;
-        if let Some(thread) = self.thread.take() {
-            let _ = thread.join();
-        }
-    }
 }
 
 impl MemoryStore {
@@ -297,16 +221,9 @@ impl MemoryStore {
             .pragma_update(None, "synchronous", "NORMAL")
             .map_err(sqlite)?;
         connection.execute_batch(SCHEMA).map_err(sqlite)?;
-        let checkpoints = Checkpointer::start(path);
-        if checkpoints.is_some() {
-            connection
-                .pragma_update(None, "wal_autocheckpoint", 0)
-                .map_err(sqlite)?;
-        }
         Ok(MemoryStore {
             path: path.to_owned(),
             connection: Mutex::new(connection),
-            checkpoints,
         })
     }
 
@@ -428,14 +345,6 @@ impl MemoryStore {
                 }
             };
             tx.commit().map_err(&sqlite)?;
-            if let (Written::New(_), Some(checkpoints)) = (written, &self.checkpoints)
-                && !checkpoints.wrote()
-            {
-                // The checkpointing thread is gone: this connection checkpoints in its stead.
-                connection
-                    .query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(()))
-                    .map_err(&sqlite)?;
-            }
             Ok(written)
         })
     }
@@ -449,16 +358,38 @@ impl MemoryStore {
         // Enough candidates that the excluded ones cannot crowd out the rest.
         let wanted = recall.limit + recall.exclude.len();
         let wanted_sql = i64::try_from(wanted).unwrap_or(i64::MAX);
-        let words = query_words(recall.query);
+        let query = fts_query(recall.query);
         self.with(|connection| {
-            let bm25: Vec<i64> = match &words {
-                Some(words) => {
-                    by_bm25(connection, recall, &kinds, words, wanted).map_err(&sqlite)?
+            let live = "instr(',' || ?2 || ',', ',' || m.kind || ',') > 0
+                        AND m.forgotten_ms IS NULL AND (?3 OR m.superseded_by IS NULL)";
+            let bm25: Vec<i64> = match &query {
+                Some(query) => {
+                    let mut statement = connection
+                        .prepare_cached(&format!(
+                            "SELECT m.id FROM memories_fts f JOIN memories m ON m.id = f.rowid
+                             WHERE memories_fts MATCH ?4 AND m.namespace = ?1 AND {live}
+                             ORDER BY f.rank LIMIT ?5"
+                        ))
+                        .map_err(&sqlite)?;
+                    statement
+                        .query_map(
+                            params![
+                                recall.namespace,
+                                kinds,
+                                recall.superseded,
+                                query,
+                                wanted_sql
+                            ],
+                            |row| row.get(0),
+                        )
+                        .map_err(&sqlite)?
+                        .collect::<Result<_, _>>()
+                        .map_err(&sqlite)?
                 }
                 None => {
                     let mut statement = connection
                         .prepare_cached(&format!(
-                            "SELECT m.id FROM memories m WHERE m.namespace = ?1 AND {LIVE}
+                            "SELECT m.id FROM memories m WHERE m.namespace = ?1 AND {live}
                              ORDER BY m.id DESC LIMIT ?4"
                         ))
                         .map_err(&sqlite)?;
@@ -477,7 +408,7 @@ impl MemoryStore {
                     let mut statement = connection
                         .prepare_cached(&format!(
                             "SELECT m.id, m.embedding FROM memories m
-                             WHERE m.namespace = ?1 AND {LIVE} AND m.embedding_model = ?4"
+                             WHERE m.namespace = ?1 AND {live} AND m.embedding_model = ?4"
                         ))
                         .map_err(&sqlite)?;
                     let mut rows = statement
@@ -738,107 +669,15 @@ fn hash(content: &str) -> String {
     digest.iter().map(|b| format!("{b:02x}")).collect()
 }
 
-/// The words of free text to look up, each once (case aside), quoted so that nothing in them is FTS5 syntax.
-fn query_words(text: &str) -> Option<Vec<String>> {
-    let mut seen = HashSet::new();
+/// The FTS5 query for free text: each word quoted (so that nothing in it is FTS5 syntax), any of them.
+fn fts_query(text: &str) -> Option<String> {
     let words: Vec<String> = text
         .split(|c: char| !c.is_alphanumeric())
-        .filter(|w| !w.is_empty() && seen.insert(w.to_lowercase()))
+        .filter(|w| !w.is_empty())
         .take(MAX_QUERY_WORDS)
         .map(|w| format!("\"{w}\""))
         .collect();
-    (!words.is_empty()).then_some(words)
-}
-
-/// The FTS5 query matching any of `words`.
-fn any_of(words: &[&String]) -> String {
-    words
-        .iter()
-        .map(|w| w.as_str())
-        .collect::<Vec<_>>()
-        .join(" OR ")
-}
-
-/// The ids of the `wanted` records of the recall's namespace best matching any of `words` by BM25 (FTS5's
-/// `bm25`, over the whole file), best first.
-///
-/// BM25 scores every record holding any of the words, so a word found in a large share of the records
-/// (one in [`COMMON_IN`] or more) costs a lot and tells little. With rarer words in the query, the
-/// records holding one of those are scored (by the whole query: `(common) AND (rare)` scores the ones that
-/// hold a common word too, as BM25 is a sum over the words) and the records holding only common words are
-/// left out, unless fewer than `wanted` records hold a rarer word: then every record is scored.
-fn by_bm25(
-    connection: &Connection,
-    recall: &Recall<'_>,
-    kinds: &str,
-    words: &[String],
-    wanted: usize,
-) -> rusqlite::Result<Vec<i64>> {
-    let wanted_sql = i64::try_from(wanted).unwrap_or(i64::MAX);
-    let all: Vec<&String> = words.iter().collect();
-    if words.len() > 1 {
-        // Records are never deleted: the largest id is at least how many there are.
-        let total: i64 =
-            connection.query_row("SELECT ifnull(max(id), 0) FROM memories", [], |r| r.get(0))?;
-        let mut count = connection
-            .prepare_cached("SELECT count(*) FROM memories_fts WHERE memories_fts MATCH ?1")?;
-        let (mut common, mut rare) = (Vec::new(), Vec::new());
-        for word in words {
-            let holding: i64 = count.query_row([word], |r| r.get(0))?;
-            if holding.saturating_mul(COMMON_IN) > total {
-                common.push(word);
-            } else {
-                rare.push(word);
-            }
-        }
-        if !common.is_empty() && !rare.is_empty() {
-            let mut statement = connection.prepare_cached(&format!(
-                "SELECT m.id, f.rank FROM memories_fts f JOIN memories m ON m.id = f.rowid
-                 WHERE memories_fts MATCH ?4 AND m.namespace = ?1 AND {LIVE}"
-            ))?;
-            let mut found: Vec<(f64, i64)> = statement
-                .query_map(
-                    params![recall.namespace, kinds, recall.superseded, any_of(&rare)],
-                    |row| Ok((row.get(1)?, row.get(0)?)),
-                )?
-                .collect::<Result<_, _>>()?;
-            if found.len() >= wanted {
-                let both = format!("({}) AND ({})", any_of(&common), any_of(&rare));
-                let mut statement = connection.prepare_cached(
-                    "SELECT rowid, rank FROM memories_fts WHERE memories_fts MATCH ?1",
-                )?;
-                let whole: std::collections::HashMap<i64, f64> = statement
-                    .query_map([both], |row| Ok((row.get(0)?, row.get(1)?)))?
-                    .collect::<Result<_, _>>()?;
-                for (rank, id) in &mut found {
-                    if let Some(&with_common) = whole.get(id) {
-                        *rank = with_common;
-                    }
-                }
-                // FTS5's rank is the negated score: the best first, then the oldest.
-                found.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
-                found.truncate(wanted);
-                return Ok(found.into_iter().map(|(_, id)| id).collect());
-            }
-        }
-    }
-    let mut statement = connection.prepare_cached(&format!(
-        "SELECT m.id FROM memories_fts f JOIN memories m ON m.id = f.rowid
-         WHERE memories_fts MATCH ?4 AND m.namespace = ?1 AND {LIVE}
-         ORDER BY f.rank LIMIT ?5"
-    ))?;
-    statement
-        .query_map(
-            params![
-                recall.namespace,
-                kinds,
-                recall.superseded,
-                any_of(&all),
-                wanted_sql
-            ],
-            |row| row.get(0),
-        )?
-        .collect()
+    (!words.is_empty()).then(|| words.join(" OR "))
 }
 
 fn to_blob(vector: &[f32]) -> Vec<u8> {
@@ -1011,57 +850,6 @@ mod tests {
                 .len(),
             5
         );
-    }
-
-    #[test]
-    fn common_words_count_in_the_ranking_but_alone_find_a_record_only_when_too_few_others_match() {
-        let dir = tempfile::tempdir().expect("dir");
-        let store = MemoryStore::open(&dir.path().join("memory.db")).expect("open");
-        for i in 0..290 {
-            let text = format!("filler record number {i}");
-            store.write(&fact("ns", &text)).expect("write");
-        }
-        // `deploy` is in 2 records of 301 (rare), `staging` in 10 (common: more than one in 50).
-        let short = store.write(&fact("ns", "deploy now")).expect("write").id();
-        let both = store
-            .write(&fact("ns", "deploy staging now"))
-            .expect("write")
-            .id();
-        let mut staging_only = Vec::new();
-        for words in 1..=8 {
-            let text = format!("staging {}", vec!["x"; words].join(" "));
-            staging_only.push(store.write(&fact("ns", &text)).expect("write").id());
-        }
-        let longest = store
-            .write(&fact("ns", "staging is rebuilt every night"))
-            .expect("write")
-            .id();
-        assert_eq!(
-            (short, both, staging_only[0], longest),
-            (291, 292, 293, 301)
-        );
-        let none = HashSet::new();
-        let ids = |limit| {
-            let found = store
-                .recall(&Recall {
-                    limit,
-                    ..recall("ns", "Staging deploy staging", &none)
-                })
-                .expect("recall");
-            found.iter().map(|m| m.id).collect::<Vec<_>>()
-        };
-        // By `deploy` alone the shorter record would come first: `staging` puts the other one ahead.
-        assert_eq!(ids(2), [292, 291]);
-        // Two records hold `deploy`: for a third, those holding only `staging` are scored too.
-        assert_eq!(ids(3), [292, 291, 293]);
-        // Without a rarer word, the common one finds records as before.
-        let found = store
-            .recall(&Recall {
-                limit: 2,
-                ..recall("ns", "staging", &none)
-            })
-            .expect("recall");
-        assert_eq!(found.iter().map(|m| m.id).collect::<Vec<_>>(), [293, 292]);
     }
 
     #[test]
