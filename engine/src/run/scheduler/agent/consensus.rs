@@ -437,28 +437,10 @@ async fn child_run(
     let started = Instant::now();
     let outcome = super::run_as(shared, child, body, goal, ctx, Some(&chain)).await;
     let duration_ms = millis(started.elapsed());
-    Ok(match outcome {
-        Ok(Called {
-            output, steps, llm, ..
-        }) => StepResult {
-            status: StepStatus::Succeeded,
-            text: output.text,
-            output: output.output,
-            steps,
-            llm,
-            attempts: 1,
-            duration_ms,
-            ..StepResult::ended(StepStatus::Succeeded, None)
-        },
-        Err(failure) if failure.status == StepStatus::WaitingApproval => return Err(failure),
-        Err(failure) => StepResult {
-            steps: failure.steps,
-            llm: failure.llm.map(|u| *u),
-            attempts: 1,
-            duration_ms,
-            ..StepResult::ended(failure.status, Some(failure.message))
-        },
-    })
+    match outcome {
+        Err(failure) if failure.status == StepStatus::WaitingApproval => Err(failure),
+        outcome => Ok(super::delegate::nested_result(outcome, duration_ms)),
+    }
 }
 
 /// Runs the judge on the answers: its result, named as the step's nested results name it.

@@ -441,20 +441,8 @@ pub(super) async fn call(
     let duration_ms = millis(started.elapsed());
     let (text, is_error, result) = match outcome {
         Ok(called) => {
-            let Called {
-                output, steps, llm, ..
-            } = called;
-            let result = StepResult {
-                status: StepStatus::Succeeded,
-                text: output.text.clone(),
-                output: output.output,
-                steps,
-                llm,
-                attempts: 1,
-                duration_ms,
-                ..StepResult::ended(StepStatus::Succeeded, None)
-            };
-            (output.text, false, result)
+            let text = called.output.text.clone();
+            (text, false, nested_result(Ok(called), duration_ms))
         }
         // A person must decide: the caller pauses too, and takes this delegation up again on resume.
         Err(failure) if failure.status == StepStatus::WaitingApproval => return Err(failure),
@@ -472,14 +460,7 @@ pub(super) async fn call(
         }
         Err(failure) => {
             let text = format!("agent `{name}` failed: {}", failure.message);
-            let result = StepResult {
-                steps: failure.steps,
-                llm: failure.llm.map(|u| *u),
-                attempts: 1,
-                duration_ms,
-                ..StepResult::ended(failure.status, Some(failure.message))
-            };
-            (text, true, result)
+            (text, true, nested_result(Err(failure), duration_ms))
         }
     };
     let result = StepResult {
@@ -516,6 +497,31 @@ struct Metered<'a> {
 impl Drop for Metered<'_> {
     fn drop(&mut self) {
         self.shared.llm.undelegate(self.label);
+    }
+}
+
+/// A child agent's outcome (a delegate's, or an agent a step asked) as its caller's record nests it.
+pub(super) fn nested_result(outcome: Result<Called, Failure>, duration_ms: u64) -> StepResult {
+    match outcome {
+        Ok(Called {
+            output, steps, llm, ..
+        }) => StepResult {
+            status: StepStatus::Succeeded,
+            text: output.text,
+            output: output.output,
+            steps,
+            llm,
+            attempts: 1,
+            duration_ms,
+            ..StepResult::ended(StepStatus::Succeeded, None)
+        },
+        Err(failure) => StepResult {
+            steps: failure.steps,
+            llm: failure.llm.map(|u| *u),
+            attempts: 1,
+            duration_ms,
+            ..StepResult::ended(failure.status, Some(failure.message))
+        },
     }
 }
 
