@@ -26,6 +26,7 @@ fn skills(n: usize, description: &str) -> Vec<Skill> {
             compatibility: None,
             metadata: Json::Null,
             allowed_tools: None,
+            allowed_tools_at: Vec::new(),
             dir: PathBuf::from(format!("skills/skill-number-{i}")),
             project: false,
             body: String::new(),

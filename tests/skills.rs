@@ -682,3 +682,44 @@ fn show_output(dir: &Path, id: &str) -> Json {
         serde_json::from_str(&archon(dir, &["show", id, "--json"]).stdout).expect("JSON");
     run["results"]["answer"]["output"].clone()
 }
+
+#[test]
+fn a_cached_agent_step_is_asked_again_when_a_file_of_its_skill_changes() {
+    let dir = TempDir::new().expect("tempdir");
+    let at = skill(
+        &dir.path().join("skills"),
+        "tone",
+        "description: how to greet\n",
+        "Read references/tone.md before greeting.",
+    );
+    write(
+        &dir.path().join("cached.yaml"),
+        r#"name: cached
+llm:
+  providers:
+    model: { kind: mock, turns: [{ text: hello }] }
+agents:
+  greeter: { provider: model, skills: [skills/tone] }
+steps:
+  - { id: greet, goal: greet the team, agent: greeter, cache: true }
+"#,
+    );
+    let cached = || -> bool {
+        let out = archon(dir.path(), &["run", "cached.yaml"]);
+        assert_eq!(out.code, 0, "{}", out.stderr);
+        let run = crate::delegation::show(dir.path(), &crate::delegation::last_run(dir.path()));
+        assert_eq!(run["results"]["greet"]["output"], "hello");
+        !run["results"]["greet"]["cached"].is_null()
+    };
+    write(&at.join("references/tone.md"), "Be warm.");
+    let first = [cached(), cached()];
+    write(&at.join("references/tone.md"), "Be brief.");
+    let after_reference = cached();
+    write(&at.join("scripts/greet.sh"), "echo hello");
+    let after_script = cached();
+    let again = cached();
+    assert_eq!(
+        [first[0], first[1], after_reference, after_script, again],
+        [false, true, false, false, true]
+    );
+}

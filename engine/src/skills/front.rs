@@ -190,7 +190,20 @@ pub(super) fn read(dir: &Path, project: bool, problems: &mut Vec<Problem>) -> Op
     } else {
         description.to_owned()
     };
-    let allowed_tools = allowed_tools(&root, problems, &at);
+    let (allowed_tools, allowed_tools_at) = match allowed_tools(&root, &text, problems, &at) {
+        Some((patterns, ranges)) => {
+            let places = ranges
+                .into_iter()
+                .map(|range| Place::File {
+                    path: path.clone(),
+                    text: text.clone(),
+                    range,
+                })
+                .collect();
+            (Some(patterns), places)
+        }
+        None => (None, Vec::new()),
+    };
     let body = text[body_start..].trim().to_owned();
     let rules = read_rules(dir, problems);
     Some(Skill {
@@ -200,6 +213,7 @@ pub(super) fn read(dir: &Path, project: bool, problems: &mut Vec<Problem>) -> Op
         compatibility: string("compatibility", problems),
         metadata: root.get("metadata").map_or(Json::Null, Node::to_json),
         allowed_tools,
+        allowed_tools_at,
         dir: dir.to_path_buf(),
         project,
         body,
@@ -207,18 +221,40 @@ pub(super) fn read(dir: &Path, project: bool, problems: &mut Vec<Problem>) -> Op
     })
 }
 
-/// `allowed-tools`: a space-separated string (as the format writes it) or a list of globs.
+/// `allowed-tools`: a space-separated string (as the format writes it) or a list of globs, each with
+/// where it is written in `SKILL.md`.
 fn allowed_tools<'a>(
     root: &Node,
+    text: &str,
     problems: &mut Vec<Problem>,
     at: &impl Fn(std::ops::Range<usize>) -> (&'a Path, &'a str, std::ops::Range<usize>),
-) -> Option<Vec<Pattern>> {
+) -> Option<(Vec<Pattern>, Vec<std::ops::Range<usize>>)> {
     let node = root.get("allowed-tools")?;
-    let words: Option<Vec<String>> = match &node.kind {
-        NodeKind::Str(s) => Some(s.split_whitespace().map(str::to_owned).collect()),
+    let words: Option<Vec<(String, std::ops::Range<usize>)>> = match &node.kind {
+        NodeKind::Str(s) => {
+            // Each word where it is written (the scalar as written may be quoted or folded).
+            let range = node.span.range();
+            let written = text.get(range.clone()).unwrap_or_default();
+            let mut from = 0;
+            Some(
+                s.split_whitespace()
+                    .map(|word| {
+                        let place = match written[from..].find(word) {
+                            Some(offset) => {
+                                let start = range.start + from + offset;
+                                from += offset + word.len();
+                                start..start + word.len()
+                            }
+                            None => range.clone(),
+                        };
+                        (word.to_owned(), place)
+                    })
+                    .collect(),
+            )
+        }
         NodeKind::Seq(items) => items
             .iter()
-            .map(|i| i.as_str().map(str::to_owned))
+            .map(|i| i.as_str().map(|s| (s.to_owned(), i.span.range())))
             .collect(),
         _ => None,
     };
@@ -233,7 +269,12 @@ fn allowed_tools<'a>(
         ));
         return None;
     };
-    Some(words.into_iter().map(Pattern::new).collect())
+    Some(
+        words
+            .into_iter()
+            .map(|(word, range)| (Pattern::new(word), range))
+            .unzip(),
+    )
 }
 
 /// The rules in `rules.yaml` beside `SKILL.md`, if there is one.

@@ -53,6 +53,9 @@ pub struct Skill {
     /// (its own, and the workflow's declared tools). `None`: the skill changes nothing.
     #[serde(rename = "allowed_tools", skip_serializing_if = "Option::is_none")]
     pub allowed_tools: Option<Vec<Pattern>>,
+    /// Where each of `allowed_tools` is written in `SKILL.md`, for validation to point at.
+    #[serde(skip)]
+    pub allowed_tools_at: Vec<Place>,
     /// The skill's directory.
     pub dir: PathBuf,
     /// Whether it came from `.agents/skills/` beside the spec.
@@ -356,6 +359,7 @@ mod tests {
             compatibility: None,
             metadata: Json::Null,
             allowed_tools: None,
+            allowed_tools_at: Vec::new(),
             dir: PathBuf::from(name),
             project: false,
             body: String::new(),

@@ -5,7 +5,7 @@ use crate::diagnostic::{Diagnostic, codes};
 use crate::llm::tokens::Estimator;
 use crate::skills::{self, Place, ProblemKind, Trust};
 use crate::source::Span;
-use crate::validate::{Checker, Validator};
+use crate::validate::{Checker, Validator, suggest};
 
 impl Checker<'_> {
     pub(super) fn check_skills(&mut self, validator: &mut Validator) {
@@ -48,16 +48,7 @@ impl Checker<'_> {
                     continue;
                 }
                 reported.push(key);
-                let span = match problem.at {
-                    Place::Spec(span) => span,
-                    Place::File { path, text, range } => {
-                        let id = match validator.sources.find(&path) {
-                            Some(file) => file.id,
-                            None => validator.sources.add(path, text).id,
-                        };
-                        Span::new(id, range.start, range.end)
-                    }
-                };
+                let span = span_of(validator, problem.at);
                 let (code, error) = match problem.kind {
                     ProblemKind::NotFound => (codes::FILE_NOT_FOUND, true),
                     ProblemKind::FrontMatter => (codes::SKILL_FRONT_MATTER, true),
@@ -71,6 +62,39 @@ impl Checker<'_> {
                     Diagnostic::warning(code, span, problem.message)
                 };
                 self.push(d.with_hint_opt(problem.hint));
+            }
+            // A tool a skill allows that is not here is a warning: skills are shared between
+            // workflows, and one may allow tools this workflow does not have.
+            for skill in found.skills.iter() {
+                let Some(allowed) = &skill.allowed_tools else {
+                    continue;
+                };
+                for (pattern, place) in allowed.iter().zip(&skill.allowed_tools_at) {
+                    let Some(names) = self.matches_no_tool(pattern) else {
+                        continue;
+                    };
+                    let message = format!(
+                        "`{}` in the `allowed-tools` of skill `{}` matches no tool",
+                        pattern.as_str(),
+                        skill.name
+                    );
+                    if reported.contains(&message) {
+                        continue;
+                    }
+                    reported.push(message.clone());
+                    let names: Vec<&str> = names.iter().map(String::as_str).collect();
+                    self.push(
+                        Diagnostic::warning(
+                            codes::PATTERN_MATCHES_NOTHING,
+                            span_of(validator, place.clone()),
+                            message,
+                        )
+                        .with_hint_opt(suggest::did_you_mean(pattern.as_str(), names.iter().copied()))
+                        .with_hint(
+                            "while the skill is active, the agent may call no tool of that name; declare it under `tools:`, or correct the skill",
+                        ),
+                    );
+                }
             }
             let estimator = Estimator::for_model(skills::model_of(spec, def).unwrap_or_default());
             let catalog = skills::catalog(&found.skills, budget, &estimator);
@@ -104,6 +128,20 @@ impl Checker<'_> {
             }
             self.skills
                 .insert(agent.map(|(n, _)| n.value.as_str()), found.skills);
+        }
+    }
+}
+
+/// A skill problem's place as a span: in the spec, or in a skill's file added to the sources shown.
+fn span_of(validator: &mut Validator, place: Place) -> Span {
+    match place {
+        Place::Spec(span) => span,
+        Place::File { path, text, range } => {
+            let id = match validator.sources.find(&path) {
+                Some(file) => file.id,
+                None => validator.sources.add(path, text).id,
+            };
+            Span::new(id, range.start, range.end)
         }
     }
 }

@@ -545,32 +545,58 @@ impl Checker<'_> {
         self.check_tool_pattern_with(pattern, &delegations);
     }
 
-    fn check_tool_pattern_with(&mut self, pattern: &Spanned<Pattern>, extra: &[String]) {
+    /// Every tool name a pattern may match here (with `extra`), and whether an MCP server without a
+    /// kept list has more.
+    fn known_tool_names(&self, extra: &[String]) -> (Vec<String>, bool) {
         // MCP servers list their tools when they run: `server.tool` names and globs are checked against
         // the lists `archon mcp list` kept, and cannot be checked for a server with no list.
         let (listed, some_unlisted) = self.mcp_listed_names();
-        let mut names = tool_names(self.tools);
-        names.extend(extra.iter().map(String::as_str));
-        names.extend(listed.iter().map(String::as_str));
+        let mut names: Vec<String> = tool_names(self.tools)
+            .into_iter()
+            .map(str::to_owned)
+            .collect();
+        names.extend(extra.iter().cloned());
+        names.extend(listed);
         // The tools memory gives agents with `memory` (all of them) or `notes` (`note` and `notes`).
         let agents = self.spec.agents.values();
         if agents.clone().any(|a| a.memory == Some(true)) {
-            names.extend(crate::tools::MEMORY_TOOLS);
+            names.extend(crate::tools::MEMORY_TOOLS.iter().map(|n| (*n).to_owned()));
         } else if agents.clone().any(|a| a.notes == Some(true)) {
-            names.extend(crate::tools::NOTE_TOOLS);
+            names.extend(crate::tools::NOTE_TOOLS.iter().map(|n| (*n).to_owned()));
         }
         // The skill tools agents are offered when they have skills (rules may match them).
         if self.skills.any() {
-            names.extend(crate::skills::TOOL_NAMES);
+            names.extend(crate::skills::TOOL_NAMES.iter().map(|n| (*n).to_owned()));
         }
-        let mcp_tool = pattern
-            .value
-            .as_str()
-            .split_once('.')
-            .is_some_and(|(server, _)| {
-                self.spec.tools.get(server).is_some_and(|d| d.mcp.is_some())
-                    && self.mcp_listed(server).is_none()
-            });
+        (names, some_unlisted)
+    }
+
+    /// Whether `pattern` names a tool of an MCP server whose tools are not known until it runs.
+    fn unlisted_mcp_tool_name(&self, pattern: &str) -> bool {
+        pattern.split_once('.').is_some_and(|(server, _)| {
+            self.spec.tools.get(server).is_some_and(|d| d.mcp.is_some())
+                && self.mcp_listed(server).is_none()
+        })
+    }
+
+    /// The tool names here when `pattern` (a name or glob in a skill's `allowed-tools`) matches none
+    /// of them; `None` when it matches one, or may match a tool only known at run time.
+    pub(super) fn matches_no_tool(&self, pattern: &Pattern) -> Option<Vec<String>> {
+        let (names, some_unlisted) = self.known_tool_names(&[]);
+        let written = pattern.as_str();
+        if self.unlisted_mcp_tool_name(written)
+            || (some_unlisted && crate::validate::patterns::is_glob(written))
+            || names.iter().any(|n| pattern.matches(n))
+        {
+            return None;
+        }
+        Some(names)
+    }
+
+    fn check_tool_pattern_with(&mut self, pattern: &Spanned<Pattern>, extra: &[String]) {
+        let (known, some_unlisted) = self.known_tool_names(extra);
+        let names: Vec<&str> = known.iter().map(String::as_str).collect();
+        let mcp_tool = self.unlisted_mcp_tool_name(pattern.value.as_str());
         if let Some((server, tool_name)) = pattern.value.as_str().split_once('.')
             && !crate::validate::patterns::is_glob(tool_name)
             && let Some(listed) = self.mcp_listed(server)

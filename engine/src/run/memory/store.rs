@@ -364,27 +364,35 @@ impl MemoryStore {
                         AND m.forgotten_ms IS NULL AND (?3 OR m.superseded_by IS NULL)";
             let bm25: Vec<i64> = match &query {
                 Some(query) => {
-                    let mut statement = connection
-                        .prepare_cached(&format!(
-                            "SELECT m.id FROM memories_fts f JOIN memories m ON m.id = f.rowid
-                             WHERE memories_fts MATCH ?4 AND m.namespace = ?1 AND {live}
-                             ORDER BY f.rank LIMIT ?5"
-                        ))
+                    let found = best_of_index(connection, recall, &kinds, query, wanted)
                         .map_err(&sqlite)?;
-                    statement
-                        .query_map(
-                            params![
-                                recall.namespace,
-                                kinds,
-                                recall.superseded,
-                                query,
-                                wanted_sql
-                            ],
-                            |row| row.get(0),
-                        )
-                        .map_err(&sqlite)?
-                        .collect::<Result<_, _>>()
-                        .map_err(&sqlite)?
+                    match found {
+                        Some(found) => found,
+                        // The namespace is a small part of what matches: filtered before ranking.
+                        None => {
+                            let mut statement = connection
+                                .prepare_cached(&format!(
+                                    "SELECT m.id FROM memories_fts f JOIN memories m ON m.id = f.rowid
+                                     WHERE memories_fts MATCH ?4 AND m.namespace = ?1 AND {live}
+                                     ORDER BY f.rank LIMIT ?5"
+                                ))
+                                .map_err(&sqlite)?;
+                            statement
+                                .query_map(
+                                    params![
+                                        recall.namespace,
+                                        kinds,
+                                        recall.superseded,
+                                        query,
+                                        wanted_sql
+                                    ],
+                                    |row| row.get(0),
+                                )
+                                .map_err(&sqlite)?
+                                .collect::<Result<_, _>>()
+                                .map_err(&sqlite)?
+                        }
+                    }
                 }
                 None => {
                     let mut statement = connection
@@ -662,6 +670,57 @@ fn read(row: &rusqlite::Row<'_>) -> rusqlite::Result<Memory> {
     })
 }
 
+/// The best `wanted` records of the recall's namespace and kinds for the FTS5 `query`, best first, read
+/// from the index's best matches of every namespace, each checked in turn; `None` when that many of them
+/// were not enough (the namespace is a small part of what matches). Ranking by `bm25()` under a `LIMIT`
+/// keeps only the best matches while it scores, where `ORDER BY rank` sorts every match, and joining
+/// each match to its record before ranking would look every one of them up: both cost more than the
+/// scoring itself once a query has a common word.
+fn best_of_index(
+    connection: &Connection,
+    recall: &Recall<'_>,
+    kinds: &str,
+    query: &str,
+    wanted: usize,
+) -> rusqlite::Result<Option<Vec<i64>>> {
+    let mut ranked = connection.prepare_cached(
+        "SELECT rowid FROM memories_fts WHERE memories_fts MATCH ?1
+         ORDER BY bm25(memories_fts) LIMIT ?2",
+    )?;
+    let mut wanted_here = connection.prepare_cached(
+        "SELECT 1 FROM memories m
+         WHERE m.id = ?1 AND m.namespace = ?2 AND instr(',' || ?3 || ',', ',' || m.kind || ',') > 0
+           AND m.forgotten_ms IS NULL AND (?4 OR m.superseded_by IS NULL)",
+    )?;
+    let mut limit = (wanted * 4).max(32);
+    while limit <= CANDIDATES_CHECKED {
+        let candidates: Vec<i64> = ranked
+            .query_map(
+                params![query, i64::try_from(limit).unwrap_or(i64::MAX)],
+                |row| row.get(0),
+            )?
+            .collect::<Result<_, _>>()?;
+        let mut found = Vec::with_capacity(wanted);
+        for id in &candidates {
+            if found.len() == wanted {
+                break;
+            }
+            if wanted_here.exists(params![id, recall.namespace, kinds, recall.superseded])? {
+                found.push(*id);
+            }
+        }
+        // Enough, or every match was checked.
+        if found.len() == wanted || candidates.len() < limit {
+            return Ok(Some(found));
+        }
+        limit *= 8;
+    }
+    Ok(None)
+}
+
+/// Most of the index's best matches [`best_of_index`] checks before it filters before ranking.
+const CANDIDATES_CHECKED: usize = 2048;
+
 /// The text's identity for deduplication: SHA-256 of its words, whitespace collapsed.
 fn hash(content: &str) -> String {
     let words: Vec<&str> = content.split_whitespace().collect();
@@ -828,7 +887,8 @@ mod tests {
     fn a_small_namespace_is_found_past_the_best_matches_of_a_large_one() {
         let dir = tempfile::tempdir().expect("dir");
         let store = MemoryStore::open(&dir.path().join("memory.db")).expect("open");
-        for i in 0..300 {
+        // More of them than the index's best matches checked before the namespace is filtered first.
+        for i in 0..=CANDIDATES_CHECKED {
             let text = format!("alpha alpha alpha note {i}");
             store.write(&fact("big", &text)).expect("write");
         }

@@ -5,7 +5,7 @@
 //! keys) of the workflow's name, the step's id, the `foreach` item and either the rendered `cache.key` or
 //! the step's content: the workspace and the spec's rendered `env`, then for a tool step the tool's name,
 //! its definition and the rendered arguments, for a sub-workflow step its files and inputs, and for an
-//! LLM step the provider (name, definition, kind, model, base URLs from the environment), the agent role and its skills (as read),
+//! LLM step the provider (name, definition, kind, model, base URLs from the environment), the agent role, its delegates and its skills (with the files a model may read),
 //! the step as written, the rendered goal, instructions, context and expected output, and the tools it
 //! is offered with their definitions. Secret values are masked before anything is hashed.
 
@@ -309,14 +309,21 @@ async fn content(
         }
         delegates.extend(delegate.delegates.iter().map(|d| d.name()));
     }
-    // The agent's skills as read: a changed `SKILL.md` or `rules.yaml` is another call. (Their files in
-    // `references/` and the like are read only if the model asks, and are not part of the key.)
+    // The agent's skills as read: a changed `SKILL.md`, `rules.yaml` or file the model may read (in
+    // `references/`, `assets/` or `scripts/`) is another call.
     for skill in shared.workflow.skills.of(spec.agent_name(body)).iter() {
         hash.str(&skill.name);
         hash.str(&skill.description);
         hash.str(&skill.body);
         hash.value(&serde_json::to_value(&skill.allowed_tools).ok()?);
         hash.value(&serde_json::to_value(&skill.rules).ok()?);
+        for (path, read) in agent::skills::resources(skill) {
+            hash.str(&path);
+            match read {
+                Ok(text) => hash.str(&text),
+                Err(error) => hash.str(&error),
+            }
+        }
     }
     let goal = body.goal.or(body.plan).or(body.description)?;
     hash.str(

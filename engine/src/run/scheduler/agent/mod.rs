@@ -14,7 +14,7 @@ mod delegate;
 mod error;
 mod memory;
 mod model;
-mod skills;
+pub(crate) mod skills;
 mod text;
 
 pub(super) use calls::{mcp_tools, offered_tools};

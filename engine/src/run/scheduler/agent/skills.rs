@@ -337,6 +337,17 @@ fn instructions(skill: &Skill) -> String {
     text
 }
 
+/// Each file of a skill's resource folders a model may read, by path, as the read tool gives it.
+pub(crate) fn resources(skill: &Skill) -> Vec<(String, Result<String, String>)> {
+    resource_files(skill)
+        .into_iter()
+        .map(|path| {
+            let read = read_resource(skill, &path);
+            (path, read)
+        })
+        .collect()
+}
+
 /// The files of a skill's resource folders, one level deep, by path.
 fn resource_files(skill: &Skill) -> Vec<String> {
     let mut files = Vec::new();
