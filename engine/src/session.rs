@@ -23,6 +23,7 @@ use crate::store::{Entry, NewRun, RunStore, spec_hash};
 use crate::validate::{Validation, validate_file, validate_source};
 use crate::workflow::Workflow;
 
+pub use crate::store::new_run_id;
 pub use crate::store::{
     ApprovalRecord, AttemptRecord, CacheFilter, CacheSummary, LogChunk, Owner, Pruned, RunFilter,
     RunState, RunSummary, StoreError, StoredRun,
@@ -984,21 +985,6 @@ fn cached_workflows(workflow: &Workflow) -> Vec<String> {
     let mut names = Vec::new();
     walk(workflow, &mut names);
     names
-}
-
-/// A new run id: `r`, then the start time in seconds, the process id and a random suffix, in hex.
-///
-/// Short enough to type, ordered by start time to the second, and unique without coordination: the
-/// process id keeps ids apart between processes started in the same second, the suffix within one.
-pub fn new_run_id() -> String {
-    let secs = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs());
-    format!(
-        "r{secs:x}{:x}{:06x}",
-        std::process::id(),
-        fastrand::u32(..0x0100_0000)
-    )
 }
 
 /// Writes the one-step workflow of a goal (`archon run --goal`) into the state directory, where a resume
