@@ -106,7 +106,7 @@ pub struct Spec {
     pub network: Option<NetworkConfig>,
     /// What starts the workflow under `archon serve`: `cron` schedules and a `webhook`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub triggers: Vec<TriggerDef>,
+    pub triggers: Vec<Spanned<TriggerDef>>,
 }
 
 /// Network access for `http` tools. Loopback, private, link-local and cloud metadata addresses are refused

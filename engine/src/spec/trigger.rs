@@ -38,7 +38,7 @@ pub struct TriggerDef {
     pub catch_up: Option<Duration>,
     /// A delivery to `POST /hooks/<workflow>`, signed with a secret or carrying a bearer token.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub webhook: Option<WebhookDef>,
+    pub webhook: Option<Spanned<WebhookDef>>,
     /// Values of the workflow's inputs for the runs the trigger starts (plain values, not templates),
     /// checked against the inputs' schemas.
     #[serde(default, skip_serializing_if = "IndexMap::is_empty")]
@@ -367,11 +367,11 @@ impl Cron {
             if first > longest {
                 let (start, text) = fields[2];
                 return Err(fail(
-                    format!(
-                        "the schedule never fires: no month of `{}` has day {first}",
+                    format!("the schedule never fires: no month it names has a day {first}"),
+                    Some(format!(
+                        "the month field is `{}`; check the day of month and the month",
                         fields[3].1
-                    ),
-                    Some("check the day of month and the month".to_owned()),
+                    )),
                     start..start + text.len(),
                 ));
             }
