@@ -29,7 +29,8 @@ pub use node::{Key, Node, NodeKind, PathSegment};
 pub use parse::{Limits, parse};
 pub use spanned::Spanned;
 pub use trigger::{
-    Cron, CronError, CronText, MAX_CATCH_UP, Overlap, TimeZoneText, TriggerDef, WebhookDef, time_zones,
+    Cron, CronError, CronText, MAX_CATCH_UP, Overlap, TimeZoneText, TriggerDef, WebhookDef,
+    time_zones,
 };
 pub use values::{DurationText, Pattern};
 

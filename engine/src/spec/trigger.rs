@@ -290,7 +290,9 @@ impl Cron {
         let lead = text.len() - text.trim_start().len();
         if let Some(rest) = trimmed.strip_prefix('@') {
             let whole = lead..lead + trimmed.len();
-            if let Some((_, fields)) = MACROS.iter().find(|(m, _)| m[1..].eq_ignore_ascii_case(rest))
+            if let Some((_, fields)) = MACROS
+                .iter()
+                .find(|(m, _)| m[1..].eq_ignore_ascii_case(rest))
             {
                 return Cron::parse(fields).map_err(|e| CronError { range: whole, ..e });
             }
@@ -301,7 +303,11 @@ impl Cron {
                 did_you_mean(trimmed, &names)
                     .or_else(|| Some(format!("the shorthands are {}", listed(&names))))
             };
-            return Err(fail(format!("unknown cron shorthand `{trimmed}`"), hint, whole));
+            return Err(fail(
+                format!("unknown cron shorthand `{trimmed}`"),
+                hint,
+                whole,
+            ));
         }
         // Each field and where it is.
         let mut fields: Vec<(usize, &str)> = Vec::new();
@@ -430,10 +436,17 @@ fn parse_item(field: &Field, item: &str, range: Range<usize>) -> Result<u64, Cro
     if let Some(c) = item.chars().find(|c| matches!(c, '?' | 'L' | 'W' | '#')) {
         let hint = match c {
             '?' => "`?` is Quartz's spelling of `*`: write `*`".to_owned(),
-            _ => format!("`{c}` (Quartz's last, weekday and nth-weekday forms) is not supported: list the days instead"),
+            _ => format!(
+                "`{c}` (Quartz's last, weekday and nth-weekday forms) is not supported: list the days instead"
+            ),
         };
         // Names such as `JUL` or `WED` hold these letters legitimately.
-        if c == '?' || !field.names.iter().any(|n| item.to_ascii_uppercase().contains(n)) {
+        if c == '?'
+            || !field
+                .names
+                .iter()
+                .any(|n| item.to_ascii_uppercase().contains(n))
+        {
             return Err(fail(
                 format!("`{item}` is not supported in the {name} field"),
                 Some(hint),
@@ -462,7 +475,10 @@ fn parse_item(field: &Field, item: &str, range: Range<usize>) -> Result<u64, Cro
     };
     let span_range = range.start..range.start + span.len();
     let (low, high) = if span == "*" {
-        (field.min, field.max.min(if field.max == 7 { 6 } else { field.max }))
+        (
+            field.min,
+            field.max.min(if field.max == 7 { 6 } else { field.max }),
+        )
     } else if let Some((a, b)) = span.split_once('-') {
         let low = value(field, a, range.start..range.start + a.len())?;
         let high_at = range.start + a.len() + 1..span_range.end;
@@ -499,7 +515,10 @@ fn parse_item(field: &Field, item: &str, range: Range<usize>) -> Result<u64, Cro
 
 /// How a value is written in a hint: the month and weekday fields by name.
 fn display(field: &Field, v: u32) -> String {
-    match field.names.get((v.saturating_sub(field.names_from)) as usize) {
+    match field
+        .names
+        .get((v.saturating_sub(field.names_from)) as usize)
+    {
         Some(name) if !field.names.is_empty() && v >= field.names_from => (*name).to_owned(),
         _ => v.to_string(),
     }
@@ -526,7 +545,10 @@ fn value(field: &Field, text: &str, range: Range<usize>) -> Result<u32, CronErro
         return Ok(field.names_from + index as u32);
     }
     let hint = if field.names.is_empty() {
-        Some(format!("the {name} field takes numbers from {} to {}", field.min, field.max))
+        Some(format!(
+            "the {name} field takes numbers from {} to {}",
+            field.min, field.max
+        ))
     } else {
         did_you_mean(&upper, field.names).or_else(|| {
             Some(format!(
@@ -677,10 +699,7 @@ mod tests {
         assert_eq!(error("0 0 30 FEB *").2, "30");
         assert_eq!(error("0 0 1,,2 * *").2, "");
         assert_eq!(error("@reboot").2, "@reboot");
-        assert_eq!(
-            error("@dayly").1,
-            Some("did you mean `@daily`?".to_owned())
-        );
+        assert_eq!(error("@dayly").1, Some("did you mean `@daily`?".to_owned()));
         // Names holding `L` or `W` are names, not Quartz forms.
         assert!(Cron::parse("0 0 * JUL WED").is_ok());
         // February 29 fires in leap years.

@@ -384,7 +384,9 @@ pub trait RunStore: Send + Sync + fmt::Debug {
     /// says whether it was new. Durable when it returns: a firing is recorded before its run starts.
     fn record_firing(&self, firing: &Firing) -> Result<bool, StoreError> {
         let _ = firing;
-        Err(StoreError::new("this run store cannot record trigger firings"))
+        Err(StoreError::new(
+            "this run store cannot record trigger firings",
+        ))
     }
     /// The latest firing of a trigger (by slot time), without its inputs.
     fn last_firing(&self, workflow: &str, trigger: &str) -> Result<Option<Firing>, StoreError> {

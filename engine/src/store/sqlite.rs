@@ -158,7 +158,7 @@ CREATE INDEX logs_by_step ON logs(run_id, step, attempt);
 ",
     // Results of steps with `cache`, by the SHA-256 of what they depend on (`archon cache`). Large
     // outputs and texts live in `blobs`, as a run's results do.
-    // (Written compactly: the schema's text is kept small, so that it stays on the database's first page.)
+    // (Written compactly: the schema's text is read each time the store opens.)
     r"
 CREATE TABLE cache (key TEXT PRIMARY KEY, workflow TEXT NOT NULL, step TEXT NOT NULL, run_id TEXT NOT NULL,
 source TEXT NOT NULL, result TEXT NOT NULL, output_blob TEXT, text_blob TEXT, size INTEGER NOT NULL,
@@ -2318,7 +2318,8 @@ fn prune_runs(tx: &rusqlite::Transaction<'_>, runs: &[RunSummary]) -> rusqlite::
 }
 
 /// The bytes a firing row holds (its text columns and eight bytes a number).
-const FIRING_BYTES: &str = "length(workflow) + length(trigger_name) + length(slot) + length(kind) + length(outcome)
+const FIRING_BYTES: &str =
+    "length(workflow) + length(trigger_name) + length(slot) + length(kind) + length(outcome)
     + COALESCE(length(run_id), 0) + COALESCE(length(reason), 0) + length(inputs) + 24";
 
 /// Deletes the firings without a run (skipped, refused) recorded before `before` (milliseconds since the
@@ -2344,7 +2345,10 @@ const FIRING: &str =
     "workflow, trigger_name, kind, slot, slot_at, fired_at, run_id, outcome, reason, format";
 
 /// A firing from a row of [`FIRING`] columns (and `inputs` after them when `with_inputs`).
-fn firing(r: &rusqlite::Row<'_>, with_inputs: bool) -> rusqlite::Result<Result<Firing, RecordError>> {
+fn firing(
+    r: &rusqlite::Row<'_>,
+    with_inputs: bool,
+) -> rusqlite::Result<Result<Firing, RecordError>> {
     let workflow: String = r.get(0)?;
     let trigger: String = r.get(1)?;
     let slot: String = r.get(3)?;

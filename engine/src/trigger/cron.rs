@@ -79,7 +79,13 @@ impl CronSchedule {
                 continue;
             }
             if !self.cron.hour(at.hour()) {
-                at = at.with().minute(0).build().ok()?.checked_add(1.hour()).ok()?;
+                at = at
+                    .with()
+                    .minute(0)
+                    .build()
+                    .ok()?
+                    .checked_add(1.hour())
+                    .ok()?;
                 continue;
             }
             if self.cron.minute(at.minute()) {
@@ -93,7 +99,11 @@ impl CronSchedule {
     }
 
     /// The instants the schedule fires at in `(after, until]`, in order.
-    pub fn slots(&self, after: Timestamp, until: Timestamp) -> impl Iterator<Item = Timestamp> + '_ {
+    pub fn slots(
+        &self,
+        after: Timestamp,
+        until: Timestamp,
+    ) -> impl Iterator<Item = Timestamp> + '_ {
         std::iter::successors(self.next_after(after), move |&slot| self.next_after(slot))
             .take_while(move |&slot| slot <= until)
     }
@@ -237,10 +247,7 @@ mod tests {
                 "2025-06-13T09:00:00Z",
                 "2025-06-17T09:00:00Z"
             ),
-            [
-                "2025-06-16T09:00:00Z",
-                "2025-06-17T09:00:00Z"
-            ]
+            ["2025-06-16T09:00:00Z", "2025-06-17T09:00:00Z"]
         );
         let leap = CronSchedule::parse("0 0 29 2 *", "UTC").expect("valid");
         assert_eq!(

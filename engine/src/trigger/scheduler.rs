@@ -125,7 +125,8 @@ impl Scheduler {
     ///
     /// The first call that sees a trigger catches up: the slots after the last one the store recorded
     /// for it (or after the time a server first watched it) and within its `catch_up` window before
-    /// `now` fire, each once, oldest first; without `catch_up` none does. Later calls fire the slots
+    /// `now` fire, each once, oldest first, and their runs one after another (the first follows the
+    /// overlap policy, each other one queues behind the one before); without `catch_up` none does. Later calls fire the slots
     /// since the previous call that are at most `catch_up` (at least [`GRACE`]) old. A slot the store
     /// already holds (another server fired it) is not returned.
     pub fn due(
@@ -138,10 +139,7 @@ impl Scheduler {
         for entry in &mut self.entries {
             entry.pending.retain(|run| active(run));
             let (from, window) = match entry.seen {
-                Some(seen) => (
-                    seen,
-                    entry.catch_up.unwrap_or(Duration::ZERO).max(GRACE),
-                ),
+                Some(seen) => (seen, entry.catch_up.unwrap_or(Duration::ZERO).max(GRACE)),
                 None => {
                     let mark = store.arm_trigger(&entry.workflow, &entry.trigger, millis(now))?;
                     // Slots after the last one recorded, and from the moment a server first watched
@@ -161,10 +159,15 @@ impl Scheduler {
                 .unwrap_or(Timestamp::MIN);
             let one = jiff::SignedDuration::from_nanos(1);
             let start = from.max(earliest.checked_sub(one).unwrap_or(earliest));
+            let catching_up = entry.seen.is_none();
             let slots: Vec<Timestamp> = entry.schedule.slots(start, now).collect();
+            let mut first = true;
             for slot in slots {
-                if let Some(fired) = fire(store, entry, slot, now)? {
+                // Missed slots caught up together run one after another, whatever the overlap
+                // policy: the first follows it, the others queue behind the one before.
+                if let Some(fired) = fire(store, entry, slot, now, catching_up && !first)? {
                     due.push(fired);
+                    first = false;
                 }
             }
             entry.seen = Some(entry.seen.map_or(now, |seen| seen.max(now)));
@@ -187,9 +190,11 @@ fn fire(
     entry: &mut Entry,
     slot: Timestamp,
     now: Timestamp,
+    queue: bool,
 ) -> Result<Option<Due>, StoreError> {
     let previous = entry.pending.back().cloned();
-    let mut decision = decide(entry.overlap, previous.is_some());
+    let policy = if queue { Overlap::Queue } else { entry.overlap };
+    let mut decision = decide(policy, previous.is_some());
     let mut reason = None;
     if decision == Decision::Queue && entry.pending.len() >= MAX_QUEUED {
         decision = Decision::Skip;

@@ -86,7 +86,9 @@ pub struct Verified {
 pub enum WebhookError {
     #[error("the body is larger than {limit} bytes")]
     TooLarge { limit: usize },
-    #[error("the delivery is not signed: send `X-Archon-Signature: sha256=<hex>` (or `X-Hub-Signature-256`)")]
+    #[error(
+        "the delivery is not signed: send `X-Archon-Signature: sha256=<hex>` (or `X-Hub-Signature-256`)"
+    )]
     MissingSignature,
     #[error("the signature does not match the body")]
     BadSignature,
@@ -96,9 +98,7 @@ pub enum WebhookError {
     BadToken,
     #[error("the delivery has no id: send `X-Archon-Delivery` (or `X-GitHub-Delivery`)")]
     MissingDelivery,
-    #[error(
-        "the delivery id must be 1 to {MAX_DELIVERY_ID_BYTES} visible ASCII characters"
-    )]
+    #[error("the delivery id must be 1 to {MAX_DELIVERY_ID_BYTES} visible ASCII characters")]
     BadDelivery,
     #[error("the body is not JSON: {0}")]
     NotJson(String),
@@ -197,13 +197,12 @@ impl Webhook {
                     .inputs
                     .get(name.as_str())
                     .map_or(Json::Bool(true), |s| s.to_json());
-                let validator = jsonschema::validator_for(&schema).map_err(|e| {
-                    TriggerError::Inputs {
+                let validator =
+                    jsonschema::validator_for(&schema).map_err(|e| TriggerError::Inputs {
                         workflow: workflow.name.clone(),
                         trigger: trigger.clone(),
                         message: format!("the schema of input `{name}` does not compile: {e}"),
-                    }
-                })?;
+                    })?;
                 Some((name.clone(), Box::new(validator)))
             }
             None => None,
@@ -227,9 +226,7 @@ impl Webhook {
             });
         }
         if let Some(Secret(key)) = &self.secret {
-            let given = delivery
-                .signature
-                .ok_or(WebhookError::MissingSignature)?;
+            let given = delivery.signature.ok_or(WebhookError::MissingSignature)?;
             let hex = given
                 .trim()
                 .strip_prefix("sha256=")

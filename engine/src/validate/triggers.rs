@@ -170,7 +170,9 @@ impl Checker<'_> {
                 name,
                 names.iter().map(String::as_str),
             ))
-            .with_hint("write an IANA time zone name, such as `Europe/Paris`, `America/New_York` or `UTC`"),
+            .with_hint(
+                "write an IANA time zone name, such as `Europe/Paris`, `America/New_York` or `UTC`",
+            ),
         );
     }
 
