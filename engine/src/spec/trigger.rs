@@ -410,6 +410,20 @@ impl Cron {
     pub fn minute(&self, minute: i8) -> bool {
         (0..60).contains(&minute) && self.minutes & (1 << minute) != 0
     }
+
+    /// The first hour at or after `hour` the schedule fires in, within the day.
+    pub fn next_hour(&self, hour: i8) -> Option<i8> {
+        let from = u32::try_from(hour).ok().filter(|h| *h < 24)?;
+        let later = u64::from(self.hours) >> from << from;
+        (later != 0).then(|| later.trailing_zeros() as i8)
+    }
+
+    /// The first minute at or after `minute` the schedule fires at, within the hour.
+    pub fn next_minute(&self, minute: i8) -> Option<i8> {
+        let from = u32::try_from(minute).ok().filter(|m| *m < 60)?;
+        let later = self.minutes >> from << from;
+        (later != 0).then(|| later.trailing_zeros() as i8)
+    }
 }
 
 /// One field: items separated by commas, each `*`, `N`, `N-M`, with an optional `/STEP`.

@@ -195,7 +195,30 @@ pub struct SqliteStore {
     /// The ownership tokens of the runs this process owns, by run id. Every write of a run's journal
     /// checks that the run still carries its token, so a process that lost a run stops writing to it.
     tokens: Mutex<HashMap<String, String>>,
+    /// Firings waiting to be recorded, written together (group commit: one synced transaction for all
+    /// the firings that came while the one before was written).
+    firings: FiringQueue,
 }
+
+/// Firings being recorded by several callers at once: whoever finds no write under way takes every
+/// firing waiting (its own among them) and writes them in one transaction; the others wait for their
+/// result or for their turn to write.
+#[derive(Debug, Default)]
+struct FiringQueue {
+    state: Mutex<QueueState>,
+    written: Condvar,
+}
+
+#[derive(Debug, Default)]
+struct QueueState {
+    waiting: Vec<(u64, Firing)>,
+    writing: bool,
+    results: HashMap<u64, Result<bool, StoreError>>,
+    next: u64,
+}
+
+/// Most firings one transaction writes.
+const FIRINGS_PER_COMMIT: usize = 256;
 
 impl SqliteStore {
     /// Opens (or creates) the store in `dir`, checking that the database is Archon's, of a known version,
@@ -281,6 +304,7 @@ impl SqliteStore {
             conn: Mutex::new(conn),
             read_only: None,
             tokens: Mutex::new(HashMap::new()),
+            firings: FiringQueue::default(),
         })
     }
 
@@ -324,6 +348,56 @@ impl SqliteStore {
             tokens.insert(id.to_owned(), token.clone());
         }
         token
+    }
+
+    /// Writes firings in one transaction synced to disk; says which were new.
+    fn write_firings(&self, firings: &[&Firing]) -> Result<Vec<bool>, StoreError> {
+        self.with(|conn| {
+            conn.execute_batch("PRAGMA synchronous = FULL;")?;
+            let written = (|| {
+                let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+                let mut new = Vec::with_capacity(firings.len());
+                for f in firings {
+                    let inserted = tx.execute(
+                        "INSERT OR IGNORE INTO firings (workflow, trigger_name, slot, kind, slot_at,
+                            fired_at, run_id, outcome, reason, inputs, format)
+                         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
+                        params![
+                            f.workflow,
+                            f.trigger,
+                            f.slot,
+                            f.kind.as_str(),
+                            f.slot_at.min(i64::MAX as u64) as i64,
+                            f.fired_at.min(i64::MAX as u64) as i64,
+                            f.run_id,
+                            f.outcome.as_str(),
+                            f.reason,
+                            record::encode(&f.inputs),
+                            FORMAT_VERSION,
+                        ],
+                    )? == 1;
+                    if inserted && f.kind == FiringKind::Cron {
+                        tx.execute(
+                            "INSERT INTO triggers (workflow, trigger_name, armed_at, last_slot_at)
+                             VALUES (?1, ?2, ?3, ?4)
+                             ON CONFLICT (workflow, trigger_name) DO UPDATE
+                                SET last_slot_at = max(COALESCE(last_slot_at, 0), excluded.last_slot_at)",
+                            params![
+                                f.workflow,
+                                f.trigger,
+                                f.fired_at.min(i64::MAX as u64) as i64,
+                                f.slot_at.min(i64::MAX as u64) as i64,
+                            ],
+                        )?;
+                    }
+                    new.push(inserted);
+                }
+                tx.commit()?;
+                Ok(new)
+            })();
+            conn.execute_batch("PRAGMA synchronous = NORMAL;")?;
+            written
+        })
     }
 
     fn forget_token(&self, id: &str) -> Option<String> {
@@ -977,53 +1051,42 @@ impl RunStore for SqliteStore {
         })
     }
 
-    /// Records a firing in its own transaction, synced to disk before it returns (this connection's other
-    /// commits are not: they are synced by the run's journal before anything acts on them).
-    fn record_firing(&self, f: &Firing) -> Result<bool, StoreError> {
+    /// Records a firing, synced to disk before it returns, in one transaction with the firings other
+    /// threads record at the same time (this connection's other commits are not synced: the run's
+    /// journal syncs them before anything acts on them).
+    fn record_firing(&self, firing: &Firing) -> Result<bool, StoreError> {
         self.changeable()?;
-        let inputs = record::encode(&f.inputs);
-        self.with(|conn| {
-            conn.execute_batch("PRAGMA synchronous = FULL;")?;
-            let recorded = (|| {
-                let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
-                let new = tx.execute(
-                    "INSERT OR IGNORE INTO firings (workflow, trigger_name, slot, kind, slot_at, fired_at,
-                        run_id, outcome, reason, inputs, format)
-                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
-                    params![
-                        f.workflow,
-                        f.trigger,
-                        f.slot,
-                        f.kind.as_str(),
-                        f.slot_at.min(i64::MAX as u64) as i64,
-                        f.fired_at.min(i64::MAX as u64) as i64,
-                        f.run_id,
-                        f.outcome.as_str(),
-                        f.reason,
-                        inputs,
-                        FORMAT_VERSION,
-                    ],
-                )? == 1;
-                if new && f.kind == FiringKind::Cron {
-                    tx.execute(
-                        "INSERT INTO triggers (workflow, trigger_name, armed_at, last_slot_at)
-                         VALUES (?1, ?2, ?3, ?4)
-                         ON CONFLICT (workflow, trigger_name) DO UPDATE
-                            SET last_slot_at = max(COALESCE(last_slot_at, 0), excluded.last_slot_at)",
-                        params![
-                            f.workflow,
-                            f.trigger,
-                            f.fired_at.min(i64::MAX as u64) as i64,
-                            f.slot_at.min(i64::MAX as u64) as i64,
-                        ],
-                    )?;
-                }
-                tx.commit()?;
-                Ok(new)
-            })();
-            conn.execute_batch("PRAGMA synchronous = NORMAL;")?;
-            recorded
-        })
+        let gone = || StoreError::new("the run store is unusable after an earlier failure");
+        let queue = &self.firings;
+        let mut state = queue.state.lock().map_err(|_| gone())?;
+        let ticket = state.next;
+        state.next += 1;
+        state.waiting.push((ticket, firing.clone()));
+        loop {
+            if let Some(result) = state.results.remove(&ticket) {
+                return result;
+            }
+            if state.writing {
+                state = queue.written.wait(state).map_err(|_| gone())?;
+                continue;
+            }
+            state.writing = true;
+            let take = state.waiting.len().min(FIRINGS_PER_COMMIT);
+            let batch: Vec<(u64, Firing)> = state.waiting.drain(..take).collect();
+            drop(state);
+            let firings: Vec<&Firing> = batch.iter().map(|(_, f)| f).collect();
+            let written = self.write_firings(&firings);
+            state = queue.state.lock().map_err(|_| gone())?;
+            state.writing = false;
+            for (index, (ticket, _)) in batch.iter().enumerate() {
+                let result = match &written {
+                    Ok(new) => Ok(new[index]),
+                    Err(e) => Err(e.clone()),
+                };
+                state.results.insert(*ticket, result);
+            }
+            queue.written.notify_all();
+        }
     }
 
     fn last_firing(&self, workflow: &str, trigger: &str) -> Result<Option<Firing>, StoreError> {

@@ -79,20 +79,28 @@ impl CronSchedule {
                 continue;
             }
             if !self.cron.hour(at.hour()) {
-                at = at
-                    .with()
-                    .minute(0)
-                    .build()
-                    .ok()?
-                    .checked_add(1.hour())
-                    .ok()?;
+                at = match self.cron.next_hour(at.hour()) {
+                    Some(hour) => at.with().hour(hour).minute(0).build().ok()?,
+                    None => at.date().tomorrow().ok()?.to_datetime(Time::midnight()),
+                };
                 continue;
             }
-            if self.cron.minute(at.minute()) {
-                let instant = self.instant(at)?;
-                if instant > after {
-                    return Some(instant);
-                }
+            if !self.cron.minute(at.minute()) {
+                at = match self.cron.next_minute(at.minute()) {
+                    Some(minute) => at.with().minute(minute).build().ok()?,
+                    None => at
+                        .with()
+                        .minute(0)
+                        .build()
+                        .ok()?
+                        .checked_add(1.hour())
+                        .ok()?,
+                };
+                continue;
+            }
+            let instant = self.instant(at)?;
+            if instant > after {
+                return Some(instant);
             }
             at = at.checked_add(1.minute()).ok()?;
         }
@@ -236,6 +244,56 @@ mod tests {
                 "2025-11-03T06:30:00Z", // 01:30 EST
             ]
         );
+    }
+
+    /// `next_after` stepping one wall-clock minute at a time: what the jumps over hours and minutes
+    /// must agree with.
+    fn stepping(schedule: &CronSchedule, after: Timestamp) -> Option<Timestamp> {
+        let mut at = schedule
+            .zone
+            .to_datetime(after)
+            .with()
+            .second(0)
+            .subsec_nanosecond(0)
+            .build()
+            .ok()?;
+        for _ in 0..400_000 {
+            at = at.checked_add(1.minute()).ok()?;
+            let c = &schedule.cron;
+            if c.month(at.month()) && c.day(at.date()) && c.hour(at.hour()) && c.minute(at.minute())
+            {
+                let instant = schedule.instant(at)?;
+                if instant > after {
+                    return Some(instant);
+                }
+            }
+        }
+        None
+    }
+
+    #[test]
+    fn jumping_to_the_next_hour_and_minute_agrees_with_stepping_minute_by_minute() {
+        let expressions = [
+            "*/7 */5 * * *",
+            "59 23 * * *",
+            "0,30 2,3 * * SUN",
+            "15-20/2 1-4 25-31 3,10 *",
+            "0 0 * * MON",
+        ];
+        for expression in expressions {
+            let schedule = CronSchedule::parse(expression, "Europe/Paris").expect("valid");
+            let mut at = at("2025-03-20T00:00:00Z");
+            for _ in 0..100 {
+                let expected = stepping(&schedule, at);
+                assert_eq!(
+                    schedule.next_after(at),
+                    expected,
+                    "`{expression}` after {at}"
+                );
+                let Some(next) = expected else { break };
+                at = next;
+            }
+        }
     }
 
     #[test]
