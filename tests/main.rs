@@ -42,6 +42,7 @@ mod session;
 mod skills;
 mod store;
 mod support;
+mod triggers;
 mod ux;
 mod validate_fixtures;
 mod workflows;
