@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use archon_engine::run::{ApprovalDecision, LlmUsage, StepResult};
 use archon_engine::session::{RunCursor, RunQuery, RunState, RunSummary, StoredRun};
-use axum::extract::rejection::{JsonRejection, PathRejection, QueryRejection};
+use axum::extract::rejection::{PathRejection, QueryRejection};
 use axum::extract::{FromRequest, FromRequestParts, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
@@ -75,11 +75,6 @@ pub fn router() -> axum::Router<AppState> {
 
 // Extractors whose rejections are the API's JSON errors.
 
-/// A JSON body.
-#[derive(FromRequest)]
-#[from_request(via(axum::Json), rejection(ApiError))]
-pub struct Body<T>(pub T);
-
 /// Query parameters.
 #[derive(FromRequestParts)]
 #[from_request(via(axum::extract::Query), rejection(ApiError))]
@@ -90,7 +85,7 @@ pub struct Query<T>(pub T);
 #[from_request(via(axum::extract::Path), rejection(ApiError))]
 pub struct Path<T>(pub T);
 
-/// A JSON body that may be left out (empty).
+/// A JSON body that may be left out (empty, or `null`).
 pub struct Optional<T>(pub Option<T>);
 
 impl<T, S> FromRequest<S> for Optional<T>
@@ -120,27 +115,12 @@ where
                     ),
             );
         }
-        serde_json::from_slice(&bytes)
-            .map(|v| Optional(Some(v)))
+        serde_json::from_slice::<Option<T>>(&bytes)
+            .map(Optional)
             .map_err(|e| {
                 ApiError::bad_request(format!("the body does not read: {e}"))
                     .with_hint("`GET /api/v1/openapi.json` describes what each request takes")
             })
-    }
-}
-
-impl From<JsonRejection> for ApiError {
-    fn from(rejection: JsonRejection) -> Self {
-        let status = rejection.status();
-        let status = if status == StatusCode::UNSUPPORTED_MEDIA_TYPE {
-            status
-        } else if status == StatusCode::PAYLOAD_TOO_LARGE {
-            status
-        } else {
-            StatusCode::BAD_REQUEST
-        };
-        ApiError::new(status, rejection.body_text().to_lowercase())
-            .with_hint("send a JSON object with `Content-Type: application/json`")
     }
 }
 
@@ -173,7 +153,7 @@ pub struct SessionInfo {
 
 /// Who you are.
 #[utoipa::path(get, path = "/session", tag = "session",
-    responses((status = 200, body = SessionInfo), (status = 401, body = ApiError)))]
+    responses((status = 200, description = "Done", body = SessionInfo), (status = 401, description = "No valid credentials", body = ApiError)))]
 async fn session(caller: Caller) -> axum::Json<SessionInfo> {
     axum::Json(SessionInfo {
         role: caller.role,
@@ -282,7 +262,7 @@ pub fn workflow(app: &App, name: &str) -> Result<WorkflowDetail, ApiError> {
 
 /// The served workflows.
 #[utoipa::path(get, path = "/workflows", tag = "workflows",
-    responses((status = 200, body = [WorkflowSummary]), (status = 401, body = ApiError)))]
+    responses((status = 200, description = "Done", body = [WorkflowSummary]), (status = 401, description = "No valid credentials", body = ApiError)))]
 async fn list_workflows(State(app): State<AppState>) -> axum::Json<Vec<WorkflowSummary>> {
     axum::Json(workflows(&app))
 }
@@ -290,8 +270,8 @@ async fn list_workflows(State(app): State<AppState>) -> axum::Json<Vec<WorkflowS
 /// One served workflow: diagnostics, input schema, steps.
 #[utoipa::path(get, path = "/workflows/{id}", tag = "workflows",
     params(("id" = String, Path, description = "The workflow's id")),
-    responses((status = 200, body = WorkflowDetail), (status = 404, body = ApiError),
-        (status = 401, body = ApiError)))]
+    responses((status = 200, description = "Done", body = WorkflowDetail), (status = 404, description = "Not found", body = ApiError),
+        (status = 401, description = "No valid credentials", body = ApiError)))]
 async fn get_workflow(
     State(app): State<AppState>,
     Path(name): Path<String>,
@@ -312,16 +292,19 @@ pub struct StartRequest {
 /// Starts a run of a workflow (queued when `--max-runs` runs are going on).
 #[utoipa::path(post, path = "/workflows/{id}/runs", tag = "workflows",
     params(("id" = String, Path, description = "The workflow's id")),
-    request_body = StartRequest,
-    responses((status = 202, body = Started), (status = 404, body = ApiError),
-        (status = 422, body = ApiError), (status = 400, body = ApiError), (status = 403, body = ApiError),
-        (status = 401, body = ApiError), (status = 503, body = ApiError)))]
+    request_body(content = Option<StartRequest>, description = "May be left out: no inputs"),
+    responses((status = 202, description = "Started, or queued", body = Started), (status = 404, description = "Not found", body = ApiError),
+        (status = 422, description = "The workflow or its inputs do not validate", body = ApiError), (status = 400, description = "The request does not read", body = ApiError),
+        (status = 413, description = "The body is too large", body = ApiError),
+        (status = 415, description = "The body is not JSON", body = ApiError), (status = 403, description = "Refused: a viewer, a cross-site request, or a missing CSRF token", body = ApiError),
+        (status = 401, description = "No valid credentials", body = ApiError), (status = 503, description = "The server is stopping, or too busy", body = ApiError)))]
 async fn start_run(
     State(app): State<AppState>,
     Path(name): Path<String>,
-    Body(request): Body<StartRequest>,
+    Optional(request): Optional<StartRequest>,
 ) -> Result<(StatusCode, axum::Json<Started>), ApiError> {
-    let started = app.executor.start_run(&app, &name, request.inputs, None)?;
+    let inputs = request.map(|r| r.inputs).unwrap_or_default();
+    let started = app.executor.start_run(&app, &name, inputs, None)?;
     Ok((StatusCode::ACCEPTED, axum::Json(started)))
 }
 
@@ -465,8 +448,8 @@ pub async fn list_runs(app: &Arc<App>, params: RunsParams) -> Result<RunsPage, A
 
 /// The runs, newest first, a page at a time.
 #[utoipa::path(get, path = "/runs", tag = "runs", params(RunsParams),
-    responses((status = 200, body = RunsPage), (status = 400, body = ApiError),
-        (status = 401, body = ApiError)))]
+    responses((status = 200, description = "Done", body = RunsPage), (status = 400, description = "The request does not read", body = ApiError),
+        (status = 401, description = "No valid credentials", body = ApiError)))]
 async fn get_runs(
     State(app): State<AppState>,
     Query(params): Query<RunsParams>,
@@ -711,8 +694,8 @@ pub async fn run_detail(app: &Arc<App>, id: String) -> Result<RunDetail, ApiErro
 /// One run: steps, attempts, outputs, approvals, usage.
 #[utoipa::path(get, path = "/runs/{id}", tag = "runs",
     params(("id" = String, Path, description = "The run's id")),
-    responses((status = 200, body = RunDetail), (status = 404, body = ApiError),
-        (status = 401, body = ApiError)))]
+    responses((status = 200, description = "Done", body = RunDetail), (status = 404, description = "Not found", body = ApiError),
+        (status = 401, description = "No valid credentials", body = ApiError)))]
 async fn get_run(
     State(app): State<AppState>,
     Path(id): Path<String>,
@@ -760,8 +743,8 @@ pub struct EventsPage {
 /// A run's event log (the agent trail among it), a page at a time.
 #[utoipa::path(get, path = "/runs/{id}/events", tag = "runs",
     params(("id" = String, Path, description = "The run's id"), AfterParams),
-    responses((status = 200, body = EventsPage), (status = 404, body = ApiError),
-        (status = 400, body = ApiError), (status = 401, body = ApiError)))]
+    responses((status = 200, description = "Done", body = EventsPage), (status = 404, description = "Not found", body = ApiError),
+        (status = 400, description = "The request does not read", body = ApiError), (status = 401, description = "No valid credentials", body = ApiError)))]
 async fn get_events(
     State(app): State<AppState>,
     Path(id): Path<String>,
@@ -821,8 +804,8 @@ pub struct LogsPage {
 /// What a run's commands wrote, a page at a time.
 #[utoipa::path(get, path = "/runs/{id}/logs", tag = "runs",
     params(("id" = String, Path, description = "The run's id"), AfterParams),
-    responses((status = 200, body = LogsPage), (status = 404, body = ApiError),
-        (status = 400, body = ApiError), (status = 401, body = ApiError)))]
+    responses((status = 200, description = "Done", body = LogsPage), (status = 404, description = "Not found", body = ApiError),
+        (status = 400, description = "The request does not read", body = ApiError), (status = 401, description = "No valid credentials", body = ApiError)))]
 async fn get_logs(
     State(app): State<AppState>,
     Path(id): Path<String>,
@@ -883,8 +866,8 @@ pub struct StreamParams {
     params(("id" = String, Path, description = "The run's id"), StreamParams),
     responses((status = 200, content_type = "text/event-stream", body = String,
             description = "Server-sent events: `event`, `log`, `run`"),
-        (status = 404, body = ApiError), (status = 503, body = ApiError),
-        (status = 401, body = ApiError)))]
+        (status = 404, description = "Not found", body = ApiError), (status = 503, description = "The server is stopping, or too busy", body = ApiError),
+        (status = 401, description = "No valid credentials", body = ApiError)))]
 async fn run_stream(
     State(app): State<AppState>,
     Path(id): Path<String>,
@@ -901,7 +884,7 @@ async fn run_stream(
 #[utoipa::path(get, path = "/runs/stream", tag = "runs",
     responses((status = 200, content_type = "text/event-stream", body = String,
             description = "Server-sent events: `run`, `queue`, `reload`"),
-        (status = 503, body = ApiError), (status = 401, body = ApiError)))]
+        (status = 503, description = "The server is stopping, or too busy", body = ApiError), (status = 401, description = "No valid credentials", body = ApiError)))]
 async fn runs_stream(State(app): State<AppState>) -> Result<Response, ApiError> {
     Ok(events::runs_stream(app).await?.into_response())
 }
@@ -912,8 +895,8 @@ async fn runs_stream(State(app): State<AppState>) -> Result<Response, ApiError> 
 /// Every call that asked for approval in a run, decided or not.
 #[utoipa::path(get, path = "/runs/{id}/approvals", tag = "approvals",
     params(("id" = String, Path, description = "The run's id")),
-    responses((status = 200, body = [Approval]), (status = 404, body = ApiError),
-        (status = 401, body = ApiError)))]
+    responses((status = 200, description = "Done", body = [Approval]), (status = 404, description = "Not found", body = ApiError),
+        (status = 401, description = "No valid credentials", body = ApiError)))]
 async fn get_run_approvals(
     State(app): State<AppState>,
     Path(id): Path<String>,
@@ -964,15 +947,19 @@ pub async fn approvals(app: &Arc<App>) -> Result<Vec<Approval>, ApiError> {
 
 /// The calls waiting for a decision, across runs.
 #[utoipa::path(get, path = "/approvals", tag = "approvals",
-    responses((status = 200, body = [Approval]), (status = 401, body = ApiError)))]
+    responses((status = 200, description = "Done", body = [Approval]), (status = 401, description = "No valid credentials", body = ApiError)))]
 async fn get_approvals(State(app): State<AppState>) -> Result<axum::Json<Vec<Approval>>, ApiError> {
     approvals(&app).await.map(axum::Json)
 }
+
+/// The longest `reason` recorded with a decision, in characters.
+const MAX_REASON: usize = 4096;
 
 /// Why, recorded with a decision.
 #[derive(Debug, Default, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct DecisionRequest {
+    #[schema(max_length = 4096)]
     pub reason: Option<String>,
 }
 
@@ -985,11 +972,11 @@ async fn decide(
     reason: Option<String>,
 ) -> Result<Decided, ApiError> {
     if let Some(reason) = &reason
-        && (reason.len() > 4096 || reason.chars().any(|c| c.is_control() && c != '\n'))
+        && reason.chars().count() > MAX_REASON
     {
-        return Err(ApiError::bad_request(
-            "`reason` holds control characters or is longer than 4096 bytes",
-        ));
+        return Err(ApiError::bad_request(format!(
+            "`reason` is longer than {MAX_REASON} characters"
+        )));
     }
     app.executor
         .decide(
@@ -1010,10 +997,12 @@ async fn decide(
 #[utoipa::path(post, path = "/runs/{id}/approvals/{key}/approve", tag = "approvals",
     params(("id" = String, Path, description = "The run's id"),
         ("key" = String, Path, description = "The call's key, as the approval shows it")),
-    request_body(content = DecisionRequest, description = "May be left out"),
-    responses((status = 200, body = Decided), (status = 404, body = ApiError),
-        (status = 409, body = ApiError), (status = 400, body = ApiError), (status = 403, body = ApiError),
-        (status = 401, body = ApiError), (status = 503, body = ApiError)))]
+    request_body(content = Option<DecisionRequest>, description = "May be left out"),
+    responses((status = 200, description = "Done", body = Decided), (status = 404, description = "Not found", body = ApiError),
+        (status = 409, description = "The run's state does not allow it", body = ApiError), (status = 400, description = "The request does not read", body = ApiError),
+        (status = 413, description = "The body is too large", body = ApiError),
+        (status = 415, description = "The body is not JSON", body = ApiError), (status = 403, description = "Refused: a viewer, a cross-site request, or a missing CSRF token", body = ApiError),
+        (status = 401, description = "No valid credentials", body = ApiError), (status = 503, description = "The server is stopping, or too busy", body = ApiError)))]
 async fn approve(
     State(app): State<AppState>,
     caller: Caller,
@@ -1031,10 +1020,12 @@ async fn approve(
 #[utoipa::path(post, path = "/runs/{id}/approvals/{key}/deny", tag = "approvals",
     params(("id" = String, Path, description = "The run's id"),
         ("key" = String, Path, description = "The call's key, as the approval shows it")),
-    request_body(content = DecisionRequest, description = "May be left out"),
-    responses((status = 200, body = Decided), (status = 404, body = ApiError),
-        (status = 409, body = ApiError), (status = 400, body = ApiError), (status = 403, body = ApiError),
-        (status = 401, body = ApiError), (status = 503, body = ApiError)))]
+    request_body(content = Option<DecisionRequest>, description = "May be left out"),
+    responses((status = 200, description = "Done", body = Decided), (status = 404, description = "Not found", body = ApiError),
+        (status = 409, description = "The run's state does not allow it", body = ApiError), (status = 400, description = "The request does not read", body = ApiError),
+        (status = 413, description = "The body is too large", body = ApiError),
+        (status = 415, description = "The body is not JSON", body = ApiError), (status = 403, description = "Refused: a viewer, a cross-site request, or a missing CSRF token", body = ApiError),
+        (status = 401, description = "No valid credentials", body = ApiError), (status = 503, description = "The server is stopping, or too busy", body = ApiError)))]
 async fn deny(
     State(app): State<AppState>,
     caller: Caller,
@@ -1053,8 +1044,8 @@ async fn deny(
 /// Stops a run for good (`archon cancel`); a run queued here leaves the queue.
 #[utoipa::path(post, path = "/runs/{id}/cancel", tag = "runs",
     params(("id" = String, Path, description = "The run's id")),
-    responses((status = 200, body = Cancelled), (status = 404, body = ApiError),
-        (status = 409, body = ApiError), (status = 403, body = ApiError), (status = 401, body = ApiError)))]
+    responses((status = 200, description = "Done", body = Cancelled), (status = 404, description = "Not found", body = ApiError),
+        (status = 409, description = "The run's state does not allow it", body = ApiError), (status = 403, description = "Refused: a viewer, a cross-site request, or a missing CSRF token", body = ApiError), (status = 401, description = "No valid credentials", body = ApiError)))]
 async fn cancel(
     State(app): State<AppState>,
     Path(id): Path<String>,
@@ -1078,10 +1069,12 @@ pub struct ContinueRequest {
 /// Resumes an interrupted run, or one whose calls were decided (`archon resume`).
 #[utoipa::path(post, path = "/runs/{id}/resume", tag = "runs",
     params(("id" = String, Path, description = "The run's id")),
-    request_body(content = ContinueRequest, description = "May be left out"),
-    responses((status = 202, body = Started), (status = 404, body = ApiError),
-        (status = 409, body = ApiError), (status = 422, body = ApiError), (status = 400, body = ApiError),
-        (status = 403, body = ApiError), (status = 401, body = ApiError), (status = 503, body = ApiError)))]
+    request_body(content = Option<ContinueRequest>, description = "May be left out"),
+    responses((status = 202, description = "Started, or queued", body = Started), (status = 404, description = "Not found", body = ApiError),
+        (status = 409, description = "The run's state does not allow it", body = ApiError), (status = 422, description = "The workflow or its inputs do not validate", body = ApiError), (status = 400, description = "The request does not read", body = ApiError),
+        (status = 413, description = "The body is too large", body = ApiError),
+        (status = 415, description = "The body is not JSON", body = ApiError),
+        (status = 403, description = "Refused: a viewer, a cross-site request, or a missing CSRF token", body = ApiError), (status = 401, description = "No valid credentials", body = ApiError), (status = 503, description = "The server is stopping, or too busy", body = ApiError)))]
 async fn resume(
     State(app): State<AppState>,
     Path(id): Path<String>,
@@ -1119,10 +1112,12 @@ pub struct RetryRequest {
 /// Runs steps of an ended run again: from a step, or the failed ones.
 #[utoipa::path(post, path = "/runs/{id}/retry", tag = "runs",
     params(("id" = String, Path, description = "The run's id")),
-    request_body(content = RetryRequest, description = "May be left out"),
-    responses((status = 202, body = Started), (status = 404, body = ApiError),
-        (status = 409, body = ApiError), (status = 422, body = ApiError), (status = 400, body = ApiError),
-        (status = 403, body = ApiError), (status = 401, body = ApiError), (status = 503, body = ApiError)))]
+    request_body(content = Option<RetryRequest>, description = "May be left out"),
+    responses((status = 202, description = "Started, or queued", body = Started), (status = 404, description = "Not found", body = ApiError),
+        (status = 409, description = "The run's state does not allow it", body = ApiError), (status = 422, description = "The workflow or its inputs do not validate", body = ApiError), (status = 400, description = "The request does not read", body = ApiError),
+        (status = 413, description = "The body is too large", body = ApiError),
+        (status = 415, description = "The body is not JSON", body = ApiError),
+        (status = 403, description = "Refused: a viewer, a cross-site request, or a missing CSRF token", body = ApiError), (status = 401, description = "No valid credentials", body = ApiError), (status = 503, description = "The server is stopping, or too busy", body = ApiError)))]
 async fn retry(
     State(app): State<AppState>,
     Path(id): Path<String>,
@@ -1150,7 +1145,7 @@ async fn retry(
 
 /// The runs waiting in this server's queue for a place among those going on (`--max-runs`).
 #[utoipa::path(get, path = "/queue", tag = "runs",
-    responses((status = 200, body = [QueuedRun]), (status = 401, body = ApiError)))]
+    responses((status = 200, description = "Done", body = [QueuedRun]), (status = 401, description = "No valid credentials", body = ApiError)))]
 async fn get_queue(State(app): State<AppState>) -> axum::Json<Vec<QueuedRun>> {
     axum::Json(app.executor.queue())
 }

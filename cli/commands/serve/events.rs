@@ -96,10 +96,9 @@ pub fn spawn_watcher(app: AppState) {
             }
         });
     }
-    let handle = tokio::runtime::Handle::current();
     let spawned = std::thread::Builder::new()
         .name("serve-watcher".to_owned())
-        .spawn(move || watch(&app, &handle));
+        .spawn(move || watch(&app));
     if let Err(e) = spawned {
         crate::output::stderr(&format!(
             "warning: cannot start the store watcher ({e}): live updates are off\n"
@@ -108,17 +107,17 @@ pub fn spawn_watcher(app: AppState) {
 }
 
 /// Polls the store until the server stops, bumping `changed` and sending the runs whose summary changed.
-fn watch(app: &App, _handle: &tokio::runtime::Handle) {
+fn watch(app: &App) {
     let Ok(session) = Session::open(&app.state_dir) else {
         return;
     };
     let mut executor = app.executor.watch();
     let mut last = session.changes().ok().flatten();
+    // The runs last seen running or waiting, or started or ended lately: looked at again until they
+    // are none of these.
     let mut known: HashMap<String, RunSummary> = HashMap::new();
     let mut looked = archon_engine::store::now_ms();
-    // Every run the watcher saw running or waiting: looked at again until it is neither.
-    let mut since = looked.saturating_sub(SLACK_MS);
-    if let Ok(runs) = session.changed_since(since) {
+    if let Ok(runs) = session.changed_since(looked.saturating_sub(SLACK_MS)) {
         for run in runs {
             known.insert(run.id.clone(), run);
         }
@@ -135,18 +134,13 @@ fn watch(app: &App, _handle: &tokio::runtime::Handle) {
         }
         last = now;
         app.live.changed.send_modify(|n| *n = n.wrapping_add(1));
-        if app.live.runs.receiver_count() == 0 && app.live.changed.receiver_count() == 0 {
-            continue;
-        }
         let at = archon_engine::store::now_ms();
-        since = looked
-            .saturating_sub(SLACK_MS)
-            .min(since.max(looked.saturating_sub(SLACK_MS)));
+        let since = looked.saturating_sub(SLACK_MS);
         looked = at;
         let Ok(runs) = session.changed_since(since) else {
             continue;
         };
-        let mut seen: std::collections::HashSet<String> = std::collections::HashSet::new();
+        let mut seen = std::collections::HashSet::new();
         for run in runs {
             seen.insert(run.id.clone());
             if known.get(&run.id) != Some(&run) {
@@ -154,26 +148,20 @@ fn watch(app: &App, _handle: &tokio::runtime::Handle) {
                 known.insert(run.id.clone(), run);
             }
         }
-        // Runs that left the set (an interrupted run's owner stopped): looked up one by one.
+        // Runs that left the set (a run whose owner stopped, interrupted): looked up one by one.
         let gone: Vec<String> = known
             .keys()
             .filter(|id| !seen.contains(*id))
             .cloned()
             .collect();
         for id in gone {
-            match session.summary(&id) {
-                Ok(Some(run)) => {
-                    if known.get(&id) != Some(&run) {
-                        let _ = app.live.runs.send(Arc::new(run.clone()));
-                    }
-                    known.remove(&id);
-                }
-                _ => {
-                    known.remove(&id);
-                }
+            if let Ok(Some(run)) = session.summary(&id)
+                && known.get(&id) != Some(&run)
+            {
+                let _ = app.live.runs.send(Arc::new(run));
             }
+            known.remove(&id);
         }
-        since = at.saturating_sub(SLACK_MS);
     }
 }
 

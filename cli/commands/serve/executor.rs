@@ -452,10 +452,17 @@ impl Executor {
             }
         }
         drop(state);
-        let path = self.0.state_dir.join(RESTART_FILE);
         if restart.resume.is_empty() && restart.queued.is_empty() {
-            let _ = std::fs::remove_file(&path);
             return;
+        }
+        let path = self.0.state_dir.join(RESTART_FILE);
+        // Another server on the same state directory may have stopped first: its runs are kept too.
+        if let Some(earlier) = std::fs::read_to_string(&path)
+            .ok()
+            .and_then(|text| serde_json::from_str::<Restart>(&text).ok())
+        {
+            restart.resume.splice(0..0, earlier.resume);
+            restart.queued.splice(0..0, earlier.queued);
         }
         let written = path
             .parent()
@@ -500,9 +507,15 @@ impl Executor {
         };
         let now = archon_engine::store::now_ms();
         let mut jobs = Vec::new();
+        let session = Session::open(&self.0.state_dir).ok();
         for run_id in restart.resume {
+            let workflow = session
+                .as_ref()
+                .and_then(|s| s.summary(&run_id).ok().flatten())
+                .map(|s| s.workflow)
+                .unwrap_or_default();
             jobs.push(Job {
-                workflow: String::new(),
+                workflow,
                 run_id,
                 work: Work::Continue {
                     how: How::Resume,
