@@ -1,7 +1,34 @@
-//! What the two servers, `archon mcp serve` and `archon serve`, share: token comparison and the origins
-//! of browser pages served from this machine.
+//! What the two servers, `archon mcp serve` and `archon serve`, share: a workflow's inputs as one JSON
+//! Schema, token comparison, and the origins of browser pages served from this machine.
 
+use archon_engine::Workflow;
 use axum::http::{HeaderMap, header};
+use serde_json::{Map, Value as Json, json};
+
+/// A workflow's inputs as one JSON Schema object: each input's own schema (its type, description,
+/// default and constraints) as a property, the inputs without a default required, and no other property.
+pub fn input_schema(workflow: &Workflow) -> Map<String, Json> {
+    let mut properties = Map::new();
+    let mut required = Vec::new();
+    for (name, schema) in &workflow.spec.inputs {
+        if schema.get("default").is_none() {
+            required.push(Json::String(name.value.clone()));
+        }
+        properties.insert(name.value.clone(), schema.to_json());
+    }
+    let mut schema = json!({
+        "type": "object",
+        "properties": properties,
+        "additionalProperties": false,
+    });
+    if !required.is_empty() {
+        schema["required"] = Json::Array(required);
+    }
+    match schema {
+        Json::Object(map) => map,
+        _ => Map::new(),
+    }
+}
 
 /// The token of an `Authorization: Bearer TOKEN` header, if the request has one.
 pub fn bearer(headers: &HeaderMap) -> Option<&str> {

@@ -24,6 +24,9 @@ use super::events::Live;
 use super::workflows::Served;
 use crate::output;
 
+/// Most runs waiting in the queue: one more is refused (`503`) rather than held without bound.
+pub const MAX_QUEUE: usize = 1000;
+
 /// The file, under the state directory, of what the server was running or had queued when it stopped.
 const RESTART_FILE: &str = "serve/restart.json";
 
@@ -601,11 +604,21 @@ impl Executor {
         }
     }
 
+    /// Refuses a new run or continuation while the server stops, or when the queue is full.
     fn refuse_when_stopping(&self) -> Result<(), ApiError> {
         if self.0.stopping.is_cancelled() {
             return Err(
                 ApiError::unavailable().with_hint("the next `archon serve` takes runs again")
             );
+        }
+        if self.state().queue.len() >= MAX_QUEUE {
+            return Err(ApiError::new(
+                axum::http::StatusCode::SERVICE_UNAVAILABLE,
+                format!("{MAX_QUEUE} runs wait in the queue already, the most it holds"),
+            )
+            .with_hint(
+                "wait for runs to end, or cancel queued ones (`GET /api/v1/queue` lists them)",
+            ));
         }
         Ok(())
     }

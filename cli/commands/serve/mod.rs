@@ -25,30 +25,37 @@
 //! # The contract for pages
 //!
 //! Pages live in `pages/` and are mounted at `/` by [`pages::router`], a `Router<AppState>`; everything
-//! under `/api/` and the routes `/login`, `/logout` belong to the API and `auth.rs`.
+//! under `/api/` and the routes `/login` and `/logout` belong to the API and `auth.rs`.
 //!
-//! - **State.** A handler takes `State(app): State<AppState>` and reads what it shows through the same
-//!   functions the API handlers use (`api::list_runs`, `api::run_detail`, `api::workflows`,
-//!   `api::approvals`, ...: each takes `&App` and returns the API's own types), never the store directly;
-//!   reads of the store go through `app.read(|session| ...)`, on the blocking pool.
+//! - **State.** A handler takes `State(app): State<AppState>` and shows what the same functions as the
+//!   API's handlers return, never the store directly: `api::workflows(&app)`, `api::workflow(&app, id)`,
+//!   `api::list_runs(&app, RunsParams)` (a page of runs with its total and the queue),
+//!   `api::run_detail(&app, id)`, `api::approvals(&app)`; each returns the API's own types (what the
+//!   OpenAPI document describes) or an [`app::ApiError`]. Other reads of the store go through
+//!   `app.read(|session| ...)`, which runs on the blocking pool.
 //! - **Who is asking.** Every request has passed the authentication middleware before a page handler
 //!   runs; a page takes [`auth::Caller`] as an extractor: `caller.role` ([`auth::Role::Viewer`] or
-//!   [`auth::Role::Operator`]), `caller.can_operate()` (show the action buttons or not), `caller.by` (the
-//!   name recorded with a decision). A request without valid credentials never reaches a page: the
-//!   middleware redirects it to `/login?next=PATH` (an API request gets `401` instead).
-//! - **Forms.** Every state-changing form POSTs (GET never changes anything) and carries the CSRF token
-//!   as a hidden field named `csrf`: `caller.csrf` is `Some(token)` for a browser (cookie session, or
-//!   nobody needs a token on loopback) and `None` for a bearer-token client, which needs none. Scripts
-//!   send it as the `X-CSRF-Token` header instead. [`auth::csrf_field`] writes the hidden input. The
-//!   middleware checks the token, refuses cross-site POSTs (`Origin`, `Sec-Fetch-Site`) and refuses any
-//!   POST from a viewer (`403`) before a handler runs.
-//! - **Actions.** A page's form handler calls the same executor functions as the API (`app.executor`:
-//!   `start_run`, `continue_run`, `decide`, `cancel`) and redirects (303) to the page to show.
+//!   [`auth::Role::Operator`]), `caller.can_operate()` (whether to show the action buttons), `caller.by`
+//!   (the name decisions are recorded as), `caller.via` (`Cookie` when a logout button makes sense). A
+//!   request without valid credentials never reaches a page: the middleware redirects it to
+//!   `/login?next=PATH` (an API request gets `401` instead).
+//! - **Forms.** Every state-changing form POSTs (a GET never changes anything) and carries the CSRF
+//!   token as a hidden field named `csrf`: [`auth::csrf_field`] writes it (`caller.csrf` is the token of
+//!   a browser, `None` for a bearer-token client, which needs none). Scripts send it as the
+//!   `X-CSRF-Token` header instead. Before any handler runs, the middleware refuses cross-site POSTs
+//!   (`Origin`, `Sec-Fetch-Site`), POSTs without the token (it reads a form body's `csrf` field and puts
+//!   the body back) and any POST from a viewer (`403`).
+//! - **Actions.** A form handler calls what the API's handlers call, on `app.executor`:
+//!   `start_run(&app, workflow_id, inputs, None)`, `continue_run(&app, run_id, How, Options)` (resume,
+//!   retry from a step, retry the failed steps), `decide(&app, run_id, key, ApprovalDecision)` (by the
+//!   approval's `key`, the hash of its arguments) and `cancel(&app, run_id)`, then redirects (303) to the
+//!   page to show. Triggers call `start_run` with `Some(TriggerInfo)`.
 //! - **Live updates.** `GET /api/v1/runs/{id}/stream` and `GET /api/v1/runs/stream` are server-sent
-//!   events (see `events.rs` for their event names and data); a page subscribes with `EventSource`.
-//! - **Secrets.** Run data from the store is masked already; every response body also passes
-//!   [`app::App::mask`]-ed through the response middleware, so no page has to think of it, but a page
-//!   must not read the environment or `.env` files itself.
+//!   events (`events.rs` names their events and data); a page subscribes with `EventSource`, which sends
+//!   the session cookie.
+//! - **Secrets.** Run data from the store is masked already, and the middleware masks the secret values
+//!   of the served workflows out of every response body (and `events.rs` out of every live event), so a
+//!   page does not have to; but a page never reads the environment or `.env` files itself.
 //! - **Escaping.** Everything from a spec, a run or a request is text to escape (`pages::escape`).
 
 mod api;

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use archon_engine::Workflow;
 use archon_engine::redact::Redactor;
 use archon_engine::validate::validate_file;
-use serde_json::{Map, Value as Json, json};
+use serde_json::{Value as Json, json};
 
 use super::Refusal;
 use crate::output;
@@ -70,9 +70,10 @@ impl Catalog {
                     |s| s.to_string_lossy().into_owned(),
                 ),
             };
-            let input_schema = workflow
-                .as_deref()
-                .map_or_else(|| json!({"type": "object"}), input_schema);
+            let input_schema = workflow.as_deref().map_or_else(
+                || json!({"type": "object"}),
+                |w| Json::Object(crate::commands::serving::input_schema(w)),
+            );
             let description = workflow.as_ref().and_then(|w| w.spec.description.clone());
             all.push(Served {
                 id: String::new(),
@@ -167,26 +168,4 @@ impl Catalog {
         }
         Redactor::new(values)
     }
-}
-
-/// A workflow's inputs as one JSON Schema object: each input's own schema (type, description, default) as
-/// a property, the inputs without a default required, no other property.
-pub fn input_schema(workflow: &Workflow) -> Json {
-    let mut properties = Map::new();
-    let mut required = Vec::new();
-    for (name, schema) in &workflow.spec.inputs {
-        if schema.get("default").is_none() {
-            required.push(Json::String(name.value.clone()));
-        }
-        properties.insert(name.value.clone(), schema.to_json());
-    }
-    let mut schema = json!({
-        "type": "object",
-        "properties": properties,
-        "additionalProperties": false,
-    });
-    if !required.is_empty() {
-        schema["required"] = Json::Array(required);
-    }
-    schema
 }
