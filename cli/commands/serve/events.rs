@@ -3,7 +3,7 @@
 //! The store is the source of truth: one watcher thread asks it, every [`POLL`], whether any connection
 //! committed a change (`PRAGMA data_version`), which covers runs of a separate `archon run` process on
 //! the same state directory. Runs this server executes also tell each event the moment they record it
-//! (before their journal commits it, which may take up to a fifth of a second), numbered as the store
+//! (before their journal commits it, which may take up to 50 ms), numbered as the store
 //! numbers it, so a stream sends it at once and skips it when the store has it.
 //!
 //! `GET /api/v1/runs/{id}/stream` sends, as they come: `event` (data: `{"seq": N, "event": {...}}`, the

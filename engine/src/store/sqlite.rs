@@ -1480,8 +1480,9 @@ const CHECKPOINT_FRAMES: u32 = 128;
 const BATCH: usize = 4096;
 /// Messages that make a batch due without waiting for `WINDOW`.
 const GATHERED: usize = 256;
-/// Longest a record that nothing waits for stays uncommitted.
-const WINDOW: Duration = Duration::from_millis(200);
+/// Longest a record that nothing waits for stays uncommitted: short enough that a process watching the
+/// store (`archon serve`, which polls it every 20 ms) shows a run's events within 100 ms.
+const WINDOW: Duration = Duration::from_millis(50);
 
 impl Writer {
     /// Collects messages and commits them together: at once when something waits for them (a flush), and
