@@ -209,11 +209,13 @@ pub async fn run_stream(
     from: RunCursors,
 ) -> Result<Sse<impl Stream<Item = Result<Event, Infallible>> + use<>>, ApiError> {
     let slot = app.live.stream_slot()?;
+    // Asked before the store: a new run leaves `pending` only once it is stored.
+    let pending = app.executor.pending(&run_id).is_some();
     let id = run_id.clone();
     let known = app
         .read(move |session| session.summary(&id).map_err(|e| ApiError::store(&e)))
         .await?;
-    if known.is_none() && app.executor.pending(&run_id).is_none() {
+    if known.is_none() && !pending {
         return Err(ApiError::not_found(format!(
             "no run `{run_id}` in the state directory"
         )));
