@@ -482,6 +482,25 @@ async fn a_run_started_over_http_is_followed_live_to_its_end_and_shown_whole() {
     assert_eq!(refused["error"], "the workflow `broken` does not validate");
     let (status, _) = server.get("/api/v1/runs/r-no-such-run").await;
     assert_eq!(status, 404);
+    let (status, refused) = server.get("/api/v1/nothing-here").await;
+    assert_eq!(status, 404);
+    assert_eq!(refused["error"], "no such API endpoint");
+    // Bodies are bounded.
+    let (status, refused) = server
+        .post(
+            "/api/v1/workflows/hello/runs",
+            json!({ "inputs": { "who": "x".repeat(300 * 1024) } }),
+        )
+        .await;
+    assert_eq!(status, 413, "{refused}");
+    let response = server
+        .request(reqwest::Method::POST, "/api/v1/workflows/hello/runs")
+        .header("content-type", "text/plain")
+        .body("who=ada")
+        .send()
+        .await
+        .expect("answered");
+    assert_eq!(response.status(), 415);
 }
 
 #[tokio::test]
@@ -620,6 +639,13 @@ async fn cancel_stops_a_run_for_good_and_retry_runs_failed_steps_again() {
         .await;
     assert_eq!(status, 409);
     assert_eq!(refused["error"], format!("run `{run}` was cancelled"));
+    // Cancelled as soon as it is accepted, before or after its thread records it: cancelled all the same.
+    let run = server.start("slow", json!({})).await;
+    let (status, cancelled) = server
+        .post(&format!("/api/v1/runs/{run}/cancel"), Json::Null)
+        .await;
+    assert_eq!(status, 200, "{cancelled}");
+    server.wait_for(&run, &["cancelled"]).await;
 
     let run = server.start("flaky", json!({})).await;
     server.wait_for(&run, &["failed"]).await;

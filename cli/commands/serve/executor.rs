@@ -369,6 +369,20 @@ impl Executor {
                 });
             }
         }
+        // A new run whose thread has not recorded it yet: stopped as it starts, recorded as cancelled.
+        {
+            let state = self.state();
+            if let Some(active) = state.active.get(run_id)
+                && active.starting.is_some()
+            {
+                active.for_good.store(true, Ordering::SeqCst);
+                active.cancel.cancel();
+                return Ok(Cancelled {
+                    run_id: run_id.to_owned(),
+                    status: "cancelling".to_owned(),
+                });
+            }
+        }
         let id = run_id.to_owned();
         let outcome = app
             .read(move |session| session.cancel(&id).map_err(|e| ApiError::session(&e)))
