@@ -706,17 +706,16 @@ impl Executor {
         self.0.running.send_modify(|n| *n += 1);
         let executor = self.clone();
         let run_id = job.run_id.clone();
-        let spawned = std::thread::Builder::new()
-            .name(format!("run-{run_id}"))
-            .spawn(move || {
-                let ended = executor.execute(job, cancel, &for_good);
-                executor.finished(&run_id, ended);
-            });
+        let this_run = run_id.clone();
+        let name = format!("run-{run_id}");
+        let spawned = std::thread::Builder::new().name(name).spawn(move || {
+            let ended = executor.execute(job, cancel, &for_good);
+            executor.finished(&run_id, ended);
+        });
         if let Err(e) = spawned {
+            // The run is not started (a new one is not recorded; a stored one stays as it was).
             output::stderr(&format!("error: cannot start a thread for a run: {e}\n"));
-            let mut state = self.state();
-            state.active.clear();
-            drop(state);
+            self.state().active.remove(&this_run);
             self.0.running.send_modify(|n| *n = n.saturating_sub(1));
         }
     }
