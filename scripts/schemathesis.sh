@@ -80,7 +80,9 @@ for _ in $(seq 1 100); do
     sleep 0.1
 done
 
-# The live streams never end by themselves: they are left to the API tests (tests/serve.rs).
+# The live streams never end by themselves: they are left to the API tests (tests/serve.rs). Run from the
+# temporary directory, where Schemathesis leaves its cache.
+cd "$work"
 schemathesis run "$url/api/v1/openapi.json" \
     --url "$url" \
     "${auth[@]}" \
