@@ -50,6 +50,9 @@ pub enum Command {
     /// MCP: list a workflow's MCP servers and their tools, or serve workflows as MCP tools.
     #[command(subcommand)]
     Mcp(McpCommand),
+    /// Serve the dashboard and the HTTP API over the workflows under DIR and the runs of the state
+    /// directory.
+    Serve(ServeArgs),
     /// Long-term memory of agents: list, search, show, forget, export and import memories.
     #[command(subcommand)]
     Memory(MemoryCommand),
@@ -246,6 +249,38 @@ pub struct McpServeArgs {
     /// Most runs going on at once; further calls wait for one to end.
     #[arg(long, value_name = "N", default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..))]
     pub max_runs: u32,
+
+    #[command(flatten)]
+    pub state: StateArgs,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct ServeArgs {
+    /// The directory (or spec file) of the workflows to serve (default: the current directory).
+    #[arg(value_name = "DIR")]
+    pub dir: Option<PathBuf>,
+
+    /// The address to listen on. An address other than loopback needs a token (`ARCHON_SERVE_TOKEN` or
+    /// `--token-file`).
+    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1")]
+    pub bind: std::net::IpAddr,
+
+    /// The port to listen on (0: any free port; the address is printed on standard error).
+    #[arg(long, value_name = "N", default_value_t = 8700)]
+    pub port: u16,
+
+    /// A file of tokens, one per line: `operator TOKEN` or `viewer TOKEN` (instead of
+    /// `ARCHON_SERVE_TOKEN`, which holds one operator token).
+    #[arg(long, value_name = "FILE")]
+    pub token_file: Option<PathBuf>,
+
+    /// Most runs going on at once; further runs wait in a queue, shown as `queued`.
+    #[arg(long, value_name = "N", default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_runs: u32,
+
+    /// Print the OpenAPI document of the HTTP API and exit (`schemas/openapi.json` is this).
+    #[arg(long)]
+    pub openapi: bool,
 
     #[command(flatten)]
     pub state: StateArgs,

@@ -1,4 +1,4 @@
-//! Every command the README and docs/cli.md show in a shell block runs as shown: for each document, in a
+//! Every command the README, docs/cli.md and docs/serve.md show in a shell block runs as shown: for each document, in a
 //! scratch copy of the repository's example files, with `archon` on `PATH` (and `cargo run --` read as `archon`), one block after
 //! another as a reader would type them (with the scratch directory as `HOME`), each command exiting with
 //! status 0 unless its line says otherwise with a trailing `# exit N`, and, in a ```console block, printing
@@ -11,7 +11,7 @@ use std::process::Command;
 use crate::support::root;
 
 /// The documents whose shell blocks are run, in the order a reader meets them.
-const DOCUMENTS: &[&str] = &["README.md", "docs/cli.md"];
+const DOCUMENTS: &[&str] = &["README.md", "docs/cli.md", "docs/serve.md"];
 
 /// Commands shown that this test cannot run, each with the reason. Anything else that is shown runs.
 const NOT_RUN: &[(&str, &str)] = &[

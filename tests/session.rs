@@ -585,3 +585,160 @@ steps:
         )
     );
 }
+
+/// The run listing a server pages through (`Session::page`): SQLite's query gives, page after page, what
+/// the plain definition over `list` gives (`RunStore::page`'s default, used by `Racing`), for filters of
+/// every kind, and its total counts every run the filters select.
+#[test]
+fn a_page_of_runs_is_the_listing_filtered_and_cut_where_the_cursor_says() {
+    use archon_engine::session::{RunQuery, RunSummary};
+    use archon_engine::store::RunStore as _;
+    use archon_engine::store::sqlite::SqliteStore;
+    let dir = TempDir::new().expect("tempdir");
+    let state = dir.path().join("state");
+    let store = SqliteStore::open(&state).expect("store");
+    let states = [
+        RunState::Succeeded,
+        RunState::Failed,
+        RunState::Cancelled,
+        RunState::Interrupted,
+        RunState::WaitingApproval,
+    ];
+    for i in 0..40 {
+        let id = format!("r-page-{:02}", (i * 7) % 40);
+        store
+            .create_run(&archon_engine::store::NewRun {
+                id: id.clone(),
+                workflow: ["alpha", "beta", "gamma"][i % 3].to_owned(),
+                spec_path: "spec.yaml".to_owned(),
+                files: Vec::new(),
+                inputs: Map::new(),
+                workdir: ".".to_owned(),
+                max_parallel: 1,
+            })
+            .expect("created");
+        // Some stay running: this process owns them.
+        if i % 6 != 5 {
+            store
+                .release(&id, states[i % states.len()])
+                .expect("released");
+        }
+    }
+    let sql = Session::open(&state).expect("store");
+    let plain = Session::over(Box::new(Racing {
+        inner: SqliteStore::open(&state).expect("store"),
+        rival: SqliteStore::open(&state).expect("store"),
+    }));
+    let all = sql.list().expect("listed");
+    assert_eq!(all.len(), 40);
+    let middle = all[20].started_at;
+    let queries = [
+        RunQuery::default(),
+        RunQuery {
+            status: vec![RunState::Failed, RunState::Running],
+            ..RunQuery::default()
+        },
+        RunQuery {
+            workflow: Some("beta".to_owned()),
+            ..RunQuery::default()
+        },
+        RunQuery {
+            status: vec![RunState::Succeeded],
+            workflow: Some("alpha".to_owned()),
+            ..RunQuery::default()
+        },
+        RunQuery {
+            since: Some(middle),
+            ..RunQuery::default()
+        },
+        RunQuery {
+            until: Some(middle),
+            status: vec![RunState::WaitingApproval, RunState::Interrupted],
+            ..RunQuery::default()
+        },
+        RunQuery {
+            workflow: Some("nobody".to_owned()),
+            ..RunQuery::default()
+        },
+    ];
+    for query in queries {
+        let expected: Vec<RunSummary> = all.iter().filter(|r| query.selects(r)).cloned().collect();
+        for limit in [1, 3, 7, 100] {
+            let mut query = RunQuery {
+                limit,
+                ..query.clone()
+            };
+            let mut seen = Vec::new();
+            loop {
+                let page = sql.page(&query).expect("a page");
+                let same = plain.page(&query).expect("a page");
+                assert_eq!(page, same, "{query:?}");
+                assert_eq!(page.total, expected.len(), "{query:?}");
+                assert!(page.runs.len() <= limit);
+                seen.extend(page.runs);
+                match page.next {
+                    Some(next) => query.after = Some(next),
+                    None => break,
+                }
+            }
+            assert_eq!(seen, expected, "{query:?}");
+        }
+    }
+}
+
+/// What a run tells as it records each event (`Attachments::recorded`, what a server streams before the
+/// store commits) is its event log exactly: the same numbers, the same events.
+#[test]
+fn events_told_as_recorded_are_the_log_as_stored() {
+    let dir = TempDir::new().expect("tempdir");
+    let spec = dir.path().join("failing.yaml");
+    std::fs::write(&spec, FAILING).expect("write");
+    let workflow = archon_engine::validate_file(&spec)
+        .workflow
+        .expect("valid workflow");
+    let session = Session::open(&dir.path().join("state")).expect("store opens");
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let (sender, mut told) = tokio::sync::mpsc::unbounded_channel();
+    let prepared = session
+        .start(NewRunRequest {
+            id: "r-told".to_owned(),
+            workflow,
+            inputs: Map::new(),
+            spec_path: spec.clone(),
+            workdir: dir.path().to_path_buf(),
+            max_parallel: Some(4),
+        })
+        .expect("started");
+    let attachments = Attachments {
+        recorded: Some(sender.clone()),
+        ..Attachments::default()
+    };
+    runtime
+        .block_on(session.execute(prepared, attachments))
+        .expect("executed");
+    // Retried: the numbers go on from the log's last.
+    std::fs::write(dir.path().join("fixed"), "").expect("write");
+    let prepared = session
+        .continue_run("r-told", Continue::Failed, &ContinueOptions::default())
+        .expect("claimed");
+    let attachments = Attachments {
+        recorded: Some(sender),
+        ..Attachments::default()
+    };
+    runtime
+        .block_on(session.execute(prepared, attachments))
+        .expect("executed");
+    let mut events = Vec::new();
+    while let Ok(event) = told.try_recv() {
+        assert_eq!(event.run_id, "r-told");
+        events.push((event.seq, event.event));
+    }
+    let stored = session
+        .events_after("r-told", 0, usize::MAX)
+        .expect("the log");
+    assert!(stored.len() > 10, "{stored:?}");
+    assert_eq!(events, stored);
+}

@@ -16,6 +16,8 @@ mod prune;
 mod run;
 mod runs;
 mod schema;
+mod serve;
+mod serving;
 mod skills;
 mod target;
 mod tools;
@@ -74,6 +76,7 @@ pub fn run(cli: Cli) -> anyhow::Result<Status> {
         Command::Cache(CacheCommand::Clear(args)) => cache::clear(&args),
         Command::Mcp(McpCommand::List(args)) => mcp::list(&args, cli.color),
         Command::Mcp(McpCommand::Serve(args)) => mcp_serve::serve(&args),
+        Command::Serve(args) => serve::serve(&args),
         Command::Memory(MemoryCommand::Ls(args)) => memory::ls(&args),
         Command::Memory(MemoryCommand::Search(args)) => memory::search(&args),
         Command::Memory(MemoryCommand::Show(args)) => memory::show(&args),

@@ -229,6 +229,7 @@ pub fn execute(
         cassette,
         helper: std::env::current_exe().ok(),
         no_cache: args.no_cache,
+        recorded: None,
     };
     // Registered before any step starts, so an early Ctrl-C or SIGTERM is never missed. Closing the
     // terminal (SIGHUP) stops the run like Ctrl-C: its commands are killed and the run is left

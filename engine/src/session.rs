@@ -24,8 +24,8 @@ use crate::validate::{Validation, validate_file, validate_source};
 use crate::workflow::Workflow;
 
 pub use crate::store::{
-    ApprovalRecord, AttemptRecord, CacheFilter, CacheSummary, LogChunk, Owner, Pruned, RunFilter,
-    RunState, RunSummary, StoreError, StoredRun,
+    ApprovalRecord, AttemptRecord, CacheFilter, CacheSummary, LogChunk, Owner, Pruned, RunCursor,
+    RunFilter, RunPage, RunQuery, RunState, RunSummary, StoreError, StoredRun,
 };
 
 /// The version of the run store's schema this build writes (what a bug report names).
@@ -187,6 +187,55 @@ pub struct Attachments {
     /// Run every step even when its result is cached (`--no-cache`); results of steps with `cache` that
     /// succeed replace their entries.
     pub no_cache: bool,
+    /// Receives each event the moment the run records it, numbered and shaped as the run's log will show
+    /// it ([`Session::events_after`]): what a server streams before the store has committed it.
+    pub recorded: Option<tokio::sync::mpsc::UnboundedSender<RecordedEvent>>,
+}
+
+/// An event a run being executed recorded, as its log shows it once committed.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RecordedEvent {
+    pub run_id: String,
+    /// Its number in the run's log.
+    pub seq: i64,
+    /// The event as [`Session::events`] returns it.
+    pub event: Json,
+}
+
+/// A journal that also tells each event it records to a [`RecordedEvent`] receiver, numbered as the
+/// store numbers it (the run's owner is the only writer of its log while it runs).
+#[derive(Debug)]
+struct Told {
+    inner: Arc<dyn crate::store::Journal>,
+    run_id: String,
+    last: std::sync::atomic::AtomicI64,
+    to: tokio::sync::mpsc::UnboundedSender<RecordedEvent>,
+}
+
+impl crate::store::Journal for Told {
+    fn record(&self, entry: Entry) {
+        if let Entry::Event { event, at_ms } = &entry {
+            let seq = self.last.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
+            let _ = self.to.send(RecordedEvent {
+                run_id: self.run_id.clone(),
+                seq,
+                event: crate::store::sqlite::recorded_event(event, *at_ms),
+            });
+        }
+        self.inner.record(entry);
+    }
+
+    fn flush(&self) -> crate::store::Ack {
+        self.inner.flush()
+    }
+
+    fn close(&self) {
+        self.inner.close();
+    }
+
+    fn failure(&self) -> Option<StoreError> {
+        self.inner.failure()
+    }
 }
 
 impl std::fmt::Debug for Attachments {
@@ -362,6 +411,48 @@ impl Session {
         self.store.events(id)
     }
 
+    /// One page of the runs `query` selects, newest first, and how many it selects in all.
+    pub fn page(&self, query: &RunQuery) -> Result<RunPage, StoreError> {
+        self.store.page(query)
+    }
+
+    /// The run with exactly this id, as `list` shows it, if there is one.
+    pub fn summary(&self, id: &str) -> Result<Option<RunSummary>, StoreError> {
+        self.store.summary(id)
+    }
+
+    /// The runs that may have changed at or after `since` (milliseconds since the epoch): started or
+    /// ended since, or running, or waiting for approval.
+    pub fn changed_since(&self, since: u64) -> Result<Vec<RunSummary>, StoreError> {
+        self.store.changed_since(since)
+    }
+
+    /// A number that changes whenever another connection (another session, another process) commits a
+    /// change to the store; `None` from a store that cannot tell.
+    pub fn changes(&self) -> Result<Option<u64>, StoreError> {
+        self.store.changes()
+    }
+
+    /// The events of a run's log numbered after `after`, at most `limit`, each with its number.
+    pub fn events_after(
+        &self,
+        id: &str,
+        after: i64,
+        limit: usize,
+    ) -> Result<Vec<(i64, Json)>, StoreError> {
+        self.store.events_after(id, after, limit)
+    }
+
+    /// What a run's commands wrote after the piece numbered `after`, at most `limit` pieces.
+    pub fn logs_after(
+        &self,
+        id: &str,
+        after: i64,
+        limit: usize,
+    ) -> Result<Vec<LogChunk>, StoreError> {
+        self.store.logs_after(id, after, limit)
+    }
+
     /// What a run's commands wrote after the piece numbered `after` (0 for all), in order.
     pub fn logs(&self, id: &str, after: i64) -> Result<Vec<LogChunk>, StoreError> {
         self.store.logs(id, after)
@@ -518,9 +609,17 @@ impl Session {
         prepared: Prepared,
         attachments: Attachments,
     ) -> Result<Outcome, SessionError> {
-        let journal = self
+        let mut journal = self
             .store
             .journal(&prepared.run_id, attachments.cancel.clone())?;
+        if let Some(to) = attachments.recorded.clone() {
+            journal = Arc::new(Told {
+                last: std::sync::atomic::AtomicI64::new(self.store.last_event(&prepared.run_id)?),
+                inner: journal,
+                run_id: prepared.run_id.clone(),
+                to,
+            });
+        }
         let refresh = if attachments.no_cache {
             run::Refresh::All
         } else if prepared.refresh.is_empty() {
@@ -628,6 +727,26 @@ impl Session {
             ));
         }
         Ok(decided)
+    }
+
+    /// Records a decision on exactly one call a paused run waits for: the one whose request has this
+    /// `key` (the SHA-256 over run, step, tool and rendered arguments that `archon show` and the server
+    /// show with it), so that a decision never applies to arguments the person did not see.
+    pub fn decide_call(
+        &self,
+        id: &str,
+        key: &str,
+        decision: &ApprovalDecision,
+    ) -> Result<ApprovalRequest, SessionError> {
+        match self.store.decide_call(id, key, decision)? {
+            Some(request) => Ok(request),
+            None => Err(SessionError::refused(
+                format!("run `{id}` has no call waiting for approval with key `{key}`"),
+                format!(
+                    "the call was decided already, or its arguments changed: `archon show {id}` shows what it waits for"
+                ),
+            )),
+        }
     }
 
     /// Records what a person says became of a step in doubt (`archon resolve`): the result of its last

@@ -7,8 +7,7 @@ use std::sync::Arc;
 
 use archon_engine::Workflow;
 use archon_engine::validate::validate_file;
-use rmcp::model::{JsonObject, Tool, ToolAnnotations};
-use serde_json::{Map, Value as Json, json};
+use rmcp::model::{Tool, ToolAnnotations};
 
 use crate::output;
 use crate::render::{self, Report};
@@ -169,34 +168,9 @@ fn tool(name: &str, workflow: &Workflow) -> Tool {
     Tool::new(
         name.to_owned(),
         description,
-        Arc::new(input_schema(workflow)),
+        Arc::new(crate::commands::serving::input_schema(workflow)),
     )
     .with_annotations(annotations)
-}
-
-/// The workflow's inputs as one JSON Schema object: each input's own schema (its type, description and
-/// default) as a property, the inputs without a default required, and no other property.
-pub fn input_schema(workflow: &Workflow) -> JsonObject {
-    let mut properties = Map::new();
-    let mut required = Vec::new();
-    for (name, schema) in &workflow.spec.inputs {
-        if schema.get("default").is_none() {
-            required.push(Json::String(name.value.clone()));
-        }
-        properties.insert(name.value.clone(), schema.to_json());
-    }
-    let mut schema = json!({
-        "type": "object",
-        "properties": properties,
-        "additionalProperties": false,
-    });
-    if !required.is_empty() {
-        schema["required"] = Json::Array(required);
-    }
-    match schema {
-        Json::Object(map) => map,
-        _ => JsonObject::new(),
-    }
 }
 
 #[cfg(test)]

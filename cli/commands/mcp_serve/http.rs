@@ -13,6 +13,7 @@ use rmcp::transport::streamable_http_server::session::local::LocalSessionManager
 use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
 
 use super::handler::{Handler, Shared};
+use crate::commands::serving::{self, loopback_origin};
 
 /// Most MCP sessions open at once: each holds memory until it is closed or has been idle for 5
 /// minutes, and a client that opens sessions without end must not exhaust it.
@@ -102,87 +103,5 @@ async fn check(State(guard): State<Guard>, request: Request, next: Next) -> Resp
 
 /// Whether the request's `Authorization` header is `Bearer TOKEN`, compared in constant time.
 fn bearer_matches(headers: &HeaderMap, token: &str) -> bool {
-    let Some(given) = headers
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| {
-            let (scheme, rest) = v.split_once(' ')?;
-            scheme.eq_ignore_ascii_case("bearer").then(|| rest.trim())
-        })
-    else {
-        return false;
-    };
-    same(given.as_bytes(), token.as_bytes())
-}
-
-/// Whether two byte strings are equal, in time that depends only on their lengths.
-fn same(given: &[u8], expected: &[u8]) -> bool {
-    let mut differ = u8::from(given.len() != expected.len());
-    for (i, e) in expected.iter().enumerate() {
-        differ |= given.get(i).copied().unwrap_or(!e) ^ e;
-    }
-    std::hint::black_box(differ) == 0
-}
-
-/// Whether an `Origin` is a page served from this machine: `http(s)://localhost`, `127.x.y.z` or `[::1]`,
-/// on any port.
-fn loopback_origin(origin: &str) -> bool {
-    let Some((scheme, rest)) = origin.split_once("://") else {
-        return false;
-    };
-    if !matches!(scheme, "http" | "https") {
-        return false;
-    }
-    let host = if let Some(v6) = rest.strip_prefix('[') {
-        match v6.split_once(']') {
-            Some((host, tail)) if tail.is_empty() || tail.starts_with(':') => host,
-            _ => return false,
-        }
-    } else {
-        match rest.split_once(':') {
-            Some((host, _)) => host,
-            None => rest,
-        }
-    };
-    host.eq_ignore_ascii_case("localhost")
-        || host
-            .parse::<std::net::IpAddr>()
-            .is_ok_and(|ip| ip.is_loopback())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn loopback_origins_are_recognised() {
-        for origin in [
-            "http://localhost",
-            "http://localhost:6274",
-            "https://127.0.0.1:8080",
-            "http://[::1]:3000",
-            "HTTP://LOCALHOST".to_lowercase().as_str(),
-        ] {
-            assert!(loopback_origin(origin), "{origin}");
-        }
-        for origin in [
-            "http://evil.example",
-            "http://localhost.evil.example",
-            "http://127.0.0.1.evil.example",
-            "null",
-            "file://localhost",
-            "http://[::1]evil",
-        ] {
-            assert!(!loopback_origin(origin), "{origin}");
-        }
-    }
-
-    #[test]
-    fn tokens_compare_exactly() {
-        assert!(same(b"s3cret", b"s3cret"));
-        assert!(!same(b"s3cre", b"s3cret"));
-        assert!(!same(b"s3cret!", b"s3cret"));
-        assert!(!same(b"S3cret", b"s3cret"));
-        assert!(!same(b"", b"s3cret"));
-    }
+    serving::bearer(headers).is_some_and(|given| serving::same(given.as_bytes(), token.as_bytes()))
 }

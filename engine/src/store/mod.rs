@@ -244,6 +244,87 @@ pub trait RunStore: Send + Sync + fmt::Debug {
         let _ = (finished_before, dry_run);
         Err(StoreError::new("this run store cannot prune runs"))
     }
+    /// One page of the runs `query` selects, newest first, with how many it selects in all.
+    fn page(&self, query: &RunQuery) -> Result<RunPage, StoreError> {
+        let mut runs: Vec<RunSummary> = self
+            .list()?
+            .into_iter()
+            .filter(|r| query.selects(r))
+            .collect();
+        let total = runs.len();
+        if let Some(after) = &query.after {
+            runs.retain(|r| (r.started_at, r.id.as_str()) < (after.started_at, after.id.as_str()));
+        }
+        let next = (runs.len() > query.limit).then(|| {
+            let last = &runs[query.limit - 1];
+            RunCursor {
+                started_at: last.started_at,
+                id: last.id.clone(),
+            }
+        });
+        runs.truncate(query.limit);
+        Ok(RunPage { runs, total, next })
+    }
+    /// The run with exactly this id, as `list` shows it, if there is one.
+    fn summary(&self, id: &str) -> Result<Option<RunSummary>, StoreError> {
+        Ok(self.with_prefix(id, 1)?.0.into_iter().find(|r| r.id == id))
+    }
+    /// The runs that may have changed at or after `since` (milliseconds since the epoch): those started
+    /// or ended since, and those running or waiting for approval, newest first.
+    fn changed_since(&self, since: u64) -> Result<Vec<RunSummary>, StoreError> {
+        Ok(self
+            .list()?
+            .into_iter()
+            .filter(|r| {
+                r.started_at >= since
+                    || r.finished_at.is_some_and(|f| f >= since)
+                    || matches!(r.status, RunState::Running | RunState::WaitingApproval)
+            })
+            .collect())
+    }
+    /// A number that changes whenever another connection commits a change to the store (cheap enough to
+    /// ask many times a second); a store that cannot tell says `None`.
+    fn changes(&self) -> Result<Option<u64>, StoreError> {
+        Ok(None)
+    }
+    /// The events of a run's log numbered after `after` (from 1), at most `limit` of them, in order, each
+    /// with its number.
+    fn events_after(
+        &self,
+        id: &str,
+        after: i64,
+        limit: usize,
+    ) -> Result<Vec<(i64, Json)>, StoreError> {
+        Ok((1_i64..)
+            .zip(self.events(id)?)
+            .skip_while(|(seq, _)| *seq <= after)
+            .take(limit)
+            .collect())
+    }
+    /// The number of the last event of a run's log (0 when it has none).
+    fn last_event(&self, id: &str) -> Result<i64, StoreError> {
+        Ok(self.events(id)?.len() as i64)
+    }
+    /// What a run's commands wrote after the piece numbered `after`, at most `limit` pieces, in order.
+    fn logs_after(&self, id: &str, after: i64, limit: usize) -> Result<Vec<LogChunk>, StoreError> {
+        let mut logs = self.logs(id, after)?;
+        logs.truncate(limit);
+        Ok(logs)
+    }
+    /// Records a decision on the one pending call of a run waiting for approval whose request has this
+    /// `key` (the SHA-256 over run, step, tool and arguments); returns the request, or `None` when no
+    /// pending call has that key.
+    fn decide_call(
+        &self,
+        id: &str,
+        key: &str,
+        decision: &crate::report::ApprovalDecision,
+    ) -> Result<Option<crate::report::ApprovalRequest>, StoreError> {
+        let _ = (id, key, decision);
+        Err(StoreError::new(
+            "this run store cannot decide one call by its key",
+        ))
+    }
     /// Everything about one run.
     fn load(&self, id: &str) -> Result<StoredRun, StoreError>;
     /// One run without the step outputs and texts a store keeps apart because they are large (those
@@ -423,6 +504,65 @@ impl RunFilter {
             && self.workflow.as_ref().is_none_or(|w| *w == run.workflow)
             && self.since.is_none_or(|t| run.started_at >= t)
     }
+}
+
+/// Which runs a page of the run listing shows, and where it starts. Every condition given must hold.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RunQuery {
+    /// Runs in one of these states (any state when empty), as `archon runs` shows them.
+    pub status: Vec<RunState>,
+    /// Runs of the workflow with this name.
+    pub workflow: Option<String>,
+    /// Runs started at or after this time (milliseconds since the epoch).
+    pub since: Option<u64>,
+    /// Runs started before this time (milliseconds since the epoch).
+    pub until: Option<u64>,
+    /// The page starts after this run (the `next` of the page before).
+    pub after: Option<RunCursor>,
+    /// Most runs on the page.
+    pub limit: usize,
+}
+
+impl RunQuery {
+    /// Whether `run` passes the conditions (all but `after` and `limit`).
+    pub fn selects(&self, run: &RunSummary) -> bool {
+        (self.status.is_empty() || self.status.contains(&run.status))
+            && self.workflow.as_ref().is_none_or(|w| *w == run.workflow)
+            && self.since.is_none_or(|t| run.started_at >= t)
+            && self.until.is_none_or(|t| run.started_at < t)
+    }
+}
+
+/// Where a page of the run listing ends: its last run's start and id.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RunCursor {
+    pub started_at: u64,
+    pub id: String,
+}
+
+impl RunCursor {
+    /// The cursor as text: `STARTED.ID`.
+    pub fn to_text(&self) -> String {
+        format!("{}.{}", self.started_at, self.id)
+    }
+
+    pub fn parse(text: &str) -> Option<RunCursor> {
+        let (started_at, id) = text.split_once('.')?;
+        Some(RunCursor {
+            started_at: started_at.parse().ok()?,
+            id: id.to_owned(),
+        })
+    }
+}
+
+/// One page of the run listing.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RunPage {
+    pub runs: Vec<RunSummary>,
+    /// How many runs the query selects in all pages.
+    pub total: usize,
+    /// Where the next page starts, when there is one.
+    pub next: Option<RunCursor>,
 }
 
 /// What `prune` deleted (or, in a dry run, would delete).

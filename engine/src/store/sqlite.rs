@@ -19,8 +19,8 @@ use tokio_util::sync::CancellationToken;
 
 use super::{
     Ack, ApprovalRecord, AttemptRecord, CacheEntry, CacheFilter, CacheSummary, Entry, Journal,
-    LogChunk, NewRun, Owner, Pruned, RunFilter, RunState, RunStore, RunSummary, StoreError,
-    StoredRun, now_ms, spec_hash,
+    LogChunk, NewRun, Owner, Pruned, RunCursor, RunFilter, RunPage, RunQuery, RunState, RunStore,
+    RunSummary, StoreError, StoredRun, now_ms, spec_hash,
 };
 use crate::record::{self, FORMAT_VERSION, RecordError, Row};
 use crate::report::{ApprovalDecision, ApprovalRequest, StepResult};
@@ -318,6 +318,88 @@ impl SqliteStore {
     fn forget_token(&self, id: &str) -> Option<String> {
         self.tokens.lock().ok().and_then(|mut t| t.remove(id))
     }
+
+    /// Records a decision on the pending calls `select` picks of a run waiting for approval; returns the
+    /// requests it decided.
+    fn decide_pending(
+        &self,
+        id: &str,
+        select: impl Fn(&ApprovalRequest) -> bool,
+        decision: &ApprovalDecision,
+    ) -> Result<Vec<ApprovalRequest>, StoreError> {
+        self.changeable()?;
+        let run = self.load(id)?;
+        if run.status != RunState::WaitingApproval {
+            let mut error = StoreError::new(format!(
+                "run `{id}` is not waiting for approval: it is `{}`",
+                run.status.as_str()
+            ));
+            error.unknown_run = true;
+            return Err(error);
+        }
+        let now = now_ms();
+        // A request whose rule's timeout passed is decided by the rule's default, not by a late answer.
+        let pending: Vec<ApprovalRequest> = run
+            .approvals
+            .into_iter()
+            .filter(|a| a.decision.is_none())
+            .filter(|a| {
+                a.request
+                    .timeout_ms
+                    .is_none_or(|t| now.saturating_sub(a.requested_at) < t)
+            })
+            .map(|a| a.request)
+            .filter(|r| select(r))
+            .collect();
+        let text = record::encode(&record::ApprovalDecision::from(decision));
+        let now = now as i64;
+        let still_waiting = self.with(|conn| {
+            let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+            // A process may have taken the run up since it was read: then its writer owns the trail.
+            let status: String =
+                tx.query_row("SELECT status FROM runs WHERE id = ?1", [id], |r| r.get(0))?;
+            if status != RunState::WaitingApproval.as_str() {
+                return Ok(false);
+            }
+            // The decision is in the run's trail too, after what the run recorded before it paused.
+            let mut seq: i64 = tx.query_row(
+                "SELECT COALESCE(MAX(seq), 0) FROM events WHERE run_id = ?1",
+                [id],
+                |r| r.get(0),
+            )?;
+            for request in &pending {
+                let changed = tx.execute(
+                    "UPDATE approvals SET decision = ?3, decided_at = ?4, format = ?5
+                     WHERE run_id = ?1 AND key = ?2 AND decision IS NULL",
+                    params![id, request.key, text, now, FORMAT_VERSION],
+                )?;
+                if changed == 0 {
+                    continue;
+                }
+                seq += 1;
+                let event = super::convert::event_text(&crate::report::RunEvent::ApprovalDecided {
+                    step: request.step.clone(),
+                    tool: request.tool.clone(),
+                    approved: decision.approved,
+                    by: decision.by.clone(),
+                    reason: decision.reason.clone(),
+                });
+                tx.execute(
+                    "INSERT INTO events (run_id, seq, at, event, format) VALUES (?1, ?2, ?3, ?4, ?5)",
+                    params![id, seq, now, event, FORMAT_VERSION],
+                )?;
+            }
+            tx.commit().map(|()| true)
+        })?;
+        if !still_waiting {
+            let mut error = StoreError::new(format!(
+                "run `{id}` is no longer waiting for approval: a process took it up"
+            ));
+            error.unknown_run = true;
+            return Err(error);
+        }
+        Ok(pending)
+    }
 }
 
 impl RunStore for SqliteStore {
@@ -486,84 +568,29 @@ impl RunStore for SqliteStore {
         step: Option<&str>,
         decision: &ApprovalDecision,
     ) -> Result<Vec<ApprovalRequest>, StoreError> {
-        self.changeable()?;
-        let run = self.load(id)?;
-        if run.status != RunState::WaitingApproval {
-            let mut error = StoreError::new(format!(
-                "run `{id}` is not waiting for approval: it is `{}`",
-                run.status.as_str()
-            ));
-            error.unknown_run = true;
-            return Err(error);
-        }
-        let now = now_ms();
-        // A request whose rule's timeout passed is decided by the rule's default, not by a late answer.
-        let pending: Vec<ApprovalRequest> = run
-            .approvals
-            .into_iter()
-            .filter(|a| a.decision.is_none())
-            .filter(|a| {
-                a.request
-                    .timeout_ms
-                    .is_none_or(|t| now.saturating_sub(a.requested_at) < t)
-            })
-            .map(|a| a.request)
-            .filter(|r| {
+        self.decide_pending(
+            id,
+            |r| {
                 step.is_none_or(|s| {
                     r.step == s
                         || r.step.starts_with(&format!("{s}/"))
                         || r.step.starts_with(&format!("{s}["))
                 })
-            })
-            .collect();
-        let text = record::encode(&record::ApprovalDecision::from(decision));
-        let now = now as i64;
-        let still_waiting = self.with(|conn| {
-            let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
-            // A process may have taken the run up since it was read: then its writer owns the trail.
-            let status: String =
-                tx.query_row("SELECT status FROM runs WHERE id = ?1", [id], |r| r.get(0))?;
-            if status != RunState::WaitingApproval.as_str() {
-                return Ok(false);
-            }
-            // The decision is in the run's trail too, after what the run recorded before it paused.
-            let mut seq: i64 = tx.query_row(
-                "SELECT COALESCE(MAX(seq), 0) FROM events WHERE run_id = ?1",
-                [id],
-                |r| r.get(0),
-            )?;
-            for request in &pending {
-                let changed = tx.execute(
-                    "UPDATE approvals SET decision = ?3, decided_at = ?4, format = ?5
-                     WHERE run_id = ?1 AND key = ?2 AND decision IS NULL",
-                    params![id, request.key, text, now, FORMAT_VERSION],
-                )?;
-                if changed == 0 {
-                    continue;
-                }
-                seq += 1;
-                let event = super::convert::event_text(&crate::report::RunEvent::ApprovalDecided {
-                    step: request.step.clone(),
-                    tool: request.tool.clone(),
-                    approved: decision.approved,
-                    by: decision.by.clone(),
-                    reason: decision.reason.clone(),
-                });
-                tx.execute(
-                    "INSERT INTO events (run_id, seq, at, event, format) VALUES (?1, ?2, ?3, ?4, ?5)",
-                    params![id, seq, now, event, FORMAT_VERSION],
-                )?;
-            }
-            tx.commit().map(|()| true)
-        })?;
-        if !still_waiting {
-            let mut error = StoreError::new(format!(
-                "run `{id}` is no longer waiting for approval: a process took it up"
-            ));
-            error.unknown_run = true;
-            return Err(error);
-        }
-        Ok(pending)
+            },
+            decision,
+        )
+    }
+
+    fn decide_call(
+        &self,
+        id: &str,
+        key: &str,
+        decision: &ApprovalDecision,
+    ) -> Result<Option<ApprovalRequest>, StoreError> {
+        Ok(self
+            .decide_pending(id, |r| r.key == key, decision)?
+            .into_iter()
+            .next())
     }
 
     /// Asks the run to stop for good: a live owner notices within a few seconds (and is sent SIGTERM when
@@ -646,6 +673,183 @@ impl RunStore for SqliteStore {
             }
             Ok(runs)
         })
+    }
+
+    /// One page of the runs `query` selects: by start time through the `runs_by_start` index, the
+    /// workflow and the stored state checked by SQLite, the state a person sees (a `running` run whose
+    /// owner died is interrupted) checked row by row for the few `running` rows. The total is counted
+    /// the same way, in the same read transaction.
+    fn page(&self, query: &RunQuery) -> Result<RunPage, StoreError> {
+        let since = query.since.map_or(0, |t| t.min(i64::MAX as u64) as i64);
+        let until = query
+            .until
+            .map_or(i64::MAX, |t| t.min(i64::MAX as u64) as i64);
+        let states = (!query.status.is_empty()).then(|| {
+            Json::Array(
+                query
+                    .status
+                    .iter()
+                    .map(|s| Json::String(s.as_str().to_owned()))
+                    .collect(),
+            )
+            .to_string()
+        });
+        let (after_start, after_id) = match &query.after {
+            Some(c) => (
+                Some(c.started_at.min(i64::MAX as u64) as i64),
+                Some(c.id.clone()),
+            ),
+            None => (None, None),
+        };
+        self.with(|conn| {
+            let tx = conn.transaction()?;
+            let settled: i64 = tx
+                .prepare_cached(
+                    "SELECT COUNT(*) FROM runs WHERE started_at >= ?1 AND started_at < ?2
+                     AND (?3 IS NULL OR workflow = ?3) AND status != 'running'
+                     AND (?4 IS NULL OR status IN (SELECT value FROM json_each(?4)))",
+                )?
+                .query_row(params![since, until, query.workflow, states], |r| r.get(0))?;
+            let mut running = 0;
+            {
+                let mut stmt = tx.prepare_cached(&format!(
+                    "SELECT {SUMMARY} FROM runs WHERE status = 'running' AND started_at >= ?1
+                     AND started_at < ?2 AND (?3 IS NULL OR workflow = ?3)"
+                ))?;
+                let mut rows = stmt.query(params![since, until, query.workflow])?;
+                while let Some(row) = rows.next()? {
+                    if query.selects(&summary(row)?) {
+                        running += 1;
+                    }
+                }
+            }
+            let mut runs = Vec::new();
+            let mut next = None;
+            {
+                let mut stmt = tx.prepare_cached(&format!(
+                    "SELECT {SUMMARY} FROM runs WHERE started_at >= ?1 AND started_at < ?2
+                     AND (?3 IS NULL OR workflow = ?3)
+                     AND (?4 IS NULL OR status = 'running' OR status IN (SELECT value FROM json_each(?4)))
+                     AND (?5 IS NULL OR started_at < ?5 OR (started_at = ?5 AND id < ?6))
+                     ORDER BY started_at DESC, id DESC"
+                ))?;
+                let mut rows = stmt.query(params![
+                    since,
+                    until,
+                    query.workflow,
+                    states,
+                    after_start,
+                    after_id
+                ])?;
+                while let Some(row) = rows.next()? {
+                    let run = summary(row)?;
+                    if !query.selects(&run) {
+                        continue;
+                    }
+                    if runs.len() == query.limit {
+                        next = runs.last().map(|last: &RunSummary| RunCursor {
+                            started_at: last.started_at,
+                            id: last.id.clone(),
+                        });
+                        break;
+                    }
+                    runs.push(run);
+                }
+            }
+            Ok(RunPage {
+                runs,
+                total: settled as usize + running,
+                next,
+            })
+        })
+    }
+
+    fn summary(&self, id: &str) -> Result<Option<RunSummary>, StoreError> {
+        self.with(|conn| {
+            conn.prepare_cached(&format!("SELECT {SUMMARY} FROM runs WHERE id = ?1"))?
+                .query_row([id], summary)
+                .optional()
+        })
+    }
+
+    fn changed_since(&self, since: u64) -> Result<Vec<RunSummary>, StoreError> {
+        let since = since.min(i64::MAX as u64) as i64;
+        self.with(|conn| {
+            conn.prepare_cached(&format!(
+                "SELECT {SUMMARY} FROM runs WHERE started_at >= ?1 OR finished_at >= ?1
+                 OR status IN ('running', 'waiting_approval')
+                 ORDER BY started_at DESC, id DESC"
+            ))?
+            .query_map([since], summary)?
+            .collect()
+        })
+    }
+
+    /// `PRAGMA data_version`: it changes when another connection commits.
+    fn changes(&self) -> Result<Option<u64>, StoreError> {
+        self.with(|conn| {
+            conn.query_row("PRAGMA data_version", [], |r| r.get::<_, i64>(0))
+                .map(|v| Some(v as u64))
+        })
+    }
+
+    fn last_event(&self, id: &str) -> Result<i64, StoreError> {
+        self.with(|conn| {
+            conn.prepare_cached("SELECT COALESCE(MAX(seq), 0) FROM events WHERE run_id = ?1")?
+                .query_row([id], |r| r.get(0))
+        })
+    }
+
+    fn logs_after(&self, id: &str, after: i64, limit: usize) -> Result<Vec<LogChunk>, StoreError> {
+        self.with(|conn| {
+            let mut stmt = conn.prepare_cached(
+                "SELECT seq, step, attempt, source, stream, text, at FROM logs
+                 WHERE run_id = ?1 AND seq > ?2 ORDER BY seq LIMIT ?3",
+            )?;
+            let rows = stmt.query_map(
+                params![id, after, limit.min(i64::MAX as usize) as i64],
+                log_chunk,
+            )?;
+            rows.collect()
+        })
+    }
+
+    /// The events numbered after `after`, decoded as `events` decodes them. A row that does not decode
+    /// fails it, naming every such row.
+    fn events_after(
+        &self,
+        id: &str,
+        after: i64,
+        limit: usize,
+    ) -> Result<Vec<(i64, Json)>, StoreError> {
+        let mut damage = Vec::new();
+        let events = self.with(|conn| {
+            let mut stmt = conn.prepare_cached(
+                "SELECT seq, at, format, event FROM events WHERE run_id = ?1 AND seq > ?2
+                 ORDER BY seq LIMIT ?3",
+            )?;
+            let mut rows = stmt.query(params![id, after, limit.min(i64::MAX as usize) as i64])?;
+            let mut events = Vec::new();
+            while let Some(r) = rows.next()? {
+                let seq: i64 = r.get(0)?;
+                let at: i64 = r.get(1)?;
+                let row = seq.to_string();
+                let at_row = Row {
+                    run: id,
+                    table: "events",
+                    row: &row,
+                };
+                match record::decode::<record::Event>(at_row, r.get(2)?, bytes(r.get_ref(3)?)) {
+                    Ok(event) => events.push((seq, event_json(event, at))),
+                    Err(e) => damage.push(e),
+                }
+            }
+            Ok(events)
+        })?;
+        if !damage.is_empty() {
+            return Err(damaged_rows(&self.path, &damage));
+        }
+        Ok(events)
     }
 
     /// The runs whose id starts with `prefix`: a range of the primary key's index, never a scan.
@@ -750,60 +954,18 @@ impl RunStore for SqliteStore {
                 "SELECT seq, step, attempt, source, stream, text, at FROM logs
                  WHERE run_id = ?1 AND seq > ?2 ORDER BY seq",
             )?;
-            let rows = stmt.query_map(params![id, after], |r| {
-                Ok(LogChunk {
-                    seq: r.get(0)?,
-                    step: r.get(1)?,
-                    attempt: r.get(2)?,
-                    source: r.get(3)?,
-                    stream: if r.get::<_, String>(4)? == "stderr" {
-                        crate::tools::Stream::Stderr
-                    } else {
-                        crate::tools::Stream::Stdout
-                    },
-                    text: r.get(5)?,
-                    at_ms: r.get::<_, i64>(6)? as u64,
-                })
-            })?;
+            let rows = stmt.query_map(params![id, after], log_chunk)?;
             rows.collect()
         })
     }
 
     /// The run's event log, in order. A row that does not decode fails it, naming every such row.
     fn events(&self, id: &str) -> Result<Vec<Json>, StoreError> {
-        let mut damage = Vec::new();
-        let events = self.with(|conn| {
-            let mut stmt = conn.prepare(
-                "SELECT seq, at, format, event FROM events WHERE run_id = ?1 ORDER BY seq",
-            )?;
-            let mut rows = stmt.query([id])?;
-            let mut events = Vec::new();
-            while let Some(r) = rows.next()? {
-                let seq: i64 = r.get(0)?;
-                let at: i64 = r.get(1)?;
-                let row = seq.to_string();
-                let at_row = Row {
-                    run: id,
-                    table: "events",
-                    row: &row,
-                };
-                match record::decode::<record::Event>(at_row, r.get(2)?, bytes(r.get_ref(3)?)) {
-                    Ok(record::Event { event, mut fields }) => {
-                        let mut map = Map::with_capacity(fields.len() + 2);
-                        map.insert("event".to_owned(), Json::String(event));
-                        map.append(&mut fields);
-                        map.insert("at_ms".to_owned(), Json::from(at));
-                        events.push(Json::Object(map));
-                    }
-                    Err(e) => damage.push(e),
-                }
-            }
-            Ok(events)
-        })?;
-        if !damage.is_empty() {
-            return Err(damaged_rows(&self.path, &damage));
-        }
-        Ok(events)
+        Ok(self
+            .events_after(id, 0, usize::MAX)?
+            .into_iter()
+            .map(|(_, event)| event)
+            .collect())
     }
 
     /// Checks every page (`PRAGMA quick_check`) and decodes every row of every run.
@@ -1984,6 +2146,42 @@ fn unknown_run(id: &str) -> StoreError {
         unknown_run: true,
         ..StoreError::new(format!("no run `{id}` in the state directory"))
             .with_hint("`archon runs` lists the runs it holds")
+    }
+}
+
+/// A piece of a run's logs from a row of `seq, step, attempt, source, stream, text, at`.
+fn log_chunk(r: &rusqlite::Row<'_>) -> rusqlite::Result<LogChunk> {
+    Ok(LogChunk {
+        seq: r.get(0)?,
+        step: r.get(1)?,
+        attempt: r.get(2)?,
+        source: r.get(3)?,
+        stream: if r.get::<_, String>(4)? == "stderr" {
+            crate::tools::Stream::Stderr
+        } else {
+            crate::tools::Stream::Stdout
+        },
+        text: r.get(5)?,
+        at_ms: r.get::<_, i64>(6)? as u64,
+    })
+}
+
+/// An event as the log shows it: its kind, its fields, and when it happened.
+fn event_json(record::Event { event, mut fields }: record::Event, at_ms: i64) -> Json {
+    let mut map = Map::with_capacity(fields.len() + 2);
+    map.insert("event".to_owned(), Json::String(event));
+    map.append(&mut fields);
+    map.insert("at_ms".to_owned(), Json::from(at_ms));
+    Json::Object(map)
+}
+
+/// A run's event as its log will show it once it is recorded (`RunStore::events`), from the event
+/// itself: the same record, decoded the same way.
+pub fn recorded_event(event: &crate::report::RunEvent, at_ms: u64) -> Json {
+    let text = super::convert::event_text(event);
+    match serde_json::from_str::<record::Event>(&text) {
+        Ok(event) => event_json(event, at_ms.min(i64::MAX as u64) as i64),
+        Err(_) => Json::Null,
     }
 }
 
