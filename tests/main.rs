@@ -43,6 +43,7 @@ mod session;
 mod skills;
 mod store;
 mod support;
+mod triggers;
 mod ux;
 mod validate_fixtures;
 mod workflows;

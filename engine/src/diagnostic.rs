@@ -200,4 +200,8 @@ pub mod codes {
     pub const SKILL_RULES: &str = "archon::skill_rules";
     pub const SKILL_CATALOG_OVER_BUDGET: &str = "archon::skill_catalog_over_budget";
     pub const INVALID_CONFIG: &str = "archon::invalid_config";
+    pub const INVALID_CRON: &str = "archon::invalid_cron";
+    pub const UNKNOWN_TIMEZONE: &str = "archon::unknown_timezone";
+    pub const INVALID_INPUT: &str = "archon::invalid_input";
+    pub const DUPLICATE_TRIGGER: &str = "archon::duplicate_trigger";
 }

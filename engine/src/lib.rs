@@ -27,6 +27,7 @@ pub mod store;
 mod testing;
 pub mod text;
 pub mod tools;
+pub mod trigger;
 pub mod validate;
 pub mod workflow;
 

@@ -23,9 +23,13 @@ use crate::store::{Entry, NewRun, RunStore, spec_hash};
 use crate::validate::{Validation, validate_file, validate_source};
 use crate::workflow::Workflow;
 
+use crate::trigger::{Delivery, Due, ReceiveError, Received, Scheduler, Timestamp, Webhook};
+
+pub use crate::store::new_run_id;
 pub use crate::store::{
-    ApprovalRecord, AttemptRecord, CacheFilter, CacheSummary, LogChunk, Owner, Pruned, RunCursor,
-    RunFilter, RunPage, RunQuery, RunState, RunSummary, StoreError, StoredRun,
+    ApprovalRecord, AttemptRecord, CacheFilter, CacheSummary, Firing, FiringFilter, FiringKind,
+    FiringOutcome, LogChunk, Owner, Pruned, RunCursor, RunFilter, RunPage, RunQuery, RunState,
+    RunSummary, StoreError, StoredRun,
 };
 
 /// The version of the run store's schema this build writes (what a bug report names).
@@ -466,6 +470,81 @@ impl Session {
     /// Removes the cached results `filter` selects (`archon cache clear`); returns how many.
     pub fn cache_clear(&self, filter: &CacheFilter) -> Result<usize, StoreError> {
         self.store.cache_clear(filter, crate::store::now_ms())
+    }
+
+    /// The cron firings due at `now`, each recorded before it is returned ([`Scheduler::due`]); `active`
+    /// says whether a run the scheduler returned earlier is still running or queued.
+    pub fn due_firings(
+        &self,
+        scheduler: &mut Scheduler,
+        now: Timestamp,
+        active: &dyn Fn(&str) -> bool,
+    ) -> Result<Vec<Due>, StoreError> {
+        scheduler.due(self.store.as_ref(), now, active)
+    }
+
+    /// Checks a webhook delivery and records its firing before its run exists
+    /// ([`crate::trigger::receive`]): a new delivery is [`Received::Fired`], one whose id was recorded
+    /// before is [`Received::Replayed`].
+    pub fn receive_delivery(
+        &self,
+        hook: &Webhook,
+        delivery: &Delivery<'_>,
+        now: Timestamp,
+    ) -> Result<Received, ReceiveError> {
+        crate::trigger::receive(self.store.as_ref(), hook, delivery, now)
+    }
+
+    /// Records a firing unless its slot is already recorded; says whether it was new.
+    pub fn record_firing(&self, firing: &Firing) -> Result<bool, StoreError> {
+        self.store.record_firing(firing)
+    }
+
+    /// The firings `filter` selects, newest first, without their inputs.
+    pub fn firings(&self, filter: &FiringFilter) -> Result<Vec<Firing>, StoreError> {
+        self.store.firings(filter)
+    }
+
+    /// The latest firing of a trigger, by slot time.
+    pub fn last_firing(&self, workflow: &str, trigger: &str) -> Result<Option<Firing>, StoreError> {
+        self.store.last_firing(workflow, trigger)
+    }
+
+    /// The firings recorded with a run that was never created (a server stopped in between), oldest
+    /// first, with their inputs: what a server starts (or queues) when it starts again.
+    pub fn unstarted_firings(&self) -> Result<Vec<Firing>, StoreError> {
+        self.store.unstarted_firings()
+    }
+
+    /// Records the run of a firing (under the id the firing carries, with its inputs) and prepares it
+    /// to execute.
+    pub fn start_firing(
+        &self,
+        firing: &Firing,
+        workflow: Workflow,
+        spec_path: PathBuf,
+        workdir: PathBuf,
+        max_parallel: Option<usize>,
+    ) -> Result<Prepared, SessionError> {
+        let Some(id) = firing.run_id.clone() else {
+            return Err(SessionError::refused(
+                format!(
+                    "the {} firing `{}` of trigger `{}` starts no run",
+                    firing.outcome.as_str(),
+                    firing.slot,
+                    firing.trigger
+                ),
+                "only a started or queued firing has a run",
+            ));
+        };
+        self.start(NewRunRequest {
+            id,
+            workflow,
+            inputs: firing.inputs.clone(),
+            spec_path,
+            workdir,
+            max_parallel,
+        })
     }
 
     /// Records a new run, owned by this process, and prepares it to execute.
@@ -1103,21 +1182,6 @@ fn cached_workflows(workflow: &Workflow) -> Vec<String> {
     let mut names = Vec::new();
     walk(workflow, &mut names);
     names
-}
-
-/// A new run id: `r`, then the start time in seconds, the process id and a random suffix, in hex.
-///
-/// Short enough to type, ordered by start time to the second, and unique without coordination: the
-/// process id keeps ids apart between processes started in the same second, the suffix within one.
-pub fn new_run_id() -> String {
-    let secs = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs());
-    format!(
-        "r{secs:x}{:x}{:06x}",
-        std::process::id(),
-        fastrand::u32(..0x0100_0000)
-    )
 }
 
 /// Writes the one-step workflow of a goal (`archon run --goal`) into the state directory, where a resume

@@ -13,6 +13,7 @@ pub mod parse;
 pub mod schema;
 mod spanned;
 mod toml;
+mod trigger;
 mod values;
 mod yaml;
 
@@ -27,6 +28,10 @@ pub use delegate::{DEFAULT_MAX_DELEGATION_DEPTH, Delegate};
 pub use node::{Key, Node, NodeKind, PathSegment};
 pub use parse::{Limits, parse};
 pub use spanned::Spanned;
+pub use trigger::{
+    Cron, CronError, CronText, MAX_CATCH_UP, Overlap, TimeZoneText, TriggerDef, WebhookDef,
+    time_zones,
+};
 pub use values::{DurationText, Pattern};
 
 /// A template string (minijinja syntax), rendered once at run time.
@@ -100,6 +105,9 @@ pub struct Spec {
     /// What `http` tools may reach.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub network: Option<NetworkConfig>,
+    /// What starts the workflow under `archon serve`: `cron` schedules and a `webhook`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub triggers: Vec<Spanned<TriggerDef>>,
 }
 
 /// Network access for `http` tools. Loopback, private, link-local and cloud metadata addresses are refused

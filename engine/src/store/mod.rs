@@ -179,6 +179,109 @@ pub struct LogChunk {
     pub at_ms: u64,
 }
 
+/// What kind of trigger fired.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FiringKind {
+    Cron,
+    Webhook,
+}
+
+impl FiringKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FiringKind::Cron => "cron",
+            FiringKind::Webhook => "webhook",
+        }
+    }
+
+    pub fn parse(text: &str) -> Option<Self> {
+        match text {
+            "cron" => Some(FiringKind::Cron),
+            "webhook" => Some(FiringKind::Webhook),
+            _ => None,
+        }
+    }
+}
+
+/// What became of a firing.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FiringOutcome {
+    /// Its run starts now (after the previous one was cancelled, when `reason` says so).
+    Started,
+    /// Its run starts once the runs the trigger started before it have ended.
+    Queued,
+    /// No run: the previous run was still going (`overlap: skip`), or too many were queued.
+    Skipped,
+    /// No run: an authenticated delivery whose body was refused (`reason` says why).
+    Refused,
+}
+
+impl FiringOutcome {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FiringOutcome::Started => "started",
+            FiringOutcome::Queued => "queued",
+            FiringOutcome::Skipped => "skipped",
+            FiringOutcome::Refused => "refused",
+        }
+    }
+
+    pub fn parse(text: &str) -> Option<Self> {
+        Some(match text {
+            "started" => FiringOutcome::Started,
+            "queued" => FiringOutcome::Queued,
+            "skipped" => FiringOutcome::Skipped,
+            "refused" => FiringOutcome::Refused,
+            _ => return None,
+        })
+    }
+}
+
+/// One firing of a trigger, recorded before the run it starts: a restart finds it and neither fires its
+/// slot again nor loses its run.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Firing {
+    pub workflow: String,
+    /// The trigger's name (`name:`, or the one derived from its definition).
+    pub trigger: String,
+    pub kind: FiringKind,
+    /// What fired, unique per workflow and trigger: for a cron trigger the scheduled instant in RFC 3339
+    /// (UTC, to the second), for a webhook the delivery id.
+    pub slot: String,
+    /// Milliseconds since the Unix epoch: the scheduled instant, or when the delivery came.
+    pub slot_at: u64,
+    /// Milliseconds since the Unix epoch: when the firing was recorded.
+    pub fired_at: u64,
+    /// The run it starts or queues (`started`, `queued`); the run gets this id when it is created.
+    pub run_id: Option<String>,
+    pub outcome: FiringOutcome,
+    /// Why it was skipped or refused, or which run it cancelled.
+    pub reason: Option<String>,
+    /// The inputs its run starts with (empty in listings, which leave them out).
+    pub inputs: Map<String, Json>,
+}
+
+/// What the store knows of a trigger between firings: since when a server has watched it, and the last
+/// slot it fired (kept when the firings themselves are pruned).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TriggerMark {
+    /// Milliseconds since the Unix epoch: when a server first watched the trigger.
+    pub armed_at: u64,
+    /// The scheduled instant of the last slot recorded, if any.
+    pub last_slot_at: Option<u64>,
+}
+
+/// Which firings a listing shows, newest first.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct FiringFilter {
+    pub workflow: Option<String>,
+    pub trigger: Option<String>,
+    /// At most this many.
+    pub limit: Option<usize>,
+}
+
 /// Where runs are kept: what the CLI needs to start, list, show, resume, retry and cancel runs.
 /// [`sqlite::SqliteStore`] is the embedded implementation; a server database can implement the same.
 pub trait RunStore: Send + Sync + fmt::Debug {
@@ -357,6 +460,40 @@ pub trait RunStore: Send + Sync + fmt::Debug {
     fn cache_clear(&self, filter: &CacheFilter, now: u64) -> Result<usize, StoreError> {
         let _ = (filter, now);
         Ok(0)
+    }
+    /// Records a firing of a trigger unless its slot (`workflow`, `trigger`, `slot`) is already recorded;
+    /// says whether it was new. Durable when it returns: a firing is recorded before its run starts.
+    fn record_firing(&self, firing: &Firing) -> Result<bool, StoreError> {
+        let _ = firing;
+        Err(StoreError::new(
+            "this run store cannot record trigger firings",
+        ))
+    }
+    /// The latest firing of a trigger (by slot time), without its inputs.
+    fn last_firing(&self, workflow: &str, trigger: &str) -> Result<Option<Firing>, StoreError> {
+        let _ = (workflow, trigger);
+        Ok(None)
+    }
+    /// The firings `filter` selects, newest first, without their inputs.
+    fn firings(&self, filter: &FiringFilter) -> Result<Vec<Firing>, StoreError> {
+        let _ = filter;
+        Ok(Vec::new())
+    }
+    /// The firings recorded with a run (`started`, `queued`) whose run was never created (a server stopped
+    /// in between), oldest first, with their inputs.
+    fn unstarted_firings(&self) -> Result<Vec<Firing>, StoreError> {
+        Ok(Vec::new())
+    }
+    /// Marks a trigger as watched from `now` (milliseconds since the epoch) unless it already is; returns
+    /// what the store knows of it.
+    fn arm_trigger(
+        &self,
+        workflow: &str,
+        trigger: &str,
+        now: u64,
+    ) -> Result<TriggerMark, StoreError> {
+        let _ = (workflow, trigger, now);
+        Err(StoreError::new("this run store cannot keep triggers"))
     }
     /// Starts recording a run this process owns; `cancel` is cancelled when the run is asked to stop.
     fn journal(
@@ -690,4 +827,22 @@ pub fn now_ms() -> u64 {
 pub fn epoch_ms(at: std::time::SystemTime) -> u64 {
     at.duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+/// A new run id: `r`, then the start time in seconds, the process id and a suffix, in hex.
+///
+/// Short enough to type, ordered by start time to the second, and unique without coordination: the
+/// process id keeps ids apart between processes started in the same second, and the suffix, a counter
+/// from a random start, within one (a server makes many ids a second: random suffixes alone would meet).
+pub fn new_run_id() -> String {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static NEXT: std::sync::OnceLock<AtomicU32> = std::sync::OnceLock::new();
+    let suffix = NEXT
+        .get_or_init(|| AtomicU32::new(fastrand::u32(..)))
+        .fetch_add(1, Ordering::Relaxed)
+        & 0x00ff_ffff;
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    format!("r{secs:x}{:x}{suffix:06x}", std::process::id())
 }

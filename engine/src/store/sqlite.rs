@@ -18,9 +18,10 @@ use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
 
 use super::{
-    Ack, ApprovalRecord, AttemptRecord, CacheEntry, CacheFilter, CacheSummary, Entry, Journal,
-    LogChunk, NewRun, Owner, Pruned, RunCursor, RunFilter, RunPage, RunQuery, RunState, RunStore,
-    RunSummary, StoreError, StoredRun, now_ms, spec_hash,
+    Ack, ApprovalRecord, AttemptRecord, CacheEntry, CacheFilter, CacheSummary, Entry, Firing,
+    FiringFilter, FiringKind, FiringOutcome, Journal, LogChunk, NewRun, Owner, Pruned, RunCursor,
+    RunFilter, RunPage, RunQuery, RunState, RunStore, RunSummary, StoreError, StoredRun, TriggerMark,
+    now_ms, spec_hash,
 };
 use crate::record::{self, FORMAT_VERSION, RecordError, Row};
 use crate::report::{ApprovalDecision, ApprovalRequest, StepResult};
@@ -158,11 +159,22 @@ CREATE INDEX logs_by_step ON logs(run_id, step, attempt);
 ",
     // Results of steps with `cache`, by the SHA-256 of what they depend on (`archon cache`). Large
     // outputs and texts live in `blobs`, as a run's results do.
-    // (Written compactly: the schema's text is kept small, so that it stays on the database's first page.)
+    // (Written compactly: the schema's text is read each time the store opens.)
     r"
 CREATE TABLE cache (key TEXT PRIMARY KEY, workflow TEXT NOT NULL, step TEXT NOT NULL, run_id TEXT NOT NULL,
 source TEXT NOT NULL, result TEXT NOT NULL, output_blob TEXT, text_blob TEXT, size INTEGER NOT NULL,
 created_at INTEGER NOT NULL, expires_at INTEGER, format INTEGER NOT NULL);
+",
+    // Trigger firings (`archon serve`), one per slot, recorded before their run exists (so without a
+    // foreign key: `prune` deletes a pruned run's firings itself); and per trigger, since when a server
+    // watched it and its last slot, which outlive pruned firings.
+    r"
+CREATE TABLE firings (workflow TEXT NOT NULL, trigger_name TEXT NOT NULL, slot TEXT NOT NULL, kind TEXT NOT NULL,
+slot_at INTEGER NOT NULL, fired_at INTEGER NOT NULL, run_id TEXT, outcome TEXT NOT NULL, reason TEXT,
+inputs TEXT NOT NULL, format INTEGER NOT NULL, PRIMARY KEY (workflow, trigger_name, slot));
+CREATE INDEX firings_by_run ON firings(run_id);
+CREATE TABLE triggers (workflow TEXT NOT NULL, trigger_name TEXT NOT NULL, armed_at INTEGER NOT NULL,
+last_slot_at INTEGER, PRIMARY KEY (workflow, trigger_name));
 ",
 ];
 
@@ -888,14 +900,19 @@ impl RunStore for SqliteStore {
                 ))?
                 .query_map([finished_before.min(i64::MAX as u64) as i64], summary)?
                 .collect::<rusqlite::Result<Vec<_>>>()?;
-            if runs.is_empty() {
+            let mut bytes = if runs.is_empty() {
+                0
+            } else {
+                prune_runs(&tx, &runs)?
+            };
+            bytes += prune_firings(&tx, finished_before)?;
+            if bytes == 0 {
                 return Ok(Pruned {
                     runs,
                     bytes: 0,
                     dry_run,
                 });
             }
-            let bytes = prune_runs(&tx, &runs)?;
             if dry_run {
                 tx.rollback()?;
             } else {
@@ -1011,6 +1028,18 @@ impl RunStore for SqliteStore {
             }
             drop(rows);
             drop(stmt);
+            // And every firing.
+            let mut stmt = conn.prepare(&format!(
+                "SELECT {FIRING}, inputs FROM firings ORDER BY fired_at, rowid"
+            ))?;
+            let mut rows = stmt.query([])?;
+            while let Some(r) = rows.next()? {
+                if let Err(e) = firing(r, true)? {
+                    damage.push(e);
+                }
+            }
+            drop(rows);
+            drop(stmt);
             for id in ids {
                 load_run(&conn, &id, &mut damage, Blobs::Read)?;
                 let mut stmt = conn.prepare_cached(
@@ -1108,6 +1137,130 @@ impl RunStore for SqliteStore {
             )?;
             tx.commit()?;
             Ok(removed)
+        })
+    }
+
+    /// Records a firing in its own transaction, synced to disk before it returns (this connection's other
+    /// commits are not: they are synced by the run's journal before anything acts on them).
+    fn record_firing(&self, f: &Firing) -> Result<bool, StoreError> {
+        self.changeable()?;
+        let inputs = record::encode(&f.inputs);
+        self.with(|conn| {
+            conn.execute_batch("PRAGMA synchronous = FULL;")?;
+            let recorded = (|| {
+                let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+                let new = tx.execute(
+                    "INSERT OR IGNORE INTO firings (workflow, trigger_name, slot, kind, slot_at, fired_at,
+                        run_id, outcome, reason, inputs, format)
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
+                    params![
+                        f.workflow,
+                        f.trigger,
+                        f.slot,
+                        f.kind.as_str(),
+                        f.slot_at.min(i64::MAX as u64) as i64,
+                        f.fired_at.min(i64::MAX as u64) as i64,
+                        f.run_id,
+                        f.outcome.as_str(),
+                        f.reason,
+                        inputs,
+                        FORMAT_VERSION,
+                    ],
+                )? == 1;
+                if new && f.kind == FiringKind::Cron {
+                    tx.execute(
+                        "INSERT INTO triggers (workflow, trigger_name, armed_at, last_slot_at)
+                         VALUES (?1, ?2, ?3, ?4)
+                         ON CONFLICT (workflow, trigger_name) DO UPDATE
+                            SET last_slot_at = max(COALESCE(last_slot_at, 0), excluded.last_slot_at)",
+                        params![
+                            f.workflow,
+                            f.trigger,
+                            f.fired_at.min(i64::MAX as u64) as i64,
+                            f.slot_at.min(i64::MAX as u64) as i64,
+                        ],
+                    )?;
+                }
+                tx.commit()?;
+                Ok(new)
+            })();
+            conn.execute_batch("PRAGMA synchronous = NORMAL;")?;
+            recorded
+        })
+    }
+
+    fn last_firing(&self, workflow: &str, trigger: &str) -> Result<Option<Firing>, StoreError> {
+        let found = self.with(|conn| {
+            conn.query_row(
+                &format!(
+                    "SELECT {FIRING} FROM firings WHERE workflow = ?1 AND trigger_name = ?2
+                     ORDER BY slot_at DESC, rowid DESC LIMIT 1"
+                ),
+                params![workflow, trigger],
+                |r| firing(r, false),
+            )
+            .optional()
+        })?;
+        found
+            .transpose()
+            .map_err(|e| damaged_rows(&self.path, &[e]))
+    }
+
+    fn firings(&self, filter: &FiringFilter) -> Result<Vec<Firing>, StoreError> {
+        let rows = self.with(|conn| {
+            let mut stmt = conn.prepare(&format!(
+                "SELECT {FIRING} FROM firings
+                 WHERE (?1 IS NULL OR workflow = ?1) AND (?2 IS NULL OR trigger_name = ?2)
+                 ORDER BY fired_at DESC, rowid DESC LIMIT ?3"
+            ))?;
+            let limit = filter.limit.map_or(-1, |l| l.min(i64::MAX as usize) as i64);
+            stmt.query_map(params![filter.workflow, filter.trigger, limit], |r| {
+                firing(r, false)
+            })?
+            .collect::<rusqlite::Result<Vec<_>>>()
+        })?;
+        collect_firings(&self.path, rows)
+    }
+
+    fn unstarted_firings(&self) -> Result<Vec<Firing>, StoreError> {
+        let rows = self.with(|conn| {
+            let mut stmt = conn.prepare(&format!(
+                "SELECT {FIRING}, inputs FROM firings f
+                 WHERE f.run_id IS NOT NULL AND f.outcome IN ('started', 'queued')
+                    AND NOT EXISTS (SELECT 1 FROM runs r WHERE r.id = f.run_id)
+                 ORDER BY f.fired_at, f.rowid"
+            ))?;
+            stmt.query_map([], |r| firing(r, true))?
+                .collect::<rusqlite::Result<Vec<_>>>()
+        })?;
+        collect_firings(&self.path, rows)
+    }
+
+    fn arm_trigger(
+        &self,
+        workflow: &str,
+        trigger: &str,
+        now: u64,
+    ) -> Result<TriggerMark, StoreError> {
+        self.changeable()?;
+        self.with(|conn| {
+            let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+            tx.execute(
+                "INSERT OR IGNORE INTO triggers (workflow, trigger_name, armed_at) VALUES (?1, ?2, ?3)",
+                params![workflow, trigger, now.min(i64::MAX as u64) as i64],
+            )?;
+            let mark = tx.query_row(
+                "SELECT armed_at, last_slot_at FROM triggers WHERE workflow = ?1 AND trigger_name = ?2",
+                params![workflow, trigger],
+                |r| {
+                    Ok(TriggerMark {
+                        armed_at: r.get::<_, i64>(0)?.max(0) as u64,
+                        last_slot_at: r.get::<_, Option<i64>>(1)?.map(|t| t.max(0) as u64),
+                    })
+                },
+            )?;
+            tx.commit()?;
+            Ok(mark)
         })
     }
 
@@ -2305,6 +2458,15 @@ fn prune_runs(tx: &rusqlite::Transaction<'_>, runs: &[RunSummary]) -> rusqlite::
             [],
         )?;
     }
+    // Firings name their run without a foreign key (they are recorded before it exists): those of the
+    // pruned runs go with them.
+    let size: i64 = tx.query_row(
+        &format!("SELECT COALESCE(SUM({FIRING_BYTES}), 0) FROM firings WHERE run_id IN {doomed}"),
+        [],
+        |r| r.get(0),
+    )?;
+    bytes += size.max(0) as u64;
+    tx.execute(&format!("DELETE FROM firings WHERE run_id IN {doomed}"), [])?;
     tx.execute(&format!("DELETE FROM runs WHERE id IN {doomed}"), [])?;
     if !to_blobs.is_empty() {
         // A row that stays may hold a blob without declaring the key: the step cache keeps its results'
@@ -2352,6 +2514,101 @@ fn prune_runs(tx: &rusqlite::Transaction<'_>, runs: &[RunSummary]) -> rusqlite::
     }
     tx.execute_batch("DROP TABLE temp.archon_pruned; DROP TABLE temp.archon_pruned_blobs;")?;
     Ok(bytes)
+}
+
+/// The bytes a firing row holds (its text columns and eight bytes a number).
+const FIRING_BYTES: &str =
+    "length(workflow) + length(trigger_name) + length(slot) + length(kind) + length(outcome)
+    + COALESCE(length(run_id), 0) + COALESCE(length(reason), 0) + length(inputs) + 24";
+
+/// Deletes the firings without a run (skipped, refused) recorded before `before` (milliseconds since the
+/// epoch); returns the bytes they held. Each trigger's last slot stays in `triggers`.
+fn prune_firings(tx: &rusqlite::Transaction<'_>, before: u64) -> rusqlite::Result<u64> {
+    let before = before.min(i64::MAX as u64) as i64;
+    let size: i64 = tx.query_row(
+        &format!(
+            "SELECT COALESCE(SUM({FIRING_BYTES}), 0) FROM firings WHERE run_id IS NULL AND fired_at < ?1"
+        ),
+        [before],
+        |r| r.get(0),
+    )?;
+    tx.execute(
+        "DELETE FROM firings WHERE run_id IS NULL AND fired_at < ?1",
+        [before],
+    )?;
+    Ok(size.max(0) as u64)
+}
+
+/// The columns [`firing`] reads, in its order.
+const FIRING: &str =
+    "workflow, trigger_name, kind, slot, slot_at, fired_at, run_id, outcome, reason, format";
+
+/// A firing from a row of [`FIRING`] columns (and `inputs` after them when `with_inputs`).
+fn firing(
+    r: &rusqlite::Row<'_>,
+    with_inputs: bool,
+) -> rusqlite::Result<Result<Firing, RecordError>> {
+    let workflow: String = r.get(0)?;
+    let trigger: String = r.get(1)?;
+    let slot: String = r.get(3)?;
+    let run_id: Option<String> = r.get(6)?;
+    let format: i64 = r.get(9)?;
+    let name = format!("{workflow}/{trigger}/{slot}");
+    let at = Row {
+        run: run_id.as_deref().unwrap_or("-"),
+        table: "firings",
+        row: &name,
+    };
+    let kind = FiringKind::parse(&r.get::<_, String>(2)?);
+    let outcome = FiringOutcome::parse(&r.get::<_, String>(7)?);
+    let (Some(kind), Some(outcome)) = (kind, outcome) else {
+        return Ok(Err(RecordError::Text {
+            run: at.run.to_owned(),
+            table: "firings",
+            row: name,
+            problem: "has an unknown kind or outcome",
+        }));
+    };
+    let inputs = if with_inputs {
+        match record::decode::<Map<String, Json>>(at, format, bytes(r.get_ref(10)?)) {
+            Ok(inputs) => inputs,
+            Err(e) => return Ok(Err(e)),
+        }
+    } else {
+        Map::new()
+    };
+    Ok(Ok(Firing {
+        workflow,
+        trigger,
+        kind,
+        slot,
+        slot_at: r.get::<_, i64>(4)?.max(0) as u64,
+        fired_at: r.get::<_, i64>(5)?.max(0) as u64,
+        run_id,
+        outcome,
+        reason: r.get(8)?,
+        inputs,
+    }))
+}
+
+/// The firings read, or the store's error naming every row that did not decode.
+fn collect_firings(
+    path: &Path,
+    rows: Vec<Result<Firing, RecordError>>,
+) -> Result<Vec<Firing>, StoreError> {
+    let mut firings = Vec::with_capacity(rows.len());
+    let mut damage = Vec::new();
+    for row in rows {
+        match row {
+            Ok(f) => firings.push(f),
+            Err(e) => damage.push(e),
+        }
+    }
+    if damage.is_empty() {
+        Ok(firings)
+    } else {
+        Err(damaged_rows(path, &damage))
+    }
 }
 
 fn owner_of(

@@ -19,6 +19,7 @@ mod structure;
 pub mod suggest;
 pub mod templates;
 mod tools;
+mod triggers;
 
 pub use planned::{PlanPolicy, problems};
 
@@ -500,6 +501,7 @@ impl Checker<'_> {
         self.check_name();
         self.check_inputs();
         self.check_env_and_secrets();
+        self.check_triggers();
         self.check_network();
         self.check_llm();
         // Before agents and rules, whose tool patterns may name MCP tools.
