@@ -112,7 +112,7 @@ impl App {
 }
 
 /// The whole application: the API under `/api/v1`, the login routes, the pages at `/`, behind the
-/// authentication middleware and a body limit.
+/// authentication middleware and a body limit; and, outside them, `POST /hooks/{workflow}`.
 pub fn router(app: AppState) -> Router {
     Router::new()
         .nest("/api/v1", api::router())
@@ -123,7 +123,9 @@ pub fn router(app: AppState) -> Router {
             auth::middleware,
         ))
         .layer(DefaultBodyLimit::max(MAX_BODY))
-        .with_state(app)
+        .with_state(app.clone())
+        // Webhook deliveries authenticate with their own signature or token, not the server's.
+        .merge(super::triggers::hooks_router(app))
 }
 
 /// An API error: `{"error": ..., "hint": ...}` with its status code.

@@ -19,6 +19,9 @@
 //!   run list.
 //! - `executor.rs`: runs started, continued, approved or cancelled from the server, each executed on a
 //!   thread of its own; `--max-runs` and the queue; what is resumed after a restart.
+//! - `triggers.rs`: triggers: the cron loop (unstarted firings, catch-up, each slot as it comes, the
+//!   overlap policies), the webhook endpoint `POST /hooks/{workflow}` (outside the authentication
+//!   middleware: the webhook's signature or token authenticates it) and the API's triggers and firings.
 //! - `openapi.rs`: the OpenAPI document (`archon serve --openapi`, `schemas/openapi.json`).
 //! - `pages/`: the dashboard's HTML pages, mounted at `/`.
 //!
@@ -65,6 +68,7 @@ mod events;
 mod executor;
 mod openapi;
 mod pages;
+mod triggers;
 mod workflows;
 
 use std::net::SocketAddr;
@@ -138,6 +142,7 @@ pub fn serve(args: &ServeArgs) -> anyhow::Result<Status> {
         output::stderr(&format!("listening on http://{bound}/\n"));
         events::spawn_watcher(app.clone());
         app.executor.resume_after_restart(&app);
+        triggers::spawn(app.clone());
         let router = app::router(app.clone());
         let shutdown = stopping.clone();
         let mut server = tokio::spawn(async move {
