@@ -107,7 +107,9 @@ async fn deliver(
 ) -> Response {
     let Some(hook) = hooks.hooks.get(&workflow) else {
         return ApiError::not_found(format!("no webhook for workflow `{workflow}`"))
-            .with_hint("a served workflow takes deliveries when one of its `triggers` is a `webhook`")
+            .with_hint(
+                "a served workflow takes deliveries when one of its `triggers` is a `webhook`",
+            )
             .into_response();
     };
     let hook = match hook {
@@ -307,6 +309,7 @@ async fn run_loop(app: AppState, scheduler: Scheduler, count: usize) {
         return;
     }
     let scheduler = Arc::new(Mutex::new(scheduler));
+    let mut first = true;
     loop {
         let (due, wake) = {
             let (app2, session, scheduler, waiting) = (
@@ -335,6 +338,14 @@ async fn run_loop(app: AppState, scheduler: Scheduler, count: usize) {
         };
         match due {
             Ok(due) => {
+                if first {
+                    // What a person (and a test) reads to know the catch-up is done.
+                    let fired = due.iter().filter(|d| d.firing.run_id.is_some()).count();
+                    output::stderr(&format!(
+                        "cron triggers: {count} watched, {fired} missed slot{} fired\n",
+                        if fired == 1 { "" } else { "s" }
+                    ));
+                }
                 for one in due {
                     act(&app, &waiting, one).await;
                 }
@@ -343,9 +354,12 @@ async fn run_loop(app: AppState, scheduler: Scheduler, count: usize) {
                 "error: the cron triggers cannot record their firings: {e}\n  hint: they try again in a minute\n"
             ))),
         }
+        first = false;
         let sleep = wake.map_or(RECHECK, |at| {
             let left = at.duration_since(Timestamp::now());
-            Duration::try_from(left).unwrap_or(Duration::ZERO).min(RECHECK)
+            Duration::try_from(left)
+                .unwrap_or(Duration::ZERO)
+                .min(RECHECK)
         });
         tokio::select! {
             () = tokio::time::sleep(sleep) => {}
@@ -523,7 +537,12 @@ pub fn triggers(app: &App, id: &str) -> Result<Vec<TriggerView>, ApiError> {
             let hook = def.webhook.as_ref().map(|h| &h.value);
             TriggerView {
                 name: def.name(),
-                kind: if def.cron.is_some() { "cron" } else { "webhook" }.to_owned(),
+                kind: if def.cron.is_some() {
+                    "cron"
+                } else {
+                    "webhook"
+                }
+                .to_owned(),
                 cron: def.cron.as_ref().map(|c| c.value.text.trim().to_owned()),
                 timezone: def.cron.as_ref().map(|_| {
                     def.timezone
@@ -608,10 +627,10 @@ pub async fn firings(app: &AppState, params: FiringsParams) -> Result<FiringsPag
         .clamp(1, MAX_FIRINGS_PAGE);
     let offset = params.offset.unwrap_or(0);
     if offset > MAX_FIRINGS_OFFSET {
-        return Err(ApiError::bad_request(format!(
-            "`offset` is at most {MAX_FIRINGS_OFFSET}"
-        ))
-        .with_hint("filter by `workflow` or `trigger` to reach older firings"));
+        return Err(
+            ApiError::bad_request(format!("`offset` is at most {MAX_FIRINGS_OFFSET}"))
+                .with_hint("filter by `workflow` or `trigger` to reach older firings"),
+        );
     }
     let filter = FiringFilter {
         workflow: params.workflow,

@@ -20,8 +20,8 @@ use tokio_util::sync::CancellationToken;
 use super::{
     Ack, ApprovalRecord, AttemptRecord, CacheEntry, CacheFilter, CacheSummary, Entry, Firing,
     FiringFilter, FiringKind, FiringOutcome, Journal, LogChunk, NewRun, Owner, Pruned, RunCursor,
-    RunFilter, RunPage, RunQuery, RunState, RunStore, RunSummary, StoreError, StoredRun, TriggerMark,
-    now_ms, spec_hash,
+    RunFilter, RunPage, RunQuery, RunState, RunStore, RunSummary, StoreError, StoredRun,
+    TriggerMark, now_ms, spec_hash,
 };
 use crate::record::{self, FORMAT_VERSION, RecordError, Row};
 use crate::report::{ApprovalDecision, ApprovalRequest, StepResult};
