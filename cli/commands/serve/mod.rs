@@ -33,7 +33,8 @@
 //! - **State.** A handler takes `State(app): State<AppState>` and shows what the same functions as the
 //!   API's handlers return, never the store directly: `api::workflows(&app)`, `api::workflow(&app, id)`,
 //!   `api::list_runs(&app, RunsParams)` (a page of runs with its total and the queue),
-//!   `api::run_detail(&app, id)`, `api::approvals(&app)`; each returns the API's own types (what the
+//!   `api::run_detail(&app, id)`, `api::approvals(&app)`, `triggers::triggers(&app, id)` (a workflow's
+//!   triggers, each cron one with its next fire time), `triggers::firings(&app, FiringsParams)`; each returns the API's own types (what the
 //!   OpenAPI document describes) or an [`app::ApiError`]. Other reads of the store go through
 //!   `app.read(|session| ...)`, which runs on the blocking pool.
 //! - **Who is asking.** Every request has passed the authentication middleware before a page handler

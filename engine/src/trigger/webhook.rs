@@ -355,7 +355,7 @@ pub fn receive(
 
 /// Bytes from lowercase or uppercase hex; `None` unless every pair reads.
 fn from_hex(hex: &str) -> Option<Vec<u8>> {
-    if hex.len() % 2 != 0 {
+    if !hex.len().is_multiple_of(2) {
         return None;
     }
     (0..hex.len())
