@@ -105,12 +105,12 @@ fn workflows() -> TempDir {
 }
 
 /// `archon serve . --port 0 ARGS` in `dir`, and where it listens.
-struct Server {
-    child: std::process::Child,
-    url: String,
-    http: reqwest::Client,
+pub(crate) struct Server {
+    pub(crate) child: std::process::Child,
+    pub(crate) url: String,
+    pub(crate) http: reqwest::Client,
     /// The bearer token requests send, if any.
-    token: Option<String>,
+    pub(crate) token: Option<String>,
     /// Everything it wrote on standard error after the address.
     stderr: std::sync::Arc<std::sync::Mutex<String>>,
 }
@@ -126,7 +126,7 @@ fn tls() {
     let _ = rustls::crypto::ring::default_provider().install_default();
 }
 
-fn serve(dir: &Path, args: &[&str], env: &[(&str, &str)]) -> Server {
+pub(crate) fn serve(dir: &Path, args: &[&str], env: &[(&str, &str)]) -> Server {
     tls();
     let mut child = Command::new(env!("CARGO_BIN_EXE_archon"))
         .args(["serve", ".", "--port", "0"])
@@ -182,7 +182,7 @@ fn serve_operator(dir: &Path) -> Server {
 }
 
 impl Server {
-    fn request(&self, method: reqwest::Method, path: &str) -> reqwest::RequestBuilder {
+    pub(crate) fn request(&self, method: reqwest::Method, path: &str) -> reqwest::RequestBuilder {
         let request = self.http.request(method, format!("{}{path}", self.url));
         match &self.token {
             Some(token) => request.bearer_auth(token),
@@ -190,7 +190,7 @@ impl Server {
         }
     }
 
-    async fn get(&self, path: &str) -> (u16, Json) {
+    pub(crate) async fn get(&self, path: &str) -> (u16, Json) {
         let response = self
             .request(reqwest::Method::GET, path)
             .send()
@@ -265,7 +265,7 @@ impl Server {
         }
     }
 
-    fn said(&self) -> String {
+    pub(crate) fn said(&self) -> String {
         self.stderr.lock().map(|s| s.clone()).unwrap_or_default()
     }
 }

@@ -52,6 +52,8 @@ pub fn openapi_router() -> OpenApiRouter<AppState> {
         .routes(routes!(resume))
         .routes(routes!(retry))
         .routes(routes!(get_queue))
+        .routes(routes!(super::triggers::get_triggers))
+        .routes(routes!(super::triggers::get_firings))
 }
 
 /// The API's routes for the server, the OpenAPI document at `/openapi.json` among them.

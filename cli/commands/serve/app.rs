@@ -112,9 +112,9 @@ impl App {
 }
 
 /// The whole application: the API under `/api/v1`, the login routes, the pages at `/`, behind the
-/// authentication middleware and a body limit.
+/// authentication middleware and a body limit; and, outside them, `POST /hooks/{workflow}`.
 pub fn router(app: AppState) -> Router {
-    Router::new()
+    let authenticated = Router::new()
         .nest("/api/v1", api::router())
         .merge(auth::routes())
         .merge(pages::router())
@@ -123,7 +123,10 @@ pub fn router(app: AppState) -> Router {
             auth::middleware,
         ))
         .layer(DefaultBodyLimit::max(MAX_BODY))
-        .with_state(app)
+        .with_state(app.clone());
+    // Webhook deliveries authenticate with their own signature or token, not the server's: that one
+    // route is outside the middleware, and everything else goes to the rest, behind it.
+    super::triggers::hooks_router(app).fallback_service(authenticated)
 }
 
 /// An API error: `{"error": ..., "hint": ...}` with its status code.

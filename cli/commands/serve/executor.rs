@@ -209,6 +209,19 @@ impl Executor {
         given: Map<String, Json>,
         trigger: Option<TriggerInfo>,
     ) -> Result<Started, ApiError> {
+        self.start_run_as(app, workflow, given, trigger, session::new_run_id())
+    }
+
+    /// [`Executor::start_run`] under a run id given beforehand: a trigger's firing records the id of
+    /// the run it starts before the run exists.
+    pub fn start_run_as(
+        &self,
+        app: &App,
+        workflow: &str,
+        given: Map<String, Json>,
+        trigger: Option<TriggerInfo>,
+        run_id: String,
+    ) -> Result<Started, ApiError> {
         let Some(served) = app.catalog.get(workflow).cloned() else {
             return Err(
                 ApiError::not_found(format!("no workflow `{workflow}` is served"))
@@ -243,7 +256,6 @@ impl Executor {
                 error
             })?;
         self.refuse_when_stopping()?;
-        let run_id = session::new_run_id();
         let queued = self.enqueue(Job {
             run_id: run_id.clone(),
             workflow: served.name.clone(),
@@ -637,7 +649,8 @@ impl Executor {
         Ok(())
     }
 
-    fn is_busy(&self, run_id: &str) -> bool {
+    /// Whether the run executes here now or waits in the queue.
+    pub fn is_busy(&self, run_id: &str) -> bool {
         let state = self.state();
         state.active.contains_key(run_id) || state.queue.iter().any(|j| j.run_id == run_id)
     }

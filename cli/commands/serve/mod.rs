@@ -19,6 +19,9 @@
 //!   run list.
 //! - `executor.rs`: runs started, continued, approved or cancelled from the server, each executed on a
 //!   thread of its own; `--max-runs` and the queue; what is resumed after a restart.
+//! - `triggers.rs`: triggers: the cron loop (unstarted firings, catch-up, each slot as it comes, the
+//!   overlap policies), the webhook endpoint `POST /hooks/{workflow}` (outside the authentication
+//!   middleware: the webhook's signature or token authenticates it) and the API's triggers and firings.
 //! - `openapi.rs`: the OpenAPI document (`archon serve --openapi`, `schemas/openapi.json`).
 //! - `pages/`: the dashboard's HTML pages, mounted at `/`.
 //!
@@ -30,7 +33,8 @@
 //! - **State.** A handler takes `State(app): State<AppState>` and shows what the same functions as the
 //!   API's handlers return, never the store directly: `api::workflows(&app)`, `api::workflow(&app, id)`,
 //!   `api::list_runs(&app, RunsParams)` (a page of runs with its total and the queue),
-//!   `api::run_detail(&app, id)`, `api::approvals(&app)`; each returns the API's own types (what the
+//!   `api::run_detail(&app, id)`, `api::approvals(&app)`, `triggers::triggers(&app, id)` (a workflow's
+//!   triggers, each cron one with its next fire time), `triggers::firings(&app, FiringsParams)`; each returns the API's own types (what the
 //!   OpenAPI document describes) or an [`app::ApiError`]. Other reads of the store go through
 //!   `app.read(|session| ...)`, which runs on the blocking pool.
 //! - **Who is asking.** Every request has passed the authentication middleware before a page handler
@@ -65,6 +69,7 @@ mod events;
 mod executor;
 mod openapi;
 mod pages;
+mod triggers;
 mod workflows;
 
 use std::net::SocketAddr;
@@ -138,6 +143,7 @@ pub fn serve(args: &ServeArgs) -> anyhow::Result<Status> {
         output::stderr(&format!("listening on http://{bound}/\n"));
         events::spawn_watcher(app.clone());
         app.executor.resume_after_restart(&app);
+        triggers::spawn(app.clone());
         let router = app::router(app.clone());
         let shutdown = stopping.clone();
         let mut server = tokio::spawn(async move {

@@ -18,6 +18,7 @@ use utoipa_axum::router::OpenApiRouter;
         (name = "workflows", description = "The served workflows, and starting runs"),
         (name = "runs", description = "Stored runs: listing, detail, events, logs, live streams, actions"),
         (name = "approvals", description = "Calls waiting for a person's decision"),
+        (name = "triggers", description = "The workflows' cron and webhook triggers, and their firings"),
     ),
     components(schemas(super::app::ApiError)),
     modifiers(&Security),

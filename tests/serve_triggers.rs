@@ -1,0 +1,346 @@
+//! Triggers under `archon serve`, over the real binary and real HTTP: webhook deliveries (signed,
+//! badly signed, replayed, too large, refused by the input's schema) start runs outside the server's
+//! own authentication; a cron slot missed while no server ran fires once when one starts, and not again
+//! after a restart; the API shows each trigger's next fire time and the firings.
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use archon_engine::session::Session;
+use archon_engine::trigger::{Scheduler, Timestamp, sign};
+use serde_json::{Value as Json, json};
+use tempfile::TempDir;
+
+use crate::serve::{Server, serve};
+
+const HOOK_SECRET: &str = "hook-secret-0123456789";
+const OPERATOR: &str = "operator-token-0123456789abcdef";
+
+const HOOKED: &str = r#"name: hooked
+secrets: [HOOK_SECRET]
+inputs:
+  event:
+    type: object
+    properties: { action: { type: string } }
+    required: [action]
+  scope: { type: string, default: daily }
+triggers:
+  - name: github
+    webhook: { secret: HOOK_SECRET, input: event }
+steps:
+  - id: say
+    tool: echo
+    with: { action: "{{ inputs.event.action }}", scope: "{{ inputs.scope }}" }
+outputs:
+  action: "{{ steps.say.output.action }}"
+"#;
+
+const HOURLY: &str = r#"name: hourly
+triggers:
+  - name: every-hour
+    cron: "0 * * * *"
+    timezone: Europe/Paris
+    catch_up: 3h
+steps:
+  - id: tick
+    tool: echo
+    with: { ticked: true }
+"#;
+
+fn workflows() -> TempDir {
+    let dir = TempDir::new().expect("tempdir");
+    std::fs::write(dir.path().join("hooked.yaml"), HOOKED).expect("write");
+    std::fs::write(dir.path().join("hourly.yaml"), HOURLY).expect("write");
+    std::fs::write(dir.path().join("tokens"), format!("operator {OPERATOR}\n")).expect("write");
+    dir
+}
+
+/// A server with a token file (so that the hooks are seen to need none of its tokens).
+fn start(dir: &Path) -> Server {
+    serve(
+        dir,
+        &["--token-file", "tokens"],
+        &[("HOOK_SECRET", HOOK_SECRET)],
+    )
+}
+
+/// Posts a delivery to `/hooks/{workflow}`: no server token, only the webhook's headers.
+async fn deliver(
+    server: &Server,
+    workflow: &str,
+    body: &[u8],
+    signature: Option<&str>,
+    id: &str,
+) -> (u16, Json) {
+    let mut request = server
+        .http
+        .post(format!("{}/hooks/{workflow}", server.url))
+        .header("content-type", "application/json")
+        .header("x-archon-delivery", id)
+        .body(body.to_vec());
+    if let Some(signature) = signature {
+        request = request.header("x-archon-signature", signature);
+    }
+    let response = request.send().await.expect("answered");
+    let status = response.status().as_u16();
+    let text = response.text().await.expect("a body");
+    (
+        status,
+        serde_json::from_str(&text).unwrap_or(Json::String(text)),
+    )
+}
+
+/// Polls `GET path` (with the operator's token) until `done` holds of its body, 30 s at most.
+async fn poll(server: &Server, path: &str, done: impl Fn(&Json) -> bool) -> Json {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let (status, body) = server.get(path).await;
+        if status == 200 && done(&body) {
+            return body;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{path} never got there: {status} {body}\n{}",
+            server.said()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Waits (30 s at most) for the server to say `line` on standard error.
+async fn said(server: &Server, line: &str) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !server.said().lines().any(|l| l == line) {
+        assert!(
+            Instant::now() < deadline,
+            "never said `{line}`:\n{}",
+            server.said()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+fn firings_of(page: &Json) -> Vec<(String, String)> {
+    page["firings"]
+        .as_array()
+        .expect("firings")
+        .iter()
+        .map(|f| {
+            (
+                f["slot"].as_str().unwrap_or_default().to_owned(),
+                f["outcome"].as_str().unwrap_or_default().to_owned(),
+            )
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn a_signed_delivery_starts_one_run_with_its_body_and_bad_ones_are_refused() {
+    let dir = workflows();
+    let mut server = start(dir.path());
+    let body = br#"{"action":"opened","number":7}"#;
+    let good = sign(HOOK_SECRET.as_bytes(), body);
+
+    // Unauthenticated: nothing is recorded.
+    let (status, answer) = deliver(&server, "hooked", body, None, "d-0").await;
+    assert_eq!(status, 401, "{answer}");
+    assert_eq!(
+        answer["error"],
+        "the delivery is not signed: send `X-Archon-Signature: sha256=<hex>` (or `X-Hub-Signature-256`)"
+    );
+    let forged = sign(b"not the secret", body);
+    let (status, answer) = deliver(&server, "hooked", body, Some(&forged), "d-0").await;
+    assert_eq!(status, 401, "{answer}");
+    assert_eq!(answer["error"], "the signature does not match the body");
+
+    // Signed: a run starts with the body as its input.
+    let (status, answer) = deliver(&server, "hooked", body, Some(&good), "d-1").await;
+    assert_eq!(status, 202, "{answer}");
+    assert_eq!(answer["delivery"], "d-1");
+    let run = answer["run_id"].as_str().expect("a run id").to_owned();
+    server.token = Some(OPERATOR.to_owned());
+    let detail = poll(&server, &format!("/api/v1/runs/{run}"), |r| {
+        r["status"] == "succeeded"
+    })
+    .await;
+    assert_eq!(
+        detail["inputs"],
+        json!({"event": {"action": "opened", "number": 7}, "scope": "daily"})
+    );
+    assert_eq!(detail["outputs"], json!({"action": "opened"}));
+
+    // The same delivery again is a replay: nothing starts.
+    server.token = None;
+    let (status, answer) = deliver(&server, "hooked", body, Some(&good), "d-1").await;
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(answer, json!({"delivery": "d-1", "replayed": true}));
+
+    // A body its input's schema refuses, signed: 400, recorded as refused.
+    let wrong = br#"{"number":7}"#;
+    let signed = sign(HOOK_SECRET.as_bytes(), wrong);
+    let (status, answer) = deliver(&server, "hooked", wrong, Some(&signed), "d-2").await;
+    assert_eq!(status, 400, "{answer}");
+    assert_eq!(
+        answer["error"],
+        "the body does not match input `event`: \"action\" is a required property"
+    );
+
+    // Too large: refused before it is read whole.
+    let huge = vec![b' '; archon_engine::trigger::MAX_BODY_BYTES + 1];
+    let signed = sign(HOOK_SECRET.as_bytes(), &huge);
+    let (status, answer) = deliver(&server, "hooked", &huge, Some(&signed), "d-3").await;
+    assert_eq!(status, 413, "{answer}");
+
+    // No such webhook.
+    let (status, _) = deliver(&server, "nope", body, Some(&good), "d-4").await;
+    assert_eq!(status, 404);
+    let (status, answer) = deliver(&server, "hourly", body, Some(&good), "d-4").await;
+    assert_eq!(status, 404, "{answer}");
+    assert_eq!(answer["error"], "no webhook for workflow `hourly`");
+
+    // The rest of the server still wants its own token.
+    let (status, _) = server.get("/api/v1/firings").await;
+    assert_eq!(status, 401);
+
+    server.token = Some(OPERATOR.to_owned());
+    let (status, page) = server.get("/api/v1/firings?workflow=hooked").await;
+    assert_eq!(status, 200, "{page}");
+    assert_eq!(
+        firings_of(&page),
+        [
+            ("d-2".to_owned(), "refused".to_owned()),
+            ("d-1".to_owned(), "started".to_owned())
+        ]
+    );
+    assert_eq!(page["firings"][1]["run_id"], json!(run));
+    let (_, runs) = server.get("/api/v1/runs?workflow=hooked").await;
+    assert_eq!(runs["total"], 1, "{runs}");
+
+    // The pages go one by one.
+    let (_, first) = server.get("/api/v1/firings?limit=1").await;
+    assert_eq!(
+        firings_of(&first),
+        [("d-2".to_owned(), "refused".to_owned())]
+    );
+    assert_eq!(first["next_offset"], 1);
+    let (_, second) = server.get("/api/v1/firings?limit=1&offset=1").await;
+    assert_eq!(
+        firings_of(&second),
+        [("d-1".to_owned(), "started".to_owned())]
+    );
+    assert_eq!(second.get("next_offset"), None);
+
+    // The workflow's triggers.
+    let (status, triggers) = server.get("/api/v1/workflows/hooked/triggers").await;
+    assert_eq!(status, 200);
+    assert_eq!(
+        triggers,
+        json!([{"name": "github", "kind": "webhook", "endpoint": "/hooks/hooked", "signed": true, "token": false}])
+    );
+}
+
+#[tokio::test]
+async fn a_slot_missed_while_no_server_ran_fires_once_at_start_and_not_again_after_a_restart() {
+    let dir = workflows();
+    let state = dir.path().join(".archon");
+    // A server watched the trigger from 30 s into the hour before this one, then stopped: this hour's
+    // slot was missed, and is within `catch_up`.
+    let now = Timestamp::now().as_second();
+    let hour = now - now.rem_euclid(3600);
+    let armed = Timestamp::from_second(hour - 3600 + 30).expect("in range");
+    {
+        let validation = archon_engine::validate::validate_file(&dir.path().join("hourly.yaml"));
+        let workflow = validation.workflow.expect("valid");
+        let session = Session::open(&state).expect("the store opens");
+        let mut scheduler = Scheduler::new();
+        assert_eq!(scheduler.add(&workflow), Ok(1));
+        let fired = session
+            .due_firings(&mut scheduler, armed, &|_| false)
+            .expect("armed");
+        assert_eq!(fired, []);
+    }
+    let slot = Timestamp::from_second(hour)
+        .expect("in range")
+        .strftime("%Y-%m-%dT%H:%M:%SZ")
+        .to_string();
+
+    let mut server = start(dir.path());
+    server.token = Some(OPERATOR.to_owned());
+    said(&server, "cron triggers: 1 watched, 1 missed slot fired").await;
+    let page = poll(&server, "/api/v1/firings?workflow=hourly", |p| {
+        p["firings"].as_array().is_some_and(|f| !f.is_empty())
+    })
+    .await;
+    assert_eq!(firings_of(&page), [(slot.clone(), "started".to_owned())]);
+    let run = page["firings"][0]["run_id"]
+        .as_str()
+        .expect("a run")
+        .to_owned();
+    let detail = poll(&server, &format!("/api/v1/runs/{run}"), |r| {
+        r["status"] == "succeeded"
+    })
+    .await;
+    assert_eq!(detail["workflow"], "hourly");
+
+    // The next fire time: the next hour, in Paris time with its offset.
+    let (_, triggers) = server.get("/api/v1/workflows/hourly/triggers").await;
+    let next = triggers[0]["next_fire"].as_str().expect("a next fire time");
+    let at: Timestamp = next.parse().expect("RFC 3339");
+    assert_eq!(at.as_second(), hour + 3600, "{next}");
+    assert!(
+        next.ends_with("+01:00") || next.ends_with("+02:00"),
+        "{next}"
+    );
+    assert_eq!(triggers[0]["cron"], "0 * * * *");
+    assert_eq!(triggers[0]["timezone"], "Europe/Paris");
+    assert_eq!(triggers[0]["overlap"], "skip");
+    assert_eq!(triggers[0]["catch_up"], "3h");
+    drop(server);
+
+    // A restart: the slot is recorded, so nothing fires again.
+    let mut server = start(dir.path());
+    server.token = Some(OPERATOR.to_owned());
+    said(&server, "cron triggers: 1 watched, 0 missed slots fired").await;
+    let (_, page) = server.get("/api/v1/firings?workflow=hourly").await;
+    assert_eq!(firings_of(&page), [(slot, "started".to_owned())]);
+    let (_, runs) = server.get("/api/v1/runs?workflow=hourly").await;
+    assert_eq!(runs["total"], 1, "{runs}");
+}
+
+#[tokio::test]
+async fn a_firing_recorded_whose_run_never_started_starts_when_the_server_does() {
+    let dir = workflows();
+    let state = dir.path().join(".archon");
+    let body = br#"{"action":"closed"}"#;
+    // The delivery was recorded, then the server stopped before its run was created.
+    let run = {
+        let validation = archon_engine::validate::validate_file(&dir.path().join("hooked.yaml"));
+        let workflow = validation.workflow.expect("valid");
+        let env = [("HOOK_SECRET".to_owned(), HOOK_SECRET.to_owned())].into();
+        let hook = archon_engine::trigger::Webhook::of(&workflow, &env)
+            .expect("its secret")
+            .expect("a webhook");
+        let session = Session::open(&state).expect("the store opens");
+        let signature = sign(HOOK_SECRET.as_bytes(), body);
+        let delivery = archon_engine::trigger::Delivery {
+            body,
+            signature: Some(&signature),
+            authorization: None,
+            id: Some("early"),
+        };
+        match session
+            .receive_delivery(&hook, &delivery, Timestamp::now())
+            .expect("recorded")
+        {
+            archon_engine::trigger::Received::Fired(firing) => firing.run_id.expect("a run"),
+            other => panic!("{other:?}"),
+        }
+    };
+    let mut server = start(dir.path());
+    server.token = Some(OPERATOR.to_owned());
+    let detail = poll(&server, &format!("/api/v1/runs/{run}"), |r| {
+        r["status"] == "succeeded"
+    })
+    .await;
+    assert_eq!(detail["outputs"], json!({"action": "closed"}));
+}
