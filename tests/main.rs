@@ -38,6 +38,7 @@ mod rules;
 mod run;
 mod schema;
 mod security;
+mod serve;
 mod session;
 mod skills;
 mod store;

@@ -365,7 +365,8 @@ pub enum Status {
     Succeeded,
     Failed,
     Cancelled,
-    /// Waiting in this server's queue for a place among the runs going on.
+    /// Accepted by this server and not recorded yet: waiting in its queue for a place among the runs
+    /// going on, or starting.
     Queued,
 }
 
@@ -658,19 +659,17 @@ fn detail_of(app: &App, run: StoredRun) -> RunDetail {
 
 /// One run, or `404` (a run queued here and not stored yet shows as `queued`).
 pub async fn run_detail(app: &Arc<App>, id: String) -> Result<RunDetail, ApiError> {
-    if let Some(queued) = app.executor.queued(&id)
-        && let Some(placeholder) = app.executor.queued_start(&id)
-    {
+    if let Some(pending) = app.executor.pending(&id) {
         return Ok(RunDetail {
             id: id.clone(),
-            workflow: queued.workflow.clone(),
+            workflow: pending.workflow,
             status: Status::Queued,
-            spec_path: placeholder.0,
+            spec_path: pending.spec_path,
             spec_hash: String::new(),
-            inputs: placeholder.1,
+            inputs: pending.inputs,
             workdir: String::new(),
             max_parallel: 0,
-            started_at: queued.queued_at,
+            started_at: pending.queued_at,
             finished_at: None,
             generation: 0,
             outputs: Map::new(),
@@ -680,9 +679,9 @@ pub async fn run_detail(app: &Arc<App>, id: String) -> Result<RunDetail, ApiErro
             approvals: Vec::new(),
             usage: Usage::default(),
             owner: None,
-            executing_here: false,
-            trigger: queued.trigger.clone(),
-            queued: Some(queued),
+            executing_here: app.executor.is_active(&id),
+            trigger: pending.trigger,
+            queued: app.executor.queued(&id),
         });
     }
     let run = app

@@ -213,7 +213,7 @@ pub async fn run_stream(
     let known = app
         .read(move |session| session.summary(&id).map_err(|e| ApiError::store(&e)))
         .await?;
-    if known.is_none() && app.executor.queued(&run_id).is_none() {
+    if known.is_none() && app.executor.pending(&run_id).is_none() {
         return Err(ApiError::not_found(format!(
             "no run `{run_id}` in the state directory"
         )));

@@ -109,6 +109,35 @@ struct Active {
     /// Cancelled for good (by a person), not interrupted by the server's end.
     for_good: Arc<AtomicBool>,
     trigger: Option<TriggerInfo>,
+    /// A new run whose thread has not recorded it yet: what it starts with.
+    starting: Option<Pending>,
+}
+
+/// A new run this server accepted and has not recorded yet (queued, or its thread starting).
+#[derive(Clone, Debug)]
+pub struct Pending {
+    pub workflow: String,
+    /// Its spec file.
+    pub spec_path: String,
+    pub inputs: Map<String, Json>,
+    /// Milliseconds since the epoch.
+    pub queued_at: u64,
+    pub trigger: Option<TriggerInfo>,
+}
+
+impl Job {
+    fn pending(&self) -> Option<Pending> {
+        match &self.work {
+            Work::Start { served, inputs } => Some(Pending {
+                workflow: self.workflow.clone(),
+                spec_path: served.path.display().to_string(),
+                inputs: inputs.clone(),
+                queued_at: self.queued_at,
+                trigger: self.trigger.clone(),
+            }),
+            Work::Continue { .. } => None,
+        }
+    }
 }
 
 #[derive(Debug, Default)]
@@ -403,18 +432,17 @@ impl Executor {
         self.state().active.contains_key(run_id)
     }
 
-    /// For a new run waiting in the queue: its spec file and inputs.
-    pub fn queued_start(&self, run_id: &str) -> Option<(String, Map<String, Json>)> {
-        self.state()
+    /// A new run this server accepted and has not recorded yet (queued, or starting).
+    pub fn pending(&self, run_id: &str) -> Option<Pending> {
+        let state = self.state();
+        if let Some(active) = state.active.get(run_id) {
+            return active.starting.clone();
+        }
+        state
             .queue
             .iter()
             .find(|j| j.run_id == run_id)
-            .and_then(|j| match &j.work {
-                Work::Start { served, inputs } => {
-                    Some((served.path.display().to_string(), inputs.clone()))
-                }
-                Work::Continue { .. } => None,
-            })
+            .and_then(Job::pending)
     }
 
     /// A receiver woken whenever a run starts or ends here or the queue changes.
@@ -630,6 +658,7 @@ impl Executor {
                         cancel: self.0.stopping.child_token(),
                         for_good: Arc::default(),
                         trigger: job.trigger.clone(),
+                        starting: job.pending(),
                     },
                 );
                 job
@@ -720,6 +749,9 @@ impl Executor {
                 },
             ),
         };
+        if let Some(active) = self.state().active.get_mut(&job.run_id) {
+            active.starting = None;
+        }
         let prepared = match prepared {
             Ok(prepared) => prepared,
             Err(e) => {
