@@ -39,6 +39,7 @@ mod run;
 mod schema;
 mod security;
 mod serve;
+mod serve_browser;
 mod session;
 mod skills;
 mod store;

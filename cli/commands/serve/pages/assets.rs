@@ -1,4 +1,4 @@
-//! The dashboard's stylesheet and script, embedded in the binary and served under a name that holds a
+//! The dashboard's stylesheet, script and icon, embedded in the binary and served under a name that holds a
 //! hash of their content (`/assets/app.3f2a9c1e0b7d.css`): a browser may keep them for good, and a new
 //! build's pages name new files.
 
@@ -53,10 +53,19 @@ pub static JS: LazyLock<Asset> = LazyLock::new(|| {
     )
 });
 
+pub static ICON: LazyLock<Asset> = LazyLock::new(|| {
+    Asset::new(
+        "icon",
+        "svg",
+        "image/svg+xml",
+        include_str!("assets/icon.svg"),
+    )
+});
+
 /// `GET /assets/{file}`: the file of this build by its hashed name, cached for a year; any other name
 /// is `404`.
 pub async fn serve(Path(file): Path<String>) -> Response {
-    for asset in [&*CSS, &*JS] {
+    for asset in [&*CSS, &*JS, &*ICON] {
         if asset.name == file {
             let mut response = asset.body.into_response();
             let headers = response.headers_mut();

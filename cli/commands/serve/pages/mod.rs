@@ -149,6 +149,7 @@ impl Page {
 <meta charset="utf-8">
 <meta name="viewport" content="width=device-width, initial-scale=1">
 <title>{title} · Archon</title>
+<link rel="icon" href="{icon}" type="image/svg+xml">
 <link rel="stylesheet" href="{css}">
 <script src="{js}" defer></script>
 </head>
@@ -167,6 +168,7 @@ impl Page {
 "##,
             title = escape(&self.title),
             css = assets::CSS.url(),
+            icon = assets::ICON.url(),
             js = assets::JS.url(),
             by = escape(&caller.by),
             role = caller.role.as_str(),
@@ -269,7 +271,7 @@ pub fn status_label(status: &str) -> &'static str {
 pub fn status_symbol(status: &str) -> &'static str {
     match status {
         "running" | "retrying" => "▶",
-        "waiting_approval" => "⏸",
+        "waiting_approval" => "◷",
         "interrupted" | "in_doubt" => "‖",
         "succeeded" => "✓",
         "failed" | "timed_out" | "stuck" | "incomplete" => "✗",

@@ -75,7 +75,7 @@ struct View {
 async fn load(app: &AppState, id: &str, logs_after: i64) -> Result<View, ApiError> {
     // Events and logs are read before the run: whatever the stream sends after them is newer than what
     // the page shows.
-    let stored = app.executor.queued_start(id).is_none();
+    let stored = app.executor.pending(id).is_none();
     let (events, logs) = if stored {
         let mut events = data::events(app, id, 0, TRAIL_EVENTS + 1).await?;
         let more = events.len() > TRAIL_EVENTS;

@@ -20,7 +20,7 @@
     incomplete: "incomplete", retrying: "retrying", in_doubt: "in doubt",
   };
   const SYMBOL = {
-    running: "▶", retrying: "▶", waiting_approval: "⏸", interrupted: "‖", in_doubt: "‖",
+    running: "▶", retrying: "▶", waiting_approval: "◷", interrupted: "‖", in_doubt: "‖",
     succeeded: "✓", failed: "✗", timed_out: "✗", stuck: "✗", incomplete: "✗", cancelled: "⊘",
     queued: "…", skipped: "↷",
   };
