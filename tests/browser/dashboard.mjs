@@ -202,6 +202,20 @@ const scenarios = {
     await page.waitForURL(/\/runs\/r[0-9a-f]+$/);
     observed.started = true;
   },
+
+  // For benches/serve.rs: a run's page open while the run executes; the delay of each event from its
+  // recording to its arrival in the page, once the run is let through its gate.
+  async latency() {
+    await page.goto(`${url}/workflows/ticks`);
+    await page.getByRole("button", { name: "Start a run" }).click();
+    await page.waitForURL(/\/runs\/r[0-9a-f]+$/);
+    await waitForStep("gate", "running");
+    await page.waitForSelector("#main .live-state[data-state='live']");
+    const before = await page.evaluate(() => window.archonLive.latencies.length);
+    writeFileSync(join(workdir, "go"), "");
+    await waitForRun("succeeded");
+    observed.latencies = await page.evaluate((before) => window.archonLive.latencies.slice(before), before);
+  },
 };
 
 try {

@@ -52,6 +52,18 @@ pub fn router() -> Router<AppState> {
         .route("/approvals", get(approvals::list))
         .route("/assets/{file}", get(assets::serve))
         .layer(axum::middleware::map_response(secure_headers))
+        .layer(axum::middleware::from_fn(timing))
+}
+
+/// Says in `Server-Timing` how long the page took to make (what `benches/serve.rs` reports).
+async fn timing(request: axum::extract::Request, next: axum::middleware::Next) -> Response {
+    let started = std::time::Instant::now();
+    let mut response = next.run(request).await;
+    let took = started.elapsed().as_secs_f64() * 1000.0;
+    if let Ok(value) = HeaderValue::from_str(&format!("page;dur={took:.2}")) {
+        response.headers_mut().insert("server-timing", value);
+    }
+    response
 }
 
 /// The Content-Security-Policy of every page: nothing inline, nothing from elsewhere.
