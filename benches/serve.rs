@@ -20,7 +20,8 @@ use serde_json::Value as Json;
 const RUNS: usize = 10_000;
 const REQUESTS: usize = 200;
 
-const HELLO: &str = "name: hello\nsteps:\n  - id: greet\n    tool: echo\n    with: { message: hello }\n";
+const HELLO: &str =
+    "name: hello\nsteps:\n  - id: greet\n    tool: echo\n    with: { message: hello }\n";
 
 /// Waits at `gate` for the file `go`, then 30 steps one after another, each a little apart.
 fn ticks() -> String {

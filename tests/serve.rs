@@ -533,10 +533,7 @@ async fn an_approval_binds_to_the_hash_of_its_arguments_and_resumes_the_run() {
         call["arguments"],
         json!({ "with": { "argv": ["sh", "-c", "echo paid 40 >> effects.txt"] } })
     );
-    assert_eq!(
-        call["reason"],
-        "the step says `approval: required`"
-    );
+    assert_eq!(call["reason"], "the step says `approval: required`");
     let key = call["key"].as_str().expect("a key");
     assert_eq!(key.len(), 64, "a SHA-256");
 

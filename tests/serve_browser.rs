@@ -310,7 +310,11 @@ async fn pages_send_a_strict_policy_and_assets_named_by_their_content() {
     assert_eq!(page.body.matches("<script").count(), 1, "{}", page.body);
     assert!(!page.body.contains("<style"));
     assert!(!page.body.contains(" style="));
-    assert!(!inline_handler(&page.body), "an inline handler: {}", page.body);
+    assert!(
+        !inline_handler(&page.body),
+        "an inline handler: {}",
+        page.body
+    );
     let script = page
         .body
         .split(r#"<script src=""#)
@@ -334,7 +338,11 @@ async fn pages_send_a_strict_policy_and_assets_named_by_their_content() {
     assert!(hashed(&css, ".css"), "{css}");
     let js = server.get(&script, None).await;
     assert_eq!(
-        (js.status, js.header("content-type"), js.header("cache-control")),
+        (
+            js.status,
+            js.header("content-type"),
+            js.header("cache-control")
+        ),
         (
             200,
             "text/javascript; charset=utf-8",
@@ -347,7 +355,10 @@ async fn pages_send_a_strict_policy_and_assets_named_by_their_content() {
     );
     let sheet = server.get(&css, None).await;
     assert_eq!(sheet.header("content-type"), "text/css; charset=utf-8");
-    assert_eq!(server.get("/assets/app.000000000000.js", None).await.status, 404);
+    assert_eq!(
+        server.get("/assets/app.000000000000.js", None).await.status,
+        404
+    );
     // `/` is the run list.
     let home = server.get("/", None).await;
     assert_eq!((home.status, home.header("location")), (303, "/runs"));
@@ -379,7 +390,10 @@ async fn no_page_shows_a_secret() {
     }
     // What the run printed and the call's arguments are there, masked.
     assert!(all.contains("hello with ***"), "{all}");
-    assert!(all.contains("echo paid 12 with *** &gt;&gt; effects.txt"), "{all}");
+    assert!(
+        all.contains("echo paid 12 with *** &gt;&gt; effects.txt"),
+        "{all}"
+    );
     assert!(!all.contains(SECRET), "a page shows the secret");
 }
 
@@ -397,13 +411,25 @@ async fn a_viewer_sees_no_action_and_cannot_post() {
     );
     // An operator's page has the actions; a viewer's has none, and no run form.
     let operator = server.get(&format!("/runs/{run}"), Some(OPERATOR)).await;
-    assert!(operator.body.contains(r#"action="/runs/"#), "{}", operator.body);
+    assert!(
+        operator.body.contains(r#"action="/runs/"#),
+        "{}",
+        operator.body
+    );
     assert!(operator.body.contains(">Retry failed steps</button>"));
     for path in [format!("/runs/{run}"), "/workflows/flaky".to_owned()] {
         let viewer = server.get(&path, Some(VIEWER)).await;
         assert_eq!(viewer.status, 200);
-        assert!(!viewer.body.contains("method=\"post\""), "{path}: {}", viewer.body);
-        assert!(viewer.body.contains("vic <span class=\"role\">(viewer)</span>"));
+        assert!(
+            !viewer.body.contains("method=\"post\""),
+            "{path}: {}",
+            viewer.body
+        );
+        assert!(
+            viewer
+                .body
+                .contains("vic <span class=\"role\">(viewer)</span>")
+        );
     }
     let viewer_form = server.get("/workflows/flaky", Some(VIEWER)).await;
     assert!(
@@ -423,7 +449,8 @@ async fn a_viewer_sees_no_action_and_cannot_post() {
                     .http
                     .post(format!("{}{path}", server.url))
                     .bearer_auth(VIEWER)
-                    .header("content-type", FORM).body(form(&[("from", "check")])),
+                    .header("content-type", FORM)
+                    .body(form(&[("from", "check")])),
             )
             .await;
         assert_eq!(refused.status, 403, "{path}");
@@ -436,7 +463,8 @@ async fn a_viewer_sees_no_action_and_cannot_post() {
             server
                 .http
                 .post(format!("{}/login", server.url))
-                .header("content-type", FORM).body(form(&[("token", OPERATOR), ("next", "/workflows/flaky")])),
+                .header("content-type", FORM)
+                .body(form(&[("token", OPERATOR), ("next", "/workflows/flaky")])),
         )
         .await;
     assert_eq!(login.status, 303);
@@ -461,7 +489,12 @@ async fn a_viewer_sees_no_action_and_cannot_post() {
             .post(format!("{}/runs/{run}/retry", server.url))
             .header("cookie", &cookie)
             .header("content-type", FORM)
-            .body(form(&fields.iter().map(|(k, v)| (*k, v.as_str())).collect::<Vec<_>>()));
+            .body(form(
+                &fields
+                    .iter()
+                    .map(|(k, v)| (*k, v.as_str()))
+                    .collect::<Vec<_>>(),
+            ));
         if let Some(origin) = origin {
             request = request.header("origin", origin);
         }
@@ -499,7 +532,8 @@ async fn a_refused_action_shows_why_on_the_runs_page() {
             server
                 .http
                 .post(format!("{}/runs/{run}/resume", server.url))
-                .header("content-type", FORM).body(form(&[("csrf", &csrf_of(&page.body))])),
+                .header("content-type", FORM)
+                .body(form(&[("csrf", &csrf_of(&page.body))])),
         )
         .await;
     assert_eq!(refused.status, 409);
@@ -559,7 +593,11 @@ async fn the_run_list_filters_and_pages() {
     assert!(!second.body.contains("Older runs"));
     let failed = server.get("/runs?status=failed", None).await;
     assert_eq!(listed(&failed.body), vec![flaky.clone()]);
-    assert!(failed.body.contains(r#"<option value="failed" selected>failed</option>"#));
+    assert!(
+        failed
+            .body
+            .contains(r#"<option value="failed" selected>failed</option>"#)
+    );
     let by_workflow = server.get("/runs?workflow=flaky&status=", None).await;
     assert_eq!(listed(&by_workflow.body), vec![flaky]);
     let later = server.get("/runs?since=2999-01-01T00:00", None).await;
@@ -617,8 +655,8 @@ fn browser() -> Option<Browser> {
 
 /// Where screenshots go: `target/screenshots/`.
 fn screenshots() -> PathBuf {
-    let target = std::env::var_os("CARGO_TARGET_DIR")
-        .map_or_else(|| root().join("target"), PathBuf::from);
+    let target =
+        std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| root().join("target"), PathBuf::from);
     let dir = target.join("screenshots");
     std::fs::create_dir_all(&dir).expect("screenshots directory");
     dir

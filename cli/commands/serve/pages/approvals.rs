@@ -169,9 +169,7 @@ pub async fn decide(
     {
         return error_page(
             &caller,
-            &ApiError::bad_request(format!(
-                "the reason is longer than {MAX_REASON} characters"
-            )),
+            &ApiError::bad_request(format!("the reason is longer than {MAX_REASON} characters")),
         );
     }
     let decided = app

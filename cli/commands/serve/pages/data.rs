@@ -80,10 +80,7 @@ pub async fn workflow_of(app: &Arc<App>, name: &str, spec_path: &str) -> Option<
     let name = name.to_owned();
     tokio::task::spawn_blocking(move || {
         let validation = archon_engine::validate::validate_file(Path::new(&path));
-        validation
-            .workflow
-            .filter(|w| w.name == name)
-            .map(Arc::new)
+        validation.workflow.filter(|w| w.name == name).map(Arc::new)
     })
     .await
     .ok()

@@ -167,10 +167,7 @@ pub fn fields(schema: &Json, given: Option<&Given>, problems: &Problems) -> Stri
                 ""
             }
         );
-        let label = format!(
-            r#"<label for="{id}">{}</label>"#,
-            escape(name)
-        );
+        let label = format!(r#"<label for="{id}">{}</label>"#, escape(name));
         let control = match kind(input) {
             Kind::Text => format!(
                 r#"<input type="text" id="{id}" name="{}" value="{}"{aria}>"#,
@@ -190,9 +187,17 @@ pub fn fields(schema: &Json, given: Option<&Given>, problems: &Problems) -> Stri
             Kind::Boolean => {
                 let mut options = String::new();
                 let choices: &[(&str, &str)] = if default.is_some() || !is_required {
-                    &[("", "(default)"), ("true", "yes (true)"), ("false", "no (false)")]
+                    &[
+                        ("", "(default)"),
+                        ("true", "yes (true)"),
+                        ("false", "no (false)"),
+                    ]
                 } else {
-                    &[("", "(choose)"), ("true", "yes (true)"), ("false", "no (false)")]
+                    &[
+                        ("", "(choose)"),
+                        ("true", "yes (true)"),
+                        ("false", "no (false)"),
+                    ]
                 };
                 // With a default, the default is shown chosen until something else is.
                 let chosen = if given.is_none() { "" } else { value.as_str() };
@@ -311,9 +316,8 @@ pub fn read(schema: &Json, given: &Given, problems: &mut Problems) -> Map<String
                 .cloned()
                 .ok_or_else(|| format!("input `{name}` must be one of its choices, got `{text}`")),
             Kind::Json => match input.get("type").and_then(Json::as_str) {
-                Some(ty @ ("array" | "object")) => serde_json::from_str::<Json>(text).map_err(|e| {
-                    format!("input `{name}` must be a JSON {ty}: {e}")
-                }),
+                Some(ty @ ("array" | "object")) => serde_json::from_str::<Json>(text)
+                    .map_err(|e| format!("input `{name}` must be a JSON {ty}: {e}")),
                 // No single type: JSON when it reads as JSON, text otherwise (as `--input` does).
                 _ => Ok(serde_json::from_str::<Json>(text)
                     .unwrap_or_else(|_| Json::String(text.clone()))),

@@ -153,7 +153,10 @@ mod tests {
         assert!(drawn.contains(r#"<g class="node status-succeeded" data-step="a"><title>a: tool echo, succeeded</title><rect x="12" y="34""#), "{drawn}");
         assert!(drawn.contains(r#"<g class="node status-pending" data-step="b"><title>b: tool echo, not started</title><rect x="12" y="98""#), "{drawn}");
         assert!(drawn.contains(r#"<g class="node status-pending" data-step="c"><title>c: tool echo, not started</title><rect x="262" y="34""#), "{drawn}");
-        assert!(drawn.contains(r#"<path class="edge" d="M 202 59 C 232 59, 232 59, 262 59""#), "{drawn}");
+        assert!(
+            drawn.contains(r#"<path class="edge" d="M 202 59 C 232 59, 232 59, 262 59""#),
+            "{drawn}"
+        );
         assert!(drawn.contains(">wave 2</text>"));
     }
 }

@@ -297,7 +297,11 @@ pub fn status_symbol(status: &str) -> &'static str {
 /// The CSS class of a status: `status-` and the status, restricted to `[a-z_]`.
 pub fn status_class(status: &str) -> String {
     let known = status_label(status);
-    let name = if known == "unknown" { "unknown" } else { status };
+    let name = if known == "unknown" {
+        "unknown"
+    } else {
+        status
+    };
     format!("status-{name}")
 }
 

@@ -320,7 +320,10 @@ fn facts(view: &View) -> String {
             u.cached_input_tokens,
             u.output_tokens,
             if u.unpriced_calls > 0 && u.unpriced_calls < u.calls {
-                format!(" ({} calls of models without a known price)", u.unpriced_calls)
+                format!(
+                    " ({} calls of models without a known price)",
+                    u.unpriced_calls
+                )
             } else {
                 String::new()
             }
@@ -348,7 +351,11 @@ fn facts(view: &View) -> String {
             out,
             r#"<h2>Outputs</h2><pre class="outputs">{}{}</pre>"#,
             escape(shown),
-            if cut { "\n[… cut: `archon show --json` has the whole]" } else { "" }
+            if cut {
+                "\n[… cut: `archon show --json` has the whole]"
+            } else {
+                ""
+            }
         );
     }
     out
@@ -364,11 +371,7 @@ fn actions(caller: &Caller, view: &View) -> String {
             r#"<div class="options"><input type="checkbox" id="{prefix}-doubt" name="rerun_in_doubt" value="yes"> <label for="{prefix}-doubt">run again steps in doubt</label> <input type="checkbox" id="{prefix}-changed" name="allow_changed_spec" value="yes"> <label for="{prefix}-changed">accept a changed spec</label></div>"#
         )
     };
-    let waiting_calls = view
-        .detail
-        .approvals
-        .iter()
-        .any(|a| a.decision.is_none());
+    let waiting_calls = view.detail.approvals.iter().any(|a| a.decision.is_none());
     if status == "interrupted" || (status == "waiting_approval" && !waiting_calls) {
         let _ = write!(
             out,
@@ -388,11 +391,7 @@ fn actions(caller: &Caller, view: &View) -> String {
         if !steps.is_empty() {
             let mut choices = String::new();
             for step in &steps {
-                let _ = write!(
-                    choices,
-                    r#"<option value="{0}">{0}</option>"#,
-                    escape(step)
-                );
+                let _ = write!(choices, r#"<option value="{0}">{0}</option>"#, escape(step));
             }
             let _ = write!(
                 out,
@@ -429,7 +428,11 @@ fn approvals(caller: &Caller, view: &View) -> String {
     let mut out = format!(
         r#"<h2 id="approvals-h">Approvals</h2><p>{} call{} asked for approval; {} wait{}.</p>"#,
         view.detail.approvals.len(),
-        if view.detail.approvals.len() == 1 { "" } else { "s" },
+        if view.detail.approvals.len() == 1 {
+            ""
+        } else {
+            "s"
+        },
         waiting,
         if waiting == 1 { "s" } else { "" }
     );
@@ -440,7 +443,12 @@ fn approvals(caller: &Caller, view: &View) -> String {
         .approvals
         .iter()
         .filter(|a| a.decision.is_none())
-        .chain(view.detail.approvals.iter().filter(|a| a.decision.is_some()))
+        .chain(
+            view.detail
+                .approvals
+                .iter()
+                .filter(|a| a.decision.is_some()),
+        )
     {
         out.push_str(&super::approvals::card(caller, approval, &back));
     }
@@ -462,7 +470,10 @@ fn steps_table(view: &View) -> String {
     let run = &view.detail.id;
     let mut attempts: HashMap<&str, Vec<&api::Attempt>> = HashMap::new();
     for attempt in &view.detail.attempts {
-        attempts.entry(step_of(&attempt.step)).or_default().push(attempt);
+        attempts
+            .entry(step_of(&attempt.step))
+            .or_default()
+            .push(attempt);
     }
     let kinds: HashMap<&str, String> = view
         .plan
@@ -477,7 +488,10 @@ fn steps_table(view: &View) -> String {
     for step in &steps {
         let status = view.step_status(step);
         let result = view.result(step);
-        let tried = attempts.get(step.as_str()).map(Vec::as_slice).unwrap_or_default();
+        let tried = attempts
+            .get(step.as_str())
+            .map(Vec::as_slice)
+            .unwrap_or_default();
         let took = result.map_or_else(String::new, |r| duration(r.duration_ms));
         let llm = result
             .and_then(|r| r.llm.as_ref())
@@ -523,7 +537,9 @@ fn steps_table(view: &View) -> String {
         let items = view
             .results
             .iter()
-            .filter(|(name, _)| name.starts_with(step.as_str()) && step_of(name) == step && name != step)
+            .filter(|(name, _)| {
+                name.starts_with(step.as_str()) && step_of(name) == step && name != step
+            })
             .count();
         if items > 0 {
             notes.push(format!("{items} item{}", if items == 1 { "" } else { "s" }));
@@ -565,19 +581,12 @@ fn output_cell(run: &str, step: &str, result: &StepResult) -> String {
         other => other.to_string(),
     };
     let (shown, cut) = truncated(&text, OUTPUT_CHARS);
-    let link = format!(
-        r#"/runs/{}/step?name={}"#,
-        encode(run),
-        encode(step)
-    );
+    let link = format!(r#"/runs/{}/step?name={}"#, encode(run), encode(step));
     format!(
         r#"<code class="output">{}</code>{}"#,
         escape(shown),
         if cut {
-            format!(
-                r#"… <a href="{}">the whole output</a>"#,
-                escape(&link)
-            )
+            format!(r#"… <a href="{}">the whole output</a>"#, escape(&link))
         } else {
             format!(r#" <a class="more" href="{}">details</a>"#, escape(&link))
         }
@@ -590,9 +599,9 @@ fn attempts_cell(attempts: &[&api::Attempt]) -> String {
     }
     let mut rows = String::new();
     for a in attempts {
-        let took = a
-            .ended_at
-            .map_or_else(String::new, |end| duration(end.saturating_sub(a.started_at)));
+        let took = a.ended_at.map_or_else(String::new, |end| {
+            duration(end.saturating_sub(a.started_at))
+        });
         let _ = write!(
             rows,
             "<tr><td><code>{}</code> #{}{}</td><td>{}</td><td>{}</td><td>{took}</td><td>{}</td></tr>",
@@ -609,7 +618,12 @@ fn attempts_cell(attempts: &[&api::Attempt]) -> String {
             } else {
                 a.status.as_str()
             }),
-            escape(a.error.as_deref().map(|e| truncated(e, 500).0).unwrap_or_default())
+            escape(
+                a.error
+                    .as_deref()
+                    .map(|e| truncated(e, 500).0)
+                    .unwrap_or_default()
+            )
         );
     }
     format!(
@@ -659,14 +673,11 @@ fn tree(result: &StepResult) -> String {
             r#"<li><code>{}</code> {}{}"#,
             escape(name),
             badge(status),
-            nested
-                .llm
-                .as_ref()
-                .map_or_else(String::new, |llm| format!(
-                    r#" <span class="note">{}, {}</span>"#,
-                    usage(llm),
-                    duration(nested.duration_ms)
-                ))
+            nested.llm.as_ref().map_or_else(String::new, |llm| format!(
+                r#" <span class="note">{}, {}</span>"#,
+                usage(llm),
+                duration(nested.duration_ms)
+            ))
         );
         if let Some(task) = &nested.task {
             let _ = write!(
@@ -731,7 +742,10 @@ fn trail_rows(events: &[(i64, Json)], start: u64) -> String {
             r#"<li class="ev ev-{class} depth-{depth}" value="{seq}"><span class="at">{at}</span> <span class="label">{label}</span> <span class="text">{}{}</span></li>"#,
             escape(shown),
             if cut {
-                format!(" [… {} more characters]", text.chars().count() - EVENT_CHARS)
+                format!(
+                    " [… {} more characters]",
+                    text.chars().count() - EVENT_CHARS
+                )
             } else {
                 String::new()
             },
@@ -764,12 +778,13 @@ fn trail(view: &View) -> String {
 
 fn logs(view: &View) -> String {
     let id = encode(&view.detail.id);
-    let mut out = String::from(
-        r#"<section aria-labelledby="logs-h" id="logs"><h2 id="logs-h">Logs</h2>"#,
-    );
+    let mut out =
+        String::from(r#"<section aria-labelledby="logs-h" id="logs"><h2 id="logs-h">Logs</h2>"#);
     let mut nav = Vec::new();
     if view.logs_after > 0 {
-        nav.push(format!(r##"<a href="/runs/{id}#logs">« From the start</a>"##));
+        nav.push(format!(
+            r##"<a href="/runs/{id}#logs">« From the start</a>"##
+        ));
     }
     if view.logs.len() >= LOG_PAGE {
         let last = view.logs.last().map_or(0, |l| l.seq);
@@ -785,7 +800,8 @@ fn logs(view: &View) -> String {
             (true, _) if view.logs_after == 0 => "No command has written anything yet.",
             (true, _) => "Nothing after this point yet.",
             (false, true) => "What the run's commands wrote, oldest first.",
-            (false, false) => "What the run's commands wrote, oldest first; later output is on the next page.",
+            (false, false) =>
+                "What the run's commands wrote, oldest first; later output is on the next page.",
         }
     );
     out.push_str(r#"<div class="log" id="log" role="log" aria-live="off" tabindex="0">"#);
@@ -870,10 +886,10 @@ pub async fn step_page(
             result
                 .exit_code
                 .map_or_else(String::new, |c| format!("<dt>Exit code</dt><dd>{c}</dd>")),
-            result
-                .llm
-                .as_ref()
-                .map_or_else(String::new, |l| format!("<dt>LLM</dt><dd>{}</dd>", usage(l)))
+            result.llm.as_ref().map_or_else(String::new, |l| format!(
+                "<dt>LLM</dt><dd>{}</dd>",
+                usage(l)
+            ))
         );
         if let Some(error) = &result.error {
             let _ = write!(
@@ -999,7 +1015,11 @@ async fn after_action(
 }
 
 /// `POST /runs/{id}/cancel`.
-pub async fn cancel(State(app): State<AppState>, caller: Caller, Path(id): Path<String>) -> Response {
+pub async fn cancel(
+    State(app): State<AppState>,
+    caller: Caller,
+    Path(id): Path<String>,
+) -> Response {
     let done = app.executor.cancel(&app, &id).await.map(|_| ());
     after_action(&app, &caller, &id, done).await
 }

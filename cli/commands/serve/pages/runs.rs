@@ -122,19 +122,14 @@ pub async fn list(
                     format!("No run on this page; {} in all.", page.total)
                 }
             } else {
-                format!(
-                    "Runs {first}–{last} of {}, newest first.",
-                    page.total
-                )
+                format!("Runs {first}–{last} of {}, newest first.", page.total)
             }
         );
         if !page.runs.is_empty() {
             region.push_str(r#"<table class="list runs"><thead><tr><th scope="col">Run</th><th scope="col">Workflow</th><th scope="col">Status</th><th scope="col">Started</th><th scope="col">Took</th></tr></thead><tbody>"#);
             for run in &page.runs {
                 let status = status_name(run.status);
-                let took = run
-                    .duration_ms
-                    .map_or_else(|| "—".to_owned(), duration);
+                let took = run.duration_ms.map_or_else(|| "—".to_owned(), duration);
                 let _ = write!(
                     region,
                     r#"<tr data-run="{id}"><td><a href="/runs/{link}"><code>{id}</code></a></td><td><a href="/runs?workflow={wf_link}">{wf}</a></td><td class="run-status">{badge}</td><td>{started}</td><td>{took}</td></tr>"#,

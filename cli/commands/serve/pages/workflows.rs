@@ -94,9 +94,9 @@ pub async fn start(
     let mut problems = Problems::default();
     let values = form::read(&served.input_schema, &given, &mut problems);
     let Some(workflow) = &served.workflow else {
-        problems
-            .general
-            .push(format!("the workflow `{id}` does not validate: it cannot run"));
+        problems.general.push(format!(
+            "the workflow `{id}` does not validate: it cannot run"
+        ));
         return render(
             &caller,
             &served,
@@ -226,7 +226,9 @@ fn render(
     // The run form.
     body.push_str(r#"<section aria-labelledby="run"><h2 id="run">Run it</h2>"#);
     if served.workflow.is_none() {
-        body.push_str("<p>It does not validate: fix its errors (above), then restart the server.</p>");
+        body.push_str(
+            "<p>It does not validate: fix its errors (above), then restart the server.</p>",
+        );
     } else if !caller.can_operate() {
         body.push_str("<p>Viewers cannot start runs: log in with an operator token to run it.</p>");
     } else {
@@ -244,8 +246,16 @@ fn render(
                 r#"<p class="problem" role="alert">The run did not start: {} input{} {} a problem, shown next to {}.</p>"#,
                 problems.by_input.len(),
                 plural(problems.by_input.len()),
-                if problems.by_input.len() == 1 { "has" } else { "have" },
-                if problems.by_input.len() == 1 { "it" } else { "each" }
+                if problems.by_input.len() == 1 {
+                    "has"
+                } else {
+                    "have"
+                },
+                if problems.by_input.len() == 1 {
+                    "it"
+                } else {
+                    "each"
+                }
             );
         }
         let fields = form::fields(&served.input_schema, given, problems);
@@ -265,7 +275,11 @@ fn render(
     }
     body.push_str("</section>\n");
     let title = format!("Workflow {}", served.id);
-    (status, Page::new(title, Some(Nav::Workflows), body).response(caller)).into_response()
+    (
+        status,
+        Page::new(title, Some(Nav::Workflows), body).response(caller),
+    )
+        .into_response()
 }
 
 /// The workflow's triggers and when each fires next. This build's specs declare none (the trigger
