@@ -69,8 +69,13 @@ fn main() {
         // A cursor deep in the listing: the start of page 100.
         let mut cursor = String::new();
         for _ in 0..99 {
+            let after = if cursor.is_empty() {
+                String::new()
+            } else {
+                format!("&cursor={cursor}")
+            };
             let page: Json = http
-                .get(format!("{}/api/v1/runs?limit=50&cursor={cursor}", server.url))
+                .get(format!("{}/api/v1/runs?limit=50{after}", server.url))
                 .send()
                 .await
                 .unwrap()
