@@ -621,6 +621,7 @@ struct Browser {
 }
 
 /// The browser, or `None` (with the reason printed) when something it needs is missing outside CI.
+#[allow(clippy::print_stderr)]
 fn browser() -> Option<Browser> {
     let chromium = std::env::var_os("ARCHON_CHROMIUM")
         .map_or_else(|| PathBuf::from("/usr/bin/chromium"), PathBuf::from);

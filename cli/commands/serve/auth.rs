@@ -453,10 +453,10 @@ fn cross_site(headers: &HeaderMap) -> Option<ApiError> {
                 .with_hint("change things from the dashboard's own pages, or with a bearer token"),
         )
     };
-    if let Some(site) = headers.get("sec-fetch-site") {
-        if !matches!(site.to_str(), Ok("same-origin" | "none")) {
-            return refused();
-        }
+    if let Some(site) = headers.get("sec-fetch-site")
+        && !matches!(site.to_str(), Ok("same-origin" | "none"))
+    {
+        return refused();
     }
     if let Some(origin) = headers.get(header::ORIGIN) {
         let host = headers.get(header::HOST).and_then(|h| h.to_str().ok());

@@ -227,7 +227,7 @@ pub fn code_spans(text: &str) -> String {
         }
     }
     // An odd number of backticks: the last one was not a pair.
-    if text.split('`').count() % 2 == 0 {
+    if text.split('`').count().is_multiple_of(2) {
         return escape(text);
     }
     out

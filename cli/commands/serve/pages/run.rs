@@ -195,46 +195,40 @@ fn render(caller: &Caller, view: &View, trouble: Option<&ApiError>, code: Status
     body.push_str(&facts(view));
     body.push_str("</div>\n");
     if caller.can_operate() {
-        let _ = write!(
+        let _ = writeln!(
             body,
-            r#"<section aria-labelledby="actions-h" id="actions" data-live><h2 id="actions-h">Actions</h2>{}</section>
-"#,
+            r#"<section aria-labelledby="actions-h" id="actions" data-live><h2 id="actions-h">Actions</h2>{}</section>"#,
             actions(caller, view)
         );
     }
-    let _ = write!(
+    let _ = writeln!(
         body,
-        r#"<section aria-labelledby="approvals-h" id="run-approvals" data-live>{}</section>
-"#,
+        r#"<section aria-labelledby="approvals-h" id="run-approvals" data-live>{}</section>"#,
         approvals(caller, view)
     );
-    let _ = write!(
+    let _ = writeln!(
         body,
-        r#"<section aria-labelledby="graph-h" id="graph" data-live><h2 id="graph-h">Graph</h2>{}</section>
-"#,
+        r#"<section aria-labelledby="graph-h" id="graph" data-live><h2 id="graph-h">Graph</h2>{}</section>"#,
         graph(view)
     );
-    let _ = write!(
+    let _ = writeln!(
         body,
-        r#"<section aria-labelledby="steps-h" id="steps" data-live><h2 id="steps-h">Steps</h2>{}</section>
-"#,
+        r#"<section aria-labelledby="steps-h" id="steps" data-live><h2 id="steps-h">Steps</h2>{}</section>"#,
         steps_table(view)
     );
     let inside = inside(view);
-    let _ = write!(
+    let _ = writeln!(
         body,
-        r#"<section aria-labelledby="inside-h" id="inside" data-live>{}</section>
-"#,
+        r#"<section aria-labelledby="inside-h" id="inside" data-live>{}</section>"#,
         if inside.is_empty() {
             String::new()
         } else {
             format!(r#"<h2 id="inside-h">Inside the steps</h2>{inside}"#)
         }
     );
-    let _ = write!(
+    let _ = writeln!(
         body,
-        r#"<section aria-labelledby="trail-h" id="trail" data-live><h2 id="trail-h">Event trail</h2>{}</section>
-"#,
+        r#"<section aria-labelledby="trail-h" id="trail" data-live><h2 id="trail-h">Event trail</h2>{}</section>"#,
         trail(view)
     );
     body.push_str(&logs(view));
