@@ -20,6 +20,10 @@ const NOT_RUN: &[(&str, &str)] = &[
         "it is the command that runs this test",
     ),
     (
+        "archon serve workflows",
+        "it serves until stopped; tests/serve_browser.rs starts `archon serve` and drives its pages",
+    ),
+    (
         "cargo install --locked --path .",
         "it builds a release binary into ~/.cargo/bin; `archon` on PATH stands for it here",
     ),

@@ -39,6 +39,7 @@ mod run;
 mod schema;
 mod security;
 mod serve;
+mod serve_browser;
 mod serve_triggers;
 mod session;
 mod skills;

@@ -1,0 +1,88 @@
+//! What the pages read that the API module does not give in the shape they need: a run's events and log
+//! pieces a page at a time, and the workflow a run's graph is drawn from. Reads of the store go through
+//! `app.read`, as the API's do.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use archon_engine::Workflow;
+use archon_engine::session::LogChunk;
+use serde_json::Value as Json;
+
+use super::super::app::{ApiError, App};
+
+/// Up to `limit` events of run `id` numbered after `after`, with their numbers; `404` for an unknown run.
+pub async fn events(
+    app: &Arc<App>,
+    id: &str,
+    after: i64,
+    limit: usize,
+) -> Result<Vec<(i64, Json)>, ApiError> {
+    let id = id.to_owned();
+    app.read(move |session| {
+        known(session, &id)?;
+        session
+            .events_after(&id, after, limit)
+            .map_err(|e| ApiError::store(&e))
+    })
+    .await
+}
+
+/// Up to `limit` log pieces of run `id` numbered after `after`; `404` for an unknown run.
+pub async fn logs(
+    app: &Arc<App>,
+    id: &str,
+    after: i64,
+    limit: usize,
+) -> Result<Vec<LogChunk>, ApiError> {
+    let id = id.to_owned();
+    app.read(move |session| {
+        known(session, &id)?;
+        session
+            .logs_after(&id, after, limit)
+            .map_err(|e| ApiError::store(&e))
+    })
+    .await
+}
+
+fn known(session: &archon_engine::session::Session, id: &str) -> Result<(), ApiError> {
+    match session.summary(id).map_err(|e| ApiError::store(&e))? {
+        Some(_) => Ok(()),
+        None => Err(ApiError::not_found(format!(
+            "no run `{id}` in the state directory"
+        ))),
+    }
+}
+
+/// The workflow a run of `name` from `spec_path` runs, to draw its graph: the served one of that name
+/// whose file is the run's, else the served one of that name, else the run's spec file as it is now when
+/// it validates (a run started elsewhere). `None` when there is none: the page lists the steps the run
+/// recorded instead.
+pub async fn workflow_of(app: &Arc<App>, name: &str, spec_path: &str) -> Option<Arc<Workflow>> {
+    let run_file = std::fs::canonicalize(spec_path).ok();
+    let mut same_name = None;
+    for served in app.catalog.workflows.values() {
+        let Some(workflow) = &served.workflow else {
+            continue;
+        };
+        if served.name != name {
+            continue;
+        }
+        if run_file.is_some() && std::fs::canonicalize(&served.path).ok() == run_file {
+            return Some(workflow.clone());
+        }
+        same_name.get_or_insert_with(|| workflow.clone());
+    }
+    if same_name.is_some() {
+        return same_name;
+    }
+    let path = run_file?;
+    let name = name.to_owned();
+    tokio::task::spawn_blocking(move || {
+        let validation = archon_engine::validate::validate_file(Path::new(&path));
+        validation.workflow.filter(|w| w.name == name).map(Arc::new)
+    })
+    .await
+    .ok()
+    .flatten()
+}
