@@ -227,3 +227,10 @@ impl IntoResponse for ApiError {
         (self.status_code(), Json(self)).into_response()
     }
 }
+
+/// Milliseconds since the Unix epoch (the unit of every time the store keeps).
+pub fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}

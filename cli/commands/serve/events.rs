@@ -116,7 +116,7 @@ fn watch(app: &App) {
     // The runs last seen running or waiting, or started or ended lately: looked at again until they
     // are none of these.
     let mut known: HashMap<String, RunSummary> = HashMap::new();
-    let mut looked = archon_engine::store::now_ms();
+    let mut looked = super::app::now_ms();
     if let Ok(runs) = session.changed_since(looked.saturating_sub(SLACK_MS)) {
         for run in runs {
             known.insert(run.id.clone(), run);
@@ -134,7 +134,7 @@ fn watch(app: &App) {
         }
         last = now;
         app.live.changed.send_modify(|n| *n = n.wrapping_add(1));
-        let at = archon_engine::store::now_ms();
+        let at = super::app::now_ms();
         let since = looked.saturating_sub(SLACK_MS);
         looked = at;
         let Ok(runs) = session.changed_since(since) else {

@@ -246,7 +246,7 @@ impl Executor {
             workflow: served.name.clone(),
             work: Work::Start { served, inputs },
             trigger,
-            queued_at: archon_engine::store::now_ms(),
+            queued_at: super::app::now_ms(),
         });
         Ok(Started { run_id, queued })
     }
@@ -291,7 +291,7 @@ impl Executor {
             workflow,
             work: Work::Continue { how, options },
             trigger: None,
-            queued_at: archon_engine::store::now_ms(),
+            queued_at: super::app::now_ms(),
         });
         Ok(Started {
             run_id: run_id.to_owned(),
@@ -533,7 +533,7 @@ impl Executor {
                 return;
             }
         };
-        let now = archon_engine::store::now_ms();
+        let now = super::app::now_ms();
         let mut jobs = Vec::new();
         let session = Session::open(&self.0.state_dir).ok();
         for run_id in restart.resume {
