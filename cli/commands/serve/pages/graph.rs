@@ -49,7 +49,7 @@ pub fn svg(plan: &Plan, status_of: &dyn Fn(&str) -> String) -> String {
     let index_of = |id: &str| plan.steps.iter().position(|s| s.id == id);
     let mut out = format!(
         r#"<figure class="graph"><div class="graph-scroll"><svg xmlns="http://www.w3.org/2000/svg" role="img" aria-labelledby="graph-title" viewBox="0 0 {width} {height}" width="{width}" height="{height}">
-<title id="graph-title">The steps of {} by wave, with their status (the steps table lists the same)</title>
+<title id="graph-title">The steps of {} by wave, with their status (listed below as well)</title>
 <defs><marker id="arrow" viewBox="0 0 10 10" refX="10" refY="5" markerWidth="7" markerHeight="7" orient="auto-start-reverse"><path d="M 0 0 L 10 5 L 0 10 z" class="arrowhead"/></marker></defs>
 "#,
         escape(&plan.workflow)

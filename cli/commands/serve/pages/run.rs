@@ -1057,7 +1057,7 @@ pub async fn retry(
 // Shown for the legend's sake in tests: every status a node can take has a word.
 #[cfg(test)]
 mod tests {
-    use super::super::{code_spans, status_class, status_label, status_symbol};
+    use super::super::{status_class, status_label, status_symbol};
     use super::*;
 
     #[test]
@@ -1108,8 +1108,79 @@ mod tests {
 </span></div>"#
         );
     }
+    /// A stored result as JSON, with `extra` fields.
+    fn result(status: &str, extra: serde_json::Value) -> StepResult {
+        let mut value = serde_json::json!({
+            "status": status, "output": null, "text": "", "outputs": {}, "error": null,
+            "attempts": 1, "exit_code": null, "duration_ms": 1200, "fallback": false,
+        });
+        if let (Some(base), Some(more)) = (value.as_object_mut(), extra.as_object()) {
+            base.extend(more.clone());
+        }
+        serde_json::from_value(value).expect("a step result")
+    }
+
     #[test]
-    fn code_spans_used_in_problems() {
-        assert!(code_spans("`a`").contains("<code>a</code>"));
+    fn a_delegation_tree_shows_each_task_answer_error_and_cost_nested() {
+        let llm = serde_json::json!({"calls": 2, "input_tokens": 300, "output_tokens": 40,
+            "cached_input_tokens": 0, "cost_usd": 0.0021, "unpriced_calls": 0});
+        let step = result(
+            "succeeded",
+            serde_json::json!({
+                "llm": llm,
+                "steps": {
+                    "researcher#1.1": {
+                        "status": "succeeded", "output": null, "text": "Paris <b>", "outputs": {},
+                        "error": null, "attempts": 1, "exit_code": null, "duration_ms": 800,
+                        "fallback": false, "task": "find the capital", "llm": llm,
+                        "steps": {
+                            "checker#1.1": {
+                                "status": "failed", "output": null, "text": "", "outputs": {},
+                                "error": "no source", "attempts": 1, "exit_code": null,
+                                "duration_ms": 5, "fallback": false, "task": "check it"
+                            }
+                        }
+                    }
+                }
+            }),
+        );
+        assert_eq!(
+            tree(&step),
+            concat!(
+                r#"<li><code>researcher#1.1</code> <span class="badge status-succeeded"><span aria-hidden="true">✓</span> succeeded</span> <span class="note">2 calls, 300 tokens in, 40 out, $0.0021, 800 ms</span>"#,
+                r#"<div class="task"><span class="label">task</span> find the capital</div><div><span class="label">answer</span> Paris &lt;b&gt;</div>"#,
+                r#"<ul class="tree"><li><code>checker#1.1</code> <span class="badge status-failed"><span aria-hidden="true">✗</span> failed</span>"#,
+                r#"<div class="task"><span class="label">task</span> check it</div><div class="error-text"><span class="label">error</span> no source</div></li></ul></li>"#,
+            )
+        );
+    }
+
+    #[test]
+    fn the_trail_reads_thought_action_observation_from_the_runs_start() {
+        let events = vec![
+            (
+                1,
+                serde_json::json!({"event": "agent_thought", "step": "ask", "iteration": 1, "text": "I should add", "at_ms": 1_250}),
+            ),
+            (
+                2,
+                serde_json::json!({"event": "agent_action", "step": "ask", "iteration": 1, "tool": "calculator", "arguments": {"expression": "1+1"}, "at_ms": 1_300}),
+            ),
+            (
+                3,
+                serde_json::json!({"event": "agent_observation", "step": "ask", "iteration": 1, "tool": "calculator", "text": "<2>", "error": false, "at_ms": 1_400}),
+            ),
+        ];
+        assert_eq!(
+            trail_rows(&events, 1_000),
+            concat!(
+                r#"<ol class="trail">"#,
+                r#"<li class="ev ev-thought depth-0" value="1"><span class="at">0.250s</span> <span class="label">thought</span> <span class="text">ask #1: I should add</span></li>"#,
+                r#"<li class="ev ev-action depth-0" value="2"><span class="at">0.300s</span> <span class="label">action</span> <span class="text">ask #1: calculator {&quot;expression&quot;:&quot;1+1&quot;}</span></li>"#,
+                r#"<li class="ev ev-observed depth-0" value="3"><span class="at">0.400s</span> <span class="label">observed</span> <span class="text">ask #1: calculator -&gt;
+&lt;2&gt;</span></li>"#,
+                "</ol>"
+            )
+        );
     }
 }
