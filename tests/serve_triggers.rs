@@ -295,6 +295,21 @@ async fn a_slot_missed_while_no_server_ran_fires_once_at_start_and_not_again_aft
     assert_eq!(triggers[0]["timezone"], "Europe/Paris");
     assert_eq!(triggers[0]["overlap"], "skip");
     assert_eq!(triggers[0]["catch_up"], "3h");
+    // The workflow's page says the same.
+    let (status, page) = server.get("/workflows/hourly").await;
+    assert_eq!(status, 200);
+    let page = page.as_str().expect("HTML");
+    let from = page
+        .find(r#"<section aria-labelledby="triggers">"#)
+        .expect("a triggers section");
+    let to = from + page[from..].find("</section>").expect("its end");
+    assert_eq!(
+        &page[from..to],
+        format!(
+            r#"<section aria-labelledby="triggers"><h2 id="triggers">Triggers</h2><table><thead><tr><th>name</th><th>kind</th><th>when</th><th>next</th></tr></thead><tbody><tr><td><code>{name}</code></td><td>cron</td><td><code>0 * * * *</code> in Europe/Paris, overlap <code>skip</code>, missed slots within 3h caught up</td><td><time datetime="{next}">{next}</time></td></tr></tbody></table>"#,
+            name = triggers[0]["name"].as_str().expect("a name"),
+        )
+    );
     drop(server);
 
     // A restart: the slot is recorded, so nothing fires again.

@@ -514,11 +514,16 @@ pub fn triggers(app: &App, id: &str) -> Result<Vec<TriggerView>, ApiError> {
         ApiError::not_found(format!("no workflow `{id}` is served"))
             .with_hint("`GET /api/v1/workflows` lists them")
     })?;
+    Ok(views(served))
+}
+
+/// The triggers of a served workflow, each with when it fires next (empty when it does not validate).
+pub fn views(served: &super::workflows::Served) -> Vec<TriggerView> {
     let Some(workflow) = &served.workflow else {
-        return Ok(Vec::new());
+        return Vec::new();
     };
     let now = Timestamp::now();
-    Ok(workflow
+    workflow
         .spec
         .triggers
         .iter()
@@ -557,7 +562,7 @@ pub fn triggers(app: &App, id: &str) -> Result<Vec<TriggerView>, ApiError> {
                 token: hook.map(|h| h.token.is_some()),
             }
         })
-        .collect())
+        .collect()
 }
 
 /// A workflow's triggers, with when each cron trigger fires next.

@@ -282,10 +282,66 @@ fn render(
         .into_response()
 }
 
-/// The workflow's triggers and when each fires next. This build's specs declare none (the trigger
-/// engine is not part of it yet), so the section says so.
-fn triggers(_served: &Served) -> String {
-    r#"<section aria-labelledby="triggers"><h2 id="triggers">Triggers</h2><p>No trigger: it runs when started from here, the API or <code>archon run</code>.</p></section>
-"#
-    .to_owned()
+/// The workflow's triggers: each cron schedule with when it fires next, each webhook with its endpoint
+/// and how deliveries are authenticated.
+fn triggers(served: &Served) -> String {
+    let views = super::super::triggers::views(served);
+    let mut body =
+        String::from(r#"<section aria-labelledby="triggers"><h2 id="triggers">Triggers</h2>"#);
+    if views.is_empty() {
+        body.push_str(
+            "<p>No trigger: it runs when started from here, the API or <code>archon run</code>.</p></section>
+",
+        );
+        return body;
+    }
+    body.push_str(
+        "<table><thead><tr><th>name</th><th>kind</th><th>when</th><th>next</th></tr></thead><tbody>",
+    );
+    for view in &views {
+        let (when, next) = match (&view.cron, &view.endpoint) {
+            (Some(cron), _) => {
+                let mut when = format!(
+                    "<code>{}</code> in {}, overlap <code>{}</code>",
+                    escape(cron),
+                    escape(view.timezone.as_deref().unwrap_or("UTC")),
+                    escape(view.overlap.as_deref().unwrap_or("skip"))
+                );
+                if let Some(window) = &view.catch_up {
+                    let _ = write!(when, ", missed slots within {} caught up", escape(window));
+                }
+                let next = view.next_fire.as_deref().map_or_else(
+                    || "never".to_owned(),
+                    |at| format!("<time datetime=\"{0}\">{0}</time>", escape(at)),
+                );
+                (when, next)
+            }
+            (None, Some(endpoint)) => {
+                let auth: Vec<&str> = [
+                    (view.signed == Some(true)).then_some("signed"),
+                    (view.token == Some(true)).then_some("bearer token"),
+                ]
+                .into_iter()
+                .flatten()
+                .collect();
+                (
+                    format!(
+                        "<code>POST {}</code> ({})",
+                        escape(endpoint),
+                        escape(&auth.join(", "))
+                    ),
+                    "on delivery".to_owned(),
+                )
+            }
+            (None, None) => (String::new(), String::new()),
+        };
+        let _ = write!(
+            body,
+            "<tr><td><code>{}</code></td><td>{}</td><td>{when}</td><td>{next}</td></tr>",
+            escape(&view.name),
+            escape(&view.kind)
+        );
+    }
+    body.push_str("</tbody></table></section>\n");
+    body
 }
