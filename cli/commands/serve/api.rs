@@ -755,15 +755,7 @@ async fn get_events(
     let after = params.after.unwrap_or(0).max(0);
     let events = app
         .read(move |session| {
-            if session
-                .summary(&id)
-                .map_err(|e| ApiError::store(&e))?
-                .is_none()
-            {
-                return Err(ApiError::not_found(format!(
-                    "no run `{id}` in the state directory"
-                )));
-            }
+            super::app::known_run(session, &id)?;
             session
                 .events_after(&id, after, limit)
                 .map_err(|e| ApiError::store(&e))
@@ -816,15 +808,7 @@ async fn get_logs(
     let after = params.after.unwrap_or(0).max(0);
     let logs = app
         .read(move |session| {
-            if session
-                .summary(&id)
-                .map_err(|e| ApiError::store(&e))?
-                .is_none()
-            {
-                return Err(ApiError::not_found(format!(
-                    "no run `{id}` in the state directory"
-                )));
-            }
+            super::app::known_run(session, &id)?;
             session
                 .logs_after(&id, after, limit)
                 .map_err(|e| ApiError::store(&e))

@@ -142,6 +142,11 @@ pub struct ApiError {
 }
 
 impl ApiError {
+    /// `404`: no run of that id.
+    pub fn unknown_run(id: &str) -> Self {
+        ApiError::not_found(format!("no run `{id}` in the state directory"))
+    }
+
     pub fn new(status: StatusCode, error: impl Into<String>) -> Self {
         ApiError {
             status: status.as_u16(),
@@ -236,4 +241,12 @@ pub fn now_ms() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+/// Nothing, when the state directory holds run `id`; else `404`.
+pub fn known_run(session: &Session, id: &str) -> Result<(), ApiError> {
+    match session.summary(id).map_err(|e| ApiError::store(&e))? {
+        Some(_) => Ok(()),
+        None => Err(ApiError::unknown_run(id)),
+    }
 }

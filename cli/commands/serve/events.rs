@@ -216,9 +216,7 @@ pub async fn run_stream(
         .read(move |session| session.summary(&id).map_err(|e| ApiError::store(&e)))
         .await?;
     if known.is_none() && !pending {
-        return Err(ApiError::not_found(format!(
-            "no run `{run_id}` in the state directory"
-        )));
+        return Err(ApiError::unknown_run(&run_id));
     }
     // Subscribed before the first read of the store: nothing recorded in between is missed.
     let mut live = app.live.events.subscribe();

@@ -296,9 +296,7 @@ impl Executor {
                     .summary(&id)
                     .map_err(|e| ApiError::store(&e))?
                     .map(|s| s.workflow)
-                    .ok_or_else(|| {
-                        ApiError::not_found(format!("no run `{id}` in the state directory"))
-                    })
+                    .ok_or_else(|| ApiError::unknown_run(&id))
             })
             .await?;
         let queued = self.enqueue(Job {

@@ -20,7 +20,7 @@ pub async fn events(
 ) -> Result<Vec<(i64, Json)>, ApiError> {
     let id = id.to_owned();
     app.read(move |session| {
-        known(session, &id)?;
+        super::super::app::known_run(session, &id)?;
         session
             .events_after(&id, after, limit)
             .map_err(|e| ApiError::store(&e))
@@ -37,21 +37,12 @@ pub async fn logs(
 ) -> Result<Vec<LogChunk>, ApiError> {
     let id = id.to_owned();
     app.read(move |session| {
-        known(session, &id)?;
+        super::super::app::known_run(session, &id)?;
         session
             .logs_after(&id, after, limit)
             .map_err(|e| ApiError::store(&e))
     })
     .await
-}
-
-fn known(session: &archon_engine::session::Session, id: &str) -> Result<(), ApiError> {
-    match session.summary(id).map_err(|e| ApiError::store(&e))? {
-        Some(_) => Ok(()),
-        None => Err(ApiError::not_found(format!(
-            "no run `{id}` in the state directory"
-        ))),
-    }
 }
 
 /// The workflow a run of `name` from `spec_path` runs, to draw its graph: the served one of that name
