@@ -11,6 +11,7 @@ use indexmap::IndexMap;
 use schemars::{JsonSchema, Schema, SchemaGenerator};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
+use super::values::as_text;
 use super::{Duration, Node, Spanned};
 
 /// What starts the workflow under `archon serve`: exactly one of `cron` and `webhook`.
@@ -600,49 +601,6 @@ fn listed(names: &[&str]) -> String {
         Some((last, [])) => last.clone(),
         Some((last, rest)) => format!("{} and {last}", rest.join(", ")),
     }
-}
-
-macro_rules! as_text {
-    ($ty:ty) => {
-        impl PartialEq for $ty {
-            fn eq(&self, other: &Self) -> bool {
-                self.text == other.text
-            }
-        }
-
-        impl fmt::Display for $ty {
-            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str(&self.text)
-            }
-        }
-
-        impl Serialize for $ty {
-            fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-                self.text.serialize(serializer)
-            }
-        }
-
-        impl<'de> Deserialize<'de> for $ty {
-            fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-                String::deserialize(deserializer).map(<$ty>::new)
-            }
-        }
-
-        impl JsonSchema for $ty {
-            fn inline_schema() -> bool {
-                String::inline_schema()
-            }
-            fn schema_name() -> Cow<'static, str> {
-                String::schema_name()
-            }
-            fn schema_id() -> Cow<'static, str> {
-                String::schema_id()
-            }
-            fn json_schema(generator: &mut SchemaGenerator) -> Schema {
-                String::json_schema(generator)
-            }
-        }
-    };
 }
 
 as_text!(CronText);

@@ -54,7 +54,8 @@ impl Pattern {
     }
 }
 
-/// The two types compare, print, serialize and describe their schema as their text.
+/// A type with a `text` field compares, prints, serializes and describes its schema as that text
+/// (durations, patterns, and the cron expressions and time zones of triggers).
 macro_rules! as_text {
     ($ty:ty) => {
         impl PartialEq for $ty {
@@ -99,6 +100,8 @@ macro_rules! as_text {
         }
     };
 }
+
+pub(crate) use as_text;
 
 as_text!(DurationText);
 as_text!(Pattern);
