@@ -278,6 +278,11 @@ pub struct ServeArgs {
     #[arg(long, value_name = "N", default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..))]
     pub max_runs: u32,
 
+    /// Most runs waiting in the queue; beyond it, new runs and webhook deliveries are refused (`503`),
+    /// deliveries without being recorded.
+    #[arg(long, value_name = "N", default_value_t = 1000, value_parser = clap::value_parser!(u32).range(0..=100_000))]
+    pub max_queue: u32,
+
     /// Print the OpenAPI document of the HTTP API and exit (`schemas/openapi.json` is this).
     #[arg(long)]
     pub openapi: bool,

@@ -204,7 +204,7 @@ impl Server {
         )
     }
 
-    async fn post(&self, path: &str, body: Json) -> (u16, Json) {
+    pub(crate) async fn post(&self, path: &str, body: Json) -> (u16, Json) {
         let response = self
             .request(reqwest::Method::POST, path)
             .json(&body)

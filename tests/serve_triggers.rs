@@ -359,3 +359,92 @@ async fn a_firing_recorded_whose_run_never_started_starts_when_the_server_does()
     .await;
     assert_eq!(detail["outputs"], json!({"action": "closed"}));
 }
+
+/// A delivery the server has no room for (`--max-runs 1 --max-queue 1`, one run going and one
+/// waiting) is refused with `503` and not recorded, so that the sender's next attempt starts a run
+/// rather than being taken for a replay.
+#[tokio::test]
+async fn a_delivery_the_full_queue_cannot_take_is_refused_unrecorded_and_runs_when_delivered_again()
+{
+    let dir = TempDir::new().expect("tempdir");
+    std::fs::write(
+        dir.path().join("held.yaml"),
+        r#"name: held
+secrets: [HOOK_SECRET]
+inputs:
+  event: { type: object }
+triggers:
+  - name: hook
+    webhook: { secret: HOOK_SECRET, input: event }
+steps:
+  - id: wait
+    tool: exec
+    with: { argv: [sleep, "600"] }
+"#,
+    )
+    .expect("write");
+    std::fs::write(dir.path().join("tokens"), format!("operator {OPERATOR}\n")).expect("write");
+    let mut server = serve(
+        dir.path(),
+        &[
+            "--token-file",
+            "tokens",
+            "--max-runs",
+            "1",
+            "--max-queue",
+            "1",
+        ],
+        &[("HOOK_SECRET", HOOK_SECRET)],
+    );
+    server.token = Some(OPERATOR.to_owned());
+    let body = br#"{"n": 1}"#;
+    let signature = sign(HOOK_SECRET.as_bytes(), body);
+    let (status, first) = deliver(&server, "held", body, Some(&signature), "d1").await;
+    assert_eq!(status, 202, "{first}");
+    assert_eq!(first["queued"], false);
+    let (status, second) = deliver(&server, "held", body, Some(&signature), "d2").await;
+    assert_eq!(status, 202, "{second}");
+    assert_eq!(second["queued"], true);
+    let (status, refused) = deliver(&server, "held", body, Some(&signature), "d3").await;
+    assert_eq!(status, 503, "{refused}");
+    assert_eq!(
+        refused,
+        json!({
+            "error": "1 run waits in the queue already, the most it holds (`--max-queue`)",
+            "hint": "the delivery is not recorded: deliver it again later",
+        })
+    );
+    let (_, firings) = server.get("/api/v1/firings?workflow=held").await;
+    assert_eq!(
+        firings_of(&firings),
+        [
+            ("d2".into(), "started".into()),
+            ("d1".into(), "started".into())
+        ]
+    );
+    // The first run ends: the second starts, and the queue has room for the delivery sent again.
+    let running = first["run_id"].as_str().expect("a run id");
+    let (status, cancelled) = server
+        .post(&format!("/api/v1/runs/{running}/cancel"), Json::Null)
+        .await;
+    assert_eq!(status, 200, "{cancelled}");
+    let queued = second["run_id"].as_str().expect("a run id").to_owned();
+    poll(&server, "/api/v1/queue", |queue| {
+        queue
+            .as_array()
+            .is_some_and(|q| q.iter().all(|j| j["run_id"] != queued.as_str()))
+    })
+    .await;
+    let (status, again) = deliver(&server, "held", body, Some(&signature), "d3").await;
+    assert_eq!(status, 202, "{again}");
+    assert_eq!(again["queued"], true);
+    let (_, firings) = server.get("/api/v1/firings?workflow=held").await;
+    assert_eq!(
+        firings_of(&firings),
+        [
+            ("d3".into(), "started".into()),
+            ("d2".into(), "started".into()),
+            ("d1".into(), "started".into())
+        ]
+    );
+}

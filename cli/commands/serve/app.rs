@@ -55,6 +55,7 @@ impl App {
         state_dir: PathBuf,
         tokens: Tokens,
         max_runs: usize,
+        max_queue: usize,
         stopping: CancellationToken,
     ) -> anyhow::Result<AppState> {
         let mut readers = Vec::with_capacity(READERS);
@@ -64,7 +65,7 @@ impl App {
         let secrets = catalog.secret_values();
         let live = Live::new();
         Ok(Arc::new(App {
-            executor: Executor::new(&state_dir, max_runs, stopping.clone(), &live),
+            executor: Executor::new(&state_dir, max_runs, max_queue, stopping.clone(), &live),
             live,
             auth: auth::Auth::new(tokens),
             catalog,

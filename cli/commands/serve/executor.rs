@@ -24,9 +24,6 @@ use super::events::Live;
 use super::workflows::Served;
 use crate::output;
 
-/// Most runs waiting in the queue: one more is refused (`503`) rather than held without bound.
-pub const MAX_QUEUE: usize = 1000;
-
 /// The file, under the state directory, of what the server was running or had queued when it stopped.
 const RESTART_FILE: &str = "serve/restart.json";
 
@@ -149,6 +146,21 @@ struct State {
     active: HashMap<String, Active>,
     /// Runs interrupted because the server stops, to resume on the next start.
     interrupted: Vec<String>,
+    /// Places in the queue held by [`Room`]s: counted as taken.
+    held: usize,
+}
+
+/// A place in the queue, held for a run whose firing is about to be recorded (a webhook delivery's):
+/// taken before the firing is recorded, so that a full queue refuses a delivery without recording it,
+/// and a sender that delivers it again gets a run rather than a replay.
+#[derive(Debug)]
+pub struct Room(Executor);
+
+impl Drop for Room {
+    fn drop(&mut self) {
+        let mut state = self.0.state();
+        state.held = state.held.saturating_sub(1);
+    }
 }
 
 /// The runs the server executes.
@@ -159,6 +171,8 @@ pub struct Executor(Arc<Shared>);
 struct Shared {
     state_dir: PathBuf,
     max_runs: usize,
+    /// Most runs waiting in the queue (`--max-queue`).
+    max_queue: usize,
     stopping: CancellationToken,
     state: Mutex<State>,
     /// How many run threads are alive.
@@ -183,12 +197,14 @@ impl Executor {
     pub fn new(
         state_dir: &Path,
         max_runs: usize,
+        max_queue: usize,
         stopping: CancellationToken,
         live: &Live,
     ) -> Self {
         Executor(Arc::new(Shared {
             state_dir: state_dir.to_path_buf(),
             max_runs: max_runs.max(1),
+            max_queue,
             stopping,
             state: Mutex::new(State::default()),
             running: tokio::sync::watch::channel(0).0,
@@ -209,7 +225,7 @@ impl Executor {
         given: Map<String, Json>,
         trigger: Option<TriggerInfo>,
     ) -> Result<Started, ApiError> {
-        self.start_run_as(app, workflow, given, trigger, session::new_run_id())
+        self.start_run_as(app, workflow, given, trigger, session::new_run_id(), None)
     }
 
     /// [`Executor::start_run`] under a run id given beforehand: a trigger's firing records the id of
@@ -221,6 +237,7 @@ impl Executor {
         given: Map<String, Json>,
         trigger: Option<TriggerInfo>,
         run_id: String,
+        room: Option<Room>,
     ) -> Result<Started, ApiError> {
         let Some(served) = app.catalog.get(workflow).cloned() else {
             return Err(
@@ -255,7 +272,7 @@ impl Executor {
                 }
                 error
             })?;
-        self.refuse_when_stopping()?;
+        self.refusal(usize::from(room.is_some()))?;
         let queued = self.enqueue(Job {
             run_id: run_id.clone(),
             workflow: served.name.clone(),
@@ -263,7 +280,17 @@ impl Executor {
             trigger,
             queued_at: super::app::now_ms(),
         });
+        drop(room);
         Ok(Started { run_id, queued })
+    }
+
+    /// Holds a place in the queue, or refuses as [`Executor::start_run_as`] would.
+    pub fn reserve(&self) -> Result<Room, ApiError> {
+        let mut state = self.state();
+        self.refuse(&state, 0)?;
+        state.held += 1;
+        drop(state);
+        Ok(Room(self.clone()))
     }
 
     /// Continues a stored run as `how` says, after checking that it can be (the same refusals as
@@ -630,15 +657,32 @@ impl Executor {
 
     /// Refuses a new run or continuation while the server stops, or when the queue is full.
     fn refuse_when_stopping(&self) -> Result<(), ApiError> {
+        self.refusal(0)
+    }
+
+    /// [`Executor::refuse_when_stopping`] for a caller holding `own` of the held places.
+    fn refusal(&self, own: usize) -> Result<(), ApiError> {
+        self.refuse(&self.state(), own)
+    }
+
+    fn refuse(&self, state: &State, own: usize) -> Result<(), ApiError> {
         if self.0.stopping.is_cancelled() {
             return Err(
                 ApiError::unavailable().with_hint("the next `archon serve` takes runs again")
             );
         }
-        if self.state().queue.len() >= MAX_QUEUE {
+        // Runs going on, waiting, and about to be queued by others: one more must fit in the run
+        // slots or the queue.
+        let max = self.0.max_queue;
+        let taken = state.active.len() + state.queue.len() + state.held.saturating_sub(own);
+        if taken >= self.0.max_runs + max {
             return Err(ApiError::new(
                 axum::http::StatusCode::SERVICE_UNAVAILABLE,
-                format!("{MAX_QUEUE} runs wait in the queue already, the most it holds"),
+                format!(
+                    "{max} run{} wait{} in the queue already, the most it holds (`--max-queue`)",
+                    if max == 1 { "" } else { "s" },
+                    if max == 1 { "s" } else { "" }
+                ),
             )
             .with_hint(
                 "wait for runs to end, or cancel queued ones (`GET /api/v1/queue` lists them)",

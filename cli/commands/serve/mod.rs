@@ -131,6 +131,7 @@ pub fn serve(args: &ServeArgs) -> anyhow::Result<Status> {
             state_dir,
             tokens,
             args.max_runs as usize,
+            args.max_queue as usize,
             stopping.clone(),
         )?;
         let listener = tokio::net::TcpListener::bind(address).await.map_err(|e| {

@@ -157,6 +157,16 @@ async fn deliver(
         .iter()
         .find_map(|h| header(h));
     let authorization = header("authorization");
+    // A place in the queue first: a delivery the server cannot take now is refused unrecorded, so that
+    // the sender's next attempt runs instead of being a replay.
+    let room = match app.executor.reserve() {
+        Ok(room) => room,
+        Err(e) => {
+            return e
+                .with_hint("the delivery is not recorded: deliver it again later")
+                .into_response();
+        }
+    };
     let received = app
         .read(move |session| {
             let delivery = Delivery {
@@ -175,7 +185,7 @@ async fn deliver(
     match received {
         Ok(Received::Fired(firing)) => {
             let delivery = firing.slot.clone();
-            match start(&app, &firing) {
+            match start_in(&app, &firing, Some(room)) {
                 Ok(started) => (
                     StatusCode::ACCEPTED,
                     axum::Json(Accepted {
@@ -219,6 +229,15 @@ async fn deliver(
 
 /// Starts a firing's run through the executor, under the run id the firing recorded.
 fn start(app: &App, firing: &Firing) -> Result<super::executor::Started, ApiError> {
+    start_in(app, firing, None)
+}
+
+/// [`start`] in the place `room` holds in the queue, if given.
+fn start_in(
+    app: &App,
+    firing: &Firing,
+    room: Option<super::executor::Room>,
+) -> Result<super::executor::Started, ApiError> {
     let Some(run_id) = firing.run_id.clone() else {
         return Err(ApiError::internal(format!(
             "the firing `{}` of trigger `{}` starts no run",
@@ -238,6 +257,7 @@ fn start(app: &App, firing: &Firing) -> Result<super::executor::Started, ApiErro
             detail,
         }),
         run_id,
+        room,
     )
 }
 
