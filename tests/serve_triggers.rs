@@ -577,6 +577,38 @@ async fn a_queued_firing_that_cancel_previous_replaces_is_recorded_skipped_and_n
         json!({"slot": slot(hour - 3 * 3600), "outcome": "started", "run_id": runs[0], "reason": null}),
     ];
     assert_eq!(outcomes(&page), expected);
+    // The workflow's page says the same.
+    let (status, html) = server.get("/workflows/replace").await;
+    assert_eq!(status, 200);
+    let html = html.as_str().expect("HTML");
+    let from = html
+        .find(r#"<section aria-labelledby="firings">"#)
+        .expect("a firings section");
+    let to = from + html[from..].find("</section>").expect("its end");
+    let row = |slot: &str, outcome: &str, run: Option<&str>, why: &str| {
+        let run = run.map_or_else(
+            || "—".to_owned(),
+            |run| format!(r#"<a href="/runs/{run}"><code>{run}</code></a>"#),
+        );
+        format!(
+            "<tr><td><code>tick</code></td><td><code>{slot}</code></td><td>{outcome}</td><td>{run}</td><td>{why}</td></tr>"
+        )
+    };
+    assert_eq!(
+        &html[from..to],
+        format!(
+            r#"<section aria-labelledby="firings"><h2 id="firings">Firings</h2><p>The latest 20 at most, newest first (<code>GET /api/v1/firings?workflow=replace</code> has them all).</p><table><thead><tr><th>trigger</th><th>slot or delivery</th><th>outcome</th><th>run</th><th>why</th></tr></thead><tbody>{}{}{}{}</tbody></table>"#,
+            row(
+                &slot(hour),
+                "started",
+                Some(&new),
+                &format!("cancelled run `{}`, `{}`, `{}`", runs[0], runs[1], runs[2])
+            ),
+            row(&slot(hour - 3600), "skipped", None, &dropped),
+            row(&slot(hour - 2 * 3600), "skipped", None, &dropped),
+            row(&slot(hour - 3 * 3600), "started", Some(&runs[0]), ""),
+        )
+    );
     server
         .poll(&format!("/api/v1/runs/{}", runs[0]), |r| {
             r["status"] == "cancelled"
