@@ -434,7 +434,7 @@ async fn start_unstarted(
                 .collect();
             going.insert(key, runs);
         }
-        Ok::<_, archon_engine::store::StoreError>((unstarted, going))
+        Ok::<_, archon_engine::session::StoreError>((unstarted, going))
     })
     .await;
     let (firings, going) = match read {
