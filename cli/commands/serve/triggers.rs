@@ -382,8 +382,9 @@ async fn run_loop(app: AppState, mut scheduler: Scheduler, count: usize) {
     }
 }
 
-/// How many of a trigger's latest firings are looked through for the runs this server took up from its
-/// last stop (at most [`archon_engine::trigger::MAX_QUEUED`] wait behind one, and a few webhook runs more).
+/// How many of a cron trigger's latest firings are looked through for the runs this server took up from
+/// its last stop: a trigger has at most [`archon_engine::trigger::MAX_QUEUED`] runs waiting behind the
+/// one going, so those still going are among its latest firings.
 const TAKEN_UP_LOOKBACK: usize = 4 * archon_engine::trigger::MAX_QUEUED;
 
 /// A cron trigger: its workflow's name and its own.
