@@ -9,9 +9,8 @@
 //! `benches/store.rs` fills its store), with their workflows, statuses and start times spread out.
 #![allow(clippy::print_stdout, clippy::unwrap_used, clippy::expect_used)]
 
-use std::io::BufRead as _;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use rusqlite::{Connection, params};
@@ -58,11 +57,11 @@ fn main() {
     assert!(ran.status.success());
     fill(dir.path(), RUNS - 1);
 
-    let mut server = Server::start(&archon, dir.path());
+    let mut server = start(&archon, dir.path());
     let runtime = tokio::runtime::Runtime::new().unwrap();
     println!(
         "idle RSS of `archon serve` once started, {RUNS} runs in the store: {} KB",
-        server.rss()
+        rss(&server)
     );
     runtime.block_on(async {
         let http = reqwest::Client::new();
@@ -107,7 +106,7 @@ fn main() {
     println!(
         "RSS of `archon serve` after {} page loads: {} KB",
         REQUESTS * 5,
-        server.rss()
+        rss(&server)
     );
     let client = runtime.block_on(client_latency(&server.url, dir.path()));
     println!(
@@ -177,49 +176,33 @@ fn fill(dir: &Path, runs: usize) {
     tx.commit().unwrap();
 }
 
-struct Server {
-    child: std::process::Child,
-    url: String,
+/// How the tests start `archon serve` (free port, `listening on`, standard error kept, SIGTERM to stop),
+/// here with the release binary.
+#[path = "../tests/support/serve.rs"]
+#[allow(dead_code)]
+mod serve;
+
+use serve::Server;
+
+/// `archon serve .` from the binary `archon` in `dir`, on a free port, without a token.
+fn start(archon: &Path, dir: &Path) -> Server {
+    let mut command = Command::new(archon);
+    command
+        .args(["serve", ".", "--port", "0"])
+        .current_dir(dir)
+        .env_remove("ARCHON_SERVE_TOKEN")
+        .env_remove("ARCHON_STATE_DIR");
+    serve::start(command)
 }
 
-impl Server {
-    fn start(archon: &Path, dir: &Path) -> Server {
-        let mut child = Command::new(archon)
-            .args(["serve", ".", "--port", "0"])
-            .current_dir(dir)
-            .env_remove("ARCHON_SERVE_TOKEN")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let mut lines = std::io::BufReader::new(child.stderr.take().unwrap()).lines();
-        let url = loop {
-            let line = lines.next().unwrap().unwrap();
-            if let Some(url) = line.strip_prefix("listening on ") {
-                break url.trim_end_matches('/').to_owned();
-            }
-        };
-        std::thread::spawn(move || for _ in lines.map_while(Result::ok) {});
-        Server { child, url }
-    }
-
-    /// Resident memory, in KB.
-    fn rss(&self) -> u64 {
-        std::fs::read_to_string(format!("/proc/{}/status", self.child.id()))
-            .unwrap()
-            .lines()
-            .find_map(|l| l.strip_prefix("VmRSS:"))
-            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-            .unwrap()
-    }
-
-    fn stop(&mut self) {
-        let _ = Command::new("kill")
-            .args(["-TERM", &self.child.id().to_string()])
-            .status();
-        let _ = self.child.wait();
-    }
+/// The server's resident memory, in KB.
+fn rss(server: &Server) -> u64 {
+    std::fs::read_to_string(format!("/proc/{}/status", server.child.id()))
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap()
 }
 
 /// The page's own time (`Server-Timing`) and the whole request's, in ms, of `REQUESTS` loads.

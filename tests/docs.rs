@@ -3,12 +3,19 @@
 //! another as a reader would type them (with the scratch directory as `HOME`), each command exiting with
 //! status 0 unless its line says otherwise with a trailing `# exit N`, and, in a ```console block, printing
 //! the lines shown below it (`...` standing for any text). Besides `archon` (and the library's
-//! example), a block may only make a directory (`mkdir -p`).
-
+//! example), a block may only make a directory (`mkdir -p`) and set shell variables (`NAME=value`,
+//! `export NAME=value`: replayed before each later command of the document, as the reader's shell keeps
+//! them). `archon serve ... &` starts the server in the background as a reader's shell would, but on a
+//! free port (`--port 0`, tests/support/serve.rs) with the lines shown below it awaited on its standard
+//! error; the commands after it are `curl` against it too, typed with its address in place of the one
+//! shown (`http://127.0.0.1:8700`); `kill %1` stops it (SIGTERM) and expects it to exit 0.
+//! Without `curl` or `openssl` the commands from the first that needs one are skipped, saying so,
+//! except with `CI=true`.
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use crate::support::root;
+use crate::support::serve::{PATIENCE, Server};
 
 /// The documents whose shell blocks are run, in the order a reader meets them.
 const DOCUMENTS: &[&str] = &["README.md", "docs/cli.md", "docs/serve.md"];
@@ -214,20 +221,78 @@ fn example(name: &str) -> Option<PathBuf> {
     None
 }
 
-#[test]
-fn every_command_in_the_readme_and_the_cli_reference_runs_as_shown() {
-    let commands = every_shown_command();
+/// The address the docs show a server at; a server the docs start listens on a free port instead, and
+/// the commands after it are typed with its address in place of this one.
+const SHOWN_ADDRESS: &str = "http://127.0.0.1:8700";
+
+/// A reader's shell while they follow one document: the variables they set, and the server they
+/// started in the background.
+#[derive(Default)]
+struct Reader {
+    /// The assignments typed so far (`NAME=value`, `export NAME=value`), replayed before each command.
+    assignments: Vec<String>,
+    server: Option<Server>,
+}
+
+impl Reader {
+    /// `typed` as it runs: after the assignments so far, with the server's address for the one shown.
+    fn script(&self, typed: &str) -> String {
+        let mut script = self.assignments.join("\n");
+        script.push('\n');
+        script.push_str(&self.address(typed));
+        script
+    }
+
+    /// `text` with the address of the server started in the background in place of the shown one.
+    fn address(&self, text: &str) -> String {
+        match &self.server {
+            Some(server) => text.replace(SHOWN_ADDRESS, &server.url),
+            None => text.to_owned(),
+        }
+    }
+}
+
+/// Whether `command` only sets a shell variable (`NAME=value` or `export NAME=value`, no command after).
+fn assignment(command: &str) -> bool {
+    let rest = command.strip_prefix("export ").unwrap_or(command);
+    let Some((name, value)) = rest.split_once('=') else {
+        return false;
+    };
+    let simple_value = !value.starts_with(' ') && !value.contains(" archon ");
+    !name.is_empty() && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') && simple_value
+}
+
+/// Whether a program the docs' commands use is installed; outside CI, says so when it is not.
+#[allow(clippy::print_stderr)]
+fn installed(program: &str) -> bool {
+    let found = Command::new(program)
+        .arg("--version")
+        .output()
+        .or_else(|_| Command::new(program).arg("version").output())
+        .is_ok();
+    if !found {
+        assert!(
+            std::env::var("CI").as_deref() != Ok("true"),
+            "`{program}` is not installed: the docs' commands need it"
+        );
+        eprintln!("skipped: `{program}` is not installed, and the docs' commands need it");
+    }
+    found
+}
+
+/// Runs every command `document` shows, in order, in a scratch directory of its own; returns the
+/// commands of NOT_RUN it met and how many it ran.
+fn follow(document: &'static str, commands: &[Shown]) -> (Vec<&'static str>, usize) {
     let mut skipped = Vec::new();
     let mut ran = 0;
-    let mut scratches = std::collections::BTreeMap::new();
-    for shown in &commands {
-        // Each document is read from the start by a reader of its own, in a scratch directory of its own.
-        let (dir, bin) = scratches.entry(shown.document).or_insert_with(scratch);
-        let path = format!(
-            "{}:{}",
-            bin.display(),
-            std::env::var("PATH").unwrap_or_default()
-        );
+    let (dir, bin) = scratch();
+    let path = format!(
+        "{}:{}",
+        bin.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let mut reader = Reader::default();
+    for shown in commands.iter().filter(|s| s.document == document) {
         if let Some((command, _)) = NOT_RUN.iter().find(|(c, _)| *c == shown.command) {
             skipped.push(*command);
             continue;
@@ -243,19 +308,9 @@ fn every_command_in_the_readme_and_the_cli_reference_runs_as_shown() {
         } else {
             shown.command.clone()
         };
-        assert!(
-            typed.starts_with("archon ")
-                || typed.contains("/examples/")
-                || typed.starts_with("mkdir -p "),
-            "{}:{}: `{}` is neither an `archon` command, `mkdir -p`, nor in NOT_RUN",
-            shown.document,
-            shown.line,
-            shown.command
-        );
+        let at = format!("{}:{}", shown.document, shown.line);
         let mut command = Command::new("sh");
         command
-            .arg("-c")
-            .arg(&typed)
             .current_dir(dir.path())
             .env("PATH", &path)
             .env("HOME", dir.path())
@@ -267,13 +322,92 @@ fn every_command_in_the_readme_and_the_cli_reference_runs_as_shown() {
                 command.env_remove(key);
             }
         }
-        let output = command.output().expect("sh runs");
+
+        // `archon serve ... &`: the server a reader starts in the background, here on a free port.
+        if let Some(serve) = typed
+            .strip_suffix('&')
+            .map(str::trim_end)
+            .filter(|c| c.starts_with("archon serve "))
+        {
+            assert!(
+                reader.server.is_none(),
+                "{at}: a second server is started while one runs"
+            );
+            assert_eq!(
+                shown.exit, 0,
+                "{at}: a server in the background has no status"
+            );
+            command
+                .arg("-c")
+                .arg(reader.script(&format!("exec {serve} --port 0")));
+            let server = crate::support::serve::start(command);
+            reader.server = Some(server);
+            let server = reader.server.as_ref().expect("started");
+            for expected in &shown.prints {
+                let expected = reader.address(expected);
+                let deadline = std::time::Instant::now() + PATIENCE;
+                while !server.said().lines().any(|line| matches(&expected, line)) {
+                    assert!(
+                        std::time::Instant::now() < deadline,
+                        "{at}: `{}` did not print a line like\n  {expected}\nit printed:\n{}",
+                        shown.command,
+                        server.said()
+                    );
+                    std::thread::sleep(std::time::Duration::from_millis(20));
+                }
+            }
+            ran += 1;
+            continue;
+        }
+        // `kill %1`: the server in the background stops (SIGTERM) and ends as shown.
+        if typed == "kill %1" {
+            let mut server = reader
+                .server
+                .take()
+                .unwrap_or_else(|| panic!("{at}: `kill %1` with no server in the background"));
+            let status = server.stop();
+            assert_eq!(
+                status.code(),
+                Some(shown.exit),
+                "{at}: the server ended with {status}\nit printed:\n{}",
+                server.said()
+            );
+            for expected in &shown.prints {
+                assert!(
+                    server.said().lines().any(|line| matches(expected, line)),
+                    "{at}: the server did not print a line like\n  {expected}\nit printed:\n{}",
+                    server.said()
+                );
+            }
+            ran += 1;
+            continue;
+        }
+
+        let is_assignment = assignment(&typed);
+        let is_curl = typed.starts_with("curl ") && reader.server.is_some();
+        assert!(
+            typed.starts_with("archon ")
+                || typed.contains("/examples/")
+                || typed.starts_with("mkdir -p ")
+                || is_assignment
+                || is_curl,
+            "{at}: `{}` is neither an `archon` command, `mkdir -p`, a variable set, `curl` against the \
+             server started before it, nor in NOT_RUN",
+            shown.command
+        );
+        if (is_curl && !installed("curl")) || (typed.contains("openssl ") && !installed("openssl"))
+        {
+            return (skipped, ran);
+        }
+        let output = command
+            .arg("-c")
+            .arg(reader.script(&typed))
+            .output()
+            .expect("sh runs");
         assert_eq!(
             output.status.code(),
             Some(shown.exit),
-            "{}:{}: `{}` exited with {:?}, not {}\nstdout:\n{}\nstderr:\n{}",
-            shown.document,
-            shown.line,
+            "{at}: `{}` exited with {:?}, not {}\nstdout:\n{}\nstderr:\n{}",
             shown.command,
             output.status.code(),
             shown.exit,
@@ -286,26 +420,74 @@ fn every_command_in_the_readme_and_the_cli_reference_runs_as_shown() {
             String::from_utf8_lossy(&output.stdout)
         );
         for expected in &shown.prints {
+            let expected = reader.address(expected);
             assert!(
-                printed.lines().any(|line| matches(expected, line)),
-                "{}:{}: `{}` did not print a line like\n  {expected}\nit printed:\n{printed}",
-                shown.document,
-                shown.line,
+                printed
+                    .lines()
+                    .any(|line| matches(&expected, line.trim_end_matches('\r'))),
+                "{at}: `{}` did not print a line like\n  {expected}\nit printed:\n{printed}",
                 shown.command
             );
         }
+        if is_assignment {
+            reader.assignments.push(typed);
+        }
         ran += 1;
     }
-    // Every exception is still shown somewhere: a stale one would hide nothing, but says what is not run.
-    let mut listed: Vec<&str> = NOT_RUN.iter().map(|(c, _)| *c).collect();
-    listed.sort_unstable();
-    skipped.sort_unstable();
-    skipped.dedup();
-    assert_eq!(skipped, listed, "NOT_RUN lists commands no document shows");
+    (skipped, ran)
+}
+
+#[test]
+fn every_command_in_the_readme_and_the_cli_reference_runs_as_shown() {
+    let commands = every_shown_command();
+    let mut ran = 0;
+    for document in ["README.md", "docs/cli.md"] {
+        ran += follow(document, &commands).1;
+    }
     assert!(
         ran >= 10,
         "only {ran} commands ran: the docs show more than that"
     );
+}
+
+/// docs/serve.md as a reader follows it: the refusal to listen beyond loopback without a token, then a
+/// server started in the background on the example workflows, and the `curl` commands it shows against
+/// that server (a webhook delivery signed with `openssl`, the same delivery again, a forged one, the
+/// triggers and firings the API tells of), each answering as shown; then the server stopped.
+#[test]
+fn the_serve_guide_runs_against_the_server_it_starts() {
+    let commands = every_shown_command();
+    let (_, ran) = follow("docs/serve.md", &commands);
+    let curls = commands
+        .iter()
+        .filter(|c| c.document == "docs/serve.md" && c.command.starts_with("curl "))
+        .count();
+    assert!(
+        curls >= 4,
+        "docs/serve.md shows only {curls} `curl` commands"
+    );
+    if installed("curl") && installed("openssl") {
+        assert_eq!(
+            ran,
+            commands
+                .iter()
+                .filter(|c| c.document == "docs/serve.md")
+                .count(),
+            "every command of docs/serve.md runs"
+        );
+    }
+}
+
+/// Every exception is still shown somewhere: a stale one would hide nothing, but says what is not run.
+#[test]
+fn every_command_not_run_is_shown() {
+    let commands = every_shown_command();
+    for (command, why) in NOT_RUN {
+        assert!(
+            commands.iter().any(|c| c.command == *command),
+            "NOT_RUN lists `{command}` ({why}), which no document shows"
+        );
+    }
 }
 
 /// The shell blocks are read as a reader would: continuation lines joined, comments left out, exit

@@ -3,7 +3,6 @@
 //! CSRF and cross-site refusals; no secret in any response; SIGTERM then a restart that resumes; the
 //! OpenAPI document as checked in.
 
-use std::io::BufRead as _;
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -11,6 +10,7 @@ use std::time::{Duration, Instant};
 use serde_json::{Value as Json, json};
 use tempfile::TempDir;
 
+use crate::support::serve::Server;
 use crate::support::{Output, archon, root};
 
 const HELLO: &str = r#"name: hello
@@ -104,74 +104,11 @@ fn workflows() -> TempDir {
     dir
 }
 
-/// `archon serve . --port 0 ARGS` in `dir`, and where it listens.
-pub(crate) struct Server {
-    pub(crate) child: std::process::Child,
-    pub(crate) url: String,
-    pub(crate) http: reqwest::Client,
-    /// The bearer token requests send, if any.
-    pub(crate) token: Option<String>,
-    /// Everything it wrote on standard error after the address.
-    stderr: std::sync::Arc<std::sync::Mutex<String>>,
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn tls() {
-    let _ = rustls::crypto::ring::default_provider().install_default();
-}
-
+/// `archon serve . --port 0 ARGS` in `dir` (tests/support/serve.rs), with the secret of `leaky`.
 pub(crate) fn serve(dir: &Path, args: &[&str], env: &[(&str, &str)]) -> Server {
-    tls();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_archon"))
-        .args(["serve", ".", "--port", "0"])
-        .args(args)
-        .current_dir(dir)
-        .env_remove("ARCHON_STATE_DIR")
-        .env_remove("ARCHON_SERVE_TOKEN")
-        .env("SERVE_TEST_SECRET", SECRET)
-        .envs(env.iter().copied())
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("archon starts");
-    let stderr = child.stderr.take().expect("stderr");
-    let mut lines = std::io::BufReader::new(stderr).lines();
-    let url = loop {
-        let line = lines
-            .next()
-            .expect("archon says where it listens")
-            .expect("a line");
-        if let Some(url) = line.strip_prefix("listening on ") {
-            break url.trim_end_matches('/').to_owned();
-        }
-    };
-    let said = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
-    let keep = said.clone();
-    std::thread::spawn(move || {
-        for line in lines.map_while(Result::ok) {
-            if let Ok(mut said) = keep.lock() {
-                said.push_str(&line);
-                said.push('\n');
-            }
-        }
-    });
-    Server {
-        child,
-        url,
-        http: reqwest::Client::builder()
-            .redirect(reqwest::redirect::Policy::none())
-            .build()
-            .expect("client"),
-        token: None,
-        stderr: said,
-    }
+    let mut env = env.to_vec();
+    env.push(("SERVE_TEST_SECRET", SECRET));
+    crate::support::serve::serve(dir, args, &env)
 }
 
 /// A server with the test token file, whose requests carry the operator's token.
@@ -182,43 +119,6 @@ fn serve_operator(dir: &Path) -> Server {
 }
 
 impl Server {
-    pub(crate) fn request(&self, method: reqwest::Method, path: &str) -> reqwest::RequestBuilder {
-        let request = self.http.request(method, format!("{}{path}", self.url));
-        match &self.token {
-            Some(token) => request.bearer_auth(token),
-            None => request,
-        }
-    }
-
-    pub(crate) async fn get(&self, path: &str) -> (u16, Json) {
-        let response = self
-            .request(reqwest::Method::GET, path)
-            .send()
-            .await
-            .expect("answered");
-        let status = response.status().as_u16();
-        let text = response.text().await.expect("a body");
-        (
-            status,
-            serde_json::from_str(&text).unwrap_or(Json::String(text)),
-        )
-    }
-
-    pub(crate) async fn post(&self, path: &str, body: Json) -> (u16, Json) {
-        let response = self
-            .request(reqwest::Method::POST, path)
-            .json(&body)
-            .send()
-            .await
-            .expect("answered");
-        let status = response.status().as_u16();
-        let text = response.text().await.expect("a body");
-        (
-            status,
-            serde_json::from_str(&text).unwrap_or(Json::String(text)),
-        )
-    }
-
     /// Starts a run of `workflow`; returns its id.
     async fn start(&self, workflow: &str, inputs: Json) -> String {
         let (status, body) = self
@@ -263,10 +163,6 @@ impl Server {
                 return seen;
             }
         }
-    }
-
-    pub(crate) fn said(&self) -> String {
-        self.stderr.lock().map(|s| s.clone()).unwrap_or_default()
     }
 }
 
@@ -1092,11 +988,7 @@ async fn sigterm_interrupts_the_runs_and_the_next_start_resumes_them() {
     let run = server.start("slow", json!({ "seconds": 1 })).await;
     wait_for_file(dir.path(), "started-").await;
     let mut stream = server.stream("/api/v1/runs/stream").await;
-    let killed = Command::new("kill")
-        .args(["-TERM", &server.child.id().to_string()])
-        .status()
-        .expect("kill runs");
-    assert!(killed.success());
+    server.terminate();
     let mut server = server;
     let status = server.child.wait().expect("it exits");
     assert_eq!(status.code(), Some(0), "{}", server.said());

@@ -10,15 +10,15 @@
 //! (scripts/install-test-deps.sh): without them they are skipped with the reason, except under `CI=true`,
 //! where they fail.
 
-use std::io::BufRead as _;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::Duration;
 
 use serde_json::{Value as Json, json};
 use tempfile::TempDir;
 
 use crate::support::root;
+use crate::support::serve::Server;
 
 /// Builds and tests, then waits at `gate` until the file `go` exists beside it, then publishes.
 const RELEASE: &str = r#"name: release
@@ -109,65 +109,10 @@ fn workflows() -> TempDir {
     dir
 }
 
-/// `archon serve . --port 0 ARGS` in a directory; stopped with SIGTERM (its runs are interrupted and
-/// their commands stopped) when dropped.
-struct Server {
-    child: std::process::Child,
-    url: String,
-    http: reqwest::Client,
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = Command::new("kill")
-            .args(["-TERM", &self.child.id().to_string()])
-            .status();
-        let deadline = std::time::Instant::now() + Duration::from_secs(10);
-        while std::time::Instant::now() < deadline {
-            if matches!(self.child.try_wait(), Ok(Some(_))) {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
+/// `archon serve . --port 0 ARGS` in `dir` (tests/support/serve.rs), with the secret of `pay` and
+/// `hello`; stopped with SIGTERM (its runs are interrupted and their commands stopped) when dropped.
 fn serve(dir: &Path, args: &[&str]) -> Server {
-    let _ = rustls::crypto::ring::default_provider().install_default();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_archon"))
-        .args(["serve", ".", "--port", "0"])
-        .args(args)
-        .current_dir(dir)
-        .env_remove("ARCHON_STATE_DIR")
-        .env_remove("ARCHON_SERVE_TOKEN")
-        .env("DASHBOARD_TEST_SECRET", SECRET)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("archon starts");
-    let stderr = child.stderr.take().expect("stderr");
-    let mut lines = std::io::BufReader::new(stderr).lines();
-    let url = loop {
-        let line = lines
-            .next()
-            .expect("archon says where it listens")
-            .expect("a line");
-        if let Some(url) = line.strip_prefix("listening on ") {
-            break url.trim_end_matches('/').to_owned();
-        }
-    };
-    std::thread::spawn(move || for _ in lines.map_while(Result::ok) {});
-    Server {
-        child,
-        url,
-        http: reqwest::Client::builder()
-            .redirect(reqwest::redirect::Policy::none())
-            .build()
-            .expect("client"),
-    }
+    crate::support::serve::serve(dir, args, &[("DASHBOARD_TEST_SECRET", SECRET)])
 }
 
 /// A response's status, headers and body.
@@ -187,7 +132,7 @@ impl Got {
 }
 
 impl Server {
-    async fn send(&self, request: reqwest::RequestBuilder) -> Got {
+    async fn got(&self, request: reqwest::RequestBuilder) -> Got {
         let response = request.send().await.expect("answered");
         Got {
             status: response.status().as_u16(),
@@ -196,16 +141,16 @@ impl Server {
         }
     }
 
-    async fn get(&self, path: &str, token: Option<&str>) -> Got {
+    async fn page(&self, path: &str, token: Option<&str>) -> Got {
         let mut request = self.http.get(format!("{}{path}", self.url));
         if let Some(token) = token {
             request = request.bearer_auth(token);
         }
-        self.send(request).await
+        self.got(request).await
     }
 
     /// Starts a run through the API with the operator's token; its id.
-    async fn start(&self, workflow: &str, token: Option<&str>) -> String {
+    async fn start_run(&self, workflow: &str, token: Option<&str>) -> String {
         let mut request = self
             .http
             .post(format!("{}/api/v1/workflows/{workflow}/runs", self.url))
@@ -213,18 +158,18 @@ impl Server {
         if let Some(token) = token {
             request = request.bearer_auth(token);
         } else {
-            let session = self.get("/api/v1/session", None).await;
+            let session = self.page("/api/v1/session", None).await;
             let csrf: Json = serde_json::from_str(&session.body).expect("json");
             request = request.header("x-csrf-token", csrf["csrf"].as_str().expect("csrf"));
         }
-        let got = self.send(request).await;
+        let got = self.got(request).await;
         assert_eq!(got.status, 202, "{}", got.body);
         let started: Json = serde_json::from_str(&got.body).expect("json");
         started["run_id"].as_str().expect("run id").to_owned()
     }
 
     /// Follows the run's event stream until its `run` event says one of `statuses`.
-    async fn wait_for(&self, run: &str, statuses: &[&str], token: Option<&str>) {
+    async fn wait_status(&self, run: &str, statuses: &[&str], token: Option<&str>) {
         let mut request = self
             .http
             .get(format!("{}/api/v1/runs/{run}/stream", self.url));
@@ -298,7 +243,7 @@ fn csrf_of(html: &str) -> String {
 async fn pages_send_a_strict_policy_and_assets_named_by_their_content() {
     let dir = workflows();
     let server = serve(dir.path(), &[]);
-    let page = server.get("/workflows", None).await;
+    let page = server.page("/workflows", None).await;
     assert_eq!(page.status, 200);
     assert_eq!(
         page.header("content-security-policy"),
@@ -336,7 +281,7 @@ async fn pages_send_a_strict_policy_and_assets_named_by_their_content() {
     };
     assert!(hashed(&script, ".js"), "{script}");
     assert!(hashed(&css, ".css"), "{css}");
-    let js = server.get(&script, None).await;
+    let js = server.page(&script, None).await;
     assert_eq!(
         (
             js.status,
@@ -353,14 +298,17 @@ async fn pages_send_a_strict_policy_and_assets_named_by_their_content() {
         js.body,
         std::fs::read_to_string(root().join("cli/commands/serve/pages/assets/app.js")).expect("js")
     );
-    let sheet = server.get(&css, None).await;
+    let sheet = server.page(&css, None).await;
     assert_eq!(sheet.header("content-type"), "text/css; charset=utf-8");
     assert_eq!(
-        server.get("/assets/app.000000000000.js", None).await.status,
+        server
+            .page("/assets/app.000000000000.js", None)
+            .await
+            .status,
         404
     );
     // `/` is the run list.
-    let home = server.get("/", None).await;
+    let home = server.page("/", None).await;
     assert_eq!((home.status, home.header("location")), (303, "/runs"));
 }
 
@@ -368,10 +316,10 @@ async fn pages_send_a_strict_policy_and_assets_named_by_their_content() {
 async fn no_page_shows_a_secret() {
     let dir = workflows();
     let server = serve(dir.path(), &[]);
-    let hello = server.start("hello", None).await;
-    server.wait_for(&hello, &["succeeded"], None).await;
-    let pay = server.start("pay", None).await;
-    server.wait_for(&pay, &["waiting_approval"], None).await;
+    let hello = server.start_run("hello", None).await;
+    server.wait_status(&hello, &["succeeded"], None).await;
+    let pay = server.start_run("pay", None).await;
+    server.wait_status(&pay, &["waiting_approval"], None).await;
     let mut all = String::new();
     for path in [
         "/runs".to_owned(),
@@ -384,7 +332,7 @@ async fn no_page_shows_a_secret() {
         format!("/runs/{hello}/trail"),
         format!("/runs/{pay}"),
     ] {
-        let got = server.get(&path, None).await;
+        let got = server.page(&path, None).await;
         assert_eq!(got.status, 200, "{path}: {}", got.body);
         all.push_str(&got.body);
     }
@@ -401,16 +349,16 @@ async fn no_page_shows_a_secret() {
 async fn a_viewer_sees_no_action_and_cannot_post() {
     let dir = workflows();
     let server = serve(dir.path(), &["--token-file", "tokens"]);
-    let run = server.start("flaky", Some(OPERATOR)).await;
-    server.wait_for(&run, &["failed"], Some(OPERATOR)).await;
+    let run = server.start_run("flaky", Some(OPERATOR)).await;
+    server.wait_status(&run, &["failed"], Some(OPERATOR)).await;
     // Without credentials, a page sends to the login form.
-    let anonymous = server.get(&format!("/runs/{run}"), None).await;
+    let anonymous = server.page(&format!("/runs/{run}"), None).await;
     assert_eq!(
         (anonymous.status, anonymous.header("location")),
         (303, format!("/login?next=%2Fruns%2F{run}").as_str())
     );
     // An operator's page has the actions; a viewer's has none, and no run form.
-    let operator = server.get(&format!("/runs/{run}"), Some(OPERATOR)).await;
+    let operator = server.page(&format!("/runs/{run}"), Some(OPERATOR)).await;
     assert!(
         operator.body.contains(r#"action="/runs/"#),
         "{}",
@@ -418,7 +366,7 @@ async fn a_viewer_sees_no_action_and_cannot_post() {
     );
     assert!(operator.body.contains(">Retry failed steps</button>"));
     for path in [format!("/runs/{run}"), "/workflows/flaky".to_owned()] {
-        let viewer = server.get(&path, Some(VIEWER)).await;
+        let viewer = server.page(&path, Some(VIEWER)).await;
         assert_eq!(viewer.status, 200);
         assert!(
             !viewer.body.contains("method=\"post\""),
@@ -431,7 +379,7 @@ async fn a_viewer_sees_no_action_and_cannot_post() {
                 .contains("vic <span class=\"role\">(viewer)</span>")
         );
     }
-    let viewer_form = server.get("/workflows/flaky", Some(VIEWER)).await;
+    let viewer_form = server.page("/workflows/flaky", Some(VIEWER)).await;
     assert!(
         viewer_form
             .body
@@ -444,7 +392,7 @@ async fn a_viewer_sees_no_action_and_cannot_post() {
         "/workflows/flaky".to_owned(),
     ] {
         let refused = server
-            .send(
+            .got(
                 server
                     .http
                     .post(format!("{}{path}", server.url))
@@ -459,7 +407,7 @@ async fn a_viewer_sees_no_action_and_cannot_post() {
     // Logged in with a cookie, an operator's form needs its CSRF token, and a cross-site POST is
     // refused even with it.
     let login = server
-        .send(
+        .got(
             server
                 .http
                 .post(format!("{}/login", server.url))
@@ -475,7 +423,7 @@ async fn a_viewer_sees_no_action_and_cannot_post() {
         .expect("cookie")
         .to_owned();
     let page = server
-        .send(
+        .got(
             server
                 .http
                 .get(format!("{}/runs/{run}", server.url))
@@ -500,11 +448,11 @@ async fn a_viewer_sees_no_action_and_cannot_post() {
         }
         request
     };
-    let no_token = server.send(post(vec![], None)).await;
+    let no_token = server.got(post(vec![], None)).await;
     assert_eq!(no_token.status, 403);
     assert!(no_token.body.contains("the CSRF token is missing or wrong"));
     let cross = server
-        .send(post(
+        .got(post(
             vec![("csrf", csrf.clone())],
             Some("http://evil.example"),
         ))
@@ -512,23 +460,25 @@ async fn a_viewer_sees_no_action_and_cannot_post() {
     assert_eq!(cross.status, 403);
     assert!(cross.body.contains("cross-site requests are refused"));
     std::fs::write(dir.path().join("ok"), "").expect("write");
-    let retried = server.send(post(vec![("csrf", csrf)], None)).await;
+    let retried = server.got(post(vec![("csrf", csrf)], None)).await;
     assert_eq!(
         (retried.status, retried.header("location")),
         (303, format!("/runs/{run}").as_str())
     );
-    server.wait_for(&run, &["succeeded"], Some(OPERATOR)).await;
+    server
+        .wait_status(&run, &["succeeded"], Some(OPERATOR))
+        .await;
 }
 
 #[tokio::test]
 async fn a_refused_action_shows_why_on_the_runs_page() {
     let dir = workflows();
     let server = serve(dir.path(), &[]);
-    let run = server.start("flaky", None).await;
-    server.wait_for(&run, &["failed"], None).await;
-    let page = server.get(&format!("/runs/{run}"), None).await;
+    let run = server.start_run("flaky", None).await;
+    server.wait_status(&run, &["failed"], None).await;
+    let page = server.page(&format!("/runs/{run}"), None).await;
     let refused = server
-        .send(
+        .got(
             server
                 .http
                 .post(format!("{}/runs/{run}/resume", server.url))
@@ -574,7 +524,7 @@ async fn the_run_list_filters_and_pages() {
     let flaky = flaky["run_id"].as_str().expect("id").to_owned();
     let server = serve(dir.path(), &[]);
     hello.reverse();
-    let first = server.get("/runs", None).await;
+    let first = server.page("/runs", None).await;
     assert_eq!(first.status, 200);
     let mut expected: Vec<String> = vec![flaky.clone()];
     expected.extend(hello[..49].iter().cloned());
@@ -586,26 +536,26 @@ async fn the_run_list_filters_and_pages() {
         .find_map(|part| part.split_once(r#"" rel="next">Older runs »</a>"#))
         .map(|(href, _)| href.replace("&amp;", "&"))
         .expect("a next page");
-    let second = server.get(&next, None).await;
+    let second = server.page(&next, None).await;
     assert_eq!(listed(&second.body), hello[49..].to_vec());
     assert!(second.body.contains("Runs 51–52 of 52, newest first."));
     assert!(second.body.contains(r#"<a href="/runs">« Newest</a>"#));
     assert!(!second.body.contains("Older runs"));
-    let failed = server.get("/runs?status=failed", None).await;
+    let failed = server.page("/runs?status=failed", None).await;
     assert_eq!(listed(&failed.body), vec![flaky.clone()]);
     assert!(
         failed
             .body
             .contains(r#"<option value="failed" selected>failed</option>"#)
     );
-    let by_workflow = server.get("/runs?workflow=flaky&status=", None).await;
+    let by_workflow = server.page("/runs?workflow=flaky&status=", None).await;
     assert_eq!(listed(&by_workflow.body), vec![flaky]);
-    let later = server.get("/runs?since=2999-01-01T00:00", None).await;
+    let later = server.page("/runs?since=2999-01-01T00:00", None).await;
     assert_eq!(listed(&later.body), Vec::<String>::new());
     assert!(later.body.contains("No run matches."));
-    let earlier = server.get("/runs?until=2000-01-01", None).await;
+    let earlier = server.page("/runs?until=2000-01-01", None).await;
     assert!(earlier.body.contains("No run matches."));
-    let wrong = server.get("/runs?since=yesterday", None).await;
+    let wrong = server.page("/runs?since=yesterday", None).await;
     assert_eq!(wrong.status, 400);
     assert!(wrong.body.contains(
         r#"<p class="problem" role="alert"><code>since</code> is not a time: <code>yesterday</code><br><span class="hint">hint: write <code>2026-11-27T04:20</code> (UTC), <code>2026-11-27</code>, or milliseconds since the epoch</span></p>"#
@@ -728,8 +678,8 @@ async fn browser_approves_a_waiting_call_and_the_run_finishes() {
     let Some(browser) = browser() else { return };
     let dir = workflows();
     let server = serve(dir.path(), &[]);
-    let run = server.start("pay", None).await;
-    server.wait_for(&run, &["waiting_approval"], None).await;
+    let run = server.start_run("pay", None).await;
+    server.wait_status(&run, &["waiting_approval"], None).await;
     let observed = browser.drive(&server, "approve", dir.path(), Some(&run));
     assert_eq!(observed["cards"], 1);
     assert_eq!(
@@ -763,8 +713,8 @@ async fn browser_retries_a_failed_step() {
     let Some(browser) = browser() else { return };
     let dir = workflows();
     let server = serve(dir.path(), &[]);
-    let run = server.start("flaky", None).await;
-    server.wait_for(&run, &["failed"], None).await;
+    let run = server.start_run("flaky", None).await;
+    server.wait_status(&run, &["failed"], None).await;
     let observed = browser.drive(&server, "retry", dir.path(), Some(&run));
     let step = |status: &str, word: &str| json!({"node": format!("status-{status}"), "word": word, "cell": format!("status-{status}")});
     assert_eq!(observed["check_failed"], step("failed", "failed"));

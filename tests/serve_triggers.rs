@@ -4,14 +4,13 @@
 //! after a restart; the API shows each trigger's next fire time and the firings.
 
 use std::path::Path;
-use std::time::{Duration, Instant};
 
 use archon_engine::session::Session;
-use archon_engine::trigger::{Scheduler, Timestamp, sign};
+use archon_engine::trigger::{Due, Scheduler, Timestamp, sign};
 use serde_json::{Value as Json, json};
 use tempfile::TempDir;
 
-use crate::serve::{Server, serve};
+use crate::support::serve::{PATIENCE, Server, serve};
 
 const HOOK_SECRET: &str = "hook-secret-0123456789";
 const OPERATOR: &str = "operator-token-0123456789abcdef";
@@ -90,36 +89,6 @@ async fn deliver(
     )
 }
 
-/// Polls `GET path` (with the operator's token) until `done` holds of its body, 30 s at most.
-async fn poll(server: &Server, path: &str, done: impl Fn(&Json) -> bool) -> Json {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let (status, body) = server.get(path).await;
-        if status == 200 && done(&body) {
-            return body;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{path} never got there: {status} {body}\n{}",
-            server.said()
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
-/// Waits (30 s at most) for the server to say `line` on standard error.
-async fn said(server: &Server, line: &str) {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !server.said().lines().any(|l| l == line) {
-        assert!(
-            Instant::now() < deadline,
-            "never said `{line}`:\n{}",
-            server.said()
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
 fn firings_of(page: &Json) -> Vec<(String, String)> {
     page["firings"]
         .as_array()
@@ -159,10 +128,11 @@ async fn a_signed_delivery_starts_one_run_with_its_body_and_bad_ones_are_refused
     assert_eq!(answer["delivery"], "d-1");
     let run = answer["run_id"].as_str().expect("a run id").to_owned();
     server.token = Some(OPERATOR.to_owned());
-    let detail = poll(&server, &format!("/api/v1/runs/{run}"), |r| {
-        r["status"] == "succeeded"
-    })
-    .await;
+    let detail = server
+        .poll(&format!("/api/v1/runs/{run}"), |r| {
+            r["status"] == "succeeded"
+        })
+        .await;
     assert_eq!(
         detail["inputs"],
         json!({"event": {"action": "opened", "number": 7}, "scope": "daily"})
@@ -266,20 +236,24 @@ async fn a_slot_missed_while_no_server_ran_fires_once_at_start_and_not_again_aft
 
     let mut server = start(dir.path());
     server.token = Some(OPERATOR.to_owned());
-    said(&server, "cron triggers: 1 watched, 1 missed slot fired").await;
-    let page = poll(&server, "/api/v1/firings?workflow=hourly", |p| {
-        p["firings"].as_array().is_some_and(|f| !f.is_empty())
-    })
-    .await;
+    server
+        .wait_said("cron triggers: 1 watched, 1 missed slot fired")
+        .await;
+    let page = server
+        .poll("/api/v1/firings?workflow=hourly", |p| {
+            p["firings"].as_array().is_some_and(|f| !f.is_empty())
+        })
+        .await;
     assert_eq!(firings_of(&page), [(slot.clone(), "started".to_owned())]);
     let run = page["firings"][0]["run_id"]
         .as_str()
         .expect("a run")
         .to_owned();
-    let detail = poll(&server, &format!("/api/v1/runs/{run}"), |r| {
-        r["status"] == "succeeded"
-    })
-    .await;
+    let detail = server
+        .poll(&format!("/api/v1/runs/{run}"), |r| {
+            r["status"] == "succeeded"
+        })
+        .await;
     assert_eq!(detail["workflow"], "hourly");
 
     // The next fire time: the next hour, in Paris time with its offset.
@@ -315,7 +289,9 @@ async fn a_slot_missed_while_no_server_ran_fires_once_at_start_and_not_again_aft
     // A restart: the slot is recorded, so nothing fires again.
     let mut server = start(dir.path());
     server.token = Some(OPERATOR.to_owned());
-    said(&server, "cron triggers: 1 watched, 0 missed slots fired").await;
+    server
+        .wait_said("cron triggers: 1 watched, 0 missed slots fired")
+        .await;
     let (_, page) = server.get("/api/v1/firings?workflow=hourly").await;
     assert_eq!(firings_of(&page), [(slot, "started".to_owned())]);
     let (_, runs) = server.get("/api/v1/runs?workflow=hourly").await;
@@ -353,10 +329,11 @@ async fn a_firing_recorded_whose_run_never_started_starts_when_the_server_does()
     };
     let mut server = start(dir.path());
     server.token = Some(OPERATOR.to_owned());
-    let detail = poll(&server, &format!("/api/v1/runs/{run}"), |r| {
-        r["status"] == "succeeded"
-    })
-    .await;
+    let detail = server
+        .poll(&format!("/api/v1/runs/{run}"), |r| {
+            r["status"] == "succeeded"
+        })
+        .await;
     assert_eq!(detail["outputs"], json!({"action": "closed"}));
 }
 
@@ -429,12 +406,13 @@ steps:
         .await;
     assert_eq!(status, 200, "{cancelled}");
     let queued = second["run_id"].as_str().expect("a run id").to_owned();
-    poll(&server, "/api/v1/queue", |queue| {
-        queue
-            .as_array()
-            .is_some_and(|q| q.iter().all(|j| j["run_id"] != queued.as_str()))
-    })
-    .await;
+    server
+        .poll("/api/v1/queue", |queue| {
+            queue
+                .as_array()
+                .is_some_and(|q| q.iter().all(|j| j["run_id"] != queued.as_str()))
+        })
+        .await;
     let (status, again) = deliver(&server, "held", body, Some(&signature), "d3").await;
     assert_eq!(status, 202, "{again}");
     assert_eq!(again["queued"], true);
@@ -447,4 +425,311 @@ steps:
             ("d1".into(), "started".into())
         ]
     );
+}
+
+/// Hourly, each run queued behind the one before; its step says it started, then waits for the file
+/// `go` beside it (safe to run again, so a restart resumes it).
+const CHAIN: &str = r#"name: chain
+triggers:
+  - name: tick
+    cron: "0 * * * *"
+    overlap: queue
+    catch_up: 5h
+steps:
+  - id: work
+    tool: exec
+    idempotent: true
+    with: { argv: ["sh", "-c", "touch started-$$; while [ ! -f go ]; do sleep 0.05; done"] }
+"#;
+
+/// As `chain`, but a firing cancels the runs before it.
+const REPLACE: &str = r#"name: replace
+triggers:
+  - name: tick
+    cron: "0 * * * *"
+    overlap: cancel_previous
+    catch_up: 5h
+steps:
+  - id: work
+    tool: exec
+    idempotent: true
+    with: { argv: ["sh", "-c", "touch started-$$; while [ ! -f go ]; do sleep 0.05; done"] }
+"#;
+
+/// A directory holding one workflow and the tokens file.
+fn holding(file: &str, text: &str) -> TempDir {
+    let dir = TempDir::new().expect("tempdir");
+    std::fs::write(dir.path().join(file), text).expect("write");
+    std::fs::write(dir.path().join("tokens"), format!("operator {OPERATOR}\n")).expect("write");
+    dir
+}
+
+/// The start of the current hour, in seconds since the epoch.
+fn this_hour() -> i64 {
+    let now = Timestamp::now().as_second();
+    now - now.rem_euclid(3600)
+}
+
+/// A cron slot as firings name it.
+fn slot(second: i64) -> String {
+    Timestamp::from_second(second)
+        .expect("in range")
+        .strftime("%Y-%m-%dT%H:%M:%SZ")
+        .to_string()
+}
+
+/// What a server watching the triggers of `file` would have recorded `at` (seconds since the epoch)
+/// before it stopped without creating any run: the engine's scheduler, on the store of `dir`.
+fn recorded_at(dir: &Path, file: &str, at: i64) -> Vec<Due> {
+    let validation = archon_engine::validate::validate_file(&dir.join(file));
+    let workflow = validation.workflow.expect("valid");
+    let session = Session::open(&dir.join(".archon")).expect("the store opens");
+    let mut scheduler = Scheduler::new();
+    assert_eq!(scheduler.add(&workflow), Ok(1));
+    session
+        .due_firings(
+            &mut scheduler,
+            Timestamp::from_second(at).expect("in range"),
+            &|_| false,
+        )
+        .expect("recorded")
+}
+
+/// Each firing of a page as `{slot, outcome, run_id, reason}` (null when absent).
+fn outcomes(page: &Json) -> Vec<Json> {
+    page["firings"]
+        .as_array()
+        .expect("firings")
+        .iter()
+        .map(|f| {
+            json!({
+                "slot": f["slot"],
+                "outcome": f["outcome"],
+                "run_id": f.get("run_id").cloned().unwrap_or(Json::Null),
+                "reason": f.get("reason").cloned().unwrap_or(Json::Null),
+            })
+        })
+        .collect()
+}
+
+/// How many runs of the gated step have started in `dir`.
+fn started(dir: &Path) -> usize {
+    std::fs::read_dir(dir)
+        .expect("reads")
+        .filter_map(Result::ok)
+        .filter(|e| e.file_name().to_string_lossy().starts_with("started-"))
+        .count()
+}
+
+#[tokio::test]
+async fn after_a_restart_the_queued_firings_of_a_trigger_run_one_by_one_behind_the_run_taken_up() {
+    let dir = holding("chain.yaml", CHAIN);
+    let hour = this_hour();
+    // A server first watched the trigger three hours ago, then stopped: three slots were missed.
+    assert_eq!(
+        recorded_at(dir.path(), "chain.yaml", hour - 3 * 3600 + 30),
+        []
+    );
+
+    // The first run goes and waits at `go`; the other two are queued behind it when the server stops.
+    let mut server = start(dir.path());
+    server.token = Some(OPERATOR.to_owned());
+    server
+        .wait_said("cron triggers: 1 watched, 3 missed slots fired")
+        .await;
+    let (_, page) = server.get("/api/v1/firings?workflow=chain").await;
+    assert_eq!(
+        firings_of(&page),
+        [
+            (slot(hour), "queued".to_owned()),
+            (slot(hour - 3600), "queued".to_owned()),
+            (slot(hour - 2 * 3600), "started".to_owned()),
+        ]
+    );
+    let runs: Vec<String> = page["firings"]
+        .as_array()
+        .expect("firings")
+        .iter()
+        .rev()
+        .map(|f| f["run_id"].as_str().expect("a run").to_owned())
+        .collect();
+    server
+        .poll(&format!("/api/v1/runs/{}", runs[0]), |r| {
+            r["status"] == "running"
+        })
+        .await;
+    assert!(
+        crate::support::wait_until(PATIENCE, || started(dir.path()) == 1),
+        "the first run's step never started"
+    );
+    let stopped = server.stop();
+    assert_eq!(stopped.code(), Some(0), "{}", server.said());
+    assert_eq!(
+        server.said().lines().last(),
+        Some("stopped: 1 run to resume and 0 queued, taken up by the next `archon serve`")
+    );
+    drop(server);
+
+    // The next server resumes the first run; the two firings whose run was never created wait
+    // behind it, the newer behind the older.
+    let mut server = start(dir.path());
+    server.token = Some(OPERATOR.to_owned());
+    server
+        .wait_said("cron triggers: 1 watched, 0 missed slots fired")
+        .await;
+    server
+        .poll(&format!("/api/v1/runs/{}", runs[0]), |r| {
+            r["status"] == "running"
+        })
+        .await;
+    for run in &runs[1..] {
+        let (status, body) = server.get(&format!("/api/v1/runs/{run}")).await;
+        assert_eq!(status, 404, "run `{run}` started already: {body}");
+    }
+    std::fs::write(dir.path().join("go"), "").expect("write");
+    let mut details = Vec::new();
+    for run in &runs {
+        details.push(
+            server
+                .poll(&format!("/api/v1/runs/{run}"), |r| {
+                    r["status"] == "succeeded"
+                })
+                .await,
+        );
+    }
+    for pair in details.windows(2) {
+        let (before, after) = (&pair[0], &pair[1]);
+        let ended = before["finished_at"].as_u64().expect("it ended");
+        let began = after["started_at"].as_u64().expect("it started");
+        assert!(
+            ended <= began,
+            "run `{}` started at {began}, before run `{}` ended at {ended}",
+            after["id"],
+            before["id"]
+        );
+    }
+    let (_, page) = server.get("/api/v1/firings?workflow=chain").await;
+    assert_eq!(page["firings"].as_array().map(Vec::len), Some(3), "{page}");
+}
+
+#[tokio::test]
+async fn a_queued_firing_that_cancel_previous_replaces_is_recorded_skipped_and_never_starts() {
+    let dir = holding("replace.yaml", REPLACE);
+    let hour = this_hour();
+    // A server watched the trigger from four hours ago, caught up three slots an hour ago (their runs
+    // one after another: the first started, two queued) and stopped before it created any run.
+    assert_eq!(
+        recorded_at(dir.path(), "replace.yaml", hour - 4 * 3600 + 30),
+        []
+    );
+    let recorded = recorded_at(dir.path(), "replace.yaml", hour - 3600 + 30);
+    assert_eq!(
+        recorded
+            .iter()
+            .map(|d| (d.firing.slot.clone(), d.firing.outcome.as_str()))
+            .collect::<Vec<_>>(),
+        [
+            (slot(hour - 3 * 3600), "started"),
+            (slot(hour - 2 * 3600), "queued"),
+            (slot(hour - 3600), "queued"),
+        ]
+    );
+    let runs: Vec<String> = recorded
+        .iter()
+        .map(|d| d.firing.run_id.clone().expect("a run"))
+        .collect();
+
+    // This hour's slot fires at start and replaces them all: the first one's run is cancelled, the two
+    // queued behind it are dropped for good.
+    let mut server = start(dir.path());
+    server.token = Some(OPERATOR.to_owned());
+    server
+        .wait_said("cron triggers: 1 watched, 1 missed slot fired")
+        .await;
+    let page = server
+        .poll("/api/v1/firings?workflow=replace", |p| {
+            p["firings"][1]["outcome"] != "queued" && p["firings"][2]["outcome"] != "queued"
+        })
+        .await;
+    let new = page["firings"][0]["run_id"]
+        .as_str()
+        .expect("a run")
+        .to_owned();
+    let dropped = format!(
+        "dropped from the queue before its run started: firing `{}` replaced it (overlap `cancel_previous`)",
+        slot(hour)
+    );
+    let expected = vec![
+        json!({"slot": slot(hour), "outcome": "started", "run_id": new,
+            "reason": format!("cancelled run `{}`, `{}`, `{}`", runs[0], runs[1], runs[2])}),
+        json!({"slot": slot(hour - 3600), "outcome": "skipped", "run_id": null, "reason": dropped}),
+        json!({"slot": slot(hour - 2 * 3600), "outcome": "skipped", "run_id": null, "reason": dropped}),
+        json!({"slot": slot(hour - 3 * 3600), "outcome": "started", "run_id": runs[0], "reason": null}),
+    ];
+    assert_eq!(outcomes(&page), expected);
+    // The workflow's page says the same.
+    let (status, html) = server.get("/workflows/replace").await;
+    assert_eq!(status, 200);
+    let html = html.as_str().expect("HTML");
+    let from = html
+        .find(r#"<section aria-labelledby="firings">"#)
+        .expect("a firings section");
+    let to = from + html[from..].find("</section>").expect("its end");
+    let row = |slot: &str, outcome: &str, run: Option<&str>, why: &str| {
+        let run = run.map_or_else(
+            || "—".to_owned(),
+            |run| format!(r#"<a href="/runs/{run}"><code>{run}</code></a>"#),
+        );
+        format!(
+            "<tr><td><code>tick</code></td><td><code>{slot}</code></td><td>{outcome}</td><td>{run}</td><td>{why}</td></tr>"
+        )
+    };
+    assert_eq!(
+        &html[from..to],
+        format!(
+            r#"<section aria-labelledby="firings"><h2 id="firings">Firings</h2><p>The latest 20 at most, newest first (<code>GET /api/v1/firings?workflow=replace</code> has them all).</p><table><thead><tr><th>trigger</th><th>slot or delivery</th><th>outcome</th><th>run</th><th>why</th></tr></thead><tbody>{}{}{}{}</tbody></table>"#,
+            row(
+                &slot(hour),
+                "started",
+                Some(&new),
+                &format!("cancelled run `{}`, `{}`, `{}`", runs[0], runs[1], runs[2])
+            ),
+            row(&slot(hour - 3600), "skipped", None, &dropped),
+            row(&slot(hour - 2 * 3600), "skipped", None, &dropped),
+            row(&slot(hour - 3 * 3600), "started", Some(&runs[0]), ""),
+        )
+    );
+    server
+        .poll(&format!("/api/v1/runs/{}", runs[0]), |r| {
+            r["status"] == "cancelled"
+        })
+        .await;
+    std::fs::write(dir.path().join("go"), "").expect("write");
+    server
+        .poll(&format!("/api/v1/runs/{new}"), |r| {
+            r["status"] == "succeeded"
+        })
+        .await;
+    for run in &runs[1..] {
+        let (status, body) = server.get(&format!("/api/v1/runs/{run}")).await;
+        assert_eq!(status, 404, "the dropped run `{run}` started: {body}");
+    }
+    let stopped = server.stop();
+    assert_eq!(stopped.code(), Some(0), "{}", server.said());
+    drop(server);
+
+    // The next start finds nothing to start: the dropped firings are recorded as such.
+    let mut server = start(dir.path());
+    server.token = Some(OPERATOR.to_owned());
+    server
+        .wait_said("cron triggers: 1 watched, 0 missed slots fired")
+        .await;
+    for run in &runs[1..] {
+        let (status, body) = server.get(&format!("/api/v1/runs/{run}")).await;
+        assert_eq!(status, 404, "the dropped run `{run}` started: {body}");
+    }
+    let (_, page) = server.get("/api/v1/firings?workflow=replace").await;
+    assert_eq!(outcomes(&page), expected);
+    let (_, runs_page) = server.get("/api/v1/runs?workflow=replace").await;
+    assert_eq!(runs_page["total"], 2, "{runs_page}");
 }

@@ -7,6 +7,8 @@ use std::time::Duration;
 
 use archon_engine::llm::client::Settings;
 
+pub mod serve;
+
 /// What a run of `archon` printed and how it exited.
 pub struct Output {
     pub code: i32,

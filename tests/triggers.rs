@@ -427,6 +427,147 @@ fn a_firing_whose_run_was_never_created_is_found_and_started_once() {
     assert_eq!(session.unstarted_firings().expect("read"), []);
 }
 
+/// A queued firing whose run was never created can be recorded as skipped, durably, so that no start
+/// finds it; one whose run exists cannot.
+#[test]
+fn an_unstarted_firing_recorded_as_skipped_is_no_longer_found_to_start() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let state = dir.path().join("state");
+    let spec = workflow(dir.path(), HOURLY_CATCH_UP);
+    {
+        let session = Session::open(&state).expect("store");
+        let mut scheduler = Scheduler::new();
+        scheduler.add(&spec).expect("added");
+        drive(
+            &session,
+            &mut scheduler,
+            "2025-06-02T05:30:00Z",
+            "2025-06-02T05:31:00Z",
+            &|_: &str| false,
+        );
+    }
+    // A restart catches up three slots: the first starts, the others queue behind it.
+    let session = Session::open(&state).expect("store");
+    let mut scheduler = Scheduler::new();
+    scheduler.add(&spec).expect("added");
+    let due = session
+        .due_firings(&mut scheduler, at("2025-06-02T08:30:00Z"), &|_| false)
+        .expect("due");
+    assert_eq!(
+        summary(&due),
+        [
+            "2025-06-02T06:00:00Z Start",
+            "2025-06-02T07:00:00Z Queue after 2025-06-02T06:00:00Z",
+            "2025-06-02T08:00:00Z Queue after 2025-06-02T07:00:00Z",
+        ]
+    );
+    let runs: Vec<String> = due
+        .iter()
+        .map(|d| d.firing.run_id.clone().expect("a run"))
+        .collect();
+    // The first one's run is created; the last one is dropped.
+    session
+        .start_firing(
+            &due[0].firing,
+            spec.clone(),
+            dir.path().join("triggered.yaml"),
+            dir.path().to_path_buf(),
+            None,
+        )
+        .expect("started");
+    assert_eq!(
+        session.skip_unstarted_firing(&runs[0], "replaced"),
+        Ok(false)
+    );
+    assert_eq!(
+        session.skip_unstarted_firing(&runs[2], "replaced"),
+        Ok(true)
+    );
+    assert_eq!(
+        session.skip_unstarted_firing(&runs[2], "replaced"),
+        Ok(false)
+    );
+    assert_eq!(
+        session.skip_unstarted_firing("r-none", "replaced"),
+        Ok(false)
+    );
+    drop(session);
+
+    let session = Session::open(&state).expect("store");
+    let unstarted: Vec<String> = session
+        .unstarted_firings()
+        .expect("read")
+        .into_iter()
+        .map(|f| f.slot)
+        .collect();
+    assert_eq!(unstarted, ["2025-06-02T07:00:00Z"]);
+    let listed: Vec<(String, FiringOutcome, Option<String>, Option<String>)> = session
+        .firings(&FiringFilter::default())
+        .expect("read")
+        .into_iter()
+        .map(|f| (f.slot, f.outcome, f.run_id, f.reason))
+        .collect();
+    assert_eq!(
+        listed,
+        [
+            (
+                "2025-06-02T08:00:00Z".to_owned(),
+                FiringOutcome::Skipped,
+                None,
+                Some("replaced".to_owned())
+            ),
+            (
+                "2025-06-02T07:00:00Z".to_owned(),
+                FiringOutcome::Queued,
+                Some(runs[1].clone()),
+                None
+            ),
+            (
+                "2025-06-02T06:00:00Z".to_owned(),
+                FiringOutcome::Started,
+                Some(runs[0].clone()),
+                None
+            ),
+        ]
+    );
+}
+
+/// A run the scheduler is told to follow counts for the next firing's overlap decision, as a run it
+/// started itself would, until it ends.
+#[test]
+fn a_followed_run_counts_as_the_previous_run_until_it_ends() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let spec = workflow(dir.path(), HOURLY_CATCH_UP);
+    let session = Session::open(&dir.path().join("state")).expect("store");
+    let mut scheduler = Scheduler::new();
+    scheduler.add(&spec).expect("added");
+    scheduler.follow("hourly", "hourly", "r-taken-up");
+    scheduler.follow("hourly", "nope", "r-other");
+    let going = Mutex::new(HashSet::from(["r-taken-up".to_owned()]));
+    let active = |run: &str| going.lock().expect("lock").contains(run);
+    let due = drive(
+        &session,
+        &mut scheduler,
+        "2025-06-02T08:59:00Z",
+        "2025-06-02T09:00:00Z",
+        &active,
+    );
+    assert_eq!(summary(&due), ["2025-06-02T09:00:00Z Skip"]);
+    assert_eq!(
+        due[0].firing.reason.as_deref(),
+        Some("run `r-taken-up` was still running")
+    );
+    going.lock().expect("lock").clear();
+    let due = drive(
+        &session,
+        &mut scheduler,
+        "2025-06-02T09:59:00Z",
+        "2025-06-02T10:00:00Z",
+        &active,
+    );
+    assert_eq!(summary(&due), ["2025-06-02T10:00:00Z Start"]);
+}
+
 #[test]
 fn pruning_a_run_forgets_its_firing_but_not_the_slot() {
     let dir = tempfile::tempdir().expect("temp dir");

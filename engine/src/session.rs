@@ -516,6 +516,12 @@ impl Session {
         self.store.unstarted_firings()
     }
 
+    /// Records as skipped, with `reason`, the firing whose run `run_id` was never created (a queued firing
+    /// a later one replaced); says whether one changed ([`crate::store::RunStore::skip_unstarted_firing`]).
+    pub fn skip_unstarted_firing(&self, run_id: &str, reason: &str) -> Result<bool, StoreError> {
+        self.store.skip_unstarted_firing(run_id, reason)
+    }
+
     /// Records the run of a firing (under the id the firing carries, with its inputs) and prepares it
     /// to execute.
     pub fn start_firing(

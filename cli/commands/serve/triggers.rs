@@ -120,15 +120,22 @@ async fn deliver(
                 .into_response();
         }
     };
+    // The rest of the body is not read: the connection closes, and says so, so that a client does
+    // not send its next request on it.
     let too_large = || {
-        ApiError::new(
+        let mut response = ApiError::new(
             StatusCode::PAYLOAD_TOO_LARGE,
             WebhookError::TooLarge {
                 limit: MAX_BODY_BYTES,
             }
             .to_string(),
         )
-        .into_response()
+        .into_response();
+        response.headers_mut().insert(
+            axum::http::header::CONNECTION,
+            axum::http::HeaderValue::from_static("close"),
+        );
+        response
     };
     let (parts, body) = request.into_parts();
     let declared = parts
@@ -314,7 +321,7 @@ pub fn spawn(app: AppState) {
     tokio::spawn(run_loop(app, scheduler, count));
 }
 
-async fn run_loop(app: AppState, scheduler: Scheduler, count: usize) {
+async fn run_loop(app: AppState, mut scheduler: Scheduler, count: usize) {
     let waiting = Arc::new(Waiting::default());
     let session = match Session::open(&app.state_dir) {
         Ok(session) => session,
@@ -324,7 +331,14 @@ async fn run_loop(app: AppState, scheduler: Scheduler, count: usize) {
         }
     };
     let session = Arc::new(Mutex::new(session));
-    start_unstarted(&app, &session).await;
+    let watched: Vec<(String, String)> = scheduler
+        .triggers()
+        .into_iter()
+        .map(|(w, t)| (w.to_owned(), t.to_owned()))
+        .collect();
+    for (workflow, trigger, run) in start_unstarted(&app, &session, &waiting, watched).await {
+        scheduler.follow(&workflow, &trigger, &run);
+    }
     if count == 0 {
         return;
     }
@@ -388,42 +402,151 @@ async fn run_loop(app: AppState, scheduler: Scheduler, count: usize) {
     }
 }
 
-/// Starts the firings recorded whose run was never created, oldest first, unless this server has their
-/// run already (taken up from its last stop).
-async fn start_unstarted(app: &AppState, session: &Arc<Mutex<Session>>) {
-    let session = session.clone();
-    let unstarted = tokio::task::spawn_blocking(move || {
-        session
+/// How many of a cron trigger's latest firings are looked through for the runs this server took up from
+/// its last stop: a trigger has at most [`archon_engine::trigger::MAX_QUEUED`] runs waiting behind the
+/// one going, so those still going are among its latest firings.
+const TAKEN_UP_LOOKBACK: usize = 4 * archon_engine::trigger::MAX_QUEUED;
+
+/// A cron trigger: its workflow's name and its own.
+type TriggerKey = (String, String);
+
+/// Takes up the firings recorded whose run was never created (a server stopped in between), oldest
+/// first, leaving those whose run this server has already (taken up from `serve/restart.json`) and those
+/// of workflows it does not serve. A webhook's run starts at once, as a delivery's does. A cron
+/// trigger's runs go one after another, as its queued firings do: the first behind the newest run of
+/// that trigger this server took up from its last stop while that one is still going, each other behind
+/// the one before. Returns, for each cron trigger among `watched` or the firings, its runs that may
+/// still be going (taken up or just queued), oldest first: what the scheduler follows.
+async fn start_unstarted(
+    app: &AppState,
+    session: &Arc<Mutex<Session>>,
+    waiting: &Arc<Waiting>,
+    watched: Vec<TriggerKey>,
+) -> Vec<(String, String, String)> {
+    let (session, app2) = (session.clone(), app.clone());
+    let read = tokio::task::spawn_blocking(move || {
+        let session = session
             .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .unstarted_firings()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let unstarted = session.unstarted_firings()?;
+        let mut keys = watched;
+        keys.extend(
+            unstarted
+                .iter()
+                .filter(|f| f.kind == FiringKind::Cron)
+                .map(|f| (f.workflow.clone(), f.trigger.clone())),
+        );
+        let mut going: BTreeMap<TriggerKey, Vec<String>> = BTreeMap::new();
+        for key in keys {
+            if going.contains_key(&key) {
+                continue;
+            }
+            let recent = session.firings(&FiringFilter {
+                workflow: Some(key.0.clone()),
+                trigger: Some(key.1.clone()),
+                limit: Some(TAKEN_UP_LOOKBACK),
+            })?;
+            // Newest first: turned around.
+            let runs: Vec<String> = recent
+                .into_iter()
+                .rev()
+                .filter_map(|f| f.run_id)
+                .filter(|run| app2.executor.is_busy(run))
+                .collect();
+            going.insert(key, runs);
+        }
+        Ok::<_, archon_engine::session::StoreError>((unstarted, going))
     })
     .await;
-    let firings = match unstarted {
-        Ok(Ok(firings)) => firings,
+    let (firings, going) = match read {
+        Ok(Ok(read)) => read,
         Ok(Err(e)) => {
             output::stderr(&output::printable(&format!(
                 "error: the firings whose run never started cannot be read: {e}\n"
             )));
-            return;
+            return Vec::new();
         }
-        Err(_) => return,
+        Err(_) => return Vec::new(),
     };
+    let mut followed = Vec::new();
+    let mut last: BTreeMap<TriggerKey, String> = BTreeMap::new();
+    for ((workflow, trigger), runs) in going {
+        for run in &runs {
+            followed.push((workflow.clone(), trigger.clone(), run.clone()));
+        }
+        if let Some(run) = runs.last() {
+            last.insert((workflow, trigger), run.clone());
+        }
+    }
     for firing in firings {
-        if firing
-            .run_id
-            .as_deref()
-            .is_some_and(|run| app.executor.is_busy(run))
-        {
+        let Some(run) = firing.run_id.clone() else {
+            continue;
+        };
+        if app.executor.is_busy(&run) || app.catalog.get(&firing.workflow).is_none() {
             continue;
         }
-        if app.catalog.get(&firing.workflow).is_none() {
+        if firing.kind == FiringKind::Webhook {
+            if let Err(e) = start(app, &firing) {
+                complain(&firing, &e);
+            }
             continue;
         }
+        let key = (firing.workflow.clone(), firing.trigger.clone());
+        let after = last.insert(key.clone(), run.clone());
+        followed.push((key.0, key.1, run));
+        queue_behind(app, waiting, firing, after);
+    }
+    followed
+}
+
+/// Starts the firing's run once the run `after` (of the same trigger) is no longer going: at once when
+/// it is not, else from a task that waits for it. Meanwhile the firing's run counts as going (so that
+/// a firing queued behind it waits too), and a `cancel_previous` firing may drop it.
+fn queue_behind(app: &AppState, waiting: &Arc<Waiting>, firing: Firing, after: Option<String>) {
+    let Some(run) = firing.run_id.clone() else {
+        return;
+    };
+    if !after
+        .as_deref()
+        .is_some_and(|before| active(app, waiting, before))
+    {
         if let Err(e) = start(app, &firing) {
             complain(&firing, &e);
         }
+        return;
     }
+    waiting.lock().insert(run.clone());
+    let (app, waiting) = (app.clone(), waiting.clone());
+    tokio::spawn(async move {
+        let mut changed = app.executor.watch();
+        loop {
+            {
+                // Decided and started under the lock, so that a `cancel_previous` firing either drops
+                // this one before it starts or finds its run started (and cancels that).
+                let mut held = waiting.lock();
+                if !held.contains(&run) {
+                    // Dropped while it waited.
+                    return;
+                }
+                let before_going = after
+                    .as_deref()
+                    .is_some_and(|before| app.executor.is_busy(before) || held.contains(before));
+                if !before_going {
+                    // Started while still counted as waiting, so that the one queued behind it sees
+                    // it going throughout.
+                    if let Err(e) = start(&app, &firing) {
+                        complain(&firing, &e);
+                    }
+                    held.remove(&run);
+                    return;
+                }
+            }
+            tokio::select! {
+                changed = changed.changed() => if changed.is_err() { return },
+                () = app.stopping.cancelled() => return,
+            }
+        }
+    });
 }
 
 /// Applies a due firing's decision.
@@ -436,52 +559,54 @@ async fn act(app: &AppState, waiting: &Arc<Waiting>, due: Due) {
             }
         }
         Decision::CancelPrevious => {
-            for run in &due.cancel {
-                let held = waiting.lock().remove(run);
-                if !held && let Err(e) = app.executor.cancel(app, run).await {
+            // The queued ones leave the queue first, all at once: a run cancelled below that ends
+            // must not let the one queued behind it start.
+            let (dropped, going): (Vec<String>, Vec<String>) = {
+                let mut held = waiting.lock();
+                due.cancel.iter().cloned().partition(|run| held.remove(run))
+            };
+            for run in &going {
+                if let Err(e) = app.executor.cancel(app, run).await {
                     output::stderr(&output::printable(&format!(
                         "warning: trigger `{}` cannot cancel run `{run}`: {}\n",
                         due.firing.trigger, e.error
                     )));
                 }
             }
+            if !dropped.is_empty() {
+                drop_firings(app, &due.firing, dropped).await;
+            }
             if let Err(e) = start(app, &due.firing) {
                 complain(&due.firing, &e);
             }
         }
-        Decision::Queue => {
-            let Some(run) = due.firing.run_id.clone() else {
-                return;
-            };
-            waiting.lock().insert(run.clone());
-            let (app, waiting) = (app.clone(), waiting.clone());
-            tokio::spawn(async move {
-                let mut changed = app.executor.watch();
-                loop {
-                    let before_going = due
-                        .after
-                        .as_deref()
-                        .is_some_and(|before| active(&app, &waiting, before));
-                    if !waiting.lock().contains(&run) {
-                        // Cancelled while it waited.
-                        return;
-                    }
-                    if !before_going {
-                        break;
-                    }
-                    tokio::select! {
-                        changed = changed.changed() => if changed.is_err() { return },
-                        () = app.stopping.cancelled() => return,
-                    }
-                }
-                // Started while still counted as waiting, so that the one queued behind it sees it
-                // going throughout.
-                if let Err(e) = start(&app, &due.firing) {
-                    complain(&due.firing, &e);
-                }
-                waiting.lock().remove(&run);
-            });
-        }
+        Decision::Queue => queue_behind(app, waiting, due.firing, due.after),
+    }
+}
+
+/// Records as skipped the firings whose runs (`runs`, queued, never started) the `cancel_previous`
+/// firing `by` replaced, so that no later start of a server starts them.
+async fn drop_firings(app: &AppState, by: &Firing, runs: Vec<String>) {
+    let reason = format!(
+        "dropped from the queue before its run started: firing `{}` replaced it (overlap `cancel_previous`)",
+        by.slot
+    );
+    let trigger = by.trigger.clone();
+    let recorded = app
+        .read(move |session| {
+            for run in &runs {
+                session
+                    .skip_unstarted_firing(run, &reason)
+                    .map_err(|e| ApiError::store(&e))?;
+            }
+            Ok(())
+        })
+        .await;
+    if let Err(e) = recorded {
+        output::stderr(&output::printable(&format!(
+            "warning: trigger `{trigger}` cannot record the queued firings it dropped: {}\n  hint: the next `archon serve` starts them\n",
+            e.error
+        )));
     }
 }
 

@@ -484,6 +484,20 @@ pub trait RunStore: Send + Sync + fmt::Debug {
     fn unstarted_firings(&self) -> Result<Vec<Firing>, StoreError> {
         Ok(Vec::new())
     }
+    /// Records as dropped the firing whose run is `run_id` when that run was never created: its outcome
+    /// becomes `skipped`, with `reason`, and it names no run any more, so that no server starts it (a
+    /// queued firing an `overlap: cancel_previous` firing replaced before its run started). Says whether a
+    /// firing changed: `false` when none names that run, or its run exists. Durable when it returns.
+    ///
+    /// A store that records firings implements it (one conditional update of the firing, in the same
+    /// transaction as the check that the run does not exist); the default refuses, as
+    /// [`RunStore::record_firing`]'s does.
+    fn skip_unstarted_firing(&self, run_id: &str, reason: &str) -> Result<bool, StoreError> {
+        let _ = (run_id, reason);
+        Err(StoreError::new(
+            "this run store cannot record a firing as skipped",
+        ))
+    }
     /// Marks a trigger as watched from `now` (milliseconds since the epoch) unless it already is; returns
     /// what the store knows of it.
     fn arm_trigger(

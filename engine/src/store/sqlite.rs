@@ -1299,6 +1299,21 @@ impl RunStore for SqliteStore {
         collect_firings(&self.path, rows)
     }
 
+    fn skip_unstarted_firing(&self, run_id: &str, reason: &str) -> Result<bool, StoreError> {
+        self.changeable()?;
+        self.with(|conn| {
+            conn.execute_batch("PRAGMA synchronous = FULL;")?;
+            let changed = conn.execute(
+                "UPDATE firings SET outcome = 'skipped', reason = ?2, run_id = NULL
+                 WHERE run_id = ?1 AND outcome IN ('started', 'queued')
+                    AND NOT EXISTS (SELECT 1 FROM runs r WHERE r.id = ?1)",
+                params![run_id, reason],
+            );
+            conn.execute_batch("PRAGMA synchronous = NORMAL;")?;
+            Ok(changed? > 0)
+        })
+    }
+
     fn arm_trigger(
         &self,
         workflow: &str,

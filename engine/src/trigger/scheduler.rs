@@ -112,6 +112,21 @@ impl Scheduler {
         self.entries.retain(|e| e.workflow != workflow);
     }
 
+    /// Counts `run` as the newest run of the trigger `trigger` of `workflow` that may still be active
+    /// (a run the server took up from its last stop, or one of a firing recorded before it stopped), so
+    /// that the next firing's overlap decision sees it and a queued one waits for it. Does nothing for a
+    /// trigger it does not hold; forgotten, as every run it counts, once `active` says it ended.
+    pub fn follow(&mut self, workflow: &str, trigger: &str, run: &str) {
+        if let Some(entry) = self
+            .entries
+            .iter_mut()
+            .find(|e| e.workflow == workflow && e.trigger == trigger)
+            && !entry.pending.iter().any(|r| r == run)
+        {
+            entry.pending.push_back(run.to_owned());
+        }
+    }
+
     /// The workflow and trigger names it holds, in order.
     pub fn triggers(&self) -> Vec<(&str, &str)> {
         self.entries

@@ -1,5 +1,6 @@
 //! `/workflows`: the served workflows with their validation status; `/workflows/{id}`: one workflow's
-//! diagnostics (as `archon validate` writes them), its steps by wave, its triggers and its run form;
+//! diagnostics (as `archon validate` writes them), its steps by wave, its triggers and their latest
+//! firings, and its run form;
 //! posting the form starts a run, or shows the form again with each problem next to its input.
 
 use std::fmt::Write as _;
@@ -70,7 +71,17 @@ fn plural(n: usize) -> &'static str {
 /// `GET /workflows/{id}`.
 pub async fn page(State(app): State<AppState>, caller: Caller, Path(id): Path<String>) -> Response {
     match app.catalog.get(&id) {
-        Some(served) => render(&caller, served, None, &Problems::default(), StatusCode::OK),
+        Some(served) => {
+            let firings = firings(&app, served).await;
+            render(
+                &caller,
+                served,
+                &firings,
+                None,
+                &Problems::default(),
+                StatusCode::OK,
+            )
+        }
         None => error_page(&caller, &unknown(&id)),
     }
 }
@@ -91,6 +102,7 @@ pub async fn start(
         return error_page(&caller, &unknown(&id));
     };
     let given = form::given(&body);
+    let firings = firings(&app, &served).await;
     let mut problems = Problems::default();
     let values = form::read(&served.input_schema, &given, &mut problems);
     let Some(workflow) = &served.workflow else {
@@ -100,6 +112,7 @@ pub async fn start(
         return render(
             &caller,
             &served,
+            &firings,
             Some(&given),
             &problems,
             StatusCode::UNPROCESSABLE_ENTITY,
@@ -115,6 +128,7 @@ pub async fn start(
         return render(
             &caller,
             &served,
+            &firings,
             Some(&given),
             &problems,
             StatusCode::UNPROCESSABLE_ENTITY,
@@ -129,7 +143,7 @@ pub async fn start(
                 Some(hint) => format!("{}\nhint: {hint}", error.error),
                 None => error.error.clone(),
             });
-            render(&caller, &served, Some(&given), &problems, status)
+            render(&caller, &served, &firings, Some(&given), &problems, status)
         }
     }
 }
@@ -138,6 +152,7 @@ pub async fn start(
 fn render(
     caller: &Caller,
     served: &Served,
+    firings: &str,
     given: Option<&Given>,
     problems: &Problems,
     status: StatusCode,
@@ -223,6 +238,7 @@ fn render(
         body.push_str("</ol></section>\n");
     }
     body.push_str(&triggers(served));
+    body.push_str(firings);
     // The run form.
     body.push_str(r#"<section aria-labelledby="run"><h2 id="run">Run it</h2>"#);
     if served.workflow.is_none() {
@@ -343,5 +359,62 @@ fn triggers(served: &Served) -> String {
         );
     }
     body.push_str("</tbody></table></section>\n");
+    body
+}
+
+/// Most firings a workflow's page shows.
+const FIRINGS_SHOWN: usize = 20;
+
+/// The latest firings of the workflow's triggers, newest first, as a section of its page (none when it
+/// has no trigger): what each fired, what became of it, its run, why it was skipped or refused.
+async fn firings(app: &AppState, served: &Served) -> String {
+    if super::super::triggers::views(served).is_empty() {
+        return String::new();
+    }
+    let mut body =
+        String::from(r#"<section aria-labelledby="firings"><h2 id="firings">Firings</h2>"#);
+    let params = super::super::triggers::FiringsParams {
+        workflow: Some(served.name.clone()),
+        limit: Some(FIRINGS_SHOWN),
+        ..Default::default()
+    };
+    match super::super::triggers::firings(app, params).await {
+        Err(e) => {
+            let _ = write!(body, "<p>{}</p>", escape(&e.error));
+        }
+        Ok(page) if page.firings.is_empty() => body.push_str("<p>None yet.</p>"),
+        Ok(page) => {
+            let _ = write!(
+                body,
+                "<p>The latest {FIRINGS_SHOWN} at most, newest first (<code>GET /api/v1/firings?workflow={}</code> has them all).</p>",
+                escape(&super::encode(&served.name))
+            );
+            body.push_str(
+                "<table><thead><tr><th>trigger</th><th>slot or delivery</th><th>outcome</th><th>run</th><th>why</th></tr></thead><tbody>",
+            );
+            for firing in &page.firings {
+                let run = firing.run_id.as_deref().map_or_else(
+                    || "—".to_owned(),
+                    |run| {
+                        format!(
+                            r#"<a href="/runs/{}"><code>{}</code></a>"#,
+                            super::encode(run),
+                            escape(run)
+                        )
+                    },
+                );
+                let _ = write!(
+                    body,
+                    "<tr><td><code>{}</code></td><td><code>{}</code></td><td>{}</td><td>{run}</td><td>{}</td></tr>",
+                    escape(&firing.trigger),
+                    escape(&firing.slot),
+                    escape(&firing.outcome),
+                    escape(firing.reason.as_deref().unwrap_or(""))
+                );
+            }
+            body.push_str("</tbody></table>");
+        }
+    }
+    body.push_str("</section>\n");
     body
 }
