@@ -1083,3 +1083,155 @@ async fn cancelling_a_run_cancels_the_steps_waiting_for_a_slot() {
         assert_eq!(report.steps[step].error, None, "{step}");
     }
 }
+
+/// Records what a run records, as `kind step` lines.
+#[derive(Debug, Default)]
+struct Recorded(std::sync::Mutex<Vec<String>>);
+
+impl archon_engine::store::Journal for Recorded {
+    fn record(&self, entry: archon_engine::store::Entry) {
+        use archon_engine::store::Entry;
+        let line = match &entry {
+            Entry::AttemptStarted { step, .. } => format!("attempt {step}"),
+            Entry::AttemptEnded { step, status, .. } => format!("ended {step} {}", status.as_str()),
+            Entry::StepFinished { step, result } => {
+                format!("finished {step} {}", result.status.as_str())
+            }
+            Entry::RunEnded { status, .. } => format!("run ended {}", status.as_str()),
+            _ => return,
+        };
+        self.0.lock().expect("lines").push(line);
+    }
+
+    fn flush(&self) -> archon_engine::store::Ack {
+        archon_engine::store::Ack::done()
+    }
+}
+
+/// Steps handed out one at a time (`run::run_step`, as workers take them), each with the results of
+/// the steps before it, then the run ended by `run::run` over all their results: the same statuses,
+/// outputs and items as one run of the whole workflow, each step recorded once and the run's end only
+/// by the last call.
+#[tokio::test]
+async fn steps_run_one_at_a_time_end_as_the_whole_run_does() {
+    let dir = TempDir::new().expect("tempdir");
+    let yaml = r#"name: t
+inputs:
+  names: { type: array, default: [ada, grace] }
+steps:
+  - { id: first, tool: echo, with: { n: 2 } }
+  - id: each
+    foreach: inputs.names
+    tool: echo
+    with: { hello: "{{ item }}", n: "{{ steps.first.output.n }}" }
+  - { id: off, if: "1 > 2", tool: echo, with: { x: 1 } }
+  - { id: broken, tool: exec, with: { argv: ["false"] }, on_error: continue }
+  - { id: after_broken, tool: echo, needs: [broken], with: { x: 1 } }
+  - id: last
+    tool: echo
+    needs: [off]
+    if: "steps.off.status == 'skipped'"
+    with: { greeted: "{{ steps.each.output | map(attribute='hello') | join(',') }}" }
+outputs:
+  greeted: "{{ steps.last.output.greeted }}"
+  broken: "{{ steps.broken.status }}"
+"#;
+    let validation = validate_source("test.yaml", yaml);
+    assert!(
+        validation.diagnostics.is_empty(),
+        "{:?}",
+        validation.diagnostics
+    );
+    let workflow = Arc::new(validation.workflow.expect("valid"));
+    let inputs =
+        archon_engine::inputs::resolve(&workflow.spec, Map::new(), &[]).expect("inputs resolve");
+    let whole = run::run(workflow.clone(), inputs.clone(), options(dir.path(), 4))
+        .await
+        .expect("runs");
+
+    let journal = Arc::new(Recorded::default());
+    let mut prior = std::collections::HashMap::new();
+    for &i in &workflow.order {
+        let id = workflow.spec.steps[i].id.value.clone();
+        let mut options = options(dir.path(), 4);
+        options.prior = Arc::new(prior.clone());
+        options.journal = journal.clone();
+        let result = run::run_step(workflow.clone(), inputs.clone(), options, &id)
+            .await
+            .expect("the step runs");
+        prior.insert(id, Arc::unwrap_or_clone(result));
+    }
+    let mut options = options(dir.path(), 4);
+    options.prior = Arc::new(prior);
+    options.journal = journal.clone();
+    let stepwise = run::run(workflow.clone(), inputs, options)
+        .await
+        .expect("ends");
+
+    assert_eq!(stepwise.status, whole.status);
+    assert_eq!(stepwise.outputs, whole.outputs);
+    assert_eq!(
+        stepwise.outputs,
+        json!({"greeted": "ada,grace", "broken": "failed"})
+            .as_object()
+            .cloned()
+            .expect("map")
+    );
+    for (id, result) in &whole.steps {
+        let other = &stepwise.steps[id];
+        assert_eq!(
+            (other.status, &other.output),
+            (result.status, &result.output),
+            "{id}"
+        );
+    }
+    let mut lines = journal.0.lock().expect("lines").clone();
+    // Items run in parallel: their lines keep their own order only.
+    lines.sort();
+    assert_eq!(
+        lines,
+        [
+            "attempt broken",
+            "attempt each[0]",
+            "attempt each[1]",
+            "attempt first",
+            "attempt last",
+            "ended broken failed",
+            "ended each[0] succeeded",
+            "ended each[1] succeeded",
+            "ended first succeeded",
+            "ended last succeeded",
+            "finished after_broken skipped",
+            "finished broken failed",
+            "finished each succeeded",
+            "finished each[0] succeeded",
+            "finished each[1] succeeded",
+            "finished first succeeded",
+            "finished last succeeded",
+            "finished off skipped",
+            "run ended succeeded",
+        ]
+    );
+}
+
+/// A step handed out before a step it needs has ended is refused, naming that step.
+#[tokio::test]
+async fn a_step_whose_dependency_has_not_ended_is_refused() {
+    let dir = TempDir::new().expect("tempdir");
+    let validation = validate_source(
+        "test.yaml",
+        "name: t\nsteps:\n  - { id: a, tool: echo, with: { x: 1 } }\n  - { id: b, tool: echo, needs: [a], with: { x: 2 } }\n",
+    );
+    let workflow = Arc::new(validation.workflow.expect("valid"));
+    let error = run::run_step(workflow.clone(), Map::new(), options(dir.path(), 1), "b")
+        .await
+        .expect_err("refused");
+    assert_eq!(
+        error.to_string(),
+        "step `b` cannot run yet: `a`, which it needs, has not ended"
+    );
+    let error = run::run_step(workflow, Map::new(), options(dir.path(), 1), "c")
+        .await
+        .expect_err("refused");
+    assert_eq!(error.to_string(), "the workflow `t` has no step `c`");
+}

@@ -23,4 +23,4 @@ pub use dry_run::{Decision, DryRun, DryStep, dry_run};
 pub use options::{
     Approvals, Approver, Cassette, MAX_DEPTH, MemoryFiles, Refresh, RunOptions, StepCache,
 };
-pub use scheduler::{RunError, delegation_tool, run};
+pub use scheduler::{RunError, delegation_tool, run, run_step};

@@ -114,6 +114,74 @@ pub async fn run(
     .await
 }
 
+/// Runs one step of a run, as the scheduler runs it once its dependencies have ended: their results
+/// come from `options.prior` (an error names the first that has none). The step's attempts and result
+/// go through `options.journal`, which is flushed before this returns. This is how a step runs when
+/// steps are handed out one at a time (a worker's task): the run's end — its outputs and its final
+/// status — is left to [`run`] with every step's result in `prior`, which reuses them all. The run's
+/// `before_run` rules and its `timeout` are its caller's: they are about the run, not one step.
+pub async fn run_step(
+    workflow: Arc<Workflow>,
+    inputs: Map<String, Json>,
+    options: RunOptions,
+    step: &str,
+) -> Result<Arc<StepResult>, RunError> {
+    let steps = &workflow.spec.steps;
+    let Some(index) = steps.iter().position(|s| s.id.value == step) else {
+        return Err(RunError(format!(
+            "the workflow `{}` has no step `{step}`",
+            workflow.name
+        )));
+    };
+    let mut views: Vec<Option<Arc<StepView>>> = vec![None; steps.len()];
+    for &d in &workflow.dependencies[index] {
+        let id = &steps[d].id.value;
+        let Some(result) = options.prior.get(id) else {
+            return Err(RunError(format!(
+                "step `{step}` cannot run yet: `{id}`, which it needs, has not ended"
+            )));
+        };
+        views[d] = Some(StepView::new(result.clone()));
+    }
+    let Prepared { shared, .. } = prepare(
+        workflow.clone(),
+        &inputs,
+        options,
+        0,
+        String::new(),
+        Inherited {
+            redactor: Arc::new(Redactor::default()),
+            llm: Arc::new(LlmContext::default()),
+            halt: None,
+            work: None,
+            mcp: None,
+        },
+    )
+    .await?;
+    let deps = || -> Steps {
+        workflow.dependencies[index]
+            .iter()
+            .filter_map(|d| Some((steps[*d].id.value.clone(), views[*d].as_ref()?.value())))
+            .collect()
+    };
+    let result = match readiness(&shared, index, &views, false, deps).await {
+        Ready::Ended(result) => result,
+        Ready::Run => lifecycle::execute(&shared, index, deps()).await,
+    };
+    shared.mcp.servers.shutdown().await;
+    let halted = shared.halt.reason.get().cloned();
+    if let Err(e) = shared.options.journal.flush().wait().await {
+        return Err(RunError(unsaved(&e)));
+    }
+    if let Some(e) = shared.options.journal.failure() {
+        return Err(RunError(unsaved(&e)));
+    }
+    match halted {
+        Some(reason) => Err(RunError(reason)),
+        None => Ok(result),
+    }
+}
+
 /// What a sub-workflow's run takes from the run that calls it: the secret values to mask, the LLM usage
 /// that counts against the budget, and the run's halt; fresh ones for the run itself.
 struct Inherited {
@@ -135,125 +203,10 @@ fn run_workflow(
     inherited: Inherited,
 ) -> Boxed<'static, Result<RunReport, RunError>> {
     Box::pin(async move {
-        let Inherited {
-            redactor: outer,
-            llm,
-            halt,
-            work,
-            mcp,
-        } = inherited;
-        let work = work
-            .unwrap_or_else(|| Arc::new(tokio::sync::Semaphore::new(options.max_parallel.max(1))));
-        let mut options = options;
-        // The run stops itself through a token of its own, so that stopping (a record that could not be
-        // made durable) does not look like the caller's cancel.
-        let halt = halt.unwrap_or_else(|| Arc::new(Halt::under(&options.cancel)));
-        options.cancel = halt.token.clone();
         let started = Instant::now();
+        let Prepared { shared, own } =
+            prepare(workflow.clone(), &inputs, options, depth, prefix, inherited).await?;
         let spec = workflow.spec.clone();
-        let secrets = super::secrets::values(
-            spec.secrets.iter().map(|s| s.value.as_str()),
-            &options.env,
-            spec_dir(&workflow),
-        )
-        .map_err(RunError)?;
-        let providers: Vec<&crate::spec::ProviderDef> = spec
-            .llm
-            .as_ref()
-            .map(|l| l.providers.values().collect())
-            .unwrap_or_default();
-        let own = Redactor::new(
-            secrets
-                .values()
-                .filter_map(|v| v.as_str().map(str::to_owned))
-                .chain(crate::llm::config::key_values(&providers, &options.env))
-                .chain(crate::run::mcp::imported_secrets(&workflow, &options.env))
-                .filter(|v| !outer.masks(v)),
-        );
-        let redactor = Arc::new(outer.with(&own));
-        let run = json!({
-            "id": options.run_id,
-            "workflow": workflow.name,
-            "workdir": options.workdir.display().to_string(),
-            "started_at": humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string(),
-        });
-        let mut env: Map<String, Json> = options
-            .env
-            .iter()
-            .map(|(k, v)| (k.clone(), Json::String(v.clone())))
-            .collect();
-        let renderer = Arc::new(Renderer::new(options.helper.clone()));
-        let mut tool_env = Vec::new();
-        {
-            let mut ctx = Map::new();
-            ctx.insert("inputs".into(), Json::Object(inputs.clone()));
-            ctx.insert("env".into(), Json::Object(env.clone()));
-            ctx.insert("run".into(), run.clone());
-            ctx.insert("secrets".into(), Json::Object(secrets.clone()));
-            let ctx = context_value(ctx);
-            for (name, template) in &spec.env {
-                let value = renderer.text(&template.value, &ctx).await.map_err(|e| {
-                    RunError(format!(
-                        "env `{}`: {}",
-                        name.value,
-                        redactor.text(&e.message)
-                    ))
-                })?;
-                tool_env.push((name.value.clone(), value.clone()));
-                env.insert(name.value.clone(), Json::String(value));
-            }
-        }
-        let secrets = json_value(&Json::Object(secrets));
-        let withheld: Vec<String> = spec.secrets.iter().map(|s| s.value.clone()).collect();
-        let mcp = mcp.unwrap_or_else(|| {
-            Arc::new(mcp::McpRun::new(crate::tools::mcp::ServersOptions {
-                withheld: withheld.clone(),
-                network: workflow.network.clone(),
-                redactor: redactor.clone(),
-                on_spawn: {
-                    let journal = options.journal.clone();
-                    Arc::new(move |pgid| mcp::spawned(&journal, pgid))
-                },
-            }))
-        });
-        let shared = Arc::new(Shared {
-            tool_context: ToolContext {
-                workdir: options.workdir.clone(),
-                protected: options.protected.clone(),
-                env: tool_env,
-                withheld,
-                network: workflow.network.clone(),
-                redactor: redactor.clone(),
-                helper: options.helper.clone(),
-            },
-            workflow: workflow.clone(),
-            composite: None,
-            options,
-            renderer,
-            base: context::Base::new(
-                vec![
-                    (
-                        "inputs".to_owned(),
-                        json_value(&Json::Object(inputs.clone())),
-                    ),
-                    ("env".to_owned(), json_value(&Json::Object(env))),
-                    ("run".to_owned(), json_value(&run)),
-                ],
-                &secrets,
-            ),
-            llm,
-            redactor,
-            secrets,
-            depth,
-            prefix,
-            planned: false,
-            llm_chosen: false,
-            kept: Arc::default(),
-            halt,
-            work,
-            nested: &Scheduler,
-            mcp,
-        });
         // `before_run` rules decide whether anything runs at all; the run's `timeout` bounds it all (a
         // sub-workflow's bounds its call instead: `call.rs`).
         let mut error = None;
@@ -386,6 +339,144 @@ fn run_workflow(
     })
 }
 
+/// What a run (or a step of it, [`run_step`]) works with once it is set up.
+struct Prepared {
+    shared: Arc<Shared>,
+    /// The secret values of this workflow alone (a sub-workflow's stay inside it).
+    own: Redactor,
+}
+
+/// Sets a run up: its secrets, its `env`, what its templates see, its MCP servers. Errors are problems
+/// found before any step starts.
+async fn prepare(
+    workflow: Arc<Workflow>,
+    inputs: &Map<String, Json>,
+    options: RunOptions,
+    depth: u32,
+    prefix: String,
+    inherited: Inherited,
+) -> Result<Prepared, RunError> {
+    let Inherited {
+        redactor: outer,
+        llm,
+        halt,
+        work,
+        mcp,
+    } = inherited;
+    let work =
+        work.unwrap_or_else(|| Arc::new(tokio::sync::Semaphore::new(options.max_parallel.max(1))));
+    let mut options = options;
+    // The run stops itself through a token of its own, so that stopping (a record that could not be
+    // made durable) does not look like the caller's cancel.
+    let halt = halt.unwrap_or_else(|| Arc::new(Halt::under(&options.cancel)));
+    options.cancel = halt.token.clone();
+    let spec = &workflow.spec;
+    let secrets = super::secrets::values(
+        spec.secrets.iter().map(|s| s.value.as_str()),
+        &options.env,
+        spec_dir(&workflow),
+    )
+    .map_err(RunError)?;
+    let providers: Vec<&crate::spec::ProviderDef> = spec
+        .llm
+        .as_ref()
+        .map(|l| l.providers.values().collect())
+        .unwrap_or_default();
+    let own = Redactor::new(
+        secrets
+            .values()
+            .filter_map(|v| v.as_str().map(str::to_owned))
+            .chain(crate::llm::config::key_values(&providers, &options.env))
+            .chain(crate::run::mcp::imported_secrets(&workflow, &options.env))
+            .filter(|v| !outer.masks(v)),
+    );
+    let redactor = Arc::new(outer.with(&own));
+    let run = json!({
+        "id": options.run_id,
+        "workflow": workflow.name,
+        "workdir": options.workdir.display().to_string(),
+        "started_at": humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string(),
+    });
+    let mut env: Map<String, Json> = options
+        .env
+        .iter()
+        .map(|(k, v)| (k.clone(), Json::String(v.clone())))
+        .collect();
+    let renderer = Arc::new(Renderer::new(options.helper.clone()));
+    let mut tool_env = Vec::new();
+    {
+        let mut ctx = Map::new();
+        ctx.insert("inputs".into(), Json::Object(inputs.clone()));
+        ctx.insert("env".into(), Json::Object(env.clone()));
+        ctx.insert("run".into(), run.clone());
+        ctx.insert("secrets".into(), Json::Object(secrets.clone()));
+        let ctx = context_value(ctx);
+        for (name, template) in &spec.env {
+            let value = renderer.text(&template.value, &ctx).await.map_err(|e| {
+                RunError(format!(
+                    "env `{}`: {}",
+                    name.value,
+                    redactor.text(&e.message)
+                ))
+            })?;
+            tool_env.push((name.value.clone(), value.clone()));
+            env.insert(name.value.clone(), Json::String(value));
+        }
+    }
+    let secrets = json_value(&Json::Object(secrets));
+    let withheld: Vec<String> = spec.secrets.iter().map(|s| s.value.clone()).collect();
+    let mcp = mcp.unwrap_or_else(|| {
+        Arc::new(mcp::McpRun::new(crate::tools::mcp::ServersOptions {
+            withheld: withheld.clone(),
+            network: workflow.network.clone(),
+            redactor: redactor.clone(),
+            on_spawn: {
+                let journal = options.journal.clone();
+                Arc::new(move |pgid| mcp::spawned(&journal, pgid))
+            },
+        }))
+    });
+    let shared = Arc::new(Shared {
+        tool_context: ToolContext {
+            workdir: options.workdir.clone(),
+            protected: options.protected.clone(),
+            env: tool_env,
+            withheld,
+            network: workflow.network.clone(),
+            redactor: redactor.clone(),
+            helper: options.helper.clone(),
+        },
+        workflow: workflow.clone(),
+        composite: None,
+        options,
+        renderer,
+        base: context::Base::new(
+            vec![
+                (
+                    "inputs".to_owned(),
+                    json_value(&Json::Object(inputs.clone())),
+                ),
+                ("env".to_owned(), json_value(&Json::Object(env))),
+                ("run".to_owned(), json_value(&run)),
+            ],
+            &secrets,
+        ),
+        llm,
+        redactor,
+        secrets,
+        depth,
+        prefix,
+        planned: false,
+        llm_chosen: false,
+        kept: Arc::default(),
+        halt,
+        work,
+        nested: &Scheduler,
+        mcp,
+    });
+    Ok(Prepared { shared, own })
+}
+
 /// Runs `work`; when `limit` passes first, stops the run (its steps are cancelled, their commands killed,
 /// as by Ctrl-C, and the run fails with the reason) and lets `work` finish what stopping leaves.
 async fn within<T>(
@@ -466,70 +557,10 @@ async fn schedule(shared: &Arc<Shared>) -> Vec<Arc<StepView>> {
 
     loop {
         while let Some(i) = ready.pop_front() {
-            let step = &all_steps[i];
-            // The token, not only the flag: a step may finish (cancelled) before this loop sees the cancel.
-            let upstream = |status: StepStatus| {
-                dependencies[i].iter().find(|d| {
-                    views[**d]
-                        .as_ref()
-                        .is_some_and(|v| v.result().status == status)
-                })
-            };
-            // A step whose dependency waits for approval waits too (nothing about it is recorded).
-            if let Some(&d) = upstream(StepStatus::WaitingApproval) {
-                let result = Arc::new(StepResult::ended(
-                    StepStatus::WaitingApproval,
-                    Some(format!("waiting for `{}`", all_steps[d].id.value)),
-                ));
-                finish(i, result, &mut views, &mut waiting, &mut ready);
-                continue;
-            }
-            let upstream_cancelled = upstream(StepStatus::Cancelled).is_some();
-            if cancelled || shared.options.cancel.is_cancelled() || upstream_cancelled {
-                let result = Arc::new(StepResult::ended(StepStatus::Cancelled, None));
-                finish(i, result, &mut views, &mut waiting, &mut ready);
-                continue;
-            }
-            if let Some(prior) = shared.prior(&step.id.value) {
-                shared.emit(RunEvent::StepReused {
-                    step: shared.label(&step.id.value),
-                    status: prior.status,
-                });
-                finish(
-                    i,
-                    Arc::new(prior.clone()),
-                    &mut views,
-                    &mut waiting,
-                    &mut ready,
-                );
-                continue;
-            }
-            match decide(shared, step, i, &views, || deps_of(i, &views)).await {
-                Decision::Run => startable.push_back(i),
-                Decision::Cancelled => {
-                    let result = Arc::new(StepResult::ended(StepStatus::Cancelled, None));
-                    finish(i, result, &mut views, &mut waiting, &mut ready);
-                }
-                Decision::Skip(reason) => {
-                    shared.emit(RunEvent::StepSkipped {
-                        step: shared.label(&step.id.value),
-                        reason,
-                    });
-                    let result = Arc::new(StepResult::ended(StepStatus::Skipped, None));
-                    shared.record_result(&step.id.value, &result);
-                    finish(i, result, &mut views, &mut waiting, &mut ready);
-                }
-                Decision::Fail(error) => {
-                    shared.emit(RunEvent::StepFinished {
-                        step: shared.label(&step.id.value),
-                        status: StepStatus::Failed,
-                        duration_ms: 0,
-                        error: Some(error.clone()),
-                    });
-                    let result = Arc::new(StepResult::ended(StepStatus::Failed, Some(error)));
-                    shared.record_result(&step.id.value, &result);
-                    finish(i, result, &mut views, &mut waiting, &mut ready);
-                }
+            let stopped = cancelled || shared.options.cancel.is_cancelled();
+            match readiness(shared, i, &views, stopped, || deps_of(i, &views)).await {
+                Ready::Run => startable.push_back(i),
+                Ready::Ended(result) => finish(i, result, &mut views, &mut waiting, &mut ready),
             }
         }
         while running.len() < limit
@@ -577,6 +608,81 @@ async fn schedule(shared: &Arc<Shared>) -> Vec<Arc<StepView>> {
         .into_iter()
         .map(|v| v.unwrap_or_else(|| StepView::new(StepResult::ended(StepStatus::Cancelled, None))))
         .collect()
+}
+
+/// What becomes of a step whose dependencies have ended.
+enum Ready {
+    /// It runs.
+    Run,
+    /// It ended without running (reused from `prior`, skipped, failed by its `if`, cancelled, or
+    /// waiting with a dependency for approval), with this result.
+    Ended(Arc<StepResult>),
+}
+
+/// Decides whether step `i`, whose dependencies have ended (`views`), runs; records and reports a step
+/// that ends without running. `stopped`: the run is being cancelled.
+async fn readiness(
+    shared: &Shared,
+    i: usize,
+    views: &[Option<Arc<StepView>>],
+    stopped: bool,
+    deps: impl FnOnce() -> Steps,
+) -> Ready {
+    let all_steps = shared.steps();
+    let dependencies = shared.dependencies();
+    let step = &all_steps[i];
+    let upstream = |status: StepStatus| {
+        dependencies[i].iter().find(|d| {
+            views[**d]
+                .as_ref()
+                .is_some_and(|v| v.result().status == status)
+        })
+    };
+    // A step whose dependency waits for approval waits too (nothing about it is recorded).
+    if let Some(&d) = upstream(StepStatus::WaitingApproval) {
+        return Ready::Ended(Arc::new(StepResult::ended(
+            StepStatus::WaitingApproval,
+            Some(format!("waiting for `{}`", all_steps[d].id.value)),
+        )));
+    }
+    // The token, not only the flag: a step may finish (cancelled) before the loop sees the cancel.
+    if stopped || shared.options.cancel.is_cancelled() || upstream(StepStatus::Cancelled).is_some()
+    {
+        return Ready::Ended(Arc::new(StepResult::ended(StepStatus::Cancelled, None)));
+    }
+    if let Some(prior) = shared.prior(&step.id.value) {
+        shared.emit(RunEvent::StepReused {
+            step: shared.label(&step.id.value),
+            status: prior.status,
+        });
+        return Ready::Ended(Arc::new(prior.clone()));
+    }
+    match decide(shared, step, i, views, deps).await {
+        Decision::Run => Ready::Run,
+        Decision::Cancelled => {
+            Ready::Ended(Arc::new(StepResult::ended(StepStatus::Cancelled, None)))
+        }
+        Decision::Skip(reason) => {
+            shared.emit(RunEvent::StepSkipped {
+                step: shared.label(&step.id.value),
+                reason,
+            });
+            let result = Arc::new(StepResult::ended(StepStatus::Skipped, None));
+            shared.record_result(&step.id.value, &result);
+            Ready::Ended(result)
+        }
+        Decision::Fail(error) => {
+            shared.emit(RunEvent::StepFinished {
+                step: shared.label(&step.id.value),
+                status: StepStatus::Failed,
+                duration_ms: 0,
+                error: Some(error.clone()),
+            });
+            let result = Arc::new(StepResult::ended(StepStatus::Failed, Some(error)));
+            shared.record_result(&step.id.value, &result);
+            Ready::Ended(result)
+        }
+    }
 }
 
 enum Decision {
