@@ -103,13 +103,7 @@ pub async fn run(
         inputs,
         options,
         (0, String::new()),
-        Inherited {
-            redactor: Arc::new(Redactor::default()),
-            llm: Arc::new(LlmContext::default()),
-            halt: None,
-            work: None,
-            mcp: None,
-        },
+        Inherited::none(),
     )
     .await
 }
@@ -149,13 +143,7 @@ pub async fn run_step(
         options,
         0,
         String::new(),
-        Inherited {
-            redactor: Arc::new(Redactor::default()),
-            llm: Arc::new(LlmContext::default()),
-            halt: None,
-            work: None,
-            mcp: None,
-        },
+        Inherited::none(),
     )
     .await?;
     let deps = || -> Steps {
@@ -192,6 +180,19 @@ struct Inherited {
     work: Option<Arc<tokio::sync::Semaphore>>,
     /// The run's MCP servers, for a nested run.
     mcp: Option<Arc<mcp::McpRun>>,
+}
+
+impl Inherited {
+    /// What the run itself starts with: nothing from a caller.
+    fn none() -> Self {
+        Inherited {
+            redactor: Arc::new(Redactor::default()),
+            llm: Arc::new(LlmContext::default()),
+            halt: None,
+            work: None,
+            mcp: None,
+        }
+    }
 }
 
 /// Runs a workflow at a nesting depth: the run itself, or a sub-workflow called by step `prefix`.
