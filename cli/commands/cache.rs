@@ -31,7 +31,7 @@ pub fn ls(args: &CacheLsArgs) -> anyhow::Result<Status> {
     if entries.is_empty() {
         output::stdout(&format!(
             "no cached results in `{}`\n",
-            args.state.dir().display()
+            args.state.shown()
         ));
         return Ok(Status::Success);
     }

@@ -49,7 +49,7 @@ pub fn open(target: &RunTarget, state: &StateArgs) -> Result<(Session, String), 
         return Err(refuse(
             &format!(
                 "{what}: there is no run store in `{}`",
-                state.dir().display()
+                state.shown()
             ),
             "run the command where the run was started, or point `--state-dir` at its state directory",
         ));
