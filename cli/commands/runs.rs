@@ -46,10 +46,7 @@ pub fn runs(args: &RunsArgs, color: ColorChoice) -> anyhow::Result<Status> {
         } else {
             " match"
         };
-        output::stdout(&format!(
-            "no runs in `{}`{matching}\n",
-            args.state.shown()
-        ));
+        output::stdout(&format!("no runs in `{}`{matching}\n", args.state.shown()));
         return Ok(Status::Success);
     }
     let paint = Paint::new(output::use_color(color));

@@ -47,10 +47,7 @@ pub fn open(target: &RunTarget, state: &StateArgs) -> Result<(Session, String), 
             RunRef::Last { .. } => "no runs".to_owned(),
         };
         return Err(refuse(
-            &format!(
-                "{what}: there is no run store in `{}`",
-                state.shown()
-            ),
+            &format!("{what}: there is no run store in `{}`", state.shown()),
             "run the command where the run was started, or point `--state-dir` at its state directory",
         ));
     };

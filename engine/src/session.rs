@@ -25,8 +25,8 @@ use crate::workflow::Workflow;
 
 use crate::trigger::{Delivery, Due, ReceiveError, Received, Scheduler, Timestamp, Webhook};
 
-pub use crate::store::new_run_id;
 pub use crate::store::StoreAt;
+pub use crate::store::new_run_id;
 pub use crate::store::{
     ApprovalRecord, AttemptRecord, CacheFilter, CacheSummary, Firing, FiringFilter, FiringKind,
     FiringOutcome, LogChunk, Owner, Pruned, RunCursor, RunFilter, RunPage, RunQuery, RunState,

@@ -301,12 +301,7 @@ where
         .name(format!("run-{run_id}"))
         .spawn(move || {
             let _held = (running, slot);
-            let _ = sender.send(run_on_this_thread(
-                &store,
-                request,
-                attachments,
-                &for_good,
-            ));
+            let _ = sender.send(run_on_this_thread(&store, request, attachments, &for_good));
         });
     if let Err(e) = spawned {
         return Ended::Refused {

@@ -12,9 +12,8 @@ use std::sync::{Arc, Mutex};
 
 use archon_engine::run::ApprovalDecision;
 use archon_engine::session::{
-    StoreAt,
     self, Attachments, Continue, ContinueOptions, NewRunRequest, RecordedEvent, RunState, Session,
-    SessionError,
+    SessionError, StoreAt,
 };
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value as Json};
@@ -182,12 +181,7 @@ pub struct Started {
 }
 
 impl Executor {
-    pub fn new(
-        store: &StoreAt,
-        max_runs: usize,
-        stopping: CancellationToken,
-        live: &Live,
-    ) -> Self {
+    pub fn new(store: &StoreAt, max_runs: usize, stopping: CancellationToken, live: &Live) -> Self {
         Executor(Arc::new(Shared {
             state_dir: store.state_dir.clone(),
             store: store.clone(),

@@ -47,7 +47,10 @@ fn postgres_reachable() -> bool {
     match admin("SELECT 1".to_owned()) {
         Ok(()) => true,
         Err(e) if std::env::var("CI").as_deref() == Ok("true") => {
-            panic!("PostgreSQL at `{}` is needed in CI: {e}", postgres::masked(&base_url()))
+            panic!(
+                "PostgreSQL at `{}` is needed in CI: {e}",
+                postgres::masked(&base_url())
+            )
         }
         Err(e) => {
             eprintln!(
@@ -217,7 +220,9 @@ fn request(key: &str, step: &str) -> ApprovalRequest {
 
 /// Records `entries` in run `id` (which `store` owns) and waits until they are durable.
 async fn record(store: &dyn RunStore, id: &str, entries: Vec<Entry>) {
-    let journal = store.journal(id, CancellationToken::new()).expect("journal");
+    let journal = store
+        .journal(id, CancellationToken::new())
+        .expect("journal");
     for entry in entries {
         journal.record(entry);
     }
@@ -236,12 +241,20 @@ async fn runs_are_created_listed_paged_and_loaded() {
             std::thread::sleep(Duration::from_millis(3));
         }
         let ids = |runs: Vec<RunSummary>| runs.into_iter().map(|r| r.id).collect::<Vec<_>>();
-        assert_eq!(ids(store.list().expect("list")), ["r3", "r2", "r1"], "{name}");
+        assert_eq!(
+            ids(store.list().expect("list")),
+            ["r3", "r2", "r1"],
+            "{name}"
+        );
         let alpha = RunFilter {
             workflow: Some("alpha".into()),
             ..RunFilter::default()
         };
-        assert_eq!(ids(store.list_where(&alpha).expect("list")), ["r3", "r1"], "{name}");
+        assert_eq!(
+            ids(store.list_where(&alpha).expect("list")),
+            ["r3", "r1"],
+            "{name}"
+        );
         let first = store
             .page(&RunQuery {
                 limit: 2,
@@ -260,7 +273,11 @@ async fn runs_are_created_listed_paged_and_loaded() {
                 ..RunQuery::default()
             })
             .expect("page");
-        assert_eq!((ids(second.runs), second.next), (vec!["r1".to_owned()], None), "{name}");
+        assert_eq!(
+            (ids(second.runs), second.next),
+            (vec!["r1".to_owned()], None),
+            "{name}"
+        );
         let running = store
             .page(&RunQuery {
                 status: vec![RunState::Running],
@@ -269,15 +286,31 @@ async fn runs_are_created_listed_paged_and_loaded() {
                 ..RunQuery::default()
             })
             .expect("page");
-        assert_eq!((ids(running.runs), running.total), (vec!["r2".to_owned()], 1), "{name}");
+        assert_eq!(
+            (ids(running.runs), running.total),
+            (vec!["r2".to_owned()], 1),
+            "{name}"
+        );
         let (found, count) = store.with_prefix("r", 2).expect("prefix");
-        assert_eq!((ids(found), count), (vec!["r1".to_owned(), "r2".to_owned()], 3), "{name}");
+        assert_eq!(
+            (ids(found), count),
+            (vec!["r1".to_owned(), "r2".to_owned()], 3),
+            "{name}"
+        );
         assert_eq!(store.with_prefix("r2", 5).expect("prefix").1, 1, "{name}");
         assert_eq!(store.with_prefix("x", 5).expect("prefix").1, 0, "{name}");
         let summary = store.summary("r2").expect("summary").expect("there");
-        assert_eq!((summary.workflow.as_str(), summary.status), ("beta", RunState::Running), "{name}");
+        assert_eq!(
+            (summary.workflow.as_str(), summary.status),
+            ("beta", RunState::Running),
+            "{name}"
+        );
         assert_eq!(store.summary("nope").expect("summary"), None, "{name}");
-        assert_eq!(ids(store.changed_since(u64::MAX).expect("changed")), ["r3", "r2", "r1"], "{name}");
+        assert_eq!(
+            ids(store.changed_since(u64::MAX).expect("changed")),
+            ["r3", "r2", "r1"],
+            "{name}"
+        );
 
         let run = store.load("r1").expect("loads");
         assert_eq!(
@@ -290,19 +323,47 @@ async fn runs_are_created_listed_paged_and_loaded() {
                 run.max_parallel,
                 run.generation,
             ),
-            ("alpha", "/w/flow.yaml", RunState::Running, Some(&json!("ann")), "/w", 4, 0),
+            (
+                "alpha",
+                "/w/flow.yaml",
+                RunState::Running,
+                Some(&json!("ann")),
+                "/w",
+                4,
+                0
+            ),
             "{name}"
         );
-        assert_eq!(run.spec_hash, spec_hash(&new_run("r1", "alpha").files), "{name}");
-        assert_eq!(run.owner.as_ref().map(|o| o.pid), Some(std::process::id()), "{name}");
-        assert_eq!(store.files("r1").expect("files"), new_run("r1", "alpha").files, "{name}");
+        assert_eq!(
+            run.spec_hash,
+            spec_hash(&new_run("r1", "alpha").files),
+            "{name}"
+        );
+        assert_eq!(
+            run.owner.as_ref().map(|o| o.pid),
+            Some(std::process::id()),
+            "{name}"
+        );
+        assert_eq!(
+            store.files("r1").expect("files"),
+            new_run("r1", "alpha").files,
+            "{name}"
+        );
         let changed = vec![("flow.yaml".to_owned(), "name: changed\n".to_owned())];
         store.replace_files("r1", &changed).expect("replaced");
         assert_eq!(store.files("r1").expect("files"), changed, "{name}");
-        assert_eq!(store.load("r1").expect("loads").spec_hash, spec_hash(&changed), "{name}");
+        assert_eq!(
+            store.load("r1").expect("loads").spec_hash,
+            spec_hash(&changed),
+            "{name}"
+        );
         let missing = store.load("nope").expect_err("no such run");
         assert!(missing.unknown_run, "{name}");
-        assert_eq!(store.check().expect("checked"), Vec::<String>::new(), "{name}");
+        assert_eq!(
+            store.check().expect("checked"),
+            Vec::<String>::new(),
+            "{name}"
+        );
     }
 }
 
@@ -382,7 +443,15 @@ async fn what_a_journal_records_loads_back() {
         let attempts: Vec<(&str, u32, &str, Option<u32>, Option<&str>)> = run
             .attempts
             .iter()
-            .map(|a| (a.step.as_str(), a.attempt, a.status.as_str(), a.pgid, a.error.as_deref()))
+            .map(|a| {
+                (
+                    a.step.as_str(),
+                    a.attempt,
+                    a.status.as_str(),
+                    a.pgid,
+                    a.error.as_deref(),
+                )
+            })
             .collect();
         assert_eq!(
             attempts,
@@ -393,14 +462,25 @@ async fn what_a_journal_records_loads_back() {
             ],
             "{name}"
         );
-        assert_eq!(run.results.keys().collect::<Vec<_>>(), ["a", "b", "c"], "{name}");
+        assert_eq!(
+            run.results.keys().collect::<Vec<_>>(),
+            ["a", "b", "c"],
+            "{name}"
+        );
         assert_eq!(run.results["a"].output, json!({"n": 1}), "{name}");
         assert_eq!(run.results["b"].output, large, "{name}");
         assert_eq!(run.results["c"], long, "{name}");
         assert_eq!(run.checkpoints["b"], json!({"iteration": 3}), "{name}");
         // A brief load leaves what is kept apart out.
         let brief = store.load_brief("r1").expect("loads");
-        assert_eq!((brief.results["b"].output.clone(), brief.results["a"].output.clone()), (Json::Null, json!({"n": 1})), "{name}");
+        assert_eq!(
+            (
+                brief.results["b"].output.clone(),
+                brief.results["a"].output.clone()
+            ),
+            (Json::Null, json!({"n": 1})),
+            "{name}"
+        );
         let events = store.events("r1").expect("events");
         assert_eq!(
             events,
@@ -413,13 +493,23 @@ async fn what_a_journal_records_loads_back() {
         assert_eq!(store.last_event("r1").expect("last"), 2, "{name}");
         assert_eq!(
             store.events_after("r1", 1, 10).expect("events"),
-            [(2, json!({"event": "step_started", "step": "b", "at_ms": 1_003}))],
+            [(
+                2,
+                json!({"event": "step_started", "step": "b", "at_ms": 1_003})
+            )],
             "{name}"
         );
         let logs = store.logs("r1", 0).expect("logs");
         assert_eq!(
             logs.iter()
-                .map(|l| (l.seq, l.step.as_str(), l.attempt, l.stream, l.text.as_str(), l.at_ms))
+                .map(|l| (
+                    l.seq,
+                    l.step.as_str(),
+                    l.attempt,
+                    l.stream,
+                    l.text.as_str(),
+                    l.at_ms
+                ))
                 .collect::<Vec<_>>(),
             [
                 (1, "a", 1, crate::tools::Stream::Stdout, "hello\n", 1_001),
@@ -427,14 +517,30 @@ async fn what_a_journal_records_loads_back() {
             ],
             "{name}"
         );
-        assert_eq!(store.logs_after("r1", 1, 5).expect("logs"), logs[1..], "{name}");
-        assert_eq!(store.logs_after("r1", 0, 1).expect("logs"), logs[..1], "{name}");
+        assert_eq!(
+            store.logs_after("r1", 1, 5).expect("logs"),
+            logs[1..],
+            "{name}"
+        );
+        assert_eq!(
+            store.logs_after("r1", 0, 1).expect("logs"),
+            logs[..1],
+            "{name}"
+        );
 
         // The run's end: its outputs, its state, and no owner. (The journal above closed and gave the
         // run up: it is claimed again first.)
-        assert_eq!(store.summary("r1").expect("summary").expect("there").status, RunState::Interrupted, "{name}");
-        store.claim("r1", &[RunState::Interrupted]).expect("claimed");
-        let journal = store.journal("r1", CancellationToken::new()).expect("journal");
+        assert_eq!(
+            store.summary("r1").expect("summary").expect("there").status,
+            RunState::Interrupted,
+            "{name}"
+        );
+        store
+            .claim("r1", &[RunState::Interrupted])
+            .expect("claimed");
+        let journal = store
+            .journal("r1", CancellationToken::new())
+            .expect("journal");
         let mut outputs = Map::new();
         outputs.insert("greeting".into(), json!("hi"));
         journal.record(Entry::RunEnded {
@@ -445,8 +551,21 @@ async fn what_a_journal_records_loads_back() {
         journal.flush().wait().await.expect("durable");
         journal.close();
         let run = store.load("r1").expect("loads");
-        assert_eq!((run.status, run.outputs, run.owner, run.finished_at.is_some()), (RunState::Succeeded, outputs, None, true), "{name}");
-        assert_eq!(store.check().expect("checked"), Vec::<String>::new(), "{name}");
+        assert_eq!(
+            (
+                run.status,
+                run.outputs,
+                run.owner,
+                run.finished_at.is_some()
+            ),
+            (RunState::Succeeded, outputs, None, true),
+            "{name}"
+        );
+        assert_eq!(
+            store.check().expect("checked"),
+            Vec::<String>::new(),
+            "{name}"
+        );
     }
 }
 
@@ -456,13 +575,19 @@ async fn a_flushed_record_is_there_for_another_process_and_an_unflushed_one_soon
         let name = backend.name();
         let store = backend.open();
         store.create_run(&new_run("r1", "w")).expect("created");
-        let journal = store.journal("r1", CancellationToken::new()).expect("journal");
+        let journal = store
+            .journal("r1", CancellationToken::new())
+            .expect("journal");
         journal.record(started("a"));
         journal.record(succeeded("a", json!(1)));
         journal.flush().wait().await.expect("durable");
         // Another handle (another process's connection) sees it at once.
         let other = backend.open();
-        assert_eq!(other.load("r1").expect("loads").results["a"].output, json!(1), "{name}");
+        assert_eq!(
+            other.load("r1").expect("loads").results["a"].output,
+            json!(1),
+            "{name}"
+        );
         let before = other.changes().expect("changes");
         // Not flushed: committed within the commit window all the same.
         journal.record(Entry::Event {
@@ -471,20 +596,49 @@ async fn a_flushed_record_is_there_for_another_process_and_an_unflushed_one_soon
         });
         let deadline = std::time::Instant::now() + Duration::from_secs(5);
         while other.events("r1").expect("events").is_empty() {
-            assert!(std::time::Instant::now() < deadline, "{name}: not committed within 5 s");
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{name}: not committed within 5 s"
+            );
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
-        assert_ne!(other.changes().expect("changes"), before, "{name}: a commit is a change");
+        assert_ne!(
+            other.changes().expect("changes"),
+            before,
+            "{name}: a commit is a change"
+        );
         journal.close();
         let error = journal.flush().wait().await.expect_err("closed");
         assert_eq!(error.message, "the run store stopped", "{name}");
         // Closing gave the run up: it is interrupted, and can be claimed to resume it.
-        assert_eq!(other.summary("r1").expect("summary").expect("there").status, RunState::Interrupted, "{name}");
-        assert_eq!(other.claim("r1", &[RunState::Interrupted]).expect("claimed"), RunState::Interrupted, "{name}");
-        let refused = store.claim("r1", &[RunState::Interrupted]).expect_err("owned");
-        assert!(refused.message.starts_with("run `r1` is being run by process"), "{name}: {}", refused.message);
-        other.release("r1", RunState::Interrupted).expect("released");
-        let state = store.claim("r1", &[RunState::Succeeded]).expect_err("wrong state");
+        assert_eq!(
+            other.summary("r1").expect("summary").expect("there").status,
+            RunState::Interrupted,
+            "{name}"
+        );
+        assert_eq!(
+            other
+                .claim("r1", &[RunState::Interrupted])
+                .expect("claimed"),
+            RunState::Interrupted,
+            "{name}"
+        );
+        let refused = store
+            .claim("r1", &[RunState::Interrupted])
+            .expect_err("owned");
+        assert!(
+            refused
+                .message
+                .starts_with("run `r1` is being run by process"),
+            "{name}: {}",
+            refused.message
+        );
+        other
+            .release("r1", RunState::Interrupted)
+            .expect("released");
+        let state = store
+            .claim("r1", &[RunState::Succeeded])
+            .expect_err("wrong state");
         assert_eq!(state.message, "run `r1` is `interrupted`", "{name}");
     }
 }
@@ -506,13 +660,19 @@ async fn a_run_taken_over_is_fenced_off() {
         let error = journal.flush().wait().await.expect_err("fenced");
         assert_eq!(
             (error.taken_over, error.message.as_str()),
-            (true, "run `r1` was taken over by another process; this one stopped recording it"),
+            (
+                true,
+                "run `r1` was taken over by another process; this one stopped recording it"
+            ),
             "{name}"
         );
         assert_eq!(journal.failure(), Some(error), "{name}");
         assert!(cancel.is_cancelled(), "{name}: the run is stopped");
         journal.close();
-        assert!(store.load("r1").expect("loads").results.is_empty(), "{name}");
+        assert!(
+            store.load("r1").expect("loads").results.is_empty(),
+            "{name}"
+        );
     }
 }
 
@@ -532,17 +692,43 @@ async fn postgres_a_lapsed_lease_lets_another_host_claim_and_fences_the_first() 
     journal.record(started("a"));
     journal.flush().wait().await.expect("durable");
     // Its lease is good: the other host may not take the run.
-    let refused = second.claim("r1", &[RunState::Interrupted]).expect_err("owned");
+    let refused = second
+        .claim("r1", &[RunState::Interrupted])
+        .expect_err("owned");
     assert_eq!(
         refused.message,
-        format!("run `r1` is being run by process `{}` on `host-a`", std::process::id())
+        format!(
+            "run `r1` is being run by process `{}` on `host-a`",
+            std::process::id()
+        )
     );
-    assert_eq!(second.summary("r1").expect("summary").expect("there").status, RunState::Running);
+    assert_eq!(
+        second
+            .summary("r1")
+            .expect("summary")
+            .expect("there")
+            .status,
+        RunState::Running
+    );
     // Its heartbeats stop reaching the database: the lease lapses.
     schema.exec("UPDATE runs SET lease_until = 1 WHERE id = 'r1'");
-    assert_eq!(second.summary("r1").expect("summary").expect("there").status, RunState::Interrupted);
-    assert_eq!(second.claim("r1", &[RunState::Interrupted]).expect("claimed"), RunState::Interrupted);
-    let taken = second.journal("r1", CancellationToken::new()).expect("journal");
+    assert_eq!(
+        second
+            .summary("r1")
+            .expect("summary")
+            .expect("there")
+            .status,
+        RunState::Interrupted
+    );
+    assert_eq!(
+        second
+            .claim("r1", &[RunState::Interrupted])
+            .expect("claimed"),
+        RunState::Interrupted
+    );
+    let taken = second
+        .journal("r1", CancellationToken::new())
+        .expect("journal");
     journal.record(succeeded("a", json!("from host a")));
     let error = journal.flush().wait().await.expect_err("fenced");
     assert!(error.taken_over);
@@ -568,14 +754,25 @@ async fn postgres_an_idle_run_renews_its_lease() {
     let store = schema.store("host-a", Duration::from_millis(600));
     let other = schema.store("host-b", Duration::from_millis(600));
     store.create_run(&new_run("r1", "w")).expect("created");
-    let journal = store.journal("r1", CancellationToken::new()).expect("journal");
-    let lease = || other.load("r1").expect("loads").owner.map_or(0, |o| o.lease_until);
+    let journal = store
+        .journal("r1", CancellationToken::new())
+        .expect("journal");
+    let lease = || {
+        other
+            .load("r1")
+            .expect("loads")
+            .owner
+            .map_or(0, |o| o.lease_until)
+    };
     let granted = lease();
     assert!(granted > 0);
     // Wait for the renewal itself, not for a time.
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     while lease() <= granted {
-        assert!(std::time::Instant::now() < deadline, "the lease was never renewed");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the lease was never renewed"
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     // Long after the first lease lapsed, the run is still its owner's.
@@ -584,9 +781,15 @@ async fn postgres_an_idle_run_renews_its_lease() {
         assert!(std::time::Instant::now() < deadline);
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    assert_eq!(other.summary("r1").expect("summary").expect("there").status, RunState::Running);
+    assert_eq!(
+        other.summary("r1").expect("summary").expect("there").status,
+        RunState::Running
+    );
     journal.close();
-    assert_eq!(other.summary("r1").expect("summary").expect("there").status, RunState::Interrupted);
+    assert_eq!(
+        other.summary("r1").expect("summary").expect("there").status,
+        RunState::Interrupted
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -596,9 +799,24 @@ async fn approvals_are_decided_by_step_and_by_call() {
         let store = backend.open();
         store.create_run(&new_run("r1", "w")).expect("created");
         let refused = store
-            .decide("r1", None, &ApprovalDecision { approved: true, by: "ann".into(), reason: None })
+            .decide(
+                "r1",
+                None,
+                &ApprovalDecision {
+                    approved: true,
+                    by: "ann".into(),
+                    reason: None,
+                },
+            )
             .expect_err("running");
-        assert_eq!((refused.unknown_run, refused.message.as_str()), (true, "run `r1` is not waiting for approval: it is `running`"), "{name}");
+        assert_eq!(
+            (refused.unknown_run, refused.message.as_str()),
+            (
+                true,
+                "run `r1` is not waiting for approval: it is `running`"
+            ),
+            "{name}"
+        );
         record(
             &*store,
             "r1",
@@ -610,34 +828,72 @@ async fn approvals_are_decided_by_step_and_by_call() {
             ],
         )
         .await;
-        assert_eq!(store.summary("r1").expect("summary").expect("there").status, RunState::WaitingApproval, "{name}");
+        assert_eq!(
+            store.summary("r1").expect("summary").expect("there").status,
+            RunState::WaitingApproval,
+            "{name}"
+        );
         let yes = ApprovalDecision {
             approved: true,
             by: "ann".into(),
             reason: Some("fine".into()),
         };
         let decided = store.decide("r1", Some("clean"), &yes).expect("decided");
-        assert_eq!(decided.iter().map(|r| r.key.as_str()).collect::<Vec<_>>(), ["k2", "k3"], "{name}");
+        assert_eq!(
+            decided.iter().map(|r| r.key.as_str()).collect::<Vec<_>>(),
+            ["k2", "k3"],
+            "{name}"
+        );
         let no = ApprovalDecision {
             approved: false,
             by: "bob".into(),
             reason: None,
         };
-        assert_eq!(store.decide_call("r1", "k1", &no).expect("decided").map(|r| r.key), Some("k1".to_owned()), "{name}");
-        assert_eq!(store.decide_call("r1", "k1", &no).expect("nothing pending"), None, "{name}");
+        assert_eq!(
+            store
+                .decide_call("r1", "k1", &no)
+                .expect("decided")
+                .map(|r| r.key),
+            Some("k1".to_owned()),
+            "{name}"
+        );
+        assert_eq!(
+            store.decide_call("r1", "k1", &no).expect("nothing pending"),
+            None,
+            "{name}"
+        );
         let run = store.load("r1").expect("loads");
         let approvals: Vec<(&str, Option<bool>, Option<&str>)> = run
             .approvals
             .iter()
-            .map(|a| (a.request.key.as_str(), a.decision.as_ref().map(|d| d.approved), a.decision.as_ref().map(|d| d.by.as_str())))
+            .map(|a| {
+                (
+                    a.request.key.as_str(),
+                    a.decision.as_ref().map(|d| d.approved),
+                    a.decision.as_ref().map(|d| d.by.as_str()),
+                )
+            })
             .collect();
-        assert_eq!(approvals, [("k1", Some(false), Some("bob")), ("k2", Some(true), Some("ann")), ("k3", Some(true), Some("ann"))], "{name}");
+        assert_eq!(
+            approvals,
+            [
+                ("k1", Some(false), Some("bob")),
+                ("k2", Some(true), Some("ann")),
+                ("k3", Some(true), Some("ann"))
+            ],
+            "{name}"
+        );
         assert_eq!(run.approvals[0].request, request("k1", "deploy"), "{name}");
         let kinds: Vec<(String, String)> = store
             .events("r1")
             .expect("events")
             .iter()
-            .map(|e| (e["event"].as_str().unwrap_or("").to_owned(), e["step"].as_str().unwrap_or("").to_owned()))
+            .map(|e| {
+                (
+                    e["event"].as_str().unwrap_or("").to_owned(),
+                    e["step"].as_str().unwrap_or("").to_owned(),
+                )
+            })
             .collect();
         assert_eq!(
             kinds,
@@ -649,7 +905,9 @@ async fn approvals_are_decided_by_step_and_by_call() {
             "{name}"
         );
         // Claimed to resume: no longer waiting, so a late decision is refused.
-        store.claim("r1", &[RunState::WaitingApproval]).expect("claimed");
+        store
+            .claim("r1", &[RunState::WaitingApproval])
+            .expect("claimed");
         let late = store.decide("r1", None, &yes).expect_err("running");
         assert!(late.unknown_run, "{name}");
     }
@@ -663,17 +921,33 @@ async fn cancel_ends_idle_runs_at_once_and_asks_live_ones() {
         // A run nobody runs: cancelled at once.
         store.create_run(&new_run("idle", "w")).expect("created");
         record(&*store, "idle", vec![ended(RunState::Interrupted)]).await;
-        assert_eq!(store.cancel("idle").expect("cancelled"), RunState::Cancelled, "{name}");
+        assert_eq!(
+            store.cancel("idle").expect("cancelled"),
+            RunState::Cancelled,
+            "{name}"
+        );
         let run = store.load("idle").expect("loads");
-        assert_eq!((run.status, run.finished_at.is_some()), (RunState::Cancelled, true), "{name}");
+        assert_eq!(
+            (run.status, run.finished_at.is_some()),
+            (RunState::Cancelled, true),
+            "{name}"
+        );
         // A finished run stays as it ended.
-        assert_eq!(store.cancel("idle").expect("finished"), RunState::Cancelled, "{name}");
+        assert_eq!(
+            store.cancel("idle").expect("finished"),
+            RunState::Cancelled,
+            "{name}"
+        );
         // A live run is asked; its journal notices, and its end is `cancelled`.
         store.create_run(&new_run("live", "w")).expect("created");
         let cancel = CancellationToken::new();
         let journal = store.journal("live", cancel.clone()).expect("journal");
         let other = backend.open();
-        assert_eq!(other.cancel("live").expect("asked"), RunState::Running, "{name}");
+        assert_eq!(
+            other.cancel("live").expect("asked"),
+            RunState::Running,
+            "{name}"
+        );
         journal.record(started("a"));
         journal.flush().wait().await.expect("durable");
         tokio::time::timeout(Duration::from_secs(20), cancel.cancelled())
@@ -682,8 +956,15 @@ async fn cancel_ends_idle_runs_at_once_and_asks_live_ones() {
         journal.record(ended(RunState::Interrupted));
         journal.flush().wait().await.expect("durable");
         journal.close();
-        assert_eq!(other.load("live").expect("loads").status, RunState::Cancelled, "{name}");
-        assert!(store.cancel("nope").expect_err("unknown").unknown_run, "{name}");
+        assert_eq!(
+            other.load("live").expect("loads").status,
+            RunState::Cancelled,
+            "{name}"
+        );
+        assert!(
+            store.cancel("nope").expect_err("unknown").unknown_run,
+            "{name}"
+        );
     }
 }
 
@@ -706,12 +987,29 @@ async fn forgetting_results_starts_a_new_generation() {
         )
         .await;
         store.claim("r1", &[RunState::Failed]).expect("claimed");
-        assert_eq!(store.forget_results("r1", &["a".to_owned()]).expect("forgot"), 1, "{name}");
+        assert_eq!(
+            store
+                .forget_results("r1", &["a".to_owned()])
+                .expect("forgot"),
+            1,
+            "{name}"
+        );
         let run = store.load("r1").expect("loads");
-        assert_eq!((run.generation, run.results.keys().map(String::as_str).collect::<Vec<_>>()), (1, vec!["ab", "b"]), "{name}");
+        assert_eq!(
+            (
+                run.generation,
+                run.results.keys().map(String::as_str).collect::<Vec<_>>()
+            ),
+            (1, vec!["ab", "b"]),
+            "{name}"
+        );
         record(&*store, "r1", vec![started("a"), succeeded("a", json!(5))]).await;
         let run = store.load("r1").expect("loads");
-        assert_eq!((run.attempts[0].generation, run.results["a"].output.clone()), (1, json!(5)), "{name}");
+        assert_eq!(
+            (run.attempts[0].generation, run.results["a"].output.clone()),
+            (1, json!(5)),
+            "{name}"
+        );
     }
 }
 
@@ -743,21 +1041,65 @@ async fn cached_results_are_kept_listed_and_cleared() {
             ],
         )
         .await;
-        let mut entries = store.cache_entries(&["w".to_owned()], now_ms() - 60_000).expect("entries");
+        let mut entries = store
+            .cache_entries(&["w".to_owned()], now_ms() - 60_000)
+            .expect("entries");
         entries.sort_by(|x, y| x.summary.key.cmp(&y.summary.key));
-        assert_eq!(entries.iter().map(|e| (e.summary.key.as_str(), e.result.output.clone())).collect::<Vec<_>>(), [("k1", json!({"n": 1})), ("k2", large)], "{name}");
-        assert_eq!(store.cache_entries(&["other".to_owned()], 0).expect("entries").len(), 0, "{name}");
+        assert_eq!(
+            entries
+                .iter()
+                .map(|e| (e.summary.key.as_str(), e.result.output.clone()))
+                .collect::<Vec<_>>(),
+            [("k1", json!({"n": 1})), ("k2", large)],
+            "{name}"
+        );
+        assert_eq!(
+            store
+                .cache_entries(&["other".to_owned()], 0)
+                .expect("entries")
+                .len(),
+            0,
+            "{name}"
+        );
         // Expired by now (a one-millisecond lifetime).
         let later = now_ms() + 60_000;
-        assert_eq!(store.cache_entries(&["w".to_owned()], later).expect("entries").iter().map(|e| e.summary.key.as_str()).collect::<Vec<_>>(), ["k1"], "{name}");
+        assert_eq!(
+            store
+                .cache_entries(&["w".to_owned()], later)
+                .expect("entries")
+                .iter()
+                .map(|e| e.summary.key.as_str())
+                .collect::<Vec<_>>(),
+            ["k1"],
+            "{name}"
+        );
         assert_eq!(store.cache_list().expect("list").len(), 2, "{name}");
         let expired = CacheFilter {
             expired: true,
             ..CacheFilter::default()
         };
-        assert_eq!(store.cache_clear(&expired, later).expect("cleared"), 1, "{name}");
-        assert_eq!(store.cache_list().expect("list").iter().map(|c| c.key.as_str()).collect::<Vec<_>>(), ["k1"], "{name}");
-        assert_eq!(store.cache_clear(&CacheFilter::default(), later).expect("cleared"), 1, "{name}");
+        assert_eq!(
+            store.cache_clear(&expired, later).expect("cleared"),
+            1,
+            "{name}"
+        );
+        assert_eq!(
+            store
+                .cache_list()
+                .expect("list")
+                .iter()
+                .map(|c| c.key.as_str())
+                .collect::<Vec<_>>(),
+            ["k1"],
+            "{name}"
+        );
+        assert_eq!(
+            store
+                .cache_clear(&CacheFilter::default(), later)
+                .expect("cleared"),
+            1,
+            "{name}"
+        );
         assert_eq!(store.cache_list().expect("list"), Vec::new(), "{name}");
     }
 }
@@ -784,26 +1126,86 @@ async fn a_trigger_slot_is_recorded_once() {
             },
         };
         let mark = store.arm_trigger("w", "nightly", 100).expect("armed");
-        assert_eq!(mark, TriggerMark { armed_at: 100, last_slot_at: None }, "{name}");
-        assert_eq!(store.arm_trigger("w", "nightly", 200).expect("armed").armed_at, 100, "{name}");
-        let one = firing("2026-01-01T00:00:00Z", 1_000, Some("rA"), FiringOutcome::Started);
+        assert_eq!(
+            mark,
+            TriggerMark {
+                armed_at: 100,
+                last_slot_at: None
+            },
+            "{name}"
+        );
+        assert_eq!(
+            store
+                .arm_trigger("w", "nightly", 200)
+                .expect("armed")
+                .armed_at,
+            100,
+            "{name}"
+        );
+        let one = firing(
+            "2026-01-01T00:00:00Z",
+            1_000,
+            Some("rA"),
+            FiringOutcome::Started,
+        );
         assert!(store.record_firing(&one).expect("recorded"), "{name}");
         // A second server, or a replay: the slot is taken.
-        assert!(!backend.open().record_firing(&one).expect("recorded"), "{name}");
+        assert!(
+            !backend.open().record_firing(&one).expect("recorded"),
+            "{name}"
+        );
         let two = firing("2026-01-02T00:00:00Z", 2_000, None, FiringOutcome::Skipped);
         assert!(store.record_firing(&two).expect("recorded"), "{name}");
-        assert_eq!(store.arm_trigger("w", "nightly", 300).expect("armed").last_slot_at, Some(2_000), "{name}");
-        let last = store.last_firing("w", "nightly").expect("last").expect("there");
-        assert_eq!((last.slot.as_str(), last.inputs.len()), ("2026-01-02T00:00:00Z", 0), "{name}");
-        let listed = store.firings(&FiringFilter { limit: Some(1), ..FiringFilter::default() }).expect("firings");
-        assert_eq!(listed.iter().map(|f| f.slot.as_str()).collect::<Vec<_>>(), ["2026-01-02T00:00:00Z"], "{name}");
-        assert_eq!(store.firings(&FiringFilter::default()).expect("firings").len(), 2, "{name}");
+        assert_eq!(
+            store
+                .arm_trigger("w", "nightly", 300)
+                .expect("armed")
+                .last_slot_at,
+            Some(2_000),
+            "{name}"
+        );
+        let last = store
+            .last_firing("w", "nightly")
+            .expect("last")
+            .expect("there");
+        assert_eq!(
+            (last.slot.as_str(), last.inputs.len()),
+            ("2026-01-02T00:00:00Z", 0),
+            "{name}"
+        );
+        let listed = store
+            .firings(&FiringFilter {
+                limit: Some(1),
+                ..FiringFilter::default()
+            })
+            .expect("firings");
+        assert_eq!(
+            listed.iter().map(|f| f.slot.as_str()).collect::<Vec<_>>(),
+            ["2026-01-02T00:00:00Z"],
+            "{name}"
+        );
+        assert_eq!(
+            store
+                .firings(&FiringFilter::default())
+                .expect("firings")
+                .len(),
+            2,
+            "{name}"
+        );
         // Its run was never created: a restart starts it, with its inputs.
         let unstarted = store.unstarted_firings().expect("unstarted");
         assert_eq!(unstarted, [one.clone()], "{name}");
         store.create_run(&new_run("rA", "w")).expect("created");
-        assert_eq!(store.unstarted_firings().expect("unstarted"), Vec::new(), "{name}");
-        assert_eq!(store.check().expect("checked"), Vec::<String>::new(), "{name}");
+        assert_eq!(
+            store.unstarted_firings().expect("unstarted"),
+            Vec::new(),
+            "{name}"
+        );
+        assert_eq!(
+            store.check().expect("checked"),
+            Vec::<String>::new(),
+            "{name}"
+        );
     }
 }
 
@@ -833,16 +1235,42 @@ async fn prune_deletes_finished_runs_with_everything_they_own() {
         store.create_run(&new_run("live", "w")).expect("created");
         backend.exec("UPDATE runs SET finished_at = 10 WHERE id = 'old'");
         let dry = store.prune(1_000, true).expect("dry run");
-        assert_eq!((dry.runs.iter().map(|r| r.id.as_str()).collect::<Vec<_>>(), dry.dry_run), (vec!["old"], true), "{name}");
+        assert_eq!(
+            (
+                dry.runs.iter().map(|r| r.id.as_str()).collect::<Vec<_>>(),
+                dry.dry_run
+            ),
+            (vec!["old"], true),
+            "{name}"
+        );
         assert!(dry.bytes > 0, "{name}");
-        assert!(store.load("old").is_ok(), "{name}: a dry run deletes nothing");
+        assert!(
+            store.load("old").is_ok(),
+            "{name}: a dry run deletes nothing"
+        );
         let pruned = store.prune(1_000, false).expect("pruned");
-        assert_eq!(pruned.runs.iter().map(|r| r.id.as_str()).collect::<Vec<_>>(), ["old"], "{name}");
+        assert_eq!(
+            pruned
+                .runs
+                .iter()
+                .map(|r| r.id.as_str())
+                .collect::<Vec<_>>(),
+            ["old"],
+            "{name}"
+        );
         assert!(store.load("old").expect_err("gone").unknown_run, "{name}");
         // The blob both runs used stays for the one kept.
-        assert_eq!(store.load("kept").expect("loads").results["a"].output, large, "{name}");
+        assert_eq!(
+            store.load("kept").expect("loads").results["a"].output,
+            large,
+            "{name}"
+        );
         assert_eq!(store.list().expect("list").len(), 2, "{name}");
-        assert_eq!(store.prune(1_000, false).expect("pruned").runs, Vec::new(), "{name}");
+        assert_eq!(
+            store.prune(1_000, false).expect("pruned").runs,
+            Vec::new(),
+            "{name}"
+        );
     }
 }
 
@@ -864,12 +1292,23 @@ async fn a_row_that_does_not_decode_is_reported() {
         backend.exec("UPDATE events SET event = '{not json' WHERE run_id = 'r1'");
         let problems = store.check().expect("checked");
         assert_eq!(problems.len(), 1, "{name}: {problems:?}");
-        assert!(problems[0].starts_with("run `r1`: events row `1` does not decode"), "{name}: {problems:?}");
+        assert!(
+            problems[0].starts_with("run `r1`: events row `1` does not decode"),
+            "{name}: {problems:?}"
+        );
         let error = store.events("r1").expect_err("damaged");
         let lines: Vec<&str> = error.message.lines().collect();
         assert_eq!(lines.len(), 2, "{name}: {}", error.message);
-        assert!(lines[0].ends_with("has 1 damaged row:"), "{name}: {}", error.message);
-        assert!(lines[1].starts_with("  run `r1`: events row `1` does not decode: "), "{name}: {}", error.message);
+        assert!(
+            lines[0].ends_with("has 1 damaged row:"),
+            "{name}: {}",
+            error.message
+        );
+        assert!(
+            lines[1].starts_with("  run `r1`: events row `1` does not decode: "),
+            "{name}: {}",
+            error.message
+        );
     }
 }
 
@@ -884,7 +1323,14 @@ fn postgres_migrations_are_idempotent_and_safe_when_processes_start_together() {
         .map(|i| {
             let url = url.clone();
             std::thread::spawn(move || {
-                let store = PostgresStore::connect(&url, None, Options { host: format!("h{i}"), lease: postgres::LEASE })?;
+                let store = PostgresStore::connect(
+                    &url,
+                    None,
+                    Options {
+                        host: format!("h{i}"),
+                        lease: postgres::LEASE,
+                    },
+                )?;
                 store.migrate()
             })
         })
@@ -915,10 +1361,15 @@ fn postgres_migrations_are_idempotent_and_safe_when_processes_start_together() {
 #[test]
 fn a_store_url_is_checked_and_its_password_never_shown() {
     assert_eq!(
-        postgres::masked("postgres://ann:s3cret@db.example:5432/runs?sslmode=disable&password=other"),
+        postgres::masked(
+            "postgres://ann:s3cret@db.example:5432/runs?sslmode=disable&password=other"
+        ),
         "postgres://ann:***@db.example:5432/runs?sslmode=disable&password=***"
     );
-    assert_eq!(postgres::masked("postgresql://ann@db/runs"), "postgresql://ann@db/runs");
+    assert_eq!(
+        postgres::masked("postgresql://ann@db/runs"),
+        "postgresql://ann@db/runs"
+    );
     let at = StoreAt {
         state_dir: "/tmp".into(),
         url: Some("mysql://ann:s3cret@db/runs".into()),

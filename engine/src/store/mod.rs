@@ -59,7 +59,10 @@ impl StoreAt {
 pub fn open(at: &StoreAt) -> Result<Box<dyn RunStore>, StoreError> {
     at.check()?;
     Ok(match &at.url {
-        Some(url) => Box::new(postgres::PostgresStore::open(url, Some(at.state_dir.clone()))?),
+        Some(url) => Box::new(postgres::PostgresStore::open(
+            url,
+            Some(at.state_dir.clone()),
+        )?),
         None => Box::new(sqlite::SqliteStore::open(&at.state_dir)?),
     })
 }

@@ -34,7 +34,10 @@ enum Message {
 /// An entry as recorded, or one whose record the recording thread encoded already (events, results
 /// with small outputs), so that the writer's work is mostly the server's.
 enum Write {
-    Event { text: String, at_ms: u64 },
+    Event {
+        text: String,
+        at_ms: u64,
+    },
     Result {
         step: String,
         status: &'static str,
@@ -170,7 +173,8 @@ pub(super) struct Writer {
     released: bool,
 }
 
-const INSERT_ATTEMPT: &str = "INSERT INTO attempts (run_id, step, attempt, generation, fallback, status,
+const INSERT_ATTEMPT: &str =
+    "INSERT INTO attempts (run_id, step, attempt, generation, fallback, status,
     started_at) VALUES ($1, $2, $3, $4, $5, 'running', $6)";
 const PROCESS: &str = "UPDATE attempts SET pgid = $4, pgid_started = $5
     WHERE run_id = $1 AND step = $2 AND attempt = $3";
@@ -183,7 +187,8 @@ const INSERT_RESULT: &str = "INSERT INTO results (run_id, step, generation, stat
     ON CONFLICT (run_id, step) DO UPDATE SET generation = excluded.generation, status = excluded.status,
     result = excluded.result, output_blob = excluded.output_blob, text_blob = excluded.text_blob,
     finished_at = excluded.finished_at, format = excluded.format, ord = excluded.ord";
-const INSERT_LOG: &str = "INSERT INTO logs (run_id, seq, step, attempt, source, stream, text, at, format)
+const INSERT_LOG: &str =
+    "INSERT INTO logs (run_id, seq, step, attempt, source, stream, text, at, format)
     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)";
 const INSERT_CACHE: &str = "INSERT INTO cache (key, workflow, step, run_id, source, result,
     output_blob, text_blob, size, created_at, expires_at, format)
@@ -192,7 +197,8 @@ const INSERT_CACHE: &str = "INSERT INTO cache (key, workflow, step, run_id, sour
     run_id = excluded.run_id, source = excluded.source, result = excluded.result,
     output_blob = excluded.output_blob, text_blob = excluded.text_blob, size = excluded.size,
     created_at = excluded.created_at, expires_at = excluded.expires_at, format = excluded.format";
-const INSERT_APPROVAL: &str = "INSERT INTO approvals (run_id, key, step, request, requested_at, format)
+const INSERT_APPROVAL: &str =
+    "INSERT INTO approvals (run_id, key, step, request, requested_at, format)
     VALUES ($1, $2, $3, $4, $5, $6)
     ON CONFLICT (run_id, key) DO UPDATE SET request = excluded.request, format = excluded.format";
 const DECIDED: &str = "UPDATE approvals SET decision = $3, decided_at = $4, format = $5
@@ -269,9 +275,9 @@ impl Writer {
         let mut flush = false;
         let mut closed = false;
         let take = |message: Message,
-                        pending: &mut VecDeque<Message>,
-                        since: &mut Option<Instant>,
-                        flush: &mut bool| {
+                    pending: &mut VecDeque<Message>,
+                    since: &mut Option<Instant>,
+                    flush: &mut bool| {
             if pending.is_empty() {
                 *since = Some(Instant::now());
             }
@@ -703,9 +709,8 @@ async fn put_blob(tx: &deadpool_postgres::Transaction<'_>, bytes: &[u8]) -> Resu
         return Ok(None);
     }
     let mut measured = Measured::default();
-    std::io::Write::write_all(&mut measured, bytes).map_err(|e| {
-        Failure::Store(StoreError::new(format!("cannot name a large output: {e}")))
-    })?;
+    std::io::Write::write_all(&mut measured, bytes)
+        .map_err(|e| Failure::Store(StoreError::new(format!("cannot name a large output: {e}"))))?;
     let name = measured.name();
     tx.execute(
         "INSERT INTO blobs (hash, data) VALUES ($1, $2) ON CONFLICT (hash) DO NOTHING",

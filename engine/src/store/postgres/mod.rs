@@ -176,7 +176,10 @@ impl PostgresStore {
     }
 
     /// Opens the store at `url` only when its tables exist; `Ok(None)` when they do not.
-    pub fn open_existing(url: &str, state_dir: Option<PathBuf>) -> Result<Option<Self>, StoreError> {
+    pub fn open_existing(
+        url: &str,
+        state_dir: Option<PathBuf>,
+    ) -> Result<Option<Self>, StoreError> {
         let store = Self::connect(url, state_dir.clone(), Options::default())?;
         let inner = store.inner.clone();
         let exists = store.run(async move { schema::exists(&inner).await })?;
@@ -196,12 +199,13 @@ impl PostgresStore {
         if !is_postgres_url(url) {
             return Err(refused_url(url));
         }
-        let mut config: tokio_postgres::Config = url.parse().map_err(|e: tokio_postgres::Error| {
-            StoreError::new(format!(
-                "run store `{shown}` is not a valid PostgreSQL URL: {}",
-                lowercase(&e.to_string())
-            ))
-        })?;
+        let mut config: tokio_postgres::Config =
+            url.parse().map_err(|e: tokio_postgres::Error| {
+                StoreError::new(format!(
+                    "run store `{shown}` is not a valid PostgreSQL URL: {}",
+                    lowercase(&e.to_string())
+                ))
+            })?;
         let secret = config
             .get_password()
             .map(|p| String::from_utf8_lossy(p).into_owned())
@@ -318,9 +322,10 @@ impl PostgresStore {
             .collect();
         let inner = self.inner.clone();
         let (id_owned, decided, decision) = (id.to_owned(), pending.clone(), decision.clone());
-        let still_waiting = self.run(async move {
-            queries::decide(&inner, &id_owned, &decided, &decision, now).await
-        })?;
+        let still_waiting =
+            self.run(
+                async move { queries::decide(&inner, &id_owned, &decided, &decision, now).await },
+            )?;
         if !still_waiting {
             let mut error = StoreError::new(format!(
                 "run `{id}` is no longer waiting for approval: a process took it up"
@@ -348,9 +353,9 @@ impl Inner {
             rustix::process::test_kill_process(pid).is_ok() && !super::sqlite::is_zombie(owner.pid)
         });
         exists
-            && owner
-                .started
-                .is_none_or(|started| crate::process::process_start_time(owner.pid) == Some(started))
+            && owner.started.is_none_or(|started| {
+                crate::process::process_start_time(owner.pid) == Some(started)
+            })
     }
 
     /// A stored `running` run is running only while its owner lives.
@@ -454,7 +459,8 @@ impl RunStore for PostgresStore {
         let token = self.new_token(id);
         let inner = self.inner.clone();
         let (id_owned, allowed) = (id.to_owned(), allowed.to_vec());
-        let outcome = self.run(async move { queries::claim(&inner, &id_owned, &allowed, &token).await });
+        let outcome =
+            self.run(async move { queries::claim(&inner, &id_owned, &allowed, &token).await });
         if !matches!(outcome, Ok(_)) {
             self.forget_token(id);
         }
@@ -719,7 +725,12 @@ impl RunStore for PostgresStore {
             })?;
         let inner = self.inner.clone();
         let id_owned = id.to_owned();
-        let start = self.run(async move { journal::Writer::start(inner, id_owned, token).await })?;
-        Ok(Arc::new(journal::PgJournal::spawn(start, cancel, runtime()?)))
+        let start =
+            self.run(async move { journal::Writer::start(inner, id_owned, token).await })?;
+        Ok(Arc::new(journal::PgJournal::spawn(
+            start,
+            cancel,
+            runtime()?,
+        )))
     }
 }

@@ -19,8 +19,7 @@ use crate::store::{
 };
 
 /// The columns of a run's summary, as [`summary_of`] reads them.
-pub(super) const SUMMARY: &str =
-    "id, workflow, status, started_at, finished_at, owner_pid, owner_host, lease_until, owner_started";
+pub(super) const SUMMARY: &str = "id, workflow, status, started_at, finished_at, owner_pid, owner_host, lease_until, owner_started";
 
 /// The columns [`firing_of`] reads, in its order.
 const FIRING: &str =
@@ -181,8 +180,10 @@ pub(super) async fn claim(
         ));
     }
     let status: String = row.get(0);
-    let state =
-        inner.effective_state(RunState::parse(&status).unwrap_or(RunState::Interrupted), None);
+    let state = inner.effective_state(
+        RunState::parse(&status).unwrap_or(RunState::Interrupted),
+        None,
+    );
     if !allowed.contains(&state) {
         return Err(Failure::Store(StoreError::new(format!(
             "run `{id}` is `{}`",
@@ -494,10 +495,7 @@ pub(super) async fn page(inner: &Inner, query: &RunQuery) -> Result<RunPage> {
 pub(super) async fn summary(inner: &Inner, id: &str) -> Result<Option<RunSummary>> {
     let client = inner.client().await?;
     let row = client
-        .query_opt(
-            &format!("SELECT {SUMMARY} FROM runs WHERE id = $1"),
-            &[&id],
-        )
+        .query_opt(&format!("SELECT {SUMMARY} FROM runs WHERE id = $1"), &[&id])
         .await?;
     Ok(row.map(|r| summary_of(inner, &r)))
 }
@@ -615,7 +613,11 @@ pub(super) async fn files(inner: &Inner, id: &str) -> Result<Vec<(String, String
     Ok(rows.iter().map(|r| (r.get(0), r.get(1))).collect())
 }
 
-pub(super) async fn replace_files(inner: &Inner, id: &str, files: &[(String, String)]) -> Result<()> {
+pub(super) async fn replace_files(
+    inner: &Inner,
+    id: &str,
+    files: &[(String, String)],
+) -> Result<()> {
     let hash = spec_hash(files);
     let mut client = inner.client().await?;
     let tx = client.transaction().await?;
@@ -829,8 +831,7 @@ async fn load_run(
             table: "approvals",
             row: &key,
         };
-        let request =
-            record::decode::<record::ApprovalRequest>(at, format, r.get::<_, &str>(2));
+        let request = record::decode::<record::ApprovalRequest>(at, format, r.get::<_, &str>(2));
         let decision = match r.get::<_, Option<&str>>(4) {
             None => Ok(None),
             Some(text) => record::decode::<record::ApprovalDecision>(at, format, text).map(Some),
@@ -895,7 +896,13 @@ pub(super) async fn check(inner: &Inner) -> Result<Vec<String>> {
             table: "cache",
             row: key,
         };
-        if let Err(e) = decode_result(at, r.get(2), r.get(3), (r.get(4), r.get(5)), (r.get(6), r.get(7))) {
+        if let Err(e) = decode_result(
+            at,
+            r.get(2),
+            r.get(3),
+            (r.get(4), r.get(5)),
+            (r.get(6), r.get(7)),
+        ) {
             damage.push(e);
         }
     }
@@ -978,7 +985,13 @@ pub(super) async fn cache_entries(
             table: "cache",
             row: &summary.key,
         };
-        match decode_result(at, r.get(8), r.get(9), (r.get(10), r.get(11)), (r.get(12), r.get(13))) {
+        match decode_result(
+            at,
+            r.get(8),
+            r.get(9),
+            (r.get(10), r.get(11)),
+            (r.get(12), r.get(13)),
+        ) {
             Ok(result) => entries.push(CacheEntry {
                 summary,
                 result: StepResult::from(result),
@@ -1010,7 +1023,10 @@ pub(super) async fn cache_list(inner: &Inner) -> Result<Vec<CacheSummary>> {
 }
 
 /// Deletes the blobs no result or cached result names any more (of `candidates`, or all).
-async fn drop_unused_blobs(client: &impl GenericClient, candidates: Option<&[String]>) -> Result<u64> {
+async fn drop_unused_blobs(
+    client: &impl GenericClient,
+    candidates: Option<&[String]>,
+) -> Result<u64> {
     let row = client
         .query_one(
             "WITH gone AS (
