@@ -152,10 +152,12 @@ impl From<StoreError> for Failure {
 
 pub(crate) type Result<T, E = Failure> = std::result::Result<T, E>;
 
+/// The stores opened in this process, by URL and state directory.
+type Opened = Mutex<HashMap<(String, Option<PathBuf>), PostgresStore>>;
+
 /// The stores opened by URL in this process, shared by every session that names the same one.
-fn opened() -> &'static Mutex<HashMap<(String, Option<PathBuf>), PostgresStore>> {
-    static OPENED: OnceLock<Mutex<HashMap<(String, Option<PathBuf>), PostgresStore>>> =
-        OnceLock::new();
+fn opened() -> &'static Opened {
+    static OPENED: OnceLock<Opened> = OnceLock::new();
     OPENED.get_or_init(Mutex::default)
 }
 
@@ -180,13 +182,20 @@ impl PostgresStore {
         url: &str,
         state_dir: Option<PathBuf>,
     ) -> Result<Option<Self>, StoreError> {
-        let store = Self::connect(url, state_dir.clone(), Options::default())?;
+        let key = (url.to_owned(), state_dir.clone());
+        if let Some(store) = opened().lock().ok().and_then(|o| o.get(&key).cloned()) {
+            return Ok(Some(store));
+        }
+        let store = Self::connect(url, state_dir, Options::default())?;
         let inner = store.inner.clone();
-        let exists = store.run(async move { schema::exists(&inner).await })?;
-        if !exists {
+        if !store.run(async move { schema::exists(&inner).await })? {
             return Ok(None);
         }
-        Self::open(url, state_dir).map(Some)
+        store.migrate()?;
+        if let Ok(mut opened) = opened().lock() {
+            opened.insert(key, store.clone());
+        }
+        Ok(Some(store))
     }
 
     /// A store of its own (not shared with other sessions), its tables not yet checked.
@@ -461,7 +470,7 @@ impl RunStore for PostgresStore {
         let (id_owned, allowed) = (id.to_owned(), allowed.to_vec());
         let outcome =
             self.run(async move { queries::claim(&inner, &id_owned, &allowed, &token).await });
-        if !matches!(outcome, Ok(_)) {
+        if outcome.is_err() {
             self.forget_token(id);
         }
         outcome
