@@ -1396,3 +1396,69 @@ fn a_store_url_is_checked_and_its_password_never_shown() {
         )
     );
 }
+
+/// Pages walk every run once, in order, however many of the stored `running` runs turn out to be
+/// interrupted (their owner gone), which only the reader can tell.
+#[tokio::test(flavor = "multi_thread")]
+async fn pages_walk_every_run_once_whatever_their_owners() {
+    for backend in backends() {
+        let name = backend.name();
+        let store = backend.open();
+        for i in 0..40 {
+            store
+                .create_run(&new_run(&format!("r{i:02}"), "w"))
+                .expect("created");
+        }
+        // Half of them were owned by a process on another host whose lease lapsed.
+        backend.exec(
+            "UPDATE runs SET owner_pid = 999999, owner_host = 'gone.example', lease_until = 1
+             WHERE CAST(substr(id, 2) AS INTEGER) % 2 = 1",
+        );
+        let all = store.list().expect("list");
+        assert_eq!(all.len(), 40, "{name}");
+        for (state, limit) in [
+            (RunState::Interrupted, 7),
+            (RunState::Running, 3),
+            (RunState::Running, 50),
+        ] {
+            let expected: Vec<String> = all
+                .iter()
+                .filter(|r| r.status == state)
+                .map(|r| r.id.clone())
+                .collect();
+            assert_eq!(expected.len(), 20, "{name}");
+            let mut walked = Vec::new();
+            let mut after = None;
+            loop {
+                let page = store
+                    .page(&RunQuery {
+                        status: vec![state],
+                        after: after.clone(),
+                        limit,
+                        ..RunQuery::default()
+                    })
+                    .expect("page");
+                assert_eq!(page.total, 20, "{name}");
+                assert!(page.runs.len() <= limit, "{name}");
+                walked.extend(page.runs.into_iter().map(|r| r.id));
+                match page.next {
+                    Some(next) => after = Some(next),
+                    None => break,
+                }
+            }
+            assert_eq!(walked, expected, "{name}: {state:?} by {limit}");
+            let listed = store
+                .list_where(&RunFilter {
+                    status: vec![state],
+                    limit: Some(limit),
+                    ..RunFilter::default()
+                })
+                .expect("list");
+            assert_eq!(
+                listed.into_iter().map(|r| r.id).collect::<Vec<_>>(),
+                expected[..limit.min(20)],
+                "{name}"
+            );
+        }
+    }
+}

@@ -355,32 +355,20 @@ pub(super) async fn cancel_idle(inner: &Inner, id: &str) -> Result<bool> {
     Ok(true)
 }
 
+/// The runs `filter` selects, newest first: a page as long as its limit, read in chunks.
 pub(super) async fn list_where(inner: &Inner, filter: &RunFilter) -> Result<Vec<RunSummary>> {
-    let client = inner.client().await?;
-    let since = ms(filter.since.unwrap_or(0));
-    let rows = client
-        .query(
-            &format!(
-                "SELECT {SUMMARY} FROM runs WHERE started_at >= $1 AND ($2::text IS NULL OR workflow = $2)
-                 ORDER BY started_at DESC, id DESC"
-            ),
-            &[&since, &filter.workflow],
-        )
-        .await?;
-    let mut runs = Vec::new();
-    for row in &rows {
-        if filter.limit.is_some_and(|limit| runs.len() >= limit) {
-            break;
-        }
-        let run = summary_of(inner, row);
-        if filter.selects(&run) {
-            runs.push(run);
-        }
-    }
-    Ok(runs)
+    let query = RunQuery {
+        status: filter.status.clone(),
+        workflow: filter.workflow.clone(),
+        since: filter.since,
+        until: None,
+        after: None,
+        limit: filter.limit.unwrap_or(usize::MAX),
+    };
+    Ok(page(inner, &query).await?.runs)
 }
 
-/// The runs whose id starts with `prefix`: a range of the primary key's index, never a scan.
+/// The runs whose id starts with `prefix`: a range of the `runs_by_id` index, never a scan.
 pub(super) async fn with_prefix(
     inner: &Inner,
     prefix: &str,
@@ -449,42 +437,56 @@ pub(super) async fn page(inner: &Inner, query: &RunQuery) -> Result<RunPage> {
         .iter()
         .filter(|r| query.selects(&summary_of(inner, r)))
         .count();
-    let rows = tx
-        .query(
-            &format!(
-                "SELECT {SUMMARY} FROM runs WHERE started_at >= $1 AND started_at < $2
-                 AND ($3::text IS NULL OR workflow = $3)
-                 AND ($4::text[] IS NULL OR status = 'running' OR status = ANY($4))
-                 AND ($5::bigint IS NULL OR started_at < $5 OR (started_at = $5 AND id < $6))
-                 ORDER BY started_at DESC, id DESC"
-            ),
-            &[
-                &since,
-                &until,
-                &query.workflow,
-                &states,
-                &after_start,
-                &after_id,
-            ],
-        )
+    // Read in chunks, newest first, until the page and one more run are found: a `running` row whose
+    // owner died is `interrupted`, which only this process can tell, so a chunk may hold fewer.
+    let statement = tx
+        .prepare(&format!(
+            "SELECT {SUMMARY} FROM runs WHERE started_at >= $1 AND started_at < $2
+             AND ($3::text IS NULL OR workflow = $3)
+             AND ($4::text[] IS NULL OR status = 'running' OR status = ANY($4))
+             AND ($5::bigint IS NULL OR started_at < $5 OR (started_at = $5 AND id < $6))
+             ORDER BY started_at DESC, id DESC LIMIT $7"
+        ))
         .await?;
-    tx.commit().await?;
+    let chunk = (query.limit.saturating_add(1)).clamp(16, 1024) as i64;
+    let (mut after_start, mut after_id) = (after_start, after_id);
     let mut runs: Vec<RunSummary> = Vec::new();
     let mut next = None;
-    for row in &rows {
-        let run = summary_of(inner, row);
-        if !query.selects(&run) {
-            continue;
+    'chunks: loop {
+        let rows = tx
+            .query(
+                &statement,
+                &[
+                    &since,
+                    &until,
+                    &query.workflow,
+                    &states,
+                    &after_start,
+                    &after_id,
+                    &chunk,
+                ],
+            )
+            .await?;
+        for row in &rows {
+            let run = summary_of(inner, row);
+            (after_start, after_id) = (Some(ms(run.started_at)), Some(run.id.clone()));
+            if !query.selects(&run) {
+                continue;
+            }
+            if runs.len() == query.limit {
+                next = runs.last().map(|last| RunCursor {
+                    started_at: last.started_at,
+                    id: last.id.clone(),
+                });
+                break 'chunks;
+            }
+            runs.push(run);
         }
-        if runs.len() == query.limit {
-            next = runs.last().map(|last| RunCursor {
-                started_at: last.started_at,
-                id: last.id.clone(),
-            });
+        if (rows.len() as i64) < chunk {
             break;
         }
-        runs.push(run);
     }
+    tx.commit().await?;
     Ok(RunPage {
         runs,
         total: settled as usize + running,

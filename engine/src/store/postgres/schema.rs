@@ -8,7 +8,7 @@ use crate::store::StoreError;
 /// The schema, one migration per version. Timestamps are milliseconds since the epoch (`BIGINT`);
 /// records are the store's own versioned JSON text (`TEXT`, decoded as SQLite's are, with a `format`
 /// column), large outputs `BYTEA` in `blobs`. `ord` columns keep the order rows were written in.
-const MIGRATIONS: &[&str] = &[r"
+const MIGRATIONS: &[&str] = &[r#"
 CREATE TABLE runs (
     id TEXT PRIMARY KEY,
     workflow TEXT NOT NULL,
@@ -32,6 +32,8 @@ CREATE TABLE runs (
     format BIGINT NOT NULL
 );
 CREATE INDEX runs_by_start ON runs (started_at, id);
+-- Run ids by prefix, in byte order whatever the database's collation.
+CREATE INDEX runs_by_id ON runs (id COLLATE "C");
 CREATE TABLE files (
     run_id TEXT NOT NULL REFERENCES runs (id),
     position BIGINT NOT NULL,
@@ -152,7 +154,7 @@ CREATE TABLE triggers (
     PRIMARY KEY (workflow, trigger_name)
 );
 CREATE SEQUENCE archon_changes;
-"];
+"#];
 
 /// The tables whose rows belong to a run (by `run_id`), which `prune` deletes with it.
 pub(super) const RUN_TABLES: &[&str] = &[
