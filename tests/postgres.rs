@@ -469,3 +469,64 @@ fn a_store_url_that_is_not_postgres_is_refused_and_passwords_are_masked() {
     assert!(stdout.contains("[env: ARCHON_STORE]"), "{stdout}");
     assert!(!stdout.contains("s3cret"), "{stdout}");
 }
+
+/// `archon serve` on the database shows, live, the runs other processes record there (from another state
+/// directory: only the database is shared), and the runs it starts are there for the CLI.
+#[tokio::test(flavor = "multi_thread")]
+async fn serve_shows_the_runs_other_processes_record_in_postgres_live() {
+    let Some(db) = db() else { return };
+    std::fs::write(db.path().join("hello.yaml"), HELLO).expect("write");
+    let token = "operator-token-0123456789abcdef";
+    std::fs::write(db.path().join("tokens"), format!("operator {token} ana\n")).expect("write");
+    let url = db.url();
+    let mut server = crate::serve::serve(
+        db.path(),
+        &["--token-file", "tokens"],
+        &[("ARCHON_STORE", &url)],
+    );
+    server.token = Some(token.to_owned());
+    let mut list = server.stream("/api/v1/runs/stream").await;
+    let elsewhere = TempDir::new().expect("tempdir");
+    std::fs::write(elsewhere.path().join("hello.yaml"), HELLO).expect("write");
+    let Output {
+        code,
+        stdout,
+        stderr,
+    } = archon_with(
+        elsewhere.path(),
+        &["run", "hello.yaml", "--input", "who=cli", "--json"],
+        &[("ARCHON_STORE", &url)],
+    );
+    assert_eq!(code, 0, "{stderr}");
+    let report: Json = serde_json::from_str(&stdout).expect("report");
+    let id = report["run_id"].as_str().expect("id").to_owned();
+    loop {
+        let (kind, data) = list.next(Duration::from_secs(20)).await;
+        if kind == "run" && data["id"] == id.as_str() && data["status"] == "succeeded" {
+            break;
+        }
+    }
+    let (status, body) = server.get(&format!("/api/v1/runs/{id}")).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["status"], "succeeded", "{body}");
+    // A run the server starts is in the database, for the CLI anywhere.
+    let started = server
+        .start("hello", serde_json::json!({"who": "server"}))
+        .await;
+    server.wait_for(&started, &["succeeded"]).await;
+    let Output {
+        code,
+        stdout,
+        stderr,
+    } = archon_with(
+        elsewhere.path(),
+        &["show", &started, "--json"],
+        &[("ARCHON_STORE", &url)],
+    );
+    assert_eq!(code, 0, "{stderr}");
+    let run: Json = serde_json::from_str(&stdout).expect("run");
+    assert_eq!(
+        (run["status"].as_str(), run["outputs"]["greeting"].as_str()),
+        (Some("succeeded"), Some("hello, server"))
+    );
+}
