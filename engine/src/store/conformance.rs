@@ -1462,3 +1462,24 @@ async fn pages_walk_every_run_once_whatever_their_owners() {
         }
     }
 }
+
+#[test]
+fn a_store_never_shows_its_password_when_debugged() {
+    let url = "postgres://ann:s3cret@127.0.0.1:1/runs";
+    let at = StoreAt {
+        state_dir: "/tmp".into(),
+        url: Some(url.into()),
+    };
+    assert_eq!(
+        format!("{at:?}"),
+        r#"StoreAt { state_dir: "/tmp", url: Some("postgres://ann:***@127.0.0.1:1/runs") }"#
+    );
+    // Connecting is lazy: the store exists, unconnected, and says nothing of the password.
+    let store = PostgresStore::connect(url, None, Options::default()).expect("configured");
+    let shown = format!("{store:?}");
+    assert!(
+        shown.contains("postgres://ann:***@127.0.0.1:1/runs"),
+        "{shown}"
+    );
+    assert!(!shown.contains("s3cret"), "{shown}");
+}

@@ -22,11 +22,21 @@ use crate::report::{RunEvent, StepResult};
 
 /// Where a process keeps its runs: always a state directory (local files: memory, a server's restart
 /// file, and the embedded SQLite store), and optionally a server database that holds the runs instead.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, PartialEq, Eq, Hash)]
 pub struct StoreAt {
     pub state_dir: PathBuf,
     /// A PostgreSQL URL (`--store`, `ARCHON_STORE`): the runs are kept there.
     pub url: Option<String>,
+}
+
+/// Shows the URL with its password masked.
+impl fmt::Debug for StoreAt {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("StoreAt")
+            .field("state_dir", &self.state_dir)
+            .field("url", &self.url.as_deref().map(postgres::masked))
+            .finish()
+    }
 }
 
 impl StoreAt {

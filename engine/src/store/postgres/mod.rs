@@ -94,7 +94,6 @@ pub struct PostgresStore {
     inner: Arc<Inner>,
 }
 
-#[derive(Debug)]
 pub(crate) struct Inner {
     pool: deadpool_postgres::Pool,
     /// The URL as shown in messages (password masked).
@@ -106,6 +105,17 @@ pub(crate) struct Inner {
     options: Options,
     /// The ownership tokens of the runs this process owns, by run id.
     tokens: Mutex<HashMap<String, String>>,
+}
+
+/// Leaves the password out.
+impl std::fmt::Debug for Inner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PostgresStore")
+            .field("url", &self.shown)
+            .field("state_dir", &self.state_dir)
+            .field("options", &self.options)
+            .finish_non_exhaustive()
+    }
 }
 
 /// The runtime every PostgreSQL store of the process runs its futures on.
