@@ -476,6 +476,7 @@ fn a_store_url_that_is_not_postgres_is_refused_and_passwords_are_masked() {
 async fn serve_shows_the_runs_other_processes_record_in_postgres_live() {
     let Some(db) = db() else { return };
     std::fs::write(db.path().join("hello.yaml"), HELLO).expect("write");
+    std::fs::write(db.path().join("slow.yaml"), SLOW).expect("write");
     let token = "operator-token-0123456789abcdef";
     std::fs::write(db.path().join("tokens"), format!("operator {token} ana\n")).expect("write");
     let url = db.url();
@@ -529,4 +530,28 @@ async fn serve_shows_the_runs_other_processes_record_in_postgres_live() {
         (run["status"].as_str(), run["outputs"]["greeting"].as_str()),
         (Some("succeeded"), Some("hello, server"))
     );
+
+    // `archon cancel` from another state directory stops only that run of the server: the database
+    // says the server serves many runs, so it is asked, not signalled.
+    let slow = server.start("slow", serde_json::json!({})).await;
+    let started = db.path().join("started");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !started.exists() {
+        assert!(Instant::now() < deadline, "the slow run never started");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let Output {
+        code,
+        stdout,
+        stderr,
+    } = archon_with(
+        elsewhere.path(),
+        &["cancel", &slow],
+        &[("ARCHON_STORE", &url)],
+    );
+    assert_eq!(code, 0, "{stderr}");
+    assert!(stdout.contains("asked the process"), "{stdout}");
+    server.wait_for(&slow, &["cancelled"]).await;
+    let (status, _) = server.get("/api/v1/session").await;
+    assert_eq!(status, 200, "the server goes on");
 }

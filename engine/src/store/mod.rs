@@ -65,6 +65,16 @@ impl StoreAt {
     }
 }
 
+/// How many [`sqlite::ServingMark`]s this process holds: while it holds one, it serves several runs at
+/// once, and a server store records that with the runs it owns, so that `cancel` from another state
+/// directory asks through the store instead of signalling the whole process.
+pub(crate) static SERVING: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// Whether this process serves several runs at once.
+pub(crate) fn serving() -> bool {
+    SERVING.load(std::sync::atomic::Ordering::SeqCst) > 0
+}
+
 /// Opens (or creates) the run store `at` names.
 pub fn open(at: &StoreAt) -> Result<Box<dyn RunStore>, StoreError> {
     at.check()?;

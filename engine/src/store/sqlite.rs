@@ -2752,12 +2752,14 @@ impl ServingMark {
             std::fs::create_dir_all(dir)?;
         }
         std::fs::write(&path, b"")?;
+        super::SERVING.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         Ok(ServingMark(path))
     }
 }
 
 impl Drop for ServingMark {
     fn drop(&mut self) {
+        super::SERVING.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
         let _ = std::fs::remove_file(&self.0);
     }
 }

@@ -530,8 +530,8 @@ impl RunStore for PostgresStore {
             .next())
     }
 
-    /// Asks the run to stop for good: a live owner notices at its next heartbeat (and is sent SIGTERM
-    /// when it runs on this host and serves only this run); a run nobody owns is cancelled at once.
+    /// Asks the run to stop for good: a live owner notices at its next commit or heartbeat (and is sent
+    /// SIGTERM when it runs on this host and serves only this run); a run nobody owns is cancelled at once.
     fn cancel(&self, id: &str) -> Result<RunState, StoreError> {
         let run = self.load(id)?;
         match run.status {
@@ -539,15 +539,18 @@ impl RunStore for PostgresStore {
             RunState::Running => {
                 let inner = self.inner.clone();
                 let id_owned = id.to_owned();
-                self.run(async move { queries::request_cancel(&inner, &id_owned).await })?;
-                if let Some(owner) = run.owner.filter(|o| o.host == self.inner.options.host)
-                    && owner.pid != std::process::id()
-                    && !self.inner.state_dir.as_ref().is_some_and(|dir| {
-                        super::sqlite::serving_mark(&dir.join(super::sqlite::DATABASE), owner.pid)
-                            .exists()
-                    })
+                let signalled =
+                    self.run(async move { queries::request_cancel(&inner, &id_owned).await })?;
+                // Only the process `load` found alive, on this host, serving only this run.
+                if let Some((pid, host)) = signalled
+                    && host == self.inner.options.host
+                    && pid != std::process::id()
+                    && run
+                        .owner
+                        .as_ref()
+                        .is_some_and(|o| o.pid == pid && o.host == host)
                 {
-                    let _ = rustix::process::Pid::from_raw(owner.pid as i32).map(|pid| {
+                    let _ = rustix::process::Pid::from_raw(pid as i32).map(|pid| {
                         rustix::process::kill_process(pid, rustix::process::Signal::TERM)
                     });
                 }

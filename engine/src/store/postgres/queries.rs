@@ -105,8 +105,9 @@ pub(super) async fn create_run(inner: &Inner, run: &NewRun, token: &str) -> Resu
     let tx = client.transaction().await?;
     tx.execute(
         "INSERT INTO runs (id, workflow, spec_path, spec_hash, status, inputs, workdir, max_parallel,
-            started_at, owner_pid, owner_host, lease_until, owner_started, owner_token, format)
-         VALUES ($1, $2, $3, $4, 'running', $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)",
+            started_at, owner_pid, owner_host, lease_until, owner_started, owner_token, format,
+            owner_serves)
+         VALUES ($1, $2, $3, $4, 'running', $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15)",
         &[
             &run.id,
             &run.workflow,
@@ -122,6 +123,7 @@ pub(super) async fn create_run(inner: &Inner, run: &NewRun, token: &str) -> Resu
             &my_start_time(),
             &token,
             &i64::from(FORMAT_VERSION),
+            &crate::store::serving(),
         ],
     )
     .await?;
@@ -192,7 +194,8 @@ pub(super) async fn claim(
     }
     tx.execute(
         "UPDATE runs SET status = 'running', owner_pid = $2, owner_host = $3, lease_until = $4,
-            owner_started = $5, owner_token = $6, finished_at = NULL, cancel_requested = FALSE
+            owner_started = $5, owner_token = $6, finished_at = NULL, cancel_requested = FALSE,
+            owner_serves = $7
          WHERE id = $1",
         &[
             &id,
@@ -201,6 +204,7 @@ pub(super) async fn claim(
             &ms(now_ms() + inner.options.lease.as_millis() as u64),
             &my_start_time(),
             &token,
+            &crate::store::serving(),
         ],
     )
     .await?;
@@ -317,16 +321,23 @@ pub(super) async fn decide(
     Ok(true)
 }
 
-pub(super) async fn request_cancel(inner: &Inner, id: &str) -> Result<()> {
+/// Asks a run's owner to stop it; returns the owner (process id and host) when it may be signalled too:
+/// it serves only this run.
+pub(super) async fn request_cancel(inner: &Inner, id: &str) -> Result<Option<(u32, String)>> {
     let client = inner.client().await?;
-    client
-        .execute(
-            "UPDATE runs SET cancel_requested = TRUE WHERE id = $1",
+    let row = client
+        .query_opt(
+            "UPDATE runs SET cancel_requested = TRUE WHERE id = $1
+             RETURNING owner_pid, owner_host, owner_serves",
             &[&id],
         )
         .await?;
     bump(&client).await;
-    Ok(())
+    Ok(row.and_then(|r| {
+        let pid = u32::try_from(r.get::<_, Option<i64>>(0)?).ok()?;
+        let host: String = r.get::<_, Option<String>>(1)?;
+        (!r.get::<_, bool>(2)).then_some((pid, host))
+    }))
 }
 
 /// Cancels a run nobody owns; false when a live process took it up since it was read.

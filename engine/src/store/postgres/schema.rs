@@ -29,6 +29,8 @@ CREATE TABLE runs (
     owner_token TEXT,
     lease_until BIGINT,
     cancel_requested BOOLEAN NOT NULL DEFAULT FALSE,
+    -- The owner serves several runs at once (`archon serve`): `cancel` never signals it.
+    owner_serves BOOLEAN NOT NULL DEFAULT FALSE,
     format BIGINT NOT NULL
 );
 CREATE INDEX runs_by_start ON runs (started_at, id);
