@@ -690,6 +690,11 @@ async fn postgres_a_lapsed_lease_lets_another_host_claim_and_fences_the_first() 
     let cancel = CancellationToken::new();
     let journal = first.journal("r1", cancel.clone()).expect("journal");
     journal.record(started("a"));
+    journal.record(Entry::ProcessStarted {
+        step: "a".into(),
+        pgid: 4242,
+        started: Some(7),
+    });
     journal.flush().wait().await.expect("durable");
     // Its lease is good: the other host may not take the run.
     let refused = second
@@ -739,6 +744,17 @@ async fn postgres_a_lapsed_lease_lets_another_host_claim_and_fences_the_first() 
     let run = second.load("r1").expect("loads");
     assert_eq!(run.results["a"].output, json!("from host b"));
     assert_eq!(run.attempts.len(), 2);
+    // The process group host A recorded is no process group of host B's: not there to be stopped.
+    let pgids = |s: &PostgresStore| {
+        s.load("r1")
+            .expect("loads")
+            .attempts
+            .iter()
+            .map(|a| a.pgid)
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(pgids(&first), [Some(4242), None]);
+    assert_eq!(pgids(&second), [None, None]);
     assert_eq!(run.owner.map(|o| o.host), Some("host-b".to_owned()));
     journal.close();
     taken.close();

@@ -175,7 +175,7 @@ pub(super) struct Writer {
 
 const INSERT_ATTEMPT: &str =
     "INSERT INTO attempts (run_id, step, attempt, generation, fallback, status,
-    started_at) VALUES ($1, $2, $3, $4, $5, 'running', $6)";
+    started_at, host) VALUES ($1, $2, $3, $4, $5, 'running', $6, $7)";
 const PROCESS: &str = "UPDATE attempts SET pgid = $4, pgid_started = $5
     WHERE run_id = $1 AND step = $2 AND attempt = $3";
 const ENDED: &str = "UPDATE attempts SET status = $4, error = $5, ended_at = $6
@@ -464,6 +464,7 @@ impl Writer {
                             boxed(generation),
                             boxed(*fallback),
                             boxed(now),
+                            boxed(self.inner.options.host.clone()),
                         ],
                     ));
                 }

@@ -806,11 +806,13 @@ async fn load_run(
     let rows = client
         .query(
             "SELECT step, attempt, generation, fallback, status, error, started_at, ended_at, pgid,
-                pgid_started
+                pgid_started, host
              FROM attempts WHERE run_id = $1 ORDER BY started_at, ord",
             &[&id],
         )
         .await?;
+    // A process group is this host's to look at and stop only when the attempt ran here.
+    let here = |r: &PgRow| r.get::<_, Option<&str>>(10) == Some(inner.options.host.as_str());
     run.attempts = rows
         .iter()
         .map(|r| AttemptRecord {
@@ -824,8 +826,9 @@ async fn load_run(
             ended_at: r.get::<_, Option<i64>>(7).map(unsigned),
             pgid: r
                 .get::<_, Option<i64>>(8)
-                .and_then(|p| u32::try_from(p).ok()),
-            pgid_started: r.get::<_, Option<i64>>(9).map(unsigned),
+                .and_then(|p| u32::try_from(p).ok())
+                .filter(|_| here(r)),
+            pgid_started: r.get::<_, Option<i64>>(9).map(unsigned).filter(|_| here(r)),
         })
         .collect();
 

@@ -59,6 +59,8 @@ CREATE TABLE attempts (
     ended_at BIGINT,
     pgid BIGINT,
     pgid_started BIGINT,
+    -- Where the attempt ran: its process group means something on that host only.
+    host TEXT,
     ord BIGSERIAL,
     PRIMARY KEY (run_id, step, attempt)
 );
