@@ -398,12 +398,12 @@ impl Writer {
         let now = ms(now_ms());
         let mut client = self.inner.client().await?;
         let tx = client.transaction().await?;
-        let row = tx
-            .query_opt(
+        let fence = tx
+            .prepare_cached(
                 "SELECT owner_token, cancel_requested FROM runs WHERE id = $1 FOR UPDATE",
-                &[&self.run],
             )
             .await?;
+        let row = tx.query_opt(&fence, &[&self.run]).await?;
         let Some(row) = row else {
             return Ok(None);
         };

@@ -60,9 +60,10 @@ fn damaged_rows(inner: &Inner, damage: &[RecordError]) -> Failure {
 }
 
 /// Advances the change counter, once a write has committed (`RunStore::changes`).
-pub(super) async fn bump(client: &impl GenericClient) {
+pub(super) async fn bump(client: &deadpool_postgres::Client) {
+    // The simple protocol: one round trip, no statement to prepare.
     let _ = client
-        .query_one("SELECT nextval('archon_changes')", &[])
+        .batch_execute("SELECT nextval('archon_changes')")
         .await;
 }
 
