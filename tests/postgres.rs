@@ -31,7 +31,10 @@ fn admin(sql: &str) -> Result<(), String> {
         runtime.block_on(async {
             let (client, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
                 .await
-                .map_err(|e| e.to_string())?;
+                .map_err(|e| match std::error::Error::source(&e) {
+                Some(cause) => format!("{e}: {cause}"),
+                None => e.to_string(),
+            })?;
             tokio::spawn(connection);
             client.batch_execute(&sql).await.map_err(|e| e.to_string())
         })
@@ -53,7 +56,7 @@ fn db() -> Option<Db> {
         assert!(
             std::env::var("CI").as_deref() != Ok("true"),
             "PostgreSQL at `{}` cannot be reached (required with CI=true): {e}",
-            base_url()
+            archon_engine::store::postgres::masked(&base_url())
         );
         #[allow(clippy::print_stderr)]
         {
@@ -236,6 +239,22 @@ fn runs_are_kept_listed_shown_and_logged_in_postgres() {
     let Output { code, stdout, .. } = db.archon(&["runs", "--check"]);
     assert_eq!(code, 0);
     assert_eq!(stdout, format!("`{}`: no damage found\n", db.url()));
+    // A bundled example, through the environment this time.
+    let hello = crate::support::root().join("workflows/hello.yaml");
+    let Output {
+        code,
+        stdout,
+        stderr,
+    } = db.archon(&["run", hello.to_str().expect("utf-8"), "--json"]);
+    assert_eq!(code, 0, "{stderr}");
+    let report: Json = serde_json::from_str(&stdout).expect("report");
+    assert_eq!(report["outputs"]["greeting"], "hello, world");
+    let shown = db.show(report["run_id"].as_str().expect("id"));
+    assert_eq!(
+        (shown["workflow"].as_str(), shown["status"].as_str()),
+        (Some("hello"), Some("succeeded"))
+    );
+    assert_eq!(db.runs().len(), 2);
     // Without `--store`, the state directory's store is another one: empty.
     let Output { code, stdout, .. } =
         archon_with(db.path(), &["runs"], &[("NO_ARCHON_STORE", "1")]);

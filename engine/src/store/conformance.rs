@@ -32,7 +32,10 @@ fn admin(sql: String) -> Result<(), String> {
         runtime.block_on(async {
             let (client, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
                 .await
-                .map_err(|e| e.to_string())?;
+                .map_err(|e| match std::error::Error::source(&e) {
+                Some(cause) => format!("{e}: {cause}"),
+                None => e.to_string(),
+            })?;
             tokio::spawn(connection);
             client.batch_execute(&sql).await.map_err(|e| e.to_string())
         })
