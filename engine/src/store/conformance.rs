@@ -763,6 +763,32 @@ async fn postgres_a_lapsed_lease_lets_another_host_claim_and_fences_the_first() 
     taken.close();
 }
 
+/// `archon cancel` from another host reaches an idle run at once (a notification), not at its next
+/// heartbeat.
+#[tokio::test(flavor = "multi_thread")]
+async fn postgres_a_cancel_from_another_host_reaches_an_idle_run_at_once() {
+    if !postgres_reachable() {
+        return;
+    }
+    let schema = Schema::new();
+    // A heartbeat every 100 s: only the notification can make the journal look before the timeout.
+    let owner = schema.store("host-a", Duration::from_secs(300));
+    let other = schema.store("host-b", Duration::from_secs(300));
+    owner.create_run(&new_run("r1", "w")).expect("created");
+    let cancel = CancellationToken::new();
+    let journal = owner.journal("r1", cancel.clone()).expect("journal");
+    journal.record(started("a"));
+    journal.flush().wait().await.expect("durable");
+    assert_eq!(other.cancel("r1").expect("asked"), RunState::Running);
+    tokio::time::timeout(Duration::from_secs(20), cancel.cancelled())
+        .await
+        .expect("the journal heard of the cancel");
+    journal.record(ended(RunState::Interrupted));
+    journal.flush().wait().await.expect("durable");
+    journal.close();
+    assert_eq!(other.load("r1").expect("loads").status, RunState::Cancelled);
+}
+
 /// The lease is renewed every third of it while the run is idle.
 #[tokio::test(flavor = "multi_thread")]
 async fn postgres_an_idle_run_renews_its_lease() {

@@ -171,6 +171,8 @@ pub(super) struct Writer {
     broken: Option<StoreError>,
     /// The run's end was recorded, which released its lease.
     released: bool,
+    /// Notified when `archon cancel` (from any host) asks: the writer reads the request at once.
+    cancel_asked: Arc<tokio::sync::Notify>,
 }
 
 const INSERT_ATTEMPT: &str =
@@ -249,7 +251,9 @@ impl Writer {
             )
             .await?;
         drop(client);
+        let cancel_asked = inner.watch(&run).await;
         Ok(Writer {
+            cancel_asked,
             inner,
             run,
             token,
@@ -274,6 +278,8 @@ impl Writer {
         let mut since: Option<Instant> = None;
         let mut flush = false;
         let mut closed = false;
+        let cancel_asked = self.cancel_asked.clone();
+        let mut look = false;
         let take = |message: Message,
                     pending: &mut VecDeque<Message>,
                     since: &mut Option<Instant>,
@@ -313,7 +319,7 @@ impl Writer {
             if closed {
                 break;
             }
-            if heartbeat_due {
+            if heartbeat_due || std::mem::take(&mut look) {
                 last_heartbeat = Instant::now();
                 self.apply(Vec::new(), true).await;
                 continue;
@@ -328,8 +334,10 @@ impl Writer {
                     None => closed = true,
                 },
                 () = tokio::time::sleep(wait) => {}
+                () = cancel_asked.notified() => look = true,
             }
         }
+        self.inner.unwatch(&self.run);
         // Everything sent has been applied: give the run up, if its end did not.
         if !self.released
             && let Ok(client) = self.inner.client().await

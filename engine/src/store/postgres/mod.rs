@@ -105,7 +105,24 @@ pub(crate) struct Inner {
     options: Options,
     /// The ownership tokens of the runs this process owns, by run id.
     tokens: Mutex<HashMap<String, String>>,
+    /// How to connect (for the connection that listens for cancels).
+    config: tokio_postgres::Config,
+    /// The journals of this process that want to hear of `archon cancel` at once, by run id, and
+    /// whether the connection that listens for it is up.
+    cancels: Mutex<Cancels>,
 }
+
+/// The runs whose journals listen for cancels (`NOTIFY archon_cancel, 'RUN'`), and the listener's state.
+#[derive(Default)]
+struct Cancels {
+    waiting: HashMap<String, Arc<tokio::sync::Notify>>,
+    /// Whether the connection that listens is up (`Some(true)`), being set up (`Some(false)`), or not
+    /// there (`None`); `None` until the first journal.
+    listening: Option<tokio::sync::watch::Sender<bool>>,
+}
+
+/// The channel `cancel` notifies, with the run id as payload.
+const CANCEL_CHANNEL: &str = "archon_cancel";
 
 /// Leaves the password out.
 impl std::fmt::Debug for Inner {
@@ -239,7 +256,7 @@ impl PostgresStore {
         let given = config.get_options().unwrap_or("").to_owned();
         config.options(format!("{given} -c synchronous_commit=on").trim());
         let manager = deadpool_postgres::Manager::from_config(
-            config,
+            config.clone(),
             tokio_postgres::NoTls,
             deadpool_postgres::ManagerConfig {
                 recycling_method: deadpool_postgres::RecyclingMethod::Fast,
@@ -260,6 +277,8 @@ impl PostgresStore {
                 state_dir,
                 options,
                 tokens: Mutex::new(HashMap::new()),
+                config,
+                cancels: Mutex::default(),
             }),
         })
     }
@@ -357,6 +376,50 @@ impl PostgresStore {
 }
 
 impl Inner {
+    /// Wakes the journal of run `id` when `archon cancel` asks for it (anywhere): from then on until
+    /// [`Inner::unwatch`]. Starts the connection that listens, once; without it the journal still notices
+    /// at its next commit or heartbeat.
+    pub(crate) async fn watch(self: &Arc<Self>, id: &str) -> Arc<tokio::sync::Notify> {
+        let notify = Arc::new(tokio::sync::Notify::new());
+        let (mut up, start) = match self.cancels.lock() {
+            Ok(mut cancels) => {
+                cancels.waiting.insert(id.to_owned(), notify.clone());
+                match &cancels.listening {
+                    Some(listening) => (Some(listening.subscribe()), None),
+                    None => {
+                        let (listening, up) = tokio::sync::watch::channel(false);
+                        cancels.listening = Some(listening.clone());
+                        (Some(up), Some(listening))
+                    }
+                }
+            }
+            Err(_) => (None, None),
+        };
+        if let Some(listening) = start {
+            let inner = Arc::downgrade(self);
+            let config = self.config.clone();
+            tokio::spawn(async move {
+                listen(&inner, &config, &listening).await;
+                if let Some(inner) = inner.upgrade()
+                    && let Ok(mut cancels) = inner.cancels.lock()
+                {
+                    cancels.listening = None;
+                }
+            });
+        }
+        // The run records nothing a cancel could miss until the listener is up (or has failed).
+        if let Some(up) = up.as_mut() {
+            let _ = tokio::time::timeout(CONNECT_TIMEOUT, up.wait_for(|up| *up)).await;
+        }
+        notify
+    }
+
+    pub(crate) fn unwatch(&self, id: &str) {
+        if let Ok(mut cancels) = self.cancels.lock() {
+            cancels.waiting.remove(id);
+        }
+    }
+
     /// A connection from the pool.
     pub(crate) async fn client(&self) -> Result<deadpool_postgres::Object> {
         Ok(self.pool.get().await?)
@@ -443,6 +506,50 @@ impl Inner {
             StoreError::new(format!("run store `{shown}`: {detail}"))
         }
     }
+}
+
+/// Listens for cancels until the connection fails or the store is gone, waking the journals they name
+/// (a notification from another schema of the same database wakes a journal for nothing: it only looks).
+async fn listen(
+    inner: &std::sync::Weak<Inner>,
+    config: &tokio_postgres::Config,
+    listening: &tokio::sync::watch::Sender<bool>,
+) {
+    let Ok((client, mut connection)) = config.connect(tokio_postgres::NoTls).await else {
+        return;
+    };
+    let (messages, mut received) = tokio::sync::mpsc::unbounded_channel();
+    let driver = tokio::spawn(async move {
+        while let Some(message) =
+            futures_util::future::poll_fn(|cx| connection.poll_message(cx)).await
+        {
+            match message {
+                Ok(message) => {
+                    if messages.send(message).is_err() {
+                        break;
+                    }
+                }
+                Err(_) => break,
+            }
+        }
+    });
+    if client
+        .batch_execute(&format!("LISTEN {CANCEL_CHANNEL}"))
+        .await
+        .is_ok()
+    {
+        listening.send_replace(true);
+        while let Some(message) = received.recv().await {
+            let Some(inner) = inner.upgrade() else { break };
+            if let tokio_postgres::AsyncMessage::Notification(n) = message
+                && let Ok(cancels) = inner.cancels.lock()
+                && let Some(notify) = cancels.waiting.get(n.payload())
+            {
+                notify.notify_one();
+            }
+        }
+    }
+    driver.abort();
 }
 
 /// The message of a store URL this archon cannot open.

@@ -333,6 +333,10 @@ pub(super) async fn request_cancel(inner: &Inner, id: &str) -> Result<Option<(u3
             &[&id],
         )
         .await?;
+    // The owner's journal hears of it at once, wherever it runs (else at its next heartbeat).
+    client
+        .execute("SELECT pg_notify('archon_cancel', $1)", &[&id])
+        .await?;
     bump(&client).await;
     Ok(row.and_then(|r| {
         let pid = u32::try_from(r.get::<_, Option<i64>>(0)?).ok()?;
