@@ -391,23 +391,25 @@ pub(super) async fn with_prefix(
     limit: usize,
 ) -> Result<(Vec<RunSummary>, usize)> {
     let client = inner.client().await?;
-    // Byte order, whatever the database's collation: ids starting with `prefix` sort right after it.
+    // Byte order, whatever the database's collation: every id that starts with `prefix` sorts between it
+    // and it followed by the last code point.
+    let end = format!("{prefix}\u{10FFFF}");
+    let range = "id COLLATE \"C\" >= $1 AND id COLLATE \"C\" < $2 AND left(id, length($1)) = $1";
     let rows = client
         .query(
             &format!(
-                "SELECT {SUMMARY}, COUNT(*) OVER () FROM runs
-                 WHERE id COLLATE \"C\" >= $1 AND left(id, length($1)) = $1
-                 ORDER BY id COLLATE \"C\" LIMIT $2"
+                "SELECT {SUMMARY}, COUNT(*) OVER () FROM runs WHERE {range}
+                 ORDER BY id COLLATE \"C\" LIMIT $3"
             ),
-            &[&prefix, &(limit.min(i64::MAX as usize) as i64)],
+            &[&prefix, &end, &(limit.min(i64::MAX as usize) as i64)],
         )
         .await?;
     let count = match rows.first() {
         Some(row) => row.get::<_, i64>(9) as usize,
         None if limit == 0 => client
             .query_one(
-                "SELECT COUNT(*) FROM runs WHERE id COLLATE \"C\" >= $1 AND left(id, length($1)) = $1",
-                &[&prefix],
+                &format!("SELECT COUNT(*) FROM runs WHERE {range}"),
+                &[&prefix, &end],
             )
             .await?
             .get::<_, i64>(0) as usize,
