@@ -333,6 +333,11 @@ pub struct StateArgs {
     /// The state directory (default: `.archon` in the current directory).
     #[arg(long, value_name = "DIR", env = "ARCHON_STATE_DIR")]
     pub state_dir: Option<PathBuf>,
+
+    /// Keep runs in this PostgreSQL database (`postgres://USER@HOST/DB`) instead of the state
+    /// directory, which still holds local files.
+    #[arg(long, value_name = "URL", env = "ARCHON_STORE", hide_env_values = true)]
+    pub store: Option<String>,
 }
 
 impl StateArgs {
@@ -340,6 +345,19 @@ impl StateArgs {
         self.state_dir
             .clone()
             .unwrap_or_else(|| PathBuf::from(".archon"))
+    }
+
+    /// Where runs are kept: the state directory's store, or the database `--store` names.
+    pub fn at(&self) -> archon_engine::session::StoreAt {
+        archon_engine::session::StoreAt {
+            state_dir: self.dir(),
+            url: self.store.clone().filter(|url| !url.is_empty()),
+        }
+    }
+
+    /// How messages name where runs are kept.
+    pub fn shown(&self) -> String {
+        self.at().shown()
     }
 }
 

@@ -31,6 +31,7 @@ mod memory;
 mod nested;
 mod plan;
 mod planner;
+mod postgres;
 mod process;
 mod properties;
 mod retries;

@@ -120,7 +120,7 @@ fn serve_operator(dir: &Path) -> Server {
 
 impl Server {
     /// Starts a run of `workflow`; returns its id.
-    async fn start(&self, workflow: &str, inputs: Json) -> String {
+    pub(crate) async fn start(&self, workflow: &str, inputs: Json) -> String {
         let (status, body) = self
             .post(
                 &format!("/api/v1/workflows/{workflow}/runs"),
@@ -132,7 +132,7 @@ impl Server {
     }
 
     /// Opens a live stream.
-    async fn stream(&self, path: &str) -> Stream {
+    pub(crate) async fn stream(&self, path: &str) -> Stream {
         let response = self
             .request(reqwest::Method::GET, path)
             .send()
@@ -152,7 +152,7 @@ impl Server {
 
     /// Follows the run's live stream until its status is one of `statuses`; returns the events seen
     /// (kind and data) on the way.
-    async fn wait_for(&self, run: &str, statuses: &[&str]) -> Vec<(String, Json)> {
+    pub(crate) async fn wait_for(&self, run: &str, statuses: &[&str]) -> Vec<(String, Json)> {
         let mut stream = self.stream(&format!("/api/v1/runs/{run}/stream")).await;
         let mut seen = Vec::new();
         loop {
@@ -167,14 +167,14 @@ impl Server {
 }
 
 /// A server-sent event stream.
-struct Stream {
+pub(crate) struct Stream {
     response: reqwest::Response,
     buffer: String,
 }
 
 impl Stream {
     /// The next event (kind and JSON data), within `limit`; comments are skipped.
-    async fn next(&mut self, limit: Duration) -> (String, Json) {
+    pub(crate) async fn next(&mut self, limit: Duration) -> (String, Json) {
         let deadline = Instant::now() + limit;
         loop {
             if let Some(end) = self.buffer.find("\n\n") {

@@ -29,10 +29,7 @@ pub fn ls(args: &CacheLsArgs) -> anyhow::Result<Status> {
         return Ok(Status::Success);
     }
     if entries.is_empty() {
-        output::stdout(&format!(
-            "no cached results in `{}`\n",
-            args.state.dir().display()
-        ));
+        output::stdout(&format!("no cached results in `{}`\n", args.state.shown()));
         return Ok(Status::Success);
     }
     let rows: Vec<[String; 7]> = entries

@@ -16,7 +16,7 @@ pub fn prune(args: &PruneArgs) -> anyhow::Result<Status> {
         Ok(None) => {
             output::stdout(&format!(
                 "no runs in `{}`: nothing to prune\n",
-                args.state.dir().display()
+                args.state.shown()
             ));
             return Ok(Status::Success);
         }

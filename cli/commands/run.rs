@@ -78,7 +78,7 @@ pub fn run(args: &RunArgs, color: ColorChoice) -> anyhow::Result<Status> {
         },
         (None, None) => None,
     };
-    let session = match Session::open(&args.state.dir()) {
+    let session = match Session::open_at(&args.state.at()) {
         Ok(session) => session,
         Err(e) => return Ok(store_error(&e)),
     };
@@ -112,7 +112,7 @@ fn refuse_cassette(message: &str) -> Status {
 /// Opens the run store for a command that only reads or changes existing runs: a missing store is not
 /// created. `Ok(None)` when there is none.
 pub fn existing_session(state: &StateArgs) -> Result<Option<Session>, Status> {
-    Session::open_existing(&state.dir()).map_err(|e| store_error(&e))
+    Session::open_existing_at(&state.at()).map_err(|e| store_error(&e))
 }
 
 /// Shows a store problem; the command fails with status 1 (2 for a run that does not exist).

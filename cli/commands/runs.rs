@@ -46,10 +46,7 @@ pub fn runs(args: &RunsArgs, color: ColorChoice) -> anyhow::Result<Status> {
         } else {
             " match"
         };
-        output::stdout(&format!(
-            "no runs in `{}`{matching}\n",
-            args.state.dir().display()
-        ));
+        output::stdout(&format!("no runs in `{}`{matching}\n", args.state.shown()));
         return Ok(Status::Success);
     }
     let paint = Paint::new(output::use_color(color));
@@ -95,19 +92,25 @@ fn filter(args: &RunsArgs) -> RunFilter {
 
 /// `archon runs --check`: every damaged page and row, and a failure when there is one.
 fn check(session: Option<&Session>, state: &crate::args::StateArgs) -> Status {
-    let path = session::database_path(&state.dir());
+    let at = state.at();
+    let (what, name) = match &at.url {
+        Some(_) => ("run store", at.shown()),
+        None => (
+            "state database",
+            session::database_path(&state.dir()).display().to_string(),
+        ),
+    };
     let problems = match session.map(Session::check) {
         Some(Ok(problems)) => problems,
         Some(Err(e)) => return store_error(&e),
         None => Vec::new(),
     };
     if problems.is_empty() {
-        output::stdout(&format!("`{}`: no damage found\n", path.display()));
+        output::stdout(&format!("`{name}`: no damage found\n"));
         return Status::Success;
     }
     let mut text = format!(
-        "error: state database `{}` has {} problem{}:\n",
-        path.display(),
+        "error: {what} `{name}` has {} problem{}:\n",
         problems.len(),
         if problems.len() == 1 { "" } else { "s" }
     );

@@ -46,12 +46,14 @@ pub fn open(target: &RunTarget, state: &StateArgs) -> Result<(Session, String), 
             RunRef::Id(id) => format!("no run `{id}`"),
             RunRef::Last { .. } => "no runs".to_owned(),
         };
+        let hint = if state.at().url.is_some() {
+            "point `--store` (or `ARCHON_STORE`) at the database the run was started with"
+        } else {
+            "run the command where the run was started, or point `--state-dir` at its state directory"
+        };
         return Err(refuse(
-            &format!(
-                "{what}: there is no run store in `{}`",
-                state.dir().display()
-            ),
-            "run the command where the run was started, or point `--state-dir` at its state directory",
+            &format!("{what}: there is no run store in `{}`", state.shown()),
+            hint,
         ));
     };
     // Run ids are lowercase: an id typed in capitals is tried as such when it names no run as written.

@@ -25,6 +25,7 @@ use crate::workflow::Workflow;
 
 use crate::trigger::{Delivery, Due, ReceiveError, Received, Scheduler, Timestamp, Webhook};
 
+pub use crate::store::StoreAt;
 pub use crate::store::new_run_id;
 pub use crate::store::{
     ApprovalRecord, AttemptRecord, CacheFilter, CacheSummary, Firing, FiringFilter, FiringKind,
@@ -295,6 +296,18 @@ impl Session {
     /// Opens the run store in `state_dir`, creating it when needed.
     pub fn open(state_dir: &Path) -> Result<Session, StoreError> {
         Ok(Session::over(Box::new(SqliteStore::open(state_dir)?)))
+    }
+
+    /// Opens the run store `at` names (the state directory's, or a PostgreSQL database), creating it
+    /// when needed.
+    pub fn open_at(at: &StoreAt) -> Result<Session, StoreError> {
+        Ok(Session::over(crate::store::open(at)?))
+    }
+
+    /// Opens the run store `at` names for a request that only reads or changes existing runs: a missing
+    /// store is not created, and `Ok(None)` says there is none.
+    pub fn open_existing_at(at: &StoreAt) -> Result<Option<Session>, StoreError> {
+        Ok(crate::store::open_existing(at)?.map(Session::over))
     }
 
     /// Opens the run store in `state_dir` for a request that only reads or changes existing runs: a

@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 
 use archon_engine::inputs;
 use archon_engine::run::{RunEvent, RunReport, RunStatus, StepStatus};
-use archon_engine::session::{self, Attachments, NewRunRequest, Session, SessionError};
+use archon_engine::session::{self, Attachments, NewRunRequest, Session, SessionError, StoreAt};
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, CancelledNotificationParam,
     ContentBlock, Implementation, ListToolsResult, MetaObject, PaginatedRequestParams,
@@ -26,8 +26,8 @@ use super::catalog::{Catalog, Served};
 #[derive(Debug)]
 pub struct Shared {
     pub catalog: Catalog,
-    /// The state directory, absolute.
-    pub state_dir: PathBuf,
+    /// Where runs are kept (the state directory, absolute, or a PostgreSQL database).
+    pub store: StoreAt,
     /// Cancelled when the server stops: every run is interrupted (and stays resumable).
     pub stopping: CancellationToken,
     /// How many runs are going on: the server waits for none before it exits.
@@ -293,7 +293,7 @@ where
         helper: shared.helper.clone(),
         ..Attachments::default()
     };
-    let state_dir = shared.state_dir.clone();
+    let store = shared.store.clone();
     let for_good = call.for_good.clone();
     let running = Counted::new(&shared.running);
     let id = run_id.clone();
@@ -301,12 +301,7 @@ where
         .name(format!("run-{run_id}"))
         .spawn(move || {
             let _held = (running, slot);
-            let _ = sender.send(run_on_this_thread(
-                &state_dir,
-                request,
-                attachments,
-                &for_good,
-            ));
+            let _ = sender.send(run_on_this_thread(&store, request, attachments, &for_good));
         });
     if let Err(e) = spawned {
         return Ended::Refused {
@@ -381,7 +376,7 @@ fn finished(event: &RunEvent) -> Option<(&str, String)> {
 
 /// Starts and executes one run on the calling thread; a run the client cancelled ends cancelled for good.
 fn run_on_this_thread(
-    state_dir: &std::path::Path,
+    store: &StoreAt,
     request: NewRunRequest,
     attachments: Attachments,
     for_good: &AtomicBool,
@@ -398,7 +393,7 @@ fn run_on_this_thread(
         Ok(runtime) => runtime,
         Err(e) => return refused(format!("cannot start the run: {e}")),
     };
-    let session = match Session::open(state_dir) {
+    let session = match Session::open_at(store) {
         Ok(session) => session,
         Err(e) => return refused(e.to_string()),
     };

@@ -55,8 +55,12 @@ pub fn serve(args: &McpServeArgs) -> anyhow::Result<Status> {
         }
     };
     let state_dir = std::path::absolute(args.state.dir())?;
-    // Opened once here so that a state directory that cannot be used stops the server at once.
-    if let Err(e) = Session::open(&state_dir) {
+    let store = archon_engine::session::StoreAt {
+        state_dir: state_dir.clone(),
+        ..args.state.at()
+    };
+    // Opened once here so that a store that cannot be used stops the server at once.
+    if let Err(e) = Session::open_at(&store) {
         return Ok(super::run::store_error(&e));
     }
     // This process runs many runs: `archon cancel` must ask through the store, not signal it.
@@ -66,7 +70,7 @@ pub fn serve(args: &McpServeArgs) -> anyhow::Result<Status> {
     let (answering, mut answered) = tokio::sync::watch::channel(0_usize);
     let shared = Arc::new(Shared {
         catalog,
-        state_dir,
+        store,
         stopping: stopping.clone(),
         running,
         answering,

@@ -1,10 +1,9 @@
 //! What every handler shares ([`App`]), the JSON error of the API ([`ApiError`]) and the router.
 
-use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
 use archon_engine::redact::Redactor;
-use archon_engine::session::{Session, SessionError, StoreError};
+use archon_engine::session::{Session, SessionError, StoreAt, StoreError};
 use axum::Json;
 use axum::Router;
 use axum::extract::DefaultBodyLimit;
@@ -32,8 +31,8 @@ const READERS: usize = 4;
 #[derive(Debug)]
 pub struct App {
     pub catalog: Catalog,
-    /// The state directory, absolute.
-    pub state_dir: PathBuf,
+    /// Where runs are kept (the state directory's store, or a PostgreSQL database).
+    pub store: StoreAt,
     /// Who may do what: tokens, cookie sessions, the CSRF token of loopback without tokens.
     pub auth: auth::Auth,
     /// The runs this server executes, and its queue.
@@ -52,7 +51,7 @@ pub struct App {
 impl App {
     pub fn new(
         catalog: Catalog,
-        state_dir: PathBuf,
+        store: StoreAt,
         tokens: Tokens,
         max_runs: usize,
         max_queue: usize,
@@ -60,16 +59,16 @@ impl App {
     ) -> anyhow::Result<AppState> {
         let mut readers = Vec::with_capacity(READERS);
         for _ in 0..READERS {
-            readers.push(Session::open(&state_dir).map_err(|e| anyhow::anyhow!("{e}"))?);
+            readers.push(Session::open_at(&store).map_err(|e| anyhow::anyhow!("{e}"))?);
         }
         let secrets = catalog.secret_values();
         let live = Live::new();
         Ok(Arc::new(App {
-            executor: Executor::new(&state_dir, max_runs, max_queue, stopping.clone(), &live),
+            executor: Executor::new(&store, max_runs, max_queue, stopping.clone(), &live),
             live,
             auth: auth::Auth::new(tokens),
             catalog,
-            state_dir,
+            store,
             stopping,
             secrets,
             readers: Mutex::new(readers),

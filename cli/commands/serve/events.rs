@@ -108,7 +108,7 @@ pub fn spawn_watcher(app: AppState) {
 
 /// Polls the store until the server stops, bumping `changed` and sending the runs whose summary changed.
 fn watch(app: &App) {
-    let Ok(session) = Session::open(&app.state_dir) else {
+    let Ok(session) = Session::open_at(&app.store) else {
         return;
     };
     let mut executor = app.executor.watch();

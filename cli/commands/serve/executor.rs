@@ -6,14 +6,14 @@
 //! the next `archon serve` on that state directory takes them up again.
 
 use std::collections::{HashMap, VecDeque};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use archon_engine::run::ApprovalDecision;
 use archon_engine::session::{
     self, Attachments, Continue, ContinueOptions, NewRunRequest, RecordedEvent, RunState, Session,
-    SessionError,
+    SessionError, StoreAt,
 };
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value as Json};
@@ -170,6 +170,7 @@ pub struct Executor(Arc<Shared>);
 #[derive(Debug)]
 struct Shared {
     state_dir: PathBuf,
+    store: StoreAt,
     max_runs: usize,
     /// Most runs waiting in the queue (`--max-queue`).
     max_queue: usize,
@@ -195,14 +196,15 @@ pub struct Started {
 
 impl Executor {
     pub fn new(
-        state_dir: &Path,
+        store: &StoreAt,
         max_runs: usize,
         max_queue: usize,
         stopping: CancellationToken,
         live: &Live,
     ) -> Self {
         Executor(Arc::new(Shared {
-            state_dir: state_dir.to_path_buf(),
+            state_dir: store.state_dir.clone(),
+            store: store.clone(),
             max_runs: max_runs.max(1),
             max_queue,
             stopping,
@@ -589,7 +591,7 @@ impl Executor {
         };
         let now = super::app::now_ms();
         let mut jobs = Vec::new();
-        let session = Session::open(&self.0.state_dir).ok();
+        let session = Session::open_at(&self.0.store).ok();
         for run_id in restart.resume {
             let workflow = session
                 .as_ref()
@@ -794,7 +796,7 @@ impl Executor {
                 return false;
             }
         };
-        let session = match Session::open(&self.0.state_dir) {
+        let session = match Session::open_at(&self.0.store) {
             Ok(session) => session,
             Err(e) => {
                 complain(&e.to_string());

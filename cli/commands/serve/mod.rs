@@ -112,8 +112,12 @@ pub fn serve(args: &ServeArgs) -> anyhow::Result<Status> {
         Err(refusal) => return Ok(refuse(&refusal.message, &refusal.hint)),
     };
     let state_dir = std::path::absolute(args.state.dir())?;
-    // Opened once here so that a state directory that cannot be used stops the server at once.
-    if let Err(e) = Session::open(&state_dir) {
+    let store = archon_engine::session::StoreAt {
+        state_dir: state_dir.clone(),
+        ..args.state.at()
+    };
+    // Opened once here so that a store that cannot be used stops the server at once.
+    if let Err(e) = Session::open_at(&store) {
         return Ok(super::run::store_error(&e));
     }
     // This process runs many runs: `archon cancel` must ask through the store, not signal it.
@@ -128,7 +132,7 @@ pub fn serve(args: &ServeArgs) -> anyhow::Result<Status> {
     let served = runtime.block_on(async {
         let app = app::App::new(
             catalog,
-            state_dir,
+            store,
             tokens,
             args.max_runs as usize,
             args.max_queue as usize,

@@ -323,7 +323,7 @@ pub fn spawn(app: AppState) {
 
 async fn run_loop(app: AppState, mut scheduler: Scheduler, count: usize) {
     let waiting = Arc::new(Waiting::default());
-    let session = match Session::open(&app.state_dir) {
+    let session = match Session::open_at(&app.store) {
         Ok(session) => session,
         Err(e) => {
             output::stderr(&format!("error: triggers do not run: {e}\n"));

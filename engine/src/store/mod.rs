@@ -5,7 +5,10 @@
 //! starts. [`MemoryJournal`] keeps nothing (runs embedded without a store); [`sqlite::SqliteStore`] keeps
 //! everything in an embedded SQLite database. docs/durability.md says exactly what is synced when.
 
+#[cfg(test)]
+mod conformance;
 mod convert;
+pub mod postgres;
 pub mod sqlite;
 
 use std::fmt;
@@ -16,6 +19,87 @@ use serde_json::{Map, Value as Json};
 use tokio::sync::oneshot;
 
 use crate::report::{RunEvent, StepResult};
+
+/// Where a process keeps its runs: always a state directory (local files: memory, a server's restart
+/// file, and the embedded SQLite store), and optionally a server database that holds the runs instead.
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub struct StoreAt {
+    pub state_dir: PathBuf,
+    /// A PostgreSQL URL (`--store`, `ARCHON_STORE`): the runs are kept there.
+    pub url: Option<String>,
+}
+
+/// Shows the URL with its password masked.
+impl fmt::Debug for StoreAt {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("StoreAt")
+            .field("state_dir", &self.state_dir)
+            .field("url", &self.url.as_deref().map(postgres::masked))
+            .finish()
+    }
+}
+
+impl StoreAt {
+    /// The runs kept in the state directory's SQLite store.
+    pub fn dir(state_dir: impl Into<PathBuf>) -> Self {
+        StoreAt {
+            state_dir: state_dir.into(),
+            url: None,
+        }
+    }
+
+    /// How messages name the store: its URL with the password masked, or the state directory.
+    pub fn shown(&self) -> String {
+        match &self.url {
+            Some(url) => postgres::masked(url),
+            None => self.state_dir.display().to_string(),
+        }
+    }
+
+    /// Refuses a URL no store of this archon opens.
+    pub fn check(&self) -> Result<(), StoreError> {
+        match &self.url {
+            Some(url) if !postgres::is_postgres_url(url) => Err(postgres::refused_url(url)),
+            _ => Ok(()),
+        }
+    }
+}
+
+/// How many [`sqlite::ServingMark`]s this process holds: while it holds one, it serves several runs at
+/// once, and a server store records that with the runs it owns, so that `cancel` from another state
+/// directory asks through the store instead of signalling the whole process.
+pub(crate) static SERVING: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// Whether this process serves several runs at once.
+pub(crate) fn serving() -> bool {
+    SERVING.load(std::sync::atomic::Ordering::SeqCst) > 0
+}
+
+/// Opens (or creates) the run store `at` names.
+pub fn open(at: &StoreAt) -> Result<Box<dyn RunStore>, StoreError> {
+    at.check()?;
+    Ok(match &at.url {
+        Some(url) => Box::new(postgres::PostgresStore::open(
+            url,
+            Some(at.state_dir.clone()),
+        )?),
+        None => Box::new(sqlite::SqliteStore::open(&at.state_dir)?),
+    })
+}
+
+/// Opens the run store `at` names when it exists (`Ok(None)` when there is none yet): for a request
+/// that only reads or changes existing runs.
+pub fn open_existing(at: &StoreAt) -> Result<Option<Box<dyn RunStore>>, StoreError> {
+    at.check()?;
+    match &at.url {
+        Some(url) => Ok(
+            postgres::PostgresStore::open_existing(url, Some(at.state_dir.clone()))?
+                .map(|s| Box::new(s) as Box<dyn RunStore>),
+        ),
+        None if !at.state_dir.join(sqlite::DATABASE).exists() => Ok(None),
+        None => open(at).map(Some),
+    }
+}
 
 /// A problem with the run store: it cannot be opened, is damaged, or a write failed.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]

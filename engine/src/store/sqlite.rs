@@ -1457,7 +1457,7 @@ enum Write {
 
 /// Step results whose text is at most this long are encoded by the thread that records them; larger ones
 /// (which may need a blob, and take time to encode) by the writer.
-const ENCODED_WHERE_RECORDED: usize = 16 * 1024;
+pub(super) const ENCODED_WHERE_RECORDED: usize = 16 * 1024;
 
 impl Write {
     fn of(entry: Entry) -> Self {
@@ -1708,12 +1708,12 @@ struct Writer {
 const CHECKPOINT_FRAMES: u32 = 128;
 
 /// Most messages applied in one transaction.
-const BATCH: usize = 4096;
+pub(super) const BATCH: usize = 4096;
 /// Messages that make a batch due without waiting for `WINDOW`.
-const GATHERED: usize = 256;
+pub(super) const GATHERED: usize = 256;
 /// Longest a record that nothing waits for stays uncommitted: short enough that a process watching the
 /// store (`archon serve`, which polls it every 20 ms) shows a run's events within 100 ms.
-const WINDOW: Duration = Duration::from_millis(50);
+pub(super) const WINDOW: Duration = Duration::from_millis(50);
 
 impl Writer {
     /// Collects messages and commits them together: at once when something waits for them (a flush), and
@@ -2399,7 +2399,7 @@ fn log_chunk(r: &rusqlite::Row<'_>) -> rusqlite::Result<LogChunk> {
 }
 
 /// An event as the log shows it: its kind, its fields, and when it happened.
-fn event_json(record::Event { event, mut fields }: record::Event, at_ms: i64) -> Json {
+pub(super) fn event_json(record::Event { event, mut fields }: record::Event, at_ms: i64) -> Json {
     let mut map = Map::with_capacity(fields.len() + 2);
     map.insert("event".to_owned(), Json::String(event));
     map.append(&mut fields);
@@ -2730,7 +2730,7 @@ fn is_alive(owner: &Owner) -> bool {
 }
 
 /// This process's start time, which with its pid identifies it.
-fn my_start_time() -> Option<i64> {
+pub(super) fn my_start_time() -> Option<i64> {
     crate::process::process_start_time(std::process::id()).map(|t| t as i64)
 }
 
@@ -2741,7 +2741,7 @@ enum Claim {
     State(RunState),
 }
 
-fn is_zombie(pid: u32) -> bool {
+pub(super) fn is_zombie(pid: u32) -> bool {
     std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
         stat.rsplit_once(')')
             .is_some_and(|(_, rest)| rest.trim_start().starts_with('Z'))
@@ -2751,7 +2751,7 @@ fn is_zombie(pid: u32) -> bool {
 /// This machine's name, to tell whose process ids are checkable.
 /// The file by which process `pid` says it serves several runs at once (beside the database, in
 /// `serving/`): `cancel` then asks through the store only, since a signal would stop them all.
-fn serving_mark(database: &Path, pid: u32) -> PathBuf {
+pub(super) fn serving_mark(database: &Path, pid: u32) -> PathBuf {
     database.with_file_name("serving").join(pid.to_string())
 }
 
@@ -2767,17 +2767,19 @@ impl ServingMark {
             std::fs::create_dir_all(dir)?;
         }
         std::fs::write(&path, b"")?;
+        super::SERVING.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         Ok(ServingMark(path))
     }
 }
 
 impl Drop for ServingMark {
     fn drop(&mut self) {
+        super::SERVING.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
         let _ = std::fs::remove_file(&self.0);
     }
 }
 
-fn host() -> String {
+pub(super) fn host() -> String {
     std::fs::read_to_string("/proc/sys/kernel/hostname")
         .map(|h| h.trim().to_owned())
         .ok()
@@ -2785,7 +2787,7 @@ fn host() -> String {
         .unwrap_or_else(|| "localhost".to_owned())
 }
 
-fn json_text(value: &Json) -> String {
+pub(super) fn json_text(value: &Json) -> String {
     serde_json::to_string(value).unwrap_or_else(|_| "null".to_owned())
 }
 
@@ -2831,14 +2833,14 @@ fn put_blob(
 
 /// Counts and hashes what is written to it.
 #[derive(Default)]
-struct Measured {
-    length: u64,
+pub(super) struct Measured {
+    pub(super) length: u64,
     hasher: sha2::Sha256,
 }
 
 impl Measured {
     /// The blob's name: `sha256:` and the SHA-256 of its bytes.
-    fn name(self) -> String {
+    pub(super) fn name(self) -> String {
         use sha2::Digest;
         let mut name = String::from("sha256:");
         for b in self.hasher.finalize() {

@@ -1,0 +1,754 @@
+//! A run's journal on PostgreSQL: a writer task on the store's runtime applies the entries in order, in
+//! batches of one transaction each, with the commit window of the SQLite journal (at once when a flush
+//! waits, else when `GATHERED` entries wait or the oldest has waited `WINDOW`). Every transaction first
+//! locks the run's row and checks that it still carries this process's owner token: a process that lost
+//! the run writes nothing more, and the run stops as failed. The writer renews the run's lease every
+//! third of it, and notices `archon cancel`.
+//!
+//! The statements of a batch are sent together (pipelined on the transaction's connection), so a batch
+//! costs a few round trips, not one per entry.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use tokio::sync::{mpsc, oneshot};
+use tokio_postgres::types::ToSql;
+use tokio_util::sync::CancellationToken;
+
+use super::queries::{bump, ms};
+use super::{Failure, Inner, Result};
+use crate::record::{self, FORMAT_VERSION};
+use crate::report::StepResult;
+use crate::store::sqlite::{
+    BATCH, ENCODED_WHERE_RECORDED, GATHERED, INLINE_OUTPUT_BYTES, MAX_LOG_BYTES, Measured, WINDOW,
+    json_text,
+};
+use crate::store::{Ack, Entry, Journal, RunState, StoreError, now_ms};
+
+enum Message {
+    Entry(Write),
+    Flush(oneshot::Sender<Result<(), StoreError>>),
+}
+
+/// An entry as recorded, or one whose record the recording thread encoded already (events, results
+/// with small outputs), so that the writer's work is mostly the server's.
+enum Write {
+    Event {
+        text: String,
+        at_ms: u64,
+    },
+    Result {
+        step: String,
+        status: &'static str,
+        text: String,
+    },
+    Other(Box<Entry>),
+}
+
+impl Write {
+    fn of(entry: Entry) -> Self {
+        match entry {
+            Entry::Event { event, at_ms } => Write::Event {
+                text: crate::store::convert::event_text(&event),
+                at_ms,
+            },
+            Entry::StepFinished { step, result }
+                if result.text.len() <= ENCODED_WHERE_RECORDED
+                    && result.steps.is_empty()
+                    && result.plan.is_none() =>
+            {
+                let text = record::encode(&record::StepResult::from(&*result));
+                if text.len() > INLINE_OUTPUT_BYTES {
+                    return Write::Other(Box::new(Entry::StepFinished { step, result }));
+                }
+                Write::Result {
+                    step,
+                    status: result.status.as_str(),
+                    text,
+                }
+            }
+            entry => Write::Other(Box::new(entry)),
+        }
+    }
+}
+
+/// The journal of one run, written by a task of its own.
+#[derive(Debug)]
+pub struct PgJournal {
+    sender: Mutex<Option<mpsc::UnboundedSender<Message>>>,
+    /// The write that failed (`Journal::failure`).
+    broken: Arc<Mutex<Option<StoreError>>>,
+    /// Says when the writer has ended.
+    ended: Mutex<Option<std::sync::mpsc::Receiver<()>>>,
+}
+
+impl PgJournal {
+    pub(super) fn spawn(
+        mut writer: Writer,
+        cancel: CancellationToken,
+        runtime: &tokio::runtime::Runtime,
+    ) -> PgJournal {
+        let (sender, receiver) = mpsc::unbounded_channel();
+        let (done, ended) = std::sync::mpsc::sync_channel(1);
+        let broken = Arc::new(Mutex::new(None));
+        writer.cancel = cancel;
+        writer.shared = broken.clone();
+        runtime.spawn(async move {
+            writer.run(receiver).await;
+            let _ = done.send(());
+        });
+        PgJournal {
+            sender: Mutex::new(Some(sender)),
+            broken,
+            ended: Mutex::new(Some(ended)),
+        }
+    }
+
+    fn send(&self, message: Message) -> bool {
+        self.sender
+            .lock()
+            .ok()
+            .and_then(|s| s.as_ref().map(|s| s.send(message).is_ok()))
+            .unwrap_or(false)
+    }
+}
+
+impl Drop for PgJournal {
+    fn drop(&mut self) {
+        Journal::close(self);
+    }
+}
+
+impl Journal for PgJournal {
+    fn record(&self, entry: Entry) {
+        self.send(Message::Entry(Write::of(entry)));
+    }
+
+    fn flush(&self) -> Ack {
+        let (done, wait) = oneshot::channel();
+        if self.send(Message::Flush(done)) {
+            Ack::pending(wait)
+        } else {
+            Ack::failed(StoreError::new("the run store stopped"))
+        }
+    }
+
+    /// Stops the writer after it has applied everything sent so far, and releases the run's lease.
+    fn close(&self) {
+        if let Ok(mut sender) = self.sender.lock() {
+            sender.take();
+        }
+        if let Some(ended) = self.ended.lock().ok().and_then(|mut e| e.take()) {
+            let _ = ended.recv();
+        }
+    }
+
+    fn failure(&self) -> Option<StoreError> {
+        self.broken.lock().ok().and_then(|b| b.clone())
+    }
+}
+
+/// A statement's parameters, owned, so that the statements of a batch can be sent together.
+type Params = Vec<Box<dyn ToSql + Sync + Send>>;
+
+/// The state of a journal's writer task.
+pub(super) struct Writer {
+    inner: Arc<Inner>,
+    run: String,
+    token: String,
+    generation: u32,
+    /// The highest attempt number recorded per step.
+    last_attempt: HashMap<String, u32>,
+    /// The attempt of each step still running.
+    open: HashMap<String, u32>,
+    seq: i64,
+    log_seq: i64,
+    /// Bytes of each step's and stream's output kept for its current attempt: (attempt, bytes).
+    logged: HashMap<(String, crate::tools::Stream), (u32, usize)>,
+    cancel: CancellationToken,
+    shared: Arc<Mutex<Option<StoreError>>>,
+    broken: Option<StoreError>,
+    /// The run's end was recorded, which released its lease.
+    released: bool,
+    /// Notified when `archon cancel` (from any host) asks: the writer reads the request at once.
+    cancel_asked: Arc<tokio::sync::Notify>,
+}
+
+const INSERT_ATTEMPT: &str =
+    "INSERT INTO attempts (run_id, step, attempt, generation, fallback, status,
+    started_at, host) VALUES ($1, $2, $3, $4, $5, 'running', $6, $7)";
+const PROCESS: &str = "UPDATE attempts SET pgid = $4, pgid_started = $5
+    WHERE run_id = $1 AND step = $2 AND attempt = $3";
+const ENDED: &str = "UPDATE attempts SET status = $4, error = $5, ended_at = $6
+    WHERE run_id = $1 AND step = $2 AND attempt = $3";
+const INSERT_EVENT: &str =
+    "INSERT INTO events (run_id, seq, at, event, format) VALUES ($1, $2, $3, $4, $5)";
+const INSERT_RESULT: &str = "INSERT INTO results (run_id, step, generation, status, result,
+    output_blob, text_blob, finished_at, format) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
+    ON CONFLICT (run_id, step) DO UPDATE SET generation = excluded.generation, status = excluded.status,
+    result = excluded.result, output_blob = excluded.output_blob, text_blob = excluded.text_blob,
+    finished_at = excluded.finished_at, format = excluded.format, ord = excluded.ord";
+const INSERT_LOG: &str =
+    "INSERT INTO logs (run_id, seq, step, attempt, source, stream, text, at, format)
+    VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)";
+const INSERT_CACHE: &str = "INSERT INTO cache (key, workflow, step, run_id, source, result,
+    output_blob, text_blob, size, created_at, expires_at, format)
+    VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)
+    ON CONFLICT (key) DO UPDATE SET workflow = excluded.workflow, step = excluded.step,
+    run_id = excluded.run_id, source = excluded.source, result = excluded.result,
+    output_blob = excluded.output_blob, text_blob = excluded.text_blob, size = excluded.size,
+    created_at = excluded.created_at, expires_at = excluded.expires_at, format = excluded.format";
+const INSERT_APPROVAL: &str =
+    "INSERT INTO approvals (run_id, key, step, request, requested_at, format)
+    VALUES ($1, $2, $3, $4, $5, $6)
+    ON CONFLICT (run_id, key) DO UPDATE SET request = excluded.request, format = excluded.format";
+const DECIDED: &str = "UPDATE approvals SET decision = $3, decided_at = $4, format = $5
+    WHERE run_id = $1 AND key = $2";
+const CHECKPOINT: &str = "INSERT INTO checkpoints (run_id, step, generation, state, at, format)
+    VALUES ($1, $2, $3, $4, $5, $6)
+    ON CONFLICT (run_id, step) DO UPDATE SET generation = excluded.generation, state = excluded.state,
+    at = excluded.at, format = excluded.format";
+const RUN_ENDED: &str = "UPDATE runs SET status = $2, outputs = $3, error = $4, finished_at = $5,
+    owner_pid = NULL, owner_host = NULL, lease_until = NULL, owner_started = NULL, owner_token = NULL,
+    format = $6 WHERE id = $1";
+const RENEW: &str = "UPDATE runs SET lease_until = $2 WHERE id = $1 AND owner_token = $3";
+const GIVE_UP: &str = "UPDATE runs SET owner_pid = NULL, owner_host = NULL, lease_until = NULL,
+    owner_started = NULL, owner_token = NULL WHERE id = $1 AND owner_token = $2";
+
+fn boxed<T: ToSql + Sync + Send + 'static>(value: T) -> Box<dyn ToSql + Sync + Send> {
+    Box::new(value)
+}
+
+impl Writer {
+    /// Reads where the run's records stand (its generation, attempts, event and log numbers).
+    pub(super) async fn start(inner: Arc<Inner>, run: String, token: String) -> Result<Writer> {
+        let client = inner.client().await?;
+        let generation: i64 = client
+            .query_opt("SELECT generation FROM runs WHERE id = $1", &[&run])
+            .await?
+            .ok_or_else(|| Failure::Store(super::queries::unknown_run(&run)))?
+            .get(0);
+        let last_attempt: HashMap<String, u32> = client
+            .query(
+                "SELECT step, MAX(attempt) FROM attempts WHERE run_id = $1 GROUP BY step",
+                &[&run],
+            )
+            .await?
+            .iter()
+            .map(|r| {
+                (
+                    r.get::<_, String>(0),
+                    u32::try_from(r.get::<_, i64>(1)).unwrap_or(0),
+                )
+            })
+            .collect();
+        let row = client
+            .query_one(
+                "SELECT (SELECT COALESCE(MAX(seq), 0) FROM events WHERE run_id = $1),
+                    (SELECT COALESCE(MAX(seq), 0) FROM logs WHERE run_id = $1)",
+                &[&run],
+            )
+            .await?;
+        drop(client);
+        let cancel_asked = inner.watch(&run).await;
+        Ok(Writer {
+            cancel_asked,
+            inner,
+            run,
+            token,
+            generation: u32::try_from(generation).unwrap_or(0),
+            last_attempt,
+            open: HashMap::new(),
+            seq: row.get(0),
+            log_seq: row.get(1),
+            logged: HashMap::new(),
+            cancel: CancellationToken::new(),
+            shared: Arc::default(),
+            broken: None,
+            released: false,
+        })
+    }
+
+    /// Collects messages and commits them together, renewing the lease every third of it.
+    async fn run(mut self, mut receiver: mpsc::UnboundedReceiver<Message>) {
+        let heartbeat = self.inner.options.lease / 3;
+        let mut last_heartbeat = Instant::now();
+        let mut pending: VecDeque<Message> = VecDeque::new();
+        let mut since: Option<Instant> = None;
+        let mut flush = false;
+        let mut closed = false;
+        let cancel_asked = self.cancel_asked.clone();
+        let mut look = false;
+        let take = |message: Message,
+                    pending: &mut VecDeque<Message>,
+                    since: &mut Option<Instant>,
+                    flush: &mut bool| {
+            if pending.is_empty() {
+                *since = Some(Instant::now());
+            }
+            *flush |= matches!(message, Message::Flush(_));
+            pending.push_back(message);
+        };
+        loop {
+            while !closed {
+                match receiver.try_recv() {
+                    Ok(message) => take(message, &mut pending, &mut since, &mut flush),
+                    Err(mpsc::error::TryRecvError::Empty) => break,
+                    Err(mpsc::error::TryRecvError::Disconnected) => closed = true,
+                }
+            }
+            let heartbeat_due = last_heartbeat.elapsed() >= heartbeat;
+            let due = flush
+                || closed
+                || pending.len() >= GATHERED
+                || since.is_some_and(|s| s.elapsed() >= WINDOW);
+            if due && !pending.is_empty() {
+                let taken = pending.len().min(BATCH);
+                let batch: Vec<Message> = pending.drain(..taken).collect();
+                if pending.is_empty() {
+                    since = None;
+                    flush = false;
+                }
+                if heartbeat_due {
+                    last_heartbeat = Instant::now();
+                }
+                self.apply(batch, heartbeat_due).await;
+                continue;
+            }
+            if closed {
+                break;
+            }
+            if heartbeat_due || std::mem::take(&mut look) {
+                last_heartbeat = Instant::now();
+                self.apply(Vec::new(), true).await;
+                continue;
+            }
+            let until_heartbeat = heartbeat.saturating_sub(last_heartbeat.elapsed());
+            let wait = since.map_or(until_heartbeat, |s| {
+                WINDOW.saturating_sub(s.elapsed()).min(until_heartbeat)
+            });
+            tokio::select! {
+                message = receiver.recv() => match message {
+                    Some(message) => take(message, &mut pending, &mut since, &mut flush),
+                    None => closed = true,
+                },
+                () = tokio::time::sleep(wait) => {}
+                () = cancel_asked.notified() => look = true,
+            }
+        }
+        self.inner.unwatch(&self.run);
+        // Everything sent has been applied: give the run up, if its end did not.
+        if !self.released
+            && let Ok(client) = self.inner.client().await
+        {
+            let _ = client.execute(GIVE_UP, &[&self.run, &self.token]).await;
+            bump(&client).await;
+        }
+    }
+
+    async fn apply(&mut self, batch: Vec<Message>, heartbeat: bool) {
+        let mut flushes = Vec::new();
+        let mut entries = Vec::new();
+        for message in batch {
+            match message {
+                Message::Entry(entry) => entries.push(entry),
+                Message::Flush(done) => flushes.push(done),
+            }
+        }
+        // Once the run's end is recorded, the run is no longer this process's: nothing more is written.
+        if self.broken.is_none() && !self.released && (!entries.is_empty() || heartbeat) {
+            match self.write(&entries, heartbeat).await {
+                Ok(Some(cancel_requested)) => {
+                    if cancel_requested {
+                        self.cancel.cancel();
+                    }
+                }
+                Ok(None) => {
+                    self.released = true;
+                    self.fail(StoreError {
+                        taken_over: true,
+                        ..StoreError::new(format!(
+                            "run `{}` was taken over by another process; this one stopped recording it",
+                            self.run
+                        ))
+                    });
+                }
+                Err(e) => {
+                    let error = self.inner.error(e);
+                    self.fail(error);
+                }
+            }
+        }
+        drop(entries);
+        let outcome = match &self.broken {
+            None => Ok(()),
+            Some(e) => Err(e.clone()),
+        };
+        for done in flushes {
+            let _ = done.send(outcome.clone());
+        }
+    }
+
+    /// Stops recording after a failed write: the failure is the journal's before the run is stopped, so
+    /// that the run ends failed with it rather than interrupted.
+    fn fail(&mut self, error: StoreError) {
+        if let Ok(mut shared) = self.shared.lock() {
+            *shared = Some(error.clone());
+        }
+        self.broken = Some(error);
+        self.cancel.cancel();
+    }
+
+    /// Applies entries in one transaction; returns whether a cancel was requested, or `None` when the run
+    /// no longer carries this process's token.
+    async fn write(&mut self, entries: &[Write], heartbeat: bool) -> Result<Option<bool>> {
+        let now = ms(now_ms());
+        let mut client = self.inner.client().await?;
+        let tx = client.transaction().await?;
+        let fence = tx
+            .prepare_cached(
+                "SELECT owner_token, cancel_requested FROM runs WHERE id = $1 FOR UPDATE",
+            )
+            .await?;
+        let row = tx.query_opt(&fence, &[&self.run]).await?;
+        let Some(row) = row else {
+            return Ok(None);
+        };
+        if row.get::<_, Option<&str>>(0) != Some(self.token.as_str()) {
+            return Ok(None);
+        }
+        let cancel_requested: bool = row.get(1);
+        let run = self.run.clone();
+        let generation = i64::from(self.generation);
+        let format = i64::from(FORMAT_VERSION);
+        let mut ops: Vec<(&'static str, Params)> = Vec::with_capacity(entries.len() + 1);
+        for write in entries {
+            let entry = match write {
+                Write::Event { text, at_ms } => {
+                    self.seq += 1;
+                    ops.push((
+                        INSERT_EVENT,
+                        vec![
+                            boxed(run.clone()),
+                            boxed(self.seq),
+                            boxed(ms(*at_ms)),
+                            boxed(text.clone()),
+                            boxed(format),
+                        ],
+                    ));
+                    continue;
+                }
+                Write::Result { step, status, text } => {
+                    ops.push((
+                        INSERT_RESULT,
+                        vec![
+                            boxed(run.clone()),
+                            boxed(step.clone()),
+                            boxed(generation),
+                            boxed(*status),
+                            boxed(text.clone()),
+                            boxed(None::<String>),
+                            boxed(None::<String>),
+                            boxed(now),
+                            boxed(format),
+                        ],
+                    ));
+                    continue;
+                }
+                Write::Other(entry) => &**entry,
+            };
+            match entry {
+                Entry::AttemptStarted { step, fallback } => {
+                    let attempt = self.last_attempt.entry(step.clone()).or_insert(0);
+                    *attempt += 1;
+                    self.open.insert(step.clone(), *attempt);
+                    ops.push((
+                        INSERT_ATTEMPT,
+                        vec![
+                            boxed(run.clone()),
+                            boxed(step.clone()),
+                            boxed(i64::from(*attempt)),
+                            boxed(generation),
+                            boxed(*fallback),
+                            boxed(now),
+                            boxed(self.inner.options.host.clone()),
+                        ],
+                    ));
+                }
+                Entry::ProcessStarted {
+                    step,
+                    pgid,
+                    started,
+                } => {
+                    if let Some(attempt) = self.open.get(step) {
+                        ops.push((
+                            PROCESS,
+                            vec![
+                                boxed(run.clone()),
+                                boxed(step.clone()),
+                                boxed(i64::from(*attempt)),
+                                boxed(i64::from(*pgid)),
+                                boxed(started.map(ms)),
+                            ],
+                        ));
+                    }
+                }
+                Entry::AttemptEnded {
+                    step,
+                    status,
+                    error,
+                } => {
+                    if let Some(attempt) = self.open.remove(step) {
+                        ops.push((
+                            ENDED,
+                            vec![
+                                boxed(run.clone()),
+                                boxed(step.clone()),
+                                boxed(i64::from(attempt)),
+                                boxed(status.as_str()),
+                                boxed(error.clone()),
+                                boxed(now),
+                            ],
+                        ));
+                    }
+                }
+                Entry::Output {
+                    step,
+                    source,
+                    stream,
+                    text,
+                    at_ms,
+                } => {
+                    let attempt = self.last_attempt.get(step).copied().unwrap_or(0);
+                    let kept = self
+                        .logged
+                        .entry((step.clone(), *stream))
+                        .or_insert((attempt, 0));
+                    if kept.0 != attempt {
+                        *kept = (attempt, 0);
+                    }
+                    if kept.1 >= MAX_LOG_BYTES {
+                        continue;
+                    }
+                    kept.1 += text.len();
+                    let text = if kept.1 >= MAX_LOG_BYTES {
+                        let cut = crate::text::floor_boundary(
+                            text,
+                            text.len() - (kept.1 - MAX_LOG_BYTES),
+                        );
+                        format!(
+                            "{}\n[archon: the rest of this attempt's {} is not kept: more than {} MiB]\n",
+                            &text[..cut],
+                            stream.as_str(),
+                            MAX_LOG_BYTES / (1024 * 1024)
+                        )
+                    } else {
+                        text.clone()
+                    };
+                    self.log_seq += 1;
+                    ops.push((
+                        INSERT_LOG,
+                        vec![
+                            boxed(run.clone()),
+                            boxed(self.log_seq),
+                            boxed(step.clone()),
+                            boxed(i64::from(attempt)),
+                            boxed(source.clone()),
+                            boxed(stream.as_str()),
+                            boxed(text),
+                            boxed(ms(*at_ms)),
+                            boxed(format),
+                        ],
+                    ));
+                }
+                // Never here: `Write::of` gives events a variant of their own.
+                Entry::Event { .. } => {}
+                Entry::StepFinished { step, result } => {
+                    let (text, output_blob, text_blob) = put_result(&tx, result).await?;
+                    ops.push((
+                        INSERT_RESULT,
+                        vec![
+                            boxed(run.clone()),
+                            boxed(step.clone()),
+                            boxed(generation),
+                            boxed(result.status.as_str()),
+                            boxed(text),
+                            boxed(output_blob),
+                            boxed(text_blob),
+                            boxed(now),
+                            boxed(format),
+                        ],
+                    ));
+                }
+                Entry::Cached {
+                    key,
+                    workflow,
+                    step,
+                    source,
+                    result,
+                    ttl_ms,
+                } => {
+                    let (record, output_blob, text_blob) = put_result(&tx, result).await?;
+                    let size = result.text.len()
+                        + match output_blob {
+                            Some(_) => 0,
+                            None => json_text(&result.output).len(),
+                        };
+                    ops.push((
+                        INSERT_CACHE,
+                        vec![
+                            boxed(key.clone()),
+                            boxed(workflow.clone()),
+                            boxed(step.clone()),
+                            boxed(run.clone()),
+                            boxed(source.clone()),
+                            boxed(record),
+                            boxed(output_blob),
+                            boxed(text_blob),
+                            boxed(size as i64),
+                            boxed(now),
+                            boxed(ttl_ms.map(|ttl| {
+                                now.saturating_add(i64::try_from(ttl).unwrap_or(i64::MAX))
+                            })),
+                            boxed(format),
+                        ],
+                    ));
+                }
+                Entry::ApprovalRequested(request) => {
+                    let text = record::encode(&record::ApprovalRequest::from(request));
+                    ops.push((
+                        INSERT_APPROVAL,
+                        vec![
+                            boxed(run.clone()),
+                            boxed(request.key.clone()),
+                            boxed(request.step.clone()),
+                            boxed(text),
+                            boxed(now),
+                            boxed(format),
+                        ],
+                    ));
+                }
+                Entry::ApprovalDecided { key, decision } => {
+                    let text = record::encode(&record::ApprovalDecision::from(decision));
+                    ops.push((
+                        DECIDED,
+                        vec![
+                            boxed(run.clone()),
+                            boxed(key.clone()),
+                            boxed(text),
+                            boxed(now),
+                            boxed(format),
+                        ],
+                    ));
+                }
+                Entry::Checkpoint { step, state } => {
+                    ops.push((
+                        CHECKPOINT,
+                        vec![
+                            boxed(run.clone()),
+                            boxed(step.clone()),
+                            boxed(generation),
+                            boxed(json_text(state)),
+                            boxed(now),
+                            boxed(format),
+                        ],
+                    ));
+                }
+                Entry::RunEnded {
+                    status,
+                    outputs,
+                    error,
+                } => {
+                    // Stopped by `archon cancel`, the run is cancelled for good, not interrupted.
+                    let status = match status {
+                        RunState::Interrupted if cancel_requested => RunState::Cancelled,
+                        other => *other,
+                    };
+                    let finished = (status != RunState::Interrupted).then_some(now);
+                    // The run's end also gives it up: nothing is recorded after it.
+                    self.released = true;
+                    ops.push((
+                        RUN_ENDED,
+                        vec![
+                            boxed(run.clone()),
+                            boxed(status.as_str()),
+                            boxed(record::encode(outputs)),
+                            boxed(error.clone()),
+                            boxed(finished),
+                            boxed(format),
+                        ],
+                    ));
+                }
+            }
+        }
+        if heartbeat {
+            ops.push((
+                RENEW,
+                vec![
+                    boxed(run.clone()),
+                    boxed(now.saturating_add(self.inner.options.lease.as_millis() as i64)),
+                    boxed(self.token.clone()),
+                ],
+            ));
+        }
+        // Each statement prepared once per connection; then all of them sent at once, in order.
+        let mut statements = Vec::with_capacity(ops.len());
+        for (sql, _) in &ops {
+            statements.push(tx.prepare_cached(sql).await?);
+        }
+        futures_util::future::try_join_all(ops.iter().zip(&statements).map(
+            |((_, params), statement)| {
+                tx.execute_raw(
+                    statement,
+                    params.iter().map(|p| p.as_ref() as &(dyn ToSql + Sync)),
+                )
+            },
+        ))
+        .await?;
+        tx.commit().await?;
+        bump(&client).await;
+        Ok(Some(cancel_requested))
+    }
+}
+
+/// Stores `bytes` as a blob when longer than [`INLINE_OUTPUT_BYTES`], named by their SHA-256, once.
+async fn put_blob(tx: &deadpool_postgres::Transaction<'_>, bytes: &[u8]) -> Result<Option<String>> {
+    if bytes.len() <= INLINE_OUTPUT_BYTES {
+        return Ok(None);
+    }
+    let mut measured = Measured::default();
+    std::io::Write::write_all(&mut measured, bytes)
+        .map_err(|e| Failure::Store(StoreError::new(format!("cannot name a large output: {e}"))))?;
+    let name = measured.name();
+    tx.execute(
+        "INSERT INTO blobs (hash, data) VALUES ($1, $2) ON CONFLICT (hash) DO NOTHING",
+        &[&name, &bytes],
+    )
+    .await?;
+    Ok(Some(name))
+}
+
+/// A result as a record, its output and text over [`INLINE_OUTPUT_BYTES`] stored in `blobs` and left out
+/// of the record: the record and the names of the blobs.
+async fn put_result(
+    tx: &deadpool_postgres::Transaction<'_>,
+    result: &StepResult,
+) -> Result<(String, Option<String>, Option<String>)> {
+    let output = serde_json::to_vec(&result.output).unwrap_or_else(|_| b"null".to_vec());
+    let output_blob = put_blob(tx, &output).await?;
+    drop(output);
+    let text_blob = put_blob(tx, result.text.as_bytes()).await?;
+    let record = record::encode(&record::StepResult::of(
+        result,
+        match output_blob {
+            Some(_) => serde_json::Value::Null,
+            None => result.output.clone(),
+        },
+        match text_blob {
+            Some(_) => String::new(),
+            None => result.text.clone(),
+        },
+    ));
+    Ok((record, output_blob, text_blob))
+}

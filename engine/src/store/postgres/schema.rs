@@ -1,0 +1,263 @@
+//! The store's tables on PostgreSQL: an ordered list of migrations, applied on first use in one transaction
+//! that holds an advisory lock (two processes starting together migrate once), the version applied kept in
+//! `archon_schema_version`. Tables go into the connection's current schema (`search_path`).
+
+use super::{Failure, Inner, Result};
+use crate::store::StoreError;
+
+/// The schema, one migration per version. Timestamps are milliseconds since the epoch (`BIGINT`);
+/// records are the store's own versioned JSON text (`TEXT`, decoded as SQLite's are, with a `format`
+/// column), large outputs `BYTEA` in `blobs`. `ord` columns keep the order rows were written in.
+const MIGRATIONS: &[&str] = &[r#"
+CREATE TABLE runs (
+    id TEXT PRIMARY KEY,
+    workflow TEXT NOT NULL,
+    spec_path TEXT NOT NULL,
+    spec_hash TEXT NOT NULL,
+    status TEXT NOT NULL,
+    inputs TEXT NOT NULL,
+    workdir TEXT NOT NULL,
+    max_parallel BIGINT NOT NULL,
+    started_at BIGINT NOT NULL,
+    finished_at BIGINT,
+    outputs TEXT,
+    error TEXT,
+    generation BIGINT NOT NULL DEFAULT 0,
+    owner_pid BIGINT,
+    owner_host TEXT,
+    owner_started BIGINT,
+    owner_token TEXT,
+    lease_until BIGINT,
+    cancel_requested BOOLEAN NOT NULL DEFAULT FALSE,
+    -- The owner serves several runs at once (`archon serve`): `cancel` never signals it.
+    owner_serves BOOLEAN NOT NULL DEFAULT FALSE,
+    format BIGINT NOT NULL
+);
+CREATE INDEX runs_by_start ON runs (started_at, id);
+-- Run ids by prefix, in byte order whatever the database's collation.
+CREATE INDEX runs_by_id ON runs (id COLLATE "C");
+CREATE TABLE files (
+    run_id TEXT NOT NULL REFERENCES runs (id),
+    position BIGINT NOT NULL,
+    path TEXT NOT NULL,
+    text TEXT NOT NULL,
+    PRIMARY KEY (run_id, position)
+);
+CREATE TABLE blobs (
+    hash TEXT PRIMARY KEY,
+    data BYTEA NOT NULL
+);
+CREATE TABLE attempts (
+    run_id TEXT NOT NULL REFERENCES runs (id),
+    step TEXT NOT NULL,
+    attempt BIGINT NOT NULL,
+    generation BIGINT NOT NULL,
+    fallback BOOLEAN NOT NULL,
+    status TEXT NOT NULL,
+    error TEXT,
+    started_at BIGINT NOT NULL,
+    ended_at BIGINT,
+    pgid BIGINT,
+    pgid_started BIGINT,
+    -- Where the attempt ran: its process group means something on that host only.
+    host TEXT,
+    ord BIGSERIAL,
+    PRIMARY KEY (run_id, step, attempt)
+);
+CREATE TABLE results (
+    run_id TEXT NOT NULL REFERENCES runs (id),
+    step TEXT NOT NULL,
+    generation BIGINT NOT NULL,
+    status TEXT NOT NULL,
+    result TEXT NOT NULL,
+    output_blob TEXT REFERENCES blobs (hash),
+    text_blob TEXT REFERENCES blobs (hash),
+    finished_at BIGINT NOT NULL,
+    format BIGINT NOT NULL,
+    ord BIGSERIAL,
+    PRIMARY KEY (run_id, step)
+);
+CREATE TABLE events (
+    run_id TEXT NOT NULL REFERENCES runs (id),
+    seq BIGINT NOT NULL,
+    at BIGINT NOT NULL,
+    event TEXT NOT NULL,
+    format BIGINT NOT NULL,
+    PRIMARY KEY (run_id, seq)
+);
+CREATE TABLE checkpoints (
+    run_id TEXT NOT NULL REFERENCES runs (id),
+    step TEXT NOT NULL,
+    generation BIGINT NOT NULL,
+    state TEXT NOT NULL,
+    at BIGINT NOT NULL,
+    format BIGINT NOT NULL,
+    PRIMARY KEY (run_id, step)
+);
+CREATE TABLE approvals (
+    run_id TEXT NOT NULL REFERENCES runs (id),
+    key TEXT NOT NULL,
+    step TEXT NOT NULL,
+    request TEXT NOT NULL,
+    requested_at BIGINT NOT NULL,
+    decision TEXT,
+    decided_at BIGINT,
+    format BIGINT NOT NULL,
+    ord BIGSERIAL,
+    PRIMARY KEY (run_id, key)
+);
+CREATE TABLE logs (
+    run_id TEXT NOT NULL REFERENCES runs (id),
+    seq BIGINT NOT NULL,
+    step TEXT NOT NULL,
+    attempt BIGINT NOT NULL,
+    source TEXT NOT NULL,
+    stream TEXT NOT NULL,
+    text TEXT NOT NULL,
+    at BIGINT NOT NULL,
+    format BIGINT NOT NULL,
+    PRIMARY KEY (run_id, seq)
+);
+CREATE INDEX logs_by_step ON logs (run_id, step, attempt);
+CREATE TABLE cache (
+    key TEXT PRIMARY KEY,
+    workflow TEXT NOT NULL,
+    step TEXT NOT NULL,
+    run_id TEXT NOT NULL,
+    source TEXT NOT NULL,
+    result TEXT NOT NULL,
+    output_blob TEXT,
+    text_blob TEXT,
+    size BIGINT NOT NULL,
+    created_at BIGINT NOT NULL,
+    expires_at BIGINT,
+    format BIGINT NOT NULL
+);
+CREATE INDEX cache_by_workflow ON cache (workflow);
+CREATE TABLE firings (
+    workflow TEXT NOT NULL,
+    trigger_name TEXT NOT NULL,
+    slot TEXT NOT NULL,
+    kind TEXT NOT NULL,
+    slot_at BIGINT NOT NULL,
+    fired_at BIGINT NOT NULL,
+    run_id TEXT,
+    outcome TEXT NOT NULL,
+    reason TEXT,
+    inputs TEXT NOT NULL,
+    format BIGINT NOT NULL,
+    ord BIGSERIAL,
+    PRIMARY KEY (workflow, trigger_name, slot)
+);
+CREATE INDEX firings_by_run ON firings (run_id);
+CREATE TABLE triggers (
+    workflow TEXT NOT NULL,
+    trigger_name TEXT NOT NULL,
+    armed_at BIGINT NOT NULL,
+    last_slot_at BIGINT,
+    PRIMARY KEY (workflow, trigger_name)
+);
+CREATE SEQUENCE archon_changes;
+"#];
+
+/// The tables whose rows belong to a run (by `run_id`), which `prune` deletes with it.
+pub(super) const RUN_TABLES: &[&str] = &[
+    "files",
+    "attempts",
+    "results",
+    "events",
+    "checkpoints",
+    "approvals",
+    "logs",
+];
+
+/// The version of the schema this archon writes: one per migration.
+pub const SCHEMA_VERSION: usize = MIGRATIONS.len();
+
+/// The advisory lock migrations hold: "ARCN", and the schema's name hashed (one lock per schema).
+const LOCK: &str = "SELECT pg_advisory_xact_lock(1095910222, hashtext(current_schema()))";
+
+/// Whether the store's tables exist in the current schema.
+pub(super) async fn exists(inner: &Inner) -> Result<bool> {
+    let client = inner.client().await?;
+    let row = client
+        .query_one(
+            "SELECT to_regclass(quote_ident(current_schema()) || '.archon_schema_version') IS NOT NULL",
+            &[],
+        )
+        .await?;
+    Ok(row.get(0))
+}
+
+/// The version applied, if the version table exists.
+async fn version(client: &impl deadpool_postgres::GenericClient) -> Result<Option<i64>> {
+    let present: bool = client
+        .query_one(
+            "SELECT to_regclass(quote_ident(current_schema()) || '.archon_schema_version') IS NOT NULL",
+            &[],
+        )
+        .await?
+        .get(0);
+    if !present {
+        return Ok(None);
+    }
+    let row = client
+        .query_opt("SELECT version FROM archon_schema_version", &[])
+        .await?;
+    Ok(Some(row.map_or(0, |r| r.get(0))))
+}
+
+fn too_new(inner: &Inner, version: i64) -> Failure {
+    Failure::Store(
+        StoreError::new(format!(
+            "run store `{}` has schema version `{version}`, newer than this archon knows (`{SCHEMA_VERSION}`)",
+            inner.shown
+        ))
+        .with_hint("use the archon version that wrote it, or a newer one"),
+    )
+}
+
+/// Brings the schema up to date (under the advisory lock, from the version found once holding it).
+pub(super) async fn migrate(inner: &Inner) -> Result<()> {
+    let mut client = inner.client().await?;
+    let latest = SCHEMA_VERSION as i64;
+    match version(&client).await? {
+        Some(v) if v == latest => return Ok(()),
+        Some(v) if v > latest => return Err(too_new(inner, v)),
+        _ => {}
+    }
+    let schema: Option<String> = client
+        .query_one("SELECT current_schema()", &[])
+        .await?
+        .get(0);
+    if schema.is_none() {
+        return Err(Failure::Store(
+            StoreError::new(format!(
+                "run store `{}` has no schema to create its tables in",
+                inner.shown
+            ))
+            .with_hint("create the schema named by the connection's `search_path`, or connect to a database with `public`"),
+        ));
+    }
+    let tx = client.transaction().await?;
+    tx.execute(LOCK, &[]).await?;
+    tx.batch_execute("CREATE TABLE IF NOT EXISTS archon_schema_version (version BIGINT NOT NULL)")
+        .await?;
+    let found = version(&tx).await?.unwrap_or(0);
+    if found > latest {
+        return Err(too_new(inner, found));
+    }
+    for migration in MIGRATIONS.iter().skip(found as usize) {
+        tx.batch_execute(migration).await?;
+    }
+    if found < latest {
+        tx.execute("DELETE FROM archon_schema_version", &[]).await?;
+        tx.execute(
+            "INSERT INTO archon_schema_version (version) VALUES ($1)",
+            &[&latest],
+        )
+        .await?;
+    }
+    tx.commit().await?;
+    Ok(())
+}
