@@ -46,6 +46,8 @@ fn admin(sql: String) -> Result<(), String> {
 
 /// Whether the PostgreSQL half runs: `None` (with the reason printed) when the server cannot be reached
 /// outside CI; a failure in CI.
+// The reason a test skips is for the person running it.
+#[allow(clippy::print_stderr)]
 fn postgres_reachable() -> bool {
     match admin("SELECT 1".to_owned()) {
         Ok(()) => true,
@@ -167,6 +169,9 @@ fn backends() -> Vec<Box<dyn Backend>> {
     }
     backends
 }
+
+/// An attempt as the tests compare it: step, number, status, process group, error.
+type AttemptRow<'a> = (&'a str, u32, &'a str, Option<u32>, Option<&'a str>);
 
 fn new_run(id: &str, workflow: &str) -> NewRun {
     let mut inputs = Map::new();
@@ -443,7 +448,7 @@ async fn what_a_journal_records_loads_back() {
         )
         .await;
         let run = store.load("r1").expect("loads");
-        let attempts: Vec<(&str, u32, &str, Option<u32>, Option<&str>)> = run
+        let attempts: Vec<AttemptRow<'_>> = run
             .attempts
             .iter()
             .map(|a| {
@@ -1239,7 +1244,7 @@ async fn a_trigger_slot_is_recorded_once() {
         );
         // Its run was never created: a restart starts it, with its inputs.
         let unstarted = store.unstarted_firings().expect("unstarted");
-        assert_eq!(unstarted, [one.clone()], "{name}");
+        assert_eq!(unstarted, std::slice::from_ref(&one), "{name}");
         // A queued firing dropped before its run started is skipped for good, without a run.
         let three = firing(
             "2026-01-03T00:00:00Z",
@@ -1271,7 +1276,7 @@ async fn a_trigger_slot_is_recorded_once() {
         );
         assert_eq!(
             store.unstarted_firings().expect("unstarted"),
-            [one.clone()],
+            std::slice::from_ref(&one),
             "{name}"
         );
         store.create_run(&new_run("rA", "w")).expect("created");
