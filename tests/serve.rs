@@ -897,6 +897,19 @@ fn a_non_loopback_bind_without_a_token_is_refused() {
         stderr,
         "error: cannot read token file `nope`: no such file or directory (os error 2)\n  hint: each line is `operator TOKEN` or `viewer TOKEN`\n"
     );
+    // A token a guess finds is no token.
+    let output = Command::new(env!("CARGO_BIN_EXE_archon"))
+        .args(["serve", ".", "--bind", "0.0.0.0", "--port", "0"])
+        .current_dir(dir.path())
+        .env("ARCHON_SERVE_TOKEN", "a")
+        .stdin(Stdio::null())
+        .output()
+        .expect("archon runs");
+    assert_eq!(output.status.code(), Some(2));
+    assert_eq!(
+        String::from_utf8_lossy(&output.stderr),
+        "error: `ARCHON_SERVE_TOKEN` needs at least 16 characters\n  hint: use a long random value, such as the output of `openssl rand -hex 32`\n"
+    );
 }
 
 #[tokio::test]

@@ -160,6 +160,18 @@ async fn a_signed_delivery_starts_one_run_with_its_body_and_bad_ones_are_refused
     let signed = sign(HOOK_SECRET.as_bytes(), &huge);
     let (status, answer) = deliver(&server, "hooked", &huge, Some(&signed), "d-3").await;
     assert_eq!(status, 413, "{answer}");
+    // Unsigned, it is refused for that before a byte of it is read.
+    let (status, answer) = deliver(&server, "hooked", &huge, None, "d-3").await;
+    assert_eq!(
+        (status, &answer["error"]),
+        (
+            401,
+            &json!(
+                "the delivery is not signed: send `X-Archon-Signature: sha256=<hex>` (or `X-Hub-Signature-256`)"
+            )
+        ),
+        "{answer}"
+    );
 
     // No such webhook.
     let (status, _) = deliver(&server, "nope", body, Some(&good), "d-4").await;
@@ -732,4 +744,71 @@ async fn a_queued_firing_that_cancel_previous_replaces_is_recorded_skipped_and_n
     assert_eq!(outcomes(&page), expected);
     let (_, runs_page) = server.get("/api/v1/runs?workflow=replace").await;
     assert_eq!(runs_page["total"], 2, "{runs_page}");
+}
+
+/// A webhook's run cancelled while it waits in the server's queue never starts: its firing is
+/// recorded as skipped, so the next server does not start it either.
+#[tokio::test]
+async fn a_webhook_run_cancelled_in_the_queue_is_recorded_skipped_and_never_starts() {
+    let dir = TempDir::new().expect("tempdir");
+    std::fs::write(
+        dir.path().join("held.yaml"),
+        r#"name: held
+secrets: [HOOK_SECRET]
+inputs:
+  event: { type: object }
+triggers:
+  - name: hook
+    webhook: { secret: HOOK_SECRET, input: event }
+steps:
+  - id: wait
+    tool: exec
+    with: { argv: [sleep, "600"] }
+"#,
+    )
+    .expect("write");
+    std::fs::write(dir.path().join("tokens"), format!("operator {OPERATOR}\n")).expect("write");
+    let mut server = serve(
+        dir.path(),
+        &["--token-file", "tokens", "--max-runs", "1"],
+        &[("HOOK_SECRET", HOOK_SECRET)],
+    );
+    server.token = Some(OPERATOR.to_owned());
+    let body = br#"{"n": 1}"#;
+    let signature = sign(HOOK_SECRET.as_bytes(), body);
+    let (status, first) = deliver(&server, "held", body, Some(&signature), "d1").await;
+    assert_eq!(status, 202, "{first}");
+    let (status, second) = deliver(&server, "held", body, Some(&signature), "d2").await;
+    assert_eq!((status, &second["queued"]), (202, &json!(true)), "{second}");
+    let queued = second["run_id"].as_str().expect("a run id");
+    let (status, cancelled) = server
+        .post(&format!("/api/v1/runs/{queued}/cancel"), Json::Null)
+        .await;
+    assert_eq!(status, 200, "{cancelled}");
+    assert_eq!(cancelled["status"], "dequeued");
+    let (_, firings) = server.get("/api/v1/firings?workflow=held").await;
+    assert_eq!(
+        (
+            &firings["firings"][0]["slot"],
+            &firings["firings"][0]["outcome"],
+            &firings["firings"][0]["reason"]
+        ),
+        (
+            &json!("d2"),
+            &json!("skipped"),
+            &json!("cancelled before its run started")
+        )
+    );
+    assert!(server.stop().success());
+    // Durably: nothing is left for the next start to run.
+    let session = Session::open(&dir.path().join(".archon")).expect("the store opens");
+    assert_eq!(
+        session
+            .unstarted_firings()
+            .expect("read")
+            .iter()
+            .map(|f| f.slot.as_str())
+            .collect::<Vec<_>>(),
+        Vec::<&str>::new()
+    );
 }

@@ -123,6 +123,9 @@ impl std::fmt::Debug for Token {
 #[derive(Clone, Debug, Default)]
 pub struct Tokens(Vec<Token>);
 
+/// The fewest characters a token may have.
+const MIN_TOKEN: usize = 16;
+
 impl Tokens {
     /// The tokens of `--token-file`, else the operator token in `ARCHON_SERVE_TOKEN`, else none.
     pub fn load(file: Option<&Path>) -> Result<Tokens, Refusal> {
@@ -146,6 +149,11 @@ impl Tokens {
                 message: "`ARCHON_SERVE_TOKEN` is empty".to_owned(),
                 hint: "set it to the operator token, or unset it".to_owned(),
             }),
+            Ok(token) if token.trim().len() < MIN_TOKEN => Err(Refusal {
+                message: format!("`ARCHON_SERVE_TOKEN` needs at least {MIN_TOKEN} characters"),
+                hint: "use a long random value, such as the output of `openssl rand -hex 32`"
+                    .to_owned(),
+            }),
             Ok(token) => Ok(Tokens(vec![Token {
                 role: Role::Operator,
                 secret: token.trim().to_owned(),
@@ -158,6 +166,7 @@ impl Tokens {
     /// Reads the lines of a token file.
     pub fn parse(text: &str) -> Result<Tokens, String> {
         let mut tokens = Vec::new();
+        let mut lines: HashMap<&str, usize> = HashMap::new();
         for (n, line) in text.lines().enumerate() {
             let line = line.trim();
             if line.is_empty() || line.starts_with('#') {
@@ -179,12 +188,17 @@ impl Tokens {
             let Some(secret) = words.next() else {
                 return Err(format!("line {}: the token is missing", n + 1));
             };
-            if secret.len() < 16 {
+            if secret.len() < MIN_TOKEN {
                 return Err(format!(
-                    "line {}: a token needs at least 16 characters",
+                    "line {}: a token needs at least {MIN_TOKEN} characters",
                     n + 1
                 ));
             }
+            // The same token twice would hold whichever role came first: say so instead.
+            if let Some(before) = lines.get(secret) {
+                return Err(format!("line {}: the token of line {before} again", n + 1));
+            }
+            lines.insert(secret, n + 1);
             let name: Vec<&str> = words.collect();
             tokens.push(Token {
                 role,
@@ -567,10 +581,18 @@ struct LoginForm {
     next: Option<String>,
 }
 
-/// Where to go after logging in: a path of this server, nothing else.
+/// Where a login sends the browser next: a path of this server, else `/`. Only visible ASCII is
+/// kept, because browsers drop tabs and newlines from a URL (`/<TAB>/evil` becomes `//evil`, another
+/// host) and read a backslash as `/`.
 fn local_target(next: Option<&str>) -> String {
     match next {
-        Some(n) if n.starts_with('/') && !n.starts_with("//") && !n.contains('\\') => n.to_owned(),
+        Some(n)
+            if n.starts_with('/')
+                && !n.starts_with("//")
+                && n.bytes().all(|b| b.is_ascii_graphic() && b != b'\\') =>
+        {
+            n.to_owned()
+        }
         _ => "/".to_owned(),
     }
 }
@@ -671,6 +693,10 @@ mod tests {
             Err("line 1: a token needs at least 16 characters".to_owned())
         );
         assert_eq!(
+            Tokens::parse("viewer 0123456789abcdef\noperator 0123456789abcdef\n").map(|_| ()),
+            Err("line 2: the token of line 1 again".to_owned())
+        );
+        assert_eq!(
             Tokens::parse("# nothing\n").map(|_| ()),
             Err("no token in it".to_owned())
         );
@@ -727,6 +753,10 @@ mod tests {
         assert_eq!(local_target(Some("//evil.example/")), "/");
         assert_eq!(local_target(Some("https://evil.example/")), "/");
         assert_eq!(local_target(Some("/\\evil.example")), "/");
+        assert_eq!(local_target(Some("/\t/evil.example")), "/");
+        assert_eq!(local_target(Some("/\n/evil.example")), "/");
+        assert_eq!(local_target(Some("/ /evil.example")), "/");
+        assert_eq!(local_target(Some("/runs/é")), "/");
         assert_eq!(local_target(None), "/");
     }
 }

@@ -400,8 +400,21 @@ impl Executor {
         };
         if let Some(removed) = dequeued {
             self.wake();
-            // A new run that never started has nothing stored to cancel.
+            // A new run that never started has nothing stored to cancel; a trigger's firing that
+            // would start it is recorded as skipped, so that no later start runs it.
             if removed.iter().all(|j| matches!(j.work, Work::Start { .. })) {
+                if removed.iter().any(|j| j.trigger.is_some()) {
+                    let id = run_id.to_owned();
+                    app.read(move |session| {
+                        session
+                            .skip_unstarted_firing(&id, "cancelled before its run started")
+                            .map_err(|e| ApiError::store(&e))
+                    })
+                    .await
+                    .map_err(|e| {
+                        e.with_hint("the run left the queue, but the next `archon serve` starts it")
+                    })?;
+                }
                 return Ok(Cancelled {
                     run_id: run_id.to_owned(),
                     status: "dequeued".to_owned(),

@@ -49,10 +49,16 @@ const MAX_FIRINGS_OFFSET: usize = 10_000;
 
 /// The webhooks of the served workflows, read once when the server starts (their secrets' values
 /// included), by workflow id.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Hooks {
     hooks: BTreeMap<String, Result<Arc<Webhook>, String>>,
+    /// Bodies being read at once: each holds up to `MAX_BODY_BYTES` before its signature is checked.
+    reading: Arc<tokio::sync::Semaphore>,
 }
+
+/// Most delivery bodies read at once (so at most this many times `MAX_BODY_BYTES` in memory); one more
+/// is answered `503`.
+const MAX_BODIES_READ: usize = 32;
 
 impl Hooks {
     /// The webhook of every valid served workflow that has one; one whose secret has no value is kept
@@ -77,7 +83,10 @@ impl Hooks {
                 }
             }
         }
-        Hooks { hooks }
+        Hooks {
+            hooks,
+            reading: Arc::new(tokio::sync::Semaphore::new(MAX_BODIES_READ)),
+        }
     }
 }
 
@@ -106,50 +115,37 @@ async fn deliver(
     request: Request,
 ) -> Response {
     let Some(hook) = hooks.hooks.get(&workflow) else {
-        return ApiError::not_found(format!("no webhook for workflow `{workflow}`"))
-            .with_hint(
-                "a served workflow takes deliveries when one of its `triggers` is a `webhook`",
-            )
-            .into_response();
+        return unread(
+            ApiError::not_found(format!("no webhook for workflow `{workflow}`"))
+                .with_hint(
+                    "a served workflow takes deliveries when one of its `triggers` is a `webhook`",
+                )
+                .into_response(),
+        );
     };
     let hook = match hook {
         Ok(hook) => hook.clone(),
         Err(reason) => {
-            return ApiError::new(StatusCode::SERVICE_UNAVAILABLE, reason.clone())
-                .with_hint("set the secret's value and start the server again")
-                .into_response();
+            return unread(
+                ApiError::new(StatusCode::SERVICE_UNAVAILABLE, reason.clone())
+                    .with_hint("set the secret's value and start the server again")
+                    .into_response(),
+            );
         }
     };
-    // The rest of the body is not read: the connection closes, and says so, so that a client does
-    // not send its next request on it.
     let too_large = || {
-        let mut response = ApiError::new(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            WebhookError::TooLarge {
-                limit: MAX_BODY_BYTES,
-            }
-            .to_string(),
+        unread(
+            ApiError::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                WebhookError::TooLarge {
+                    limit: MAX_BODY_BYTES,
+                }
+                .to_string(),
+            )
+            .into_response(),
         )
-        .into_response();
-        response.headers_mut().insert(
-            axum::http::header::CONNECTION,
-            axum::http::HeaderValue::from_static("close"),
-        );
-        response
     };
     let (parts, body) = request.into_parts();
-    let declared = parts
-        .headers
-        .get(axum::http::header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok());
-    if declared.is_some_and(|n| n > MAX_BODY_BYTES as u64) {
-        return too_large();
-    }
-    // Read at most the limit: a longer body stops being read there.
-    let Ok(body) = axum::body::to_bytes(body, MAX_BODY_BYTES).await else {
-        return too_large();
-    };
     let header = |name: &str| {
         parts
             .headers
@@ -164,6 +160,39 @@ async fn deliver(
         .iter()
         .find_map(|h| header(h));
     let authorization = header("authorization");
+    // What the headers alone decide comes before the body is read, and only so many bodies are read at
+    // once: a sender without the token or a signature costs no memory.
+    let in_headers = Delivery {
+        body: &[],
+        signature: signature.as_deref(),
+        authorization: authorization.as_deref(),
+        id: delivery_id.as_deref(),
+    };
+    if let Err(refused) = hook.verify_headers(&in_headers) {
+        return unread(refusal(refused).into_response());
+    }
+    let Ok(_reading) = hooks.reading.clone().try_acquire_owned() else {
+        return unread(
+            ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                format!("{MAX_BODIES_READ} deliveries are being read already, the most at once"),
+            )
+            .with_hint("deliver it again in a moment")
+            .into_response(),
+        );
+    };
+    let declared = parts
+        .headers
+        .get(axum::http::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > MAX_BODY_BYTES as u64) {
+        return too_large();
+    }
+    // Read at most the limit: a longer body stops being read there.
+    let Ok(body) = axum::body::to_bytes(body, MAX_BODY_BYTES).await else {
+        return too_large();
+    };
     // A place in the queue first: a delivery the server cannot take now is refused unrecorded, so that
     // the sender's next attempt runs instead of being a replay.
     let room = match app.executor.reserve() {
@@ -214,24 +243,37 @@ async fn deliver(
             axum::Json(json!({"delivery": delivery, "replayed": true})),
         )
             .into_response(),
-        Err(ReceiveError::Refused(refused)) => {
-            let status = match refused {
-                WebhookError::TooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
-                WebhookError::MissingSignature
-                | WebhookError::BadSignature
-                | WebhookError::MissingToken
-                | WebhookError::BadToken => StatusCode::UNAUTHORIZED,
-                WebhookError::MissingDelivery
-                | WebhookError::BadDelivery
-                | WebhookError::NotJson(_)
-                | WebhookError::Invalid { .. } => StatusCode::BAD_REQUEST,
-            };
-            ApiError::new(status, refused.to_string()).into_response()
-        }
+        Err(ReceiveError::Refused(refused)) => refusal(refused).into_response(),
         Err(ReceiveError::Store(e)) => ApiError::store(&e)
             .with_hint("the delivery is not recorded: deliver it again")
             .into_response(),
     }
+}
+
+/// An answer given without reading the request's body: the connection closes, and says so, so that
+/// a client does not send its next request on it.
+fn unread(mut response: Response) -> Response {
+    response.headers_mut().insert(
+        axum::http::header::CONNECTION,
+        axum::http::HeaderValue::from_static("close"),
+    );
+    response
+}
+
+/// The answer to a refused delivery.
+fn refusal(refused: WebhookError) -> ApiError {
+    let status = match refused {
+        WebhookError::TooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+        WebhookError::MissingSignature
+        | WebhookError::BadSignature
+        | WebhookError::MissingToken
+        | WebhookError::BadToken => StatusCode::UNAUTHORIZED,
+        WebhookError::MissingDelivery
+        | WebhookError::BadDelivery
+        | WebhookError::NotJson(_)
+        | WebhookError::Invalid { .. } => StatusCode::BAD_REQUEST,
+    };
+    ApiError::new(status, refused.to_string())
 }
 
 /// Starts a firing's run through the executor, under the run id the firing recorded.
