@@ -188,3 +188,76 @@ steps:
     assert!(follow.wait().expect("exits").success());
     assert!(run.wait().expect("exits").success());
 }
+
+/// Writes `x` times the first argument and the head of the third argument cut at the second, waits until
+/// the reader has taken all of it from the pipe, then writes the rest and ` end`.
+const SPLIT_WRITER: &str = r#"import fcntl, struct, sys, termios, time
+n, k, v = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3].encode()
+out = sys.stdout.buffer
+def drained():
+    while struct.unpack("i", fcntl.ioctl(1, termios.FIONREAD, b"\0\0\0\0"))[0]:
+        time.sleep(0.002)
+out.write(b"x" * n + v[:k]); out.flush(); drained()
+out.write(v[k:] + b" end\n"); out.flush()
+"#;
+
+/// A secret written in two parts around the 64 KiB cut of a long line (the second once the first was
+/// read) is masked in the stored logs and the step's text; a start of the secret that is not the secret
+/// is kept whole. Skipped without `python3` (which can wait for the pipe to be read), except in CI.
+#[test]
+#[allow(clippy::print_stderr)]
+fn a_secret_written_across_a_long_lines_cut_is_masked() {
+    if Command::new("python3").arg("-V").output().is_err() {
+        let why = "python3 is not installed";
+        assert!(std::env::var("CI").as_deref() != Ok("true"), "{why}");
+        eprintln!("skipped: {why}");
+        return;
+    }
+    let dir = TempDir::new().expect("tempdir");
+    std::fs::write(dir.path().join("split.py"), SPLIT_WRITER).expect("write");
+    let secret = "s3cr3tvalue1234567890";
+    // (step, bytes before, where the value is cut, the value, what is shown of it)
+    let cases = [
+        ("at5", 65533, 5, "{{ secrets.MYSEC }}", "***"),
+        ("at18", 65524, 18, "{{ secrets.MYSEC }}", "***"),
+        ("at1", 65535, 1, "{{ secrets.MYSEC }}", "***"),
+        ("at11", 65530, 11, "{{ secrets.MYSEC }}", "***"),
+        (
+            "not",
+            65533,
+            5,
+            "s3cr3tvalue12345XYZ",
+            "s3cr3tvalue12345XYZ",
+        ),
+    ];
+    let mut spec = "name: split\nsecrets: [MYSEC]\nsteps:\n".to_owned();
+    for (id, before, at, value, _) in cases {
+        spec.push_str(&format!(
+            "  - {{ id: {id}, tool: exec, with: {{ argv: [python3, split.py, \"{before}\", \"{at}\", \"{value}\"] }} }}\n"
+        ));
+    }
+    std::fs::write(dir.path().join("split.yaml"), spec).expect("write");
+    let run = archon_with(
+        dir.path(),
+        &["run", "--json", "split.yaml"],
+        &[("MYSEC", secret)],
+    );
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    let report: Json = serde_json::from_str(&run.stdout).expect("report");
+    let id = last_run(dir.path());
+    for (step, before, at, _, shown) in cases {
+        let expected = format!("{}{shown} end\n", "x".repeat(before));
+        let Output { stdout, .. } = archon(dir.path(), &["logs", &id, step]);
+        assert!(
+            stdout == expected,
+            "{step}: the logs end `{}`",
+            &stdout[stdout.len().saturating_sub(40)..]
+        );
+        let text = report["steps"][step]["text"].as_str().unwrap_or_default();
+        assert!(
+            text == expected,
+            "{step} (cut at {at}): the text ends `{}`",
+            &text[text.len().saturating_sub(40)..]
+        );
+    }
+}

@@ -31,6 +31,9 @@ pub struct Redactor {
     values: Vec<String>,
     /// Every form of every value, longest first, so that a secret containing another is masked whole.
     pattern: Option<Regex>,
+    /// Most bytes one form of a value can span (a character is at most six bytes in any form: `\u0070`
+    /// in JSON, three per byte percent-encoded, four per three bytes in base64).
+    longest_form: usize,
 }
 
 impl Redactor {
@@ -39,7 +42,12 @@ impl Redactor {
         values.sort_by(|a, b| b.len().cmp(&a.len()).then_with(|| a.cmp(b)));
         values.dedup();
         let pattern = compile(&values);
-        Redactor { values, pattern }
+        let longest_form = values.first().map_or(0, |v| v.len() * 6);
+        Redactor {
+            values,
+            pattern,
+            longest_form,
+        }
     }
 
     /// This redactor's values and `other`'s.
@@ -107,13 +115,45 @@ impl Redactor {
     /// of a secret the cut would go through, else `at`. What is kept then holds secrets only whole, and
     /// whole ones are masked wherever the kept text goes.
     pub fn cut_before(&self, text: &str, at: usize) -> usize {
+        self.split_by(text, at).map_or(at, |(start, _)| start)
+    }
+
+    /// Where to cut `text`, of which more is still to come, at `at` or before, so that neither what is
+    /// before the cut nor it joined with anything that follows holds a secret unmasked: the cut splits no
+    /// secret found whole in `text`, and the tail that may be the start of a secret the next bytes
+    /// complete (the last bytes, fewer than the longest form of a value spans) is held back. A secret
+    /// that starts `text` and that `at` would split is passed on whole (the cut is then its end). `0`
+    /// when nothing can be passed on before more arrives.
+    pub fn cut_streaming(&self, text: &str, at: usize) -> usize {
+        if self.is_empty() {
+            return crate::text::floor_boundary(text, at);
+        }
+        let held = text
+            .len()
+            .saturating_sub(self.longest_form.saturating_sub(1));
+        let at = crate::text::floor_boundary(text, at.min(held));
+        match self.split_by(text, at) {
+            None => at,
+            // Whole in `text`: it starts before `at`, which is at least the longest form before its end.
+            Some((0, end)) => end,
+            Some((start, _)) => start,
+        }
+    }
+
+    /// Whether a value holds a line break, so that text cut after a line may split it.
+    pub fn spans_lines(&self) -> bool {
+        self.values.iter().any(|v| v.contains('\n'))
+    }
+
+    /// The first form of a value in `text` that a cut at `at` would split, as its start and end.
+    fn split_by(&self, text: &str, at: usize) -> Option<(usize, usize)> {
         let splits = |start: usize, end: usize| start < at && at < end;
-        let split = match &self.pattern {
+        match &self.pattern {
             Some(pattern) => pattern
                 .find_iter(text)
                 .take_while(|m| m.start() < at)
                 .find(|m| splits(m.start(), m.end()))
-                .map(|m| m.start()),
+                .map(|m| (m.start(), m.end())),
             None => self
                 .values
                 .iter()
@@ -121,11 +161,10 @@ impl Redactor {
                 .filter_map(|form| {
                     text.match_indices(form.as_str())
                         .find(|(start, _)| splits(*start, start + form.len()))
-                        .map(|(start, _)| start)
+                        .map(|(start, _)| (start, start + form.len()))
                 })
                 .min(),
-        };
-        split.unwrap_or(at)
+        }
     }
 
     pub fn string(&self, text: &mut String) {

@@ -249,25 +249,31 @@ struct Captured {
 /// Most bytes of a line passed on to a watcher at once: a longer one goes in parts.
 const WATCHED_LINE_BYTES: usize = 64 * 1024;
 
-/// Where to cut the first part of a line longer than [`WATCHED_LINE_BYTES`]: at a character boundary, and
-/// before a secret the cut would split (unless the secret starts the line).
-fn long_line_cut(pending: &[u8], redactor: &crate::redact::Redactor) -> usize {
-    let head = &pending[..WATCHED_LINE_BYTES];
-    let valid = match std::str::from_utf8(head) {
-        Ok(_) => head.len(),
-        Err(e) if e.valid_up_to() > 0 => e.valid_up_to(),
-        Err(_) => return head.len(),
+/// Where to cut what was read of a stream so far, of which more may come, at `at` or before (`0`: not
+/// yet): at a character boundary, before a secret the cut would split, and before a tail that may be the
+/// start of a secret the next bytes complete (see [`crate::redact::Redactor::cut_streaming`]). Bytes
+/// that are not UTF-8 end what a secret can span.
+fn stream_cut(pending: &[u8], at: usize, redactor: &crate::redact::Redactor) -> usize {
+    let (valid, complete) = match std::str::from_utf8(pending) {
+        Ok(_) => (pending.len(), false),
+        // A character still coming in.
+        Err(e) if e.error_len().is_none() => (e.valid_up_to(), false),
+        // Invalid bytes first: passed on as they are (no secret holds them).
+        Err(e) if e.valid_up_to() == 0 => return e.error_len().unwrap_or(1).min(at),
+        Err(e) => (e.valid_up_to(), true),
     };
-    let text = std::str::from_utf8(&head[..valid]).unwrap_or_default();
-    match redactor.cut_before(text, valid) {
-        0 => valid,
-        cut => cut,
+    let text = std::str::from_utf8(&pending[..valid]).unwrap_or_default();
+    if complete {
+        redactor.cut_before(text, crate::text::floor_boundary(text, at))
+    } else {
+        redactor.cut_streaming(text, at)
     }
 }
 
 /// What a command writes to one stream, passed to its watcher as it comes: whole lines (a line longer
-/// than [`WATCHED_LINE_BYTES`] in parts cut where no secret is split), secrets masked, up to
-/// [`crate::tools::MAX_WATCHED_BYTES`] and then a note that the rest is not passed on.
+/// than [`WATCHED_LINE_BYTES`] in parts), cut where no secret is split and no secret can start in one
+/// part and end in the next, secrets masked, up to [`crate::tools::MAX_WATCHED_BYTES`] and then a note
+/// that the rest is not passed on.
 struct Tee<'a> {
     watch: &'a dyn crate::tools::Watch,
     which: Stream,
@@ -283,12 +289,24 @@ impl Tee<'_> {
             return;
         }
         self.pending.extend_from_slice(bytes);
-        if let Some(end) = self.pending.iter().rposition(|b| *b == b'\n') {
-            let lines: Vec<u8> = self.pending.drain(..=end).collect();
-            self.tell(&lines);
-        }
-        while self.pending.len() > WATCHED_LINE_BYTES {
-            let cut = long_line_cut(&self.pending, self.redactor);
+        loop {
+            let lines = self
+                .pending
+                .iter()
+                .rposition(|b| *b == b'\n')
+                .map(|end| end + 1);
+            let cut = match lines {
+                // A secret holds no line break: after one no secret is split.
+                Some(end) if !self.redactor.spans_lines() => end,
+                Some(end) => stream_cut(&self.pending, end, self.redactor),
+                None if self.pending.len() > WATCHED_LINE_BYTES => {
+                    stream_cut(&self.pending, WATCHED_LINE_BYTES, self.redactor)
+                }
+                None => 0,
+            };
+            if cut == 0 {
+                break;
+            }
             let part: Vec<u8> = self.pending.drain(..cut).collect();
             self.tell(&part);
         }
@@ -365,7 +383,12 @@ impl Captured {
         let mut text = String::from_utf8_lossy(&self.kept).into_owned();
         let mut dropped = self.dropped;
         if text.len() > MAX_CAPTURE_BYTES {
-            let mut cut = redactor.cut_before(&text, MAX_CAPTURE_BYTES);
+            // Bytes were dropped past what is kept: a secret may start in it and end in them.
+            let mut cut = if dropped > 0 {
+                redactor.cut_streaming(&text, MAX_CAPTURE_BYTES)
+            } else {
+                redactor.cut_before(&text, MAX_CAPTURE_BYTES)
+            };
             while !text.is_char_boundary(cut) {
                 cut -= 1;
             }
@@ -378,5 +401,131 @@ impl Captured {
             ));
         }
         text
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::VecDeque;
+    use std::pin::Pin;
+    use std::sync::Mutex;
+    use std::task::{Context, Poll};
+
+    use super::*;
+    use crate::redact::Redactor;
+
+    /// A stream read in exactly the given chunks, as a pipe is when its writer waits between writes.
+    struct Chunks(VecDeque<Vec<u8>>);
+
+    impl tokio::io::AsyncRead for Chunks {
+        fn poll_read(
+            mut self: Pin<&mut Self>,
+            _: &mut Context<'_>,
+            buf: &mut tokio::io::ReadBuf<'_>,
+        ) -> Poll<std::io::Result<()>> {
+            if let Some(mut chunk) = self.0.pop_front() {
+                // What the reader's buffer cannot take is read next.
+                if chunk.len() > buf.remaining() {
+                    let rest = chunk.split_off(buf.remaining());
+                    self.0.push_front(rest);
+                }
+                buf.put_slice(&chunk);
+            }
+            Poll::Ready(Ok(()))
+        }
+    }
+
+    /// What a watcher was told, part by part.
+    #[derive(Default)]
+    struct Told(Mutex<Vec<String>>);
+
+    impl crate::tools::Watch for Told {
+        fn spawned(&self, _: u32) {}
+        fn output(&self, _: Stream, text: &str) {
+            self.0.lock().expect("told").push(text.to_owned());
+        }
+    }
+
+    /// Reads `chunks` as a command's stdout: what the watcher was told, joined, and the step's text,
+    /// masked as the run keeps it.
+    async fn read(chunks: &[&[u8]], redactor: &Redactor) -> (String, String) {
+        let told = Told::default();
+        let mut captured = Captured::default();
+        let stream = Chunks(chunks.iter().map(|c| c.to_vec()).collect());
+        captured
+            .read(Some(stream), Stream::Stdout, Some(&told), redactor)
+            .await;
+        let parts = told.0.into_inner().expect("told");
+        let text = redactor.text(&captured.text(redactor)).into_owned();
+        (parts.concat(), text)
+    }
+
+    /// A secret written in two parts around the cut of a line longer than [`WATCHED_LINE_BYTES`] is
+    /// masked in what the watcher is told (the run's logs) and in the step's text, wherever the line is
+    /// cut and the secret split; a start of the secret that turns out not to be it is passed on whole,
+    /// in order, nothing lost or repeated.
+    #[tokio::test]
+    async fn a_secret_split_across_a_long_lines_cut_is_masked() {
+        let secret = "s3cr3tvalue1234567890";
+        let redactor = Redactor::new([secret.to_owned()]);
+        for written in [secret, "s3cr3tvalue12345XYZ", "s3cr3tvalue1234567890!"] {
+            let shown = written.replace(secret, crate::redact::MASK);
+            for before in [
+                WATCHED_LINE_BYTES - 21,
+                WATCHED_LINE_BYTES - 12,
+                WATCHED_LINE_BYTES - 3,
+                WATCHED_LINE_BYTES - 1,
+                WATCHED_LINE_BYTES,
+                WATCHED_LINE_BYTES + 1,
+            ] {
+                for split in [1, 3, 5, 11, 18] {
+                    let line = "x".repeat(before);
+                    let (head, tail) = written.split_at(split);
+                    let tail = format!("{tail} end\n");
+                    let chunks = [line.as_bytes(), head.as_bytes(), tail.as_bytes()];
+                    let (logs, text) = read(&chunks, &redactor).await;
+                    let expected = format!("{line}{shown} end\n");
+                    assert!(
+                        logs == expected,
+                        "{written} after {before} bytes, split at {split}: the logs end `{}`",
+                        &logs[logs.len().saturating_sub(40)..]
+                    );
+                    assert!(
+                        text == expected,
+                        "{written} after {before} bytes, split at {split}: the text ends `{}`",
+                        &text[text.len().saturating_sub(40)..]
+                    );
+                }
+            }
+        }
+    }
+
+    /// A character of the secret split between reads at the cut does not let it through either.
+    #[tokio::test]
+    async fn a_secret_split_inside_a_character_at_the_cut_is_masked() {
+        let secret = "pässwort-geheim";
+        let redactor = Redactor::new([secret.to_owned()]);
+        let line = "x".repeat(WATCHED_LINE_BYTES - 1);
+        let (head, tail) = secret.as_bytes().split_at(2);
+        let tail = [tail, b" end\n"].concat();
+        let (logs, text) = read(&[line.as_bytes(), head, &tail], &redactor).await;
+        assert_eq!(logs, format!("{line}*** end\n"));
+        assert_eq!(text, format!("{line}*** end\n"));
+    }
+
+    /// A secret of several lines written a line at a time is masked whole, and what follows it on its
+    /// last line is passed on.
+    #[tokio::test]
+    async fn a_secret_of_several_lines_written_line_by_line_is_masked() {
+        let secret = "-----BEGIN KEY-----\nc2VjcmV0LWtleQ==\n-----END KEY-----";
+        let redactor = Redactor::new([secret.to_owned()]);
+        let chunks: Vec<Vec<u8>> = format!("key:\n{secret}\nafter\n")
+            .split_inclusive('\n')
+            .map(|l| l.as_bytes().to_vec())
+            .collect();
+        let chunks: Vec<&[u8]> = chunks.iter().map(Vec::as_slice).collect();
+        let (logs, text) = read(&chunks, &redactor).await;
+        assert_eq!(logs, "key:\n***\nafter\n");
+        assert_eq!(text, "key:\n***\nafter\n");
     }
 }
