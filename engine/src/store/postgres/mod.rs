@@ -13,6 +13,7 @@
 mod journal;
 mod queries;
 mod schema;
+mod tasks;
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -30,6 +31,7 @@ use super::{
 use crate::report::{ApprovalDecision, ApprovalRequest};
 
 pub use schema::SCHEMA_VERSION;
+pub use tasks::WORKERS;
 
 /// How long a run's lease lasts unless renewed; its owner renews it every third of that.
 pub const LEASE: Duration = Duration::from_secs(15);
@@ -661,6 +663,11 @@ impl RunStore for PostgresStore {
                         rustix::process::kill_process(pid, rustix::process::Signal::TERM)
                     });
                 }
+                // A submitted run no worker is working on ends at once; else when its steps stop.
+                if run.owner.as_ref().is_some_and(|o| o.host == WORKERS) {
+                    super::Tasks::reap(self)?;
+                    return Ok(self.load_brief(id)?.status);
+                }
                 Ok(RunState::Running)
             }
             RunState::Interrupted | RunState::WaitingApproval => {
@@ -867,5 +874,9 @@ impl RunStore for PostgresStore {
             cancel,
             runtime()?,
         )))
+    }
+
+    fn tasks(&self) -> Option<&dyn super::Tasks> {
+        Some(self)
     }
 }
