@@ -175,6 +175,11 @@ pub struct RunArgs {
         conflicts_with_all = ["goal", "dry_run", "save_plan", "record", "replay", "json", "events", "yes", "no_input", "no_cache"]
     )]
     pub submit: bool,
+
+    /// With `--submit`: follow the run's events until it ends, then show it and exit as `archon run`
+    /// would (0 succeeded, 1 failed, 130 cancelled or interrupted).
+    #[arg(long, requires = "submit")]
+    pub wait: bool,
 }
 
 /// `archon worker`.

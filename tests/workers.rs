@@ -69,6 +69,16 @@ impl Worker {
     }
 }
 
+/// A worker the test left running (it failed) is not left behind.
+impl Drop for Worker {
+    fn drop(&mut self) {
+        if self.child.try_wait().ok().flatten().is_none() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
 fn worker(db: &Db, n: usize, lease: &str) -> Worker {
     let path = db.path().join(format!("worker-{n}.err"));
     let err = std::fs::File::create(&path).expect("err file");
@@ -305,4 +315,47 @@ fn submitting_needs_a_postgresql_store() {
             "error: runs can be submitted to workers only on a PostgreSQL run store\n  hint: pass `--store postgres://...` (or set `ARCHON_STORE`)\n"
         )
     );
+}
+
+#[test]
+fn run_submit_wait_follows_the_run_to_its_end_and_exits_with_its_status() {
+    let Some(db) = db() else { return };
+    std::fs::write(db.path().join("dag.yaml"), DAG).expect("write");
+    let workers: Vec<Worker> = (0..2).map(|n| worker(&db, n, "2s")).collect();
+    let Output {
+        code,
+        stdout,
+        stderr,
+    } = db.archon(&["run", "--submit", "--wait", "dag.yaml"]);
+    stop(workers);
+    assert_eq!(code, 0, "{stderr}");
+    let id = stdout.lines().next().expect("the run id").to_owned();
+    assert!(
+        stdout.starts_with(&format!("{id}\nrun       {id}\nworkflow  dag (")),
+        "{stdout}"
+    );
+    assert!(stdout.contains("\nstatus    succeeded\n"), "{stdout}");
+    assert!(
+        stdout.ends_with("outputs:\n  joined: said b4\n"),
+        "{stdout}"
+    );
+    // Each step started once and succeeded once, as the workers recorded it (the time column aside).
+    let events: Vec<(String, String)> = stderr
+        .lines()
+        .map(|line| {
+            let rest = line.get(11..).unwrap_or_default();
+            let (label, body) = rest.split_once(' ').unwrap_or((rest, ""));
+            let step = body.trim_start().split(' ').next().unwrap_or_default();
+            (label.to_owned(), step.to_owned())
+        })
+        .collect();
+    for step in STEPS {
+        for label in ["started", "succeeded"] {
+            let seen = events
+                .iter()
+                .filter(|(l, s)| l == label && s == step)
+                .count();
+            assert_eq!(seen, 1, "{label} {step}: {stderr}");
+        }
+    }
 }

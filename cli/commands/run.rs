@@ -94,6 +94,9 @@ pub fn run(args: &RunArgs, color: ColorChoice) -> anyhow::Result<Status> {
         return match session.submit(request) {
             Ok(id) => {
                 output::stdout(&format!("{id}\n"));
+                if args.wait {
+                    return Ok(super::runs::follow(&session, &id, color));
+                }
                 Ok(Status::Success)
             }
             Err(e) => Ok(session_error(&e, color)),

@@ -35,6 +35,8 @@ pub use tasks::WORKERS;
 
 /// How long a run's lease lasts unless renewed; its owner renews it every third of that.
 pub const LEASE: Duration = Duration::from_secs(15);
+/// How long the server lets a connection sit idle inside a transaction before it ends the session.
+const IDLE_IN_TRANSACTION: Duration = Duration::from_secs(5);
 /// Most connections one store keeps open.
 const POOL_SIZE: usize = 16;
 /// How long connecting to the server may take.
@@ -256,7 +258,15 @@ impl PostgresStore {
         }
         // Every commit is durable on the server when it is acknowledged, whatever the server's default.
         let given = config.get_options().unwrap_or("").to_owned();
-        config.options(format!("{given} -c synchronous_commit=on").trim());
+        // A process frozen (or cut off) inside a transaction would hold its locks, the run's row among
+        // them, for as long as the server keeps its connection: the server ends such a session instead.
+        config.options(
+            format!(
+                "{given} -c synchronous_commit=on -c idle_in_transaction_session_timeout={}",
+                IDLE_IN_TRANSACTION.as_millis()
+            )
+            .trim(),
+        );
         let manager = deadpool_postgres::Manager::from_config(
             config.clone(),
             tokio_postgres::NoTls,
