@@ -220,18 +220,7 @@ fn a_worker_killed_mid_step_loses_its_step_to_another_after_its_lease() {
     let id = submit(&db, "slow.yaml");
     let mut first = worker(&db, 0, "1s");
     wait_starts(&db, 1);
-    // Once the store knows the command's process group, so that whoever takes over can stop it.
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !attempts(&db.show(&id), "slow")
-        .iter()
-        .any(|a| a["status"] == "running" && !a["pgid"].is_null())
-    {
-        assert!(
-            Instant::now() < deadline,
-            "the process group was never recorded"
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    wait_pgid(&db, &id);
     first.child.kill().expect("killed");
     first.child.wait().expect("reaped");
     // The step's lease lapses; another worker takes it over (it is idempotent: it runs again, the
@@ -251,6 +240,53 @@ fn a_worker_killed_mid_step_loses_its_step_to_another_after_its_lease() {
     assert_eq!(tried.len(), 2, "{tried:?}");
     assert_eq!(attempts(&run, "first").len(), 1);
     assert_eq!(attempts(&run, "after").len(), 1);
+}
+
+/// Waits until the store holds the process group of `slow`'s attempt under way, so that whoever takes
+/// the step over can tell whether its command is still running.
+fn wait_pgid(db: &Db, id: &str) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !attempts(&db.show(id), "slow")
+        .iter()
+        .any(|a| a["status"] == "running" && !a["pgid"].is_null())
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the process group was never recorded"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+#[test]
+fn a_step_in_doubt_that_is_not_safe_to_repeat_stops_the_run_interrupted() {
+    let Some(db) = db() else { return };
+    std::fs::write(
+        db.path().join("slow.yaml"),
+        SLOW.replace("    idempotent: true\n", ""),
+    )
+    .expect("write");
+    let id = submit(&db, "slow.yaml");
+    let mut first = worker(&db, 0, "1s");
+    wait_starts(&db, 1);
+    wait_pgid(&db, &id);
+    first.child.kill().expect("killed");
+    first.child.wait().expect("reaped");
+    let second = worker(&db, 1, "1s");
+    let run = ended(&db, &id);
+    stop(vec![second]);
+    assert_eq!(run["status"], "interrupted", "{run}");
+    assert_eq!(
+        run["error"],
+        "step `slow` is in doubt: its worker stopped while it ran, and repeating it is not known to be safe"
+    );
+    // Nothing ran it again; a person decides, as for any run in doubt.
+    assert_eq!(starts(&db), 1);
+    let Output { code, stderr, .. } = db.archon(&["resume", &id]);
+    assert_eq!(code, 2, "{stderr}");
+    assert!(stderr.contains("`slow`"), "{stderr}");
+    // The command the killed worker left behind ends.
+    std::fs::write(db.path().join("go"), "").expect("go");
 }
 
 #[test]
@@ -321,7 +357,8 @@ fn submitting_needs_a_postgresql_store() {
 fn run_submit_wait_follows_the_run_to_its_end_and_exits_with_its_status() {
     let Some(db) = db() else { return };
     std::fs::write(db.path().join("dag.yaml"), DAG).expect("write");
-    let workers: Vec<Worker> = (0..2).map(|n| worker(&db, n, "2s")).collect();
+    // docs/scale-out.md: three workers, and a run submitted and followed.
+    let workers: Vec<Worker> = (0..3).map(|n| worker(&db, n, "2s")).collect();
     let Output {
         code,
         stdout,

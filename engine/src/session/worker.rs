@@ -208,11 +208,6 @@ impl Session {
             .into_iter()
             .filter(|d| d.step == task.step)
             .collect();
-        for d in &doubtful {
-            if let Some(pgid) = d.leftover {
-                crate::process::kill_group(pgid);
-            }
-        }
         if let Some(d) = doubtful.iter().find(|d| !d.idempotent) {
             tasks.interrupt(
                 &task,
@@ -222,6 +217,12 @@ impl Session {
                 ),
             )?;
             return Ok(Outcome::Lost);
+        }
+        // A command the stopped worker left behind on this host would race the step's new attempt.
+        for d in &doubtful {
+            if let Some(pgid) = d.leftover {
+                crate::process::kill_group(pgid);
+            }
         }
         let cancel = CancellationToken::new();
         let journal = tasks.task_journal(&task, options.lease, cancel.clone())?;
