@@ -396,3 +396,26 @@ fn run_submit_wait_follows_the_run_to_its_end_and_exits_with_its_status() {
         }
     }
 }
+
+#[test]
+fn cancel_stops_a_submitted_run_a_worker_is_running_for_good() {
+    let Some(db) = db() else { return };
+    std::fs::write(db.path().join("slow.yaml"), SLOW).expect("write");
+    let id = submit(&db, "slow.yaml");
+    let w = worker(&db, 0, "1s");
+    wait_starts(&db, 1);
+    let Output { code, stderr, .. } = db.archon(&["cancel", &id]);
+    assert_eq!(code, 0, "{stderr}");
+    let run = ended(&db, &id);
+    stop(vec![w]);
+    assert_eq!(run["status"], "cancelled", "{run}");
+    let tried: Vec<Json> = attempts(&run, "slow")
+        .iter()
+        .map(|a| a["status"].clone())
+        .collect();
+    assert_eq!(tried, vec![Json::from("cancelled")]);
+    assert!(attempts(&run, "after").is_empty());
+    // The step's command was stopped: it never reached its effect.
+    std::fs::write(db.path().join("go"), "").expect("go");
+    assert_eq!(ledger(&db), sorted(&["first"]));
+}

@@ -226,14 +226,28 @@ impl Session {
         }
         let cancel = CancellationToken::new();
         let journal = tasks.task_journal(&task, options.lease, cancel.clone())?;
-        let run_options = self.task_options(&stored, &workflow, journal.clone(), cancel, options);
-        let stepped = run::run_step(
-            workflow.clone(),
-            stored.inputs.clone(),
-            run_options,
-            &task.step,
-        )
-        .await;
+        let run_options =
+            self.task_options(&stored, &workflow, journal.clone(), cancel.clone(), options);
+        // `archon cancel` stops the step as it stops a local run's: its attempt ends cancelled, its
+        // commands are stopped, nothing after it is made ready, and the run ends cancelled once no
+        // worker runs a step of it (`Tasks::reap`).
+        let stepped = tokio::select! {
+            stepped = run::run_step(
+                workflow.clone(),
+                stored.inputs.clone(),
+                run_options,
+                &task.step,
+            ) => stepped,
+            () = cancel.cancelled() => {
+                journal.close();
+                // The journal stops the step too when the task was taken over: nothing is recorded.
+                if journal.failure().is_some() {
+                    return Ok(Outcome::Lost);
+                }
+                tasks.complete(&task)?;
+                return Ok(Outcome::Done);
+            }
+        };
         if journal.failure().is_some() {
             journal.close();
             return Ok(Outcome::Lost);
