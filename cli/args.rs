@@ -53,6 +53,9 @@ pub enum Command {
     /// Serve the dashboard and the HTTP API over the workflows under DIR and the runs of the state
     /// directory.
     Serve(ServeArgs),
+    /// Run the steps of runs submitted with `archon run --submit` to a PostgreSQL store, until stopped
+    /// (SIGTERM or Ctrl-C: no more steps are claimed, the running ones finish).
+    Worker(WorkerArgs),
     /// Long-term memory of agents: list, search, show, forget, export and import memories.
     #[command(subcommand)]
     Memory(MemoryCommand),
@@ -164,6 +167,45 @@ pub struct RunArgs {
     /// Answer every LLM request from this cassette, with no network; a request it does not hold fails.
     #[arg(long, value_name = "FILE")]
     pub replay: Option<PathBuf>,
+
+    /// Record the run for workers (`archon worker`) on the PostgreSQL store and print its id, running
+    /// nothing here.
+    #[arg(
+        long,
+        conflicts_with_all = ["goal", "dry_run", "save_plan", "record", "replay", "json", "events", "yes", "no_input", "no_cache"]
+    )]
+    pub submit: bool,
+
+    /// With `--submit`: follow the run's events until it ends, then show it and exit as `archon run`
+    /// would (0 succeeded, 1 failed, 130 cancelled or interrupted).
+    #[arg(long, requires = "submit")]
+    pub wait: bool,
+}
+
+/// `archon worker`.
+#[derive(Debug, clap::Args)]
+pub struct WorkerArgs {
+    /// Most steps this worker runs at once.
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..))]
+    pub concurrency: u32,
+
+    /// How long this worker's hold on a step lasts unless renewed (every third of it, while the step
+    /// runs): a worker that stops or loses the database loses its steps to others after it.
+    #[arg(long, value_name = "DURATION", default_value = "15s", value_parser = lease)]
+    pub lease: std::time::Duration,
+
+    #[command(flatten)]
+    pub state: StateArgs,
+}
+
+fn lease(text: &str) -> Result<std::time::Duration, String> {
+    let lease = humantime::parse_duration(text).map_err(|e| format!("`{text}`: {e}"))?;
+    if lease < std::time::Duration::from_millis(300) {
+        return Err(format!(
+            "`{text}` is shorter than the shortest lease, `300ms`"
+        ));
+    }
+    Ok(lease)
 }
 
 /// How a run shows its progress and result.

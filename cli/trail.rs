@@ -73,7 +73,7 @@ fn shown(line: &str) -> std::borrow::Cow<'_, str> {
 }
 
 /// `12.345s`: time since the run's first event.
-fn clock(ms: u64) -> String {
+pub(crate) fn clock(ms: u64) -> String {
     format!("{}.{:03}s", ms / 1000, ms % 1000)
 }
 

@@ -49,4 +49,5 @@ mod support;
 mod triggers;
 mod ux;
 mod validate_fixtures;
+mod workers;
 mod workflows;

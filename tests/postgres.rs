@@ -44,14 +44,14 @@ fn admin(sql: &str) -> Result<(), String> {
 }
 
 /// A schema of the test database for one test, and a state directory; dropped afterwards.
-struct Db {
+pub(crate) struct Db {
     schema: String,
     dir: TempDir,
 }
 
 /// The test's database, or `None` after saying why when PostgreSQL cannot be reached (a failure with
 /// `CI=true`).
-fn db() -> Option<Db> {
+pub(crate) fn db() -> Option<Db> {
     if let Err(e) = admin("SELECT 1") {
         assert!(
             std::env::var("CI").as_deref() != Ok("true"),
@@ -94,18 +94,18 @@ impl Drop for Db {
 }
 
 impl Db {
-    fn url(&self) -> String {
+    pub(crate) fn url(&self) -> String {
         let base = base_url();
         let glue = if base.contains('?') { '&' } else { '?' };
         format!("{base}{glue}options=-c%20search_path%3D{}", self.schema)
     }
 
-    fn path(&self) -> &Path {
+    pub(crate) fn path(&self) -> &Path {
         self.dir.path()
     }
 
     /// Runs archon in the test's directory, its runs in the test's schema (through `ARCHON_STORE`).
-    fn archon(&self, args: &[&str]) -> Output {
+    pub(crate) fn archon(&self, args: &[&str]) -> Output {
         archon_with(self.path(), args, &[("ARCHON_STORE", &self.url())])
     }
 
@@ -134,7 +134,7 @@ impl Db {
         }
     }
 
-    fn show(&self, id: &str) -> Json {
+    pub(crate) fn show(&self, id: &str) -> Json {
         let Output {
             code,
             stdout,
@@ -157,7 +157,7 @@ fn wait_for(path: &Path, limit: Duration) {
     }
 }
 
-fn attempts(run: &Json, step: &str) -> Vec<Json> {
+pub(crate) fn attempts(run: &Json, step: &str) -> Vec<Json> {
     run["attempts"]
         .as_array()
         .expect("attempts")

@@ -24,6 +24,7 @@ mod tools;
 mod validate;
 mod version;
 pub mod when;
+mod worker;
 
 use std::process::ExitCode;
 
@@ -77,6 +78,7 @@ pub fn run(cli: Cli) -> anyhow::Result<Status> {
         Command::Mcp(McpCommand::List(args)) => mcp::list(&args, cli.color),
         Command::Mcp(McpCommand::Serve(args)) => mcp_serve::serve(&args),
         Command::Serve(args) => serve::serve(&args),
+        Command::Worker(args) => worker::work(&args, cli.color),
         Command::Memory(MemoryCommand::Ls(args)) => memory::ls(&args),
         Command::Memory(MemoryCommand::Search(args)) => memory::search(&args),
         Command::Memory(MemoryCommand::Show(args)) => memory::show(&args),

@@ -82,14 +82,27 @@ pub fn run(args: &RunArgs, color: ColorChoice) -> anyhow::Result<Status> {
         Ok(session) => session,
         Err(e) => return Ok(store_error(&e)),
     };
-    let prepared = session.start(NewRunRequest {
+    let request = NewRunRequest {
         id,
         workflow,
         inputs,
         spec_path: file,
         workdir,
         max_parallel: args.max_parallel.map(|m| m as usize),
-    });
+    };
+    if args.submit {
+        return match session.submit(request) {
+            Ok(id) => {
+                output::stdout(&format!("{id}\n"));
+                if args.wait {
+                    return Ok(super::runs::follow(&session, &id, color));
+                }
+                Ok(Status::Success)
+            }
+            Err(e) => Ok(session_error(&e, color)),
+        };
+    }
+    let prepared = session.start(request);
     match prepared {
         Ok(prepared) => execute(
             &session,

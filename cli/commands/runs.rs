@@ -171,6 +171,67 @@ pub fn show(args: &ShowArgs, color: ColorChoice) -> anyhow::Result<Status> {
     Ok(Status::Success)
 }
 
+/// How often `archon run --submit --wait` looks for the run's new events.
+const FOLLOW_EVERY: std::time::Duration = std::time::Duration::from_millis(100);
+
+/// Follows a run others run (`archon run --submit --wait`): its events on standard error as the store
+/// records them, until it ends; then the run as `show` writes it, and the status `archon run` exits with.
+pub(super) fn follow(session: &Session, id: &str, color: ColorChoice) -> Status {
+    let mut after = 0;
+    let mut start = None;
+    loop {
+        // Read before the events: whatever the run recorded before it ended is read after.
+        let ended = match session.load_brief(id) {
+            Ok(run) => run.status != RunState::Running,
+            Err(e) => return store_error(&e),
+        };
+        let events = match session.events_after(id, after, 1000) {
+            Ok(events) => events,
+            Err(e) => return store_error(&e),
+        };
+        let mut text = String::new();
+        for (seq, raw) in &events {
+            after = *seq;
+            let at = raw
+                .get("at_ms")
+                .and_then(serde_json::Value::as_u64)
+                .unwrap_or(0);
+            let since = at.saturating_sub(*start.get_or_insert(at));
+            if let Ok(event) = serde_json::from_value::<archon_engine::run::RunEvent>(raw.clone()) {
+                let (label, body) = crate::trail::describe(&event);
+                let _ = writeln!(
+                    text,
+                    "{:>9}  {label:<9} {}",
+                    crate::trail::clock(since),
+                    body.lines().next().unwrap_or_default()
+                );
+            }
+        }
+        output::stderr(&output::printable(&text));
+        if ended && events.len() < 1000 {
+            break;
+        }
+        if events.is_empty() {
+            std::thread::sleep(FOLLOW_EVERY);
+        }
+    }
+    let run = match session.load(id) {
+        Ok(run) => run,
+        Err(e) => return store_error(&e),
+    };
+    output::stdout(&describe(
+        session,
+        &run,
+        Paint::new(output::use_color(color)),
+    ));
+    match run.status {
+        RunState::Succeeded => Status::Success,
+        RunState::Failed => Status::Failure,
+        RunState::WaitingApproval => Status::WaitingApproval,
+        RunState::Cancelled | RunState::Interrupted | RunState::Running => Status::Interrupted,
+    }
+}
+
 /// The run as `show` writes it, safe to show: what the run produced is made printable before statuses
 /// are painted.
 fn describe(session: &Session, run: &StoredRun, paint: Paint) -> String {

@@ -23,6 +23,9 @@ use crate::store::{Entry, NewRun, RunStore, spec_hash};
 use crate::validate::{Validation, validate_file, validate_source};
 use crate::workflow::Workflow;
 
+mod worker;
+pub use worker::{DEFAULT_LEASE, Worked, WorkerOptions};
+
 use crate::trigger::{Delivery, Due, ReceiveError, Received, Scheduler, Timestamp, Webhook};
 
 pub use crate::store::StoreAt;

@@ -599,6 +599,77 @@ pub trait RunStore: Send + Sync + fmt::Debug {
         id: &str,
         cancel: tokio_util::sync::CancellationToken,
     ) -> Result<std::sync::Arc<dyn Journal>, StoreError>;
+
+    /// The store's task table, when runs can be submitted to workers (PostgreSQL): `None` otherwise.
+    fn tasks(&self) -> Option<&dyn Tasks> {
+        None
+    }
+}
+
+/// One step of a submitted run that a worker claimed: its lease is `token` until it is done or lapses.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Task {
+    pub run_id: String,
+    pub step: String,
+    /// The lease's token: the task's journal writes only while the task still carries it.
+    pub token: String,
+    /// How many times the task has been claimed, this claim included.
+    pub claims: u32,
+}
+
+/// What finishing a task did.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Finished {
+    /// The task is done; these dependents became ready.
+    Done(Vec<String>),
+    /// Every other step of the run is done: the task stays claimed until its worker has ended the run
+    /// ([`Tasks::complete`]), so that a worker dying in between leaves it to another.
+    Last,
+    /// The task no longer carries this worker's token (its lease lapsed and another took it).
+    Lost,
+}
+
+/// The task table of a store that hands a submitted run's steps to workers (`archon worker`): one row per
+/// top-level step once it is ready, claimed under a lease, done once its result is recorded.
+pub trait Tasks: Send + Sync {
+    /// Records a run submitted to workers (nobody owns it; it shows as running until it ends) and
+    /// `ready`, its steps without dependencies, as ready tasks.
+    fn submit(&self, run: &NewRun, ready: &[String]) -> Result<(), StoreError>;
+    /// Claims up to `limit` ready tasks (`FOR UPDATE SKIP LOCKED`) for `worker`, leased for `lease`.
+    fn claim_tasks(
+        &self,
+        worker: &str,
+        limit: usize,
+        lease: std::time::Duration,
+    ) -> Result<Vec<Task>, StoreError>;
+    /// A journal of the task's run, fenced by the task's token (a worker whose lease lapsed and was taken
+    /// over writes nothing), renewing the task's lease every third of `lease`; `cancel` is cancelled when
+    /// the run is asked to stop.
+    fn task_journal(
+        &self,
+        task: &Task,
+        lease: std::time::Duration,
+        cancel: tokio_util::sync::CancellationToken,
+    ) -> Result<std::sync::Arc<dyn Journal>, StoreError>;
+    /// Marks the task done and, in the same transaction, makes ready each of `dependents` (a step and
+    /// the steps it depends on) whose dependencies are all done; `steps` is how many steps the run has.
+    /// Makes nothing ready once the run was asked to stop.
+    fn finish(
+        &self,
+        task: &Task,
+        dependents: &[(String, Vec<String>)],
+        steps: usize,
+    ) -> Result<Finished, StoreError>;
+    /// Marks the last task done once the run's end is recorded.
+    fn complete(&self, task: &Task) -> Result<(), StoreError>;
+    /// Gives a claimed task back (ready again at once), when the worker stops before running it.
+    fn release_task(&self, task: &Task) -> Result<(), StoreError>;
+    /// Returns tasks whose lease lapsed to ready, and ends as cancelled the submitted runs asked to stop
+    /// that no worker is working on; returns how many tasks came back.
+    fn reap(&self) -> Result<usize, StoreError>;
+    /// Ends a submitted run that cannot go on without a person (a step in doubt may not be repeated):
+    /// interrupted, its tasks removed, to be resumed or resolved as any interrupted run.
+    fn interrupt(&self, task: &Task, error: &str) -> Result<(), StoreError>;
 }
 
 /// A journal that keeps nothing: a run without a store.

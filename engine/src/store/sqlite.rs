@@ -2779,7 +2779,7 @@ impl Drop for ServingMark {
     }
 }
 
-pub(super) fn host() -> String {
+pub(crate) fn host() -> String {
     std::fs::read_to_string("/proc/sys/kernel/hostname")
         .map(|h| h.trim().to_owned())
         .ok()

@@ -173,6 +173,12 @@ pub(super) struct Writer {
     released: bool,
     /// Notified when `archon cancel` (from any host) asks: the writer reads the request at once.
     cancel_asked: Arc<tokio::sync::Notify>,
+    /// The step of a submitted run this journal records, as a worker's task: fenced by the task's token
+    /// (not the run's owner token), its lease renewed on the task, and the run's event and log numbers
+    /// read in each transaction (other workers record the same run).
+    task: Option<String>,
+    /// How long a lease lasts unless renewed; renewed every third of it.
+    lease: std::time::Duration,
 }
 
 const INSERT_ATTEMPT: &str =
@@ -213,6 +219,14 @@ const RUN_ENDED: &str = "UPDATE runs SET status = $2, outputs = $3, error = $4, 
     owner_pid = NULL, owner_host = NULL, lease_until = NULL, owner_started = NULL, owner_token = NULL,
     format = $6 WHERE id = $1";
 const RENEW: &str = "UPDATE runs SET lease_until = $2 WHERE id = $1 AND owner_token = $3";
+const RENEW_TASK: &str =
+    "UPDATE tasks SET lease_until = $3 WHERE run_id = $1 AND step = $2 AND token = $4";
+const FENCE_TASK: &str = "SELECT r.cancel_requested, t.token
+    FROM runs r LEFT JOIN tasks t ON t.run_id = r.id AND t.step = $2 AND t.state = 'claimed'
+    WHERE r.id = $1 FOR UPDATE OF r";
+/// Read once the run's row is locked: a statement's own snapshot predates the wait for the lock.
+const NUMBERS: &str = "SELECT (SELECT COALESCE(MAX(seq), 0) FROM events WHERE run_id = $1),
+    (SELECT COALESCE(MAX(seq), 0) FROM logs WHERE run_id = $1)";
 const GIVE_UP: &str = "UPDATE runs SET owner_pid = NULL, owner_host = NULL, lease_until = NULL,
     owner_started = NULL, owner_token = NULL WHERE id = $1 AND owner_token = $2";
 
@@ -223,6 +237,28 @@ fn boxed<T: ToSql + Sync + Send + 'static>(value: T) -> Box<dyn ToSql + Sync + S
 impl Writer {
     /// Reads where the run's records stand (its generation, attempts, event and log numbers).
     pub(super) async fn start(inner: Arc<Inner>, run: String, token: String) -> Result<Writer> {
+        let lease = inner.options.lease;
+        Self::begin(inner, run, token, None, lease).await
+    }
+
+    /// The journal of one step of a submitted run, fenced by its task's token.
+    pub(super) async fn start_task(
+        inner: Arc<Inner>,
+        run: String,
+        step: String,
+        token: String,
+        lease: std::time::Duration,
+    ) -> Result<Writer> {
+        Self::begin(inner, run, token, Some(step), lease).await
+    }
+
+    async fn begin(
+        inner: Arc<Inner>,
+        run: String,
+        token: String,
+        task: Option<String>,
+        lease: std::time::Duration,
+    ) -> Result<Writer> {
         let client = inner.client().await?;
         let generation: i64 = client
             .query_opt("SELECT generation FROM runs WHERE id = $1", &[&run])
@@ -267,12 +303,14 @@ impl Writer {
             shared: Arc::default(),
             broken: None,
             released: false,
+            task,
+            lease,
         })
     }
 
     /// Collects messages and commits them together, renewing the lease every third of it.
     async fn run(mut self, mut receiver: mpsc::UnboundedReceiver<Message>) {
-        let heartbeat = self.inner.options.lease / 3;
+        let heartbeat = self.lease / 3;
         let mut last_heartbeat = Instant::now();
         let mut pending: VecDeque<Message> = VecDeque::new();
         let mut since: Option<Instant> = None;
@@ -340,6 +378,7 @@ impl Writer {
         self.inner.unwatch(&self.run);
         // Everything sent has been applied: give the run up, if its end did not.
         if !self.released
+            && self.task.is_none()
             && let Ok(client) = self.inner.client().await
         {
             let _ = client.execute(GIVE_UP, &[&self.run, &self.token]).await;
@@ -406,19 +445,38 @@ impl Writer {
         let now = ms(now_ms());
         let mut client = self.inner.client().await?;
         let tx = client.transaction().await?;
-        let fence = tx
-            .prepare_cached(
-                "SELECT owner_token, cancel_requested FROM runs WHERE id = $1 FOR UPDATE",
-            )
-            .await?;
-        let row = tx.query_opt(&fence, &[&self.run]).await?;
-        let Some(row) = row else {
-            return Ok(None);
+        let cancel_requested = match &self.task {
+            None => {
+                let fence = tx
+                    .prepare_cached(
+                        "SELECT owner_token, cancel_requested FROM runs WHERE id = $1 FOR UPDATE",
+                    )
+                    .await?;
+                let row = tx.query_opt(&fence, &[&self.run]).await?;
+                let Some(row) = row else {
+                    return Ok(None);
+                };
+                if row.get::<_, Option<&str>>(0) != Some(self.token.as_str()) {
+                    return Ok(None);
+                }
+                row.get::<_, bool>(1)
+            }
+            Some(step) => {
+                // The run's row is locked: the workers recording its other steps take turns with this one.
+                let fence = tx.prepare_cached(FENCE_TASK).await?;
+                let Some(row) = tx.query_opt(&fence, &[&self.run, step]).await? else {
+                    return Ok(None);
+                };
+                if row.get::<_, Option<&str>>(1) != Some(self.token.as_str()) {
+                    return Ok(None);
+                }
+                let numbers = tx.prepare_cached(NUMBERS).await?;
+                let at = tx.query_one(&numbers, &[&self.run]).await?;
+                self.seq = at.get(0);
+                self.log_seq = at.get(1);
+                row.get::<_, bool>(0)
+            }
         };
-        if row.get::<_, Option<&str>>(0) != Some(self.token.as_str()) {
-            return Ok(None);
-        }
-        let cancel_requested: bool = row.get(1);
         let run = self.run.clone();
         let generation = i64::from(self.generation);
         let format = i64::from(FORMAT_VERSION);
@@ -683,14 +741,22 @@ impl Writer {
             }
         }
         if heartbeat {
-            ops.push((
-                RENEW,
-                vec![
-                    boxed(run.clone()),
-                    boxed(now.saturating_add(self.inner.options.lease.as_millis() as i64)),
-                    boxed(self.token.clone()),
-                ],
-            ));
+            let until = now.saturating_add(self.lease.as_millis() as i64);
+            ops.push(match &self.task {
+                None => (
+                    RENEW,
+                    vec![boxed(run.clone()), boxed(until), boxed(self.token.clone())],
+                ),
+                Some(step) => (
+                    RENEW_TASK,
+                    vec![
+                        boxed(run.clone()),
+                        boxed(step.clone()),
+                        boxed(until),
+                        boxed(self.token.clone()),
+                    ],
+                ),
+            });
         }
         // Each statement prepared once per connection; then all of them sent at once, in order.
         let mut statements = Vec::with_capacity(ops.len());

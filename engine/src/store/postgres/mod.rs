@@ -13,6 +13,7 @@
 mod journal;
 mod queries;
 mod schema;
+mod tasks;
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -30,9 +31,12 @@ use super::{
 use crate::report::{ApprovalDecision, ApprovalRequest};
 
 pub use schema::SCHEMA_VERSION;
+pub use tasks::WORKERS;
 
 /// How long a run's lease lasts unless renewed; its owner renews it every third of that.
 pub const LEASE: Duration = Duration::from_secs(15);
+/// How long the server lets a connection sit idle inside a transaction before it ends the session.
+const IDLE_IN_TRANSACTION: Duration = Duration::from_secs(5);
 /// Most connections one store keeps open.
 const POOL_SIZE: usize = 16;
 /// How long connecting to the server may take.
@@ -254,7 +258,15 @@ impl PostgresStore {
         }
         // Every commit is durable on the server when it is acknowledged, whatever the server's default.
         let given = config.get_options().unwrap_or("").to_owned();
-        config.options(format!("{given} -c synchronous_commit=on").trim());
+        // A process frozen (or cut off) inside a transaction would hold its locks, the run's row among
+        // them, for as long as the server keeps its connection: the server ends such a session instead.
+        config.options(
+            format!(
+                "{given} -c synchronous_commit=on -c idle_in_transaction_session_timeout={}",
+                IDLE_IN_TRANSACTION.as_millis()
+            )
+            .trim(),
+        );
         let manager = deadpool_postgres::Manager::from_config(
             config.clone(),
             tokio_postgres::NoTls,
@@ -661,6 +673,11 @@ impl RunStore for PostgresStore {
                         rustix::process::kill_process(pid, rustix::process::Signal::TERM)
                     });
                 }
+                // A submitted run no worker is working on ends at once; else when its steps stop.
+                if run.owner.as_ref().is_some_and(|o| o.host == WORKERS) {
+                    super::Tasks::reap(self)?;
+                    return Ok(self.load_brief(id)?.status);
+                }
                 Ok(RunState::Running)
             }
             RunState::Interrupted | RunState::WaitingApproval => {
@@ -867,5 +884,9 @@ impl RunStore for PostgresStore {
             cancel,
             runtime()?,
         )))
+    }
+
+    fn tasks(&self) -> Option<&dyn super::Tasks> {
+        Some(self)
     }
 }

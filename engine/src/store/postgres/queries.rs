@@ -134,7 +134,7 @@ pub(super) async fn create_run(inner: &Inner, run: &NewRun, token: &str) -> Resu
     Ok(())
 }
 
-async fn insert_files(
+pub(super) async fn insert_files(
     tx: &deadpool_postgres::Transaction<'_>,
     id: &str,
     files: &[(String, String)],

@@ -8,7 +8,8 @@ use crate::store::StoreError;
 /// The schema, one migration per version. Timestamps are milliseconds since the epoch (`BIGINT`);
 /// records are the store's own versioned JSON text (`TEXT`, decoded as SQLite's are, with a `format`
 /// column), large outputs `BYTEA` in `blobs`. `ord` columns keep the order rows were written in.
-const MIGRATIONS: &[&str] = &[r#"
+const MIGRATIONS: &[&str] = &[
+    r#"
 CREATE TABLE runs (
     id TEXT PRIMARY KEY,
     workflow TEXT NOT NULL,
@@ -158,10 +159,29 @@ CREATE TABLE triggers (
     PRIMARY KEY (workflow, trigger_name)
 );
 CREATE SEQUENCE archon_changes;
-"#];
+"#,
+    r#"
+-- The steps of runs submitted to workers (`archon run --submit`, `archon worker`): one row per top-level
+-- step once it is ready; `token` is the lease of the worker that claimed it, until `lease_until`.
+CREATE TABLE tasks (
+    run_id TEXT NOT NULL REFERENCES runs (id),
+    step TEXT NOT NULL,
+    state TEXT NOT NULL,
+    token TEXT,
+    lease_until BIGINT,
+    worker TEXT,
+    attempts BIGINT NOT NULL DEFAULT 0,
+    ready_at BIGINT NOT NULL,
+    PRIMARY KEY (run_id, step)
+);
+CREATE INDEX tasks_ready ON tasks (ready_at, run_id, step) WHERE state = 'ready';
+CREATE INDEX tasks_claimed ON tasks (lease_until) WHERE state = 'claimed';
+"#,
+];
 
 /// The tables whose rows belong to a run (by `run_id`), which `prune` deletes with it.
 pub(super) const RUN_TABLES: &[&str] = &[
+    "tasks",
     "files",
     "attempts",
     "results",

@@ -1,0 +1,361 @@
+//! Runs submitted to workers: `archon run --submit` records a run and its first ready steps in the store's
+//! task table ([`Session::submit`]); `archon worker` claims ready steps and runs each with
+//! [`run::run_step`] ([`Session::work`]). There is no central scheduler: whoever finishes a step makes its
+//! dependents ready in the same transaction, and whoever finishes the last one ends the run with
+//! [`run::run`] over every step's result.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use futures_util::stream::FuturesUnordered;
+use tokio_util::sync::CancellationToken;
+
+use super::{NewRunRequest, Session, SessionError, cached_workflows, spec_files};
+use crate::resume;
+use crate::run::{self, RunOptions};
+use crate::store::{Finished, NewRun, StoreError, StoredRun, Task, Tasks};
+use crate::validate::validate_source;
+use crate::workflow::Workflow;
+
+/// How long a worker's lease on a step lasts unless renewed (`archon worker --lease`).
+pub const DEFAULT_LEASE: Duration = Duration::from_secs(15);
+/// The longest a worker with nothing to do waits before it looks for work again.
+const MOST_IDLE: Duration = Duration::from_secs(1);
+/// The first wait of an idle worker; it doubles up to [`MOST_IDLE`] while there is no work.
+const LEAST_IDLE: Duration = Duration::from_millis(25);
+
+/// How many runs' validated workflows a worker keeps at most.
+const KEPT_WORKFLOWS: usize = 64;
+
+/// How a worker works.
+#[derive(Clone, Debug)]
+pub struct WorkerOptions {
+    /// Most steps running at once.
+    pub concurrency: usize,
+    /// How long a claimed step's lease lasts; renewed every third of it while the step runs.
+    pub lease: Duration,
+    /// The executable that evaluates jq filters and renders templates in a process of its own.
+    pub helper: Option<PathBuf>,
+    /// Cancelled to stop (SIGTERM): no more steps are claimed, the running ones finish.
+    pub stop: CancellationToken,
+}
+
+/// What a worker did before it stopped.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Worked {
+    /// Steps run to their end and marked done.
+    pub steps: usize,
+    /// Runs this worker ended.
+    pub runs: usize,
+    /// Steps whose lease lapsed and were taken over before this worker finished them.
+    pub lost: usize,
+}
+
+/// What became of one task.
+enum Outcome {
+    Done,
+    EndedRun,
+    Lost,
+}
+
+impl Session {
+    fn task_table(&self) -> Result<&dyn Tasks, SessionError> {
+        self.store.tasks().ok_or_else(|| {
+            StoreError::new("runs can be submitted to workers only on a PostgreSQL run store")
+                .with_hint("pass `--store postgres://...` (or set `ARCHON_STORE`)")
+                .into()
+        })
+    }
+
+    /// Records a run for workers to run (`archon run --submit`): its spec files and inputs, and its steps
+    /// that need nothing as ready tasks. Returns at once; nobody owns the run.
+    pub fn submit(&self, request: NewRunRequest) -> Result<String, SessionError> {
+        let tasks = self.task_table()?;
+        let spec_path = std::fs::canonicalize(&request.spec_path).map_err(|e| {
+            StoreError::new(format!(
+                "cannot read `{}`: {}",
+                request.spec_path.display(),
+                e.to_string().to_lowercase()
+            ))
+        })?;
+        let max_parallel = request
+            .max_parallel
+            .or_else(|| {
+                let defaults = request.workflow.spec.defaults.as_ref()?;
+                defaults.max_parallel.as_ref().map(|m| m.value as usize)
+            })
+            .unwrap_or(super::DEFAULT_MAX_PARALLEL)
+            .max(1);
+        let workflow = &request.workflow;
+        let ready: Vec<String> = workflow
+            .spec
+            .steps
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| workflow.dependencies[*i].is_empty())
+            .map(|(_, s)| s.id.value.clone())
+            .collect();
+        tasks.submit(
+            &NewRun {
+                id: request.id.clone(),
+                workflow: workflow.name.clone(),
+                spec_path: spec_path.display().to_string(),
+                files: spec_files(workflow, &spec_path),
+                inputs: request.inputs,
+                workdir: request.workdir.display().to_string(),
+                max_parallel,
+            },
+            &ready,
+        )?;
+        Ok(request.id)
+    }
+
+    /// Works on submitted runs until `options.stop` is cancelled: claims ready steps (at most
+    /// `options.concurrency` at once), runs each, and returns leases that lapsed elsewhere to ready.
+    pub async fn work(&self, options: &WorkerOptions) -> Result<Worked, SessionError> {
+        let tasks = self.task_table()?;
+        let name = worker_name();
+        let concurrency = options.concurrency.max(1);
+        let mut running = FuturesUnordered::new();
+        let mut worked = Worked::default();
+        let mut idle = LEAST_IDLE;
+        let mut workflows: HashMap<String, Arc<Workflow>> = HashMap::new();
+        loop {
+            if !options.stop.is_cancelled() && running.len() < concurrency {
+                tasks.reap()?;
+                let claimed =
+                    tasks.claim_tasks(&name, concurrency - running.len(), options.lease)?;
+                if !claimed.is_empty() {
+                    idle = LEAST_IDLE;
+                }
+                for task in claimed {
+                    let workflow = match workflows.get(&task.run_id) {
+                        Some(w) => Ok(w.clone()),
+                        None => self.stored_workflow(&task.run_id).map(Arc::new),
+                    };
+                    match workflow {
+                        Ok(workflow) => {
+                            // Kept for the run's next steps; a long-lived worker forgets old runs.
+                            if workflows.len() >= KEPT_WORKFLOWS {
+                                workflows.clear();
+                            }
+                            workflows.insert(task.run_id.clone(), workflow.clone());
+                            running.push(self.work_on(tasks, task, workflow, options));
+                        }
+                        Err(e) => tasks.interrupt(&task, &e.to_string())?,
+                    }
+                }
+            }
+            if running.is_empty() && options.stop.is_cancelled() {
+                return Ok(worked);
+            }
+            let full = running.len() >= concurrency || options.stop.is_cancelled();
+            tokio::select! {
+                Some(outcome) = running.next(), if !running.is_empty() => {
+                    match outcome? {
+                        Outcome::Done => worked.steps += 1,
+                        Outcome::EndedRun => {
+                            worked.steps += 1;
+                            worked.runs += 1;
+                        }
+                        Outcome::Lost => worked.lost += 1,
+                    }
+                    idle = LEAST_IDLE;
+                }
+                () = tokio::time::sleep(idle), if !full => {
+                    idle = (idle * 2).min(MOST_IDLE);
+                }
+                () = options.stop.cancelled(), if !options.stop.is_cancelled() => {}
+            }
+        }
+    }
+
+    /// The workflow of a submitted run, validated from the spec text the run recorded (its
+    /// sub-workflows, if any, are read where they were).
+    fn stored_workflow(&self, id: &str) -> Result<Workflow, SessionError> {
+        let stored = self.store.load_brief(id)?;
+        let files = self.store.files(id)?;
+        let Some((_, text)) = files.first() else {
+            return Err(StoreError::new(format!("run `{id}` recorded no spec")).into());
+        };
+        let path = PathBuf::from(&stored.spec_path);
+        let mut validation = validate_source(path.clone(), text.clone());
+        match validation.workflow.take() {
+            Some(workflow) if !validation.has_errors() => Ok(workflow),
+            _ => Err(SessionError::Invalid {
+                path,
+                validation: Box::new(validation),
+            }),
+        }
+    }
+
+    /// Runs one claimed step, then marks it done (making its dependents ready) or, when it was the
+    /// run's last, ends the run.
+    async fn work_on(
+        &self,
+        tasks: &dyn Tasks,
+        task: Task,
+        workflow: Arc<Workflow>,
+        options: &WorkerOptions,
+    ) -> Result<Outcome, SessionError> {
+        let stored = self.store.load(&task.run_id)?;
+        // A step whose earlier attempt was cut off is in doubt, as on resume: it runs again only when
+        // that is safe; otherwise the run stops interrupted for a person to resume or resolve it.
+        let doubtful: Vec<resume::InDoubt> = resume::in_doubt(&workflow, &stored)
+            .into_iter()
+            .filter(|d| d.step == task.step)
+            .collect();
+        if let Some(d) = doubtful.iter().find(|d| !d.idempotent) {
+            tasks.interrupt(
+                &task,
+                &format!(
+                    "step `{}` is in doubt: its worker stopped while it ran, and repeating it is not known to be safe",
+                    d.name
+                ),
+            )?;
+            return Ok(Outcome::Lost);
+        }
+        // A command the stopped worker left behind on this host would race the step's new attempt.
+        for d in &doubtful {
+            if let Some(pgid) = d.leftover {
+                crate::process::kill_group(pgid);
+            }
+        }
+        let cancel = CancellationToken::new();
+        let journal = tasks.task_journal(&task, options.lease, cancel.clone())?;
+        let run_options =
+            self.task_options(&stored, &workflow, journal.clone(), cancel.clone(), options);
+        // `archon cancel` stops the step as it stops a local run's: its attempt ends cancelled, its
+        // commands are stopped, nothing after it is made ready, and the run ends cancelled once no
+        // worker runs a step of it (`Tasks::reap`).
+        let stepped = tokio::select! {
+            stepped = run::run_step(
+                workflow.clone(),
+                stored.inputs.clone(),
+                run_options,
+                &task.step,
+            ) => stepped,
+            () = cancel.cancelled() => {
+                journal.close();
+                // The journal stops the step too when the task was taken over: nothing is recorded.
+                if journal.failure().is_some() {
+                    return Ok(Outcome::Lost);
+                }
+                tasks.complete(&task)?;
+                return Ok(Outcome::Done);
+            }
+        };
+        if journal.failure().is_some() {
+            journal.close();
+            return Ok(Outcome::Lost);
+        }
+        if let Err(e) = stepped {
+            journal.close();
+            tasks.interrupt(&task, &e.to_string())?;
+            return Ok(Outcome::Lost);
+        }
+        let steps = &workflow.spec.steps;
+        let index = steps.iter().position(|s| s.id.value == task.step);
+        let dependents: Vec<(String, Vec<String>)> = steps
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| index.is_some_and(|me| workflow.dependencies[*i].contains(&me)))
+            .map(|(i, s)| {
+                let needs = workflow.dependencies[i]
+                    .iter()
+                    .map(|&d| steps[d].id.value.clone())
+                    .collect();
+                (s.id.value.clone(), needs)
+            })
+            .collect();
+        match tasks.finish(&task, &dependents, steps.len())? {
+            Finished::Done(_) => {
+                journal.close();
+                Ok(Outcome::Done)
+            }
+            Finished::Lost => {
+                journal.close();
+                Ok(Outcome::Lost)
+            }
+            Finished::Last => {
+                // Every step has its result: the run's end is the run over all of them, reused.
+                let stored = self.store.load(&task.run_id)?;
+                let cancel = CancellationToken::new();
+                let run_options =
+                    self.task_options(&stored, &workflow, journal.clone(), cancel, options);
+                let ended = run::run(workflow, stored.inputs.clone(), run_options).await;
+                journal.close();
+                if journal.failure().is_some() {
+                    return Ok(Outcome::Lost);
+                }
+                if let Err(e) = ended {
+                    tasks.interrupt(&task, &e.to_string())?;
+                    return Ok(Outcome::Lost);
+                }
+                tasks.complete(&task)?;
+                Ok(Outcome::EndedRun)
+            }
+        }
+    }
+
+    /// How a step of a stored run runs on this worker: every result the run has recorded is reused.
+    fn task_options(
+        &self,
+        stored: &StoredRun,
+        workflow: &Workflow,
+        journal: Arc<dyn crate::store::Journal>,
+        cancel: CancellationToken,
+        options: &WorkerOptions,
+    ) -> RunOptions {
+        let names = cached_workflows(workflow);
+        let entries = if names.is_empty() {
+            Vec::new()
+        } else {
+            self.store
+                .cache_entries(&names, crate::store::now_ms())
+                .unwrap_or_default()
+        };
+        RunOptions {
+            max_parallel: stored.max_parallel,
+            workdir: PathBuf::from(&stored.workdir),
+            protected: self.store.location().into_iter().collect(),
+            run_id: stored.id.clone(),
+            cancel,
+            events: None,
+            env: std::env::vars().collect(),
+            journal,
+            prior: Arc::new(
+                stored
+                    .results
+                    .iter()
+                    .map(|(name, result)| (name.clone(), result.clone()))
+                    .collect(),
+            ),
+            cassette: None,
+            checkpoints: Arc::new(std::sync::Mutex::new(stored.checkpoints.clone())),
+            approvals: run::Approvals {
+                decided: Arc::new(super::decisions(stored)),
+                yes: false,
+                approver: None,
+            },
+            helper: options.helper.clone(),
+            cache: run::StepCache::of(entries, run::Refresh::None),
+            memory_dir: self.store.location(),
+            memory: run::MemoryFiles::default(),
+        }
+    }
+}
+
+/// This worker's name in the task table: its host, process and start, unique among workers.
+fn worker_name() -> String {
+    format!(
+        "{}-{}-{}-{:08x}",
+        crate::store::sqlite::host(),
+        std::process::id(),
+        crate::store::now_ms(),
+        fastrand::u32(..)
+    )
+}

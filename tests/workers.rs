@@ -1,0 +1,421 @@
+//! Runs submitted to workers (`archon run --submit`, `archon worker`) on the real PostgreSQL, through the
+//! real binary: a DAG run by 1, 2 and 4 worker processes runs every step exactly once (in the record and in
+//! a ledger each step appends to); a worker killed with SIGKILL mid-step has its step taken over once its
+//! lease lapses; a worker whose lease was taken over records nothing more; `runs`, `show`, `logs` and
+//! `cancel` work on submitted runs. Each test in a schema of its own (see `postgres.rs`).
+
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value as Json;
+
+use crate::postgres::{Db, attempts, db};
+use crate::support::Output;
+
+/// Seven steps: one, a fan-out of four, a fan-in, and one after it; each appends its id to `ledger`.
+const DAG: &str = r#"name: dag
+steps:
+  - { id: first, tool: exec, with: { argv: [sh, -c, "sleep 0.05; echo first >> ledger"] } }
+  - { id: b1, needs: [first], tool: exec, with: { argv: [sh, -c, "sleep 0.1; echo b1 >> ledger"] } }
+  - { id: b2, needs: [first], tool: exec, with: { argv: [sh, -c, "sleep 0.1; echo b2 >> ledger"] } }
+  - { id: b3, needs: [first], tool: exec, with: { argv: [sh, -c, "sleep 0.1; echo b3 >> ledger"] } }
+  - { id: b4, needs: [first], tool: exec, with: { argv: [sh, -c, "sleep 0.1; echo b4 >> ledger; echo said b4"] } }
+  - id: join
+    needs: [b1, b2, b3, b4]
+    tool: exec
+    with: { argv: [sh, -c, "echo join >> ledger; echo {{ steps.b4.output }}"] }
+  - { id: last, needs: [join], tool: exec, with: { argv: [sh, -c, "echo last >> ledger"] } }
+outputs:
+  joined: "{{ steps.join.output }}"
+"#;
+
+const STEPS: [&str; 7] = ["first", "b1", "b2", "b3", "b4", "join", "last"];
+
+fn submit(db: &Db, spec: &str) -> String {
+    let Output {
+        code,
+        stdout,
+        stderr,
+    } = db.archon(&["run", "--submit", spec]);
+    assert_eq!(code, 0, "{stderr}");
+    let id = stdout.trim().to_owned();
+    assert!(id.starts_with('r') && !id.contains('\n'), "{stdout}");
+    id
+}
+
+/// A worker process; its standard error goes to `worker-N.err` in the test's directory.
+struct Worker {
+    child: Child,
+    err: std::path::PathBuf,
+}
+
+impl Worker {
+    /// What it said on standard error.
+    fn said(&self) -> String {
+        std::fs::read_to_string(&self.err).unwrap_or_default()
+    }
+
+    /// Waits until it has said that it takes steps (its signal handlers are in place then).
+    fn wait_ready(&self) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !self.said().contains("worker: taking steps") {
+            assert!(
+                Instant::now() < deadline,
+                "the worker never started: {}",
+                self.said()
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+}
+
+/// A worker the test left running (it failed) is not left behind.
+impl Drop for Worker {
+    fn drop(&mut self) {
+        if self.child.try_wait().ok().flatten().is_none() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+fn worker(db: &Db, n: usize, lease: &str) -> Worker {
+    let path = db.path().join(format!("worker-{n}.err"));
+    let err = std::fs::File::create(&path).expect("err file");
+    let child = Command::new(env!("CARGO_BIN_EXE_archon"))
+        .args(["worker", "--concurrency", "2", "--lease", lease])
+        .current_dir(db.path())
+        .env("NO_COLOR", "1")
+        .env("ARCHON_STORE", db.url())
+        .stdout(Stdio::null())
+        .stderr(err)
+        .spawn()
+        .expect("archon worker starts");
+    Worker { child, err: path }
+}
+
+fn signal(worker: &Worker, signal: rustix::process::Signal) {
+    let pid = rustix::process::Pid::from_child(&worker.child);
+    rustix::process::kill_process(pid, signal).expect("signalled");
+}
+
+/// Stops workers with SIGTERM; each finishes what it runs and exits 0.
+fn stop(workers: Vec<Worker>) {
+    for w in &workers {
+        w.wait_ready();
+        signal(w, rustix::process::Signal::TERM);
+    }
+    for mut w in workers {
+        let status = w.child.wait().expect("exits");
+        assert_eq!(status.code(), Some(0), "{}", w.said());
+    }
+}
+
+/// The run once it has ended (no longer `running`).
+fn ended(db: &Db, id: &str) -> Json {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let run = db.show(id);
+        if run["status"] != "running" {
+            return run;
+        }
+        assert!(Instant::now() < deadline, "run `{id}` never ended: {run}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn ledger(db: &Db) -> Vec<String> {
+    let mut lines: Vec<String> = std::fs::read_to_string(db.path().join("ledger"))
+        .expect("ledger")
+        .lines()
+        .map(str::to_owned)
+        .collect();
+    lines.sort();
+    lines
+}
+
+fn sorted(names: &[&str]) -> Vec<String> {
+    let mut names: Vec<String> = names.iter().map(|s| (*s).to_owned()).collect();
+    names.sort();
+    names
+}
+
+fn dag_runs_once_with(workers: usize) {
+    let Some(db) = db() else { return };
+    std::fs::write(db.path().join("dag.yaml"), DAG).expect("write");
+    let id = submit(&db, "dag.yaml");
+    assert_eq!(db.show(&id)["status"], "running");
+    let children: Vec<Worker> = (0..workers).map(|n| worker(&db, n, "2s")).collect();
+    let run = ended(&db, &id);
+    stop(children);
+    assert_eq!(run["status"], "succeeded", "{run}");
+    assert_eq!(run["outputs"]["joined"], "said b4");
+    assert_eq!(ledger(&db), sorted(&STEPS));
+    for step in STEPS {
+        let tried = attempts(&run, step);
+        assert_eq!(tried.len(), 1, "{step}: {tried:?}");
+        assert_eq!(tried[0]["status"], "succeeded", "{step}");
+    }
+    let Output { code, stdout, .. } = db.archon(&["runs"]);
+    assert_eq!(code, 0);
+    assert!(
+        stdout.contains(&format!("{id}  dag       succeeded")),
+        "{stdout}"
+    );
+    let Output { code, stdout, .. } = db.archon(&["logs", &id, "b4"]);
+    assert_eq!((code, stdout.as_str()), (0, "said b4\n"));
+}
+
+#[test]
+fn a_submitted_dag_runs_each_step_once_on_one_worker() {
+    dag_runs_once_with(1);
+}
+
+#[test]
+fn a_submitted_dag_runs_each_step_once_on_two_workers() {
+    dag_runs_once_with(2);
+}
+
+#[test]
+fn a_submitted_dag_runs_each_step_once_on_four_workers() {
+    dag_runs_once_with(4);
+}
+
+/// `slow` marks each attempt's start (`started.PID`) and waits for `go` before its effect.
+const SLOW: &str = r#"name: slow
+steps:
+  - { id: first, tool: exec, with: { argv: [sh, -c, "echo first >> ledger"] } }
+  - id: slow
+    needs: [first]
+    idempotent: true
+    tool: exec
+    with: { argv: [sh, -c, "touch started.$$; while [ ! -f go ]; do sleep 0.02; done; echo slow >> ledger"] }
+  - { id: after, needs: [slow], tool: exec, with: { argv: [sh, -c, "echo after >> ledger"] } }
+"#;
+
+/// How many attempts of `slow` have started (their marks).
+fn starts(db: &Db) -> usize {
+    std::fs::read_dir(db.path())
+        .expect("dir")
+        .filter_map(Result::ok)
+        .filter(|e| e.file_name().to_string_lossy().starts_with("started."))
+        .count()
+}
+
+fn wait_starts(db: &Db, n: usize) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while starts(db) < n {
+        assert!(
+            Instant::now() < deadline,
+            "attempt {n} of `slow` never started"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+#[test]
+fn a_worker_killed_mid_step_loses_its_step_to_another_after_its_lease() {
+    let Some(db) = db() else { return };
+    std::fs::write(db.path().join("slow.yaml"), SLOW).expect("write");
+    let id = submit(&db, "slow.yaml");
+    let mut first = worker(&db, 0, "1s");
+    wait_starts(&db, 1);
+    wait_pgid(&db, &id);
+    first.child.kill().expect("killed");
+    first.child.wait().expect("reaped");
+    // The step's lease lapses; another worker takes it over (it is idempotent: it runs again, the
+    // command the dead worker left behind stopped first).
+    let second = worker(&db, 1, "1s");
+    wait_starts(&db, 2);
+    std::fs::write(db.path().join("go"), "").expect("go");
+    let run = ended(&db, &id);
+    stop(vec![second]);
+    assert_eq!(run["status"], "succeeded", "{run}");
+    assert_eq!(ledger(&db), sorted(&["first", "slow", "after"]));
+    let tried: Vec<Json> = attempts(&run, "slow")
+        .iter()
+        .map(|a| a["status"].clone())
+        .collect();
+    assert_eq!(tried.last(), Some(&Json::from("succeeded")), "{tried:?}");
+    assert_eq!(tried.len(), 2, "{tried:?}");
+    assert_eq!(attempts(&run, "first").len(), 1);
+    assert_eq!(attempts(&run, "after").len(), 1);
+}
+
+/// Waits until the store holds the process group of `slow`'s attempt under way, so that whoever takes
+/// the step over can tell whether its command is still running.
+fn wait_pgid(db: &Db, id: &str) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !attempts(&db.show(id), "slow")
+        .iter()
+        .any(|a| a["status"] == "running" && !a["pgid"].is_null())
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the process group was never recorded"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+#[test]
+fn a_step_in_doubt_that_is_not_safe_to_repeat_stops_the_run_interrupted() {
+    let Some(db) = db() else { return };
+    std::fs::write(
+        db.path().join("slow.yaml"),
+        SLOW.replace("    idempotent: true\n", ""),
+    )
+    .expect("write");
+    let id = submit(&db, "slow.yaml");
+    let mut first = worker(&db, 0, "1s");
+    wait_starts(&db, 1);
+    wait_pgid(&db, &id);
+    first.child.kill().expect("killed");
+    first.child.wait().expect("reaped");
+    let second = worker(&db, 1, "1s");
+    let run = ended(&db, &id);
+    stop(vec![second]);
+    assert_eq!(run["status"], "interrupted", "{run}");
+    assert_eq!(
+        run["error"],
+        "step `slow` is in doubt: its worker stopped while it ran, and repeating it is not known to be safe"
+    );
+    // Nothing ran it again; a person decides, as for any run in doubt.
+    assert_eq!(starts(&db), 1);
+    let Output { code, stderr, .. } = db.archon(&["resume", &id]);
+    assert_eq!(code, 2, "{stderr}");
+    assert!(stderr.contains("`slow`"), "{stderr}");
+    // The command the killed worker left behind ends.
+    std::fs::write(db.path().join("go"), "").expect("go");
+}
+
+#[test]
+fn a_worker_whose_lease_was_taken_over_records_nothing_more() {
+    let Some(db) = db() else { return };
+    std::fs::write(db.path().join("slow.yaml"), SLOW).expect("write");
+    let id = submit(&db, "slow.yaml");
+    let first = worker(&db, 0, "1s");
+    wait_starts(&db, 1);
+    // Frozen, it renews nothing: its lease lapses and another worker takes the step and ends the run.
+    signal(&first, rustix::process::Signal::STOP);
+    let second = worker(&db, 1, "1s");
+    wait_starts(&db, 2);
+    std::fs::write(db.path().join("go"), "").expect("go");
+    let run = ended(&db, &id);
+    stop(vec![second]);
+    assert_eq!(run["status"], "succeeded", "{run}");
+    let events = db.archon(&["show", &id, "--events"]).stdout;
+    // Woken, the first worker finds its step taken: it records nothing and stops when asked.
+    signal(&first, rustix::process::Signal::CONT);
+    let err = db.path().join("worker-0.err");
+    stop(vec![first]);
+    let said = std::fs::read_to_string(&err).expect("stderr");
+    // It ran `first`; `slow` was taken from it.
+    assert!(
+        said.ends_with(
+            "worker: stopped after 1 steps (0 runs ended here, 1 steps taken over by others)\n"
+        ),
+        "{said}"
+    );
+    assert_eq!(db.show(&id), run);
+    assert_eq!(db.archon(&["show", &id, "--events"]).stdout, events);
+}
+
+#[test]
+fn a_submitted_run_is_cancelled_at_once_when_no_worker_has_it() {
+    let Some(db) = db() else { return };
+    std::fs::write(db.path().join("dag.yaml"), DAG).expect("write");
+    let id = submit(&db, "dag.yaml");
+    let Output { code, stderr, .. } = db.archon(&["cancel", &id]);
+    assert_eq!(code, 0, "{stderr}");
+    assert_eq!(db.show(&id)["status"], "cancelled");
+    // A worker finds nothing to do.
+    let w = worker(&db, 0, "1s");
+    stop(vec![w]);
+    assert!(!db.path().join("ledger").exists());
+}
+
+#[test]
+fn submitting_needs_a_postgresql_store() {
+    let dir = tempfile::TempDir::new().expect("tempdir");
+    std::fs::write(dir.path().join("dag.yaml"), DAG).expect("write");
+    let Output { code, stderr, .. } = crate::support::archon_with(
+        dir.path(),
+        &["run", "--submit", "dag.yaml"],
+        &[("ARCHON_STATE_DIR", ".archon")],
+    );
+    assert_eq!(
+        (code, stderr.as_str()),
+        (
+            1,
+            "error: runs can be submitted to workers only on a PostgreSQL run store\n  hint: pass `--store postgres://...` (or set `ARCHON_STORE`)\n"
+        )
+    );
+}
+
+#[test]
+fn run_submit_wait_follows_the_run_to_its_end_and_exits_with_its_status() {
+    let Some(db) = db() else { return };
+    std::fs::write(db.path().join("dag.yaml"), DAG).expect("write");
+    // docs/scale-out.md: three workers, and a run submitted and followed.
+    let workers: Vec<Worker> = (0..3).map(|n| worker(&db, n, "2s")).collect();
+    let Output {
+        code,
+        stdout,
+        stderr,
+    } = db.archon(&["run", "--submit", "--wait", "dag.yaml"]);
+    stop(workers);
+    assert_eq!(code, 0, "{stderr}");
+    let id = stdout.lines().next().expect("the run id").to_owned();
+    assert!(
+        stdout.starts_with(&format!("{id}\nrun       {id}\nworkflow  dag (")),
+        "{stdout}"
+    );
+    assert!(stdout.contains("\nstatus    succeeded\n"), "{stdout}");
+    assert!(
+        stdout.ends_with("outputs:\n  joined: said b4\n"),
+        "{stdout}"
+    );
+    // Each step started once and succeeded once, as the workers recorded it (the time column aside).
+    let events: Vec<(String, String)> = stderr
+        .lines()
+        .map(|line| {
+            let rest = line.get(11..).unwrap_or_default();
+            let (label, body) = rest.split_once(' ').unwrap_or((rest, ""));
+            let step = body.trim_start().split(' ').next().unwrap_or_default();
+            (label.to_owned(), step.to_owned())
+        })
+        .collect();
+    for step in STEPS {
+        for label in ["started", "succeeded"] {
+            let seen = events
+                .iter()
+                .filter(|(l, s)| l == label && s == step)
+                .count();
+            assert_eq!(seen, 1, "{label} {step}: {stderr}");
+        }
+    }
+}
+
+#[test]
+fn cancel_stops_a_submitted_run_a_worker_is_running_for_good() {
+    let Some(db) = db() else { return };
+    std::fs::write(db.path().join("slow.yaml"), SLOW).expect("write");
+    let id = submit(&db, "slow.yaml");
+    let w = worker(&db, 0, "1s");
+    wait_starts(&db, 1);
+    let Output { code, stderr, .. } = db.archon(&["cancel", &id]);
+    assert_eq!(code, 0, "{stderr}");
+    let run = ended(&db, &id);
+    stop(vec![w]);
+    assert_eq!(run["status"], "cancelled", "{run}");
+    let tried: Vec<Json> = attempts(&run, "slow")
+        .iter()
+        .map(|a| a["status"].clone())
+        .collect();
+    assert_eq!(tried, vec![Json::from("cancelled")]);
+    assert!(attempts(&run, "after").is_empty());
+    // The step's command was stopped: it never reached its effect.
+    std::fs::write(db.path().join("go"), "").expect("go");
+    assert_eq!(ledger(&db), sorted(&["first"]));
+}
