@@ -263,6 +263,59 @@ pub struct LogChunk {
     pub at_ms: u64,
 }
 
+/// Whether an approval request was asked by `step` (or by a call inside it: `step/inner`, `step[i]`),
+/// or by any step when `step` is `None`: what `RunStore::decide` decides.
+pub(crate) fn asked_within(request: &crate::report::ApprovalRequest, step: Option<&str>) -> bool {
+    step.is_none_or(|s| {
+        request.step == s
+            || request.step.starts_with(&format!("{s}/"))
+            || request.step.starts_with(&format!("{s}["))
+    })
+}
+
+/// How much of each stream of each attempt's output a journal has kept: at most
+/// [`sqlite::MAX_LOG_BYTES`], with a note where it was cut. Both stores' journals apply it.
+#[derive(Debug, Default)]
+pub(crate) struct LogBudget(
+    std::collections::HashMap<(String, crate::tools::Stream), (u32, usize)>,
+);
+
+impl LogBudget {
+    /// What to keep of `text`, written by attempt `attempt` of `step` on `stream`: all of it, its start
+    /// and the note once the limit is reached, or nothing after that.
+    pub(crate) fn keep(
+        &mut self,
+        step: &str,
+        attempt: u32,
+        stream: crate::tools::Stream,
+        text: &str,
+    ) -> Option<String> {
+        use sqlite::MAX_LOG_BYTES;
+        let kept = self
+            .0
+            .entry((step.to_owned(), stream))
+            .or_insert((attempt, 0));
+        if kept.0 != attempt {
+            *kept = (attempt, 0);
+        }
+        if kept.1 >= MAX_LOG_BYTES {
+            return None;
+        }
+        kept.1 += text.len();
+        Some(if kept.1 >= MAX_LOG_BYTES {
+            let cut = crate::text::floor_boundary(text, text.len() - (kept.1 - MAX_LOG_BYTES));
+            format!(
+                "{}\n[archon: the rest of this attempt's {} is not kept: more than {} MiB]\n",
+                &text[..cut],
+                stream.as_str(),
+                MAX_LOG_BYTES / (1024 * 1024)
+            )
+        } else {
+            text.to_owned()
+        })
+    }
+}
+
 /// What kind of trigger fired.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]

@@ -654,17 +654,7 @@ impl RunStore for SqliteStore {
         step: Option<&str>,
         decision: &ApprovalDecision,
     ) -> Result<Vec<ApprovalRequest>, StoreError> {
-        self.decide_pending(
-            id,
-            |r| {
-                step.is_none_or(|s| {
-                    r.step == s
-                        || r.step.starts_with(&format!("{s}/"))
-                        || r.step.starts_with(&format!("{s}["))
-                })
-            },
-            decision,
-        )
+        self.decide_pending(id, |r| super::asked_within(r, step), decision)
     }
 
     fn decide_call(
@@ -1394,7 +1384,7 @@ impl RunStore for SqliteStore {
             open: HashMap::new(),
             seq,
             log_seq,
-            logged: HashMap::new(),
+            logged: Default::default(),
             cancel,
             broken: None,
             released: false,
@@ -1692,7 +1682,7 @@ struct Writer {
     /// The last `seq` of the run's `logs`.
     log_seq: i64,
     /// Bytes of each step's and stream's output kept for its current attempt: (attempt, bytes).
-    logged: HashMap<(String, crate::tools::Stream), (u32, usize)>,
+    logged: super::LogBudget,
     /// The attempt of each step still running.
     open: HashMap<String, u32>,
     seq: i64,
@@ -1966,30 +1956,8 @@ impl Writer {
                     at_ms,
                 } => {
                     let attempt = self.last_attempt.get(step).copied().unwrap_or(0);
-                    let kept = self
-                        .logged
-                        .entry((step.clone(), *stream))
-                        .or_insert((attempt, 0));
-                    if kept.0 != attempt {
-                        *kept = (attempt, 0);
-                    }
-                    if kept.1 >= MAX_LOG_BYTES {
+                    let Some(text) = self.logged.keep(step, attempt, *stream, text) else {
                         continue;
-                    }
-                    kept.1 += text.len();
-                    let text = if kept.1 >= MAX_LOG_BYTES {
-                        let cut = crate::text::floor_boundary(
-                            text,
-                            text.len() - (kept.1 - MAX_LOG_BYTES),
-                        );
-                        format!(
-                            "{}\n[archon: the rest of this attempt's {} is not kept: more than {} MiB]\n",
-                            &text[..cut],
-                            stream.as_str(),
-                            MAX_LOG_BYTES / (1024 * 1024)
-                        )
-                    } else {
-                        text.clone()
                     };
                     self.log_seq += 1;
                     tx.prepare_cached(

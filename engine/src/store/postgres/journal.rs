@@ -21,8 +21,7 @@ use super::{Failure, Inner, Result};
 use crate::record::{self, FORMAT_VERSION};
 use crate::report::StepResult;
 use crate::store::sqlite::{
-    BATCH, ENCODED_WHERE_RECORDED, GATHERED, INLINE_OUTPUT_BYTES, MAX_LOG_BYTES, Measured, WINDOW,
-    json_text,
+    BATCH, ENCODED_WHERE_RECORDED, GATHERED, INLINE_OUTPUT_BYTES, Measured, WINDOW, json_text,
 };
 use crate::store::{Ack, Entry, Journal, RunState, StoreError, now_ms};
 
@@ -165,7 +164,7 @@ pub(super) struct Writer {
     seq: i64,
     log_seq: i64,
     /// Bytes of each step's and stream's output kept for its current attempt: (attempt, bytes).
-    logged: HashMap<(String, crate::tools::Stream), (u32, usize)>,
+    logged: crate::store::LogBudget,
     cancel: CancellationToken,
     shared: Arc<Mutex<Option<StoreError>>>,
     broken: Option<StoreError>,
@@ -298,7 +297,7 @@ impl Writer {
             open: HashMap::new(),
             seq: row.get(0),
             log_seq: row.get(1),
-            logged: HashMap::new(),
+            logged: Default::default(),
             cancel: CancellationToken::new(),
             shared: Arc::default(),
             broken: None,
@@ -579,30 +578,8 @@ impl Writer {
                     at_ms,
                 } => {
                     let attempt = self.last_attempt.get(step).copied().unwrap_or(0);
-                    let kept = self
-                        .logged
-                        .entry((step.clone(), *stream))
-                        .or_insert((attempt, 0));
-                    if kept.0 != attempt {
-                        *kept = (attempt, 0);
-                    }
-                    if kept.1 >= MAX_LOG_BYTES {
+                    let Some(text) = self.logged.keep(step, attempt, *stream, text) else {
                         continue;
-                    }
-                    kept.1 += text.len();
-                    let text = if kept.1 >= MAX_LOG_BYTES {
-                        let cut = crate::text::floor_boundary(
-                            text,
-                            text.len() - (kept.1 - MAX_LOG_BYTES),
-                        );
-                        format!(
-                            "{}\n[archon: the rest of this attempt's {} is not kept: more than {} MiB]\n",
-                            &text[..cut],
-                            stream.as_str(),
-                            MAX_LOG_BYTES / (1024 * 1024)
-                        )
-                    } else {
-                        text.clone()
                     };
                     self.log_seq += 1;
                     ops.push((

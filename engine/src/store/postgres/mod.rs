@@ -624,17 +624,7 @@ impl RunStore for PostgresStore {
         step: Option<&str>,
         decision: &ApprovalDecision,
     ) -> Result<Vec<ApprovalRequest>, StoreError> {
-        self.decide_pending(
-            id,
-            |r| {
-                step.is_none_or(|s| {
-                    r.step == s
-                        || r.step.starts_with(&format!("{s}/"))
-                        || r.step.starts_with(&format!("{s}["))
-                })
-            },
-            decision,
-        )
+        self.decide_pending(id, |r| crate::store::asked_within(r, step), decision)
     }
 
     fn decide_call(
