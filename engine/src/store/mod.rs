@@ -263,6 +263,37 @@ pub struct LogChunk {
     pub at_ms: u64,
 }
 
+/// The requests of run `id` (loaded as `run`) that a decision at `now` may still answer, those `select` picks:
+/// undecided, and not past their rule's timeout (those are decided by the rule's default, not by a
+/// late answer). An error when the run does not wait for approval.
+pub(crate) fn pending_approvals(
+    run: StoredRun,
+    id: &str,
+    now: u64,
+    select: impl Fn(&crate::report::ApprovalRequest) -> bool,
+) -> Result<Vec<crate::report::ApprovalRequest>, StoreError> {
+    if run.status != RunState::WaitingApproval {
+        let mut error = StoreError::new(format!(
+            "run `{id}` is not waiting for approval: it is `{}`",
+            run.status.as_str()
+        ));
+        error.unknown_run = true;
+        return Err(error);
+    }
+    Ok(run
+        .approvals
+        .into_iter()
+        .filter(|a| a.decision.is_none())
+        .filter(|a| {
+            a.request
+                .timeout_ms
+                .is_none_or(|t| now.saturating_sub(a.requested_at) < t)
+        })
+        .map(|a| a.request)
+        .filter(|r| select(r))
+        .collect())
+}
+
 /// Whether an approval request was asked by `step` (or by a call inside it: `step/inner`, `step[i]`),
 /// or by any step when `step` is `None`: what `RunStore::decide` decides.
 pub(crate) fn asked_within(request: &crate::report::ApprovalRequest, step: Option<&str>) -> bool {

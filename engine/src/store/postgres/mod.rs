@@ -347,29 +347,8 @@ impl PostgresStore {
         select: impl Fn(&ApprovalRequest) -> bool,
         decision: &ApprovalDecision,
     ) -> Result<Vec<ApprovalRequest>, StoreError> {
-        let run = self.load(id)?;
-        if run.status != RunState::WaitingApproval {
-            let mut error = StoreError::new(format!(
-                "run `{id}` is not waiting for approval: it is `{}`",
-                run.status.as_str()
-            ));
-            error.unknown_run = true;
-            return Err(error);
-        }
         let now = now_ms();
-        // A request whose rule's timeout passed is decided by the rule's default, not by a late answer.
-        let pending: Vec<ApprovalRequest> = run
-            .approvals
-            .into_iter()
-            .filter(|a| a.decision.is_none())
-            .filter(|a| {
-                a.request
-                    .timeout_ms
-                    .is_none_or(|t| now.saturating_sub(a.requested_at) < t)
-            })
-            .map(|a| a.request)
-            .filter(|r| select(r))
-            .collect();
+        let pending = crate::store::pending_approvals(self.load(id)?, id, now, select)?;
         let inner = self.inner.clone();
         let (id_owned, decided, decision) = (id.to_owned(), pending.clone(), decision.clone());
         let still_waiting =
