@@ -201,7 +201,21 @@ impl Session {
         workflow: Arc<Workflow>,
         options: &WorkerOptions,
     ) -> Result<Outcome, SessionError> {
-        let stored = self.store.load(&task.run_id)?;
+        // What running the step needs: its own record and its dependencies' results, not the whole run's.
+        let mut names = vec![task.step.clone()];
+        if let Some(index) = workflow
+            .spec
+            .steps
+            .iter()
+            .position(|s| s.id.value == task.step)
+        {
+            names.extend(
+                workflow.dependencies[index]
+                    .iter()
+                    .map(|&d| workflow.spec.steps[d].id.value.clone()),
+            );
+        }
+        let stored = self.store.load_steps(&task.run_id, &names)?;
         // A step whose earlier attempt was cut off is in doubt, as on resume: it runs again only when
         // that is safe; otherwise the run stops interrupted for a person to resume or resolve it.
         let doubtful: Vec<resume::InDoubt> = resume::in_doubt(&workflow, &stored)

@@ -264,10 +264,13 @@ impl Writer {
             .await?
             .ok_or_else(|| Failure::Store(super::queries::unknown_run(&run)))?
             .get(0);
+        // A task's journal records the attempts of its step (and its `foreach` items) only.
         let last_attempt: HashMap<String, u32> = client
             .query(
-                "SELECT step, MAX(attempt) FROM attempts WHERE run_id = $1 GROUP BY step",
-                &[&run],
+                "SELECT step, MAX(attempt) FROM attempts
+                 WHERE run_id = $1 AND ($2::text IS NULL OR split_part(step, '[', 1) = $2)
+                 GROUP BY step",
+                &[&run, &task],
             )
             .await?
             .iter()

@@ -738,13 +738,19 @@ impl RunStore for PostgresStore {
     fn load(&self, id: &str) -> Result<StoredRun, StoreError> {
         let inner = self.inner.clone();
         let id = id.to_owned();
-        self.run(async move { queries::load(&inner, &id, true).await })
+        self.run(async move { queries::load(&inner, &id, true, None).await })
     }
 
     fn load_brief(&self, id: &str) -> Result<StoredRun, StoreError> {
         let inner = self.inner.clone();
         let id = id.to_owned();
-        self.run(async move { queries::load(&inner, &id, false).await })
+        self.run(async move { queries::load(&inner, &id, false, None).await })
+    }
+
+    fn load_steps(&self, id: &str, steps: &[String]) -> Result<StoredRun, StoreError> {
+        let inner = self.inner.clone();
+        let (id, steps) = (id.to_owned(), steps.to_vec());
+        self.run(async move { queries::load(&inner, &id, true, Some(&steps)).await })
     }
 
     fn files(&self, id: &str) -> Result<Vec<(String, String)>, StoreError> {

@@ -654,7 +654,12 @@ pub(super) async fn replace_files(
     Ok(())
 }
 
-pub(super) async fn load(inner: &Inner, id: &str, blobs: bool) -> Result<StoredRun> {
+pub(super) async fn load(
+    inner: &Inner,
+    id: &str,
+    blobs: bool,
+    only: Option<&[String]>,
+) -> Result<StoredRun> {
     let mut client = inner.client().await?;
     // One snapshot, even while the run's writer commits.
     let tx = client
@@ -664,7 +669,7 @@ pub(super) async fn load(inner: &Inner, id: &str, blobs: bool) -> Result<StoredR
         .start()
         .await?;
     let mut damage = Vec::new();
-    let run = load_run(inner, &tx, id, &mut damage, blobs).await?;
+    let run = load_run(inner, &tx, id, &mut damage, blobs, only).await?;
     tx.commit().await?;
     if !damage.is_empty() {
         return Err(damaged_rows(inner, &damage));
@@ -702,12 +707,15 @@ fn decode_result(
 }
 
 /// Reads run `id`; every row that does not decode goes to `damage` (and the run read is incomplete).
+/// With `only`, the results, attempts and checkpoints are those of the named steps and their `foreach`
+/// items (`step[i]`) alone.
 async fn load_run(
     inner: &Inner,
     client: &impl GenericClient,
     id: &str,
     damage: &mut Vec<RecordError>,
     blobs: bool,
+    only: Option<&[String]>,
 ) -> Result<Option<StoredRun>> {
     let row = client
         .query_opt(
@@ -781,12 +789,15 @@ async fn load_run(
                 "SELECT r.step, r.format, r.result, r.output_blob, b.data, r.text_blob, t.data
                  FROM results r LEFT JOIN blobs b ON b.hash = r.output_blob
                     LEFT JOIN blobs t ON t.hash = r.text_blob
-                 WHERE r.run_id = $1 ORDER BY r.ord"
+                 WHERE r.run_id = $1 AND ($2::text[] IS NULL OR split_part(r.step, '[', 1) = ANY($2))
+                 ORDER BY r.ord"
             } else {
                 "SELECT r.step, r.format, r.result, NULL::text, NULL::bytea, NULL::text, NULL::bytea
-                 FROM results r WHERE r.run_id = $1 ORDER BY r.ord"
+                 FROM results r
+                 WHERE r.run_id = $1 AND ($2::text[] IS NULL OR split_part(r.step, '[', 1) = ANY($2))
+                 ORDER BY r.ord"
             },
-            &[&id],
+            &[&id, &only],
         )
         .await?;
     for r in &rows {
@@ -814,8 +825,10 @@ async fn load_run(
         .query(
             "SELECT step, attempt, generation, fallback, status, error, started_at, ended_at, pgid,
                 pgid_started, host
-             FROM attempts WHERE run_id = $1 ORDER BY started_at, ord",
-            &[&id],
+             FROM attempts
+             WHERE run_id = $1 AND ($2::text[] IS NULL OR split_part(step, '[', 1) = ANY($2))
+             ORDER BY started_at, ord",
+            &[&id, &only],
         )
         .await?;
     // A process group is this host's to look at and stop only when the attempt ran here.
@@ -872,8 +885,10 @@ async fn load_run(
 
     let rows = client
         .query(
-            "SELECT step, format, state FROM checkpoints WHERE run_id = $1 AND generation = $2",
-            &[&id, &i64::from(run.generation)],
+            "SELECT step, format, state FROM checkpoints
+             WHERE run_id = $1 AND generation = $2
+                AND ($3::text[] IS NULL OR split_part(step, '[', 1) = ANY($3))",
+            &[&id, &i64::from(run.generation), &only],
         )
         .await?;
     for r in &rows {
@@ -947,7 +962,7 @@ pub(super) async fn check(inner: &Inner) -> Result<Vec<String>> {
         .map(|r| r.get(0))
         .collect();
     for id in ids {
-        load_run(inner, &tx, &id, &mut damage, true).await?;
+        load_run(inner, &tx, &id, &mut damage, true, None).await?;
         let rows = tx
             .query(
                 "SELECT seq, format, event FROM events WHERE run_id = $1 ORDER BY seq",

@@ -177,6 +177,13 @@ CREATE TABLE tasks (
 CREATE INDEX tasks_ready ON tasks (ready_at, run_id, step) WHERE state = 'ready';
 CREATE INDEX tasks_claimed ON tasks (lease_until) WHERE state = 'claimed';
 "#,
+    r#"
+-- A worker reads the results, attempts and checkpoints of one step and those it needs (with their
+-- `foreach` items, `step[i]`), not the whole run's.
+CREATE INDEX results_by_step ON results (run_id, split_part(step, '[', 1));
+CREATE INDEX attempts_by_step ON attempts (run_id, split_part(step, '[', 1));
+CREATE INDEX checkpoints_by_step ON checkpoints (run_id, split_part(step, '[', 1));
+"#,
 ];
 
 /// The tables whose rows belong to a run (by `run_id`), which `prune` deletes with it.

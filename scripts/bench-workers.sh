@@ -1,0 +1,113 @@
+#!/usr/bin/env bash
+# Steps run by `archon worker` processes through PostgreSQL, with real processes and the real server:
+#
+# 1. throughput: one submitted run of `STEPS` independent no-op steps (default 2000) taken by 1, 2 and 4
+#    workers (`--concurrency CONCURRENCY` each, default 8); steps per second from submission to the run's
+#    end, and each step's latency from ready (its task row's `ready_at`) to started (its attempt's
+#    `started_at`), p50 and p99;
+# 2. sleep-bound scaling: 8 steps of `sleep 0.2` spread over 4 workers taking one step at a time, against
+#    the 1.6 s they take one after another.
+#
+# Each measurement uses a schema of its own in `$ARCHON_BENCH_DB` (default
+# postgres://postgres@127.0.0.1:5432/test), dropped afterwards. Needs psql and an archon binary: `$ARCHON`
+# (a release build measures what users get: `ARCHON=target/release/archon` after `cargo build --release`),
+# else target/debug/archon.
+set -euo pipefail
+export PGOPTIONS="${PGOPTIONS:---client-min-messages=warning}"
+root="$(cd "$(dirname "$0")/.." && pwd)"
+archon="$(realpath "${ARCHON:-$root/target/debug/archon}")"
+base="${ARCHON_BENCH_DB:-postgres://postgres@127.0.0.1:5432/test}"
+steps="${STEPS:-2000}"
+concurrency="${CONCURRENCY:-8}"
+
+work="$(mktemp -d)"
+workers=()
+schemas=()
+stop_workers() {
+    for pid in "${workers[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
+    for pid in "${workers[@]}"; do wait "$pid" 2>/dev/null || true; done
+    workers=()
+}
+cleanup() {
+    stop_workers
+    for schema in "${schemas[@]}"; do psql -q "$base" -c "DROP SCHEMA IF EXISTS $schema CASCADE" >/dev/null 2>&1 || true; done
+    rm -rf "$work"
+}
+trap cleanup EXIT
+
+# A schema of its own; prints the store URL that uses it.
+fresh_store() {
+    local schema="bench_workers_$$_$1"
+    psql -q "$base" -c "DROP SCHEMA IF EXISTS $schema CASCADE; CREATE SCHEMA $schema" >/dev/null
+    schemas+=("$schema")
+    case "$base" in *\?*) glue='&' ;; *) glue='?' ;; esac
+    echo "${base}${glue}options=-c%20search_path%3D${schema}"
+}
+
+sql() { psql -qAtX "$1" -c "$2"; }
+
+# Starts `$2` workers on store `$1`, each taking `$3` steps at once, and waits until each says it works.
+start_workers() {
+    local store="$1" n="$2" each="$3" i
+    for i in $(seq 1 "$n"); do
+        ARCHON_STORE="$store" NO_COLOR=1 "$archon" worker --concurrency "$each" \
+            2> "$work/worker-$i.err" > /dev/null &
+        workers+=("$!")
+    done
+    for i in $(seq 1 "$n"); do
+        for _ in $(seq 1 400); do
+            if grep -q "worker: taking steps" "$work/worker-$i.err" 2>/dev/null; then break; fi
+            sleep 0.025
+        done
+    done
+}
+
+# Submits `$2` and waits for its end; prints the seconds from submission to the end.
+run_through() {
+    local store="$1" spec="$2" id start end status
+    start=$(date +%s.%N)
+    id=$(cd "$work" && ARCHON_STORE="$store" "$archon" run --submit "$spec")
+    while :; do
+        status=$(sql "$store" "SELECT status FROM runs WHERE id = '$id'")
+        [ "$status" != running ] && break
+        sleep 0.01
+    done
+    end=$(date +%s.%N)
+    [ "$status" = succeeded ] || { echo "run $id ended $status" >&2; cat "$work"/worker-*.err >&2; exit 1; }
+    echo "$id $(echo "$end - $start" | bc -l)"
+}
+
+{
+    echo "name: noop"
+    echo "steps:"
+    for i in $(seq 1 "$steps"); do echo "  - { id: s$i, tool: echo, with: { n: $i } }"; done
+} > "$work/noop.yaml"
+{
+    echo "name: sleepy"
+    echo "steps:"
+    for i in $(seq 1 8); do echo "  - { id: s$i, tool: exec, with: { argv: [sleep, '0.2'] } }"; done
+} > "$work/sleepy.yaml"
+
+echo "archon: $archon"
+echo "no-op steps: $steps in one run, --concurrency $concurrency per worker"
+printf '%-8s %12s %14s %14s\n' workers steps/s "ready→start p50" "p99 (ms)"
+for n in 1 2 4; do
+    store=$(fresh_store "noop$n")
+    # The first use applies the migrations; not part of the measurement.
+    ARCHON_STORE="$store" "$archon" runs > /dev/null
+    start_workers "$store" "$n" "$concurrency"
+    read -r id seconds < <(run_through "$store" "$work/noop.yaml")
+    stop_workers
+    latency=$(sql "$store" "SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY a.started_at - t.ready_at),
+            percentile_cont(0.99) WITHIN GROUP (ORDER BY a.started_at - t.ready_at)
+        FROM tasks t JOIN attempts a ON a.run_id = t.run_id AND a.step = t.step AND a.attempt = 1
+        WHERE t.run_id = '$id'")
+    printf '%-8s %12.0f %14s %14s\n' "$n" "$(echo "$steps / $seconds" | bc -l)" "${latency%%|*}" "${latency##*|}"
+done
+
+store=$(fresh_store sleepy)
+ARCHON_STORE="$store" "$archon" runs > /dev/null
+start_workers "$store" 4 1
+read -r _ seconds < <(run_through "$store" "$work/sleepy.yaml")
+stop_workers
+printf '8 × 200 ms sleep steps over 4 workers (1 step each at once): %.2f s (1.60 s one after another, 0.40 s ideal)\n' "$seconds"
