@@ -189,15 +189,15 @@ fn chaos_trial(db: &Db, trial: usize, seed: u64) -> Trial {
     let id = submit(db, "dag.yaml");
     let count = rng.usize(2..=3);
     let mut workers: Vec<Worker> = (0..count).map(|n| worker(db, n, "1s")).collect();
-    // A random moment: before the workers are up, or once a random number of steps had their effect
-    // (then mid-step, between steps, or after the run's end).
+    // A random moment: before the workers are up, or once a random number of steps (not all) had their
+    // effect, then a little later: mid-step, between steps, or after the run's end.
     if rng.u8(..5) > 0 {
-        let progress = rng.usize(0..=dag.steps.len());
+        let progress = rng.usize(0..dag.steps.len());
         wait_until("the run's progress", Duration::from_secs(30), || {
             ledger_counts(db).values().sum::<usize>() >= progress
         });
     }
-    std::thread::sleep(Duration::from_millis(rng.u64(0..300)));
+    std::thread::sleep(Duration::from_millis(rng.u64(0..150)));
     let ended_first = db.show(&id)["status"] != "running";
     let mut victim = workers.swap_remove(rng.usize(..count));
     victim.child.kill().expect("killed");
