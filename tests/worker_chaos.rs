@@ -19,6 +19,7 @@ use std::time::{Duration, Instant};
 use serde_json::Value as Json;
 
 use crate::postgres::{Db, attempts, db};
+use crate::support::Output;
 use crate::workers::{Worker, ended, signal, stop, submit, worker};
 
 /// The seed of a test: `ARCHON_CHAOS_SEED`, or a random one; printed either way.
@@ -117,6 +118,23 @@ fn statuses(run: &Json, step: &str) -> Vec<String> {
         .collect()
 }
 
+/// How many `succeeded` events the run's log holds for each step (`show --events`: the time, the label,
+/// the step).
+fn succeeded_events(db: &Db, id: &str) -> BTreeMap<String, usize> {
+    let Output { code, stdout, .. } = db.archon(&["show", id, "--events"]);
+    assert_eq!(code, 0, "{stdout}");
+    let mut counts = BTreeMap::new();
+    for line in stdout.lines() {
+        let rest = line.get(11..).unwrap_or_default();
+        let (label, body) = rest.split_once(' ').unwrap_or((rest, ""));
+        if label == "succeeded" {
+            let step = body.trim_start().split(' ').next().unwrap_or_default();
+            *counts.entry(step.to_owned()).or_default() += 1;
+        }
+    }
+    counts
+}
+
 fn random_dag_runs_once_with(workers: usize) {
     let Some(db) = db() else { return };
     let seed = seed(&format!("random DAG on {workers} worker(s)"));
@@ -131,6 +149,7 @@ fn random_dag_runs_once_with(workers: usize) {
     assert_eq!(run["outputs"]["last"], dag.last.as_str(), "{context}");
     let expected: BTreeMap<String, usize> = dag.steps.iter().map(|s| (s.clone(), 1)).collect();
     assert_eq!(ledger_counts(&db), expected, "{context}");
+    assert_eq!(succeeded_events(&db, &id), expected, "{context}");
     for step in &dag.steps {
         assert_eq!(statuses(&run, step), ["succeeded"], "{step}: {context}");
         let result = &run["results"][step];
@@ -209,7 +228,8 @@ fn chaos_trial(db: &Db, trial: usize, seed: u64) -> Trial {
     // before the kill; its step was taken over (or found in doubt) only after the 1 s lease lapsed,
     // so the ledger is complete now.
     let counts = ledger_counts(db);
-    let context = format!("{context}\n{run}\nledger: {counts:?}");
+    let events = succeeded_events(db, &id);
+    let context = format!("{context}\n{run}\nledger: {counts:?}\nsucceeded events: {events:?}");
     let mut seen = Trial {
         ended_first,
         succeeded: run["status"] == "succeeded",
@@ -243,6 +263,12 @@ fn chaos_trial(db: &Db, trial: usize, seed: u64) -> Trial {
         let cut = tried.iter().filter(|s| *s == "running").count();
         let succeeded = tried.iter().filter(|s| *s == "succeeded").count();
         assert!(succeeded <= 1, "{step} succeeded twice: {context}");
+        // The log says so once, whoever ran it (a worker cut off records nothing more).
+        assert_eq!(
+            events.get(step).copied().unwrap_or(0),
+            succeeded,
+            "{step}: {context}"
+        );
         if result.is_null() {
             // Never reached, or stopped with the run: its effect happened at most once unless it is
             // safe to repeat, and never without an attempt recorded first when it is not.
@@ -530,6 +556,15 @@ outputs:
   host: "{{ steps.slow.output }}"
 "#;
 
+/// Writes `go` when dropped, so that a command waiting for it ends even when the test failed first.
+struct Go<'a>(&'a Db);
+
+impl Drop for Go<'_> {
+    fn drop(&mut self) {
+        let _ = std::fs::write(self.0.path().join("go"), "");
+    }
+}
+
 fn wait_until(what: &str, limit: Duration, mut done: impl FnMut() -> bool) {
     let deadline = Instant::now() + limit;
     while !done() {
@@ -546,6 +581,7 @@ fn a_host_cut_off_mid_step_loses_it_and_records_nothing_more() {
     let (fwd_a, fwd_b) = (forward(ns_a.outer, &server), forward(ns_b.outer, &server));
     let tag = format!("{}-{:04x}", std::process::id(), fastrand::u16(..));
     let (host_a, host_b) = (format!("archon-a-{tag}"), format!("archon-b-{tag}"));
+    let _go = Go(&db);
     std::fs::write(db.path().join("hosts.yaml"), HOSTS).expect("write");
     let id = submit(&db, "hosts.yaml");
     let mut a = host_worker(&db, &ns_a, &host_a, &db.url_through(fwd_a.addr).1);
