@@ -263,10 +263,11 @@ fn chaos_trial(db: &Db, trial: usize, seed: u64) -> Trial {
         let cut = tried.iter().filter(|s| *s == "running").count();
         let succeeded = tried.iter().filter(|s| *s == "succeeded").count();
         assert!(succeeded <= 1, "{step} succeeded twice: {context}");
-        // The log says so once, whoever ran it (a worker cut off records nothing more).
-        assert_eq!(
-            events.get(step).copied().unwrap_or(0),
-            succeeded,
+        // The log says so at most once, whoever ran it (a worker cut off records nothing more). Not
+        // always: the event follows the result, and nothing waits for it, so a kill between the two
+        // leaves the result (which the taker reuses) without it.
+        assert!(
+            events.get(step).copied().unwrap_or(0) <= succeeded,
             "{step}: {context}"
         );
         if result.is_null() {
