@@ -49,5 +49,6 @@ mod support;
 mod triggers;
 mod ux;
 mod validate_fixtures;
+mod worker_chaos;
 mod workers;
 mod workflows;

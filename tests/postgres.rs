@@ -43,6 +43,35 @@ fn admin(sql: &str) -> Result<(), String> {
     .unwrap_or_else(|_| Err("the admin thread panicked".to_owned()))
 }
 
+/// The first column of the rows `sql` returns, as text (`NULL` for a null), on a connection of its own.
+fn admin_query(sql: &str) -> Result<Vec<String>, String> {
+    let (url, sql) = (base_url(), sql.to_owned());
+    std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| e.to_string())?;
+        runtime.block_on(async {
+            let (client, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+                .await
+                .map_err(|e| e.to_string())?;
+            tokio::spawn(connection);
+            let messages = client.simple_query(&sql).await.map_err(|e| e.to_string())?;
+            Ok(messages
+                .iter()
+                .filter_map(|m| match m {
+                    tokio_postgres::SimpleQueryMessage::Row(row) => {
+                        Some(row.get(0).unwrap_or("NULL").to_owned())
+                    }
+                    _ => None,
+                })
+                .collect())
+        })
+    })
+    .join()
+    .unwrap_or_else(|_| Err("the admin thread panicked".to_owned()))
+}
+
 /// A schema of the test database for one test, and a state directory; dropped afterwards.
 pub(crate) struct Db {
     schema: String,
@@ -98,6 +127,27 @@ impl Db {
         let base = base_url();
         let glue = if base.contains('?') { '&' } else { '?' };
         format!("{base}{glue}options=-c%20search_path%3D{}", self.schema)
+    }
+
+    /// The server's address, and the test's URL with `addr` in its place: for a test that reaches the
+    /// server through a forwarder of its own.
+    pub(crate) fn url_through(&self, addr: std::net::SocketAddr) -> (String, String) {
+        let url = self.url();
+        let (scheme, rest) = url.split_once("://").expect("a URL");
+        let (user, rest) = rest.split_once('@').unwrap_or(("", rest));
+        let end = rest.find(['/', '?']).unwrap_or(rest.len());
+        let server = rest[..end].to_owned();
+        let user = if user.is_empty() {
+            String::new()
+        } else {
+            format!("{user}@")
+        };
+        (server, format!("{scheme}://{user}{addr}{}", &rest[end..]))
+    }
+
+    /// Runs `sql` in the test's schema; the first column of the rows of its last statement, as text.
+    pub(crate) fn sql(&self, sql: &str) -> Vec<String> {
+        admin_query(&format!("SET search_path TO {}; {sql}", self.schema)).expect("the query runs")
     }
 
     pub(crate) fn path(&self) -> &Path {

@@ -31,7 +31,7 @@ outputs:
 
 const STEPS: [&str; 7] = ["first", "b1", "b2", "b3", "b4", "join", "last"];
 
-fn submit(db: &Db, spec: &str) -> String {
+pub(crate) fn submit(db: &Db, spec: &str) -> String {
     let Output {
         code,
         stdout,
@@ -44,19 +44,19 @@ fn submit(db: &Db, spec: &str) -> String {
 }
 
 /// A worker process; its standard error goes to `worker-N.err` in the test's directory.
-struct Worker {
-    child: Child,
-    err: std::path::PathBuf,
+pub(crate) struct Worker {
+    pub(crate) child: Child,
+    pub(crate) err: std::path::PathBuf,
 }
 
 impl Worker {
     /// What it said on standard error.
-    fn said(&self) -> String {
+    pub(crate) fn said(&self) -> String {
         std::fs::read_to_string(&self.err).unwrap_or_default()
     }
 
     /// Waits until it has said that it takes steps (its signal handlers are in place then).
-    fn wait_ready(&self) {
+    pub(crate) fn wait_ready(&self) {
         let deadline = Instant::now() + Duration::from_secs(20);
         while !self.said().contains("worker: taking steps") {
             assert!(
@@ -79,7 +79,7 @@ impl Drop for Worker {
     }
 }
 
-fn worker(db: &Db, n: usize, lease: &str) -> Worker {
+pub(crate) fn worker(db: &Db, n: usize, lease: &str) -> Worker {
     let path = db.path().join(format!("worker-{n}.err"));
     let err = std::fs::File::create(&path).expect("err file");
     let child = Command::new(env!("CARGO_BIN_EXE_archon"))
@@ -94,13 +94,13 @@ fn worker(db: &Db, n: usize, lease: &str) -> Worker {
     Worker { child, err: path }
 }
 
-fn signal(worker: &Worker, signal: rustix::process::Signal) {
+pub(crate) fn signal(worker: &Worker, signal: rustix::process::Signal) {
     let pid = rustix::process::Pid::from_child(&worker.child);
     rustix::process::kill_process(pid, signal).expect("signalled");
 }
 
 /// Stops workers with SIGTERM; each finishes what it runs and exits 0.
-fn stop(workers: Vec<Worker>) {
+pub(crate) fn stop(workers: Vec<Worker>) {
     for w in &workers {
         w.wait_ready();
         signal(w, rustix::process::Signal::TERM);
@@ -112,7 +112,7 @@ fn stop(workers: Vec<Worker>) {
 }
 
 /// The run once it has ended (no longer `running`).
-fn ended(db: &Db, id: &str) -> Json {
+pub(crate) fn ended(db: &Db, id: &str) -> Json {
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         let run = db.show(id);

@@ -16,7 +16,7 @@ use tokio_util::sync::CancellationToken;
 use super::{NewRunRequest, Session, SessionError, cached_workflows, spec_files};
 use crate::resume;
 use crate::run::{self, RunOptions};
-use crate::store::{Finished, NewRun, StoreError, StoredRun, Task, Tasks};
+use crate::store::{Finished, NewRun, RunState, StoreError, StoredRun, Task, Tasks};
 use crate::validate::validate_source;
 use crate::workflow::Workflow;
 
@@ -59,6 +59,8 @@ enum Outcome {
     Done,
     EndedRun,
     Lost,
+    /// The task was left claimed by a worker that ended its run: nothing to do.
+    Ended,
 }
 
 impl Session {
@@ -162,6 +164,7 @@ impl Session {
                             worked.runs += 1;
                         }
                         Outcome::Lost => worked.lost += 1,
+                        Outcome::Ended => {}
                     }
                     idle = LEAST_IDLE;
                 }
@@ -216,6 +219,12 @@ impl Session {
             );
         }
         let stored = self.store.load_steps(&task.run_id, &names)?;
+        // The run has ended: the worker that recorded its end stopped before it marked its last task done
+        // (killed, or cut off). Nothing is left to run, and nothing is recorded after the run's end.
+        if stored.status != RunState::Running {
+            tasks.complete(&task)?;
+            return Ok(Outcome::Ended);
+        }
         // A step whose earlier attempt was cut off is in doubt, as on resume: it runs again only when
         // that is safe; otherwise the run stops interrupted for a person to resume or resolve it.
         let doubtful: Vec<resume::InDoubt> = resume::in_doubt(&workflow, &stored)
