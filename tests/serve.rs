@@ -971,6 +971,13 @@ async fn no_response_of_a_scripted_session_holds_a_secret() {
         format!("/api/v1/runs/{run}/events"),
         format!("/api/v1/runs/{run}/logs"),
         format!("/api/v1/runs/{run}/approvals"),
+        "/api/v1/firings".to_owned(),
+        "/runs".to_owned(),
+        format!("/runs/{run}"),
+        format!("/runs/{run}/trail"),
+        "/approvals".to_owned(),
+        "/workflows".to_owned(),
+        "/workflows/leaky".to_owned(),
     ];
     for path in &paths {
         let response = server
@@ -1079,13 +1086,18 @@ steps:
     with: { done: true }
 "#;
 
-/// Prints the values of those secrets without declaring them: only the server masks them. Its step is
-/// named like one of them.
+/// Prints the values of those secrets without declaring them, and asks to run a command holding them:
+/// only the server masks them. Its first step is named like one of them.
 const PLAIN: &str = r#"name: plain
 steps:
   - id: runs
     tool: exec
     with: { argv: ["sh", "-c", "printf 'all runs are true'"] }
+  - id: ask
+    tool: exec
+    approval: required
+    needs: [runs]
+    with: { argv: ["sh", "-c", "echo runs are true"] }
 "#;
 
 #[tokio::test]
@@ -1102,7 +1114,7 @@ async fn short_secret_values_are_masked_in_run_data_and_leave_json_and_links_who
     server.token = Some(OPERATOR.to_owned());
     let run = server.start("plain", json!({})).await;
     // Every live event is JSON (`Stream::next` parses each), the log masked.
-    let seen = server.wait_for(&run, &["succeeded"]).await;
+    let seen = server.wait_for(&run, &["waiting_approval"]).await;
     let logged: Vec<&Json> = seen
         .iter()
         .filter(|(kind, _)| kind == "log")
@@ -1155,7 +1167,28 @@ async fn short_secret_values_are_masked_in_run_data_and_leave_json_and_links_who
     let (_, detail) = server.get(&format!("/api/v1/runs/{run}")).await;
     assert_eq!(detail["results"]["runs"]["output"], "all *** are ***");
     assert_eq!(detail["results"]["runs"]["status"], "succeeded");
-    assert_eq!(detail["executing_here"], false);
+    assert_eq!(detail["status"], "waiting_approval");
+    assert_eq!(
+        detail["approvals"][0]["arguments"]["with"]["argv"],
+        json!(["sh", "-c", "echo *** are ***"]),
+        "{detail}"
+    );
+    let (_, waiting) = server.get("/api/v1/approvals").await;
+    assert_eq!(waiting[0]["arguments"], detail["approvals"][0]["arguments"]);
+    assert_eq!(waiting[0]["step"], "ask");
+    let (_, events) = server.get(&format!("/api/v1/runs/{run}/events")).await;
+    let asked: Vec<&Json> = events["events"]
+        .as_array()
+        .expect("events")
+        .iter()
+        .map(|e| &e["event"])
+        .filter(|e| e["event"] == "approval_requested")
+        .collect();
+    assert_eq!(asked.len(), 1, "{events}");
+    assert_eq!(
+        (&asked[0]["step"], &asked[0]["arguments"]["with"]["argv"][2]),
+        (&json!("ask"), &json!("echo *** are ***"))
+    );
     // The dashboard's links work, and its pages show the output masked.
     let list = server
         .request(reqwest::Method::GET, "/runs")
@@ -1182,8 +1215,18 @@ async fn short_secret_values_are_masked_in_run_data_and_leave_json_and_links_who
     assert!(page.contains("all *** are ***"), "{page}");
     all.push(list);
     all.push(page);
+    for path in ["/approvals", "/workflows", "/workflows/plain"] {
+        let response = server
+            .request(reqwest::Method::GET, path)
+            .send()
+            .await
+            .expect("answered");
+        assert_eq!(response.status(), 200, "{path}");
+        all.push(response.text().await.expect("a page"));
+    }
     assert!(
-        all.iter().all(|body| !body.contains("all runs are true")),
+        all.iter()
+            .all(|body| !body.contains("all runs are true") && !body.contains("echo runs are true")),
         "a response shows the run's data unmasked"
     );
 }

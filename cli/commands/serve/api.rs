@@ -668,8 +668,9 @@ fn detail_of(app: &App, mut run: StoredRun) -> RunDetail {
     // Run data is masked before it is serialised: its ids and the response's framing are not.
     let secrets = &app.secrets;
     run.results.values_mut().for_each(|r| secrets.result(r));
-    secrets.map(&mut run.inputs);
-    secrets.map(&mut run.outputs);
+    // Their names come from the spec: only the values are data.
+    run.inputs.values_mut().for_each(|v| secrets.json(v));
+    run.outputs.values_mut().for_each(|v| secrets.json(v));
     secrets.option(&mut run.error);
     let mut total = LlmUsage::default();
     add_usage(&mut total, run.results.values());
@@ -739,7 +740,10 @@ fn detail_of(app: &App, mut run: StoredRun) -> RunDetail {
 /// One run, or `404` (a run queued here and not stored yet shows as `queued`).
 pub async fn run_detail(app: &Arc<App>, id: String) -> Result<RunDetail, ApiError> {
     if let Some(mut pending) = app.executor.pending(&id) {
-        app.secrets.map(&mut pending.inputs);
+        pending
+            .inputs
+            .values_mut()
+            .for_each(|v| app.secrets.json(v));
         return Ok(RunDetail {
             id: id.clone(),
             workflow: pending.workflow,
