@@ -376,3 +376,23 @@ pub fn known_run(session: &Session, id: &str) -> Result<(), ApiError> {
         None => Err(ApiError::unknown_run(id)),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::tidy;
+
+    #[test]
+    fn texts_from_elsewhere_are_written_as_the_api_writes_errors() {
+        assert_eq!(
+            tidy("No such file or directory (os error 2)"),
+            "no such file or directory"
+        );
+        assert_eq!(
+            tidy("Failed to buffer the request body."),
+            "failed to buffer the request body"
+        );
+        assert_eq!(tidy("JSON is expected"), "JSON is expected");
+        assert_eq!(tidy("`limit` is too large"), "`limit` is too large");
+        assert_eq!(tidy("wait..."), "wait...");
+    }
+}
