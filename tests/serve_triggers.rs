@@ -11,6 +11,7 @@ use serde_json::{Value as Json, json};
 use tempfile::TempDir;
 
 use crate::support::serve::{PATIENCE, Server, serve};
+use crate::support::{Output, archon};
 
 const HOOK_SECRET: &str = "hook-secret-0123456789";
 const OPERATOR: &str = "operator-token-0123456789abcdef";
@@ -905,5 +906,42 @@ async fn a_delivery_id_beyond_ascii_is_refused_as_malformed() {
             "error": "the delivery id is not 1 to 128 visible ASCII characters",
             "hint": "send `X-Archon-Delivery` as letters, digits and punctuation, without spaces"
         })
+    );
+}
+
+#[tokio::test]
+async fn prune_says_how_many_firings_that_started_no_run_it_deleted() {
+    let dir = workflows();
+    let mut server = start(dir.path());
+    // A signed body its input's schema refuses: recorded as refused, no run.
+    let wrong = br#"{"number":7}"#;
+    let signed = sign(HOOK_SECRET.as_bytes(), wrong);
+    let (status, answer) = deliver(&server, "hooked", wrong, Some(&signed), "d-1").await;
+    assert_eq!(status, 400, "{answer}");
+    server.stop();
+    let prune = |args: &[&str]| {
+        let Output {
+            code,
+            stdout,
+            stderr,
+        } = archon(dir.path(), args);
+        assert_eq!(code, 0, "{stderr}");
+        stdout
+    };
+    let said = prune(&["prune", "--older-than", "0s", "--dry-run"]);
+    let (head, tail) = said.split_once(": ").expect("a size");
+    assert_eq!(
+        head,
+        "no finished run ended more than 0s ago; would delete 1 firing that started no run (skipped or refused) recorded before then",
+    );
+    assert!(tail.ends_with(" B of records\n"), "{said}");
+    let said = prune(&["prune", "--older-than", "0s"]);
+    assert!(
+        said.starts_with("no finished run ended more than 0s ago; deleted 1 firing that started no run (skipped or refused) recorded before then: "),
+        "{said}"
+    );
+    assert_eq!(
+        prune(&["prune", "--older-than", "0s"]),
+        "no finished run ended more than 0s ago\n"
     );
 }
