@@ -895,7 +895,7 @@ fn a_non_loopback_bind_without_a_token_is_refused() {
     assert_eq!(code, 2);
     assert_eq!(
         stderr,
-        "error: cannot read token file `nope`: no such file or directory (os error 2)\n  hint: each line is `operator TOKEN` or `viewer TOKEN`\n"
+        "error: cannot read token file `nope`: no such file or directory\n  hint: each line is `operator TOKEN` or `viewer TOKEN`\n"
     );
     // A token a guess finds is no token.
     let output = Command::new(env!("CARGO_BIN_EXE_archon"))
@@ -971,6 +971,13 @@ async fn no_response_of_a_scripted_session_holds_a_secret() {
         format!("/api/v1/runs/{run}/events"),
         format!("/api/v1/runs/{run}/logs"),
         format!("/api/v1/runs/{run}/approvals"),
+        "/api/v1/firings".to_owned(),
+        "/runs".to_owned(),
+        format!("/runs/{run}"),
+        format!("/runs/{run}/trail"),
+        "/approvals".to_owned(),
+        "/workflows".to_owned(),
+        "/workflows/leaky".to_owned(),
     ];
     for path in &paths {
         let response = server
@@ -1068,4 +1075,279 @@ async fn runs_of_another_process_on_the_same_state_directory_stream_live_and_cli
     server.wait_for(&run, &["cancelled"]).await;
     let (status, _) = server.get("/api/v1/session").await;
     assert_eq!(status, 200, "the server goes on");
+}
+
+/// Declares two secrets with short, common values (`true`, `runs` in the tests below).
+const SHORTS: &str = r#"name: shorts
+secrets: [SHORT_FLAG, SHORT_WORD]
+steps:
+  - id: quiet
+    tool: echo
+    with: { done: true }
+"#;
+
+/// Prints the values of those secrets without declaring them, and asks to run a command holding them:
+/// only the server masks them. Its first step is named like one of them.
+const PLAIN: &str = r#"name: plain
+steps:
+  - id: runs
+    tool: exec
+    with: { argv: ["sh", "-c", "printf 'all runs are true'"] }
+  - id: ask
+    tool: exec
+    approval: required
+    needs: [runs]
+    with: { argv: ["sh", "-c", "echo runs are true"] }
+"#;
+
+#[tokio::test]
+async fn short_secret_values_are_masked_in_run_data_and_leave_json_and_links_whole() {
+    let dir = TempDir::new().expect("tempdir");
+    std::fs::write(dir.path().join("shorts.yaml"), SHORTS).expect("write");
+    std::fs::write(dir.path().join("plain.yaml"), PLAIN).expect("write");
+    std::fs::write(dir.path().join("tokens"), format!("operator {OPERATOR}\n")).expect("write");
+    let mut server = crate::support::serve::serve(
+        dir.path(),
+        &["--token-file", "tokens"],
+        &[("SHORT_FLAG", "true"), ("SHORT_WORD", "runs")],
+    );
+    server.token = Some(OPERATOR.to_owned());
+    let run = server.start("plain", json!({})).await;
+    // Every live event is JSON (`Stream::next` parses each), the log masked.
+    let seen = server.wait_for(&run, &["waiting_approval"]).await;
+    let logged: Vec<&Json> = seen
+        .iter()
+        .filter(|(kind, _)| kind == "log")
+        .map(|(_, data)| &data["text"])
+        .collect();
+    assert_eq!(logged, [&json!("all *** are ***")], "{seen:?}");
+    let mut all = seen
+        .iter()
+        .map(|(kind, data)| format!("{kind} {data}"))
+        .collect::<Vec<_>>();
+    for path in [
+        "/api/v1/session".to_owned(),
+        "/api/v1/workflows".to_owned(),
+        "/api/v1/workflows/plain".to_owned(),
+        "/api/v1/workflows/plain/triggers".to_owned(),
+        "/api/v1/runs".to_owned(),
+        "/api/v1/approvals".to_owned(),
+        "/api/v1/queue".to_owned(),
+        "/api/v1/firings".to_owned(),
+        "/api/v1/openapi.json".to_owned(),
+        format!("/api/v1/runs/{run}"),
+        format!("/api/v1/runs/{run}/events"),
+        format!("/api/v1/runs/{run}/logs"),
+        format!("/api/v1/runs/{run}/approvals"),
+        "/api/v1/runs?limit=abc".to_owned(),
+        "/api/v1/runs/r-no-such-run".to_owned(),
+    ] {
+        let response = server
+            .request(reqwest::Method::GET, &path)
+            .send()
+            .await
+            .expect("answered");
+        let text = response.text().await.expect("a body");
+        let parsed: Result<Json, _> = serde_json::from_str(&text);
+        assert!(parsed.is_ok(), "{path} answers JSON: {text}");
+        all.push(text);
+    }
+    // The framing is whole: keys, literals, the server's own words.
+    let (_, workflows) = server.get("/api/v1/workflows").await;
+    let valid: Vec<&Json> = workflows
+        .as_array()
+        .expect("a list")
+        .iter()
+        .map(|w| &w["valid"])
+        .collect();
+    assert_eq!(valid, [&json!(true), &json!(true)]);
+    let (_, page) = server.get("/api/v1/runs").await;
+    assert_eq!(page["runs"][0]["id"], run.as_str());
+    // The run's data is masked; the step's id, equal to a secret's value, is not (it comes from the spec).
+    let (_, detail) = server.get(&format!("/api/v1/runs/{run}")).await;
+    assert_eq!(detail["results"]["runs"]["output"], "all *** are ***");
+    assert_eq!(detail["results"]["runs"]["status"], "succeeded");
+    assert_eq!(detail["status"], "waiting_approval");
+    assert_eq!(
+        detail["approvals"][0]["arguments"]["with"]["argv"],
+        json!(["sh", "-c", "echo *** are ***"]),
+        "{detail}"
+    );
+    let (_, waiting) = server.get("/api/v1/approvals").await;
+    assert_eq!(waiting[0]["arguments"], detail["approvals"][0]["arguments"]);
+    assert_eq!(waiting[0]["step"], "ask");
+    let (_, events) = server.get(&format!("/api/v1/runs/{run}/events")).await;
+    let asked: Vec<&Json> = events["events"]
+        .as_array()
+        .expect("events")
+        .iter()
+        .map(|e| &e["event"])
+        .filter(|e| e["event"] == "approval_requested")
+        .collect();
+    assert_eq!(asked.len(), 1, "{events}");
+    assert_eq!(
+        (&asked[0]["step"], &asked[0]["arguments"]["with"]["argv"][2]),
+        (&json!("ask"), &json!("echo *** are ***"))
+    );
+    // The dashboard's links work, and its pages show the output masked.
+    let list = server
+        .request(reqwest::Method::GET, "/runs")
+        .send()
+        .await
+        .expect("answered");
+    assert_eq!(list.status(), 200);
+    let list = list.text().await.expect("a page");
+    assert!(
+        list.contains(&format!(r#"<a href="/runs/{run}">"#)),
+        "{list}"
+    );
+    assert!(
+        list.contains(r#"<a href="/runs?workflow=plain">"#),
+        "{list}"
+    );
+    let page = server
+        .request(reqwest::Method::GET, &format!("/runs/{run}"))
+        .send()
+        .await
+        .expect("answered");
+    assert_eq!(page.status(), 200);
+    let page = page.text().await.expect("a page");
+    assert!(page.contains("all *** are ***"), "{page}");
+    all.push(list);
+    all.push(page);
+    for path in ["/approvals", "/workflows", "/workflows/plain"] {
+        let response = server
+            .request(reqwest::Method::GET, path)
+            .send()
+            .await
+            .expect("answered");
+        assert_eq!(response.status(), 200, "{path}");
+        all.push(response.text().await.expect("a page"));
+    }
+    assert!(
+        all.iter()
+            .all(|body| !body.contains("all runs are true") && !body.contains("echo runs are true")),
+        "a response shows the run's data unmasked"
+    );
+}
+
+#[tokio::test]
+async fn every_api_error_is_json_in_the_api_style() {
+    let dir = workflows();
+    let server = serve_operator(dir.path());
+    let error = |status: u16, body: Json| format!("{status} {body:#}");
+    let (status, body) = server.get("/api/v1/runs?limit=abc").await;
+    insta::assert_snapshot!(error(status, body), @r#"
+    400 {
+      "error": "the query parameter `limit` does not read: invalid digit found in string",
+      "hint": "`GET /api/v1/openapi.json` describes the parameters each request takes"
+    }
+    "#);
+    let (status, body) = server.get("/api/v1/runs?status=bogus").await;
+    insta::assert_snapshot!(error(status, body), @r#"
+    400 {
+      "error": "`bogus` is not a run status",
+      "hint": "`running`, `waiting_approval`, `interrupted`, `succeeded`, `failed` or `cancelled`"
+    }
+    "#);
+    let (status, body) = server.get("/api/v1/firings?limit=1000").await;
+    insta::assert_snapshot!(error(status, body), @r#"
+    400 {
+      "error": "`limit` is between 1 and 200, not 1000"
+    }
+    "#);
+    let (status, body) = server.get("/api/v1/firings?limit=0").await;
+    assert_eq!(status, 400, "{body}");
+    let (status, body) = server.post("/api/v1/workflows/hello/runs", json!([])).await;
+    insta::assert_snapshot!(error(status, body), @r#"
+    400 {
+      "error": "the body is an array, not a JSON object",
+      "hint": "`GET /api/v1/openapi.json` describes what each request takes"
+    }
+    "#);
+    let (status, body) = server
+        .post("/api/v1/workflows/hello/runs", json!({"inputs": ["ada"]}))
+        .await;
+    insta::assert_snapshot!(error(status, body), @r#"
+    400 {
+      "error": "the body does not read: `inputs` is a JSON object of the inputs by name, not an array",
+      "hint": "`GET /api/v1/openapi.json` describes what each request takes"
+    }
+    "#);
+    let (status, body) = server
+        .post("/api/v1/workflows/hello/runs", json!({"inputs": null}))
+        .await;
+    assert_eq!(status, 400, "{body}");
+    let (status, body) = server
+        .post(
+            "/api/v1/workflows/hello/runs",
+            json!({ "inputs": { "who": "x".repeat(300 * 1024) } }),
+        )
+        .await;
+    insta::assert_snapshot!(error(status, body), @r#"
+    413 {
+      "error": "the request body is larger than 256 KiB",
+      "hint": "send less: inputs, decisions and forms are small"
+    }
+    "#);
+    let response = server
+        .request(reqwest::Method::DELETE, "/api/v1/runs")
+        .send()
+        .await
+        .expect("answered");
+    let status = response.status().as_u16();
+    let body: Json = serde_json::from_str(&response.text().await.expect("a body")).expect("JSON");
+    insta::assert_snapshot!(error(status, body), @r#"
+    405 {
+      "error": "this endpoint does not take `DELETE`",
+      "hint": "`GET /api/v1/openapi.json` describes the API"
+    }
+    "#);
+    let response = server
+        .request(reqwest::Method::POST, "/api/v1/workflows/hello/runs")
+        .header("origin", "http://evil.example")
+        .json(&json!({}))
+        .send()
+        .await
+        .expect("answered");
+    let status = response.status().as_u16();
+    let body: Json = serde_json::from_str(&response.text().await.expect("a body")).expect("JSON");
+    insta::assert_snapshot!(error(status, body), @r#"
+    403 {
+      "error": "cross-site requests are refused",
+      "hint": "change things from the dashboard's own pages, or from a script (not a page of another site) with `Authorization: Bearer TOKEN`"
+    }
+    "#);
+}
+
+#[test]
+fn a_directory_that_does_not_exist_is_refused() {
+    let dir = TempDir::new().expect("tempdir");
+    let missing = dir.path().join("missing");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_archon"))
+        .args(["serve", &missing.display().to_string(), "--port", "0"])
+        .current_dir(dir.path())
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("archon runs");
+    // It stops at once; a server that started instead is stopped and the test fails.
+    let deadline = Instant::now() + crate::support::serve::PATIENCE;
+    while child.try_wait().expect("waits").is_none() {
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("`archon serve` of a missing directory started serving");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let output = child.wait_with_output().expect("it ends");
+    assert_eq!(output.status.code(), Some(2));
+    assert_eq!(
+        String::from_utf8_lossy(&output.stderr),
+        format!(
+            "error: cannot read `{}`: no such file or directory\n",
+            missing.display()
+        )
+    );
 }

@@ -11,6 +11,7 @@ use serde_json::{Value as Json, json};
 use tempfile::TempDir;
 
 use crate::support::serve::{PATIENCE, Server, serve};
+use crate::support::{Output, archon};
 
 const HOOK_SECRET: &str = "hook-secret-0123456789";
 const OPERATOR: &str = "operator-token-0123456789abcdef";
@@ -114,8 +115,11 @@ async fn a_signed_delivery_starts_one_run_with_its_body_and_bad_ones_are_refused
     let (status, answer) = deliver(&server, "hooked", body, None, "d-0").await;
     assert_eq!(status, 401, "{answer}");
     assert_eq!(
-        answer["error"],
-        "the delivery is not signed: send `X-Archon-Signature: sha256=<hex>` (or `X-Hub-Signature-256`)"
+        answer,
+        json!({
+            "error": "the delivery is not signed",
+            "hint": "send `X-Archon-Signature: sha256=<hex>` (or `X-Hub-Signature-256`)"
+        })
     );
     let forged = sign(b"not the secret", body);
     let (status, answer) = deliver(&server, "hooked", body, Some(&forged), "d-0").await;
@@ -164,12 +168,7 @@ async fn a_signed_delivery_starts_one_run_with_its_body_and_bad_ones_are_refused
     let (status, answer) = deliver(&server, "hooked", &huge, None, "d-3").await;
     assert_eq!(
         (status, &answer["error"]),
-        (
-            401,
-            &json!(
-                "the delivery is not signed: send `X-Archon-Signature: sha256=<hex>` (or `X-Hub-Signature-256`)"
-            )
-        ),
+        (401, &json!("the delivery is not signed")),
         "{answer}"
     );
 
@@ -810,5 +809,139 @@ steps:
             .map(|f| f.slot.as_str())
             .collect::<Vec<_>>(),
         Vec::<&str>::new()
+    );
+}
+
+#[tokio::test]
+async fn two_specs_of_the_same_name_are_both_invalid_and_their_webhooks_do_not_fire() {
+    let dir = workflows();
+    std::fs::create_dir(dir.path().join("copy")).expect("mkdir");
+    std::fs::write(dir.path().join("copy/again.yaml"), HOOKED).expect("write");
+    let mut server = start(dir.path());
+    server
+        .wait_said(
+            "warning: `copy/again.yaml` and `hooked.yaml` name their workflow `hooked`: none of them runs, and their triggers do not fire",
+        )
+        .await;
+    server.token = Some(OPERATOR.to_owned());
+    let (status, listed) = server.get("/api/v1/workflows").await;
+    assert_eq!(status, 200, "{listed}");
+    let shown: Vec<(String, bool, u64)> = listed
+        .as_array()
+        .expect("a list")
+        .iter()
+        .map(|w| {
+            (
+                w["id"].as_str().unwrap_or_default().to_owned(),
+                w["valid"].as_bool().unwrap_or(true),
+                w["errors"].as_u64().unwrap_or(0),
+            )
+        })
+        .collect();
+    assert_eq!(
+        shown,
+        [
+            ("copy/again.yaml".to_owned(), false, 1),
+            ("hooked.yaml".to_owned(), false, 1),
+            ("hourly".to_owned(), true, 0),
+        ]
+    );
+    let (status, detail) = server.get("/api/v1/workflows/hooked.yaml").await;
+    assert_eq!(status, 200, "{detail}");
+    assert_eq!(
+        detail["diagnostics"],
+        "error: the workflow name `hooked` is also the name of `copy/again.yaml`\n  = hint: give each workflow a name of its own: none of them runs, and their triggers do not fire, until then\n"
+    );
+    let page = server
+        .request(reqwest::Method::GET, "/workflows")
+        .send()
+        .await
+        .expect("answered")
+        .text()
+        .await
+        .expect("a page");
+    assert!(
+        page.contains("copy/again.yaml") && page.contains("hooked.yaml"),
+        "{page}"
+    );
+    // No webhook takes the delivery, under the name or either file; nothing is recorded.
+    server.token = None;
+    let body = br#"{"action":"opened"}"#;
+    let good = sign(HOOK_SECRET.as_bytes(), body);
+    for target in ["hooked", "hooked.yaml"] {
+        let (status, answer) = deliver(&server, target, body, Some(&good), "d-1").await;
+        assert_eq!(status, 404, "{target}: {answer}");
+    }
+    server.token = Some(OPERATOR.to_owned());
+    let (_, firings) = server.get("/api/v1/firings").await;
+    assert_eq!(firings, json!({"firings": []}));
+    let (_, runs) = server.get("/api/v1/runs").await;
+    assert_eq!(runs["total"], 0);
+}
+
+#[tokio::test]
+async fn a_delivery_id_beyond_ascii_is_refused_as_malformed() {
+    let dir = workflows();
+    let server = start(dir.path());
+    let body = br#"{"action":"opened"}"#;
+    let good = sign(HOOK_SECRET.as_bytes(), body);
+    let response = server
+        .http
+        .post(format!("{}/hooks/hooked", server.url))
+        .header("content-type", "application/json")
+        .header(
+            "x-archon-delivery",
+            reqwest::header::HeaderValue::from_bytes("d-é".as_bytes()).expect("a header"),
+        )
+        .header("x-archon-signature", good)
+        .body(body.to_vec())
+        .send()
+        .await
+        .expect("answered");
+    assert_eq!(response.status(), 400);
+    let answer: Json = serde_json::from_str(&response.text().await.expect("a body")).expect("JSON");
+    assert_eq!(
+        answer,
+        json!({
+            "error": "the delivery id is not 1 to 128 visible ASCII characters",
+            "hint": "send `X-Archon-Delivery` as letters, digits and punctuation, without spaces"
+        })
+    );
+}
+
+#[tokio::test]
+async fn prune_says_how_many_firings_that_started_no_run_it_deleted() {
+    let dir = workflows();
+    let mut server = start(dir.path());
+    // A signed body its input's schema refuses: recorded as refused, no run.
+    let wrong = br#"{"number":7}"#;
+    let signed = sign(HOOK_SECRET.as_bytes(), wrong);
+    let (status, answer) = deliver(&server, "hooked", wrong, Some(&signed), "d-1").await;
+    assert_eq!(status, 400, "{answer}");
+    server.stop();
+    let prune = |args: &[&str]| {
+        let Output {
+            code,
+            stdout,
+            stderr,
+        } = archon(dir.path(), args);
+        assert_eq!(code, 0, "{stderr}");
+        stdout
+    };
+    let said = prune(&["prune", "--older-than", "0s", "--dry-run"]);
+    let (head, tail) = said.split_once(": ").expect("a size");
+    assert_eq!(
+        head,
+        "no finished run ended more than 0s ago; would delete 1 firing that started no run (skipped or refused) recorded before then",
+    );
+    assert!(tail.ends_with(" B of records\n"), "{said}");
+    let said = prune(&["prune", "--older-than", "0s"]);
+    assert!(
+        said.starts_with("no finished run ended more than 0s ago; deleted 1 firing that started no run (skipped or refused) recorded before then: "),
+        "{said}"
+    );
+    assert_eq!(
+        prune(&["prune", "--older-than", "0s"]),
+        "no finished run ended more than 0s ago\n"
     );
 }

@@ -32,8 +32,31 @@ pub fn prune(args: &PruneArgs) -> anyhow::Result<Status> {
         Err(e) => return Ok(store_error(&e)),
     };
     let age = &args.older_than.text;
+    let verb = if pruned.dry_run {
+        "would delete"
+    } else {
+        "deleted"
+    };
+    let note = if pruned.dry_run {
+        ""
+    } else {
+        " (the database file keeps its size; new runs reuse the space)"
+    };
+    // Firings that started no run (skipped, refused) go with age too.
+    let firings = match pruned.firings {
+        0 => String::new(),
+        1 => "1 firing that started no run (skipped or refused)".to_owned(),
+        n => format!("{n} firings that started no run (skipped or refused)"),
+    };
     if pruned.runs.is_empty() {
-        output::stdout(&format!("no finished run ended more than {age} ago\n"));
+        if pruned.firings == 0 {
+            output::stdout(&format!("no finished run ended more than {age} ago\n"));
+        } else {
+            output::stdout(&format!(
+                "no finished run ended more than {age} ago; {verb} {firings} recorded before then: {} of records{note}\n",
+                size(pruned.bytes)
+            ));
+        }
         return Ok(Status::Success);
     }
     let rows: Vec<[String; 4]> = pruned
@@ -52,19 +75,14 @@ pub fn prune(args: &PruneArgs) -> anyhow::Result<Status> {
     let runs = pruned.runs.len();
     let _ = writeln!(
         text,
-        "{} {runs} run{} that ended more than {age} ago: {} of records{}",
-        if pruned.dry_run {
-            "would delete"
-        } else {
-            "deleted"
-        },
+        "{verb} {runs} run{} that ended more than {age} ago{}: {} of records{note}",
         if runs == 1 { "" } else { "s" },
-        size(pruned.bytes),
-        if pruned.dry_run {
-            ""
+        if firings.is_empty() {
+            String::new()
         } else {
-            " (the database file keeps its size; new runs reuse the space)"
-        }
+            format!(", and {firings} recorded before then")
+        },
+        size(pruned.bytes),
     );
     output::stdout(&output::printable(&text));
     Ok(Status::Success)

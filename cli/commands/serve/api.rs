@@ -7,6 +7,7 @@
 
 use std::sync::Arc;
 
+use archon_engine::redact::Redactor;
 use archon_engine::run::{ApprovalDecision, LlmUsage, StepResult};
 use archon_engine::session::{RunCursor, RunQuery, RunState, RunSummary, StoredRun};
 use axum::extract::rejection::{PathRejection, QueryRejection};
@@ -105,7 +106,10 @@ where
             .map(|v| v.split(';').next().unwrap_or_default().trim().to_owned());
         let bytes = axum::body::Bytes::from_request(request, state)
             .await
-            .map_err(|e| ApiError::new(e.status(), e.body_text().to_lowercase()))?;
+            .map_err(|e| match e.status() {
+                StatusCode::PAYLOAD_TOO_LARGE => ApiError::too_large(),
+                status => ApiError::new(status, e.body_text()),
+            })?;
         if bytes.iter().all(u8::is_ascii_whitespace) {
             return Ok(Optional(None));
         }
@@ -117,24 +121,72 @@ where
                     ),
             );
         }
-        serde_json::from_slice::<Option<T>>(&bytes)
-            .map(Optional)
-            .map_err(|e| {
-                ApiError::bad_request(format!("the body does not read: {e}"))
-                    .with_hint("`GET /api/v1/openapi.json` describes what each request takes")
-            })
+        let hint = "`GET /api/v1/openapi.json` describes what each request takes";
+        let value: Json = serde_json::from_slice(&bytes).map_err(|e| {
+            ApiError::bad_request(format!("the body is not JSON: {e}")).with_hint(hint)
+        })?;
+        match value {
+            Json::Null => Ok(Optional(None)),
+            Json::Object(_) => serde_json::from_value::<T>(value)
+                .map(|v| Optional(Some(v)))
+                .map_err(|e| {
+                    ApiError::bad_request(format!("the body does not read: {e}")).with_hint(hint)
+                }),
+            other => Err(ApiError::bad_request(format!(
+                "the body is {}, not a JSON object",
+                json_kind(&other)
+            ))
+            .with_hint(hint)),
+        }
     }
+}
+
+/// What kind of JSON value `value` is, for an error.
+pub fn json_kind(value: &Json) -> &'static str {
+    match value {
+        Json::Null => "`null`",
+        Json::Bool(true) => "`true`",
+        Json::Bool(false) => "`false`",
+        Json::Number(_) => "a number",
+        Json::String(_) => "a string",
+        Json::Array(_) => "an array",
+        Json::Object(_) => "an object",
+    }
+}
+
+/// A query string that does not read, as the API's error: the parameter named, in backticks.
+pub fn query_error(rejection: &QueryRejection) -> ApiError {
+    let text = rejection.body_text();
+    let detail = text
+        .strip_prefix("Failed to deserialize query string: ")
+        .unwrap_or(&text);
+    let message = match detail.split_once(": ") {
+        Some((name, why))
+            if !name.is_empty()
+                && name
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '.') =>
+        {
+            format!("the query parameter `{name}` does not read: {why}")
+        }
+        _ => format!("the query string does not read: {detail}"),
+    };
+    ApiError::bad_request(message)
+        .with_hint("`GET /api/v1/openapi.json` describes the parameters each request takes")
 }
 
 impl From<QueryRejection> for ApiError {
     fn from(rejection: QueryRejection) -> Self {
-        ApiError::bad_request(rejection.body_text().to_lowercase())
+        query_error(&rejection)
     }
 }
 
 impl From<PathRejection> for ApiError {
     fn from(rejection: PathRejection) -> Self {
-        ApiError::bad_request(rejection.body_text().to_lowercase())
+        ApiError::bad_request(format!(
+            "the path does not read: {}",
+            super::app::tidy(&rejection.body_text())
+        ))
     }
 }
 
@@ -286,9 +338,20 @@ async fn get_workflow(
 #[serde(deny_unknown_fields)]
 pub struct StartRequest {
     /// The inputs, by name, as the workflow's input schema describes them.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "object")]
     #[schema(value_type = Object)]
     pub inputs: Map<String, Json>,
+}
+
+/// `inputs`: a JSON object, and nothing else.
+fn object<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Map<String, Json>, D::Error> {
+    match Json::deserialize(d)? {
+        Json::Object(map) => Ok(map),
+        other => Err(serde::de::Error::custom(format!(
+            "`inputs` is a JSON object of the inputs by name, not {}",
+            json_kind(&other)
+        ))),
+    }
 }
 
 /// Starts a run of a workflow (queued when `--max-runs` runs are going on).
@@ -573,27 +636,42 @@ fn add_usage<'a>(total: &mut LlmUsage, results: impl Iterator<Item = &'a StepRes
     }
 }
 
-fn approval_of(run_id: &str, record: &archon_engine::session::ApprovalRecord) -> Approval {
+/// An approval as the API shows it, the run data among it (arguments, reasons) masked.
+fn approval_of(
+    secrets: &Redactor,
+    run_id: &str,
+    record: &archon_engine::session::ApprovalRecord,
+) -> Approval {
+    let mut arguments = record.request.arguments.clone();
+    secrets.json(&mut arguments);
+    let masked = |text: &str| secrets.text(text).into_owned();
     Approval {
         run_id: run_id.to_owned(),
         key: record.request.key.clone(),
         step: record.request.step.clone(),
         tool: record.request.tool.clone(),
-        arguments: record.request.arguments.clone(),
-        reason: record.request.reason.clone(),
+        arguments,
+        reason: masked(&record.request.reason),
         requested_at: record.requested_at,
         timeout_ms: record.request.timeout_ms,
         approve_on_timeout: record.request.approve_on_timeout,
         decision: record.decision.as_ref().map(|d| Decision {
             approved: d.approved,
             by: d.by.clone(),
-            reason: d.reason.clone(),
+            reason: d.reason.as_deref().map(masked),
             decided_at: record.decided_at,
         }),
     }
 }
 
-fn detail_of(app: &App, run: StoredRun) -> RunDetail {
+fn detail_of(app: &App, mut run: StoredRun) -> RunDetail {
+    // Run data is masked before it is serialised: its ids and the response's framing are not.
+    let secrets = &app.secrets;
+    run.results.values_mut().for_each(|r| secrets.result(r));
+    // Their names come from the spec: only the values are data.
+    run.inputs.values_mut().for_each(|v| secrets.json(v));
+    run.outputs.values_mut().for_each(|v| secrets.json(v));
+    secrets.option(&mut run.error);
     let mut total = LlmUsage::default();
     add_usage(&mut total, run.results.values());
     let executing_here =
@@ -619,7 +697,7 @@ fn detail_of(app: &App, run: StoredRun) -> RunDetail {
                 generation: a.generation,
                 fallback: a.fallback,
                 status: a.status.clone(),
-                error: a.error.clone(),
+                error: a.error.as_deref().map(|e| secrets.text(e).into_owned()),
                 started_at: a.started_at,
                 ended_at: a.ended_at,
             })
@@ -627,7 +705,7 @@ fn detail_of(app: &App, run: StoredRun) -> RunDetail {
         approvals: run
             .approvals
             .iter()
-            .map(|a| approval_of(&run.id, a))
+            .map(|a| approval_of(secrets, &run.id, a))
             .collect(),
         usage: Usage {
             calls: total.calls,
@@ -661,7 +739,11 @@ fn detail_of(app: &App, run: StoredRun) -> RunDetail {
 
 /// One run, or `404` (a run queued here and not stored yet shows as `queued`).
 pub async fn run_detail(app: &Arc<App>, id: String) -> Result<RunDetail, ApiError> {
-    if let Some(pending) = app.executor.pending(&id) {
+    if let Some(mut pending) = app.executor.pending(&id) {
+        pending
+            .inputs
+            .values_mut()
+            .for_each(|v| app.secrets.json(v));
         return Ok(RunDetail {
             id: id.clone(),
             workflow: pending.workflow,
@@ -765,7 +847,10 @@ async fn get_events(
     Ok(axum::Json(EventsPage {
         events: events
             .into_iter()
-            .map(|(seq, event)| NumberedEvent { seq, event })
+            .map(|(seq, mut event)| {
+                app.mask_event(&mut event);
+                NumberedEvent { seq, event }
+            })
             .collect(),
         after: last,
     }))
@@ -818,6 +903,10 @@ async fn get_logs(
     Ok(axum::Json(LogsPage {
         logs: logs
             .into_iter()
+            .map(|mut l| {
+                app.mask_log(&mut l);
+                l
+            })
             .map(|l| LogPiece {
                 seq: l.seq,
                 step: l.step,
@@ -892,7 +981,7 @@ async fn get_run_approvals(
     Ok(axum::Json(
         run.approvals
             .iter()
-            .map(|a| approval_of(&run.id, a))
+            .map(|a| approval_of(&app.secrets, &run.id, a))
             .collect(),
     ))
 }
@@ -902,7 +991,8 @@ const MAX_WAITING: usize = 200;
 
 /// The calls waiting for a decision, in every run waiting for approval (newest runs first).
 pub async fn approvals(app: &Arc<App>) -> Result<Vec<Approval>, ApiError> {
-    app.read(|session| {
+    let app2 = app.clone();
+    app.read(move |session| {
         let page = session
             .page(&RunQuery {
                 status: vec![RunState::WaitingApproval],
@@ -922,7 +1012,7 @@ pub async fn approvals(app: &Arc<App>) -> Result<Vec<Approval>, ApiError> {
                     .approvals
                     .iter()
                     .filter(|a| a.decision.is_none())
-                    .map(|a| approval_of(&stored.id, a)),
+                    .map(|a| approval_of(&app2.secrets, &stored.id, a)),
             );
         }
         Ok(waiting)

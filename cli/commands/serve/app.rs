@@ -3,13 +3,14 @@
 use std::sync::{Arc, Mutex};
 
 use archon_engine::redact::Redactor;
-use archon_engine::session::{Session, SessionError, StoreAt, StoreError};
-use axum::Json;
+use archon_engine::report::RunEvent;
+use archon_engine::session::{LogChunk, Session, SessionError, StoreAt, StoreError};
 use axum::Router;
 use axum::extract::DefaultBodyLimit;
-use axum::http::StatusCode;
+use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde::Serialize;
+use serde_json::{Map, Value as Json};
 use tokio_util::sync::CancellationToken;
 
 use super::auth::{self, Tokens};
@@ -41,8 +42,9 @@ pub struct App {
     pub live: Live,
     /// Cancelled when the server stops.
     pub stopping: CancellationToken,
-    /// The values of the secrets the served workflows declare (environment, `.env`): masked out of every
-    /// response, whatever it holds.
+    /// The values of the secrets the served workflows declare (environment, `.env`): masked out of the run
+    /// data every response holds (see [`App::mask_event`] and the API's readers), never out of the
+    /// response's own framing.
     pub secrets: Redactor,
     readers: Mutex<Vec<Session>>,
     reader_slots: tokio::sync::Semaphore,
@@ -105,9 +107,49 @@ impl App {
         .map_err(|_| ApiError::internal("a read of the run store stopped unexpectedly"))?
     }
 
-    /// `text` with every secret value of the served workflows masked.
-    pub fn mask<'a>(&self, text: &'a str) -> std::borrow::Cow<'a, str> {
-        self.secrets.text(text)
+    /// Masks the secret values of the served workflows out of an event of a run's log as the store gives
+    /// it (`{"event": KIND, ...fields, "at_ms"}`): the fields that hold run data (errors, texts,
+    /// arguments, reasons), as the run itself masks them; not its kind, step, tool or key.
+    pub fn mask_event(&self, event: &mut Json) {
+        if self.secrets.is_empty() {
+            return;
+        }
+        let Json::Object(fields) = event else {
+            self.secrets.json(event);
+            return;
+        };
+        let mut known = fields.clone();
+        known.remove("at_ms");
+        match serde_json::from_value::<RunEvent>(Json::Object(known)) {
+            Ok(mut decoded) => {
+                self.secrets.event(&mut decoded);
+                let masked = match serde_json::to_value(&decoded) {
+                    Ok(Json::Object(masked)) => masked,
+                    _ => Map::new(),
+                };
+                for (key, value) in fields.iter_mut() {
+                    match masked.get(key) {
+                        Some(masked) => *value = masked.clone(),
+                        // A field the event's kind does not know (a newer writer's) is data too.
+                        None if key != "at_ms" => self.secrets.json(value),
+                        None => {}
+                    }
+                }
+            }
+            // An event this build does not know: every value but its kind and step is data.
+            Err(_) => {
+                for (key, value) in fields.iter_mut() {
+                    if !matches!(key.as_str(), "event" | "step" | "at_ms") {
+                        self.secrets.json(value);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Masks a piece of what a run's commands wrote: its text.
+    pub fn mask_log(&self, chunk: &mut LogChunk) {
+        self.secrets.string(&mut chunk.text);
     }
 }
 
@@ -115,7 +157,10 @@ impl App {
 /// authentication middleware and a body limit; and, outside them, `POST /hooks/{workflow}`.
 pub fn router(app: AppState) -> Router {
     let authenticated = Router::new()
-        .nest("/api/v1", api::router())
+        .nest(
+            "/api/v1",
+            api::router().layer(axum::middleware::from_fn(json_errors)),
+        )
         .merge(auth::routes())
         .merge(pages::router())
         .layer(axum::middleware::from_fn_with_state(
@@ -126,7 +171,76 @@ pub fn router(app: AppState) -> Router {
         .with_state(app.clone());
     // Webhook deliveries authenticate with their own signature or token, not the server's: that one
     // route is outside the middleware, and everything else goes to the rest, behind it.
-    super::triggers::hooks_router(app).fallback_service(authenticated)
+    super::triggers::hooks_router(app)
+        .layer(axum::middleware::from_fn(json_errors))
+        .fallback_service(authenticated)
+}
+
+/// Makes every error the API's routes answer with in a shape of their own (axum's plain-text `405`,
+/// `413` or rejections) the API's JSON error, with the same status and headers.
+async fn json_errors(request: axum::extract::Request, next: axum::middleware::Next) -> Response {
+    let method = request.method().clone();
+    let response = next.run(request).await;
+    let status = response.status();
+    let json = response
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .is_some_and(|v| v.as_bytes().starts_with(b"application/json"));
+    if json || !(status.is_client_error() || status.is_server_error()) {
+        return response;
+    }
+    let (parts, body) = response.into_parts();
+    let text = axum::body::to_bytes(body, 16 * 1024)
+        .await
+        .map(|b| String::from_utf8_lossy(&b).into_owned())
+        .unwrap_or_default();
+    let error = match status {
+        StatusCode::METHOD_NOT_ALLOWED => {
+            ApiError::new(status, format!("this endpoint does not take `{method}`"))
+                .with_hint("`GET /api/v1/openapi.json` describes the API")
+        }
+        StatusCode::PAYLOAD_TOO_LARGE => ApiError::too_large(),
+        _ if !text.trim().is_empty() => ApiError::new(status, text),
+        _ => ApiError::new(
+            status,
+            status
+                .canonical_reason()
+                .unwrap_or("the request failed")
+                .to_lowercase(),
+        ),
+    };
+    let mut answer = error.into_response();
+    for (name, value) in &parts.headers {
+        if name != header::CONTENT_TYPE && name != header::CONTENT_LENGTH {
+            answer.headers_mut().insert(name.clone(), value.clone());
+        }
+    }
+    answer
+}
+
+/// `text` as the API writes errors: no OS error number, a lowercase first letter (unless it starts an
+/// acronym), no trailing period.
+pub fn tidy(text: &str) -> String {
+    let mut text = text.trim().to_owned();
+    while let Some(start) = text.find(" (os error ") {
+        let Some(end) = text[start..].find(')') else {
+            break;
+        };
+        text.replace_range(start..start + end + 1, "");
+    }
+    while text.ends_with('.') && !text.ends_with("..") {
+        text.pop();
+    }
+    let mut chars = text.chars();
+    if let (Some(first), Some(second)) = (chars.next(), chars.next())
+        && first.is_uppercase()
+        && !second.is_uppercase()
+        && second.is_alphabetic()
+    {
+        let rest: String = text.chars().skip(1).collect();
+        text = first.to_lowercase().chain(rest.chars()).collect();
+    }
+    text
 }
 
 /// An API error: `{"error": ..., "hint": ...}` with its status code.
@@ -174,6 +288,15 @@ impl ApiError {
 
     pub fn internal(error: impl Into<String>) -> Self {
         ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, error)
+    }
+
+    /// `413`: a request body over [`MAX_BODY`].
+    pub fn too_large() -> Self {
+        ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            format!("the request body is larger than {} KiB", MAX_BODY / 1024),
+        )
+        .with_hint("send less: inputs, decisions and forms are small")
     }
 
     pub fn unavailable() -> Self {
@@ -231,8 +354,11 @@ impl ApiError {
 }
 
 impl IntoResponse for ApiError {
-    fn into_response(self) -> Response {
-        (self.status_code(), Json(self)).into_response()
+    fn into_response(mut self) -> Response {
+        // Texts from elsewhere (the OS, axum, serde) written as the API writes its own.
+        self.error = tidy(&self.error);
+        self.hint = self.hint.as_deref().map(tidy);
+        (self.status_code(), axum::Json(self)).into_response()
     }
 }
 
@@ -248,5 +374,25 @@ pub fn known_run(session: &Session, id: &str) -> Result<(), ApiError> {
     match session.summary(id).map_err(|e| ApiError::store(&e))? {
         Some(_) => Ok(()),
         None => Err(ApiError::unknown_run(id)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::tidy;
+
+    #[test]
+    fn texts_from_elsewhere_are_written_as_the_api_writes_errors() {
+        assert_eq!(
+            tidy("No such file or directory (os error 2)"),
+            "no such file or directory"
+        );
+        assert_eq!(
+            tidy("Failed to buffer the request body."),
+            "failed to buffer the request body"
+        );
+        assert_eq!(tidy("JSON is expected"), "JSON is expected");
+        assert_eq!(tidy("`limit` is too large"), "`limit` is too large");
+        assert_eq!(tidy("wait..."), "wait...");
     }
 }

@@ -134,7 +134,7 @@ impl Tokens {
                 message: format!(
                     "cannot read token file `{}`: {}",
                     path.display(),
-                    e.to_string().to_lowercase()
+                    super::app::tidy(&e.to_string())
                 ),
                 hint: "each line is `operator TOKEN` or `viewer TOKEN`".to_owned(),
             })?;
@@ -385,8 +385,8 @@ fn public(path: &str) -> bool {
     matches!(path, "/login" | "/logout" | "/api/v1/openapi.json")
 }
 
-/// Authenticates every request, refuses what the caller may not do, and masks secret values out of the
-/// response.
+/// Authenticates every request and refuses what the caller may not do. (Secret values are masked out of
+/// the run data handlers read, not here: masking a whole response would corrupt its JSON and links.)
 pub async fn middleware(State(app): State<AppState>, request: Request, next: Next) -> Response {
     let (parts, body) = request.into_parts();
     let path = parts.uri.path().to_owned();
@@ -439,8 +439,7 @@ pub async fn middleware(State(app): State<AppState>, request: Request, next: Nex
             request.extensions_mut().insert(caller.clone());
         }
     }
-    let response = next.run(request).await;
-    mask(&app, response).await
+    next.run(request).await
 }
 
 /// Adds `WWW-Authenticate: Bearer` to a `401`.
@@ -463,8 +462,9 @@ fn host_is_loopback(headers: &HeaderMap) -> bool {
 fn cross_site(headers: &HeaderMap) -> Option<ApiError> {
     let refused = || {
         Some(
-            forbidden("cross-site requests are refused")
-                .with_hint("change things from the dashboard's own pages, or with a bearer token"),
+            forbidden("cross-site requests are refused").with_hint(
+                "change things from the dashboard's own pages, or from a script (not a page of another site) with `Authorization: Bearer TOKEN`",
+            ),
         )
     };
     if let Some(site) = headers.get("sec-fetch-site")
@@ -512,12 +512,9 @@ async fn csrf_checked(request: Request, expected: &str) -> Result<Request, ApiEr
         return Err(missing());
     }
     let (parts, body) = request.into_parts();
-    let bytes = axum::body::to_bytes(body, MAX_BODY).await.map_err(|_| {
-        ApiError::new(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            "the request body is too large",
-        )
-    })?;
+    let bytes = axum::body::to_bytes(body, MAX_BODY)
+        .await
+        .map_err(|_| ApiError::too_large())?;
     let given = form_urlencoded::parse(&bytes)
         .find(|(k, _)| k == "csrf")
         .map(|(_, v)| v.into_owned());
@@ -527,32 +524,6 @@ async fn csrf_checked(request: Request, expected: &str) -> Result<Request, ApiEr
         }
         _ => Err(missing()),
     }
-}
-
-/// The response with every secret value masked: bodies of known length are read and masked whole; an
-/// event stream is masked event by event (see `events.rs`).
-async fn mask(app: &AppState, response: Response) -> Response {
-    if app.secrets.is_empty() {
-        return response;
-    }
-    let streaming = response
-        .headers()
-        .get(header::CONTENT_TYPE)
-        .is_some_and(|v| v.as_bytes().starts_with(b"text/event-stream"));
-    if streaming {
-        return response;
-    }
-    let (mut parts, body) = response.into_parts();
-    let Ok(bytes) = axum::body::to_bytes(body, usize::MAX).await else {
-        return StatusCode::INTERNAL_SERVER_ERROR.into_response();
-    };
-    let text = String::from_utf8_lossy(&bytes);
-    let masked = app.mask(&text);
-    if matches!(masked, std::borrow::Cow::Borrowed(_)) {
-        return Response::from_parts(parts, Body::from(bytes));
-    }
-    parts.headers.remove(header::CONTENT_LENGTH);
-    Response::from_parts(parts, Body::from(masked.into_owned()))
 }
 
 /// The hidden form field that carries the CSRF token, for a page's forms (empty for bearer callers).

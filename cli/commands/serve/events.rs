@@ -183,10 +183,25 @@ fn sse(
     Sse::new(stream).keep_alive(KeepAlive::new().interval(Duration::from_secs(15)))
 }
 
-/// An SSE event of `kind` whose data is `data` as JSON, secrets masked.
+/// An SSE event of `kind` whose data is `data` as JSON, the run data among it masked (an `event`'s
+/// event, a `log`'s text), as the API masks it.
 fn event(app: &App, kind: &str, data: &Json, id: Option<i64>) -> Event {
-    let text = serde_json::to_string(data).unwrap_or_else(|_| "null".to_owned());
-    let event = Event::default().event(kind).data(app.mask(&text));
+    let mut data = data.clone();
+    match kind {
+        "event" => {
+            if let Some(event) = data.get_mut("event") {
+                app.mask_event(event);
+            }
+        }
+        "log" => {
+            if let Some(text) = data.get_mut("text") {
+                app.secrets.json(text);
+            }
+        }
+        _ => {}
+    }
+    let text = serde_json::to_string(&data).unwrap_or_else(|_| "null".to_owned());
+    let event = Event::default().event(kind).data(text);
     match id {
         Some(id) => event.id(id.to_string()),
         None => event,

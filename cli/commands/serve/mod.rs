@@ -57,9 +57,12 @@
 //! - **Live updates.** `GET /api/v1/runs/{id}/stream` and `GET /api/v1/runs/stream` are server-sent
 //!   events (`events.rs` names their events and data); a page subscribes with `EventSource`, which sends
 //!   the session cookie.
-//! - **Secrets.** Run data from the store is masked already, and the middleware masks the secret values
-//!   of the served workflows out of every response body (and `events.rs` out of every live event), so a
-//!   page does not have to; but a page never reads the environment or `.env` files itself.
+//! - **Secrets.** Run data from the store is masked already, and the readers a page calls
+//!   (`api::run_detail`, `api::approvals`, `pages::data`, `triggers::firings`) mask the secret values of
+//!   the served workflows out of the run data they return (`App::mask_event`, `App::mask_log`, the
+//!   engine's `Redactor`), as `events.rs` does out of live events; ids, names and the markup are never
+//!   masked. A page that shows run data some other way masks it itself, and never reads the
+//!   environment or `.env` files.
 //! - **Escaping.** Everything from a spec, a run or a request is text to escape (`pages::escape`).
 
 mod api;

@@ -156,9 +156,16 @@ async fn deliver(
     let signature = archon_engine::trigger::SIGNATURE_HEADERS
         .iter()
         .find_map(|h| header(h));
+    // A delivery id that is not text (bytes beyond ASCII) is still one: refused as malformed, not as
+    // missing.
     let delivery_id = archon_engine::trigger::DELIVERY_HEADERS
         .iter()
-        .find_map(|h| header(h));
+        .find_map(|h| {
+            parts
+                .headers
+                .get(*h)
+                .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
+        });
     let authorization = header("authorization");
     // What the headers alone decide comes before the body is read, and only so many bodies are read at
     // once: a sender without the token or a signature costs no memory.
@@ -273,7 +280,37 @@ fn refusal(refused: WebhookError) -> ApiError {
         | WebhookError::NotJson(_)
         | WebhookError::Invalid { .. } => StatusCode::BAD_REQUEST,
     };
-    ApiError::new(status, refused.to_string())
+    // The engine's message says what to send after a colon: the API says it as the hint.
+    let (message, hint) = match refused {
+        WebhookError::MissingSignature => (
+            "the delivery is not signed".to_owned(),
+            Some("send `X-Archon-Signature: sha256=<hex>` (or `X-Hub-Signature-256`)".to_owned()),
+        ),
+        WebhookError::MissingToken => (
+            "the delivery has no bearer token".to_owned(),
+            Some("send `Authorization: Bearer <token>`".to_owned()),
+        ),
+        WebhookError::MissingDelivery => (
+            "the delivery has no id".to_owned(),
+            Some("send `X-Archon-Delivery` (or `X-GitHub-Delivery`)".to_owned()),
+        ),
+        WebhookError::BadDelivery => (
+            format!(
+                "the delivery id is not 1 to {} visible ASCII characters",
+                archon_engine::trigger::MAX_DELIVERY_ID_BYTES
+            ),
+            Some(
+                "send `X-Archon-Delivery` as letters, digits and punctuation, without spaces"
+                    .to_owned(),
+            ),
+        ),
+        other => (other.to_string(), None),
+    };
+    let error = ApiError::new(status, message);
+    match hint {
+        Some(hint) => error.with_hint(hint),
+        None => error,
+    }
 }
 
 /// Starts a firing's run through the executor, under the run id the firing recorded.
@@ -343,16 +380,7 @@ pub fn spawn(app: AppState) {
         let Some(workflow) = &served.workflow else {
             continue;
         };
-        if served.id != workflow.name {
-            if workflow.spec.triggers.iter().any(|t| t.cron.is_some()) {
-                output::stderr(&output::printable(&format!(
-                    "warning: the cron triggers of `{}` do not run: several served workflows are named `{}`\n",
-                    served.path.display(),
-                    workflow.name
-                )));
-            }
-            continue;
-        }
+        // A valid workflow's id is its name: two of the same name are both invalid (`workflows.rs`).
         match scheduler.add(workflow) {
             Ok(n) => count += n,
             Err(e) => output::stderr(&output::printable(&format!(
@@ -813,10 +841,12 @@ pub struct FiringsPage {
 
 /// A page of firings as `params` selects them.
 pub async fn firings(app: &AppState, params: FiringsParams) -> Result<FiringsPage, ApiError> {
-    let limit = params
-        .limit
-        .unwrap_or(DEFAULT_FIRINGS_PAGE)
-        .clamp(1, MAX_FIRINGS_PAGE);
+    let limit = params.limit.unwrap_or(DEFAULT_FIRINGS_PAGE);
+    if limit == 0 || limit > MAX_FIRINGS_PAGE {
+        return Err(ApiError::bad_request(format!(
+            "`limit` is between 1 and {MAX_FIRINGS_PAGE}, not {limit}"
+        )));
+    }
     let offset = params.offset.unwrap_or(0);
     if offset > MAX_FIRINGS_OFFSET {
         return Err(
@@ -846,7 +876,8 @@ pub async fn firings(app: &AppState, params: FiringsParams) -> Result<FiringsPag
             fired_at: f.fired_at,
             outcome: f.outcome.as_str().to_owned(),
             run_id: f.run_id,
-            reason: f.reason,
+            // A refused delivery's reason may quote its body.
+            reason: f.reason.map(|r| app.secrets.text(&r).into_owned()),
         })
         .collect();
     Ok(FiringsPage {

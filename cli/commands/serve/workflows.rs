@@ -43,9 +43,21 @@ pub struct Catalog {
 }
 
 impl Catalog {
-    /// Validates every spec under `dir` (walked as `archon validate` walks directories). Two workflows of
-    /// the same name are known by their files' paths; a directory without any spec is refused.
+    /// Validates every spec under `dir` (walked as `archon validate` walks directories). Two valid
+    /// workflows of the same name are both made invalid (see [`refuse_shared_names`]); a directory
+    /// without any spec, or that does not exist, is refused.
     pub fn load(dir: &Path) -> anyhow::Result<Result<Catalog, Refusal>> {
+        // A path that is not there would be served as one spec that cannot be read: refused instead.
+        if let Err(e) = std::fs::metadata(dir) {
+            return Ok(Err(Refusal {
+                message: format!(
+                    "cannot read `{}`: {}",
+                    dir.display(),
+                    super::app::tidy(&e.to_string())
+                ),
+                hint: String::new(),
+            }));
+        }
         let found = super::super::validate::collect(&[dir.to_path_buf()])?;
         let mut catalog = Catalog::default();
         let mut invalid = 0;
@@ -87,22 +99,27 @@ impl Catalog {
                 input_schema,
             });
         }
-        // A name that several files share names none of them: each is known by its file instead.
+        let invalid = invalid + refuse_shared_names(&mut all, dir);
+        // A valid workflow is known by its name (unique among them now); a spec that does not validate by
+        // the name it has, unless another file has it too: then by its file's path under DIR.
         let mut count: BTreeMap<&str, usize> = BTreeMap::new();
         for served in &all {
             *count.entry(served.name.as_str()).or_default() += 1;
         }
-        let shared: Vec<bool> = all.iter().map(|s| count[s.name.as_str()] > 1).collect();
-        for (mut served, shared) in all.into_iter().zip(shared) {
-            served.id = if shared {
-                served
-                    .path
-                    .strip_prefix(dir)
-                    .unwrap_or(&served.path)
-                    .display()
-                    .to_string()
-            } else {
+        let valid: std::collections::BTreeSet<String> = all
+            .iter()
+            .filter(|s| s.workflow.is_some())
+            .map(|s| s.name.clone())
+            .collect();
+        let own: Vec<bool> = all
+            .iter()
+            .map(|s| s.workflow.is_some() || count[s.name.as_str()] == 1)
+            .collect();
+        for (mut served, own) in all.into_iter().zip(own) {
+            served.id = if own && !(served.workflow.is_none() && valid.contains(&served.name)) {
                 served.name.clone()
+            } else {
+                under(dir, &served.path)
             };
             catalog
                 .workflows
@@ -168,4 +185,58 @@ impl Catalog {
         }
         Redactor::new(values)
     }
+}
+
+/// `path` under `dir`, as the pages and the API show it.
+fn under(dir: &Path, path: &Path) -> String {
+    path.strip_prefix(dir).unwrap_or(path).display().to_string()
+}
+
+/// Makes every valid workflow whose name another valid one under `dir` has too a spec with an error that
+/// names the other files: which one a run, a trigger or a webhook delivery of that name means would be a
+/// guess, so none of them runs (and their triggers do not fire) until each has a name of its own. Says
+/// so on standard error; returns how many were valid before.
+fn refuse_shared_names(all: &mut [Served], dir: &Path) -> usize {
+    let mut by_name: BTreeMap<String, Vec<usize>> = BTreeMap::new();
+    for (i, served) in all.iter().enumerate() {
+        if served.workflow.is_some() {
+            by_name.entry(served.name.clone()).or_default().push(i);
+        }
+    }
+    let mut refused = 0;
+    for (name, files) in by_name.into_iter().filter(|(_, files)| files.len() > 1) {
+        let paths: Vec<String> = files.iter().map(|&i| under(dir, &all[i].path)).collect();
+        for (n, &i) in files.iter().enumerate() {
+            let others: Vec<String> = paths
+                .iter()
+                .enumerate()
+                .filter(|(m, _)| *m != n)
+                .map(|(_, p)| format!("`{p}`"))
+                .collect();
+            let served = &mut all[i];
+            served.workflow = None;
+            served.errors += 1;
+            served.input_schema = json!({"type": "object"});
+            let _ = write!(
+                served.diagnostics,
+                "{}error: the workflow name `{name}` is also the name of {}\n  = hint: give each workflow a name of its own: none of them runs, and their triggers do not fire, until then\n",
+                if served.diagnostics.is_empty() {
+                    ""
+                } else {
+                    "\n"
+                },
+                others.join(", ")
+            );
+            refused += 1;
+        }
+        output::stderr(&output::printable(&format!(
+            "warning: {} name their workflow `{name}`: none of them runs, and their triggers do not fire\n",
+            paths
+                .iter()
+                .map(|p| format!("`{p}`"))
+                .collect::<Vec<_>>()
+                .join(" and ")
+        )));
+    }
+    refused
 }

@@ -969,6 +969,8 @@ pub struct Pruned {
     /// The bytes of the records deleted with them: their rows in every table, and the large outputs no
     /// other run shares.
     pub bytes: u64,
+    /// How many firings without a run (skipped, refused) were deleted for their age.
+    pub firings: u64,
     /// Nothing was deleted: this is what would be.
     pub dry_run: bool,
 }

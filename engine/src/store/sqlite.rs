@@ -948,11 +948,13 @@ impl RunStore for SqliteStore {
             } else {
                 prune_runs(&tx, &runs)?
             };
-            bytes += prune_firings(&tx, finished_before)?;
-            if bytes == 0 {
+            let (firing_bytes, firings) = prune_firings(&tx, finished_before)?;
+            bytes += firing_bytes;
+            if bytes == 0 && firings == 0 {
                 return Ok(Pruned {
                     runs,
                     bytes: 0,
+                    firings: 0,
                     dry_run,
                 });
             }
@@ -964,6 +966,7 @@ impl RunStore for SqliteStore {
             Ok(Pruned {
                 runs,
                 bytes,
+                firings,
                 dry_run,
             })
         })
@@ -2548,8 +2551,9 @@ const FIRING_BYTES: &str =
     + COALESCE(length(run_id), 0) + COALESCE(length(reason), 0) + length(inputs) + 24";
 
 /// Deletes the firings without a run (skipped, refused) recorded before `before` (milliseconds since the
-/// epoch); returns the bytes they held. Each trigger's last slot stays in `triggers`.
-fn prune_firings(tx: &rusqlite::Transaction<'_>, before: u64) -> rusqlite::Result<u64> {
+/// epoch); returns the bytes they held and how many they were. Each trigger's last slot stays in
+/// `triggers`.
+fn prune_firings(tx: &rusqlite::Transaction<'_>, before: u64) -> rusqlite::Result<(u64, u64)> {
     let before = before.min(i64::MAX as u64) as i64;
     let size: i64 = tx.query_row(
         &format!(
@@ -2558,11 +2562,11 @@ fn prune_firings(tx: &rusqlite::Transaction<'_>, before: u64) -> rusqlite::Resul
         [before],
         |r| r.get(0),
     )?;
-    tx.execute(
+    let count = tx.execute(
         "DELETE FROM firings WHERE run_id IS NULL AND fired_at < ?1",
         [before],
     )?;
-    Ok(size.max(0) as u64)
+    Ok((size.max(0) as u64, count as u64))
 }
 
 /// The columns [`firing`] reads, in its order.

@@ -1,5 +1,5 @@
 //! What the pages read that the API module does not give in the shape they need: a run's events and log
-//! pieces a page at a time, and the workflow a run's graph is drawn from. Reads of the store go through
+//! pieces a page at a time (their run data masked, as the API's), and the workflow a run's graph is drawn from. Reads of the store go through
 //! `app.read`, as the API's do.
 
 use std::path::Path;
@@ -11,7 +11,8 @@ use serde_json::Value as Json;
 
 use super::super::app::{ApiError, App};
 
-/// Up to `limit` events of run `id` numbered after `after`, with their numbers; `404` for an unknown run.
+/// Up to `limit` events of run `id` numbered after `after`, with their numbers, secrets masked; `404` for
+/// an unknown run.
 pub async fn events(
     app: &Arc<App>,
     id: &str,
@@ -19,16 +20,21 @@ pub async fn events(
     limit: usize,
 ) -> Result<Vec<(i64, Json)>, ApiError> {
     let id = id.to_owned();
-    app.read(move |session| {
-        super::super::app::known_run(session, &id)?;
-        session
-            .events_after(&id, after, limit)
-            .map_err(|e| ApiError::store(&e))
-    })
-    .await
+    let mut events = app
+        .read(move |session| {
+            super::super::app::known_run(session, &id)?;
+            session
+                .events_after(&id, after, limit)
+                .map_err(|e| ApiError::store(&e))
+        })
+        .await?;
+    for (_, event) in &mut events {
+        app.mask_event(event);
+    }
+    Ok(events)
 }
 
-/// Up to `limit` log pieces of run `id` numbered after `after`; `404` for an unknown run.
+/// Up to `limit` log pieces of run `id` numbered after `after`, secrets masked; `404` for an unknown run.
 pub async fn logs(
     app: &Arc<App>,
     id: &str,
@@ -36,13 +42,18 @@ pub async fn logs(
     limit: usize,
 ) -> Result<Vec<LogChunk>, ApiError> {
     let id = id.to_owned();
-    app.read(move |session| {
-        super::super::app::known_run(session, &id)?;
-        session
-            .logs_after(&id, after, limit)
-            .map_err(|e| ApiError::store(&e))
-    })
-    .await
+    let mut logs = app
+        .read(move |session| {
+            super::super::app::known_run(session, &id)?;
+            session
+                .logs_after(&id, after, limit)
+                .map_err(|e| ApiError::store(&e))
+        })
+        .await?;
+    for chunk in &mut logs {
+        app.mask_log(chunk);
+    }
+    Ok(logs)
 }
 
 /// The workflow a run of `name` from `spec_path` runs, to draw its graph: the served one of that name

@@ -42,10 +42,7 @@ pub async fn list(
     let filters = match query {
         Ok(Query(filters)) => filters,
         Err(rejection) => {
-            return error_page(
-                &caller,
-                &ApiError::bad_request(rejection.body_text().to_lowercase()),
-            );
+            return error_page(&caller, &api::query_error(&rejection));
         }
     };
     let workflow = filters.workflow.clone().filter(|w| !w.is_empty());

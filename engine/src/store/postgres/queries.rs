@@ -1156,13 +1156,14 @@ pub(super) async fn prune(inner: &Inner, finished_before: u64, dry_run: bool) ->
             &format!(
                 "WITH gone AS (DELETE FROM firings t WHERE run_id IS NULL AND fired_at < $1
                     RETURNING {ROW_BYTES_EACH})
-                 SELECT COALESCE(SUM(size), 0)::bigint FROM gone"
+                 SELECT COALESCE(SUM(size), 0)::bigint, count(*)::bigint FROM gone"
             ),
             &[&before],
         )
         .await?;
     bytes += unsigned(row.get(0));
-    if dry_run || bytes == 0 {
+    let firings = unsigned(row.get(1));
+    if dry_run || (bytes == 0 && firings == 0) {
         tx.rollback().await?;
     } else {
         tx.commit().await?;
@@ -1171,6 +1172,7 @@ pub(super) async fn prune(inner: &Inner, finished_before: u64, dry_run: bool) ->
     Ok(Pruned {
         runs,
         bytes,
+        firings,
         dry_run,
     })
 }
