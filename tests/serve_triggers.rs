@@ -812,3 +812,109 @@ steps:
         Vec::<&str>::new()
     );
 }
+
+/// A raw delivery to `hooked` on a connection of its own: headers announcing `body` (signed, with
+/// `Expect: 100-continue`), and the first `sent` bytes of it.
+async fn start_delivery(
+    server: &Server,
+    id: &str,
+    body: &[u8],
+    sent: usize,
+) -> tokio::net::TcpStream {
+    use tokio::io::AsyncWriteExt as _;
+    let address = server.url.strip_prefix("http://").expect("an http URL");
+    let mut stream = tokio::net::TcpStream::connect(address)
+        .await
+        .expect("connected");
+    let head = format!(
+        "POST /hooks/hooked HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: {}\r\nX-Archon-Delivery: {id}\r\nX-Archon-Signature: {}\r\nExpect: 100-continue\r\n\r\n",
+        body.len(),
+        sign(HOOK_SECRET.as_bytes(), body)
+    );
+    stream.write_all(head.as_bytes()).await.expect("sent");
+    stream.write_all(&body[..sent]).await.expect("sent");
+    stream
+}
+
+/// What the server sends on `stream` up to the end of a head (`\r\n\r\n`), [`PATIENCE`] at most.
+async fn head_of(stream: &mut tokio::net::TcpStream) -> String {
+    use tokio::io::AsyncReadExt as _;
+    let mut got = Vec::new();
+    let mut byte = [0u8; 1];
+    let deadline = std::time::Instant::now() + PATIENCE;
+    while !got.ends_with(b"\r\n\r\n") {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        match tokio::time::timeout(left, stream.read(&mut byte)).await {
+            Ok(Ok(1)) => got.push(byte[0]),
+            other => panic!(
+                "no whole head ({other:?}): {}",
+                String::from_utf8_lossy(&got)
+            ),
+        }
+    }
+    String::from_utf8_lossy(&got).into_owned()
+}
+
+/// At most 32 delivery bodies are read at once: while 32 deliveries stall halfway through their
+/// bodies, a 33rd is answered `503` without its body being read (no `100 Continue`), and once they
+/// go, deliveries are taken again. A body's read begins (and takes its place) when the server answers
+/// `Expect: 100-continue`: that is what the test waits for, so that each of the 32 holds its place
+/// before the 33rd comes.
+#[tokio::test]
+async fn a_delivery_beyond_the_32_bodies_being_read_is_refused_unread() {
+    let dir = workflows();
+    let mut server = start(dir.path());
+    server.token = Some(OPERATOR.to_owned());
+    let body = br#"{"action":"opened","padding":"................................"}"#;
+    let mut stalled = Vec::new();
+    for i in 0..32 {
+        let mut stream = start_delivery(&server, &format!("stall-{i}"), body, 0).await;
+        assert_eq!(head_of(&mut stream).await, "HTTP/1.1 100 Continue\r\n\r\n");
+        use tokio::io::AsyncWriteExt as _;
+        stream.write_all(&body[..10]).await.expect("sent");
+        stalled.push(stream);
+    }
+    let mut refused = start_delivery(&server, "one-too-many", body, 0).await;
+    let head = head_of(&mut refused).await;
+    assert!(
+        head.starts_with("HTTP/1.1 503 Service Unavailable\r\n"),
+        "{head}"
+    );
+    assert!(
+        head.to_lowercase().contains("\r\nconnection: close\r\n"),
+        "{head}"
+    );
+    let mut rest = Vec::new();
+    use tokio::io::AsyncReadExt as _;
+    tokio::time::timeout(PATIENCE, refused.read_to_end(&mut rest))
+        .await
+        .expect("closed")
+        .expect("read");
+    let error: Json = serde_json::from_slice(&rest).expect("a JSON body");
+    assert_eq!(
+        error,
+        json!({"error": "32 deliveries are being read already, the most at once", "hint": "deliver it again in a moment"})
+    );
+    // Nothing of those was recorded.
+    let (_, page) = server.get("/api/v1/firings?workflow=hooked").await;
+    assert_eq!(page["firings"], json!([]));
+    // The stalled ones go: their places come back.
+    drop(stalled);
+    let deadline = std::time::Instant::now() + PATIENCE;
+    loop {
+        let (status, answer) = deliver(
+            &server,
+            "hooked",
+            body,
+            Some(&sign(HOOK_SECRET.as_bytes(), body)),
+            "after",
+        )
+        .await;
+        if status == 202 {
+            break;
+        }
+        assert_eq!(status, 503, "{answer}");
+        assert!(std::time::Instant::now() < deadline, "never taken again");
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}
