@@ -643,6 +643,7 @@ async fn beyond_max_runs_a_run_waits_in_the_queue_visibly() {
     assert_eq!(queue[0]["run_id"], waiting);
     assert_eq!(queue[0]["action"], "start");
     assert_eq!(queue[0]["position"], 1);
+    assert_eq!(queue[0]["reason"], "waiting for a free slot");
     let (status, detail) = server.get(&format!("/api/v1/runs/{waiting}")).await;
     assert_eq!(status, 200);
     assert_eq!(detail["status"], "queued");

@@ -594,9 +594,17 @@ async fn after_a_restart_the_queued_firings_of_a_trigger_run_one_by_one_behind_t
             r["status"] == "running"
         })
         .await;
-    for run in &runs[1..] {
+    for (i, run) in runs.iter().enumerate().skip(1) {
         let (status, body) = server.get(&format!("/api/v1/runs/{run}")).await;
-        assert_eq!(status, 404, "run `{run}` started already: {body}");
+        assert_eq!(status, 200, "{body}");
+        assert_eq!(
+            body["status"], "queued",
+            "run `{run}` started already: {body}"
+        );
+        assert_eq!(
+            body["queued"]["reason"],
+            format!("queued behind run {}", runs[i - 1])
+        );
     }
     std::fs::write(dir.path().join("go"), "").expect("write");
     let mut details = Vec::new();
@@ -799,6 +807,39 @@ steps:
             &json!("cancelled before its run started")
         )
     );
+    // One `archon cancel` drops while it waits in the server's queue never starts either.
+    let (status, third) = deliver(&server, "held", body, Some(&signature), "d3").await;
+    assert_eq!((status, &third["queued"]), (202, &json!(true)), "{third}");
+    let third = third["run_id"].as_str().expect("a run id");
+    let crate::support::Output {
+        code,
+        stdout,
+        stderr,
+    } = crate::support::archon(dir.path(), &["show", third, "--json"]);
+    assert_eq!(code, 0, "{stderr}");
+    let shown: Json = serde_json::from_str(&stdout).expect("json");
+    assert_eq!(
+        (&shown["status"], &shown["reason"]),
+        (
+            &json!("queued"),
+            &json!("waiting for a free slot on the server")
+        )
+    );
+    let crate::support::Output { code, stderr, .. } =
+        crate::support::archon(dir.path(), &["cancel", third]);
+    assert_eq!(code, 0, "{stderr}");
+    let running = first["run_id"].as_str().expect("a run id");
+    let (status, _) = server
+        .post(&format!("/api/v1/runs/{running}/cancel"), Json::Null)
+        .await;
+    assert_eq!(status, 200);
+    server
+        .wait_said(&format!(
+            "run `{third}` does not start: it was cancelled before it started"
+        ))
+        .await;
+    let (status, body) = server.get(&format!("/api/v1/runs/{third}")).await;
+    assert_eq!(status, 404, "{body}");
     assert!(server.stop().success());
     // Durably: nothing is left for the next start to run.
     let session = Session::open(&dir.path().join(".archon")).expect("the store opens");
@@ -917,4 +958,184 @@ async fn a_delivery_beyond_the_32_bodies_being_read_is_refused_unread() {
         assert!(std::time::Instant::now() < deadline, "never taken again");
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     }
+}
+
+/// The runs a cron trigger holds back behind the one going (`overlap: queue`) show as queued, with what
+/// they wait for, in the API and in `archon runs` and `archon show` on the same state directory; one
+/// cancelled over HTTP and one with `archon cancel` never start, not after a restart either.
+#[tokio::test]
+async fn queued_runs_of_a_trigger_are_shown_and_cancelled_from_the_api_and_the_cli() {
+    use crate::support::{Output, archon};
+    let dir = holding("chain.yaml", CHAIN);
+    let hour = this_hour();
+    assert_eq!(
+        recorded_at(dir.path(), "chain.yaml", hour - 3 * 3600 + 30),
+        []
+    );
+    let mut server = start(dir.path());
+    server.token = Some(OPERATOR.to_owned());
+    server
+        .wait_said("cron triggers: 1 watched, 3 missed slots fired")
+        .await;
+    let (_, page) = server.get("/api/v1/firings?workflow=chain").await;
+    let runs: Vec<String> = page["firings"]
+        .as_array()
+        .expect("firings")
+        .iter()
+        .rev()
+        .map(|f| f["run_id"].as_str().expect("a run").to_owned())
+        .collect();
+    server
+        .poll(&format!("/api/v1/runs/{}", runs[0]), |r| {
+            r["status"] == "running"
+        })
+        .await;
+
+    // The API: the queue, and each run.
+    let (status, queue) = server.get("/api/v1/queue").await;
+    assert_eq!(status, 200);
+    let shown: Vec<(Json, Json, Json)> = queue
+        .as_array()
+        .expect("a list")
+        .iter()
+        .map(|q| {
+            (
+                q["run_id"].clone(),
+                q["reason"].clone(),
+                q["position"].clone(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        shown,
+        [
+            (
+                json!(runs[1]),
+                json!(format!("queued behind run {}", runs[0])),
+                json!(1)
+            ),
+            (
+                json!(runs[2]),
+                json!(format!("queued behind run {}", runs[1])),
+                json!(2)
+            ),
+        ]
+    );
+    let (status, detail) = server.get(&format!("/api/v1/runs/{}", runs[2])).await;
+    assert_eq!(
+        (status, &detail["status"]),
+        (200, &json!("queued")),
+        "{detail}"
+    );
+    assert_eq!(detail["trigger"]["name"], "tick");
+    let (_, listed) = server.get("/api/v1/runs").await;
+    assert_eq!(listed["queued"], queue);
+
+    // The CLI on the same state directory.
+    let Output {
+        code,
+        stdout,
+        stderr,
+    } = archon(dir.path(), &["runs", "--json"]);
+    assert_eq!(code, 0, "{stderr}");
+    let listed: Json = serde_json::from_str(&stdout).expect("json");
+    let queued: Vec<(&str, &str)> = listed
+        .as_array()
+        .expect("a list")
+        .iter()
+        .filter(|r| r["status"] == "queued")
+        .map(|r| {
+            (
+                r["id"].as_str().unwrap_or_default(),
+                r["reason"].as_str().unwrap_or_default(),
+            )
+        })
+        .collect();
+    let behind = "queued behind the run before it of trigger `tick`";
+    assert_eq!(
+        queued,
+        [(runs[2].as_str(), behind), (runs[1].as_str(), behind)]
+    );
+    let Output {
+        code,
+        stdout,
+        stderr,
+    } = archon(dir.path(), &["show", &runs[2], "--json"]);
+    assert_eq!(code, 0, "{stderr}");
+    let shown: Json = serde_json::from_str(&stdout).expect("json");
+    assert_eq!(
+        shown,
+        json!({"id": runs[2], "workflow": "chain", "status": "queued", "queued_at": shown["queued_at"],
+            "trigger": "tick", "kind": "cron", "slot": slot(hour), "reason": behind})
+    );
+
+    // One cancelled with `archon cancel`, one over HTTP.
+    let Output {
+        code,
+        stdout,
+        stderr,
+    } = archon(dir.path(), &["cancel", &runs[2]]);
+    assert_eq!(code, 0, "{stderr}");
+    assert_eq!(
+        stdout,
+        format!(
+            "run {} is cancelled: it was queued and never starts\n",
+            runs[2]
+        )
+    );
+    let (status, cancelled) = server
+        .post(&format!("/api/v1/runs/{}/cancel", runs[1]), Json::Null)
+        .await;
+    assert_eq!(status, 200, "{cancelled}");
+    assert_eq!(cancelled["status"], "dequeued");
+    let (_, queue) = server.get("/api/v1/queue").await;
+    assert_eq!(queue, json!([]));
+
+    // The first run ends: neither starts.
+    std::fs::write(dir.path().join("go"), "").expect("write");
+    server
+        .poll(&format!("/api/v1/runs/{}", runs[0]), |r| {
+            r["status"] == "succeeded"
+        })
+        .await;
+    server
+        .wait_said(&format!(
+            "run `{}` does not start: it was cancelled before it started",
+            runs[2]
+        ))
+        .await;
+    let skipped = |page: &Json| {
+        outcomes(page)
+            .iter()
+            .skip(0)
+            .take(2)
+            .map(|f| (f["outcome"].clone(), f["reason"].clone()))
+            .collect::<Vec<_>>()
+    };
+    let (_, page) = server.get("/api/v1/firings?workflow=chain").await;
+    let reason = json!("cancelled before its run started");
+    assert_eq!(
+        skipped(&page),
+        [
+            (json!("skipped"), reason.clone()),
+            (json!("skipped"), reason.clone())
+        ]
+    );
+    let stopped = server.stop();
+    assert_eq!(stopped.code(), Some(0), "{}", server.said());
+    drop(server);
+
+    // Nor after a restart.
+    let mut server = start(dir.path());
+    server.token = Some(OPERATOR.to_owned());
+    server
+        .wait_said("cron triggers: 1 watched, 0 missed slots fired")
+        .await;
+    for run in &runs[1..] {
+        let (status, body) = server.get(&format!("/api/v1/runs/{run}")).await;
+        assert_eq!(status, 404, "run `{run}` started: {body}");
+    }
+    assert_eq!(started(dir.path()), 1);
+    let Output { code, stderr, .. } = archon(dir.path(), &["show", &runs[1]]);
+    assert_eq!(code, 2, "{stderr}");
 }

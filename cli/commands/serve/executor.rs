@@ -100,6 +100,31 @@ pub struct QueuedRun {
     pub queued_at: u64,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub trigger: Option<TriggerInfo>,
+    /// Why it waits: `waiting for a free slot` (`--max-runs` runs are going on) or `queued behind run
+    /// X` (a cron trigger's `overlap: queue`, until the run before it ends).
+    pub reason: String,
+}
+
+/// A trigger's run held back until the run before it ends (`overlap: queue`): not in the queue yet.
+#[derive(Clone, Debug)]
+pub struct Held {
+    pub pending: Pending,
+    /// The run it waits for.
+    pub after: Option<String>,
+}
+
+/// The runs triggers hold back, by id. Locked before the executor's own state when both are.
+#[derive(Debug, Default)]
+pub struct Waiting {
+    runs: Mutex<HashMap<String, Held>>,
+}
+
+impl Waiting {
+    pub fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Held>> {
+        self.runs
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
 }
 
 /// A run this server is executing.
@@ -176,6 +201,8 @@ struct Shared {
     max_queue: usize,
     stopping: CancellationToken,
     state: Mutex<State>,
+    /// Runs triggers hold back behind others.
+    waiting: Waiting,
     /// How many run threads are alive.
     running: tokio::sync::watch::Sender<usize>,
     /// Where runs tell their events the moment they record them.
@@ -209,6 +236,7 @@ impl Executor {
             max_queue,
             stopping,
             state: Mutex::new(State::default()),
+            waiting: Waiting::default(),
             running: tokio::sync::watch::channel(0).0,
             recorded: live.recorder(),
             changed: tokio::sync::watch::channel(0).0,
@@ -386,6 +414,26 @@ impl Executor {
     /// Stops a run for good: a queued one leaves the queue; one this server runs stops at once; one
     /// another process runs is asked to stop through the store (as `archon cancel` does).
     pub async fn cancel(&self, app: &Arc<App>, run_id: &str) -> Result<Cancelled, ApiError> {
+        // A trigger's run held behind another: it leaves, and its firing is recorded as skipped so that
+        // no later start of a server starts it.
+        let held = self.0.waiting.lock().remove(run_id);
+        if held.is_some() {
+            self.wake();
+            let id = run_id.to_owned();
+            app.read(move |session| {
+                session
+                    .skip_unstarted_firing(&id, "cancelled before its run started")
+                    .map_err(|e| ApiError::store(&e))
+            })
+            .await
+            .map_err(|e| {
+                e.with_hint("the run left the queue, but the next `archon serve` starts it")
+            })?;
+            return Ok(Cancelled {
+                run_id: run_id.to_owned(),
+                status: "dequeued".to_owned(),
+            });
+        }
         let dequeued = {
             let mut state = self.state();
             let before = state.queue.len();
@@ -453,9 +501,11 @@ impl Executor {
         })
     }
 
-    /// The runs waiting for a place, in order.
+    /// The runs waiting for a place, in order, then those triggers hold back behind others (oldest
+    /// first).
     pub fn queue(&self) -> Vec<QueuedRun> {
-        self.state()
+        let mut queue: Vec<QueuedRun> = self
+            .state()
             .queue
             .iter()
             .enumerate()
@@ -479,8 +529,42 @@ impl Executor {
                 position: i + 1,
                 queued_at: job.queued_at,
                 trigger: job.trigger.clone(),
+                reason: "waiting for a free slot".to_owned(),
             })
-            .collect()
+            .collect();
+        let mut held: Vec<(String, Held)> = self
+            .0
+            .waiting
+            .lock()
+            .iter()
+            .map(|(id, held)| (id.clone(), held.clone()))
+            .collect();
+        held.sort_by(|a, b| (a.1.pending.queued_at, &a.0).cmp(&(b.1.pending.queued_at, &b.0)));
+        // One being started is in both for a moment: shown once.
+        held.retain(|(id, _)| !queue.iter().any(|q| &q.run_id == id));
+        let before = queue.len();
+        queue.extend(
+            held.into_iter()
+                .enumerate()
+                .map(|(i, (run_id, held))| QueuedRun {
+                    run_id,
+                    workflow: held.pending.workflow,
+                    action: "start".to_owned(),
+                    position: before + i + 1,
+                    queued_at: held.pending.queued_at,
+                    trigger: held.pending.trigger,
+                    reason: held.after.map_or_else(
+                        || "queued behind an earlier run of its trigger".to_owned(),
+                        |after| format!("queued behind run {after}"),
+                    ),
+                }),
+        );
+        queue
+    }
+
+    /// The runs triggers hold back behind others.
+    pub fn waiting(&self) -> &Waiting {
+        &self.0.waiting
     }
 
     /// The queued run with this id, if it waits.
@@ -503,15 +587,20 @@ impl Executor {
 
     /// A new run this server accepted and has not recorded yet (queued, or starting).
     pub fn pending(&self, run_id: &str) -> Option<Pending> {
-        let state = self.state();
-        if let Some(active) = state.active.get(run_id) {
-            return active.starting.clone();
+        {
+            let state = self.state();
+            if let Some(active) = state.active.get(run_id) {
+                return active.starting.clone();
+            }
+            if let Some(job) = state.queue.iter().find(|j| j.run_id == run_id) {
+                return job.pending();
+            }
         }
-        state
-            .queue
-            .iter()
-            .find(|j| j.run_id == run_id)
-            .and_then(Job::pending)
+        self.0
+            .waiting
+            .lock()
+            .get(run_id)
+            .map(|held| held.pending.clone())
     }
 
     /// A receiver woken whenever a run starts or ends here or the queue changes.
@@ -721,7 +810,8 @@ impl Executor {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    fn wake(&self) {
+    /// Wakes whoever watches the runs and the queue.
+    pub fn wake(&self) {
         self.0.changed.send_modify(|n| *n = n.wrapping_add(1));
     }
 
@@ -816,6 +906,21 @@ impl Executor {
                 return false;
             }
         };
+        if job.trigger.is_some()
+            && matches!(job.work, Work::Start { .. })
+            && session.unstarted_firings().is_ok_and(|firings| {
+                !firings
+                    .iter()
+                    .any(|f| f.run_id.as_deref() == Some(job.run_id.as_str()))
+            })
+        {
+            // Its firing was dropped while it waited (`archon cancel` on the same state directory).
+            output::stderr(&output::printable(&format!(
+                "run `{}` does not start: it was cancelled before it started\n",
+                job.run_id
+            )));
+            return false;
+        }
         let prepared = match &job.work {
             Work::Start { served, inputs } => {
                 let workdir = served

@@ -16,7 +16,7 @@
 // The OpenAPI macros name parameter types by their path.
 #![allow(unused_qualifications)]
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -35,7 +35,7 @@ use utoipa::{IntoParams, ToSchema};
 
 use super::api::{Path, Query};
 use super::app::{ApiError, App, AppState};
-use super::executor::TriggerInfo;
+use super::executor::{Held, Pending, TriggerInfo};
 use crate::output;
 
 /// The longest the loop sleeps before it looks at the clock again.
@@ -293,45 +293,35 @@ fn start_in(
             firing.slot, firing.trigger
         )));
     };
-    let detail = match firing.kind {
-        FiringKind::Cron => json!({"kind": "cron", "slot": firing.slot}),
-        FiringKind::Webhook => json!({"kind": "webhook", "delivery": firing.slot}),
-    };
     app.executor.start_run_as(
         app,
         &firing.workflow,
         firing.inputs.clone(),
-        Some(TriggerInfo {
-            name: firing.trigger.clone(),
-            detail,
-        }),
+        Some(trigger_info(firing)),
         run_id,
         room,
     )
 }
 
-// ---------------------------------------------------------------------------------------------------
-// The loop
-
-/// What the loop shares with the tasks holding queued firings.
-#[derive(Debug, Default)]
-struct Waiting {
-    /// Runs of queued firings, waiting for the run they follow to end.
-    runs: Mutex<HashSet<String>>,
-}
-
-impl Waiting {
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashSet<String>> {
-        self.runs
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+/// What started a firing's run, as the API shows it.
+fn trigger_info(firing: &Firing) -> TriggerInfo {
+    let detail = match firing.kind {
+        FiringKind::Cron => json!({"kind": "cron", "slot": firing.slot}),
+        FiringKind::Webhook => json!({"kind": "webhook", "delivery": firing.slot}),
+    };
+    TriggerInfo {
+        name: firing.trigger.clone(),
+        detail,
     }
 }
 
+// ---------------------------------------------------------------------------------------------------
+// The loop
+
 /// Whether a run a trigger started is still going here: executing, in the executor's queue, or
-/// waiting for the run before it.
-fn active(app: &App, waiting: &Waiting, run_id: &str) -> bool {
-    app.executor.is_busy(run_id) || waiting.lock().contains(run_id)
+/// waiting for the run before it (held in [`super::executor::Waiting`], where the API sees it).
+fn active(app: &App, run_id: &str) -> bool {
+    app.executor.is_busy(run_id) || app.executor.waiting().lock().contains_key(run_id)
 }
 
 /// Starts the trigger loop: the unstarted firings, the catch-up, then each slot as it comes, until the
@@ -364,7 +354,6 @@ pub fn spawn(app: AppState) {
 }
 
 async fn run_loop(app: AppState, mut scheduler: Scheduler, count: usize) {
-    let waiting = Arc::new(Waiting::default());
     let session = match Session::open_at(&app.store) {
         Ok(session) => session,
         Err(e) => {
@@ -378,7 +367,7 @@ async fn run_loop(app: AppState, mut scheduler: Scheduler, count: usize) {
         .into_iter()
         .map(|(w, t)| (w.to_owned(), t.to_owned()))
         .collect();
-    for (workflow, trigger, run) in start_unstarted(&app, &session, &waiting, watched).await {
+    for (workflow, trigger, run) in start_unstarted(&app, &session, watched).await {
         scheduler.follow(&workflow, &trigger, &run);
     }
     if count == 0 {
@@ -388,12 +377,7 @@ async fn run_loop(app: AppState, mut scheduler: Scheduler, count: usize) {
     let mut first = true;
     loop {
         let (due, wake) = {
-            let (app2, session, scheduler, waiting) = (
-                app.clone(),
-                session.clone(),
-                scheduler.clone(),
-                waiting.clone(),
-            );
+            let (app2, session, scheduler) = (app.clone(), session.clone(), scheduler.clone());
             let pass = tokio::task::spawn_blocking(move || {
                 let now = Timestamp::now();
                 let session = session
@@ -402,7 +386,7 @@ async fn run_loop(app: AppState, mut scheduler: Scheduler, count: usize) {
                 let mut scheduler = scheduler
                     .lock()
                     .unwrap_or_else(std::sync::PoisonError::into_inner);
-                let is_active = |run: &str| active(&app2, &waiting, run);
+                let is_active = |run: &str| active(&app2, run);
                 let due = session.due_firings(&mut scheduler, now, &is_active);
                 (due, scheduler.next_wake(Timestamp::now()))
             })
@@ -423,7 +407,7 @@ async fn run_loop(app: AppState, mut scheduler: Scheduler, count: usize) {
                     ));
                 }
                 for one in due {
-                    act(&app, &waiting, one).await;
+                    act(&app, one).await;
                 }
             }
             Err(e) => output::stderr(&output::printable(&format!(
@@ -462,7 +446,6 @@ type TriggerKey = (String, String);
 async fn start_unstarted(
     app: &AppState,
     session: &Arc<Mutex<Session>>,
-    waiting: &Arc<Waiting>,
     watched: Vec<TriggerKey>,
 ) -> Vec<(String, String, String)> {
     let (session, app2) = (session.clone(), app.clone());
@@ -536,7 +519,7 @@ async fn start_unstarted(
         let key = (firing.workflow.clone(), firing.trigger.clone());
         let after = last.insert(key.clone(), run.clone());
         followed.push((key.0, key.1, run));
-        queue_behind(app, waiting, firing, after);
+        queue_behind(app, firing, after);
     }
     followed
 }
@@ -544,35 +527,47 @@ async fn start_unstarted(
 /// Starts the firing's run once the run `after` (of the same trigger) is no longer going: at once when
 /// it is not, else from a task that waits for it. Meanwhile the firing's run counts as going (so that
 /// a firing queued behind it waits too), and a `cancel_previous` firing may drop it.
-fn queue_behind(app: &AppState, waiting: &Arc<Waiting>, firing: Firing, after: Option<String>) {
+fn queue_behind(app: &AppState, firing: Firing, after: Option<String>) {
     let Some(run) = firing.run_id.clone() else {
         return;
     };
-    if !after
-        .as_deref()
-        .is_some_and(|before| active(app, waiting, before))
-    {
+    if !after.as_deref().is_some_and(|before| active(app, before)) {
         if let Err(e) = start(app, &firing) {
             complain(&firing, &e);
         }
         return;
     }
-    waiting.lock().insert(run.clone());
-    let (app, waiting) = (app.clone(), waiting.clone());
+    let held = Held {
+        pending: Pending {
+            workflow: firing.workflow.clone(),
+            spec_path: app
+                .catalog
+                .get(&firing.workflow)
+                .map(|served| served.path.display().to_string())
+                .unwrap_or_default(),
+            inputs: firing.inputs.clone(),
+            queued_at: super::app::now_ms(),
+            trigger: Some(trigger_info(&firing)),
+        },
+        after: after.clone(),
+    };
+    app.executor.waiting().lock().insert(run.clone(), held);
+    app.executor.wake();
+    let app = app.clone();
     tokio::spawn(async move {
         let mut changed = app.executor.watch();
         loop {
             {
                 // Decided and started under the lock, so that a `cancel_previous` firing either drops
                 // this one before it starts or finds its run started (and cancels that).
-                let mut held = waiting.lock();
-                if !held.contains(&run) {
+                let mut held = app.executor.waiting().lock();
+                if !held.contains_key(&run) {
                     // Dropped while it waited.
                     return;
                 }
-                let before_going = after
-                    .as_deref()
-                    .is_some_and(|before| app.executor.is_busy(before) || held.contains(before));
+                let before_going = after.as_deref().is_some_and(|before| {
+                    app.executor.is_busy(before) || held.contains_key(before)
+                });
                 if !before_going {
                     // Started while still counted as waiting, so that the one queued behind it sees
                     // it going throughout.
@@ -592,7 +587,7 @@ fn queue_behind(app: &AppState, waiting: &Arc<Waiting>, firing: Firing, after: O
 }
 
 /// Applies a due firing's decision.
-async fn act(app: &AppState, waiting: &Arc<Waiting>, due: Due) {
+async fn act(app: &AppState, due: Due) {
     match due.decision {
         Decision::Skip => {}
         Decision::Start => {
@@ -604,8 +599,11 @@ async fn act(app: &AppState, waiting: &Arc<Waiting>, due: Due) {
             // The queued ones leave the queue first, all at once: a run cancelled below that ends
             // must not let the one queued behind it start.
             let (dropped, going): (Vec<String>, Vec<String>) = {
-                let mut held = waiting.lock();
-                due.cancel.iter().cloned().partition(|run| held.remove(run))
+                let mut held = app.executor.waiting().lock();
+                due.cancel
+                    .iter()
+                    .cloned()
+                    .partition(|run| held.remove(run).is_some())
             };
             for run in &going {
                 if let Err(e) = app.executor.cancel(app, run).await {
@@ -622,7 +620,7 @@ async fn act(app: &AppState, waiting: &Arc<Waiting>, due: Due) {
                 complain(&due.firing, &e);
             }
         }
-        Decision::Queue => queue_behind(app, waiting, due.firing, due.after),
+        Decision::Queue => queue_behind(app, due.firing, due.after),
     }
 }
 
