@@ -1107,7 +1107,6 @@ async fn queued_runs_of_a_trigger_are_shown_and_cancelled_from_the_api_and_the_c
     let skipped = |page: &Json| {
         outcomes(page)
             .iter()
-            .skip(0)
             .take(2)
             .map(|f| (f["outcome"].clone(), f["reason"].clone()))
             .collect::<Vec<_>>()
