@@ -647,13 +647,69 @@ async fn beyond_max_runs_a_run_waits_in_the_queue_visibly() {
     let (status, detail) = server.get(&format!("/api/v1/runs/{waiting}")).await;
     assert_eq!(status, 200);
     assert_eq!(detail["status"], "queued");
-    // The slow run ends: the queued one starts and finishes.
+    // `archon runs` and `archon show` on the state directory see it; `archon cancel` drops another.
+    let Output {
+        code,
+        stdout,
+        stderr,
+    } = archon(dir.path(), &["show", waiting, "--json"]);
+    assert_eq!(code, 0, "{stderr}");
+    let shown: Json = serde_json::from_str(&stdout).expect("json");
+    assert_eq!(
+        (
+            &shown["id"],
+            &shown["status"],
+            &shown["kind"],
+            &shown["reason"]
+        ),
+        (
+            &json!(waiting),
+            &json!("queued"),
+            &json!("api"),
+            &json!("waiting for a free slot on the server")
+        )
+    );
+    let dropped: Json = post(
+        "/api/v1/workflows/hello/runs".into(),
+        json!({ "inputs": { "who": "dropped" } }),
+    )
+    .await
+    .expect("answered")
+    .json()
+    .await
+    .expect("json");
+    let dropped = dropped["run_id"].as_str().expect("id");
+    let Output {
+        code,
+        stdout,
+        stderr,
+    } = archon(dir.path(), &["runs", "--json"]);
+    assert_eq!(code, 0, "{stderr}");
+    let listed: Json = serde_json::from_str(&stdout).expect("json");
+    let queued: Vec<&Json> = listed
+        .as_array()
+        .expect("a list")
+        .iter()
+        .filter(|r| r["status"] == "queued")
+        .map(|r| &r["id"])
+        .collect();
+    assert_eq!(queued, [&json!(dropped), &json!(waiting)]);
+    let Output { code, stderr, .. } = archon(dir.path(), &["cancel", dropped]);
+    assert_eq!(code, 0, "{stderr}");
+    // The slow run ends: the queued one starts and finishes; the dropped one never starts.
     let running = slow["run_id"].as_str().expect("id");
     let response = post(format!("/api/v1/runs/{running}/cancel"), Json::Null)
         .await
         .expect("answered");
     assert_eq!(response.status(), 200);
     server.wait_for(waiting, &["succeeded"]).await;
+    server
+        .wait_said(&format!(
+            "run `{dropped}` does not start: it was cancelled before it started"
+        ))
+        .await;
+    let (status, _) = server.get(&format!("/api/v1/runs/{dropped}")).await;
+    assert_eq!(status, 404);
     let (_, queue) = server.get("/api/v1/queue").await;
     assert_eq!(queue, json!([]));
 }

@@ -148,16 +148,17 @@ pub fn show(args: &ShowArgs, color: ColorChoice) -> anyhow::Result<Status> {
         if args.json {
             output::stdout_json(&shown);
         } else {
-            let what = match firing.kind {
-                FiringKind::Cron => "slot",
-                FiringKind::Webhook => "delivery",
+            let from = match firing.kind {
+                FiringKind::Cron => format!("trigger {} (slot {})", shown.trigger, shown.slot),
+                FiringKind::Webhook => {
+                    format!("trigger {} (delivery {})", shown.trigger, shown.slot)
+                }
+                FiringKind::Api => "the API of `archon serve`".to_owned(),
             };
             output::stdout(&output::printable(&format!(
-                "run {}  {}  queued (not started)\n  trigger: {} ({what} {})\n  queued at: {}\n  why: {}\n  hint: `archon cancel {}` drops it before it starts\n",
+                "run {}  {}  queued (not started)\n  started from: {from}\n  queued at: {}\n  why: {}\n  hint: `archon cancel {}` drops it before it starts\n",
                 shown.id,
                 shown.workflow,
-                shown.trigger,
-                shown.slot,
                 timestamp(shown.queued_at),
                 shown.reason,
                 shown.id

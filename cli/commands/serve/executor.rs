@@ -12,8 +12,8 @@ use std::sync::{Arc, Mutex};
 
 use archon_engine::run::ApprovalDecision;
 use archon_engine::session::{
-    self, Attachments, Continue, ContinueOptions, NewRunRequest, RecordedEvent, RunState, Session,
-    SessionError, StoreAt,
+    self, Attachments, Continue, ContinueOptions, Firing, FiringKind, FiringOutcome, NewRunRequest,
+    RecordedEvent, RunState, Session, SessionError, StoreAt,
 };
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value as Json};
@@ -64,6 +64,9 @@ struct Job {
     work: Work,
     trigger: Option<TriggerInfo>,
     queued_at: u64,
+    /// A new run whose firing is recorded (a trigger's, or a queued start's of kind `api`): it starts
+    /// only while that firing still names it (`archon cancel` may drop it meanwhile).
+    recorded: bool,
 }
 
 #[derive(Clone, Debug)]
@@ -248,14 +251,55 @@ impl Executor {
     /// against the workflow's declarations), now or, when `--max-runs` runs are going on, once one ends.
     /// `trigger` says what started it, when a trigger did. This is what the API's `POST
     /// /api/v1/workflows/{name}/runs`, the dashboard's run form and triggers call.
-    pub fn start_run(
+    /// A run that has to wait in the queue is recorded first, as a firing of kind `api` that names it,
+    /// so that `archon runs`, `archon show` and `archon cancel` on the state directory see it and the
+    /// next server starts it.
+    pub async fn start_run(
         &self,
-        app: &App,
+        app: &Arc<App>,
         workflow: &str,
         given: Map<String, Json>,
         trigger: Option<TriggerInfo>,
     ) -> Result<Started, ApiError> {
-        self.start_run_as(app, workflow, given, trigger, session::new_run_id(), None)
+        let run_id = session::new_run_id();
+        let (served, inputs) = checked(app, workflow, given)?;
+        self.refusal(0)?;
+        let waits = {
+            let state = self.state();
+            state.active.len() + state.queue.len() >= self.0.max_runs
+        };
+        let mut recorded = false;
+        if waits && trigger.is_none() {
+            let now = super::app::now_ms();
+            let firing = Firing {
+                workflow: served.id.clone(),
+                trigger: session::API_TRIGGER.to_owned(),
+                kind: FiringKind::Api,
+                slot: run_id.clone(),
+                slot_at: now,
+                fired_at: now,
+                run_id: Some(run_id.clone()),
+                outcome: FiringOutcome::Started,
+                reason: None,
+                inputs: inputs.clone(),
+            };
+            app.read(move |session| {
+                session
+                    .record_firing(&firing)
+                    .map_err(|e| ApiError::store(&e))
+            })
+            .await?;
+            recorded = true;
+        }
+        let queued = self.enqueue(Job {
+            run_id: run_id.clone(),
+            workflow: served.name.clone(),
+            work: Work::Start { served, inputs },
+            trigger,
+            queued_at: super::app::now_ms(),
+            recorded,
+        });
+        Ok(Started { run_id, queued })
     }
 
     /// [`Executor::start_run`] under a run id given beforehand: a trigger's firing records the id of
@@ -269,39 +313,7 @@ impl Executor {
         run_id: String,
         room: Option<Room>,
     ) -> Result<Started, ApiError> {
-        let Some(served) = app.catalog.get(workflow).cloned() else {
-            return Err(
-                ApiError::not_found(format!("no workflow `{workflow}` is served"))
-                    .with_hint("`GET /api/v1/workflows` lists them"),
-            );
-        };
-        let Some(valid) = &served.workflow else {
-            return Err(ApiError::new(
-                axum::http::StatusCode::UNPROCESSABLE_ENTITY,
-                format!("the workflow `{workflow}` does not validate"),
-            )
-            .with_hint("its diagnostics say why (`GET /api/v1/workflows/{name}`)"));
-        };
-        let inputs =
-            archon_engine::inputs::resolve(&valid.spec, given, &[]).map_err(|problems| {
-                let mut error = ApiError::new(
-                    axum::http::StatusCode::UNPROCESSABLE_ENTITY,
-                    problems
-                        .iter()
-                        .map(|p| p.message.clone())
-                        .collect::<Vec<_>>()
-                        .join("; "),
-                );
-                let hints: Vec<String> = problems
-                    .iter()
-                    .filter_map(|p| p.hint.clone())
-                    .filter(|h| !h.contains("--input"))
-                    .collect();
-                if !hints.is_empty() {
-                    error = error.with_hint(hints.join("; "));
-                }
-                error
-            })?;
+        let (served, inputs) = checked(app, workflow, given)?;
         self.refusal(usize::from(room.is_some()))?;
         let queued = self.enqueue(Job {
             run_id: run_id.clone(),
@@ -309,11 +321,55 @@ impl Executor {
             work: Work::Start { served, inputs },
             trigger,
             queued_at: super::app::now_ms(),
+            recorded: true,
         });
         drop(room);
         Ok(Started { run_id, queued })
     }
+}
 
+/// The served workflow `workflow` and `given` inputs resolved against its declarations, or why not.
+fn checked(
+    app: &App,
+    workflow: &str,
+    given: Map<String, Json>,
+) -> Result<(Arc<Served>, Map<String, Json>), ApiError> {
+    let Some(served) = app.catalog.get(workflow).cloned() else {
+        return Err(
+            ApiError::not_found(format!("no workflow `{workflow}` is served"))
+                .with_hint("`GET /api/v1/workflows` lists them"),
+        );
+    };
+    let Some(valid) = &served.workflow else {
+        return Err(ApiError::new(
+            axum::http::StatusCode::UNPROCESSABLE_ENTITY,
+            format!("the workflow `{workflow}` does not validate"),
+        )
+        .with_hint("its diagnostics say why (`GET /api/v1/workflows/{name}`)"));
+    };
+    let inputs = archon_engine::inputs::resolve(&valid.spec, given, &[]).map_err(|problems| {
+        let mut error = ApiError::new(
+            axum::http::StatusCode::UNPROCESSABLE_ENTITY,
+            problems
+                .iter()
+                .map(|p| p.message.clone())
+                .collect::<Vec<_>>()
+                .join("; "),
+        );
+        let hints: Vec<String> = problems
+            .iter()
+            .filter_map(|p| p.hint.clone())
+            .filter(|h| !h.contains("--input"))
+            .collect();
+        if !hints.is_empty() {
+            error = error.with_hint(hints.join("; "));
+        }
+        error
+    })?;
+    Ok((served, inputs))
+}
+
+impl Executor {
     /// Holds a place in the queue, or refuses as [`Executor::start_run_as`] would.
     pub fn reserve(&self) -> Result<Room, ApiError> {
         let mut state = self.state();
@@ -362,6 +418,7 @@ impl Executor {
             work: Work::Continue { how, options },
             trigger: None,
             queued_at: super::app::now_ms(),
+            recorded: false,
         });
         Ok(Started {
             run_id: run_id.to_owned(),
@@ -451,7 +508,7 @@ impl Executor {
             // A new run that never started has nothing stored to cancel; a trigger's firing that
             // would start it is recorded as skipped, so that no later start runs it.
             if removed.iter().all(|j| matches!(j.work, Work::Start { .. })) {
-                if removed.iter().any(|j| j.trigger.is_some()) {
+                if removed.iter().any(|j| j.recorded) {
                     let id = run_id.to_owned();
                     app.read(move |session| {
                         session
@@ -628,6 +685,7 @@ impl Executor {
                     workflow: served.id.clone(),
                     inputs: inputs.clone(),
                     trigger: job.trigger.clone(),
+                    recorded: job.recorded,
                 }),
                 Work::Continue { how, options } => restart.queued.push(SavedJob::Continue {
                     run_id: job.run_id.clone(),
@@ -709,6 +767,7 @@ impl Executor {
                 },
                 trigger: None,
                 queued_at: now,
+                recorded: false,
             });
         }
         for saved in restart.queued {
@@ -718,6 +777,7 @@ impl Executor {
                     workflow,
                     inputs,
                     trigger,
+                    recorded,
                 } => match app.catalog.get(&workflow).filter(|s| s.workflow.is_some()) {
                     Some(served) => jobs.push(Job {
                         run_id,
@@ -726,6 +786,7 @@ impl Executor {
                             served: served.clone(),
                             inputs,
                         },
+                        recorded: recorded || trigger.is_some(),
                         trigger,
                         queued_at: now,
                     }),
@@ -744,6 +805,7 @@ impl Executor {
                     work: Work::Continue { how, options },
                     trigger: None,
                     queued_at: now,
+                    recorded: false,
                 }),
             }
         }
@@ -906,7 +968,7 @@ impl Executor {
                 return false;
             }
         };
-        if job.trigger.is_some()
+        if job.recorded
             && matches!(job.work, Work::Start { .. })
             && session.unstarted_firings().is_ok_and(|firings| {
                 !firings
@@ -1050,6 +1112,9 @@ enum SavedJob {
         workflow: String,
         inputs: Map<String, Json>,
         trigger: Option<TriggerInfo>,
+        /// Whether a firing names it (absent in files of earlier versions: a trigger's run is).
+        #[serde(default)]
+        recorded: bool,
     },
     Continue {
         run_id: String,

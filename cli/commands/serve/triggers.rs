@@ -297,22 +297,23 @@ fn start_in(
         app,
         &firing.workflow,
         firing.inputs.clone(),
-        Some(trigger_info(firing)),
+        trigger_info(firing),
         run_id,
         room,
     )
 }
 
-/// What started a firing's run, as the API shows it.
-fn trigger_info(firing: &Firing) -> TriggerInfo {
+/// What started a firing's run, as the API shows it: none for a start from the API that waited.
+fn trigger_info(firing: &Firing) -> Option<TriggerInfo> {
     let detail = match firing.kind {
         FiringKind::Cron => json!({"kind": "cron", "slot": firing.slot}),
         FiringKind::Webhook => json!({"kind": "webhook", "delivery": firing.slot}),
+        FiringKind::Api => return None,
     };
-    TriggerInfo {
+    Some(TriggerInfo {
         name: firing.trigger.clone(),
         detail,
-    }
+    })
 }
 
 // ---------------------------------------------------------------------------------------------------
@@ -510,7 +511,7 @@ async fn start_unstarted(
         if app.executor.is_busy(&run) || app.catalog.get(&firing.workflow).is_none() {
             continue;
         }
-        if firing.kind == FiringKind::Webhook {
+        if firing.kind != FiringKind::Cron {
             if let Err(e) = start(app, &firing) {
                 complain(&firing, &e);
             }
@@ -547,7 +548,7 @@ fn queue_behind(app: &AppState, firing: Firing, after: Option<String>) {
                 .unwrap_or_default(),
             inputs: firing.inputs.clone(),
             queued_at: super::app::now_ms(),
-            trigger: Some(trigger_info(&firing)),
+            trigger: trigger_info(&firing),
         },
         after: after.clone(),
     };
@@ -782,7 +783,7 @@ pub struct FiringsParams {
 pub struct FiringView {
     pub workflow: String,
     pub trigger: String,
-    /// `cron` or `webhook`.
+    /// `cron`, `webhook` or `api` (a run started from the API or a page that had to wait in the queue).
     pub kind: String,
     /// The scheduled instant (cron, RFC 3339 in UTC) or the delivery id (webhook).
     pub slot: String,
