@@ -39,13 +39,18 @@ pub fn runs(args: &RunsArgs, color: ColorChoice) -> anyhow::Result<Status> {
         .map(|s| unstarted_runs(s, &filter))
         .unwrap_or_default();
     if args.json {
-        let mut all: Vec<serde_json::Value> = queued
-            .iter()
-            .map(|f| serde_json::to_value(queued_shown(f)))
-            .collect::<Result<_, _>>()?;
-        for run in &runs {
-            all.push(serde_json::to_value(run)?);
+        /// A run as `runs --json` lists it: queued, or stored.
+        #[derive(serde::Serialize)]
+        #[serde(untagged)]
+        enum Listed<'a> {
+            Queued(QueuedShown<'a>),
+            Stored(&'a session::RunSummary),
         }
+        let all: Vec<Listed<'_>> = queued
+            .iter()
+            .map(|f| Listed::Queued(queued_shown(f)))
+            .chain(runs.iter().map(Listed::Stored))
+            .collect();
         let mut text = serde_json::to_string_pretty(&all)?;
         text.push('\n');
         output::stdout(&text);
