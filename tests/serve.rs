@@ -708,8 +708,12 @@ async fn beyond_max_runs_a_run_waits_in_the_queue_visibly() {
             "run `{dropped}` does not start: it was cancelled before it started"
         ))
         .await;
-    let (status, _) = server.get(&format!("/api/v1/runs/{dropped}")).await;
-    assert_eq!(status, 404);
+    // Once its thread has let it go, it is nowhere.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while server.get(&format!("/api/v1/runs/{dropped}")).await.0 != 404 {
+        assert!(Instant::now() < deadline, "run `{dropped}` is still shown");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     let (_, queue) = server.get("/api/v1/queue").await;
     assert_eq!(queue, json!([]));
 }

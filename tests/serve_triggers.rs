@@ -838,8 +838,15 @@ steps:
             "run `{third}` does not start: it was cancelled before it started"
         ))
         .await;
-    let (status, body) = server.get(&format!("/api/v1/runs/{third}")).await;
-    assert_eq!(status, 404, "{body}");
+    // Once its thread has let it go, it is nowhere.
+    let deadline = std::time::Instant::now() + PATIENCE;
+    while server.get(&format!("/api/v1/runs/{third}")).await.0 != 404 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "run `{third}` is still shown"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
     assert!(server.stop().success());
     // Durably: nothing is left for the next start to run.
     let session = Session::open(&dir.path().join(".archon")).expect("the store opens");
