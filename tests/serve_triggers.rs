@@ -1145,3 +1145,40 @@ async fn queued_runs_of_a_trigger_are_shown_and_cancelled_from_the_api_and_the_c
     let Output { code, stderr, .. } = archon(dir.path(), &["show", &runs[1]]);
     assert_eq!(code, 2, "{stderr}");
 }
+
+/// A delivery that stalls in its body is answered `408` once the body timeout (the header timeout)
+/// passes, and its place among the bodies read comes back: 32 stalled senders do not shut the webhooks.
+#[tokio::test]
+async fn stalled_delivery_bodies_time_out_and_give_their_places_back() {
+    let dir = workflows();
+    let server = serve(
+        dir.path(),
+        &["--token-file", "tokens", "--header-timeout-ms", "500"],
+        &[("HOOK_SECRET", HOOK_SECRET)],
+    );
+    let body = br#"{"action":"opened"}"#;
+    let mut stalled = Vec::new();
+    for i in 0..32 {
+        let mut stream = start_delivery(&server, &format!("stall-{i}"), body, 0).await;
+        assert_eq!(head_of(&mut stream).await, "HTTP/1.1 100 Continue\r\n\r\n");
+        stalled.push(stream);
+    }
+    for stream in &mut stalled {
+        let head = head_of(stream).await;
+        assert!(
+            head.starts_with("HTTP/1.1 408 Request Timeout\r\n"),
+            "{head}"
+        );
+    }
+    // Still open on the sender's side, they hold nothing any more.
+    let (status, answer) = deliver(
+        &server,
+        "hooked",
+        body,
+        Some(&sign(HOOK_SECRET.as_bytes(), body)),
+        "after",
+    )
+    .await;
+    assert_eq!(status, 202, "{answer}");
+    drop(stalled);
+}

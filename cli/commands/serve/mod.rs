@@ -157,7 +157,8 @@ pub fn serve(args: &ServeArgs) -> anyhow::Result<Status> {
         events::spawn_watcher(app.clone());
         app.executor.resume_after_restart(&app);
         triggers::spawn(app.clone());
-        let router = app::router(app.clone());
+        // A delivery has as long to send its body as any request has to send its headers.
+        let router = app::router(app.clone(), limits.header_timeout);
         let shutdown = stopping.clone();
         let mut server = tokio::spawn(connections::serve(listener, router, limits, shutdown));
         tokio::select! {

@@ -54,6 +54,9 @@ pub struct Hooks {
     hooks: BTreeMap<String, Result<Arc<Webhook>, String>>,
     /// Bodies being read at once: each holds up to `MAX_BODY_BYTES` before its signature is checked.
     reading: Arc<tokio::sync::Semaphore>,
+    /// How long a delivery has to send its body once it is being read: a stalled one gives its place
+    /// back then.
+    body_timeout: Duration,
 }
 
 /// Most delivery bodies read at once (so at most this many times `MAX_BODY_BYTES` in memory); one more
@@ -63,7 +66,7 @@ const MAX_BODIES_READ: usize = 32;
 impl Hooks {
     /// The webhook of every valid served workflow that has one; one whose secret has no value is kept
     /// as the reason it cannot take deliveries (said on standard error, answered with `503`).
-    pub fn load(app: &App) -> Hooks {
+    pub fn load(app: &App, body_timeout: Duration) -> Hooks {
         let env: BTreeMap<String, String> = std::env::vars().collect();
         let mut hooks = BTreeMap::new();
         for (id, served) in &app.catalog.workflows {
@@ -86,14 +89,15 @@ impl Hooks {
         Hooks {
             hooks,
             reading: Arc::new(tokio::sync::Semaphore::new(MAX_BODIES_READ)),
+            body_timeout,
         }
     }
 }
 
 /// The route `POST /hooks/{workflow}`, with its own state: it is merged outside the authentication
 /// middleware.
-pub fn hooks_router(app: AppState) -> Router {
-    let hooks = Arc::new(Hooks::load(&app));
+pub fn hooks_router(app: AppState, body_timeout: Duration) -> Router {
+    let hooks = Arc::new(Hooks::load(&app, body_timeout));
     Router::new()
         .route("/hooks/{workflow}", axum::routing::post(deliver))
         .with_state((app, hooks))
@@ -189,9 +193,28 @@ async fn deliver(
     if declared.is_some_and(|n| n > MAX_BODY_BYTES as u64) {
         return too_large();
     }
-    // Read at most the limit: a longer body stops being read there.
-    let Ok(body) = axum::body::to_bytes(body, MAX_BODY_BYTES).await else {
-        return too_large();
+    // Read at most the limit: a longer body stops being read there; a body that does not come in time
+    // stops being waited for.
+    let read = tokio::time::timeout(
+        hooks.body_timeout,
+        axum::body::to_bytes(body, MAX_BODY_BYTES),
+    );
+    let body = match read.await {
+        Ok(Ok(body)) => body,
+        Ok(Err(_)) => return too_large(),
+        Err(_) => {
+            return unread(
+                ApiError::new(
+                    StatusCode::REQUEST_TIMEOUT,
+                    format!(
+                        "the delivery's body did not come within {:?}",
+                        hooks.body_timeout
+                    ),
+                )
+                .with_hint("send the whole body at once")
+                .into_response(),
+            );
+        }
     };
     // A place in the queue first: a delivery the server cannot take now is refused unrecorded, so that
     // the sender's next attempt runs instead of being a replay.
