@@ -325,6 +325,16 @@ pub struct ServeArgs {
     #[arg(long, value_name = "N", default_value_t = 1000, value_parser = clap::value_parser!(u32).range(0..=100_000))]
     pub max_queue: u32,
 
+    /// Most connections open at once; a further one waits, unanswered, until one closes. Each holds a
+    /// file descriptor: keep it well under the open-file limit (`ulimit -n`).
+    #[arg(long, value_name = "N", default_value_t = 256, value_parser = clap::value_parser!(u32).range(1..=65_536))]
+    pub max_connections: u32,
+
+    /// Milliseconds a connection has to send a request's headers (from when it opens, or from the
+    /// end of its previous request) before it is closed. For tests.
+    #[arg(long, value_name = "MS", default_value_t = 30_000, hide = true, value_parser = clap::value_parser!(u64).range(1..))]
+    pub header_timeout_ms: u64,
+
     /// Print the OpenAPI document of the HTTP API and exit (`schemas/openapi.json` is this).
     #[arg(long)]
     pub openapi: bool,

@@ -41,6 +41,7 @@ mod schema;
 mod security;
 mod serve;
 mod serve_browser;
+mod serve_connections;
 mod serve_triggers;
 mod session;
 mod skills;

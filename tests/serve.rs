@@ -586,9 +586,12 @@ async fn cancel_stops_a_run_for_good_and_retry_runs_failed_steps_again() {
         )
         .await;
     assert_eq!(status, 202);
-    server.wait_for(&run, &["succeeded"]).await;
-    let (_, detail) = server.get(&format!("/api/v1/runs/{run}")).await;
-    assert_eq!(detail["generation"], 2);
+    // The run had succeeded already: its status says nothing until the new generation has ended.
+    let detail = server
+        .poll(&format!("/api/v1/runs/{run}"), |d| {
+            d["generation"] == 2 && d["status"] == "succeeded"
+        })
+        .await;
     let last = detail["attempts"]
         .as_array()
         .and_then(|a| a.last())
@@ -643,16 +646,77 @@ async fn beyond_max_runs_a_run_waits_in_the_queue_visibly() {
     assert_eq!(queue[0]["run_id"], waiting);
     assert_eq!(queue[0]["action"], "start");
     assert_eq!(queue[0]["position"], 1);
+    assert_eq!(queue[0]["reason"], "waiting for a free slot");
     let (status, detail) = server.get(&format!("/api/v1/runs/{waiting}")).await;
     assert_eq!(status, 200);
     assert_eq!(detail["status"], "queued");
-    // The slow run ends: the queued one starts and finishes.
+    // `archon runs` and `archon show` on the state directory see it; `archon cancel` drops another.
+    let Output {
+        code,
+        stdout,
+        stderr,
+    } = archon(dir.path(), &["show", waiting, "--json"]);
+    assert_eq!(code, 0, "{stderr}");
+    let shown: Json = serde_json::from_str(&stdout).expect("json");
+    assert_eq!(
+        (
+            &shown["id"],
+            &shown["status"],
+            &shown["kind"],
+            &shown["reason"]
+        ),
+        (
+            &json!(waiting),
+            &json!("queued"),
+            &json!("api"),
+            &json!("waiting for a free slot on the server")
+        )
+    );
+    let dropped: Json = post(
+        "/api/v1/workflows/hello/runs".into(),
+        json!({ "inputs": { "who": "dropped" } }),
+    )
+    .await
+    .expect("answered")
+    .json()
+    .await
+    .expect("json");
+    let dropped = dropped["run_id"].as_str().expect("id");
+    let Output {
+        code,
+        stdout,
+        stderr,
+    } = archon(dir.path(), &["runs", "--json"]);
+    assert_eq!(code, 0, "{stderr}");
+    let listed: Json = serde_json::from_str(&stdout).expect("json");
+    let queued: Vec<&Json> = listed
+        .as_array()
+        .expect("a list")
+        .iter()
+        .filter(|r| r["status"] == "queued")
+        .map(|r| &r["id"])
+        .collect();
+    assert_eq!(queued, [&json!(dropped), &json!(waiting)]);
+    let Output { code, stderr, .. } = archon(dir.path(), &["cancel", dropped]);
+    assert_eq!(code, 0, "{stderr}");
+    // The slow run ends: the queued one starts and finishes; the dropped one never starts.
     let running = slow["run_id"].as_str().expect("id");
     let response = post(format!("/api/v1/runs/{running}/cancel"), Json::Null)
         .await
         .expect("answered");
     assert_eq!(response.status(), 200);
     server.wait_for(waiting, &["succeeded"]).await;
+    server
+        .wait_said(&format!(
+            "run `{dropped}` does not start: it was cancelled before it started"
+        ))
+        .await;
+    // Once its thread has let it go, it is nowhere.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while server.get(&format!("/api/v1/runs/{dropped}")).await.0 != 404 {
+        assert!(Instant::now() < deadline, "run `{dropped}` is still shown");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     let (_, queue) = server.get("/api/v1/queue").await;
     assert_eq!(queue, json!([]));
 }

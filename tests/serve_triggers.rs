@@ -593,9 +593,17 @@ async fn after_a_restart_the_queued_firings_of_a_trigger_run_one_by_one_behind_t
             r["status"] == "running"
         })
         .await;
-    for run in &runs[1..] {
+    for (i, run) in runs.iter().enumerate().skip(1) {
         let (status, body) = server.get(&format!("/api/v1/runs/{run}")).await;
-        assert_eq!(status, 404, "run `{run}` started already: {body}");
+        assert_eq!(status, 200, "{body}");
+        assert_eq!(
+            body["status"], "queued",
+            "run `{run}` started already: {body}"
+        );
+        assert_eq!(
+            body["queued"]["reason"],
+            format!("queued behind run {}", runs[i - 1])
+        );
     }
     std::fs::write(dir.path().join("go"), "").expect("write");
     let mut details = Vec::new();
@@ -798,6 +806,46 @@ steps:
             &json!("cancelled before its run started")
         )
     );
+    // One `archon cancel` drops while it waits in the server's queue never starts either.
+    let (status, third) = deliver(&server, "held", body, Some(&signature), "d3").await;
+    assert_eq!((status, &third["queued"]), (202, &json!(true)), "{third}");
+    let third = third["run_id"].as_str().expect("a run id");
+    let crate::support::Output {
+        code,
+        stdout,
+        stderr,
+    } = crate::support::archon(dir.path(), &["show", third, "--json"]);
+    assert_eq!(code, 0, "{stderr}");
+    let shown: Json = serde_json::from_str(&stdout).expect("json");
+    assert_eq!(
+        (&shown["status"], &shown["reason"]),
+        (
+            &json!("queued"),
+            &json!("waiting for a free slot on the server")
+        )
+    );
+    let crate::support::Output { code, stderr, .. } =
+        crate::support::archon(dir.path(), &["cancel", third]);
+    assert_eq!(code, 0, "{stderr}");
+    let running = first["run_id"].as_str().expect("a run id");
+    let (status, _) = server
+        .post(&format!("/api/v1/runs/{running}/cancel"), Json::Null)
+        .await;
+    assert_eq!(status, 200);
+    server
+        .wait_said(&format!(
+            "run `{third}` does not start: it was cancelled before it started"
+        ))
+        .await;
+    // Once its thread has let it go, it is nowhere.
+    let deadline = std::time::Instant::now() + PATIENCE;
+    while server.get(&format!("/api/v1/runs/{third}")).await.0 != 404 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "run `{third}` is still shown"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
     assert!(server.stop().success());
     // Durably: nothing is left for the next start to run.
     let session = Session::open(&dir.path().join(".archon")).expect("the store opens");
@@ -810,6 +858,328 @@ steps:
             .collect::<Vec<_>>(),
         Vec::<&str>::new()
     );
+}
+
+/// A raw delivery to `hooked` on a connection of its own: headers announcing `body` (signed, with
+/// `Expect: 100-continue`), and the first `sent` bytes of it.
+async fn start_delivery(
+    server: &Server,
+    id: &str,
+    body: &[u8],
+    sent: usize,
+) -> tokio::net::TcpStream {
+    use tokio::io::AsyncWriteExt as _;
+    let address = server.url.strip_prefix("http://").expect("an http URL");
+    let mut stream = tokio::net::TcpStream::connect(address)
+        .await
+        .expect("connected");
+    let head = format!(
+        "POST /hooks/hooked HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: {}\r\nX-Archon-Delivery: {id}\r\nX-Archon-Signature: {}\r\nExpect: 100-continue\r\n\r\n",
+        body.len(),
+        sign(HOOK_SECRET.as_bytes(), body)
+    );
+    stream.write_all(head.as_bytes()).await.expect("sent");
+    stream.write_all(&body[..sent]).await.expect("sent");
+    stream
+}
+
+/// What the server sends on `stream` up to the end of a head (`\r\n\r\n`), [`PATIENCE`] at most.
+async fn head_of(stream: &mut tokio::net::TcpStream) -> String {
+    use tokio::io::AsyncReadExt as _;
+    let mut got = Vec::new();
+    let mut byte = [0u8; 1];
+    let deadline = std::time::Instant::now() + PATIENCE;
+    while !got.ends_with(b"\r\n\r\n") {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        match tokio::time::timeout(left, stream.read(&mut byte)).await {
+            Ok(Ok(1)) => got.push(byte[0]),
+            other => panic!(
+                "no whole head ({other:?}): {}",
+                String::from_utf8_lossy(&got)
+            ),
+        }
+    }
+    String::from_utf8_lossy(&got).into_owned()
+}
+
+/// At most 32 delivery bodies are read at once: while 32 deliveries stall halfway through their
+/// bodies, a 33rd is answered `503` without its body being read (no `100 Continue`), and once they
+/// go, deliveries are taken again. A body's read begins (and takes its place) when the server answers
+/// `Expect: 100-continue`: that is what the test waits for, so that each of the 32 holds its place
+/// before the 33rd comes.
+#[tokio::test]
+async fn a_delivery_beyond_the_32_bodies_being_read_is_refused_unread() {
+    let dir = workflows();
+    let mut server = start(dir.path());
+    server.token = Some(OPERATOR.to_owned());
+    let body = br#"{"action":"opened","padding":"................................"}"#;
+    let mut stalled = Vec::new();
+    for i in 0..32 {
+        let mut stream = start_delivery(&server, &format!("stall-{i}"), body, 0).await;
+        assert_eq!(head_of(&mut stream).await, "HTTP/1.1 100 Continue\r\n\r\n");
+        use tokio::io::AsyncWriteExt as _;
+        stream.write_all(&body[..10]).await.expect("sent");
+        stalled.push(stream);
+    }
+    let mut refused = start_delivery(&server, "one-too-many", body, 0).await;
+    let head = head_of(&mut refused).await;
+    assert!(
+        head.starts_with("HTTP/1.1 503 Service Unavailable\r\n"),
+        "{head}"
+    );
+    assert!(
+        head.to_lowercase().contains("\r\nconnection: close\r\n"),
+        "{head}"
+    );
+    let mut rest = Vec::new();
+    use tokio::io::AsyncReadExt as _;
+    tokio::time::timeout(PATIENCE, refused.read_to_end(&mut rest))
+        .await
+        .expect("closed")
+        .expect("read");
+    let error: Json = serde_json::from_slice(&rest).expect("a JSON body");
+    assert_eq!(
+        error,
+        json!({"error": "32 deliveries are being read already, the most at once", "hint": "deliver it again in a moment"})
+    );
+    // Nothing of those was recorded.
+    let (_, page) = server.get("/api/v1/firings?workflow=hooked").await;
+    assert_eq!(page["firings"], json!([]));
+    // The stalled ones go: their places come back.
+    drop(stalled);
+    let deadline = std::time::Instant::now() + PATIENCE;
+    loop {
+        let (status, answer) = deliver(
+            &server,
+            "hooked",
+            body,
+            Some(&sign(HOOK_SECRET.as_bytes(), body)),
+            "after",
+        )
+        .await;
+        if status == 202 {
+            break;
+        }
+        assert_eq!(status, 503, "{answer}");
+        assert!(std::time::Instant::now() < deadline, "never taken again");
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}
+
+/// The runs a cron trigger holds back behind the one going (`overlap: queue`) show as queued, with what
+/// they wait for, in the API and in `archon runs` and `archon show` on the same state directory; one
+/// cancelled over HTTP and one with `archon cancel` never start, not after a restart either.
+#[tokio::test]
+async fn queued_runs_of_a_trigger_are_shown_and_cancelled_from_the_api_and_the_cli() {
+    use crate::support::{Output, archon};
+    let dir = holding("chain.yaml", CHAIN);
+    let hour = this_hour();
+    assert_eq!(
+        recorded_at(dir.path(), "chain.yaml", hour - 3 * 3600 + 30),
+        []
+    );
+    let mut server = start(dir.path());
+    server.token = Some(OPERATOR.to_owned());
+    server
+        .wait_said("cron triggers: 1 watched, 3 missed slots fired")
+        .await;
+    let (_, page) = server.get("/api/v1/firings?workflow=chain").await;
+    let runs: Vec<String> = page["firings"]
+        .as_array()
+        .expect("firings")
+        .iter()
+        .rev()
+        .map(|f| f["run_id"].as_str().expect("a run").to_owned())
+        .collect();
+    server
+        .poll(&format!("/api/v1/runs/{}", runs[0]), |r| {
+            r["status"] == "running"
+        })
+        .await;
+
+    // The API: the queue, and each run.
+    let (status, queue) = server.get("/api/v1/queue").await;
+    assert_eq!(status, 200);
+    let shown: Vec<(Json, Json, Json)> = queue
+        .as_array()
+        .expect("a list")
+        .iter()
+        .map(|q| {
+            (
+                q["run_id"].clone(),
+                q["reason"].clone(),
+                q["position"].clone(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        shown,
+        [
+            (
+                json!(runs[1]),
+                json!(format!("queued behind run {}", runs[0])),
+                json!(1)
+            ),
+            (
+                json!(runs[2]),
+                json!(format!("queued behind run {}", runs[1])),
+                json!(2)
+            ),
+        ]
+    );
+    let (status, detail) = server.get(&format!("/api/v1/runs/{}", runs[2])).await;
+    assert_eq!(
+        (status, &detail["status"]),
+        (200, &json!("queued")),
+        "{detail}"
+    );
+    assert_eq!(detail["trigger"]["name"], "tick");
+    let (_, listed) = server.get("/api/v1/runs").await;
+    assert_eq!(listed["queued"], queue);
+
+    // The CLI on the same state directory.
+    let Output {
+        code,
+        stdout,
+        stderr,
+    } = archon(dir.path(), &["runs", "--json"]);
+    assert_eq!(code, 0, "{stderr}");
+    let listed: Json = serde_json::from_str(&stdout).expect("json");
+    let queued: Vec<(&str, &str)> = listed
+        .as_array()
+        .expect("a list")
+        .iter()
+        .filter(|r| r["status"] == "queued")
+        .map(|r| {
+            (
+                r["id"].as_str().unwrap_or_default(),
+                r["reason"].as_str().unwrap_or_default(),
+            )
+        })
+        .collect();
+    let behind = "queued behind the run before it of trigger `tick`";
+    assert_eq!(
+        queued,
+        [(runs[2].as_str(), behind), (runs[1].as_str(), behind)]
+    );
+    let Output {
+        code,
+        stdout,
+        stderr,
+    } = archon(dir.path(), &["show", &runs[2], "--json"]);
+    assert_eq!(code, 0, "{stderr}");
+    let shown: Json = serde_json::from_str(&stdout).expect("json");
+    assert_eq!(
+        shown,
+        json!({"id": runs[2], "workflow": "chain", "status": "queued", "queued_at": shown["queued_at"],
+            "trigger": "tick", "kind": "cron", "slot": slot(hour), "reason": behind})
+    );
+
+    // One cancelled with `archon cancel`, one over HTTP.
+    let Output {
+        code,
+        stdout,
+        stderr,
+    } = archon(dir.path(), &["cancel", &runs[2]]);
+    assert_eq!(code, 0, "{stderr}");
+    assert_eq!(
+        stdout,
+        format!(
+            "run {} is cancelled: it was queued and never starts\n",
+            runs[2]
+        )
+    );
+    let (status, cancelled) = server
+        .post(&format!("/api/v1/runs/{}/cancel", runs[1]), Json::Null)
+        .await;
+    assert_eq!(status, 200, "{cancelled}");
+    assert_eq!(cancelled["status"], "dequeued");
+    let (_, queue) = server.get("/api/v1/queue").await;
+    assert_eq!(queue, json!([]));
+
+    // The first run ends: neither starts.
+    std::fs::write(dir.path().join("go"), "").expect("write");
+    server
+        .poll(&format!("/api/v1/runs/{}", runs[0]), |r| {
+            r["status"] == "succeeded"
+        })
+        .await;
+    server
+        .wait_said(&format!(
+            "run `{}` does not start: it was cancelled before it started",
+            runs[2]
+        ))
+        .await;
+    let skipped = |page: &Json| {
+        outcomes(page)
+            .iter()
+            .take(2)
+            .map(|f| (f["outcome"].clone(), f["reason"].clone()))
+            .collect::<Vec<_>>()
+    };
+    let (_, page) = server.get("/api/v1/firings?workflow=chain").await;
+    let reason = json!("cancelled before its run started");
+    assert_eq!(
+        skipped(&page),
+        [
+            (json!("skipped"), reason.clone()),
+            (json!("skipped"), reason.clone())
+        ]
+    );
+    let stopped = server.stop();
+    assert_eq!(stopped.code(), Some(0), "{}", server.said());
+    drop(server);
+
+    // Nor after a restart.
+    let mut server = start(dir.path());
+    server.token = Some(OPERATOR.to_owned());
+    server
+        .wait_said("cron triggers: 1 watched, 0 missed slots fired")
+        .await;
+    for run in &runs[1..] {
+        let (status, body) = server.get(&format!("/api/v1/runs/{run}")).await;
+        assert_eq!(status, 404, "run `{run}` started: {body}");
+    }
+    assert_eq!(started(dir.path()), 1);
+    let Output { code, stderr, .. } = archon(dir.path(), &["show", &runs[1]]);
+    assert_eq!(code, 2, "{stderr}");
+}
+
+/// A delivery that stalls in its body is answered `408` once the body timeout (the header timeout)
+/// passes, and its place among the bodies read comes back: 32 stalled senders do not shut the webhooks.
+#[tokio::test]
+async fn stalled_delivery_bodies_time_out_and_give_their_places_back() {
+    let dir = workflows();
+    let server = serve(
+        dir.path(),
+        &["--token-file", "tokens", "--header-timeout-ms", "500"],
+        &[("HOOK_SECRET", HOOK_SECRET)],
+    );
+    let body = br#"{"action":"opened"}"#;
+    let mut stalled = Vec::new();
+    for i in 0..32 {
+        let mut stream = start_delivery(&server, &format!("stall-{i}"), body, 0).await;
+        assert_eq!(head_of(&mut stream).await, "HTTP/1.1 100 Continue\r\n\r\n");
+        stalled.push(stream);
+    }
+    for stream in &mut stalled {
+        let head = head_of(stream).await;
+        assert!(
+            head.starts_with("HTTP/1.1 408 Request Timeout\r\n"),
+            "{head}"
+        );
+    }
+    // Still open on the sender's side, they hold nothing any more.
+    let (status, answer) = deliver(
+        &server,
+        "hooked",
+        body,
+        Some(&sign(HOOK_SECRET.as_bytes(), body)),
+        "after",
+    )
+    .await;
+    assert_eq!(status, 202, "{answer}");
+    drop(stalled);
 }
 
 #[tokio::test]

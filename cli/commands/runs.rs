@@ -7,8 +7,8 @@ use std::fmt::Write as _;
 use archon_engine::resume;
 use archon_engine::run::StepStatus;
 use archon_engine::session::{
-    self, Cancelled, Continue, ContinueOptions, Resolution, Resolved, RunFilter, RunState, Session,
-    SessionError, StoredRun,
+    self, Cancelled, Continue, ContinueOptions, Firing, FiringKind, FiringOutcome, Resolution,
+    Resolved, RunFilter, RunState, Session, SessionError, StoredRun,
 };
 
 use super::run::{execute, existing_session, outputs_text, session_error, store_error};
@@ -34,13 +34,29 @@ pub fn runs(args: &RunsArgs, color: ColorChoice) -> anyhow::Result<Status> {
         Some(Err(e)) => return Ok(store_error(&e)),
         None => Vec::new(),
     };
+    let queued = session
+        .as_ref()
+        .map(|s| unstarted_runs(s, &filter))
+        .unwrap_or_default();
     if args.json {
-        let mut text = serde_json::to_string_pretty(&runs)?;
+        /// A run as `runs --json` lists it: queued, or stored.
+        #[derive(serde::Serialize)]
+        #[serde(untagged)]
+        enum Listed<'a> {
+            Queued(QueuedShown<'a>),
+            Stored(&'a session::RunSummary),
+        }
+        let all: Vec<Listed<'_>> = queued
+            .iter()
+            .map(|f| Listed::Queued(queued_shown(f)))
+            .chain(runs.iter().map(Listed::Stored))
+            .collect();
+        let mut text = serde_json::to_string_pretty(&all)?;
         text.push('\n');
         output::stdout(&text);
         return Ok(Status::Success);
     }
-    if runs.is_empty() {
+    if runs.is_empty() && queued.is_empty() {
         let matching = if filter == RunFilter::default() {
             ""
         } else {
@@ -50,18 +66,27 @@ pub fn runs(args: &RunsArgs, color: ColorChoice) -> anyhow::Result<Status> {
         return Ok(Status::Success);
     }
     let paint = Paint::new(output::use_color(color));
-    let rows: Vec<[String; 5]> = runs
+    let mut rows: Vec<[String; 5]> = queued
         .iter()
-        .map(|r| {
+        .map(|f| {
             [
-                output::printable(&r.id),
-                output::printable(&r.workflow),
-                paint.status(r.status.as_str(), r.status.as_str()),
-                timestamp(r.started_at),
-                r.duration_ms.map_or_else(|| "-".to_owned(), duration),
+                output::printable(f.run_id.as_deref().unwrap_or_default()),
+                output::printable(&f.workflow),
+                paint.status("queued", "queued"),
+                "-".to_owned(),
+                "-".to_owned(),
             ]
         })
         .collect();
+    rows.extend(runs.iter().map(|r| {
+        [
+            output::printable(&r.id),
+            output::printable(&r.workflow),
+            paint.status(r.status.as_str(), r.status.as_str()),
+            timestamp(r.started_at),
+            r.duration_ms.map_or_else(|| "-".to_owned(), duration),
+        ]
+    }));
     output::stdout(&table(
         &["RUN", "WORKFLOW", "STATUS", "STARTED", "DURATION"],
         &rows,
@@ -123,6 +148,29 @@ fn check(session: Option<&Session>, state: &crate::args::StateArgs) -> Status {
 }
 
 pub fn show(args: &ShowArgs, color: ColorChoice) -> anyhow::Result<Status> {
+    if let Some((_, firing)) = unstarted(&args.run, &args.state) {
+        let shown = queued_shown(&firing);
+        if args.json {
+            output::stdout_json(&shown);
+        } else {
+            let from = match firing.kind {
+                FiringKind::Cron => format!("trigger {} (slot {})", shown.trigger, shown.slot),
+                FiringKind::Webhook => {
+                    format!("trigger {} (delivery {})", shown.trigger, shown.slot)
+                }
+                FiringKind::Api => "the API of `archon serve`".to_owned(),
+            };
+            output::stdout(&output::printable(&format!(
+                "run {}  {}  queued (not started)\n  started from: {from}\n  queued at: {}\n  why: {}\n  hint: `archon cancel {}` drops it before it starts\n",
+                shown.id,
+                shown.workflow,
+                timestamp(shown.queued_at),
+                shown.reason,
+                shown.id
+            )));
+        }
+        return Ok(Status::Success);
+    }
     let (session, id) = match target::open(&args.run, &args.state) {
         Ok(found) => found,
         Err(status) => return Ok(status),
@@ -653,22 +701,115 @@ pub fn resolve(args: &ResolveArgs) -> anyhow::Result<Status> {
 }
 
 pub fn cancel(args: &CancelArgs) -> anyhow::Result<Status> {
+    if let Some((session, firing)) = unstarted(&args.run, &args.state) {
+        let id = firing.run_id.unwrap_or_default();
+        return Ok(
+            match session.skip_unstarted_firing(&id, "cancelled before its run started") {
+                Ok(true) => {
+                    output::stdout(&format!(
+                        "run {id} is cancelled: it was queued and never starts\n"
+                    ));
+                    Status::Success
+                }
+                // Its run was created meanwhile: cancelled as any run is.
+                Ok(false) => cancel_run(&session, &id),
+                Err(e) => store_error(&e),
+            },
+        );
+    }
     let (session, id) = match target::open(&args.run, &args.state) {
         Ok(found) => found,
         Err(status) => return Ok(status),
     };
-    match session.cancel(&id) {
+    Ok(cancel_run(&session, &id))
+}
+
+fn cancel_run(session: &Session, id: &str) -> Status {
+    match session.cancel(id) {
         Ok(Cancelled::Now) => {
             output::stdout(&format!("run {id} is cancelled\n"));
-            Ok(Status::Success)
+            Status::Success
         }
         Ok(Cancelled::Asked) => {
             output::stdout(&format!(
                 "asked the process running {id} to stop; it will record the run as cancelled\n"
             ));
-            Ok(Status::Success)
+            Status::Success
         }
-        Err(e) => Ok(session_error(&e, ColorChoice::Never)),
+        Err(e) => session_error(&e, ColorChoice::Never),
+    }
+}
+
+/// The firing of a trigger whose run `target` names exactly (not `--last`) when that run was not
+/// created yet: it waits in a server's queue, or behind the trigger's run before it, or for the next
+/// `archon serve` (a server stopped in between).
+fn unstarted(target: &RunTarget, state: &crate::args::StateArgs) -> Option<(Session, Firing)> {
+    let id = target.run.as_deref().filter(|_| !target.last)?;
+    let lowered = id.to_lowercase();
+    let session = Session::open_existing_at(&state.at()).ok().flatten()?;
+    let firing = session.unstarted_firings().ok()?.into_iter().find(|f| {
+        f.run_id
+            .as_deref()
+            .is_some_and(|run| run == id || run == lowered)
+    })?;
+    Some((session, firing))
+}
+
+/// The runs of the triggers' firings not created yet, newest first, as `archon runs` lists them.
+fn unstarted_runs(session: &Session, filter: &RunFilter) -> Vec<Firing> {
+    if !filter.status.is_empty() {
+        return Vec::new();
+    }
+    let mut firings: Vec<Firing> = session
+        .unstarted_firings()
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|f| {
+            filter.workflow.as_ref().is_none_or(|w| *w == f.workflow)
+                && filter.since.is_none_or(|since| f.fired_at >= since)
+        })
+        .collect();
+    firings.reverse();
+    firings
+}
+
+/// Why a firing's run waits.
+fn waits(firing: &Firing) -> String {
+    match firing.outcome {
+        FiringOutcome::Queued => format!(
+            "queued behind the run before it of trigger `{}`",
+            firing.trigger
+        ),
+        _ => "waiting for a free slot on the server".to_owned(),
+    }
+}
+
+/// A queued run as `archon runs --json` and `archon show --json` write it.
+#[derive(serde::Serialize)]
+struct QueuedShown<'a> {
+    id: &'a str,
+    workflow: &'a str,
+    status: &'static str,
+    /// Milliseconds since the epoch: when its trigger fired.
+    queued_at: u64,
+    trigger: &'a str,
+    /// `cron` or `webhook`.
+    kind: &'static str,
+    /// The cron slot or the delivery id.
+    slot: &'a str,
+    reason: String,
+}
+
+fn queued_shown(firing: &Firing) -> QueuedShown<'_> {
+    QueuedShown {
+        id: firing.run_id.as_deref().unwrap_or_default(),
+        workflow: &firing.workflow,
+        status: "queued",
+        queued_at: firing.fired_at,
+        trigger: &firing.trigger,
+        kind: firing.kind.as_str(),
+        slot: &firing.slot,
+        reason: waits(firing),
     }
 }
 

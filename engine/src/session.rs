@@ -31,9 +31,9 @@ use crate::trigger::{Delivery, Due, ReceiveError, Received, Scheduler, Timestamp
 pub use crate::store::StoreAt;
 pub use crate::store::new_run_id;
 pub use crate::store::{
-    ApprovalRecord, AttemptRecord, CacheFilter, CacheSummary, Firing, FiringFilter, FiringKind,
-    FiringOutcome, LogChunk, Owner, Pruned, RunCursor, RunFilter, RunPage, RunQuery, RunState,
-    RunSummary, StoreError, StoredRun,
+    API_TRIGGER, ApprovalRecord, AttemptRecord, CacheFilter, CacheSummary, Firing, FiringFilter,
+    FiringKind, FiringOutcome, LogChunk, Owner, Pruned, RunCursor, RunFilter, RunPage, RunQuery,
+    RunState, RunSummary, StoreError, StoredRun,
 };
 
 /// The version of the run store's schema this build writes (what a bug report names).

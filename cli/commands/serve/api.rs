@@ -369,7 +369,7 @@ async fn start_run(
     Optional(request): Optional<StartRequest>,
 ) -> Result<(StatusCode, axum::Json<Started>), ApiError> {
     let inputs = request.map(|r| r.inputs).unwrap_or_default();
-    let started = app.executor.start_run(&app, &name, inputs, None)?;
+    let started = app.executor.start_run(&app, &name, inputs, None).await?;
     Ok((StatusCode::ACCEPTED, axum::Json(started)))
 }
 

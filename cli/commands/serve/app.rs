@@ -155,7 +155,8 @@ impl App {
 
 /// The whole application: the API under `/api/v1`, the login routes, the pages at `/`, behind the
 /// authentication middleware and a body limit; and, outside them, `POST /hooks/{workflow}`.
-pub fn router(app: AppState) -> Router {
+/// A webhook delivery has `body_timeout` to send its body.
+pub fn router(app: AppState, body_timeout: std::time::Duration) -> Router {
     let authenticated = Router::new()
         .nest(
             "/api/v1",
@@ -171,7 +172,7 @@ pub fn router(app: AppState) -> Router {
         .with_state(app.clone());
     // Webhook deliveries authenticate with their own signature or token, not the server's: that one
     // route is outside the middleware, and everything else goes to the rest, behind it.
-    super::triggers::hooks_router(app)
+    super::triggers::hooks_router(app, body_timeout)
         .layer(axum::middleware::from_fn(json_errors))
         .fallback_service(authenticated)
 }

@@ -12,8 +12,8 @@ use std::sync::{Arc, Mutex};
 
 use archon_engine::run::ApprovalDecision;
 use archon_engine::session::{
-    self, Attachments, Continue, ContinueOptions, NewRunRequest, RecordedEvent, RunState, Session,
-    SessionError, StoreAt,
+    self, Attachments, Continue, ContinueOptions, Firing, FiringKind, FiringOutcome, NewRunRequest,
+    RecordedEvent, RunState, Session, SessionError, StoreAt,
 };
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value as Json};
@@ -64,6 +64,9 @@ struct Job {
     work: Work,
     trigger: Option<TriggerInfo>,
     queued_at: u64,
+    /// A new run whose firing is recorded (a trigger's, or a queued start's of kind `api`): it starts
+    /// only while that firing still names it (`archon cancel` may drop it meanwhile).
+    recorded: bool,
 }
 
 #[derive(Clone, Debug)]
@@ -100,6 +103,31 @@ pub struct QueuedRun {
     pub queued_at: u64,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub trigger: Option<TriggerInfo>,
+    /// Why it waits: `waiting for a free slot` (`--max-runs` runs are going on) or `queued behind run
+    /// X` (a cron trigger's `overlap: queue`, until the run before it ends).
+    pub reason: String,
+}
+
+/// A trigger's run held back until the run before it ends (`overlap: queue`): not in the queue yet.
+#[derive(Clone, Debug)]
+pub struct Held {
+    pub pending: Pending,
+    /// The run it waits for.
+    pub after: Option<String>,
+}
+
+/// The runs triggers hold back, by id. Locked before the executor's own state when both are.
+#[derive(Debug, Default)]
+pub struct Waiting {
+    runs: Mutex<HashMap<String, Held>>,
+}
+
+impl Waiting {
+    pub fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Held>> {
+        self.runs
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
 }
 
 /// A run this server is executing.
@@ -176,6 +204,8 @@ struct Shared {
     max_queue: usize,
     stopping: CancellationToken,
     state: Mutex<State>,
+    /// Runs triggers hold back behind others.
+    waiting: Waiting,
     /// How many run threads are alive.
     running: tokio::sync::watch::Sender<usize>,
     /// Where runs tell their events the moment they record them.
@@ -209,6 +239,7 @@ impl Executor {
             max_queue,
             stopping,
             state: Mutex::new(State::default()),
+            waiting: Waiting::default(),
             running: tokio::sync::watch::channel(0).0,
             recorded: live.recorder(),
             changed: tokio::sync::watch::channel(0).0,
@@ -220,14 +251,55 @@ impl Executor {
     /// against the workflow's declarations), now or, when `--max-runs` runs are going on, once one ends.
     /// `trigger` says what started it, when a trigger did. This is what the API's `POST
     /// /api/v1/workflows/{name}/runs`, the dashboard's run form and triggers call.
-    pub fn start_run(
+    /// A run that has to wait in the queue is recorded first, as a firing of kind `api` that names it,
+    /// so that `archon runs`, `archon show` and `archon cancel` on the state directory see it and the
+    /// next server starts it.
+    pub async fn start_run(
         &self,
-        app: &App,
+        app: &Arc<App>,
         workflow: &str,
         given: Map<String, Json>,
         trigger: Option<TriggerInfo>,
     ) -> Result<Started, ApiError> {
-        self.start_run_as(app, workflow, given, trigger, session::new_run_id(), None)
+        let run_id = session::new_run_id();
+        let (served, inputs) = checked(app, workflow, given)?;
+        self.refusal(0)?;
+        let waits = {
+            let state = self.state();
+            state.active.len() + state.queue.len() >= self.0.max_runs
+        };
+        let mut recorded = false;
+        if waits && trigger.is_none() {
+            let now = super::app::now_ms();
+            let firing = Firing {
+                workflow: served.id.clone(),
+                trigger: session::API_TRIGGER.to_owned(),
+                kind: FiringKind::Api,
+                slot: run_id.clone(),
+                slot_at: now,
+                fired_at: now,
+                run_id: Some(run_id.clone()),
+                outcome: FiringOutcome::Started,
+                reason: None,
+                inputs: inputs.clone(),
+            };
+            app.read(move |session| {
+                session
+                    .record_firing(&firing)
+                    .map_err(|e| ApiError::store(&e))
+            })
+            .await?;
+            recorded = true;
+        }
+        let queued = self.enqueue(Job {
+            run_id: run_id.clone(),
+            workflow: served.name.clone(),
+            work: Work::Start { served, inputs },
+            trigger,
+            queued_at: super::app::now_ms(),
+            recorded,
+        });
+        Ok(Started { run_id, queued })
     }
 
     /// [`Executor::start_run`] under a run id given beforehand: a trigger's firing records the id of
@@ -241,39 +313,7 @@ impl Executor {
         run_id: String,
         room: Option<Room>,
     ) -> Result<Started, ApiError> {
-        let Some(served) = app.catalog.get(workflow).cloned() else {
-            return Err(
-                ApiError::not_found(format!("no workflow `{workflow}` is served"))
-                    .with_hint("`GET /api/v1/workflows` lists them"),
-            );
-        };
-        let Some(valid) = &served.workflow else {
-            return Err(ApiError::new(
-                axum::http::StatusCode::UNPROCESSABLE_ENTITY,
-                format!("the workflow `{workflow}` does not validate"),
-            )
-            .with_hint("its diagnostics say why (`GET /api/v1/workflows/{name}`)"));
-        };
-        let inputs =
-            archon_engine::inputs::resolve(&valid.spec, given, &[]).map_err(|problems| {
-                let mut error = ApiError::new(
-                    axum::http::StatusCode::UNPROCESSABLE_ENTITY,
-                    problems
-                        .iter()
-                        .map(|p| p.message.clone())
-                        .collect::<Vec<_>>()
-                        .join("; "),
-                );
-                let hints: Vec<String> = problems
-                    .iter()
-                    .filter_map(|p| p.hint.clone())
-                    .filter(|h| !h.contains("--input"))
-                    .collect();
-                if !hints.is_empty() {
-                    error = error.with_hint(hints.join("; "));
-                }
-                error
-            })?;
+        let (served, inputs) = checked(app, workflow, given)?;
         self.refusal(usize::from(room.is_some()))?;
         let queued = self.enqueue(Job {
             run_id: run_id.clone(),
@@ -281,11 +321,55 @@ impl Executor {
             work: Work::Start { served, inputs },
             trigger,
             queued_at: super::app::now_ms(),
+            recorded: true,
         });
         drop(room);
         Ok(Started { run_id, queued })
     }
+}
 
+/// The served workflow `workflow` and `given` inputs resolved against its declarations, or why not.
+fn checked(
+    app: &App,
+    workflow: &str,
+    given: Map<String, Json>,
+) -> Result<(Arc<Served>, Map<String, Json>), ApiError> {
+    let Some(served) = app.catalog.get(workflow).cloned() else {
+        return Err(
+            ApiError::not_found(format!("no workflow `{workflow}` is served"))
+                .with_hint("`GET /api/v1/workflows` lists them"),
+        );
+    };
+    let Some(valid) = &served.workflow else {
+        return Err(ApiError::new(
+            axum::http::StatusCode::UNPROCESSABLE_ENTITY,
+            format!("the workflow `{workflow}` does not validate"),
+        )
+        .with_hint("its diagnostics say why (`GET /api/v1/workflows/{name}`)"));
+    };
+    let inputs = archon_engine::inputs::resolve(&valid.spec, given, &[]).map_err(|problems| {
+        let mut error = ApiError::new(
+            axum::http::StatusCode::UNPROCESSABLE_ENTITY,
+            problems
+                .iter()
+                .map(|p| p.message.clone())
+                .collect::<Vec<_>>()
+                .join("; "),
+        );
+        let hints: Vec<String> = problems
+            .iter()
+            .filter_map(|p| p.hint.clone())
+            .filter(|h| !h.contains("--input"))
+            .collect();
+        if !hints.is_empty() {
+            error = error.with_hint(hints.join("; "));
+        }
+        error
+    })?;
+    Ok((served, inputs))
+}
+
+impl Executor {
     /// Holds a place in the queue, or refuses as [`Executor::start_run_as`] would.
     pub fn reserve(&self) -> Result<Room, ApiError> {
         let mut state = self.state();
@@ -334,6 +418,7 @@ impl Executor {
             work: Work::Continue { how, options },
             trigger: None,
             queued_at: super::app::now_ms(),
+            recorded: false,
         });
         Ok(Started {
             run_id: run_id.to_owned(),
@@ -386,6 +471,26 @@ impl Executor {
     /// Stops a run for good: a queued one leaves the queue; one this server runs stops at once; one
     /// another process runs is asked to stop through the store (as `archon cancel` does).
     pub async fn cancel(&self, app: &Arc<App>, run_id: &str) -> Result<Cancelled, ApiError> {
+        // A trigger's run held behind another: it leaves, and its firing is recorded as skipped so that
+        // no later start of a server starts it.
+        let held = self.0.waiting.lock().remove(run_id);
+        if held.is_some() {
+            self.wake();
+            let id = run_id.to_owned();
+            app.read(move |session| {
+                session
+                    .skip_unstarted_firing(&id, "cancelled before its run started")
+                    .map_err(|e| ApiError::store(&e))
+            })
+            .await
+            .map_err(|e| {
+                e.with_hint("the run left the queue, but the next `archon serve` starts it")
+            })?;
+            return Ok(Cancelled {
+                run_id: run_id.to_owned(),
+                status: "dequeued".to_owned(),
+            });
+        }
         let dequeued = {
             let mut state = self.state();
             let before = state.queue.len();
@@ -403,7 +508,7 @@ impl Executor {
             // A new run that never started has nothing stored to cancel; a trigger's firing that
             // would start it is recorded as skipped, so that no later start runs it.
             if removed.iter().all(|j| matches!(j.work, Work::Start { .. })) {
-                if removed.iter().any(|j| j.trigger.is_some()) {
+                if removed.iter().any(|j| j.recorded) {
                     let id = run_id.to_owned();
                     app.read(move |session| {
                         session
@@ -453,9 +558,11 @@ impl Executor {
         })
     }
 
-    /// The runs waiting for a place, in order.
+    /// The runs waiting for a place, in order, then those triggers hold back behind others (oldest
+    /// first).
     pub fn queue(&self) -> Vec<QueuedRun> {
-        self.state()
+        let mut queue: Vec<QueuedRun> = self
+            .state()
             .queue
             .iter()
             .enumerate()
@@ -479,8 +586,42 @@ impl Executor {
                 position: i + 1,
                 queued_at: job.queued_at,
                 trigger: job.trigger.clone(),
+                reason: "waiting for a free slot".to_owned(),
             })
-            .collect()
+            .collect();
+        let mut held: Vec<(String, Held)> = self
+            .0
+            .waiting
+            .lock()
+            .iter()
+            .map(|(id, held)| (id.clone(), held.clone()))
+            .collect();
+        held.sort_by(|a, b| (a.1.pending.queued_at, &a.0).cmp(&(b.1.pending.queued_at, &b.0)));
+        // One being started is in both for a moment: shown once.
+        held.retain(|(id, _)| !queue.iter().any(|q| &q.run_id == id));
+        let before = queue.len();
+        queue.extend(
+            held.into_iter()
+                .enumerate()
+                .map(|(i, (run_id, held))| QueuedRun {
+                    run_id,
+                    workflow: held.pending.workflow,
+                    action: "start".to_owned(),
+                    position: before + i + 1,
+                    queued_at: held.pending.queued_at,
+                    trigger: held.pending.trigger,
+                    reason: held.after.map_or_else(
+                        || "queued behind an earlier run of its trigger".to_owned(),
+                        |after| format!("queued behind run {after}"),
+                    ),
+                }),
+        );
+        queue
+    }
+
+    /// The runs triggers hold back behind others.
+    pub fn waiting(&self) -> &Waiting {
+        &self.0.waiting
     }
 
     /// The queued run with this id, if it waits.
@@ -503,15 +644,20 @@ impl Executor {
 
     /// A new run this server accepted and has not recorded yet (queued, or starting).
     pub fn pending(&self, run_id: &str) -> Option<Pending> {
-        let state = self.state();
-        if let Some(active) = state.active.get(run_id) {
-            return active.starting.clone();
+        {
+            let state = self.state();
+            if let Some(active) = state.active.get(run_id) {
+                return active.starting.clone();
+            }
+            if let Some(job) = state.queue.iter().find(|j| j.run_id == run_id) {
+                return job.pending();
+            }
         }
-        state
-            .queue
-            .iter()
-            .find(|j| j.run_id == run_id)
-            .and_then(Job::pending)
+        self.0
+            .waiting
+            .lock()
+            .get(run_id)
+            .map(|held| held.pending.clone())
     }
 
     /// A receiver woken whenever a run starts or ends here or the queue changes.
@@ -539,6 +685,7 @@ impl Executor {
                     workflow: served.id.clone(),
                     inputs: inputs.clone(),
                     trigger: job.trigger.clone(),
+                    recorded: job.recorded,
                 }),
                 Work::Continue { how, options } => restart.queued.push(SavedJob::Continue {
                     run_id: job.run_id.clone(),
@@ -620,6 +767,7 @@ impl Executor {
                 },
                 trigger: None,
                 queued_at: now,
+                recorded: false,
             });
         }
         for saved in restart.queued {
@@ -629,6 +777,7 @@ impl Executor {
                     workflow,
                     inputs,
                     trigger,
+                    recorded,
                 } => match app.catalog.get(&workflow).filter(|s| s.workflow.is_some()) {
                     Some(served) => jobs.push(Job {
                         run_id,
@@ -637,6 +786,7 @@ impl Executor {
                             served: served.clone(),
                             inputs,
                         },
+                        recorded: recorded || trigger.is_some(),
                         trigger,
                         queued_at: now,
                     }),
@@ -655,6 +805,7 @@ impl Executor {
                     work: Work::Continue { how, options },
                     trigger: None,
                     queued_at: now,
+                    recorded: false,
                 }),
             }
         }
@@ -721,7 +872,8 @@ impl Executor {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    fn wake(&self) {
+    /// Wakes whoever watches the runs and the queue.
+    pub fn wake(&self) {
         self.0.changed.send_modify(|n| *n = n.wrapping_add(1));
     }
 
@@ -816,6 +968,21 @@ impl Executor {
                 return false;
             }
         };
+        if job.recorded
+            && matches!(job.work, Work::Start { .. })
+            && session.unstarted_firings().is_ok_and(|firings| {
+                !firings
+                    .iter()
+                    .any(|f| f.run_id.as_deref() == Some(job.run_id.as_str()))
+            })
+        {
+            // Its firing was dropped while it waited (`archon cancel` on the same state directory).
+            output::stderr(&output::printable(&format!(
+                "run `{}` does not start: it was cancelled before it started\n",
+                job.run_id
+            )));
+            return false;
+        }
         let prepared = match &job.work {
             Work::Start { served, inputs } => {
                 let workdir = served
@@ -945,6 +1112,9 @@ enum SavedJob {
         workflow: String,
         inputs: Map<String, Json>,
         trigger: Option<TriggerInfo>,
+        /// Whether a firing names it (absent in files of earlier versions: a trigger's run is).
+        #[serde(default)]
+        recorded: bool,
     },
     Continue {
         run_id: String,

@@ -5,6 +5,8 @@
 //! # Layout
 //!
 //! - `mod.rs` (this file): the command: tokens, the catalog, the listener, the shutdown.
+//! - `connections.rs`: accepting connections (at most `--max-connections` open) and serving HTTP/1.1 on
+//!   each, with a timeout for a request's headers.
 //! - `app.rs`: [`app::App`], the state every handler shares ([`app::AppState`] is `Arc<App>`): the served
 //!   workflows, the state directory, a small pool of read sessions (`App::read`), the executor, the live
 //!   event hub and the authentication state. Also [`app::ApiError`], the JSON error every API handler
@@ -68,6 +70,7 @@
 mod api;
 mod app;
 mod auth;
+mod connections;
 mod events;
 mod executor;
 mod openapi;
@@ -123,6 +126,11 @@ pub fn serve(args: &ServeArgs) -> anyhow::Result<Status> {
     if let Err(e) = Session::open_at(&store) {
         return Ok(super::run::store_error(&e));
     }
+    let limits = connections::Limits {
+        max_connections: args.max_connections as usize,
+        header_timeout: Duration::from_millis(args.header_timeout_ms),
+    };
+    limits.check_fd_limit();
     // This process runs many runs: `archon cancel` must ask through the store, not signal it.
     let _serving = archon_engine::session::ServingMark::new(&state_dir)?;
     let stopping = CancellationToken::new();
@@ -152,19 +160,13 @@ pub fn serve(args: &ServeArgs) -> anyhow::Result<Status> {
         events::spawn_watcher(app.clone());
         app.executor.resume_after_restart(&app);
         triggers::spawn(app.clone());
-        let router = app::router(app.clone());
+        // A delivery has as long to send its body as any request has to send its headers.
+        let router = app::router(app.clone(), limits.header_timeout);
         let shutdown = stopping.clone();
-        let mut server = tokio::spawn(async move {
-            axum::serve(
-                listener,
-                router.into_make_service_with_connect_info::<SocketAddr>(),
-            )
-            .with_graceful_shutdown(async move { shutdown.cancelled_owned().await })
-            .await
-        });
+        let mut server = tokio::spawn(connections::serve(listener, router, limits, shutdown));
         tokio::select! {
             ended = &mut server => {
-                ended?.map_err(|e| anyhow::anyhow!("the HTTP server stopped: {e}"))?;
+                ended.map_err(|e| anyhow::anyhow!("the HTTP server stopped: {e}"))?;
             }
             () = stopping.cancelled() => {
                 // The runs are interrupted and recorded; live streams end with `stopping`.

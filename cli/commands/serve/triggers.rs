@@ -16,7 +16,7 @@
 // The OpenAPI macros name parameter types by their path.
 #![allow(unused_qualifications)]
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -35,7 +35,7 @@ use utoipa::{IntoParams, ToSchema};
 
 use super::api::{Path, Query};
 use super::app::{ApiError, App, AppState};
-use super::executor::TriggerInfo;
+use super::executor::{Held, Pending, TriggerInfo};
 use crate::output;
 
 /// The longest the loop sleeps before it looks at the clock again.
@@ -54,6 +54,9 @@ pub struct Hooks {
     hooks: BTreeMap<String, Result<Arc<Webhook>, String>>,
     /// Bodies being read at once: each holds up to `MAX_BODY_BYTES` before its signature is checked.
     reading: Arc<tokio::sync::Semaphore>,
+    /// How long a delivery has to send its body once it is being read: a stalled one gives its place
+    /// back then.
+    body_timeout: Duration,
 }
 
 /// Most delivery bodies read at once (so at most this many times `MAX_BODY_BYTES` in memory); one more
@@ -63,7 +66,7 @@ const MAX_BODIES_READ: usize = 32;
 impl Hooks {
     /// The webhook of every valid served workflow that has one; one whose secret has no value is kept
     /// as the reason it cannot take deliveries (said on standard error, answered with `503`).
-    pub fn load(app: &App) -> Hooks {
+    pub fn load(app: &App, body_timeout: Duration) -> Hooks {
         let env: BTreeMap<String, String> = std::env::vars().collect();
         let mut hooks = BTreeMap::new();
         for (id, served) in &app.catalog.workflows {
@@ -86,14 +89,15 @@ impl Hooks {
         Hooks {
             hooks,
             reading: Arc::new(tokio::sync::Semaphore::new(MAX_BODIES_READ)),
+            body_timeout,
         }
     }
 }
 
 /// The route `POST /hooks/{workflow}`, with its own state: it is merged outside the authentication
 /// middleware.
-pub fn hooks_router(app: AppState) -> Router {
-    let hooks = Arc::new(Hooks::load(&app));
+pub fn hooks_router(app: AppState, body_timeout: Duration) -> Router {
+    let hooks = Arc::new(Hooks::load(&app, body_timeout));
     Router::new()
         .route("/hooks/{workflow}", axum::routing::post(deliver))
         .with_state((app, hooks))
@@ -196,9 +200,28 @@ async fn deliver(
     if declared.is_some_and(|n| n > MAX_BODY_BYTES as u64) {
         return too_large();
     }
-    // Read at most the limit: a longer body stops being read there.
-    let Ok(body) = axum::body::to_bytes(body, MAX_BODY_BYTES).await else {
-        return too_large();
+    // Read at most the limit: a longer body stops being read there; a body that does not come in time
+    // stops being waited for.
+    let read = tokio::time::timeout(
+        hooks.body_timeout,
+        axum::body::to_bytes(body, MAX_BODY_BYTES),
+    );
+    let body = match read.await {
+        Ok(Ok(body)) => body,
+        Ok(Err(_)) => return too_large(),
+        Err(_) => {
+            return unread(
+                ApiError::new(
+                    StatusCode::REQUEST_TIMEOUT,
+                    format!(
+                        "the delivery's body did not come within {:?}",
+                        hooks.body_timeout
+                    ),
+                )
+                .with_hint("send the whole body at once")
+                .into_response(),
+            );
+        }
     };
     // A place in the queue first: a delivery the server cannot take now is refused unrecorded, so that
     // the sender's next attempt runs instead of being a replay.
@@ -330,45 +353,36 @@ fn start_in(
             firing.slot, firing.trigger
         )));
     };
-    let detail = match firing.kind {
-        FiringKind::Cron => json!({"kind": "cron", "slot": firing.slot}),
-        FiringKind::Webhook => json!({"kind": "webhook", "delivery": firing.slot}),
-    };
     app.executor.start_run_as(
         app,
         &firing.workflow,
         firing.inputs.clone(),
-        Some(TriggerInfo {
-            name: firing.trigger.clone(),
-            detail,
-        }),
+        trigger_info(firing),
         run_id,
         room,
     )
 }
 
+/// What started a firing's run, as the API shows it: none for a start from the API that waited.
+fn trigger_info(firing: &Firing) -> Option<TriggerInfo> {
+    let detail = match firing.kind {
+        FiringKind::Cron => json!({"kind": "cron", "slot": firing.slot}),
+        FiringKind::Webhook => json!({"kind": "webhook", "delivery": firing.slot}),
+        FiringKind::Api => return None,
+    };
+    Some(TriggerInfo {
+        name: firing.trigger.clone(),
+        detail,
+    })
+}
+
 // ---------------------------------------------------------------------------------------------------
 // The loop
 
-/// What the loop shares with the tasks holding queued firings.
-#[derive(Debug, Default)]
-struct Waiting {
-    /// Runs of queued firings, waiting for the run they follow to end.
-    runs: Mutex<HashSet<String>>,
-}
-
-impl Waiting {
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashSet<String>> {
-        self.runs
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-    }
-}
-
 /// Whether a run a trigger started is still going here: executing, in the executor's queue, or
-/// waiting for the run before it.
-fn active(app: &App, waiting: &Waiting, run_id: &str) -> bool {
-    app.executor.is_busy(run_id) || waiting.lock().contains(run_id)
+/// waiting for the run before it (held in [`super::executor::Waiting`], where the API sees it).
+fn active(app: &App, run_id: &str) -> bool {
+    app.executor.is_busy(run_id) || app.executor.waiting().lock().contains_key(run_id)
 }
 
 /// Starts the trigger loop: the unstarted firings, the catch-up, then each slot as it comes, until the
@@ -392,7 +406,6 @@ pub fn spawn(app: AppState) {
 }
 
 async fn run_loop(app: AppState, mut scheduler: Scheduler, count: usize) {
-    let waiting = Arc::new(Waiting::default());
     let session = match Session::open_at(&app.store) {
         Ok(session) => session,
         Err(e) => {
@@ -406,7 +419,7 @@ async fn run_loop(app: AppState, mut scheduler: Scheduler, count: usize) {
         .into_iter()
         .map(|(w, t)| (w.to_owned(), t.to_owned()))
         .collect();
-    for (workflow, trigger, run) in start_unstarted(&app, &session, &waiting, watched).await {
+    for (workflow, trigger, run) in start_unstarted(&app, &session, watched).await {
         scheduler.follow(&workflow, &trigger, &run);
     }
     if count == 0 {
@@ -416,12 +429,7 @@ async fn run_loop(app: AppState, mut scheduler: Scheduler, count: usize) {
     let mut first = true;
     loop {
         let (due, wake) = {
-            let (app2, session, scheduler, waiting) = (
-                app.clone(),
-                session.clone(),
-                scheduler.clone(),
-                waiting.clone(),
-            );
+            let (app2, session, scheduler) = (app.clone(), session.clone(), scheduler.clone());
             let pass = tokio::task::spawn_blocking(move || {
                 let now = Timestamp::now();
                 let session = session
@@ -430,7 +438,7 @@ async fn run_loop(app: AppState, mut scheduler: Scheduler, count: usize) {
                 let mut scheduler = scheduler
                     .lock()
                     .unwrap_or_else(std::sync::PoisonError::into_inner);
-                let is_active = |run: &str| active(&app2, &waiting, run);
+                let is_active = |run: &str| active(&app2, run);
                 let due = session.due_firings(&mut scheduler, now, &is_active);
                 (due, scheduler.next_wake(Timestamp::now()))
             })
@@ -451,7 +459,7 @@ async fn run_loop(app: AppState, mut scheduler: Scheduler, count: usize) {
                     ));
                 }
                 for one in due {
-                    act(&app, &waiting, one).await;
+                    act(&app, one).await;
                 }
             }
             Err(e) => output::stderr(&output::printable(&format!(
@@ -490,7 +498,6 @@ type TriggerKey = (String, String);
 async fn start_unstarted(
     app: &AppState,
     session: &Arc<Mutex<Session>>,
-    waiting: &Arc<Waiting>,
     watched: Vec<TriggerKey>,
 ) -> Vec<(String, String, String)> {
     let (session, app2) = (session.clone(), app.clone());
@@ -555,7 +562,7 @@ async fn start_unstarted(
         if app.executor.is_busy(&run) || app.catalog.get(&firing.workflow).is_none() {
             continue;
         }
-        if firing.kind == FiringKind::Webhook {
+        if firing.kind != FiringKind::Cron {
             if let Err(e) = start(app, &firing) {
                 complain(&firing, &e);
             }
@@ -564,7 +571,7 @@ async fn start_unstarted(
         let key = (firing.workflow.clone(), firing.trigger.clone());
         let after = last.insert(key.clone(), run.clone());
         followed.push((key.0, key.1, run));
-        queue_behind(app, waiting, firing, after);
+        queue_behind(app, firing, after);
     }
     followed
 }
@@ -572,35 +579,47 @@ async fn start_unstarted(
 /// Starts the firing's run once the run `after` (of the same trigger) is no longer going: at once when
 /// it is not, else from a task that waits for it. Meanwhile the firing's run counts as going (so that
 /// a firing queued behind it waits too), and a `cancel_previous` firing may drop it.
-fn queue_behind(app: &AppState, waiting: &Arc<Waiting>, firing: Firing, after: Option<String>) {
+fn queue_behind(app: &AppState, firing: Firing, after: Option<String>) {
     let Some(run) = firing.run_id.clone() else {
         return;
     };
-    if !after
-        .as_deref()
-        .is_some_and(|before| active(app, waiting, before))
-    {
+    if !after.as_deref().is_some_and(|before| active(app, before)) {
         if let Err(e) = start(app, &firing) {
             complain(&firing, &e);
         }
         return;
     }
-    waiting.lock().insert(run.clone());
-    let (app, waiting) = (app.clone(), waiting.clone());
+    let held = Held {
+        pending: Pending {
+            workflow: firing.workflow.clone(),
+            spec_path: app
+                .catalog
+                .get(&firing.workflow)
+                .map(|served| served.path.display().to_string())
+                .unwrap_or_default(),
+            inputs: firing.inputs.clone(),
+            queued_at: super::app::now_ms(),
+            trigger: trigger_info(&firing),
+        },
+        after: after.clone(),
+    };
+    app.executor.waiting().lock().insert(run.clone(), held);
+    app.executor.wake();
+    let app = app.clone();
     tokio::spawn(async move {
         let mut changed = app.executor.watch();
         loop {
             {
                 // Decided and started under the lock, so that a `cancel_previous` firing either drops
                 // this one before it starts or finds its run started (and cancels that).
-                let mut held = waiting.lock();
-                if !held.contains(&run) {
+                let mut held = app.executor.waiting().lock();
+                if !held.contains_key(&run) {
                     // Dropped while it waited.
                     return;
                 }
-                let before_going = after
-                    .as_deref()
-                    .is_some_and(|before| app.executor.is_busy(before) || held.contains(before));
+                let before_going = after.as_deref().is_some_and(|before| {
+                    app.executor.is_busy(before) || held.contains_key(before)
+                });
                 if !before_going {
                     // Started while still counted as waiting, so that the one queued behind it sees
                     // it going throughout.
@@ -620,7 +639,7 @@ fn queue_behind(app: &AppState, waiting: &Arc<Waiting>, firing: Firing, after: O
 }
 
 /// Applies a due firing's decision.
-async fn act(app: &AppState, waiting: &Arc<Waiting>, due: Due) {
+async fn act(app: &AppState, due: Due) {
     match due.decision {
         Decision::Skip => {}
         Decision::Start => {
@@ -632,8 +651,11 @@ async fn act(app: &AppState, waiting: &Arc<Waiting>, due: Due) {
             // The queued ones leave the queue first, all at once: a run cancelled below that ends
             // must not let the one queued behind it start.
             let (dropped, going): (Vec<String>, Vec<String>) = {
-                let mut held = waiting.lock();
-                due.cancel.iter().cloned().partition(|run| held.remove(run))
+                let mut held = app.executor.waiting().lock();
+                due.cancel
+                    .iter()
+                    .cloned()
+                    .partition(|run| held.remove(run).is_some())
             };
             for run in &going {
                 if let Err(e) = app.executor.cancel(app, run).await {
@@ -650,7 +672,7 @@ async fn act(app: &AppState, waiting: &Arc<Waiting>, due: Due) {
                 complain(&due.firing, &e);
             }
         }
-        Decision::Queue => queue_behind(app, waiting, due.firing, due.after),
+        Decision::Queue => queue_behind(app, due.firing, due.after),
     }
 }
 
@@ -812,7 +834,7 @@ pub struct FiringsParams {
 pub struct FiringView {
     pub workflow: String,
     pub trigger: String,
-    /// `cron` or `webhook`.
+    /// `cron`, `webhook` or `api` (a run started from the API or a page that had to wait in the queue).
     pub kind: String,
     /// The scheduled instant (cron, RFC 3339 in UTC) or the delivery id (webhook).
     pub slot: String,

@@ -353,13 +353,21 @@ impl LogBudget {
 pub enum FiringKind {
     Cron,
     Webhook,
+    /// Not a trigger: a run started from `archon serve`'s API or pages that has to wait in the server's
+    /// queue, recorded (under [`API_TRIGGER`]) so that it can be seen and cancelled from elsewhere and
+    /// the next server starts it.
+    Api,
 }
+
+/// The trigger name the firings of kind [`FiringKind::Api`] are recorded under.
+pub const API_TRIGGER: &str = "(api)";
 
 impl FiringKind {
     pub fn as_str(self) -> &'static str {
         match self {
             FiringKind::Cron => "cron",
             FiringKind::Webhook => "webhook",
+            FiringKind::Api => "api",
         }
     }
 
@@ -367,6 +375,7 @@ impl FiringKind {
         match text {
             "cron" => Some(FiringKind::Cron),
             "webhook" => Some(FiringKind::Webhook),
+            "api" => Some(FiringKind::Api),
             _ => None,
         }
     }

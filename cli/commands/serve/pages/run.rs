@@ -275,9 +275,10 @@ fn facts(view: &View) -> String {
     if let Some(queued) = &d.queued {
         let _ = write!(
             out,
-            "<dt>Queue</dt><dd>place {} on this server, to {}</dd>",
+            "<dt>Queue</dt><dd>place {} on this server, to {}: {}</dd>",
             queued.position,
-            escape(&queued.action.replace('_', " "))
+            escape(&queued.action.replace('_', " ")),
+            escape(&queued.reason)
         );
     }
     if let Some(trigger) = &d.trigger {

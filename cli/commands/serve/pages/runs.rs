@@ -91,16 +91,17 @@ pub async fn list(
         if !page.queued.is_empty() {
             let _ = write!(
                 region,
-                r#"<h2>Queued on this server</h2><table class="list"><thead><tr><th scope="col">Run</th><th scope="col">Workflow</th><th scope="col">Waits for</th><th scope="col">Place</th><th scope="col">Queued</th></tr></thead><tbody>"#
+                r#"<h2>Queued on this server</h2><table class="list"><thead><tr><th scope="col">Run</th><th scope="col">Workflow</th><th scope="col">To</th><th scope="col">Why it waits</th><th scope="col">Place</th><th scope="col">Queued</th></tr></thead><tbody>"#
             );
             for q in &page.queued {
                 let _ = write!(
                     region,
-                    r#"<tr><td><a href="/runs/{}"><code>{}</code></a></td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>"#,
+                    r#"<tr><td><a href="/runs/{}"><code>{}</code></a></td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>"#,
                     encode(&q.run_id),
                     escape(&q.run_id),
                     escape(&q.workflow),
                     escape(&q.action.replace('_', " ")),
+                    escape(&q.reason),
                     q.position,
                     time(q.queued_at)
                 );

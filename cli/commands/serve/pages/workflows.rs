@@ -134,7 +134,7 @@ pub async fn start(
             StatusCode::UNPROCESSABLE_ENTITY,
         );
     }
-    match app.executor.start_run(&app, &id, values, None) {
+    match app.executor.start_run(&app, &id, values, None).await {
         Ok(started) => see_other(&format!("/runs/{}", super::encode(&started.run_id))),
         Err(error) => {
             let status = error.status_code();
