@@ -50,4 +50,5 @@ mod triggers;
 mod ux;
 mod validate_fixtures;
 mod workers;
+mod workers_robust;
 mod workflows;

@@ -15,7 +15,7 @@ use tempfile::TempDir;
 
 use crate::support::{Output, archon_with};
 
-fn base_url() -> String {
+pub(crate) fn base_url() -> String {
     std::env::var("ARCHON_TEST_POSTGRES")
         .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned())
 }
@@ -37,6 +37,30 @@ fn admin(sql: &str) -> Result<(), String> {
             })?;
             tokio::spawn(connection);
             client.batch_execute(&sql).await.map_err(|e| e.to_string())
+        })
+    })
+    .join()
+    .unwrap_or_else(|_| Err("the admin thread panicked".to_owned()))
+}
+
+/// The first column of the first row `sql` returns, as a number, on a connection of its own.
+pub(crate) fn admin_count(sql: &str) -> Result<i64, String> {
+    let (url, sql) = (base_url(), sql.to_owned());
+    std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| e.to_string())?;
+        runtime.block_on(async {
+            let (client, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+                .await
+                .map_err(|e| e.to_string())?;
+            tokio::spawn(connection);
+            let row = client
+                .query_one(&sql, &[])
+                .await
+                .map_err(|e| e.to_string())?;
+            Ok(row.get::<_, i64>(0))
         })
     })
     .join()
