@@ -522,7 +522,11 @@ impl Inner {
             source = cause.source();
         }
         let detail = self.scrub(&detail.to_lowercase());
-        if e.is_closed() || detail.contains("error connecting") {
+        // Refused, dropped or reset: the server cannot be reached (for now), whatever the query was.
+        if e.is_closed()
+            || detail.contains("error connecting")
+            || detail.contains("error communicating")
+        {
             StoreError::new(format!("cannot reach the run store `{shown}`: {detail}"))
                 .with_hint("check that the PostgreSQL server is up and reachable from here")
         } else {
