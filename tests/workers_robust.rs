@@ -427,10 +427,11 @@ fn normalized(text: &str, id: &str) -> String {
         {
             line = format!("T  {rest}");
         }
-        // Durations `(12 ms)`, and the dates of `started`/`finished`.
-        while let Some(at) = line.find(" ms)") {
-            let open = line[..at].rfind('(').expect("a duration");
-            line.replace_range(open..at + 4, "(D)");
+        // Durations, `(12 ms)` or `(1.5 s)`, and the dates of `started`/`finished`.
+        if (line.ends_with(" ms)") || line.ends_with(" s)"))
+            && let Some(open) = line.rfind('(')
+        {
+            line.replace_range(open.., "(D)");
         }
         for label in ["started   ", "finished  "] {
             if let Some(rest) = line.strip_prefix(label) {

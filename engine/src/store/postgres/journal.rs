@@ -80,6 +80,8 @@ pub struct PgJournal {
     broken: Arc<Mutex<Option<StoreError>>>,
     /// Says when the writer has ended.
     ended: Mutex<Option<std::sync::mpsc::Receiver<()>>>,
+    /// A task's lease guard, told of the commands its step starts.
+    guard: Option<Arc<LeaseGuard>>,
 }
 
 impl PgJournal {
@@ -94,6 +96,7 @@ impl PgJournal {
         writer.cancel = cancel.clone();
         writer.shared = broken.clone();
         let ended_writer = CancellationToken::new();
+        let guard = writer.guard.clone();
         if let Some(guard) = writer.guard.clone() {
             let what = writer.what();
             let (shared, ended) = (broken.clone(), ended_writer.clone());
@@ -108,6 +111,7 @@ impl PgJournal {
             sender: Mutex::new(Some(sender)),
             broken,
             ended: Mutex::new(Some(ended)),
+            guard,
         }
     }
 
@@ -128,6 +132,11 @@ impl Drop for PgJournal {
 
 impl Journal for PgJournal {
     fn record(&self, entry: Entry) {
+        if let (Some(guard), Entry::ProcessStarted { pgid, started, .. }) = (&self.guard, &entry)
+            && let Ok(mut commands) = guard.commands.lock()
+        {
+            commands.push((*pgid, *started));
+        }
         self.send(Message::Entry(Write::of(entry)));
     }
 
@@ -168,13 +177,26 @@ const MOST_RETRY: std::time::Duration = std::time::Duration::from_millis(500);
 
 /// Until when a task's step may go on: the lease as last renewed, less [`lease_margin`]. A task of its
 /// own watches it, so that the step stops in time even while a write hangs on a lost connection.
+#[derive(Debug)]
 pub(super) struct LeaseGuard {
     until: Mutex<Instant>,
     /// The step was stopped: the writer writes nothing more.
     expired: std::sync::atomic::AtomicBool,
+    /// The process groups the step's commands started (and their leaders' start times): killed when
+    /// the lease is lost, even should the worker be too busy (blocked on the lost database) to drop
+    /// the step at once.
+    commands: Mutex<Vec<(u32, Option<u64>)>>,
 }
 
 impl LeaseGuard {
+    fn new(until: Instant) -> Self {
+        LeaseGuard {
+            until: Mutex::new(until),
+            expired: Default::default(),
+            commands: Mutex::default(),
+        }
+    }
+
     fn until(&self) -> Instant {
         self.until.lock().map_or_else(|_| Instant::now(), |u| *u)
     }
@@ -210,17 +232,28 @@ impl LeaseGuard {
                     if let Ok(mut shared) = shared.lock()
                         && shared.is_none()
                     {
-                        *shared = Some(StoreError::new(format!(
-                            "could not renew the lease on {what}: the step was stopped before the lease lapsed"
-                        )));
+                        *shared = Some(lease_lost(&what));
                     }
                     cancel.cancel();
+                    let commands = self.commands.lock().map(|c| c.clone()).unwrap_or_default();
+                    for (pgid, started) in commands {
+                        if crate::process::leftover_group(pgid, started) {
+                            crate::process::kill_group(pgid);
+                        }
+                    }
                     return;
                 }
                 () = ended.cancelled() => return,
             }
         }
     }
+}
+
+/// Why a task's journal stopped its step: its lease could not be renewed in time.
+fn lease_lost(what: &str) -> StoreError {
+    StoreError::new(format!(
+        "could not renew the lease on {what}: the step was stopped before the lease lapsed"
+    ))
 }
 
 /// Whether a failed write may be tried again: the connection failed or was ended (by the server, an
@@ -417,10 +450,9 @@ impl Writer {
                         ))
                     }));
                 }
-                Some(Arc::new(LeaseGuard {
-                    until: Mutex::new(started + lease - lease_margin(lease)),
-                    expired: Default::default(),
-                }))
+                Some(Arc::new(LeaseGuard::new(
+                    started + lease - lease_margin(lease),
+                )))
             }
             (None, client) => {
                 drop(client);
@@ -507,7 +539,7 @@ impl Writer {
                     self.restore(saved);
                     let left = guard.until().saturating_duration_since(Instant::now());
                     if left.is_zero() {
-                        return Err(e);
+                        return Err(Failure::Store(lease_lost(&self.what())));
                     }
                     tokio::time::sleep(wait.min(left)).await;
                     wait = (wait * 2).min(MOST_RETRY);
@@ -523,9 +555,7 @@ impl Writer {
             .lock()
             .ok()
             .and_then(|s| s.clone())
-            .unwrap_or_else(|| {
-                StoreError::new(format!("could not renew the lease on {}", self.what()))
-            })
+            .unwrap_or_else(|| lease_lost(&self.what()))
     }
 
     /// Collects messages and commits them together, renewing the lease every third of it.
