@@ -194,8 +194,17 @@ pub struct WorkerArgs {
     #[arg(long, value_name = "DURATION", default_value = "15s", value_parser = lease)]
     pub lease: std::time::Duration,
 
+    /// How long the steps under way may go on once the worker is asked to stop (SIGTERM, Ctrl-C);
+    /// then they are stopped and handed back to the other workers. A second signal stops them at once.
+    #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = drain)]
+    pub drain: std::time::Duration,
+
     #[command(flatten)]
     pub state: StateArgs,
+}
+
+fn drain(text: &str) -> Result<std::time::Duration, String> {
+    humantime::parse_duration(text).map_err(|e| format!("`{text}`: {e}"))
 }
 
 fn lease(text: &str) -> Result<std::time::Duration, String> {

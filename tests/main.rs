@@ -52,4 +52,5 @@ mod ux;
 mod validate_fixtures;
 mod worker_chaos;
 mod workers;
+mod workers_robust;
 mod workflows;

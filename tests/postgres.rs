@@ -15,7 +15,7 @@ use tempfile::TempDir;
 
 use crate::support::{Output, archon_with};
 
-fn base_url() -> String {
+pub(crate) fn base_url() -> String {
     std::env::var("ARCHON_TEST_POSTGRES")
         .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned())
 }
@@ -70,6 +70,17 @@ fn admin_query(sql: &str) -> Result<Vec<String>, String> {
     })
     .join()
     .unwrap_or_else(|_| Err("the admin thread panicked".to_owned()))
+}
+
+/// The first column of the first row `sql` returns, as a number, on a connection of its own.
+pub(crate) fn admin_count(sql: &str) -> Result<i64, String> {
+    let rows = admin_query(sql)?;
+    let first = rows
+        .first()
+        .ok_or_else(|| format!("`{sql}` returned no row"))?;
+    first
+        .parse()
+        .map_err(|e| format!("`{sql}` returned `{first}`, not a number: {e}"))
 }
 
 /// A schema of the test database for one test, and a state directory; dropped afterwards.

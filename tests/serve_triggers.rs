@@ -810,11 +810,11 @@ steps:
     let (status, third) = deliver(&server, "held", body, Some(&signature), "d3").await;
     assert_eq!((status, &third["queued"]), (202, &json!(true)), "{third}");
     let third = third["run_id"].as_str().expect("a run id");
-    let crate::support::Output {
+    let Output {
         code,
         stdout,
         stderr,
-    } = crate::support::archon(dir.path(), &["show", third, "--json"]);
+    } = archon(dir.path(), &["show", third, "--json"]);
     assert_eq!(code, 0, "{stderr}");
     let shown: Json = serde_json::from_str(&stdout).expect("json");
     assert_eq!(
@@ -824,8 +824,7 @@ steps:
             &json!("waiting for a free slot on the server")
         )
     );
-    let crate::support::Output { code, stderr, .. } =
-        crate::support::archon(dir.path(), &["cancel", third]);
+    let Output { code, stderr, .. } = archon(dir.path(), &["cancel", third]);
     assert_eq!(code, 0, "{stderr}");
     let running = first["run_id"].as_str().expect("a run id");
     let (status, _) = server

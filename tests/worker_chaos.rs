@@ -401,6 +401,18 @@ impl Netns {
     }
 
     /// Takes this side of the link down (the host is cut off) or up again.
+    /// The processes in the namespace.
+    fn pids(&self) -> Vec<String> {
+        let out = Command::new("ip")
+            .args(["netns", "pids", &self.name])
+            .output()
+            .expect("ip netns pids");
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .map(str::to_owned)
+            .collect()
+    }
+
     fn link(&self, up: bool) {
         ip(&["link", "set", &self.link, if up { "up" } else { "down" }]).expect("link set");
     }
@@ -611,15 +623,30 @@ fn a_host_cut_off_mid_step_loses_it_and_records_nothing_more() {
     // Host a's attempt never ended in the record: a recorded nothing after it was cut off.
     assert_eq!(statuses(&run, "slow"), ["running", "succeeded"], "{run}");
     assert_eq!(statuses(&run, "after"), ["succeeded"], "{run}");
-    // Both commands had their effect (the step is safe to repeat); `after` read b's output.
-    wait_until("host a's command's end", Duration::from_secs(20), || {
-        ledger_counts(&db).contains_key(&host_a)
-    });
-    let expected: BTreeMap<String, usize> =
-        [host_a.clone(), host_b.clone(), format!("after {host_b}")]
-            .into_iter()
-            .map(|l| (l, 1))
+    // Host a could not renew its lease, so it stopped its command before the lease lapsed: only b's
+    // command had its effect, and `after` read b's output.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while ns_a.pids().len() != 1 {
+        let shown: Vec<String> = ns_a
+            .pids()
+            .iter()
+            .map(|p| {
+                std::fs::read_to_string(format!("/proc/{p}/cmdline"))
+                    .unwrap_or_default()
+                    .replace('\0', " ")
+            })
             .collect();
+        assert!(
+            Instant::now() < deadline,
+            "host a's command never stopped: {shown:?}\n{}",
+            a.said()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let expected: BTreeMap<String, usize> = [host_b.clone(), format!("after {host_b}")]
+        .into_iter()
+        .map(|l| (l, 1))
+        .collect();
     assert_eq!(ledger_counts(&db), expected);
     // Back on the network, host a tries to record its step's end and finds its lease token replaced:
     // it records nothing, and stops when asked.

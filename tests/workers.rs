@@ -13,7 +13,7 @@ use crate::postgres::{Db, attempts, db};
 use crate::support::Output;
 
 /// Seven steps: one, a fan-out of four, a fan-in, and one after it; each appends its id to `ledger`.
-const DAG: &str = r#"name: dag
+pub(crate) const DAG: &str = r#"name: dag
 steps:
   - { id: first, tool: exec, with: { argv: [sh, -c, "sleep 0.05; echo first >> ledger"] } }
   - { id: b1, needs: [first], tool: exec, with: { argv: [sh, -c, "sleep 0.1; echo b1 >> ledger"] } }
@@ -29,7 +29,7 @@ outputs:
   joined: "{{ steps.join.output }}"
 "#;
 
-const STEPS: [&str; 7] = ["first", "b1", "b2", "b3", "b4", "join", "last"];
+pub(crate) const STEPS: [&str; 7] = ["first", "b1", "b2", "b3", "b4", "join", "last"];
 
 pub(crate) fn submit(db: &Db, spec: &str) -> String {
     let Output {
@@ -80,13 +80,20 @@ impl Drop for Worker {
 }
 
 pub(crate) fn worker(db: &Db, n: usize, lease: &str) -> Worker {
+    worker_with(db, n, &db.url(), &["--lease", lease])
+}
+
+/// A worker of the store at `store` (the test's, through a proxy, say), with `args` besides
+/// `--concurrency 2`.
+pub(crate) fn worker_with(db: &Db, n: usize, store: &str, args: &[&str]) -> Worker {
     let path = db.path().join(format!("worker-{n}.err"));
     let err = std::fs::File::create(&path).expect("err file");
     let child = Command::new(env!("CARGO_BIN_EXE_archon"))
-        .args(["worker", "--concurrency", "2", "--lease", lease])
+        .args(["worker", "--concurrency", "2"])
+        .args(args)
         .current_dir(db.path())
         .env("NO_COLOR", "1")
-        .env("ARCHON_STORE", db.url())
+        .env("ARCHON_STORE", store)
         .stdout(Stdio::null())
         .stderr(err)
         .spawn()
@@ -124,7 +131,7 @@ pub(crate) fn ended(db: &Db, id: &str) -> Json {
     }
 }
 
-fn ledger(db: &Db) -> Vec<String> {
+pub(crate) fn ledger(db: &Db) -> Vec<String> {
     let mut lines: Vec<String> = std::fs::read_to_string(db.path().join("ledger"))
         .expect("ledger")
         .lines()
@@ -134,7 +141,7 @@ fn ledger(db: &Db) -> Vec<String> {
     lines
 }
 
-fn sorted(names: &[&str]) -> Vec<String> {
+pub(crate) fn sorted(names: &[&str]) -> Vec<String> {
     let mut names: Vec<String> = names.iter().map(|s| (*s).to_owned()).collect();
     names.sort();
     names
@@ -182,7 +189,7 @@ fn a_submitted_dag_runs_each_step_once_on_four_workers() {
 }
 
 /// `slow` marks each attempt's start (`started.PID`) and waits for `go` before its effect.
-const SLOW: &str = r#"name: slow
+pub(crate) const SLOW: &str = r#"name: slow
 steps:
   - { id: first, tool: exec, with: { argv: [sh, -c, "echo first >> ledger"] } }
   - id: slow
@@ -194,7 +201,7 @@ steps:
 "#;
 
 /// How many attempts of `slow` have started (their marks).
-fn starts(db: &Db) -> usize {
+pub(crate) fn starts(db: &Db) -> usize {
     std::fs::read_dir(db.path())
         .expect("dir")
         .filter_map(Result::ok)
@@ -202,7 +209,7 @@ fn starts(db: &Db) -> usize {
         .count()
 }
 
-fn wait_starts(db: &Db, n: usize) {
+pub(crate) fn wait_starts(db: &Db, n: usize) {
     let deadline = Instant::now() + Duration::from_secs(20);
     while starts(db) < n {
         assert!(
@@ -244,7 +251,7 @@ fn a_worker_killed_mid_step_loses_its_step_to_another_after_its_lease() {
 
 /// Waits until the store holds the process group of `slow`'s attempt under way, so that whoever takes
 /// the step over can tell whether its command is still running.
-fn wait_pgid(db: &Db, id: &str) {
+pub(crate) fn wait_pgid(db: &Db, id: &str) {
     let deadline = Instant::now() + Duration::from_secs(20);
     while !attempts(&db.show(id), "slow")
         .iter()

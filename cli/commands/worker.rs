@@ -1,11 +1,16 @@
 //! `archon worker`: runs the steps of submitted runs from a PostgreSQL store until stopped. A front end
 //! over `Session::work`, which claims, runs and finishes the steps.
+//!
+//! The first SIGTERM (SIGINT, SIGHUP) stops the worker claiming steps and lets the running ones go on
+//! for up to `--drain`; then, or at a second signal, they are stopped and handed back to other workers.
 
-use archon_engine::session::{Session, WorkerOptions};
+use std::sync::Arc;
+
+use archon_engine::session::{Say, Session, WorkerOptions};
 use tokio_util::sync::CancellationToken;
 
 use super::Status;
-use super::run::{cancel_on_signals, session_error, store_error};
+use super::run::{session_error, store_error};
 use crate::args::{ColorChoice, WorkerArgs};
 use crate::output;
 
@@ -15,17 +20,21 @@ pub fn work(args: &WorkerArgs, color: ColorChoice) -> anyhow::Result<Status> {
         Err(e) => return Ok(store_error(&e)),
     };
     let stop = CancellationToken::new();
+    let halt = CancellationToken::new();
     let options = WorkerOptions {
         concurrency: args.concurrency as usize,
         lease: args.lease,
         helper: std::env::current_exe().ok(),
         stop: stop.clone(),
+        drain: args.drain,
+        halt: halt.clone(),
+        say: Say(Arc::new(|line: &str| output::stderr(&format!("{line}\n")))),
     };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()?;
-    let signal_handle = cancel_on_signals(stop)?;
+    let signal_handle = stop_on_signals(stop, halt)?;
     output::stderr(&format!(
         "worker: taking steps from `{}` ({} at once)\n",
         args.state.shown(),
@@ -36,6 +45,12 @@ pub fn work(args: &WorkerArgs, color: ColorChoice) -> anyhow::Result<Status> {
     runtime.shutdown_background();
     match worked {
         Ok(worked) => {
+            if worked.released > 0 {
+                output::stderr(&format!(
+                    "worker: handed {} steps back to the other workers\n",
+                    worked.released
+                ));
+            }
             output::stderr(&format!(
                 "worker: stopped after {} steps ({} runs ended here, {} steps taken over by others)\n",
                 worked.steps, worked.runs, worked.lost
@@ -44,4 +59,29 @@ pub fn work(args: &WorkerArgs, color: ColorChoice) -> anyhow::Result<Status> {
         }
         Err(e) => Ok(session_error(&e, color)),
     }
+}
+
+/// The first signal cancels `stop`, the next ones `halt`.
+fn stop_on_signals(
+    stop: CancellationToken,
+    halt: CancellationToken,
+) -> std::io::Result<signal_hook::iterator::Handle> {
+    let mut signals = signal_hook::iterator::Signals::new([
+        signal_hook::consts::SIGINT,
+        signal_hook::consts::SIGTERM,
+        signal_hook::consts::SIGHUP,
+    ])?;
+    let handle = signals.handle();
+    std::thread::Builder::new()
+        .name("archon-signals".to_owned())
+        .spawn(move || {
+            for _ in signals.forever() {
+                if stop.is_cancelled() {
+                    halt.cancel();
+                } else {
+                    stop.cancel();
+                }
+            }
+        })?;
+    Ok(handle)
 }

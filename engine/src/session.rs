@@ -24,7 +24,7 @@ use crate::validate::{Validation, validate_file, validate_source};
 use crate::workflow::Workflow;
 
 mod worker;
-pub use worker::{DEFAULT_LEASE, Worked, WorkerOptions};
+pub use worker::{DEFAULT_DRAIN, DEFAULT_LEASE, Say, Worked, WorkerOptions};
 
 use crate::trigger::{Delivery, Due, ReceiveError, Received, Scheduler, Timestamp, Webhook};
 

@@ -22,6 +22,8 @@ use crate::workflow::Workflow;
 
 /// How long a worker's lease on a step lasts unless renewed (`archon worker --lease`).
 pub const DEFAULT_LEASE: Duration = Duration::from_secs(15);
+/// How long a stopping worker lets its running steps go on (`archon worker --drain`).
+pub const DEFAULT_DRAIN: Duration = Duration::from_secs(30);
 /// The longest a worker with nothing to do waits before it looks for work again.
 const MOST_IDLE: Duration = Duration::from_secs(1);
 /// The first wait of an idle worker; it doubles up to [`MOST_IDLE`] while there is no work.
@@ -39,8 +41,40 @@ pub struct WorkerOptions {
     pub lease: Duration,
     /// The executable that evaluates jq filters and renders templates in a process of its own.
     pub helper: Option<PathBuf>,
-    /// Cancelled to stop (SIGTERM): no more steps are claimed, the running ones finish.
+    /// Cancelled to stop (the first SIGTERM): no more steps are claimed; the running ones go on for up
+    /// to `drain`.
     pub stop: CancellationToken,
+    /// How long running steps may go on once the worker stops claiming.
+    pub drain: Duration,
+    /// Cancelled to stop at once (a second signal; `drain` after `stop` otherwise): the running steps are
+    /// stopped (their attempts end cancelled, their commands stopped) and their tasks handed back, ready
+    /// for another worker at once.
+    pub halt: CancellationToken,
+    /// Where the worker says, a line at a time, what befell its connection and its steps.
+    pub say: Say,
+}
+
+/// Says a line (standard error for `archon worker`). Lines carry no secret: store errors show the URL
+/// with its password masked.
+#[derive(Clone)]
+pub struct Say(pub Arc<dyn Fn(&str) + Send + Sync>);
+
+impl Say {
+    fn line(&self, text: &str) {
+        (self.0)(text);
+    }
+}
+
+impl Default for Say {
+    fn default() -> Self {
+        Say(Arc::new(|_| {}))
+    }
+}
+
+impl std::fmt::Debug for Say {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Say")
+    }
 }
 
 /// What a worker did before it stopped.
@@ -52,6 +86,8 @@ pub struct Worked {
     pub runs: usize,
     /// Steps whose lease lapsed and were taken over before this worker finished them.
     pub lost: usize,
+    /// Steps stopped when the worker stopped, their tasks handed back to the other workers.
+    pub released: usize,
 }
 
 /// What became of one task.
@@ -61,6 +97,43 @@ enum Outcome {
     Lost,
     /// The task was left claimed by a worker that ended its run: nothing to do.
     Ended,
+    Released,
+}
+
+/// The first wait of a worker that cannot reach its store before it tries again; it doubles up to
+/// [`MOST_DOWN`].
+const LEAST_DOWN: Duration = Duration::from_millis(100);
+const MOST_DOWN: Duration = Duration::from_secs(2);
+
+/// The journal of a run's end, on the worker that finished its last step: the run's end is the run over
+/// every step's result, each reused, which is no news to whoever follows the run, so those events are
+/// left out; everything else (the run's end, its outputs) is recorded.
+#[derive(Debug)]
+struct Ending(Arc<dyn crate::store::Journal>);
+
+impl crate::store::Journal for Ending {
+    fn record(&self, entry: crate::store::Entry) {
+        if let crate::store::Entry::Event {
+            event: crate::report::RunEvent::StepReused { .. },
+            ..
+        } = &entry
+        {
+            return;
+        }
+        self.0.record(entry);
+    }
+
+    fn flush(&self) -> crate::store::Ack {
+        self.0.flush()
+    }
+
+    fn close(&self) {
+        self.0.close();
+    }
+
+    fn failure(&self) -> Option<StoreError> {
+        self.0.failure()
+    }
 }
 
 impl Session {
@@ -116,7 +189,12 @@ impl Session {
     }
 
     /// Works on submitted runs until `options.stop` is cancelled: claims ready steps (at most
-    /// `options.concurrency` at once), runs each, and returns leases that lapsed elsewhere to ready.
+    /// `options.concurrency` at once), runs each, and returns leases that lapsed elsewhere to ready. An
+    /// idle worker looks again when the store announces work (`Tasks::work_signal`), else with backoff.
+    ///
+    /// A store it cannot reach stops it claiming, not working: it says so, tries again with backoff, and
+    /// takes steps again once the store is back. The steps it runs meanwhile go on while their journals
+    /// can renew their leases, and are stopped before their leases lapse when they cannot.
     pub async fn work(&self, options: &WorkerOptions) -> Result<Worked, SessionError> {
         let tasks = self.task_table()?;
         let name = worker_name();
@@ -125,39 +203,91 @@ impl Session {
         let mut worked = Worked::default();
         let mut idle = LEAST_IDLE;
         let mut workflows: HashMap<String, Arc<Workflow>> = HashMap::new();
+        let signal = tasks.work_signal();
+        // The store's failure while it cannot be reached.
+        let mut down: Option<StoreError> = None;
+        let mut halt_at: Option<tokio::time::Instant> = None;
         loop {
-            if !options.stop.is_cancelled() && running.len() < concurrency {
-                tasks.reap()?;
-                let claimed =
-                    tasks.claim_tasks(&name, concurrency - running.len(), options.lease)?;
-                if !claimed.is_empty() {
-                    idle = LEAST_IDLE;
+            // Read once: a stop that comes later in this turn wakes the wait below.
+            let stopping = options.stop.is_cancelled();
+            if stopping && halt_at.is_none() {
+                halt_at = Some(tokio::time::Instant::now() + options.drain);
+                if !running.is_empty() && !options.halt.is_cancelled() {
+                    options.say.line(&format!(
+                        "worker: stopping: letting {} running steps finish (at most {})",
+                        running.len(),
+                        humantime::format_duration(options.drain)
+                    ));
                 }
-                for task in claimed {
-                    let workflow = match workflows.get(&task.run_id) {
-                        Some(w) => Ok(w.clone()),
-                        None => self.stored_workflow(&task.run_id).map(Arc::new),
-                    };
-                    match workflow {
-                        Ok(workflow) => {
-                            // Kept for the run's next steps; a long-lived worker forgets old runs.
-                            if workflows.len() >= KEPT_WORKFLOWS {
-                                workflows.clear();
-                            }
-                            workflows.insert(task.run_id.clone(), workflow.clone());
-                            running.push(self.work_on(tasks, task, workflow, options));
+            }
+            if !stopping && running.len() < concurrency {
+                let claimed = tasks.reap().and_then(|_| {
+                    tasks.claim_tasks(&name, concurrency - running.len(), options.lease)
+                });
+                match claimed {
+                    Ok(claimed) => {
+                        if down.take().is_some() {
+                            options
+                                .say
+                                .line("worker: the run store is back: taking steps again");
+                            idle = LEAST_IDLE;
                         }
-                        Err(e) => tasks.interrupt(&task, &e.to_string())?,
+                        if !claimed.is_empty() {
+                            idle = LEAST_IDLE;
+                        }
+                        for task in claimed {
+                            let workflow = match workflows.get(&task.run_id) {
+                                Some(w) => Ok(w.clone()),
+                                None => self.stored_workflow(&task.run_id).map(Arc::new),
+                            };
+                            match workflow {
+                                Ok(workflow) => {
+                                    // Kept for the run's next steps; a long-lived worker forgets old runs.
+                                    if workflows.len() >= KEPT_WORKFLOWS {
+                                        workflows.clear();
+                                    }
+                                    workflows.insert(task.run_id.clone(), workflow.clone());
+                                    running.push(self.work_on(tasks, task, workflow, options));
+                                }
+                                Err(SessionError::Store(e)) => {
+                                    // Its lease lapses, or it comes back at once when the store is up.
+                                    options.say.line(&format!(
+                                        "worker: cannot start step `{}` of run `{}`: {}",
+                                        task.step, task.run_id, e.message
+                                    ));
+                                    let _ = tasks.release_task(&task);
+                                }
+                                Err(e) => {
+                                    if let Err(e) = tasks.interrupt(&task, &e.to_string()) {
+                                        options.say.line(&format!(
+                                            "worker: cannot stop run `{}`: {}",
+                                            task.run_id, e.message
+                                        ));
+                                    }
+                                }
+                            }
+                        }
+                    }
+                    Err(e) => {
+                        if down.is_none() {
+                            options.say.line(&format!(
+                                "worker: lost the run store: taking no steps until it is back: {}",
+                                e.message
+                            ));
+                            idle = idle.max(LEAST_DOWN);
+                        }
+                        down = Some(e);
                     }
                 }
             }
-            if running.is_empty() && options.stop.is_cancelled() {
+            if running.is_empty() && stopping {
                 return Ok(worked);
             }
-            let full = running.len() >= concurrency || options.stop.is_cancelled();
+            let full = running.len() >= concurrency || stopping;
+            let most = if down.is_some() { MOST_DOWN } else { MOST_IDLE };
             tokio::select! {
                 Some(outcome) = running.next(), if !running.is_empty() => {
-                    match outcome? {
+                    match outcome {
                         Outcome::Done => worked.steps += 1,
                         Outcome::EndedRun => {
                             worked.steps += 1;
@@ -165,13 +295,24 @@ impl Session {
                         }
                         Outcome::Lost => worked.lost += 1,
                         Outcome::Ended => {}
+                        Outcome::Released => worked.released += 1,
                     }
-                    idle = LEAST_IDLE;
+                    if down.is_none() {
+                        idle = LEAST_IDLE;
+                    }
                 }
                 () = tokio::time::sleep(idle), if !full => {
-                    idle = (idle * 2).min(MOST_IDLE);
+                    idle = (idle * 2).min(most);
                 }
-                () = options.stop.cancelled(), if !options.stop.is_cancelled() => {}
+                // Work announced: look at once (a stray notification costs one look).
+                () = signal.notified(), if !full && down.is_none() => {
+                    idle = LEAST_IDLE;
+                }
+                () = options.stop.cancelled(), if !stopping => {}
+                () = tokio::time::sleep_until(halt_at.unwrap_or_else(tokio::time::Instant::now)),
+                    if halt_at.is_some() && !options.halt.is_cancelled() => {
+                    options.halt.cancel();
+                }
             }
         }
     }
@@ -195,12 +336,39 @@ impl Session {
         }
     }
 
-    /// Runs one claimed step, then marks it done (making its dependents ready) or, when it was the
-    /// run's last, ends the run.
+    /// Runs one claimed step (see [`Session::step_task`]); a store that fails it is said, and the task
+    /// handed back when the store allows (else its lease lapses), for another worker to take.
     async fn work_on(
         &self,
         tasks: &dyn Tasks,
         task: Task,
+        workflow: Arc<Workflow>,
+        options: &WorkerOptions,
+    ) -> Outcome {
+        match self.step_task(tasks, &task, workflow, options).await {
+            Ok(outcome) => outcome,
+            Err(e) => {
+                let message = match &e {
+                    SessionError::Store(e) => e.message.clone(),
+                    e => e.to_string(),
+                };
+                options.say.line(&format!(
+                    "worker: step `{}` of run `{}` stopped: {message}",
+                    task.step, task.run_id
+                ));
+                let _ = tasks.release_task(&task);
+                Outcome::Lost
+            }
+        }
+    }
+
+    /// Runs one claimed step, then marks it done (making its dependents ready) or, when it was the
+    /// run's last, ends the run. Halted (`WorkerOptions::halt`), the step is stopped and its task
+    /// handed back.
+    async fn step_task(
+        &self,
+        tasks: &dyn Tasks,
+        task: &Task,
         workflow: Arc<Workflow>,
         options: &WorkerOptions,
     ) -> Result<Outcome, SessionError> {
@@ -222,7 +390,7 @@ impl Session {
         // The run has ended: the worker that recorded its end stopped before it marked its last task done
         // (killed, or cut off). Nothing is left to run, and nothing is recorded after the run's end.
         if stored.status != RunState::Running {
-            tasks.complete(&task)?;
+            tasks.complete(task)?;
             return Ok(Outcome::Ended);
         }
         // A step whose earlier attempt was cut off is in doubt, as on resume: it runs again only when
@@ -233,7 +401,7 @@ impl Session {
             .collect();
         if let Some(d) = doubtful.iter().find(|d| !d.idempotent) {
             tasks.interrupt(
-                &task,
+                task,
                 &format!(
                     "step `{}` is in doubt: its worker stopped while it ran, and repeating it is not known to be safe",
                     d.name
@@ -247,37 +415,60 @@ impl Session {
                 crate::process::kill_group(pgid);
             }
         }
+        // Cancelled by the journal: `archon cancel`, the task taken over, or its lease about to lapse
+        // unrenewed.
         let cancel = CancellationToken::new();
-        let journal = tasks.task_journal(&task, options.lease, cancel.clone())?;
+        let journal = tasks.task_journal(task, options.lease, cancel.clone())?;
         let run_options =
             self.task_options(&stored, &workflow, journal.clone(), cancel.clone(), options);
         // `archon cancel` stops the step as it stops a local run's: its attempt ends cancelled, its
         // commands are stopped, nothing after it is made ready, and the run ends cancelled once no
         // worker runs a step of it (`Tasks::reap`).
+        let mut step = Box::pin(run::run_step(
+            workflow.clone(),
+            stored.inputs.clone(),
+            run_options,
+            &task.step,
+        ));
         let stepped = tokio::select! {
-            stepped = run::run_step(
-                workflow.clone(),
-                stored.inputs.clone(),
-                run_options,
-                &task.step,
-            ) => stepped,
+            stepped = &mut step => stepped,
             () = cancel.cancelled() => {
+                drop(step);
                 journal.close();
-                // The journal stops the step too when the task was taken over: nothing is recorded.
+                // The journal stops the step too when the task was taken over, or when its lease
+                // could not be renewed: nothing more is recorded.
+                if let Some(failure) = journal.failure() {
+                    if !failure.taken_over {
+                        options.say.line(&format!("worker: {}", failure.message));
+                    }
+                    return Ok(Outcome::Lost);
+                }
+                tasks.complete(task)?;
+                return Ok(Outcome::Done);
+            }
+            // Stopped as a local run's steps are by a signal: the step's future is dropped, which
+            // kills its commands and records its attempt as ended, cancelled (no result); the task is
+            // handed back, and whoever takes it runs the step anew.
+            () = options.halt.cancelled() => {
+                drop(step);
+                journal.close();
                 if journal.failure().is_some() {
                     return Ok(Outcome::Lost);
                 }
-                tasks.complete(&task)?;
-                return Ok(Outcome::Done);
+                tasks.release_task(task)?;
+                return Ok(Outcome::Released);
             }
         };
-        if journal.failure().is_some() {
+        if let Some(failure) = journal.failure() {
             journal.close();
+            if !failure.taken_over {
+                options.say.line(&format!("worker: {}", failure.message));
+            }
             return Ok(Outcome::Lost);
         }
         if let Err(e) = stepped {
             journal.close();
-            tasks.interrupt(&task, &e.to_string())?;
+            tasks.interrupt(task, &e.to_string())?;
             return Ok(Outcome::Lost);
         }
         let steps = &workflow.spec.steps;
@@ -294,7 +485,7 @@ impl Session {
                 (s.id.value.clone(), needs)
             })
             .collect();
-        match tasks.finish(&task, &dependents, steps.len())? {
+        match tasks.finish(task, &dependents, steps.len())? {
             Finished::Done(_) => {
                 journal.close();
                 Ok(Outcome::Done)
@@ -307,18 +498,18 @@ impl Session {
                 // Every step has its result: the run's end is the run over all of them, reused.
                 let stored = self.store.load(&task.run_id)?;
                 let cancel = CancellationToken::new();
-                let run_options =
-                    self.task_options(&stored, &workflow, journal.clone(), cancel, options);
+                let ending: Arc<dyn crate::store::Journal> = Arc::new(Ending(journal.clone()));
+                let run_options = self.task_options(&stored, &workflow, ending, cancel, options);
                 let ended = run::run(workflow, stored.inputs.clone(), run_options).await;
                 journal.close();
                 if journal.failure().is_some() {
                     return Ok(Outcome::Lost);
                 }
                 if let Err(e) = ended {
-                    tasks.interrupt(&task, &e.to_string())?;
+                    tasks.interrupt(task, &e.to_string())?;
                     return Ok(Outcome::Lost);
                 }
-                tasks.complete(&task)?;
+                tasks.complete(task)?;
                 Ok(Outcome::EndedRun)
             }
         }

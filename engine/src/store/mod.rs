@@ -306,7 +306,7 @@ pub(crate) fn asked_within(request: &crate::report::ApprovalRequest, step: Optio
 
 /// How much of each stream of each attempt's output a journal has kept: at most
 /// [`sqlite::MAX_LOG_BYTES`], with a note where it was cut. Both stores' journals apply it.
-#[derive(Debug, Default)]
+#[derive(Clone, Debug, Default)]
 pub(crate) struct LogBudget(
     std::collections::HashMap<(String, crate::tools::Stream), (u32, usize)>,
 );
@@ -769,6 +769,10 @@ pub trait Tasks: Send + Sync {
     /// Ends a submitted run that cannot go on without a person (a step in doubt may not be repeated):
     /// interrupted, its tasks removed, to be resumed or resolved as any interrupted run.
     fn interrupt(&self, task: &Task, error: &str) -> Result<(), StoreError>;
+    /// Notified when tasks may have become ready (another process submitted, finished, released or
+    /// reaped some), and whenever the connection that listens for that is made again: a hint to look,
+    /// never the work itself. Idle workers wait for it (or their next look with backoff).
+    fn work_signal(&self) -> std::sync::Arc<tokio::sync::Notify>;
 }
 
 /// A journal that keeps nothing: a run without a store.

@@ -80,6 +80,8 @@ pub struct PgJournal {
     broken: Arc<Mutex<Option<StoreError>>>,
     /// Says when the writer has ended.
     ended: Mutex<Option<std::sync::mpsc::Receiver<()>>>,
+    /// A task's lease guard, told of the commands its step starts.
+    guard: Option<Arc<LeaseGuard>>,
 }
 
 impl PgJournal {
@@ -91,16 +93,25 @@ impl PgJournal {
         let (sender, receiver) = mpsc::unbounded_channel();
         let (done, ended) = std::sync::mpsc::sync_channel(1);
         let broken = Arc::new(Mutex::new(None));
-        writer.cancel = cancel;
+        writer.cancel = cancel.clone();
         writer.shared = broken.clone();
+        let ended_writer = CancellationToken::new();
+        let guard = writer.guard.clone();
+        if let Some(guard) = writer.guard.clone() {
+            let what = writer.what();
+            let (shared, ended) = (broken.clone(), ended_writer.clone());
+            runtime.spawn(guard.watch(what, cancel, shared, ended));
+        }
         runtime.spawn(async move {
             writer.run(receiver).await;
+            ended_writer.cancel();
             let _ = done.send(());
         });
         PgJournal {
             sender: Mutex::new(Some(sender)),
             broken,
             ended: Mutex::new(Some(ended)),
+            guard,
         }
     }
 
@@ -121,6 +132,11 @@ impl Drop for PgJournal {
 
 impl Journal for PgJournal {
     fn record(&self, entry: Entry) {
+        if let (Some(guard), Entry::ProcessStarted { pgid, started, .. }) = (&self.guard, &entry)
+            && let Ok(mut commands) = guard.commands.lock()
+        {
+            commands.push((*pgid, *started));
+        }
         self.send(Message::Entry(Write::of(entry)));
     }
 
@@ -146,6 +162,129 @@ impl Journal for PgJournal {
     fn failure(&self) -> Option<StoreError> {
         self.broken.lock().ok().and_then(|b| b.clone())
     }
+}
+
+/// How long before a task's lease lapses its worker stops the step when it could not renew the lease:
+/// a fifth of the lease, so that the step's commands are stopped before another worker may take it.
+fn lease_margin(lease: std::time::Duration) -> std::time::Duration {
+    lease / 5
+}
+
+/// The first wait before a failed write of a task's journal is tried again; it doubles up to
+/// [`MOST_RETRY`], for as long as the task's lease lasts.
+const LEAST_RETRY: std::time::Duration = std::time::Duration::from_millis(25);
+const MOST_RETRY: std::time::Duration = std::time::Duration::from_millis(500);
+
+/// Until when a task's step may go on: the lease as last renewed, less [`lease_margin`]. A task of its
+/// own watches it, so that the step stops in time even while a write hangs on a lost connection.
+#[derive(Debug)]
+pub(super) struct LeaseGuard {
+    until: Mutex<Instant>,
+    /// The step was stopped: the writer writes nothing more.
+    expired: std::sync::atomic::AtomicBool,
+    /// The process groups the step's commands started (and their leaders' start times): killed when
+    /// the lease is lost, even should the worker be too busy (blocked on the lost database) to drop
+    /// the step at once.
+    commands: Mutex<Vec<(u32, Option<u64>)>>,
+}
+
+impl LeaseGuard {
+    fn new(until: Instant) -> Self {
+        LeaseGuard {
+            until: Mutex::new(until),
+            expired: Default::default(),
+            commands: Mutex::default(),
+        }
+    }
+
+    fn until(&self) -> Instant {
+        self.until.lock().map_or_else(|_| Instant::now(), |u| *u)
+    }
+
+    /// The lease was renewed by a write that started at `started`.
+    fn renewed(&self, started: Instant, lease: std::time::Duration) {
+        if let Ok(mut until) = self.until.lock() {
+            *until = (*until).max(started + lease - lease_margin(lease));
+        }
+    }
+
+    fn expired(&self) -> bool {
+        self.expired.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// Stops the step (through `cancel`, with the journal's failure) once the lease is about to lapse
+    /// unrenewed; returns when the writer has ended first.
+    async fn watch(
+        self: Arc<Self>,
+        what: String,
+        cancel: CancellationToken,
+        shared: Arc<Mutex<Option<StoreError>>>,
+        ended: CancellationToken,
+    ) {
+        loop {
+            let until = self.until();
+            tokio::select! {
+                () = tokio::time::sleep_until(until.into()) => {
+                    if self.until() > Instant::now() {
+                        continue;
+                    }
+                    self.expired.store(true, std::sync::atomic::Ordering::SeqCst);
+                    if let Ok(mut shared) = shared.lock()
+                        && shared.is_none()
+                    {
+                        *shared = Some(lease_lost(&what));
+                    }
+                    cancel.cancel();
+                    let commands = self.commands.lock().map(|c| c.clone()).unwrap_or_default();
+                    for (pgid, started) in commands {
+                        if crate::process::leftover_group(pgid, started) {
+                            crate::process::kill_group(pgid);
+                        }
+                    }
+                    return;
+                }
+                () = ended.cancelled() => return,
+            }
+        }
+    }
+}
+
+/// Why a task's journal stopped its step: its lease could not be renewed in time.
+fn lease_lost(what: &str) -> StoreError {
+    StoreError::new(format!(
+        "could not renew the lease on {what}: the step was stopped before the lease lapsed"
+    ))
+}
+
+/// Whether a failed write may be tried again: the connection failed or was ended (by the server, an
+/// administrator, the network) before the transaction's commit was sent, so nothing of it was kept.
+fn retryable(failure: &Failure) -> bool {
+    match failure {
+        Failure::Pool(_) => true,
+        Failure::Pg(e) => match e.as_db_error() {
+            None => true,
+            Some(db) => {
+                let code = db.code().code();
+                // Connection exceptions, and the server ending the session (`pg_terminate_backend`, a
+                // shutdown), or the transaction losing a deadlock or serialization race.
+                code.starts_with("08")
+                    || code.starts_with("57P")
+                    || code == "40P01"
+                    || code == "40001"
+            }
+        },
+        Failure::Store(_) => false,
+    }
+}
+
+/// What a write changes in the writer, put back when it failed and is tried again.
+struct Saved {
+    seq: i64,
+    log_seq: i64,
+    last_attempt: HashMap<String, u32>,
+    open: HashMap<String, u32>,
+    logged: crate::store::LogBudget,
+    released: bool,
 }
 
 /// A statement's parameters, owned, so that the statements of a batch can be sent together.
@@ -178,6 +317,10 @@ pub(super) struct Writer {
     task: Option<String>,
     /// How long a lease lasts unless renewed; renewed every third of it.
     lease: std::time::Duration,
+    /// A task's: until when its step may go on unless the lease is renewed.
+    guard: Option<Arc<LeaseGuard>>,
+    /// The transaction under way has sent its commit: should it fail, whether it was kept is unknown.
+    committing: bool,
 }
 
 const INSERT_ATTEMPT: &str =
@@ -220,9 +363,13 @@ const RUN_ENDED: &str = "UPDATE runs SET status = $2, outputs = $3, error = $4, 
 const RENEW: &str = "UPDATE runs SET lease_until = $2 WHERE id = $1 AND owner_token = $3";
 const RENEW_TASK: &str =
     "UPDATE tasks SET lease_until = $3 WHERE run_id = $1 AND step = $2 AND token = $4";
-const FENCE_TASK: &str = "SELECT r.cancel_requested, t.token
-    FROM runs r LEFT JOIN tasks t ON t.run_id = r.id AND t.step = $2 AND t.state = 'claimed'
-    WHERE r.id = $1 FOR UPDATE OF r";
+const FENCE_RUN: &str = "SELECT cancel_requested FROM runs WHERE id = $1 FOR UPDATE";
+/// The task's row is locked too, so that nobody returns the task to ready (its lease lapsed) while this
+/// transaction commits on the lease it checked.
+const FENCE_TASK: &str = "SELECT token, lease_until FROM tasks
+    WHERE run_id = $1 AND step = $2 AND state = 'claimed' FOR UPDATE";
+const START_TASK: &str = "UPDATE tasks SET lease_until = $3
+    WHERE run_id = $1 AND step = $2 AND token = $4 AND state = 'claimed' AND lease_until >= $5";
 /// Read once the run's row is locked: a statement's own snapshot predates the wait for the lock.
 const NUMBERS: &str = "SELECT (SELECT COALESCE(MAX(seq), 0) FROM events WHERE run_id = $1),
     (SELECT COALESCE(MAX(seq), 0) FROM logs WHERE run_id = $1)";
@@ -288,7 +435,33 @@ impl Writer {
                 &[&run],
             )
             .await?;
-        drop(client);
+        // A task's lease is renewed first: the step goes on until it lapses, less a margin, unless
+        // renewed again.
+        let guard = match (&task, client) {
+            (Some(step), client) => {
+                let started = Instant::now();
+                let now = ms(now_ms());
+                let until = now.saturating_add(lease.as_millis() as i64);
+                let renewed = client
+                    .execute(START_TASK, &[&run, step, &until, &token, &now])
+                    .await?;
+                if renewed == 0 {
+                    return Err(Failure::Store(StoreError {
+                        taken_over: true,
+                        ..StoreError::new(format!(
+                            "step `{step}` of run `{run}` was taken over by another worker"
+                        ))
+                    }));
+                }
+                Some(Arc::new(LeaseGuard::new(
+                    started + lease - lease_margin(lease),
+                )))
+            }
+            (None, client) => {
+                drop(client);
+                None
+            }
+        };
         let cancel_asked = inner.watch(&run).await;
         Ok(Writer {
             cancel_asked,
@@ -307,7 +480,85 @@ impl Writer {
             released: false,
             task,
             lease,
+            guard,
+            committing: false,
         })
+    }
+
+    /// What this journal records, for messages: a task's step, or the run.
+    fn what(&self) -> String {
+        match &self.task {
+            Some(step) => format!("step `{step}` of run `{}`", self.run),
+            None => format!("run `{}`", self.run),
+        }
+    }
+
+    fn save(&self) -> Saved {
+        Saved {
+            seq: self.seq,
+            log_seq: self.log_seq,
+            last_attempt: self.last_attempt.clone(),
+            open: self.open.clone(),
+            logged: self.logged.clone(),
+            released: self.released,
+        }
+    }
+
+    fn restore(&mut self, saved: Saved) {
+        self.seq = saved.seq;
+        self.log_seq = saved.log_seq;
+        self.last_attempt = saved.last_attempt;
+        self.open = saved.open;
+        self.logged = saved.logged;
+        self.released = saved.released;
+    }
+
+    /// Applies `entries` in one transaction. A task's journal renews the lease with every write, and
+    /// tries a write whose connection failed again (a new connection from the pool) until its lease is
+    /// about to lapse; then the guard has stopped the step and nothing more is written.
+    async fn write_while_leased(
+        &mut self,
+        entries: &[Write],
+        heartbeat: bool,
+    ) -> Result<Option<bool>> {
+        let Some(guard) = self.guard.clone() else {
+            return self.write(entries, heartbeat).await;
+        };
+        let mut wait = LEAST_RETRY;
+        loop {
+            if guard.expired() {
+                return Err(Failure::Store(self.shared_failure()));
+            }
+            let saved = self.save();
+            let started = Instant::now();
+            match self.write(entries, true).await {
+                Ok(outcome) => {
+                    if outcome.is_some() {
+                        guard.renewed(started, self.lease);
+                    }
+                    return Ok(outcome);
+                }
+                Err(e) if !self.committing && retryable(&e) => {
+                    self.restore(saved);
+                    let left = guard.until().saturating_duration_since(Instant::now());
+                    if left.is_zero() {
+                        return Err(Failure::Store(lease_lost(&self.what())));
+                    }
+                    tokio::time::sleep(wait.min(left)).await;
+                    wait = (wait * 2).min(MOST_RETRY);
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// The failure the guard recorded when it stopped the step.
+    fn shared_failure(&self) -> StoreError {
+        self.shared
+            .lock()
+            .ok()
+            .and_then(|s| s.clone())
+            .unwrap_or_else(|| lease_lost(&self.what()))
     }
 
     /// Collects messages and commits them together, renewing the lease every third of it.
@@ -399,7 +650,7 @@ impl Writer {
         }
         // Once the run's end is recorded, the run is no longer this process's: nothing more is written.
         if self.broken.is_none() && !self.released && (!entries.is_empty() || heartbeat) {
-            match self.write(&entries, heartbeat).await {
+            match self.write_while_leased(&entries, heartbeat).await {
                 Ok(Some(cancel_requested)) => {
                     if cancel_requested {
                         self.cancel.cancel();
@@ -444,6 +695,7 @@ impl Writer {
     /// Applies entries in one transaction; returns whether a cancel was requested, or `None` when the run
     /// no longer carries this process's token.
     async fn write(&mut self, entries: &[Write], heartbeat: bool) -> Result<Option<bool>> {
+        self.committing = false;
         let now = ms(now_ms());
         let mut client = self.inner.client().await?;
         let tx = client.transaction().await?;
@@ -465,18 +717,30 @@ impl Writer {
             }
             Some(step) => {
                 // The run's row is locked: the workers recording its other steps take turns with this one.
-                let fence = tx.prepare_cached(FENCE_TASK).await?;
-                let Some(row) = tx.query_opt(&fence, &[&self.run, step]).await? else {
+                let fence_run = tx.prepare_cached(FENCE_RUN).await?;
+                let fence_task = tx.prepare_cached(FENCE_TASK).await?;
+                let (run, task) = futures_util::future::try_join(
+                    tx.query_opt(&fence_run, &[&self.run]),
+                    tx.query_opt(&fence_task, &[&self.run, step]),
+                )
+                .await?;
+                let (Some(run), Some(task)) = (run, task) else {
                     return Ok(None);
                 };
-                if row.get::<_, Option<&str>>(1) != Some(self.token.as_str()) {
+                // The task is still this worker's, and its lease has not lapsed: nobody else may have
+                // taken it.
+                if task.get::<_, Option<&str>>(0) != Some(self.token.as_str())
+                    || task
+                        .get::<_, Option<i64>>(1)
+                        .is_none_or(|until| until < now)
+                {
                     return Ok(None);
                 }
                 let numbers = tx.prepare_cached(NUMBERS).await?;
                 let at = tx.query_one(&numbers, &[&self.run]).await?;
                 self.seq = at.get(0);
                 self.log_seq = at.get(1);
-                row.get::<_, bool>(0)
+                run.get::<_, bool>(0)
             }
         };
         let run = self.run.clone();
@@ -752,7 +1016,9 @@ impl Writer {
             },
         ))
         .await?;
+        self.committing = true;
         tx.commit().await?;
+        self.committing = false;
         bump(&client).await;
         Ok(Some(cancel_requested))
     }

@@ -114,6 +114,8 @@ pub(crate) struct Inner {
     /// The journals of this process that want to hear of `archon cancel` at once, by run id, and
     /// whether the connection that listens for it is up.
     cancels: Mutex<Cancels>,
+    /// Woken when tasks may have become ready (`NOTIFY archon_work`); the listener starts on first use.
+    work: Mutex<Option<Arc<tokio::sync::Notify>>>,
 }
 
 /// The runs whose journals listen for cancels (`NOTIFY archon_cancel, 'RUN'`), and the listener's state.
@@ -127,6 +129,15 @@ struct Cancels {
 
 /// The channel `cancel` notifies, with the run id as payload.
 const CANCEL_CHANNEL: &str = "archon_cancel";
+
+/// Sent inside a transaction that makes tasks ready, so that idle workers hear of it once it commits
+/// (a notification is delivered at commit, never before): the channel `archon_work`, the store's schema
+/// as payload (stores in other schemas of the database ignore it).
+pub(crate) const NOTIFY_WORK: &str = "SELECT pg_notify('archon_work', current_schema())";
+
+/// The first wait before the work listener connects again; it doubles up to [`MOST_RELISTEN`].
+const LEAST_RELISTEN: Duration = Duration::from_millis(100);
+const MOST_RELISTEN: Duration = Duration::from_secs(5);
 
 /// Leaves the password out.
 impl std::fmt::Debug for Inner {
@@ -291,6 +302,7 @@ impl PostgresStore {
                 tokens: Mutex::new(HashMap::new()),
                 config,
                 cancels: Mutex::default(),
+                work: Mutex::default(),
             }),
         })
     }
@@ -335,6 +347,26 @@ impl PostgresStore {
             tokens.insert(id.to_owned(), token.clone());
         }
         token
+    }
+
+    /// Woken when tasks may have become ready; starts the listener on first use.
+    fn work_signal(&self) -> Arc<tokio::sync::Notify> {
+        let Ok(mut work) = self.inner.work.lock() else {
+            return Arc::new(tokio::sync::Notify::new());
+        };
+        if let Some(notify) = work.as_ref() {
+            return notify.clone();
+        }
+        let notify = Arc::new(tokio::sync::Notify::new());
+        if let Ok(runtime) = runtime() {
+            runtime.spawn(listen_for_work(
+                Arc::downgrade(&self.inner),
+                self.inner.config.clone(),
+                notify.clone(),
+            ));
+            *work = Some(notify.clone());
+        }
+        notify
     }
 
     fn forget_token(&self, id: &str) -> Option<String> {
@@ -490,7 +522,11 @@ impl Inner {
             source = cause.source();
         }
         let detail = self.scrub(&detail.to_lowercase());
-        if e.is_closed() || detail.contains("error connecting") {
+        // Refused, dropped or reset: the server cannot be reached (for now), whatever the query was.
+        if e.is_closed()
+            || detail.contains("error connecting")
+            || detail.contains("error communicating")
+        {
             StoreError::new(format!("cannot reach the run store `{shown}`: {detail}"))
                 .with_hint("check that the PostgreSQL server is up and reachable from here")
         } else {
@@ -541,6 +577,71 @@ async fn listen(
         }
     }
     driver.abort();
+}
+
+/// Listens for `NOTIFY archon_work` while the store lives, connecting again with backoff whenever the
+/// connection fails; `notify` is woken by each notification for this store's schema, and each time the
+/// listener is up again (what was made ready while nobody listened is found by looking).
+async fn listen_for_work(
+    inner: std::sync::Weak<Inner>,
+    config: tokio_postgres::Config,
+    notify: Arc<tokio::sync::Notify>,
+) {
+    let mut wait = LEAST_RELISTEN;
+    while inner.strong_count() > 0 {
+        if listen_for_work_once(&config, &notify).await {
+            wait = LEAST_RELISTEN;
+        }
+        tokio::time::sleep(wait).await;
+        wait = (wait * 2).min(MOST_RELISTEN);
+    }
+}
+
+/// One connection's listening; whether it got as far as listening.
+async fn listen_for_work_once(
+    config: &tokio_postgres::Config,
+    notify: &tokio::sync::Notify,
+) -> bool {
+    let Ok((client, mut connection)) = config.connect(tokio_postgres::NoTls).await else {
+        return false;
+    };
+    let (messages, mut received) = tokio::sync::mpsc::unbounded_channel();
+    let driver = tokio::spawn(async move {
+        while let Some(message) =
+            futures_util::future::poll_fn(|cx| connection.poll_message(cx)).await
+        {
+            match message {
+                Ok(message) => {
+                    if messages.send(message).is_err() {
+                        break;
+                    }
+                }
+                Err(_) => break,
+            }
+        }
+    });
+    let schema: Option<String> = match client.query_one("SELECT current_schema()::text", &[]).await
+    {
+        Ok(row) => row.get(0),
+        Err(_) => {
+            driver.abort();
+            return false;
+        }
+    };
+    if client.batch_execute("LISTEN archon_work").await.is_err() {
+        driver.abort();
+        return false;
+    }
+    notify.notify_one();
+    while let Some(message) = received.recv().await {
+        if let tokio_postgres::AsyncMessage::Notification(n) = message
+            && schema.as_deref().is_none_or(|s| s == n.payload())
+        {
+            notify.notify_one();
+        }
+    }
+    driver.abort();
+    true
 }
 
 /// The message of a store URL this archon cannot open.

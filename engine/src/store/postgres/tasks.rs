@@ -12,7 +12,7 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 use super::queries::{bump, ms};
-use super::{Inner, PostgresStore, Result};
+use super::{Inner, NOTIFY_WORK, PostgresStore, Result};
 use crate::record::{self, FORMAT_VERSION};
 use crate::store::{Finished, Journal, NewRun, StoreError, Task, Tasks, now_ms};
 
@@ -49,6 +49,7 @@ async fn submit(inner: &Inner, run: &NewRun, ready: &[String]) -> Result<()> {
         &[&run.id, &ready, &now],
     )
     .await?;
+    tx.batch_execute(NOTIFY_WORK).await?;
     tx.commit().await?;
     bump(&client).await;
     Ok(())
@@ -159,18 +160,28 @@ async fn finish(
             }
         }
     }
+    if !ready.is_empty() {
+        tx.batch_execute(NOTIFY_WORK).await?;
+    }
     tx.commit().await?;
     bump(&client).await;
     Ok(Finished::Done(ready))
 }
 
-async fn set_state(inner: &Inner, task: &Task, sql: &str) -> Result<()> {
-    let client = inner.client().await?;
-    client
+/// Changes the task's state with `sql`; whether it changed. `ready`: it became ready again, which idle
+/// workers hear of at once.
+async fn set_state(inner: &Inner, task: &Task, sql: &str, ready: bool) -> Result<bool> {
+    let mut client = inner.client().await?;
+    let tx = client.transaction().await?;
+    let changed = tx
         .execute(sql, &[&task.run_id, &task.step, &task.token])
         .await?;
+    if ready && changed > 0 {
+        tx.batch_execute(NOTIFY_WORK).await?;
+    }
+    tx.commit().await?;
     bump(&client).await;
-    Ok(())
+    Ok(changed > 0)
 }
 
 async fn reap(inner: &Inner) -> Result<usize> {
@@ -199,6 +210,9 @@ async fn reap(inner: &Inner) -> Result<usize> {
     if !ended.is_empty() {
         tx.execute("DELETE FROM tasks WHERE run_id = ANY($1)", &[&ended])
             .await?;
+    }
+    if returned > 0 {
+        tx.batch_execute(NOTIFY_WORK).await?;
     }
     tx.commit().await?;
     if returned > 0 || !ended.is_empty() {
@@ -285,8 +299,10 @@ impl Tasks for PostgresStore {
                 &task,
                 "UPDATE tasks SET state = 'done', lease_until = NULL
                  WHERE run_id = $1 AND step = $2 AND token = $3",
+                false,
             )
             .await
+            .map(|_| ())
         })
     }
 
@@ -299,8 +315,10 @@ impl Tasks for PostgresStore {
                 &task,
                 "UPDATE tasks SET state = 'ready', token = NULL, lease_until = NULL, worker = NULL
                  WHERE run_id = $1 AND step = $2 AND token = $3 AND state = 'claimed'",
+                true,
             )
             .await
+            .map(|_| ())
         })
     }
 
@@ -313,5 +331,9 @@ impl Tasks for PostgresStore {
         let inner = self.inner.clone();
         let (task, error) = (task.clone(), error.to_owned());
         self.run(async move { interrupt(&inner, &task, &error).await })
+    }
+
+    fn work_signal(&self) -> Arc<tokio::sync::Notify> {
+        PostgresStore::work_signal(self)
     }
 }
