@@ -16,7 +16,9 @@ use tokio_util::sync::CancellationToken;
 use super::{NewRunRequest, Session, SessionError, cached_workflows, spec_files};
 use crate::resume;
 use crate::run::{self, RunOptions};
-use crate::store::{Finished, NewRun, StoreError, StoredRun, Task, Tasks};
+use crate::store::{
+    Finished, NewRun, Routing, StoreError, StoredRun, Task, Tasks, Waiting, WorkerInfo,
+};
 use crate::validate::validate_source;
 use crate::workflow::Workflow;
 
@@ -41,6 +43,10 @@ pub struct WorkerOptions {
     pub helper: Option<PathBuf>,
     /// Cancelled to stop (SIGTERM): no more steps are claimed, the running ones finish.
     pub stop: CancellationToken,
+    /// The labels this worker has: it takes only steps whose labels are all among them.
+    pub labels: Vec<String>,
+    /// Most steps running at once on all workers together (`--global-limit`), as this worker counts.
+    pub global_limit: Option<u32>,
 }
 
 /// What a worker did before it stopped.
@@ -98,6 +104,18 @@ impl Session {
             .filter(|(i, _)| workflow.dependencies[*i].is_empty())
             .map(|(_, s)| s.id.value.clone())
             .collect();
+        // Each step's labels (a step runs whole on one worker) and the workflow's limit.
+        let routing = Routing {
+            labels: workflow
+                .spec
+                .steps
+                .iter()
+                .map(|s| (s.id.value.clone(), workflow.labels_of(s)))
+                .filter(|(_, labels)| !labels.is_empty())
+                .map(|(step, labels)| (step, labels.into_iter().collect()))
+                .collect(),
+            workflow_limit: workflow.spec.concurrency.as_ref().map(|c| c.value.max(1)),
+        };
         tasks.submit(
             &NewRun {
                 id: request.id.clone(),
@@ -108,6 +126,7 @@ impl Session {
                 workdir: request.workdir.display().to_string(),
                 max_parallel,
             },
+            &routing,
             &ready,
         )?;
         Ok(request.id)
@@ -117,7 +136,41 @@ impl Session {
     /// `options.concurrency` at once), runs each, and returns leases that lapsed elsewhere to ready.
     pub async fn work(&self, options: &WorkerOptions) -> Result<Worked, SessionError> {
         let tasks = self.task_table()?;
-        let name = worker_name();
+        let me = WorkerInfo {
+            name: worker_name(),
+            host: crate::store::sqlite::host(),
+            pid: std::process::id(),
+            labels: options.labels.clone(),
+            concurrency: options.concurrency.max(1),
+            global_limit: options.global_limit,
+        };
+        // Registered while it works: claims read its labels and limit there, and `show` tells a step no
+        // live worker can take.
+        let beating = CancellationToken::new();
+        tasks.register_worker(&me, options.lease, beating.clone())?;
+        let worked = self.work_as(tasks, &me.name, options).await;
+        beating.cancel();
+        let gone = tasks.deregister_worker(&me.name);
+        let worked = worked?;
+        gone?;
+        Ok(worked)
+    }
+
+    /// The ready steps of a submitted run that no worker has taken, each with why it waits (none for a
+    /// run not submitted to workers, or on a store without them).
+    pub fn waiting(&self, id: &str) -> Result<Vec<Waiting>, SessionError> {
+        match self.store.tasks() {
+            Some(tasks) => Ok(tasks.waiting(id)?),
+            None => Ok(Vec::new()),
+        }
+    }
+
+    async fn work_as(
+        &self,
+        tasks: &dyn Tasks,
+        name: &str,
+        options: &WorkerOptions,
+    ) -> Result<Worked, SessionError> {
         let concurrency = options.concurrency.max(1);
         let mut running = FuturesUnordered::new();
         let mut worked = Worked::default();
@@ -127,7 +180,7 @@ impl Session {
             if !options.stop.is_cancelled() && running.len() < concurrency {
                 tasks.reap()?;
                 let claimed =
-                    tasks.claim_tasks(&name, concurrency - running.len(), options.lease)?;
+                    tasks.claim_tasks(name, concurrency - running.len(), options.lease)?;
                 if !claimed.is_empty() {
                     idle = LEAST_IDLE;
                 }

@@ -177,11 +177,40 @@ CREATE TABLE tasks (
 CREATE INDEX tasks_ready ON tasks (ready_at, run_id, step) WHERE state = 'ready';
 CREATE INDEX tasks_claimed ON tasks (lease_until) WHERE state = 'claimed';
 "#,
+    r#"
+-- Routing and limits: the labels a worker needs to run each step of a submitted run (`runs_on`), kept
+-- for steps not yet ready in `step_labels` and copied onto the task when it becomes ready; the workflow's
+-- limit on steps running at once across its runs (`concurrency`); the workers, alive while their
+-- registration's lease (renewed every third of it) has not lapsed.
+ALTER TABLE tasks ADD COLUMN labels TEXT[] NOT NULL DEFAULT '{}';
+ALTER TABLE runs ADD COLUMN workflow_limit BIGINT;
+CREATE TABLE step_labels (
+    run_id TEXT NOT NULL REFERENCES runs (id),
+    step TEXT NOT NULL,
+    labels TEXT[] NOT NULL,
+    PRIMARY KEY (run_id, step)
+);
+CREATE TABLE workers (
+    name TEXT PRIMARY KEY,
+    host TEXT NOT NULL,
+    pid BIGINT NOT NULL,
+    labels TEXT[] NOT NULL,
+    concurrency BIGINT NOT NULL,
+    global_limit BIGINT,
+    started_at BIGINT NOT NULL,
+    heartbeat_at BIGINT NOT NULL,
+    lease_until BIGINT NOT NULL
+);
+-- A claim visits each running run and takes its oldest ready tasks: one index probe per run.
+CREATE INDEX tasks_ready_by_run ON tasks (run_id, ready_at, step) WHERE state = 'ready';
+CREATE INDEX runs_running ON runs (id) WHERE status = 'running';
+"#,
 ];
 
 /// The tables whose rows belong to a run (by `run_id`), which `prune` deletes with it.
 pub(super) const RUN_TABLES: &[&str] = &[
     "tasks",
+    "step_labels",
     "files",
     "attempts",
     "results",

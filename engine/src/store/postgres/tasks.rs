@@ -14,12 +14,19 @@ use tokio_util::sync::CancellationToken;
 use super::queries::{bump, ms};
 use super::{Inner, PostgresStore, Result};
 use crate::record::{self, FORMAT_VERSION};
-use crate::store::{Finished, Journal, NewRun, StoreError, Task, Tasks, now_ms};
+use crate::store::{
+    Finished, Journal, NewRun, Routing, StoreError, Task, Tasks, Waiting, WorkerInfo, now_ms,
+};
 
 /// The owner's host a submitted run's row names: no process owns it, the workers do.
 pub const WORKERS: &str = "archon workers";
 
-async fn submit(inner: &Inner, run: &NewRun, ready: &[String]) -> Result<()> {
+/// The advisory lock claims take in turn ("ARCN" + 1, the schema's name hashed): counting the steps
+/// running in a run, a workflow or everywhere, and claiming within the limits, is one step at a time,
+/// whatever row locks `SKIP LOCKED` passes over.
+const CLAIM_LOCK: &str = "SELECT pg_advisory_xact_lock(1095910223, hashtext(current_schema()))";
+
+async fn submit(inner: &Inner, run: &NewRun, routing: &Routing, ready: &[String]) -> Result<()> {
     let now = ms(now_ms());
     let mut client = inner.client().await?;
     let tx = client.transaction().await?;
@@ -42,10 +49,26 @@ async fn submit(inner: &Inner, run: &NewRun, ready: &[String]) -> Result<()> {
         ],
     )
     .await?;
+    if let Some(limit) = routing.workflow_limit {
+        tx.execute(
+            "UPDATE runs SET workflow_limit = $2 WHERE id = $1",
+            &[&run.id, &i64::from(limit)],
+        )
+        .await?;
+    }
     super::queries::insert_files(&tx, &run.id, &run.files).await?;
+    for (step, labels) in &routing.labels {
+        tx.execute(
+            "INSERT INTO step_labels (run_id, step, labels) VALUES ($1, $2, $3)",
+            &[&run.id, step, labels],
+        )
+        .await?;
+    }
     tx.execute(
-        "INSERT INTO tasks (run_id, step, state, ready_at)
-         SELECT $1, step, 'ready', $3 FROM unnest($2::text[]) AS step",
+        "INSERT INTO tasks (run_id, step, state, ready_at, labels)
+         SELECT $1, step, 'ready', $3, COALESCE(
+            (SELECT l.labels FROM step_labels l WHERE l.run_id = $1 AND l.step = s.step), '{}')
+         FROM unnest($2::text[]) AS s (step)",
         &[&run.id, &ready, &now],
     )
     .await?;
@@ -56,26 +79,21 @@ async fn submit(inner: &Inner, run: &NewRun, ready: &[String]) -> Result<()> {
 
 async fn claim(inner: &Inner, worker: &str, limit: usize, lease: Duration) -> Result<Vec<Task>> {
     let now = now_ms();
-    let client = inner.client().await?;
-    let rows = client
+    let mut client = inner.client().await?;
+    let tx = client.transaction().await?;
+    tx.execute(CLAIM_LOCK, &[]).await?;
+    let rows = tx
         .query(
-            "WITH picked AS (
-                SELECT t.run_id, t.step FROM tasks t JOIN runs r ON r.id = t.run_id
-                WHERE t.state = 'ready' AND NOT r.cancel_requested
-                ORDER BY t.ready_at, t.run_id, t.step
-                LIMIT $1 FOR UPDATE OF t SKIP LOCKED
-             )
-             UPDATE tasks t SET state = 'claimed', token = $2 || ':' || (t.attempts + 1),
-                lease_until = $3, worker = $2, attempts = t.attempts + 1
-             FROM picked p WHERE t.run_id = p.run_id AND t.step = p.step
-             RETURNING t.run_id, t.step, t.token, t.attempts",
+            CLAIM,
             &[
                 &(limit as i64),
                 &worker,
                 &ms(now.saturating_add(lease.as_millis() as u64)),
+                &WORKERS,
             ],
         )
         .await?;
+    tx.commit().await?;
     if !rows.is_empty() {
         bump(&client).await;
     }
@@ -89,6 +107,53 @@ async fn claim(inner: &Inner, worker: &str, limit: usize, lease: Duration) -> Re
         })
         .collect())
 }
+
+/// Claims up to `$1` ready tasks for the registered worker `$2` (none when it is not registered), leased
+/// until `$3`. Only tasks whose labels are all the worker's; a run's tasks while fewer than its
+/// `max_parallel` are claimed, a workflow's while fewer than its runs' `workflow_limit`, and any while
+/// fewer than the worker's `global_limit` run anywhere. Fair: every run's oldest ready task comes before
+/// any run's second (`run_rank`), so a run with thousands of ready steps does not hold back one submitted
+/// after it. Each run is one probe of `tasks_ready_by_run`, reading at most `$1` rows.
+const CLAIM: &str = "
+WITH me AS (
+    SELECT labels, global_limit FROM workers WHERE name = $2
+),
+busy AS (
+    SELECT t.run_id, r.workflow FROM tasks t JOIN runs r ON r.id = t.run_id WHERE t.state = 'claimed'
+),
+open_runs AS (
+    SELECT r.id, r.workflow,
+        r.max_parallel - (SELECT count(*) FROM busy b WHERE b.run_id = r.id) AS run_room,
+        r.workflow_limit - (SELECT count(*) FROM busy b WHERE b.workflow = r.workflow) AS workflow_room
+    FROM runs r
+    WHERE r.status = 'running' AND r.owner_host = $4 AND NOT r.cancel_requested
+),
+candidates AS (
+    SELECT o.id AS run_id, o.workflow, o.workflow_room, c.step, c.ready_at,
+        row_number() OVER (PARTITION BY o.id ORDER BY c.ready_at, c.step) AS run_rank
+    FROM open_runs o CROSS JOIN me CROSS JOIN LATERAL (
+        SELECT t.step, t.ready_at FROM tasks t
+        WHERE t.run_id = o.id AND t.state = 'ready' AND t.labels <@ me.labels
+        ORDER BY t.ready_at, t.step
+        LIMIT LEAST($1, GREATEST(o.run_room, 0))
+    ) c
+),
+ranked AS (
+    SELECT c.*, row_number() OVER (
+        PARTITION BY c.workflow ORDER BY c.run_rank, c.ready_at, c.run_id, c.step) AS workflow_rank
+    FROM candidates c
+),
+picked AS (
+    SELECT run_id, step FROM ranked
+    WHERE workflow_room IS NULL OR workflow_rank <= workflow_room
+    ORDER BY run_rank, ready_at, run_id, step
+    LIMIT LEAST($1, (SELECT CASE WHEN me.global_limit IS NULL THEN $1
+        ELSE GREATEST(me.global_limit - (SELECT count(*) FROM busy), 0) END FROM me))
+)
+UPDATE tasks t SET state = 'claimed', token = $2 || ':' || (t.attempts + 1),
+    lease_until = $3, worker = $2, attempts = t.attempts + 1
+FROM picked p WHERE t.run_id = p.run_id AND t.step = p.step AND t.state = 'ready'
+RETURNING t.run_id, t.step, t.token, t.attempts";
 
 async fn finish(
     inner: &Inner,
@@ -149,7 +214,9 @@ async fn finish(
             }
             let added = tx
                 .execute(
-                    "INSERT INTO tasks (run_id, step, state, ready_at) VALUES ($1, $2, 'ready', $3)
+                    "INSERT INTO tasks (run_id, step, state, ready_at, labels)
+                     VALUES ($1, $2, 'ready', $3, COALESCE(
+                        (SELECT l.labels FROM step_labels l WHERE l.run_id = $1 AND l.step = $2), '{}'))
                      ON CONFLICT (run_id, step) DO NOTHING",
                     &[&task.run_id, step, &now],
                 )
@@ -195,6 +262,9 @@ async fn reap(inner: &Inner) -> Result<usize> {
             &[&now, &WORKERS],
         )
         .await?;
+    // Workers whose registration lapsed are gone: they no longer count as able to take a step.
+    tx.execute("DELETE FROM workers WHERE lease_until < $1", &[&now])
+        .await?;
     let ended: Vec<String> = ended.iter().map(|r| r.get(0)).collect();
     if !ended.is_empty() {
         tx.execute("DELETE FROM tasks WHERE run_id = ANY($1)", &[&ended])
@@ -205,6 +275,107 @@ async fn reap(inner: &Inner) -> Result<usize> {
         bump(&client).await;
     }
     Ok(returned as usize)
+}
+
+async fn register(inner: &Inner, worker: &WorkerInfo, lease: Duration) -> Result<()> {
+    let now = now_ms();
+    let client = inner.client().await?;
+    client
+        .execute(
+            "INSERT INTO workers (name, host, pid, labels, concurrency, global_limit, started_at,
+                heartbeat_at, lease_until)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $7, $8)
+             ON CONFLICT (name) DO UPDATE SET heartbeat_at = $7, lease_until = $8",
+            &[
+                &worker.name,
+                &worker.host,
+                &i64::from(worker.pid),
+                &worker.labels,
+                &(worker.concurrency as i64),
+                &worker.global_limit.map(i64::from),
+                &ms(now),
+                &ms(now.saturating_add(lease.as_millis() as u64)),
+            ],
+        )
+        .await?;
+    Ok(())
+}
+
+/// Why each ready task of run `id` waits: no live worker has its labels, or a limit holds it back.
+async fn waiting(inner: &Inner, id: &str) -> Result<Vec<Waiting>> {
+    let now = ms(now_ms());
+    let client = inner.client().await?;
+    let Some(run) = client
+        .query_opt(
+            "SELECT r.workflow, r.max_parallel, r.workflow_limit,
+                (SELECT count(*) FROM tasks t WHERE t.run_id = r.id AND t.state = 'claimed'),
+                (SELECT count(*) FROM tasks t JOIN runs o ON o.id = t.run_id
+                 WHERE o.workflow = r.workflow AND t.state = 'claimed')
+             FROM runs r WHERE r.id = $1 AND r.status = 'running' AND r.owner_host = $2",
+            &[&id, &WORKERS],
+        )
+        .await?
+    else {
+        return Ok(Vec::new());
+    };
+    let (workflow, max_parallel, workflow_limit, running, workflow_running): (
+        String,
+        i64,
+        Option<i64>,
+        i64,
+        i64,
+    ) = (run.get(0), run.get(1), run.get(2), run.get(3), run.get(4));
+    let workers: Vec<Vec<String>> = client
+        .query(
+            "SELECT labels FROM workers WHERE lease_until >= $1",
+            &[&now],
+        )
+        .await?
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    let ready = client
+        .query(
+            "SELECT step, labels FROM tasks WHERE run_id = $1 AND state = 'ready'
+             ORDER BY ready_at, step LIMIT 1000",
+            &[&id],
+        )
+        .await?;
+    let ticked = |labels: &[String]| {
+        labels
+            .iter()
+            .map(|l| format!("`{l}`"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    Ok(ready
+        .iter()
+        .map(|row| {
+            let step: String = row.get(0);
+            let labels: Vec<String> = row.get(1);
+            let able = workers
+                .iter()
+                .any(|have| labels.iter().all(|l| have.contains(l)));
+            let reason = if labels.is_empty() && workers.is_empty() {
+                "no live worker".to_owned()
+            } else if !able {
+                format!(
+                    "no live worker has {} {}",
+                    if labels.len() == 1 { "label" } else { "labels" },
+                    ticked(&labels)
+                )
+            } else if running >= max_parallel {
+                format!("the run has `{running}` steps running, its `max_parallel`")
+            } else if workflow_limit.is_some_and(|limit| workflow_running >= limit) {
+                format!(
+                    "workflow `{workflow}` has `{workflow_running}` steps running, its `concurrency`"
+                )
+            } else {
+                "no worker has taken it yet".to_owned()
+            };
+            Waiting { step, reason }
+        })
+        .collect())
 }
 
 async fn interrupt(inner: &Inner, task: &Task, error: &str) -> Result<()> {
@@ -229,10 +400,53 @@ async fn interrupt(inner: &Inner, task: &Task, error: &str) -> Result<()> {
 }
 
 impl Tasks for PostgresStore {
-    fn submit(&self, run: &NewRun, ready: &[String]) -> Result<(), StoreError> {
+    fn submit(&self, run: &NewRun, routing: &Routing, ready: &[String]) -> Result<(), StoreError> {
         let inner = self.inner.clone();
-        let (run, ready) = (run.clone(), ready.to_vec());
-        self.run(async move { submit(&inner, &run, &ready).await })
+        let (run, routing, ready) = (run.clone(), routing.clone(), ready.to_vec());
+        self.run(async move { submit(&inner, &run, &routing, &ready).await })
+    }
+
+    fn register_worker(
+        &self,
+        worker: &WorkerInfo,
+        lease: Duration,
+        stop: CancellationToken,
+    ) -> Result<(), StoreError> {
+        let inner = self.inner.clone();
+        let first = worker.clone();
+        self.run(async move { register(&inner, &first, lease).await })?;
+        // Renewed every third of the lease until the worker stops; a renewal that fails (the database is
+        // away) is tried again at the next.
+        let inner = self.inner.clone();
+        let worker = worker.clone();
+        super::runtime()?.spawn(async move {
+            loop {
+                tokio::select! {
+                    () = stop.cancelled() => return,
+                    () = tokio::time::sleep(lease / 3) => {}
+                }
+                let _ = register(&inner, &worker, lease).await;
+            }
+        });
+        Ok(())
+    }
+
+    fn deregister_worker(&self, name: &str) -> Result<(), StoreError> {
+        let inner = self.inner.clone();
+        let name = name.to_owned();
+        self.run(async move {
+            let client = inner.client().await?;
+            client
+                .execute("DELETE FROM workers WHERE name = $1", &[&name])
+                .await?;
+            Ok(())
+        })
+    }
+
+    fn waiting(&self, run_id: &str) -> Result<Vec<Waiting>, StoreError> {
+        let inner = self.inner.clone();
+        let id = run_id.to_owned();
+        self.run(async move { waiting(&inner, &id).await })
     }
 
     fn claim_tasks(
