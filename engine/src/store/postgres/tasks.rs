@@ -82,9 +82,11 @@ async fn claim(inner: &Inner, worker: &str, limit: usize, lease: Duration) -> Re
     let mut client = inner.client().await?;
     let tx = client.transaction().await?;
     tx.execute(CLAIM_LOCK, &[]).await?;
+    // Planned once per connection: the claim runs often.
+    let statement = tx.prepare_cached(CLAIM).await?;
     let rows = tx
         .query(
-            CLAIM,
+            &statement,
             &[
                 &(limit as i64),
                 &worker,
@@ -111,8 +113,9 @@ async fn claim(inner: &Inner, worker: &str, limit: usize, lease: Duration) -> Re
 /// Claims up to `$1` ready tasks for the registered worker `$2` (none when it is not registered), leased
 /// until `$3`. Only tasks whose labels are all the worker's; a run's tasks while fewer than its
 /// `max_parallel` are claimed, a workflow's while fewer than its runs' `workflow_limit`, and any while
-/// fewer than the worker's `global_limit` run anywhere. Fair: every run's oldest ready task comes before
-/// any run's second (`run_rank`), so a run with thousands of ready steps does not hold back one submitted
+/// fewer than the worker's `global_limit` run anywhere. Fair: a task's `run_rank` is its place in its
+/// run's queue counting the run's running tasks first, and the lowest go first, so every run gets its
+/// share of the workers in turn, and a run with thousands of ready steps does not hold back one submitted
 /// after it. Each run is one probe of `tasks_ready_by_run`, reading at most `$1` rows.
 const CLAIM: &str = "
 WITH me AS (
@@ -122,7 +125,7 @@ busy AS (
     SELECT t.run_id, r.workflow FROM tasks t JOIN runs r ON r.id = t.run_id WHERE t.state = 'claimed'
 ),
 open_runs AS (
-    SELECT r.id, r.workflow,
+    SELECT r.id, r.workflow, (SELECT count(*) FROM busy b WHERE b.run_id = r.id) AS run_busy,
         r.max_parallel - (SELECT count(*) FROM busy b WHERE b.run_id = r.id) AS run_room,
         r.workflow_limit - (SELECT count(*) FROM busy b WHERE b.workflow = r.workflow) AS workflow_room
     FROM runs r
@@ -130,7 +133,7 @@ open_runs AS (
 ),
 candidates AS (
     SELECT o.id AS run_id, o.workflow, o.workflow_room, c.step, c.ready_at,
-        row_number() OVER (PARTITION BY o.id ORDER BY c.ready_at, c.step) AS run_rank
+        o.run_busy + row_number() OVER (PARTITION BY o.id ORDER BY c.ready_at, c.step) AS run_rank
     FROM open_runs o CROSS JOIN me CROSS JOIN LATERAL (
         SELECT t.step, t.ready_at FROM tasks t
         WHERE t.run_id = o.id AND t.state = 'ready' AND t.labels <@ me.labels
