@@ -190,9 +190,7 @@ fn waiting(
     if run.status != RunState::Running {
         return Ok(Vec::new());
     }
-    session
-        .waiting(&run.id)
-        .map_err(|e| session_error(&e, ColorChoice::Never))
+    session.waiting(&run.id).map_err(|e| store_error(&e))
 }
 
 /// How often `archon run --submit --wait` looks for the run's new events.

@@ -158,9 +158,9 @@ impl Session {
 
     /// The ready steps of a submitted run that no worker has taken, each with why it waits (none for a
     /// run not submitted to workers, or on a store without them).
-    pub fn waiting(&self, id: &str) -> Result<Vec<Waiting>, SessionError> {
+    pub fn waiting(&self, id: &str) -> Result<Vec<Waiting>, StoreError> {
         match self.store.tasks() {
-            Some(tasks) => Ok(tasks.waiting(id)?),
+            Some(tasks) => tasks.waiting(id),
             None => Ok(Vec::new()),
         }
     }
