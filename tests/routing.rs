@@ -411,3 +411,37 @@ fn a_run_with_thousands_of_ready_steps_does_not_starve_one_submitted_after_it() 
         w.stop();
     });
 }
+
+/// `archon serve` over the same store shows a waiting step and why, in its API and on the run's page.
+#[tokio::test(flavor = "multi_thread")]
+async fn serve_shows_a_step_that_waits_for_a_worker_and_why() {
+    let Some(db) = db() else { return };
+    std::fs::write(
+        db.path().join("gpu.yaml"),
+        "name: gpu\nsteps:\n  - { id: fit, tool: exec, runs_on: [gpu], with: { argv: [echo, fit] } }\n",
+    )
+    .expect("write");
+    let id = submit(&db, &["gpu.yaml"]);
+    let plain = Worker::start(&db, 0, &[]);
+    let url = db.url();
+    let server = crate::support::serve::serve(db.path(), &[], &[("ARCHON_STORE", &url)]);
+    let (status, body) = server.get(&format!("/api/v1/runs/{id}")).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(
+        body["waiting"],
+        json!([{ "step": "fit", "reason": "no live worker has label `gpu`" }])
+    );
+    let page = server
+        .request(reqwest::Method::GET, &format!("/runs/{id}"))
+        .send()
+        .await
+        .expect("the page")
+        .text()
+        .await
+        .expect("its text");
+    assert!(
+        page.contains(r#"<span class="note">waiting: no live worker has label `gpu`</span>"#),
+        "{page}"
+    );
+    plain.stop();
+}
