@@ -445,3 +445,44 @@ async fn serve_shows_a_step_that_waits_for_a_worker_and_why() {
     );
     plain.stop();
 }
+
+/// Runs `sql` in the test's schema.
+fn sql(db: &Db, sql: &str) {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    runtime.block_on(async {
+        let (client, connection) = tokio_postgres::connect(&db.url(), tokio_postgres::NoTls)
+            .await
+            .expect("connected");
+        let connection = tokio::spawn(connection);
+        client.batch_execute(sql).await.expect("executed");
+        drop(client);
+        let _ = connection.await;
+    });
+}
+
+/// A store of the schema before routing (version 2), with a submitted run waiting in it, migrates when a
+/// worker opens it, and the worker runs the run.
+#[test]
+fn a_store_from_before_routing_migrates_and_its_waiting_run_goes_on() {
+    let Some(db) = db() else { return };
+    std::fs::write(
+        db.path().join("plain.yaml"),
+        "name: plain\nsteps:\n  - { id: one, tool: exec, with: { argv: [echo, one] } }\n  - { id: two, needs: [one], tool: exec, with: { argv: [echo, two] } }\n",
+    )
+    .expect("write");
+    let id = submit(&db, &["plain.yaml"]);
+    // Back to what version 2 had.
+    sql(
+        &db,
+        "DROP TABLE workers; DROP TABLE step_labels; DROP INDEX tasks_ready_by_run; DROP INDEX runs_running;
+         ALTER TABLE tasks DROP COLUMN labels; ALTER TABLE runs DROP COLUMN workflow_limit;
+         UPDATE archon_schema_version SET version = 2;",
+    );
+    let worker = Worker::start(&db, 0, &[]);
+    let run = ended(&db, &id);
+    assert_eq!(run["status"], "succeeded", "{run}");
+    worker.stop();
+}

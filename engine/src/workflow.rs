@@ -201,3 +201,76 @@ impl Workflow {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::Labels;
+
+    /// The labels each step of `spec` needs, in the spec's order.
+    fn labels(spec: &str) -> Vec<(String, Vec<String>)> {
+        let validation = crate::validate::validate_source("/nowhere/labels.yaml", spec);
+        assert!(!validation.has_errors(), "{:?}", validation.diagnostics);
+        let workflow = validation.workflow.expect("valid");
+        workflow
+            .spec
+            .steps
+            .iter()
+            .map(|s| {
+                let labels: Labels = workflow.labels_of(s);
+                (s.id.value.clone(), labels.into_iter().collect())
+            })
+            .collect()
+    }
+
+    fn owned(rows: &[(&str, &[&str])]) -> Vec<(String, Vec<String>)> {
+        rows.iter()
+            .map(|(s, l)| ((*s).to_owned(), l.iter().map(|l| (*l).to_owned()).collect()))
+            .collect()
+    }
+
+    #[test]
+    fn a_step_needs_its_own_labels_and_those_of_everything_it_calls() {
+        let spec = r#"name: routed
+tools:
+  train: { runs_on: [gpu], command: [echo, trained] }
+  pack: { runs_on: [big-disk], command: [echo, packed] }
+  both:
+    runs_on: [eu]
+    steps:
+      - { id: t, tool: train }
+      - { id: u, tool: exec, runs_on: [fast], with: { argv: [echo, u] } }
+steps:
+  - { id: plain, tool: exec, with: { argv: [echo, plain] } }
+  - { id: fit, tool: train, runs_on: [eu] }
+  - { id: nested, tool: both }
+  - id: saved
+    tool: exec
+    with: { argv: ["false"] }
+    fallback: { tool: pack }
+"#;
+        assert_eq!(
+            labels(spec),
+            owned(&[
+                ("plain", &[]),
+                ("fit", &["eu", "gpu"]),
+                ("nested", &["eu", "fast", "gpu"]),
+                ("saved", &["big-disk"]),
+            ])
+        );
+    }
+
+    #[test]
+    fn missing_labels_names_each_step_and_what_it_lacks() {
+        let spec = "name: m\nsteps:\n  - { id: a, tool: exec, runs_on: [gpu, eu], with: { argv: [echo] } }\n  - { id: b, tool: exec, with: { argv: [echo] } }\n";
+        let workflow = crate::validate::validate_source("/nowhere/m.yaml", spec)
+            .workflow
+            .expect("valid");
+        let have: Labels = ["eu".to_owned()].into_iter().collect();
+        assert_eq!(
+            workflow.missing_labels(&have),
+            vec![("a".to_owned(), ["gpu".to_owned()].into_iter().collect())]
+        );
+        let all: Labels = ["eu".to_owned(), "gpu".to_owned()].into_iter().collect();
+        assert!(workflow.missing_labels(&all).is_empty());
+    }
+}

@@ -1,7 +1,10 @@
 //! The task table: the top-level steps of runs submitted to workers (`archon worker`), one row per step
-//! once it is ready. A worker claims ready rows in batches (`FOR UPDATE SKIP LOCKED`) under a lease whose
-//! token fences the step's journal; whoever finishes a step makes its dependents ready in the same
-//! transaction, and any worker returns lapsed leases to ready.
+//! once it is ready. A worker claims ready rows in batches under a lease whose token fences the step's
+//! journal; claims take turns under an advisory lock, so that the limits they count hold (a run's
+//! `max_parallel`, its workflow's `concurrency`, a worker's global limit), take only tasks whose labels the
+//! worker has, and share the workers fairly among runs. Whoever finishes a step makes its dependents ready
+//! in the same transaction, and any worker returns lapsed leases to ready. Workers register in `workers`
+//! while they run, so that a step no live worker can take shows as waiting, with why.
 //!
 //! A submitted run has no owning process: its row names [`WORKERS`] as its owner's host with a lease that
 //! never lapses, so it shows as running (not interrupted) from submission to its end, whoever works on it.
