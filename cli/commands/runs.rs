@@ -155,7 +155,7 @@ pub fn show(args: &ShowArgs, color: ColorChoice) -> anyhow::Result<Status> {
             #[serde(skip_serializing_if = "Option::is_none")]
             events: Option<Vec<serde_json::Value>>,
             #[serde(skip_serializing_if = "Vec::is_empty")]
-            waiting: Vec<archon_engine::store::Waiting>,
+            waiting: Vec<session::Waiting>,
         }
         let waiting = match waiting(&session, &run) {
             Ok(waiting) => waiting,
@@ -183,10 +183,7 @@ pub fn show(args: &ShowArgs, color: ColorChoice) -> anyhow::Result<Status> {
 }
 
 /// The ready steps of a running submitted run that no worker has taken, with why.
-fn waiting(
-    session: &Session,
-    run: &StoredRun,
-) -> Result<Vec<archon_engine::store::Waiting>, Status> {
+fn waiting(session: &Session, run: &StoredRun) -> Result<Vec<session::Waiting>, Status> {
     if run.status != RunState::Running {
         return Ok(Vec::new());
     }

@@ -33,7 +33,7 @@ pub use crate::store::new_run_id;
 pub use crate::store::{
     ApprovalRecord, AttemptRecord, CacheFilter, CacheSummary, Firing, FiringFilter, FiringKind,
     FiringOutcome, LogChunk, Owner, Pruned, RunCursor, RunFilter, RunPage, RunQuery, RunState,
-    RunSummary, StoreError, StoredRun,
+    RunSummary, StoreError, StoredRun, Waiting,
 };
 
 /// The version of the run store's schema this build writes (what a bug report names).
