@@ -24,11 +24,6 @@ use crate::store::{
 /// The owner's host a submitted run's row names: no process owns it, the workers do.
 pub const WORKERS: &str = "archon workers";
 
-/// The advisory lock claims take in turn ("ARCN" + 1, the schema's name hashed): counting the steps
-/// running in a run, a workflow or everywhere, and claiming within the limits, is one step at a time,
-/// whatever row locks `SKIP LOCKED` passes over.
-const CLAIM_LOCK: &str = "SELECT pg_advisory_xact_lock(1095910223, hashtext(current_schema()))";
-
 async fn submit(inner: &Inner, run: &NewRun, routing: &Routing, ready: &[String]) -> Result<()> {
     let now = ms(now_ms());
     let mut client = inner.client().await?;
@@ -82,12 +77,14 @@ async fn submit(inner: &Inner, run: &NewRun, routing: &Routing, ready: &[String]
 
 async fn claim(inner: &Inner, worker: &str, limit: usize, lease: Duration) -> Result<Vec<Task>> {
     let now = now_ms();
-    let mut client = inner.client().await?;
-    let tx = client.transaction().await?;
-    tx.execute(CLAIM_LOCK, &[]).await?;
-    // Planned once per connection: the claim runs often.
-    let statement = tx.prepare_cached(CLAIM).await?;
-    let rows = tx
+    let client = inner.client().await?;
+    // One statement: no transaction is left open between round trips (a worker frozen there would hold
+    // the claim lock until the server ends its session). `archon_claim` takes the lock, then claims with
+    // a snapshot taken after it (schema.rs, migration 3).
+    let statement = client
+        .prepare_cached("SELECT * FROM archon_claim($1, $2, $3, $4)")
+        .await?;
+    let rows = client
         .query(
             &statement,
             &[
@@ -98,7 +95,6 @@ async fn claim(inner: &Inner, worker: &str, limit: usize, lease: Duration) -> Re
             ],
         )
         .await?;
-    tx.commit().await?;
     if !rows.is_empty() {
         bump(&client).await;
     }
@@ -112,54 +108,6 @@ async fn claim(inner: &Inner, worker: &str, limit: usize, lease: Duration) -> Re
         })
         .collect())
 }
-
-/// Claims up to `$1` ready tasks for the registered worker `$2` (none when it is not registered), leased
-/// until `$3`. Only tasks whose labels are all the worker's; a run's tasks while fewer than its
-/// `max_parallel` are claimed, a workflow's while fewer than its runs' `workflow_limit`, and any while
-/// fewer than the worker's `global_limit` run anywhere. Fair: a task's `run_rank` is its place in its
-/// run's queue counting the run's running tasks first, and the lowest go first, so every run gets its
-/// share of the workers in turn, and a run with thousands of ready steps does not hold back one submitted
-/// after it. Each run is one probe of `tasks_ready_by_run`, reading at most `$1` rows.
-const CLAIM: &str = "
-WITH me AS (
-    SELECT labels, global_limit FROM workers WHERE name = $2
-),
-busy AS (
-    SELECT t.run_id, r.workflow FROM tasks t JOIN runs r ON r.id = t.run_id WHERE t.state = 'claimed'
-),
-open_runs AS (
-    SELECT r.id, r.workflow, (SELECT count(*) FROM busy b WHERE b.run_id = r.id) AS run_busy,
-        r.max_parallel - (SELECT count(*) FROM busy b WHERE b.run_id = r.id) AS run_room,
-        r.workflow_limit - (SELECT count(*) FROM busy b WHERE b.workflow = r.workflow) AS workflow_room
-    FROM runs r
-    WHERE r.status = 'running' AND r.owner_host = $4 AND NOT r.cancel_requested
-),
-candidates AS (
-    SELECT o.id AS run_id, o.workflow, o.workflow_room, c.step, c.ready_at,
-        o.run_busy + row_number() OVER (PARTITION BY o.id ORDER BY c.ready_at, c.step) AS run_rank
-    FROM open_runs o CROSS JOIN me CROSS JOIN LATERAL (
-        SELECT t.step, t.ready_at FROM tasks t
-        WHERE t.run_id = o.id AND t.state = 'ready' AND t.labels <@ me.labels
-        ORDER BY t.ready_at, t.step
-        LIMIT LEAST($1, GREATEST(o.run_room, 0))
-    ) c
-),
-ranked AS (
-    SELECT c.*, row_number() OVER (
-        PARTITION BY c.workflow ORDER BY c.run_rank, c.ready_at, c.run_id, c.step) AS workflow_rank
-    FROM candidates c
-),
-picked AS (
-    SELECT run_id, step FROM ranked
-    WHERE workflow_room IS NULL OR workflow_rank <= workflow_room
-    ORDER BY run_rank, ready_at, run_id, step
-    LIMIT LEAST($1, (SELECT CASE WHEN me.global_limit IS NULL THEN $1
-        ELSE GREATEST(me.global_limit - (SELECT count(*) FROM busy), 0) END FROM me))
-)
-UPDATE tasks t SET state = 'claimed', token = $2 || ':' || (t.attempts + 1),
-    lease_until = $3, worker = $2, attempts = t.attempts + 1
-FROM picked p WHERE t.run_id = p.run_id AND t.step = p.step AND t.state = 'ready'
-RETURNING t.run_id, t.step, t.token, t.attempts";
 
 async fn finish(
     inner: &Inner,
