@@ -19,10 +19,15 @@ struct Worker {
 }
 
 impl Worker {
+    /// A worker with a lease long enough that a loaded machine does not lose its steps.
     fn start(db: &Db, n: usize, args: &[&str]) -> Worker {
+        Worker::leased(db, n, "3s", args)
+    }
+
+    fn leased(db: &Db, n: usize, lease: &str, args: &[&str]) -> Worker {
         let err = db.path().join(format!("worker-{n}.err"));
         let child = Command::new(env!("CARGO_BIN_EXE_archon"))
-            .args(["worker", "--lease", "1s"])
+            .args(["worker", "--lease", lease])
             .args(args)
             .current_dir(db.path())
             .env("NO_COLOR", "1")
@@ -177,10 +182,10 @@ fn a_worker_whose_registration_lapsed_counts_as_gone_until_it_is_back() {
     let Some(db) = db() else { return };
     std::fs::write(
         db.path().join("gpu.yaml"),
-        "name: gpu\nsteps:\n  - { id: fit, tool: exec, runs_on: [gpu], with: { argv: [echo, fit] } }\n",
+        "name: gpu\nsteps:\n  - { id: fit, tool: exec, idempotent: true, runs_on: [gpu], with: { argv: [echo, fit] } }\n",
     )
     .expect("write");
-    let gpu = Worker::start(&db, 0, &["--labels", "gpu"]);
+    let gpu = Worker::leased(&db, 0, "1s", &["--labels", "gpu"]);
     // Frozen, it renews nothing: once its registration lapses (1 s), no live worker has `gpu`.
     gpu.signal(rustix::process::Signal::STOP);
     let id = submit(&db, &["gpu.yaml"]);
