@@ -172,7 +172,7 @@ pub struct RunArgs {
     /// nothing here.
     #[arg(
         long,
-        conflicts_with_all = ["goal", "dry_run", "save_plan", "record", "replay", "json", "events", "yes", "no_input", "no_cache"]
+        conflicts_with_all = ["goal", "dry_run", "save_plan", "record", "replay", "json", "events", "yes", "no_input", "no_cache", "labels"]
     )]
     pub submit: bool,
 
@@ -198,6 +198,16 @@ pub struct WorkerArgs {
     /// then they are stopped and handed back to the other workers. A second signal stops them at once.
     #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = drain)]
     pub drain: std::time::Duration,
+
+    /// Labels this worker has, comma separated (`gpu,eu`): it takes only steps whose `runs_on` labels
+    /// (with their tools') are all among them. Default: none (steps without `runs_on` only).
+    #[arg(long, value_name = "LABELS", value_delimiter = ',', value_parser = label)]
+    pub labels: Vec<String>,
+
+    /// Most steps running at once on all workers together: this worker takes a step only while fewer
+    /// than this many run (on any worker). Default: no limit.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    pub global_limit: Option<u32>,
 
     #[command(flatten)]
     pub state: StateArgs,
@@ -241,6 +251,21 @@ pub struct RunOutputArgs {
     /// replace their cached ones.
     #[arg(long)]
     pub no_cache: bool,
+
+    /// Labels this process has, comma separated (`gpu,eu`): a step whose `runs_on` (or whose tool's)
+    /// needs one it lacks fails the run before any step starts. Default: none.
+    #[arg(long, value_name = "LABELS", value_delimiter = ',', value_parser = label)]
+    pub labels: Vec<String>,
+}
+
+fn label(text: &str) -> Result<String, String> {
+    if archon_engine::validate::is_label(text) {
+        Ok(text.to_owned())
+    } else {
+        Err(format!(
+            "`{text}` is not a valid label: use lowercase letters, digits, `_` and `-`"
+        ))
+    }
 }
 
 #[derive(Debug, Subcommand)]

@@ -35,6 +35,7 @@ mod postgres;
 mod process;
 mod properties;
 mod retries;
+mod routing;
 mod rules;
 mod run;
 mod schema;

@@ -243,6 +243,7 @@ pub fn execute(
         helper: std::env::current_exe().ok(),
         no_cache: args.no_cache,
         recorded: None,
+        labels: args.labels.iter().cloned().collect(),
     };
     // Registered before any step starts, so an early Ctrl-C or SIGTERM is never missed. Closing the
     // terminal (SIGHUP) stops the run like Ctrl-C: its commands are killed and the run is left

@@ -194,17 +194,28 @@ pub fn show(args: &ShowArgs, color: ColorChoice) -> anyhow::Result<Status> {
         None
     };
     if args.json {
-        /// The run as `show --json` writes it: the stored run, and its events when asked for.
+        /// The run as `show --json` writes it: the stored run, its events when asked for, and the
+        /// steps of a submitted run that wait for a worker, with why.
         #[derive(serde::Serialize)]
         struct Shown<'a> {
             #[serde(flatten)]
             run: &'a StoredRun,
             #[serde(skip_serializing_if = "Option::is_none")]
             events: Option<Vec<serde_json::Value>>,
+            #[serde(skip_serializing_if = "Vec::is_empty")]
+            waiting: Vec<session::Waiting>,
         }
+        let waiting = match waiting(&session, &run) {
+            Ok(waiting) => waiting,
+            Err(status) => return Ok(status),
+        };
         // Written as it is serialized, not built as one text first: a run with large outputs is shown
         // without holding them twice more.
-        output::stdout_json(&Shown { run: &run, events });
+        output::stdout_json(&Shown {
+            run: &run,
+            events,
+            waiting,
+        });
         return Ok(Status::Success);
     }
     if let Some(events) = events {
@@ -217,6 +228,14 @@ pub fn show(args: &ShowArgs, color: ColorChoice) -> anyhow::Result<Status> {
         Paint::new(output::use_color(color)),
     ));
     Ok(Status::Success)
+}
+
+/// The ready steps of a running submitted run that no worker has taken, with why.
+fn waiting(session: &Session, run: &StoredRun) -> Result<Vec<session::Waiting>, Status> {
+    if run.status != RunState::Running {
+        return Ok(Vec::new());
+    }
+    session.waiting(&run.id).map_err(|e| store_error(&e))
 }
 
 /// How often `archon run --submit --wait` looks for the run's new events.
@@ -348,6 +367,7 @@ fn describe(session: &Session, run: &StoredRun, paint: Paint) -> String {
         })
     };
     let status_cell = |status: &str, note: &str| format!("{}{note}", paint.status(status, status));
+    let waiting_steps = waiting(session, run).unwrap_or_default();
     let mut rows = Vec::new();
     let mut seen = HashSet::new();
     for (name, result) in &run.results {
@@ -397,6 +417,21 @@ fn describe(session: &Session, run: &StoredRun, paint: Paint) -> String {
                     format!("no result ({})", shown(&attempt.status))
                 },
                 attempts.get(step).copied().unwrap_or(0).to_string(),
+                String::new(),
+            ]);
+        }
+    }
+    // The steps of a submitted run that are ready but that no worker has taken, and why.
+    for waiting in &waiting_steps {
+        if seen.insert(waiting.step.as_str()) {
+            rows.push([
+                shown(&waiting.step),
+                format!(
+                    "{}: {}",
+                    paint.status("waiting", "waiting"),
+                    shown(&waiting.reason)
+                ),
+                "0".to_owned(),
                 String::new(),
             ]);
         }

@@ -29,14 +29,21 @@ pub fn work(args: &WorkerArgs, color: ColorChoice) -> anyhow::Result<Status> {
         drain: args.drain,
         halt: halt.clone(),
         say: Say(Arc::new(|line: &str| output::stderr(&format!("{line}\n")))),
+        labels: args.labels.clone(),
+        global_limit: args.global_limit,
     };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()?;
     let signal_handle = stop_on_signals(stop, halt)?;
+    let labels = if options.labels.is_empty() {
+        String::new()
+    } else {
+        format!(", labels `{}`", options.labels.join(","))
+    };
     output::stderr(&format!(
-        "worker: taking steps from `{}` ({} at once)\n",
+        "worker: taking steps from `{}` ({} at once{labels})\n",
         args.state.shown(),
         options.concurrency
     ));

@@ -142,6 +142,7 @@ pub mod codes {
     pub const MISSING_KEY: &str = "archon::missing_key";
     pub const DUPLICATE_KEY: &str = "archon::duplicate_key";
     pub const INVALID_NAME: &str = "archon::invalid_name";
+    pub const INVALID_LABEL: &str = "archon::invalid_label";
     pub const DUPLICATE_STEP: &str = "archon::duplicate_step";
     pub const UNKNOWN_STEP: &str = "archon::unknown_step";
     pub const CYCLE: &str = "archon::cycle";

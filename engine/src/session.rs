@@ -33,7 +33,7 @@ pub use crate::store::new_run_id;
 pub use crate::store::{
     API_TRIGGER, ApprovalRecord, AttemptRecord, CacheFilter, CacheSummary, Firing, FiringFilter,
     FiringKind, FiringOutcome, LogChunk, Owner, Pruned, RunCursor, RunFilter, RunPage, RunQuery,
-    RunState, RunSummary, StoreError, StoredRun,
+    RunState, RunSummary, StoreError, StoredRun, Waiting,
 };
 
 /// The version of the run store's schema this build writes (what a bug report names).
@@ -129,6 +129,42 @@ pub struct NewRunRequest {
     pub max_parallel: Option<usize>,
 }
 
+/// The refusal of a run some of whose steps need labels this process lacks (`None` when none does).
+fn missing_labels_error(missing: &[(String, crate::workflow::Labels)]) -> Option<SessionError> {
+    let ticked = |labels: &crate::workflow::Labels| {
+        labels
+            .iter()
+            .map(|l| format!("`{l}`"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let (step, labels) = missing.first()?;
+    let more = match missing.len() {
+        1 => String::new(),
+        2 => " (and 1 more step)".to_owned(),
+        n => format!(" (and {} more steps)", n - 1),
+    };
+    let all: crate::workflow::Labels = missing
+        .iter()
+        .flat_map(|(_, l)| l.iter().cloned())
+        .collect();
+    Some(SessionError::refused(
+        format!(
+            "step `{step}` needs {} this process does not have: {}{more}",
+            if labels.len() == 1 {
+                "a label"
+            } else {
+                "labels"
+            },
+            ticked(labels),
+        ),
+        format!(
+            "pass `--labels {}` to run it here, or submit the run to workers that have them (`archon run --submit`)",
+            all.iter().cloned().collect::<Vec<_>>().join(",")
+        ),
+    ))
+}
+
 /// The limit on steps, commands and LLM calls running at once when neither the request nor the spec says.
 pub const DEFAULT_MAX_PARALLEL: usize = 16;
 
@@ -198,6 +234,9 @@ pub struct Attachments {
     /// Receives each event the moment the run records it, numbered and shaped as the run's log will show
     /// it ([`Session::events_after`]): what a server streams before the store has committed it.
     pub recorded: Option<tokio::sync::mpsc::UnboundedSender<RecordedEvent>>,
+    /// The labels this process has (`archon run --labels`): a step whose `runs_on` (or whose tools')
+    /// needs one it lacks fails the run before any step starts.
+    pub labels: crate::workflow::Labels,
 }
 
 /// An event a run being executed recorded, as its log shows it once committed.
@@ -252,6 +291,7 @@ impl std::fmt::Debug for Attachments {
             .field("events", &self.events.is_some())
             .field("yes", &self.yes)
             .field("approver", &self.approver.is_some())
+            .field("labels", &self.labels)
             .finish_non_exhaustive()
     }
 }
@@ -713,6 +753,23 @@ impl Session {
         let mut journal = self
             .store
             .journal(&prepared.run_id, attachments.cancel.clone())?;
+        // A step that needs labels this process lacks could not run here: the run fails before any
+        // step starts (steps whose results it reuses run nowhere).
+        let missing: Vec<(String, crate::workflow::Labels)> = prepared
+            .workflow
+            .missing_labels(&attachments.labels)
+            .into_iter()
+            .filter(|(step, _)| !prepared.prior.contains_key(step))
+            .collect();
+        if let Some(refused) = missing_labels_error(&missing) {
+            journal.record(Entry::RunEnded {
+                status: RunState::Failed,
+                outputs: Map::new(),
+                error: Some(refused.to_string()),
+            });
+            journal.close();
+            return Err(refused);
+        }
         if let Some(to) = attachments.recorded.clone() {
             journal = Arc::new(Told {
                 last: std::sync::atomic::AtomicI64::new(self.store.last_event(&prepared.run_id)?),
@@ -745,8 +802,13 @@ impl Session {
                 }
             },
         };
+        // `concurrency` bounds the workflow's steps across its runs on workers; in one process, its run's.
+        let max_parallel = match &prepared.workflow.spec.concurrency {
+            Some(n) => prepared.max_parallel.min(n.value.max(1) as usize),
+            None => prepared.max_parallel,
+        };
         let options = RunOptions {
-            max_parallel: prepared.max_parallel,
+            max_parallel,
             workdir: prepared.workdir,
             protected: self.store.location().into_iter().collect(),
             run_id: prepared.run_id.clone(),

@@ -113,3 +113,164 @@ pub struct StepGraph {
     /// Step indexes in a topological order.
     pub order: Vec<usize>,
 }
+
+/// The labels a worker (or a local run) needs to run a step: the step's own `runs_on`; those of the tool
+/// it (or its fallback) calls, of a composite tool's steps and of a sub-workflow's steps, all the way down;
+/// and for an LLM step, those of every declared tool it may call (of every declared tool when it plans or
+/// may delegate, since what it calls then is not known in advance). A step runs whole on one worker, so it
+/// needs every label of everything it may run.
+pub type Labels = std::collections::BTreeSet<String>;
+
+impl Workflow {
+    /// The labels step `step` of this workflow needs (see [`Labels`]).
+    pub fn labels_of(&self, step: &crate::spec::Step) -> Labels {
+        let mut labels = Labels::new();
+        self.add_step_labels(step, &mut labels, 0);
+        labels
+    }
+
+    /// The top-level steps that need labels `have` lacks, each with the labels it lacks.
+    pub fn missing_labels(&self, have: &Labels) -> Vec<(String, Labels)> {
+        self.spec
+            .steps
+            .iter()
+            .filter_map(|step| {
+                let missing: Labels = self.labels_of(step).difference(have).cloned().collect();
+                (!missing.is_empty()).then(|| (step.id.value.clone(), missing))
+            })
+            .collect()
+    }
+
+    fn add_step_labels(&self, step: &crate::spec::Step, labels: &mut Labels, depth: usize) {
+        labels.extend(step.runs_on.iter().map(|l| l.value.clone()));
+        self.add_body_labels(step.body(), labels, depth);
+        if let Some(fallback) = &step.fallback {
+            self.add_body_labels(fallback.body(), labels, depth);
+        }
+    }
+
+    fn add_body_labels(&self, body: crate::spec::Body<'_>, labels: &mut Labels, depth: usize) {
+        // Validation refuses recursive tools and workflows; the bound only keeps a bug from looping.
+        if depth > 64 {
+            return;
+        }
+        if let Some(tool) = body.tool {
+            let name = tool.value.split('.').next().unwrap_or(&tool.value);
+            self.add_tool_labels(name, labels, depth);
+        }
+        if let Some(path) = body.workflow {
+            self.add_subworkflow_labels(&path.value, labels, depth);
+        }
+        if body.tool.is_some() || body.workflow.is_some() {
+            return;
+        }
+        // An LLM step: a plan, an unspecified step (which may become one), several agents asked, or an
+        // agent that may delegate can call any declared tool.
+        let everything = body.goal.is_none()
+            || body.ask.is_some()
+            || self
+                .spec
+                .agent_of(body)
+                .is_some_and(|a| !a.delegates.is_empty());
+        let patterns = self.spec.tool_patterns(body);
+        for name in self.spec.tools.keys() {
+            if everything || patterns.iter().any(|p| p.matches(&name.value)) {
+                self.add_tool_labels(&name.value, labels, depth);
+            }
+        }
+    }
+
+    fn add_tool_labels(&self, name: &str, labels: &mut Labels, depth: usize) {
+        let Some(def) = self.spec.tools.get(name) else {
+            return;
+        };
+        labels.extend(def.runs_on.iter().map(|l| l.value.clone()));
+        for step in def.steps.iter().flat_map(|s| s.value.iter()) {
+            self.add_step_labels(step, labels, depth + 1);
+        }
+        if let Some(path) = &def.workflow {
+            self.add_subworkflow_labels(&path.value, labels, depth);
+        }
+    }
+
+    fn add_subworkflow_labels(&self, path: &str, labels: &mut Labels, depth: usize) {
+        if let Some(sub) = self.subworkflows.get(path) {
+            for step in &sub.spec.steps {
+                sub.add_step_labels(step, labels, depth + 1);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Labels;
+
+    /// The labels each step of `spec` needs, in the spec's order.
+    fn labels(spec: &str) -> Vec<(String, Vec<String>)> {
+        let validation = crate::validate::validate_source("/nowhere/labels.yaml", spec);
+        assert!(!validation.has_errors(), "{:?}", validation.diagnostics);
+        let workflow = validation.workflow.expect("valid");
+        workflow
+            .spec
+            .steps
+            .iter()
+            .map(|s| {
+                let labels: Labels = workflow.labels_of(s);
+                (s.id.value.clone(), labels.into_iter().collect())
+            })
+            .collect()
+    }
+
+    fn owned(rows: &[(&str, &[&str])]) -> Vec<(String, Vec<String>)> {
+        rows.iter()
+            .map(|(s, l)| ((*s).to_owned(), l.iter().map(|l| (*l).to_owned()).collect()))
+            .collect()
+    }
+
+    #[test]
+    fn a_step_needs_its_own_labels_and_those_of_everything_it_calls() {
+        let spec = r#"name: routed
+tools:
+  train: { runs_on: [gpu], command: [echo, trained] }
+  pack: { runs_on: [big-disk], command: [echo, packed] }
+  both:
+    runs_on: [eu]
+    steps:
+      - { id: t, tool: train }
+      - { id: u, tool: exec, runs_on: [fast], with: { argv: [echo, u] } }
+steps:
+  - { id: plain, tool: exec, with: { argv: [echo, plain] } }
+  - { id: fit, tool: train, runs_on: [eu] }
+  - { id: nested, tool: both }
+  - id: saved
+    tool: exec
+    with: { argv: ["false"] }
+    fallback: { tool: pack }
+"#;
+        assert_eq!(
+            labels(spec),
+            owned(&[
+                ("plain", &[]),
+                ("fit", &["eu", "gpu"]),
+                ("nested", &["eu", "fast", "gpu"]),
+                ("saved", &["big-disk"]),
+            ])
+        );
+    }
+
+    #[test]
+    fn missing_labels_names_each_step_and_what_it_lacks() {
+        let spec = "name: m\nsteps:\n  - { id: a, tool: exec, runs_on: [gpu, eu], with: { argv: [echo] } }\n  - { id: b, tool: exec, with: { argv: [echo] } }\n";
+        let workflow = crate::validate::validate_source("/nowhere/m.yaml", spec)
+            .workflow
+            .expect("valid");
+        let have: Labels = ["eu".to_owned()].into_iter().collect();
+        assert_eq!(
+            workflow.missing_labels(&have),
+            vec![("a".to_owned(), ["gpu".to_owned()].into_iter().collect())]
+        );
+        let all: Labels = ["eu".to_owned(), "gpu".to_owned()].into_iter().collect();
+        assert!(workflow.missing_labels(&all).is_empty());
+    }
+}

@@ -624,6 +624,17 @@ pub struct RunDetail {
     /// Its place in this server's queue, when it waits there.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub queued: Option<QueuedRun>,
+    /// The steps of a run submitted to workers that are ready but that no worker has taken, with why
+    /// (`no live worker has label `gpu``); as `archon show --json` shows them.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub waiting: Vec<WaitingStep>,
+}
+
+/// A ready step of a run submitted to workers that no worker has taken.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct WaitingStep {
+    pub step: String,
+    pub reason: String,
 }
 
 /// Sums the LLM usage of results: a result's own usage, else its nested steps'.
@@ -722,6 +733,7 @@ fn detail_of(app: &App, mut run: StoredRun) -> RunDetail {
         executing_here,
         trigger: app.executor.trigger_of(&run.id),
         queued: app.executor.queued(&run.id),
+        waiting: Vec::new(),
         id: run.id,
         workflow: run.workflow,
         spec_path: run.spec_path,
@@ -766,12 +778,29 @@ pub async fn run_detail(app: &Arc<App>, id: String) -> Result<RunDetail, ApiErro
             executing_here: app.executor.is_active(&id),
             trigger: pending.trigger,
             queued: app.executor.queued(&id),
+            waiting: Vec::new(),
         });
     }
-    let run = app
-        .read(move |session| session.load(&id).map_err(|e| ApiError::store(&e)))
+    let (run, waiting) = app
+        .read(move |session| {
+            let run = session.load(&id).map_err(|e| ApiError::store(&e))?;
+            let waiting = if run.status == RunState::Running {
+                session.waiting(&id).map_err(|e| ApiError::store(&e))?
+            } else {
+                Vec::new()
+            };
+            Ok((run, waiting))
+        })
         .await?;
-    Ok(detail_of(app, run))
+    let mut detail = detail_of(app, run);
+    detail.waiting = waiting
+        .into_iter()
+        .map(|w| WaitingStep {
+            step: w.step,
+            reason: w.reason,
+        })
+        .collect();
+    Ok(detail)
 }
 
 /// One run: steps, attempts, outputs, approvals, usage.

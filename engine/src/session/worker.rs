@@ -16,7 +16,9 @@ use tokio_util::sync::CancellationToken;
 use super::{NewRunRequest, Session, SessionError, cached_workflows, spec_files};
 use crate::resume;
 use crate::run::{self, RunOptions};
-use crate::store::{Finished, NewRun, RunState, StoreError, StoredRun, Task, Tasks};
+use crate::store::{
+    Finished, NewRun, Routing, RunState, StoreError, StoredRun, Task, Tasks, Waiting, WorkerInfo,
+};
 use crate::validate::validate_source;
 use crate::workflow::Workflow;
 
@@ -52,6 +54,10 @@ pub struct WorkerOptions {
     pub halt: CancellationToken,
     /// Where the worker says, a line at a time, what befell its connection and its steps.
     pub say: Say,
+    /// The labels this worker has: it takes only steps whose labels are all among them.
+    pub labels: Vec<String>,
+    /// Most steps running at once on all workers together (`--global-limit`), as this worker counts.
+    pub global_limit: Option<u32>,
 }
 
 /// Says a line (standard error for `archon worker`). Lines carry no secret: store errors show the URL
@@ -173,6 +179,18 @@ impl Session {
             .filter(|(i, _)| workflow.dependencies[*i].is_empty())
             .map(|(_, s)| s.id.value.clone())
             .collect();
+        // Each step's labels (a step runs whole on one worker) and the workflow's limit.
+        let routing = Routing {
+            labels: workflow
+                .spec
+                .steps
+                .iter()
+                .map(|s| (s.id.value.clone(), workflow.labels_of(s)))
+                .filter(|(_, labels)| !labels.is_empty())
+                .map(|(step, labels)| (step, labels.into_iter().collect()))
+                .collect(),
+            workflow_limit: workflow.spec.concurrency.as_ref().map(|c| c.value.max(1)),
+        };
         tasks.submit(
             &NewRun {
                 id: request.id.clone(),
@@ -183,6 +201,7 @@ impl Session {
                 workdir: request.workdir.display().to_string(),
                 max_parallel,
             },
+            &routing,
             &ready,
         )?;
         Ok(request.id)
@@ -197,7 +216,41 @@ impl Session {
     /// can renew their leases, and are stopped before their leases lapse when they cannot.
     pub async fn work(&self, options: &WorkerOptions) -> Result<Worked, SessionError> {
         let tasks = self.task_table()?;
-        let name = worker_name();
+        let me = WorkerInfo {
+            name: worker_name(),
+            host: crate::store::sqlite::host(),
+            pid: std::process::id(),
+            labels: options.labels.clone(),
+            concurrency: options.concurrency.max(1),
+            global_limit: options.global_limit,
+        };
+        // Registered while it works: claims read its labels and limit there, and `show` tells a step no
+        // live worker can take.
+        let beating = CancellationToken::new();
+        tasks.register_worker(&me, options.lease, beating.clone())?;
+        let worked = self.work_as(tasks, &me.name, options).await;
+        beating.cancel();
+        let gone = tasks.deregister_worker(&me.name);
+        let worked = worked?;
+        gone?;
+        Ok(worked)
+    }
+
+    /// The ready steps of a submitted run that no worker has taken, each with why it waits (none for a
+    /// run not submitted to workers, or on a store without them).
+    pub fn waiting(&self, id: &str) -> Result<Vec<Waiting>, StoreError> {
+        match self.store.tasks() {
+            Some(tasks) => tasks.waiting(id),
+            None => Ok(Vec::new()),
+        }
+    }
+
+    async fn work_as(
+        &self,
+        tasks: &dyn Tasks,
+        name: &str,
+        options: &WorkerOptions,
+    ) -> Result<Worked, SessionError> {
         let concurrency = options.concurrency.max(1);
         let mut running = FuturesUnordered::new();
         let mut worked = Worked::default();
@@ -222,7 +275,7 @@ impl Session {
             }
             if !stopping && running.len() < concurrency {
                 let claimed = tasks.reap().and_then(|_| {
-                    tasks.claim_tasks(&name, concurrency - running.len(), options.lease)
+                    tasks.claim_tasks(name, concurrency - running.len(), options.lease)
                 });
                 match claimed {
                     Ok(claimed) => {

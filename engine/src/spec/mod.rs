@@ -108,6 +108,10 @@ pub struct Spec {
     /// What starts the workflow under `archon serve`: `cron` schedules and a `webhook`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub triggers: Vec<Spanned<TriggerDef>>,
+    /// Most steps of this workflow running at once, across all its runs on all workers (`archon
+    /// worker`); a run in one process runs at most this many of its steps at once too.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub concurrency: Option<Spanned<u32>>,
 }
 
 /// Network access for `http` tools. Loopback, private, link-local and cloud metadata addresses are refused
@@ -268,6 +272,10 @@ with_step_body! {
         /// Reuse an earlier successful result: `true` (keyed by the step's content) or `{ key, ttl }`.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         pub cache: Option<Box<Spanned<Cache>>>,
+        /// Labels a worker (`archon worker --labels`) or a local run (`archon run --labels`) must have to
+        /// run this step, such as `[gpu]`; with those of the tools and sub-workflows it calls.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        pub runs_on: Vec<Spanned<String>>,
     }
 }
 
@@ -637,6 +645,9 @@ pub struct ToolDef {
     /// Calls chosen by an LLM ask for approval unless a rule allows them.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sensitive: Option<bool>,
+    /// Labels the worker (or local run) must have to run a step that calls this tool, such as `[gpu]`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub runs_on: Vec<Spanned<String>>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]

@@ -716,6 +716,38 @@ pub struct Task {
     pub claims: u32,
 }
 
+/// Where the steps of a run submitted to workers may run, and how many of its workflow's at once.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Routing {
+    /// The labels a worker needs to run each step (`runs_on`, with its tools' and sub-workflows'); steps
+    /// that need none are left out.
+    pub labels: Vec<(String, Vec<String>)>,
+    /// Most steps of the run's workflow running at once, across all its runs (its `concurrency`).
+    pub workflow_limit: Option<u32>,
+}
+
+/// A worker (`archon worker`) as it registers itself in the store.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WorkerInfo {
+    /// Unique among workers: its host, process and start.
+    pub name: String,
+    pub host: String,
+    pub pid: u32,
+    /// It takes only steps whose labels are all among these.
+    pub labels: Vec<String>,
+    /// Most steps it runs at once.
+    pub concurrency: usize,
+    /// Most steps running at once on all workers together, as this worker sees it.
+    pub global_limit: Option<u32>,
+}
+
+/// A ready step of a submitted run that no worker has taken, and why.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct Waiting {
+    pub step: String,
+    pub reason: String,
+}
+
 /// What finishing a task did.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Finished {
@@ -733,8 +765,23 @@ pub enum Finished {
 pub trait Tasks: Send + Sync {
     /// Records a run submitted to workers (nobody owns it; it shows as running until it ends) and
     /// `ready`, its steps without dependencies, as ready tasks.
-    fn submit(&self, run: &NewRun, ready: &[String]) -> Result<(), StoreError>;
-    /// Claims up to `limit` ready tasks (`FOR UPDATE SKIP LOCKED`) for `worker`, leased for `lease`.
+    /// `routing` says which labels its steps need and its workflow's limit.
+    fn submit(&self, run: &NewRun, routing: &Routing, ready: &[String]) -> Result<(), StoreError>;
+    /// Registers a worker (or registers it again) and keeps its registration alive, every third of
+    /// `lease`, until `stop` is cancelled; a worker whose registration lapses counts as gone.
+    fn register_worker(
+        &self,
+        worker: &WorkerInfo,
+        lease: std::time::Duration,
+        stop: tokio_util::sync::CancellationToken,
+    ) -> Result<(), StoreError>;
+    /// Removes a worker's registration (it stopped).
+    fn deregister_worker(&self, name: &str) -> Result<(), StoreError>;
+    /// The ready steps of a submitted run no worker has taken, each with why it waits.
+    fn waiting(&self, run_id: &str) -> Result<Vec<Waiting>, StoreError>;
+    /// Claims up to `limit` ready tasks for the registered worker `worker`, leased for `lease`: only
+    /// tasks whose labels the worker has, within each run's `max_parallel`, its workflow's limit and
+    /// the worker's global limit, the runs' oldest ready tasks first, round-robin across runs.
     fn claim_tasks(
         &self,
         worker: &str,

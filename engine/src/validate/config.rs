@@ -473,6 +473,9 @@ impl Checker<'_> {
         if let Some(timeout) = &self.spec.timeout {
             self.check_duration(timeout);
         }
+        if let Some(n) = &self.spec.concurrency {
+            self.check_positive(n, "concurrency");
+        }
         let Some(defaults) = &self.spec.defaults else {
             return;
         };

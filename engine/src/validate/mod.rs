@@ -22,6 +22,7 @@ mod tools;
 mod triggers;
 
 pub use planned::{PlanPolicy, problems};
+pub use steps::is_label;
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};

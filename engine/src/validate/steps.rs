@@ -17,6 +17,15 @@ pub fn is_identifier(id: &str) -> bool {
         && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
 }
 
+/// Whether `label` can be a `runs_on` label (and one of `archon worker --labels`).
+pub fn is_label(label: &str) -> bool {
+    label.len() <= 64
+        && label.starts_with(|c: char| c.is_ascii_lowercase() || c.is_ascii_digit())
+        && label
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_' || c == '-')
+}
+
 /// Where a step list lives: the workflow itself, or a composite tool with parameters.
 #[derive(Clone, Copy)]
 pub struct StepListScope<'s> {
@@ -167,6 +176,7 @@ impl Checker<'_> {
             )),
             _ => {}
         }
+        self.check_labels(&step.runs_on);
         let inside = base.foreach(foreach).matrix(matrix);
         deps.extend(self.check_body(step.body(), step.id.span, &inside, validator));
         let own = Scope {
@@ -642,6 +652,18 @@ impl Checker<'_> {
                 n.span,
                 format!("`{field}` must be at least 1"),
             ));
+        }
+    }
+
+    /// Checks the labels of a `runs_on`: short words of lowercase letters, digits, `_` and `-`.
+    pub(super) fn check_labels(&mut self, labels: &[Spanned<String>]) {
+        for label in labels {
+            if !is_label(&label.value) {
+                self.push(
+                    Diagnostic::error(codes::INVALID_LABEL, label.span, format!("label `{}` is not valid", label.value))
+                        .with_hint("labels are lowercase letters, digits, `_` and `-`, starting with a letter or digit (at most 64), such as `gpu` or `eu-west`"),
+                );
+            }
         }
     }
 

@@ -37,6 +37,7 @@ impl Checker<'_> {
                     .with_hint("tool names start with a letter and use letters, digits, `_` and `-` (at most 64), as LLM providers require"),
             );
         }
+        self.check_labels(&def.runs_on);
         if builtin::get(&name.value).is_some() {
             self.push(
                 Diagnostic::error(

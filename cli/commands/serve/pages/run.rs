@@ -502,16 +502,23 @@ fn steps_table(view: &View) -> String {
                 ),
                 None => output_cell(run, step, r),
             },
-            None => tried
-                .iter()
-                .rev()
-                .find_map(|a| a.error.as_deref())
-                .map_or_else(String::new, |e| {
-                    format!(
-                        r#"<span class="error-text">last attempt: {}</span>"#,
-                        escape(truncated(e, OUTPUT_CHARS).0)
-                    )
-                }),
+            None => match view.detail.waiting.iter().find(|w| &w.step == step) {
+                // A step of a submitted run that no worker has taken, and why.
+                Some(waiting) => format!(
+                    r#"<span class="note">waiting: {}</span>"#,
+                    escape(&waiting.reason)
+                ),
+                None => tried
+                    .iter()
+                    .rev()
+                    .find_map(|a| a.error.as_deref())
+                    .map_or_else(String::new, |e| {
+                        format!(
+                            r#"<span class="error-text">last attempt: {}</span>"#,
+                            escape(truncated(e, OUTPUT_CHARS).0)
+                        )
+                    }),
+            },
         };
         let mut notes = Vec::new();
         if let Some(kind) = kinds.get(step.as_str()) {

@@ -184,11 +184,97 @@ CREATE INDEX results_by_step ON results (run_id, split_part(step, '[', 1));
 CREATE INDEX attempts_by_step ON attempts (run_id, split_part(step, '[', 1));
 CREATE INDEX checkpoints_by_step ON checkpoints (run_id, split_part(step, '[', 1));
 "#,
+    r#"
+-- Routing and limits: the labels a worker needs to run each step of a submitted run (`runs_on`), kept
+-- for steps not yet ready in `step_labels` and copied onto the task when it becomes ready; the workflow's
+-- limit on steps running at once across its runs (`concurrency`); the workers, alive while their
+-- registration's lease (renewed every third of it) has not lapsed.
+ALTER TABLE tasks ADD COLUMN labels TEXT[] NOT NULL DEFAULT '{}';
+ALTER TABLE runs ADD COLUMN workflow_limit BIGINT;
+CREATE TABLE step_labels (
+    run_id TEXT NOT NULL REFERENCES runs (id),
+    step TEXT NOT NULL,
+    labels TEXT[] NOT NULL,
+    PRIMARY KEY (run_id, step)
+);
+CREATE TABLE workers (
+    name TEXT PRIMARY KEY,
+    host TEXT NOT NULL,
+    pid BIGINT NOT NULL,
+    labels TEXT[] NOT NULL,
+    concurrency BIGINT NOT NULL,
+    global_limit BIGINT,
+    started_at BIGINT NOT NULL,
+    heartbeat_at BIGINT NOT NULL,
+    lease_until BIGINT NOT NULL
+);
+-- A claim visits each running run and takes its oldest ready tasks: one index probe per run.
+CREATE INDEX tasks_ready_by_run ON tasks (run_id, ready_at, step) WHERE state = 'ready';
+CREATE INDEX runs_running ON runs (id) WHERE status = 'running';
+-- Claims up to `lim` ready tasks for the registered worker `worker_name` (none when it is not
+-- registered), leased until `until`. Claims take turns under an advisory lock ("ARCN" + 1, the schema's
+-- name hashed), and the claim's snapshot is taken once the lock is held (a function's statements each take
+-- one), so counting the steps running in a run, a workflow or everywhere and claiming within the limits
+-- is one claim at a time. Only tasks whose labels are all the worker's; a run's tasks while fewer than
+-- its `max_parallel` are claimed, a workflow's while fewer than its runs' `workflow_limit`, any while
+-- fewer than the worker's `global_limit` run anywhere. Fair: a task's `run_rank` is its place in its
+-- run's queue counting the run's running tasks first, the lowest first, so every run gets its share of
+-- the workers in turn. Each running run is one probe of `tasks_ready_by_run`, reading at most `lim` rows.
+CREATE FUNCTION archon_claim(lim BIGINT, worker_name TEXT, until BIGINT, owner TEXT)
+RETURNS TABLE (run_id TEXT, step TEXT, token TEXT, attempts BIGINT)
+LANGUAGE plpgsql VOLATILE AS $claim$
+#variable_conflict use_column
+BEGIN
+    PERFORM pg_advisory_xact_lock(1095910223, hashtext(current_schema()));
+    RETURN QUERY
+    WITH me AS (
+        SELECT labels, global_limit FROM workers WHERE name = worker_name
+    ),
+    busy AS (
+        SELECT t.run_id, r.workflow FROM tasks t JOIN runs r ON r.id = t.run_id WHERE t.state = 'claimed'
+    ),
+    open_runs AS (
+        SELECT r.id, r.workflow, (SELECT count(*) FROM busy b WHERE b.run_id = r.id) AS run_busy,
+            r.max_parallel - (SELECT count(*) FROM busy b WHERE b.run_id = r.id) AS run_room,
+            r.workflow_limit - (SELECT count(*) FROM busy b WHERE b.workflow = r.workflow) AS workflow_room
+        FROM runs r
+        WHERE r.status = 'running' AND r.owner_host = owner AND NOT r.cancel_requested
+    ),
+    candidates AS (
+        SELECT o.id AS run_id, o.workflow, o.workflow_room, c.step, c.ready_at,
+            o.run_busy + row_number() OVER (PARTITION BY o.id ORDER BY c.ready_at, c.step) AS run_rank
+        FROM open_runs o CROSS JOIN me CROSS JOIN LATERAL (
+            SELECT t.step, t.ready_at FROM tasks t
+            WHERE t.run_id = o.id AND t.state = 'ready' AND t.labels <@ me.labels
+            ORDER BY t.ready_at, t.step
+            LIMIT LEAST(lim, GREATEST(o.run_room, 0))
+        ) c
+    ),
+    ranked AS (
+        SELECT c.*, row_number() OVER (
+            PARTITION BY c.workflow ORDER BY c.run_rank, c.ready_at, c.run_id, c.step) AS workflow_rank
+        FROM candidates c
+    ),
+    picked AS (
+        SELECT run_id, step FROM ranked
+        WHERE workflow_room IS NULL OR workflow_rank <= workflow_room
+        ORDER BY run_rank, ready_at, run_id, step
+        LIMIT LEAST(lim, (SELECT CASE WHEN me.global_limit IS NULL THEN lim
+            ELSE GREATEST(me.global_limit - (SELECT count(*) FROM busy), 0) END FROM me))
+    )
+    UPDATE tasks t SET state = 'claimed', token = worker_name || ':' || (t.attempts + 1),
+        lease_until = until, worker = worker_name, attempts = t.attempts + 1
+    FROM picked p WHERE t.run_id = p.run_id AND t.step = p.step AND t.state = 'ready'
+    RETURNING t.run_id, t.step, t.token, t.attempts;
+END
+$claim$;
+"#,
 ];
 
 /// The tables whose rows belong to a run (by `run_id`), which `prune` deletes with it.
 pub(super) const RUN_TABLES: &[&str] = &[
     "tasks",
+    "step_labels",
     "files",
     "attempts",
     "results",

@@ -1,7 +1,10 @@
 //! The task table: the top-level steps of runs submitted to workers (`archon worker`), one row per step
-//! once it is ready. A worker claims ready rows in batches (`FOR UPDATE SKIP LOCKED`) under a lease whose
-//! token fences the step's journal; whoever finishes a step makes its dependents ready in the same
-//! transaction, and any worker returns lapsed leases to ready.
+//! once it is ready. A worker claims ready rows in batches under a lease whose token fences the step's
+//! journal; claims take turns under an advisory lock, so that the limits they count hold (a run's
+//! `max_parallel`, its workflow's `concurrency`, a worker's global limit), take only tasks whose labels the
+//! worker has, and share the workers fairly among runs. Whoever finishes a step makes its dependents ready
+//! in the same transaction, and any worker returns lapsed leases to ready. Workers register in `workers`
+//! while they run, so that a step no live worker can take shows as waiting, with why.
 //!
 //! A submitted run has no owning process: its row names [`WORKERS`] as its owner's host with a lease that
 //! never lapses, so it shows as running (not interrupted) from submission to its end, whoever works on it.
@@ -14,12 +17,14 @@ use tokio_util::sync::CancellationToken;
 use super::queries::{bump, ms};
 use super::{Inner, NOTIFY_WORK, PostgresStore, Result};
 use crate::record::{self, FORMAT_VERSION};
-use crate::store::{Finished, Journal, NewRun, StoreError, Task, Tasks, now_ms};
+use crate::store::{
+    Finished, Journal, NewRun, Routing, StoreError, Task, Tasks, Waiting, WorkerInfo, now_ms,
+};
 
 /// The owner's host a submitted run's row names: no process owns it, the workers do.
 pub const WORKERS: &str = "archon workers";
 
-async fn submit(inner: &Inner, run: &NewRun, ready: &[String]) -> Result<()> {
+async fn submit(inner: &Inner, run: &NewRun, routing: &Routing, ready: &[String]) -> Result<()> {
     let now = ms(now_ms());
     let mut client = inner.client().await?;
     let tx = client.transaction().await?;
@@ -42,10 +47,26 @@ async fn submit(inner: &Inner, run: &NewRun, ready: &[String]) -> Result<()> {
         ],
     )
     .await?;
+    if let Some(limit) = routing.workflow_limit {
+        tx.execute(
+            "UPDATE runs SET workflow_limit = $2 WHERE id = $1",
+            &[&run.id, &i64::from(limit)],
+        )
+        .await?;
+    }
     super::queries::insert_files(&tx, &run.id, &run.files).await?;
+    for (step, labels) in &routing.labels {
+        tx.execute(
+            "INSERT INTO step_labels (run_id, step, labels) VALUES ($1, $2, $3)",
+            &[&run.id, step, labels],
+        )
+        .await?;
+    }
     tx.execute(
-        "INSERT INTO tasks (run_id, step, state, ready_at)
-         SELECT $1, step, 'ready', $3 FROM unnest($2::text[]) AS step",
+        "INSERT INTO tasks (run_id, step, state, ready_at, labels)
+         SELECT $1, step, 'ready', $3, COALESCE(
+            (SELECT l.labels FROM step_labels l WHERE l.run_id = $1 AND l.step = s.step), '{}')
+         FROM unnest($2::text[]) AS s (step)",
         &[&run.id, &ready, &now],
     )
     .await?;
@@ -58,22 +79,20 @@ async fn submit(inner: &Inner, run: &NewRun, ready: &[String]) -> Result<()> {
 async fn claim(inner: &Inner, worker: &str, limit: usize, lease: Duration) -> Result<Vec<Task>> {
     let now = now_ms();
     let client = inner.client().await?;
+    // One statement: no transaction is left open between round trips (a worker frozen there would hold
+    // the claim lock until the server ends its session). `archon_claim` takes the lock, then claims with
+    // a snapshot taken after it (schema.rs, migration 3).
+    let statement = client
+        .prepare_cached("SELECT * FROM archon_claim($1, $2, $3, $4)")
+        .await?;
     let rows = client
         .query(
-            "WITH picked AS (
-                SELECT t.run_id, t.step FROM tasks t JOIN runs r ON r.id = t.run_id
-                WHERE t.state = 'ready' AND NOT r.cancel_requested
-                ORDER BY t.ready_at, t.run_id, t.step
-                LIMIT $1 FOR UPDATE OF t SKIP LOCKED
-             )
-             UPDATE tasks t SET state = 'claimed', token = $2 || ':' || (t.attempts + 1),
-                lease_until = $3, worker = $2, attempts = t.attempts + 1
-             FROM picked p WHERE t.run_id = p.run_id AND t.step = p.step
-             RETURNING t.run_id, t.step, t.token, t.attempts",
+            &statement,
             &[
                 &(limit as i64),
                 &worker,
                 &ms(now.saturating_add(lease.as_millis() as u64)),
+                &WORKERS,
             ],
         )
         .await?;
@@ -150,7 +169,9 @@ async fn finish(
             }
             let added = tx
                 .execute(
-                    "INSERT INTO tasks (run_id, step, state, ready_at) VALUES ($1, $2, 'ready', $3)
+                    "INSERT INTO tasks (run_id, step, state, ready_at, labels)
+                     VALUES ($1, $2, 'ready', $3, COALESCE(
+                        (SELECT l.labels FROM step_labels l WHERE l.run_id = $1 AND l.step = $2), '{}'))
                      ON CONFLICT (run_id, step) DO NOTHING",
                     &[&task.run_id, step, &now],
                 )
@@ -188,6 +209,16 @@ async fn reap(inner: &Inner) -> Result<usize> {
     let now = ms(now_ms());
     let mut client = inner.client().await?;
     let tx = client.transaction().await?;
+    // A lapsed task of a run that has ended was its last, held by a worker that stopped between
+    // recording the run's end and marking the task done: nothing is left to run.
+    tx.execute(
+        "UPDATE tasks t SET state = 'done', token = NULL, lease_until = NULL, worker = NULL
+         FROM runs r
+         WHERE r.id = t.run_id AND t.state = 'claimed' AND t.lease_until < $1
+            AND r.status IN ('succeeded', 'failed', 'cancelled')",
+        &[&now],
+    )
+    .await?;
     let returned = tx
         .execute(
             "UPDATE tasks SET state = 'ready', token = NULL, lease_until = NULL, worker = NULL,
@@ -206,6 +237,9 @@ async fn reap(inner: &Inner) -> Result<usize> {
             &[&now, &WORKERS],
         )
         .await?;
+    // Workers whose registration lapsed are gone: they no longer count as able to take a step.
+    tx.execute("DELETE FROM workers WHERE lease_until < $1", &[&now])
+        .await?;
     let ended: Vec<String> = ended.iter().map(|r| r.get(0)).collect();
     if !ended.is_empty() {
         tx.execute("DELETE FROM tasks WHERE run_id = ANY($1)", &[&ended])
@@ -219,6 +253,107 @@ async fn reap(inner: &Inner) -> Result<usize> {
         bump(&client).await;
     }
     Ok(returned as usize)
+}
+
+async fn register(inner: &Inner, worker: &WorkerInfo, lease: Duration) -> Result<()> {
+    let now = now_ms();
+    let client = inner.client().await?;
+    client
+        .execute(
+            "INSERT INTO workers (name, host, pid, labels, concurrency, global_limit, started_at,
+                heartbeat_at, lease_until)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $7, $8)
+             ON CONFLICT (name) DO UPDATE SET heartbeat_at = $7, lease_until = $8",
+            &[
+                &worker.name,
+                &worker.host,
+                &i64::from(worker.pid),
+                &worker.labels,
+                &(worker.concurrency as i64),
+                &worker.global_limit.map(i64::from),
+                &ms(now),
+                &ms(now.saturating_add(lease.as_millis() as u64)),
+            ],
+        )
+        .await?;
+    Ok(())
+}
+
+/// Why each ready task of run `id` waits: no live worker has its labels, or a limit holds it back.
+async fn waiting(inner: &Inner, id: &str) -> Result<Vec<Waiting>> {
+    let now = ms(now_ms());
+    let client = inner.client().await?;
+    let Some(run) = client
+        .query_opt(
+            "SELECT r.workflow, r.max_parallel, r.workflow_limit,
+                (SELECT count(*) FROM tasks t WHERE t.run_id = r.id AND t.state = 'claimed'),
+                (SELECT count(*) FROM tasks t JOIN runs o ON o.id = t.run_id
+                 WHERE o.workflow = r.workflow AND t.state = 'claimed')
+             FROM runs r WHERE r.id = $1 AND r.status = 'running' AND r.owner_host = $2",
+            &[&id, &WORKERS],
+        )
+        .await?
+    else {
+        return Ok(Vec::new());
+    };
+    let (workflow, max_parallel, workflow_limit, running, workflow_running): (
+        String,
+        i64,
+        Option<i64>,
+        i64,
+        i64,
+    ) = (run.get(0), run.get(1), run.get(2), run.get(3), run.get(4));
+    let workers: Vec<Vec<String>> = client
+        .query(
+            "SELECT labels FROM workers WHERE lease_until >= $1",
+            &[&now],
+        )
+        .await?
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    let ready = client
+        .query(
+            "SELECT step, labels FROM tasks WHERE run_id = $1 AND state = 'ready'
+             ORDER BY ready_at, step LIMIT 1000",
+            &[&id],
+        )
+        .await?;
+    let ticked = |labels: &[String]| {
+        labels
+            .iter()
+            .map(|l| format!("`{l}`"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    Ok(ready
+        .iter()
+        .map(|row| {
+            let step: String = row.get(0);
+            let labels: Vec<String> = row.get(1);
+            let able = workers
+                .iter()
+                .any(|have| labels.iter().all(|l| have.contains(l)));
+            let reason = if labels.is_empty() && workers.is_empty() {
+                "no live worker".to_owned()
+            } else if !able {
+                format!(
+                    "no live worker has {} {}",
+                    if labels.len() == 1 { "label" } else { "labels" },
+                    ticked(&labels)
+                )
+            } else if running >= max_parallel {
+                format!("the run has `{running}` steps running, its `max_parallel`")
+            } else if workflow_limit.is_some_and(|limit| workflow_running >= limit) {
+                format!(
+                    "workflow `{workflow}` has `{workflow_running}` steps running, its `concurrency`"
+                )
+            } else {
+                "no worker has taken it yet".to_owned()
+            };
+            Waiting { step, reason }
+        })
+        .collect())
 }
 
 async fn interrupt(inner: &Inner, task: &Task, error: &str) -> Result<()> {
@@ -243,10 +378,53 @@ async fn interrupt(inner: &Inner, task: &Task, error: &str) -> Result<()> {
 }
 
 impl Tasks for PostgresStore {
-    fn submit(&self, run: &NewRun, ready: &[String]) -> Result<(), StoreError> {
+    fn submit(&self, run: &NewRun, routing: &Routing, ready: &[String]) -> Result<(), StoreError> {
         let inner = self.inner.clone();
-        let (run, ready) = (run.clone(), ready.to_vec());
-        self.run(async move { submit(&inner, &run, &ready).await })
+        let (run, routing, ready) = (run.clone(), routing.clone(), ready.to_vec());
+        self.run(async move { submit(&inner, &run, &routing, &ready).await })
+    }
+
+    fn register_worker(
+        &self,
+        worker: &WorkerInfo,
+        lease: Duration,
+        stop: CancellationToken,
+    ) -> Result<(), StoreError> {
+        let inner = self.inner.clone();
+        let first = worker.clone();
+        self.run(async move { register(&inner, &first, lease).await })?;
+        // Renewed every third of the lease until the worker stops; a renewal that fails (the database is
+        // away) is tried again at the next.
+        let inner = self.inner.clone();
+        let worker = worker.clone();
+        super::runtime()?.spawn(async move {
+            loop {
+                tokio::select! {
+                    () = stop.cancelled() => return,
+                    () = tokio::time::sleep(lease / 3) => {}
+                }
+                let _ = register(&inner, &worker, lease).await;
+            }
+        });
+        Ok(())
+    }
+
+    fn deregister_worker(&self, name: &str) -> Result<(), StoreError> {
+        let inner = self.inner.clone();
+        let name = name.to_owned();
+        self.run(async move {
+            let client = inner.client().await?;
+            client
+                .execute("DELETE FROM workers WHERE name = $1", &[&name])
+                .await?;
+            Ok(())
+        })
+    }
+
+    fn waiting(&self, run_id: &str) -> Result<Vec<Waiting>, StoreError> {
+        let inner = self.inner.clone();
+        let id = run_id.to_owned();
+        self.run(async move { waiting(&inner, &id).await })
     }
 
     fn claim_tasks(
