@@ -9,8 +9,10 @@
 //!
 //! A run's owner is alive while its lease lasts; on this host, while its process lives (as with SQLite).
 //! Tables live in the connection's current schema (`search_path`); `schema.rs` creates and migrates them.
+//! Agents' long-term memory lives there too (`memory.rs`).
 
 mod journal;
+mod memory;
 mod queries;
 mod schema;
 mod tasks;
@@ -30,6 +32,7 @@ use super::{
 };
 use crate::report::{ApprovalDecision, ApprovalRequest};
 
+pub use memory::PostgresMemory;
 pub use schema::SCHEMA_VERSION;
 pub use tasks::WORKERS;
 
@@ -563,6 +566,10 @@ fn lowercase(text: &str) -> String {
 impl RunStore for PostgresStore {
     fn location(&self) -> Option<PathBuf> {
         self.inner.state_dir.clone()
+    }
+
+    fn memory_database(&self) -> Option<crate::run::memory::MemoryDatabase> {
+        Some(crate::run::memory::MemoryDatabase(self.clone()))
     }
 
     fn create_run(&self, run: &NewRun) -> Result<(), StoreError> {
