@@ -55,7 +55,7 @@ fn store(args: &MemoryFileArgs, create: bool) -> anyhow::Result<Option<MemorySto
     let Some(runs) = runs else {
         return Ok(None);
     };
-    let Some(database) = runs.memory_database() else {
+    let Some(database) = archon_engine::run::memory::MemoryDatabase::of(&*runs) else {
         anyhow::bail!("run store `{}` keeps no memory", at.shown());
     };
     let file = args.file.to_string_lossy();

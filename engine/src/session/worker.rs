@@ -367,7 +367,7 @@ impl Session {
             helper: options.helper.clone(),
             cache: run::StepCache::of(entries, run::Refresh::None),
             memory_dir: self.store.location(),
-            memory: run::MemoryFiles::new(self.store.memory_database()),
+            memory: run::MemoryFiles::new(run::memory::MemoryDatabase::of(&*self.store)),
         }
     }
 }

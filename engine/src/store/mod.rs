@@ -458,8 +458,8 @@ pub trait RunStore: Send + Sync + fmt::Debug {
         None
     }
     /// Where agents' long-term memory lives when not in files of the state directory: the store's own
-    /// database (PostgreSQL), which every host that uses the store shares.
-    fn memory_database(&self) -> Option<crate::run::memory::MemoryDatabase> {
+    /// database (PostgreSQL), which every host that uses the store shares (`run::memory::MemoryDatabase`).
+    fn memory_database(&self) -> Option<postgres::PostgresStore> {
         None
     }
     /// Records a new run, owned by this process, with its spec files and inputs.

@@ -1,6 +1,6 @@
 //! Long-term memory: what agents with `memory: true` remember across runs, their session notes, and the
 //! episodes (goal, answer, outcome) of their earlier steps, in an embedded SQLite file with an FTS5 index
-//! (`sqlite.rs`), or, when the run store is PostgreSQL, in its database (`store/postgres/memory.rs`).
+//! (`sqlite.rs`), or, when the run store is PostgreSQL, in its database (`postgres.rs`).
 //!
 //! Records are append-only: their text never changes. An update is a new record that supersedes the old
 //! one (kept, linked both ways, not recalled unless asked); `forget` marks a record forgotten (kept, never
@@ -9,6 +9,7 @@
 //! `ts_rank_cd` over PostgreSQL's `tsvector`) and needs no model; when the spec names an embeddings
 //! provider, records carry a vector and a recall fuses both rankings by reciprocal rank fusion ([`fuse`]).
 
+mod postgres;
 mod sqlite;
 mod store;
 
@@ -16,7 +17,6 @@ pub use store::{
     Kind, MAX_MEMORY_BYTES, Memory, MemoryDatabase, MemoryError, MemoryStore, Namespace, NewMemory,
     Recall, Written, file_key,
 };
-pub(crate) use store::{now_ms, query_words};
 
 /// Reciprocal rank fusion's constant: how much the first ranks outweigh the rest.
 const RRF_K: f64 = 60.0;

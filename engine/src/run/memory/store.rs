@@ -7,9 +7,10 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
+use super::postgres::PostgresMemory;
 use super::sqlite::SqliteMemory;
-use crate::store::StoreError;
-use crate::store::postgres::{PostgresMemory, PostgresStore};
+use crate::store::postgres::PostgresStore;
+use crate::store::{RunStore, StoreError};
 
 /// Most bytes of one memory's text.
 pub const MAX_MEMORY_BYTES: usize = 16 * 1024;
@@ -196,6 +197,11 @@ macro_rules! on_backend {
 pub struct MemoryDatabase(pub(crate) PostgresStore);
 
 impl MemoryDatabase {
+    /// The database of run store `store`, when memory lives there (PostgreSQL).
+    pub fn of(store: &dyn RunStore) -> Option<MemoryDatabase> {
+        store.memory_database().map(MemoryDatabase)
+    }
+
     /// The records of memory file `file` (relative, without `..`: the key is its normalised form).
     pub fn open(&self, file: &str) -> Result<MemoryStore, MemoryError> {
         let key = file_key(file)?;

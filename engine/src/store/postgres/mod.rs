@@ -9,10 +9,9 @@
 //!
 //! A run's owner is alive while its lease lasts; on this host, while its process lives (as with SQLite).
 //! Tables live in the connection's current schema (`search_path`); `schema.rs` creates and migrates them.
-//! Agents' long-term memory lives there too (`memory.rs`).
+//! Agents' long-term memory lives there too (`run/memory/postgres.rs`, through [`PostgresStore::call`]).
 
 mod journal;
-mod memory;
 mod queries;
 mod schema;
 mod tasks;
@@ -32,7 +31,6 @@ use super::{
 };
 use crate::report::{ApprovalDecision, ApprovalRequest};
 
-pub use memory::PostgresMemory;
 pub use schema::SCHEMA_VERSION;
 pub use tasks::WORKERS;
 
@@ -325,6 +323,18 @@ impl PostgresStore {
             .unwrap_or_else(|_| Err(StoreError::new("the run store stopped")))
     }
 
+    /// Runs `work`, given the store's connections, on the store's runtime and waits for its outcome: for
+    /// what keeps its own tables in the store's database (agents' memory, `run::memory`).
+    pub(crate) fn call<T: Send + 'static, F>(
+        &self,
+        work: impl FnOnce(Arc<Inner>) -> F,
+    ) -> Result<T, StoreError>
+    where
+        F: Future<Output = Result<T>> + Send + 'static,
+    {
+        self.run(work(self.inner.clone()))
+    }
+
     /// A fresh ownership token for run `id`, remembered for its journal.
     fn new_token(&self, id: &str) -> String {
         let token = format!(
@@ -568,8 +578,8 @@ impl RunStore for PostgresStore {
         self.inner.state_dir.clone()
     }
 
-    fn memory_database(&self) -> Option<crate::run::memory::MemoryDatabase> {
-        Some(crate::run::memory::MemoryDatabase(self.clone()))
+    fn memory_database(&self) -> Option<PostgresStore> {
+        Some(self.clone())
     }
 
     fn create_run(&self, run: &NewRun) -> Result<(), StoreError> {

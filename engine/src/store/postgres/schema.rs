@@ -185,7 +185,7 @@ CREATE INDEX attempts_by_step ON attempts (run_id, split_part(step, '[', 1));
 CREATE INDEX checkpoints_by_step ON checkpoints (run_id, split_part(step, '[', 1));
 "#,
     r#"
--- Long-term memory of agents (`run::memory`, `store/postgres/memory.rs`): what a memory file holds on the
+-- Long-term memory of agents (`run/memory/postgres.rs`): what a memory file holds on the
 -- SQLite store, `file` being the spec's `memory.path` (normalised) that keeps the memories of different
 -- files apart. Append-only: `content` never changes. `search` is the text's lexemes (the `english`
 -- configuration: stemmed, stop words left out) for full-text recall.

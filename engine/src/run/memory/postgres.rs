@@ -22,11 +22,9 @@ use deadpool_postgres::GenericClient;
 use futures_util::TryStreamExt;
 use tokio_postgres::types::ToSql;
 
-use super::{Failure, Inner, PostgresStore};
-use crate::run::memory::{
-    Kind, Memory, MemoryError, Namespace, NewMemory, Recall, Written, cosine, fuse, now_ms,
-    query_words,
-};
+use super::store::{now_ms, query_words};
+use super::{Kind, Memory, MemoryError, Namespace, NewMemory, Recall, Written, cosine, fuse};
+use crate::store::postgres::{Failure, Inner, PostgresStore};
 
 /// The columns [`read`] reads, in its order.
 const COLUMNS: &str = "id, namespace, kind, agent, run, step, content, created_ms, supersedes, \
@@ -41,7 +39,7 @@ const CONFIG: &str = "english";
 
 /// The records of one memory file in a PostgreSQL run store.
 #[derive(Debug)]
-pub struct PostgresMemory {
+pub(super) struct PostgresMemory {
     store: PostgresStore,
     file: String,
 }
@@ -74,8 +72,10 @@ impl PostgresMemory {
         T: Send + 'static,
         F: Future<Output = Outcome<T>> + Send + 'static,
     {
-        let future = work(self.store.inner.clone(), self.file.clone());
-        self.store.run(future).map_err(MemoryError::Store)?
+        let file = self.file.clone();
+        self.store
+            .call(move |inner| work(inner, file))
+            .map_err(MemoryError::Store)?
     }
 
     /// Writes a record (its text trimmed to `content`, with its `hash`): see
