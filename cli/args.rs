@@ -812,10 +812,12 @@ pub enum MemoryCommand {
     Import(MemoryImportArgs),
 }
 
-/// Which memory file: `memory.path` of the spec, in the state directory.
+/// Which memory file: `memory.path` of the spec, in the state directory (or, with `--store`, the
+/// PostgreSQL run store's database).
 #[derive(Debug, clap::Args)]
 pub struct MemoryFileArgs {
-    /// The memory file, relative to the state directory (a spec's `memory.path`).
+    /// The memory file, relative to the state directory (a spec's `memory.path`); with `--store`, which
+    /// memory in its database.
     #[arg(long = "file", value_name = "PATH", default_value = "memory.db")]
     pub file: PathBuf,
 

@@ -681,3 +681,154 @@ fn hybrid_recall_against_llama_cpp_finds_a_fact_worded_differently() {
     );
     assert_eq!((out.code, out.stdout.trim()), (0, "[]"), "{}", out.stderr);
 }
+
+/// With a PostgreSQL run store, memory lives in its database: an agent step run by one worker process
+/// remembers a fact, and a later run's step, taken by another worker in another directory (another state
+/// directory: another host, as far as files go), is given it in its prompt. No memory file is written, and
+/// `archon memory --store` reads what the agents kept.
+#[test]
+fn workers_on_a_postgres_store_share_one_memory() {
+    use crate::workers::{ended, submit, worker};
+    let Some(db) = crate::postgres::db() else {
+        return;
+    };
+    let spec = |turns: &[&str]| {
+        let turns: Vec<String> = turns.iter().map(|t| format!("        - {t}\n")).collect();
+        format!(
+            "name: keeper\nllm:\n  providers:\n    scripted:\n      kind: mock\n      turns:\n{}agents:\n  keeper: {{ provider: scripted, memory: true }}\nsteps:\n  - {{ id: work, goal: \"when does the team deploy?\", agent: keeper }}\noutputs:\n  answer: \"{{{{ steps.work.output }}}}\"\n",
+            turns.concat()
+        )
+    };
+    std::fs::write(
+        db.path().join("first.yaml"),
+        spec(&[
+            "{ tool_calls: [{ name: remember, arguments: { content: \"The team deploys on Thursdays\" } }] }",
+            "{ text: noted }",
+        ]),
+    )
+    .expect("write");
+    // The second run's model answers only when its prompt holds the memory.
+    std::fs::write(
+        db.path().join("second.yaml"),
+        spec(&["{ match: \"deploys on Thursdays\", text: Thursday }"]),
+    )
+    .expect("write");
+
+    let first = submit(&db, "first.yaml");
+    let one = worker(&db, 1, "5s");
+    let run = ended(&db, &first);
+    assert_eq!(
+        (&run["status"], &run["outputs"]["answer"]),
+        (&Json::from("succeeded"), &Json::from("noted")),
+        "{run}\n{}",
+        one.said()
+    );
+    crate::workers::stop(vec![one]);
+
+    let elsewhere = TempDir::new().expect("tempdir");
+    let err = elsewhere.path().join("worker-2.err");
+    let two = crate::workers::Worker {
+        child: std::process::Command::new(env!("CARGO_BIN_EXE_archon"))
+            .args(["worker", "--concurrency", "1", "--lease", "5s"])
+            .current_dir(elsewhere.path())
+            .env("NO_COLOR", "1")
+            .env("ARCHON_STORE", db.url())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::fs::File::create(&err).expect("err file"))
+            .spawn()
+            .expect("archon worker starts"),
+        err,
+    };
+    let second = submit(&db, "second.yaml");
+    let run = ended(&db, &second);
+    assert_eq!(
+        (&run["status"], &run["outputs"]["answer"]),
+        (&Json::from("succeeded"), &Json::from("Thursday")),
+        "{run}\n{}",
+        two.said()
+    );
+    crate::workers::stop(vec![two]);
+
+    assert!(!db.path().join(".archon/memory.db").exists());
+    assert!(!elsewhere.path().join(".archon/memory.db").exists());
+    let out = db.archon(&["memory", "ls", "--namespace", "keeper", "--all", "--json"]);
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    let kept: Json = serde_json::from_str(&out.stdout).expect("json");
+    let kept: Vec<(&str, &str)> = kept
+        .as_array()
+        .expect("a list")
+        .iter()
+        .map(|m| {
+            (
+                m["kind"].as_str().unwrap_or(""),
+                m["content"]
+                    .as_str()
+                    .unwrap_or("")
+                    .lines()
+                    .next()
+                    .unwrap_or(""),
+            )
+        })
+        .collect();
+    assert_eq!(
+        kept,
+        [
+            ("fact", "The team deploys on Thursdays"),
+            ("episode", "Goal: when does the team deploy?"),
+            ("episode", "Goal: when does the team deploy?"),
+        ]
+    );
+    // The memory of another file is another memory.
+    let out = db.archon(&["memory", "ls", "--file", "other.db", "--json"]);
+    assert_eq!((out.code, out.stdout.trim()), (0, "[]"), "{}", out.stderr);
+    let out = db.archon(&["memory", "export"]);
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    std::fs::write(db.path().join("export.jsonl"), &out.stdout).expect("write");
+    let out = db.archon(&["memory", "import", "export.jsonl", "--file", "other.db"]);
+    assert_eq!(
+        (out.code, out.stdout.as_str()),
+        (0, "imported 3 memories (0 already known)\n"),
+        "{}",
+        out.stderr
+    );
+    let found = db.archon(&[
+        "memory",
+        "search",
+        "deploy",
+        "--namespace",
+        "keeper",
+        "--json",
+    ]);
+    let found: Json = serde_json::from_str(&found.stdout).expect("json");
+    let id = found[0]["id"].as_i64().expect("an id").to_string();
+    assert_eq!(found[0]["content"], "The team deploys on Thursdays");
+    let out = db.archon(&["memory", "forget", &id, "--reason", "moved"]);
+    assert_eq!(
+        (out.code, out.stdout),
+        (0, format!("forgot memory {id}\n")),
+        "{}",
+        out.stderr
+    );
+    let out = db.archon(&[
+        "memory",
+        "search",
+        "deploy",
+        "--namespace",
+        "keeper",
+        "--json",
+    ]);
+    assert_eq!(out.stdout.trim(), "[]");
+    // The copy in the other file is not forgotten.
+    let out = db.archon(&[
+        "memory",
+        "search",
+        "deploy",
+        "--namespace",
+        "keeper",
+        "--file",
+        "other.db",
+        "--json",
+    ]);
+    let found: Json = serde_json::from_str(&out.stdout).expect("json");
+    assert_eq!(found[0]["content"], "The team deploys on Thursdays");
+}

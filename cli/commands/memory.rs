@@ -1,5 +1,6 @@
 //! `archon memory ls|search|show|forget|export|import`: the long-term memory agents with `memory: true`
-//! keep in the state directory, read and changed by a person.
+//! keep in the state directory (or, with `--store`, in the PostgreSQL run store's database), read and
+//! changed by a person.
 
 use std::collections::HashSet;
 use std::io::BufRead;
@@ -25,18 +26,53 @@ fn path(args: &MemoryFileArgs) -> PathBuf {
     args.state.dir().join(&args.file)
 }
 
-/// The memory file, when it exists; a note saying there is none otherwise.
+/// How messages name the memory: the file, or the file's key in the run store's database.
+fn shown(args: &MemoryFileArgs) -> String {
+    let at = args.state.at();
+    if at.url.is_some() {
+        format!("{}` in `{}", args.file.display(), at.shown())
+    } else {
+        path(args).display().to_string()
+    }
+}
+
+/// The memory of the file `--file` names: in the state directory, or in the PostgreSQL run store
+/// `--store` names (`None` when there is none yet, unless `create`).
+fn store(args: &MemoryFileArgs, create: bool) -> anyhow::Result<Option<MemoryStore>> {
+    let at = args.state.at();
+    if at.url.is_none() {
+        let path = path(args);
+        if !create && !path.exists() {
+            return Ok(None);
+        }
+        return Ok(Some(MemoryStore::open(&path)?));
+    }
+    let runs = if create {
+        Some(archon_engine::store::open(&at)?)
+    } else {
+        archon_engine::store::open_existing(&at)?
+    };
+    let Some(runs) = runs else {
+        return Ok(None);
+    };
+    let Some(database) = archon_engine::run::memory::MemoryDatabase::of(&*runs) else {
+        anyhow::bail!("run store `{}` keeps no memory", at.shown());
+    };
+    let file = args.file.to_string_lossy();
+    Ok(Some(database.open(&file)?))
+}
+
+/// The memory, when there is any; a note saying there is none otherwise.
 fn existing(args: &MemoryFileArgs) -> anyhow::Result<Option<MemoryStore>> {
-    let path = path(args);
-    if !path.exists() {
+    let found = store(args, false)?;
+    if found.is_none() {
         if args.json {
             output::stdout("[]\n");
         } else {
-            output::stdout(&format!("no memory in `{}`\n", path.display()));
+            output::stdout(&format!("no memory in `{}`\n", shown(args)));
         }
-        return Ok(None);
     }
-    Ok(Some(MemoryStore::open(&path)?))
+    Ok(found)
 }
 
 pub fn ls(args: &MemoryLsArgs) -> anyhow::Result<Status> {
@@ -91,8 +127,11 @@ pub fn search(args: &MemorySearchArgs) -> anyhow::Result<Status> {
 }
 
 pub fn show(args: &MemoryShowArgs) -> anyhow::Result<Status> {
-    let store = MemoryStore::open(&path(&args.memory))?;
-    let Some(memory) = store.get(args.id)? else {
+    let Some(memory) = store(&args.memory, false)?
+        .map(|store| store.get(args.id))
+        .transpose()?
+        .flatten()
+    else {
         output::stderr(&format!("error: no memory `{}`\n", args.id));
         return Ok(Status::Failure);
     };
@@ -142,12 +181,10 @@ pub fn show(args: &MemoryShowArgs) -> anyhow::Result<Status> {
 }
 
 pub fn forget(args: &MemoryForgetArgs) -> anyhow::Result<Status> {
-    let path = path(&args.memory);
-    if !path.exists() {
+    let Some(store) = store(&args.memory, false)? else {
         output::stderr(&format!("error: no memory `{}`\n", args.id));
         return Ok(Status::Failure);
-    }
-    let store = MemoryStore::open(&path)?;
+    };
     match store.forget(None, args.id, args.reason.as_deref()) {
         Ok(memory) => {
             if args.memory.json {
@@ -165,11 +202,9 @@ pub fn forget(args: &MemoryForgetArgs) -> anyhow::Result<Status> {
 }
 
 pub fn export(args: &MemoryExportArgs) -> anyhow::Result<Status> {
-    let path = path(&args.memory);
-    if !path.exists() {
+    let Some(store) = store(&args.memory, false)? else {
         return Ok(Status::Success);
-    }
-    let store = MemoryStore::open(&path)?;
+    };
     let mut text = String::new();
     for memory in store.list(args.namespace.as_deref(), true)? {
         text.push_str(&serde_json::to_string(&memory)?);
@@ -213,7 +248,9 @@ pub fn import(args: &MemoryImportArgs) -> anyhow::Result<Status> {
         })?;
         records.push(record);
     }
-    let store = MemoryStore::open(&path(&args.memory))?;
+    let Some(store) = store(&args.memory, true)? else {
+        anyhow::bail!("no memory store at `{}`", shown(&args.memory));
+    };
     let (new, known) = store.import(&records, args.namespace.as_deref())?;
     if args.memory.json {
         output::stdout_json(&serde_json::json!({ "imported": new, "already_known": known }));

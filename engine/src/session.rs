@@ -827,7 +827,7 @@ impl Session {
             helper: attachments.helper,
             cache,
             memory_dir: self.store.location(),
-            memory: run::MemoryFiles::default(),
+            memory: run::MemoryFiles::new(run::memory::MemoryDatabase::of(&*self.store)),
         };
         let report = run::run(Arc::new(prepared.workflow), prepared.inputs, options).await;
         let report = match report {

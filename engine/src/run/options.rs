@@ -53,17 +53,31 @@ pub struct RunOptions {
     /// Results of steps with `cache` the run may reuse.
     pub cache: StepCache,
     /// Where long-term memory files are (`memory.path` is relative to it): the state directory. Without
-    /// one, an agent with `memory` or `notes` fails.
+    /// one (and without a database in `memory`), an agent with `memory` or `notes` fails.
     pub memory_dir: Option<PathBuf>,
-    /// The memory files the run opened, shared with its sub-workflows.
+    /// The memory files the run opened, shared with its sub-workflows, and the database memory lives in
+    /// when the run store is PostgreSQL (then `memory_dir` is not used).
     pub memory: MemoryFiles,
 }
 
-/// The memory files a run opened, by path.
+/// The memory files a run opened, by path; and the run store's database, when memory lives there.
 #[derive(Clone, Debug, Default)]
-pub struct MemoryFiles(
-    pub(crate) Arc<std::sync::Mutex<HashMap<PathBuf, Arc<crate::run::memory::MemoryStore>>>>,
-);
+pub struct MemoryFiles {
+    pub(crate) opened:
+        Arc<std::sync::Mutex<HashMap<PathBuf, Arc<crate::run::memory::MemoryStore>>>>,
+    pub(crate) database: Option<crate::run::memory::MemoryDatabase>,
+}
+
+impl MemoryFiles {
+    /// Memory in files of `memory_dir` without `database`; in `database` (the run store's,
+    /// [`crate::store::RunStore::memory_database`]) with it.
+    pub fn new(database: Option<crate::run::memory::MemoryDatabase>) -> MemoryFiles {
+        MemoryFiles {
+            opened: Arc::default(),
+            database,
+        }
+    }
+}
 
 /// The cached results a run may reuse (`cache:` on steps), read from the run store when it starts, and
 /// which steps run regardless.

@@ -611,7 +611,7 @@ impl Session {
             helper: options.helper.clone(),
             cache: run::StepCache::of(entries, run::Refresh::None),
             memory_dir: self.store.location(),
-            memory: run::MemoryFiles::default(),
+            memory: run::MemoryFiles::new(run::memory::MemoryDatabase::of(&*self.store)),
         }
     }
 }

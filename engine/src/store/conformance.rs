@@ -48,7 +48,7 @@ fn admin(sql: String) -> Result<(), String> {
 /// outside CI; a failure in CI.
 // The reason a test skips is for the person running it.
 #[allow(clippy::print_stderr)]
-fn postgres_reachable() -> bool {
+pub(crate) fn postgres_reachable() -> bool {
     match admin("SELECT 1".to_owned()) {
         Ok(()) => true,
         Err(e) if std::env::var("CI").as_deref() == Ok("true") => {

@@ -6,7 +6,7 @@
 //! everything in an embedded SQLite database. docs/durability.md says exactly what is synced when.
 
 #[cfg(test)]
-mod conformance;
+pub(crate) mod conformance;
 mod convert;
 pub mod postgres;
 pub mod sqlite;
@@ -464,6 +464,11 @@ pub struct FiringFilter {
 pub trait RunStore: Send + Sync + fmt::Debug {
     /// The directory the store keeps its files in, if it has one: file tools refuse it.
     fn location(&self) -> Option<PathBuf> {
+        None
+    }
+    /// Where agents' long-term memory lives when not in files of the state directory: the store's own
+    /// database (PostgreSQL), which every host that uses the store shares (`run::memory::MemoryDatabase`).
+    fn memory_database(&self) -> Option<postgres::PostgresStore> {
         None
     }
     /// Records a new run, owned by this process, with its spec files and inputs.

@@ -1,17 +1,21 @@
 //! Long-term memory: what agents with `memory: true` remember across runs, their session notes, and the
-//! episodes (goal, answer, outcome) of their earlier steps, in an embedded SQLite file with an FTS5 index.
+//! episodes (goal, answer, outcome) of their earlier steps, in an embedded SQLite file with an FTS5 index
+//! (`sqlite.rs`), or, when the run store is PostgreSQL, in its database (`postgres.rs`).
 //!
 //! Records are append-only: their text never changes. An update is a new record that supersedes the old
 //! one (kept, linked both ways, not recalled unless asked); `forget` marks a record forgotten (kept, never
 //! recalled). A write whose text (whitespace aside) is already remembered, live, in its namespace is not
-//! written again: the existing record is returned. Retrieval is BM25 over the FTS5 index and needs no
-//! model; when the spec names an embeddings provider, records carry a vector and a recall fuses both
-//! rankings by reciprocal rank fusion ([`fuse`]).
+//! written again: the existing record is returned. Retrieval is full-text (BM25 over the FTS5 index, or
+//! `ts_rank_cd` over PostgreSQL's `tsvector`) and needs no model; when the spec names an embeddings
+//! provider, records carry a vector and a recall fuses both rankings by reciprocal rank fusion ([`fuse`]).
 
+mod postgres;
+mod sqlite;
 mod store;
 
 pub use store::{
-    Kind, MAX_MEMORY_BYTES, Memory, MemoryError, MemoryStore, Namespace, NewMemory, Recall, Written,
+    Kind, MAX_MEMORY_BYTES, Memory, MemoryDatabase, MemoryError, MemoryStore, Namespace, NewMemory,
+    Recall, Written, file_key,
 };
 
 /// Reciprocal rank fusion's constant: how much the first ranks outweigh the rest.

@@ -1,49 +1,21 @@
-//! [`MemoryStore`]: the SQLite file memories, notes and episodes live in.
+//! [`MemoryStore`]: where memories, notes and episodes live, a SQLite file of the state directory or the
+//! PostgreSQL run store's database, and what its records are.
 
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
-use std::time::Duration;
 
-use rusqlite::{Connection, OptionalExtension, params};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
+
+use super::postgres::PostgresMemory;
+use super::sqlite::SqliteMemory;
+use crate::store::postgres::PostgresStore;
+use crate::store::{RunStore, StoreError};
 
 /// Most bytes of one memory's text.
 pub const MAX_MEMORY_BYTES: usize = 16 * 1024;
 /// Most words of a query looked up in the index.
 const MAX_QUERY_WORDS: usize = 64;
-
-const SCHEMA: &str = "
-CREATE TABLE IF NOT EXISTS memories (
-    id INTEGER PRIMARY KEY,
-    namespace TEXT NOT NULL,
-    kind TEXT NOT NULL,
-    agent TEXT,
-    run TEXT,
-    step TEXT,
-    content TEXT NOT NULL,
-    hash TEXT NOT NULL,
-    created_ms INTEGER NOT NULL,
-    supersedes INTEGER REFERENCES memories(id),
-    superseded_by INTEGER REFERENCES memories(id),
-    forgotten_ms INTEGER,
-    forgotten_reason TEXT,
-    embedding BLOB,
-    embedding_model TEXT
-);
-CREATE INDEX IF NOT EXISTS memories_by_hash ON memories(namespace, kind, hash);
-CREATE INDEX IF NOT EXISTS memories_by_namespace ON memories(namespace, kind, id);
-CREATE VIRTUAL TABLE IF NOT EXISTS memories_fts USING fts5(
-    content, content='memories', content_rowid='id', tokenize='porter unicode61'
-);
-CREATE TRIGGER IF NOT EXISTS memories_indexed AFTER INSERT ON memories BEGIN
-    INSERT INTO memories_fts(rowid, content) VALUES (new.id, new.content);
-END;
-";
-
-const COLUMNS: &str = "m.id, m.namespace, m.kind, m.agent, m.run, m.step, m.content, m.created_ms, \
-                       m.supersedes, m.superseded_by, m.forgotten_ms, m.forgotten_reason";
 
 /// What went wrong with the memory store.
 #[derive(Debug, thiserror::Error)]
@@ -68,6 +40,10 @@ pub enum MemoryError {
     TooLong { size: usize },
     #[error("a memory cannot be empty")]
     Empty,
+    #[error("memory: {0}")]
+    Store(#[from] StoreError),
+    #[error("memory file `{file}` cannot be kept in the run store's database: {reason}")]
+    File { file: String, reason: &'static str },
 }
 
 /// What a record is.
@@ -91,7 +67,7 @@ impl Kind {
         }
     }
 
-    fn parse(text: &str) -> Kind {
+    pub(crate) fn parse(text: &str) -> Kind {
         match text {
             "episode" => Kind::Episode,
             "note" => Kind::Note,
@@ -190,59 +166,85 @@ pub struct Recall<'a> {
     pub embedding: Option<(&'a str, &'a [f32])>,
 }
 
-/// The memory store: one SQLite file, shared by the runs and the processes that open it (WAL).
+/// The memory store: a SQLite file in the state directory, or one memory file's records in the database of
+/// a PostgreSQL run store (shared by every host that uses that store). Both keep the same records with the
+/// same guarantees; only full-text ranking differs (BM25 over FTS5, `ts_rank_cd` over a `tsvector`).
 #[derive(Debug)]
 pub struct MemoryStore {
-    path: PathBuf,
-    connection: Mutex<Connection>,
+    backend: Backend,
 }
 
-impl MemoryStore {
-    /// Opens (creating when needed) the store at `path`.
-    pub fn open(path: &Path) -> Result<MemoryStore, MemoryError> {
-        if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
-            std::fs::create_dir_all(parent).map_err(|e| MemoryError::Open {
-                path: path.to_owned(),
-                message: e.to_string().to_lowercase(),
-            })?;
+#[derive(Debug)]
+enum Backend {
+    Sqlite(SqliteMemory),
+    Postgres(PostgresMemory),
+}
+
+/// Runs the same call on whichever backend the store has.
+macro_rules! on_backend {
+    ($store:expr, $b:ident => $call:expr) => {
+        match &$store.backend {
+            Backend::Sqlite($b) => $call,
+            Backend::Postgres($b) => $call,
         }
-        let sqlite = |source| MemoryError::Sqlite {
-            path: path.to_owned(),
-            source,
-        };
-        let connection = Connection::open(path).map_err(sqlite)?;
-        connection
-            .busy_timeout(Duration::from_secs(10))
-            .map_err(sqlite)?;
-        connection
-            .pragma_update(None, "journal_mode", "WAL")
-            .map_err(sqlite)?;
-        connection
-            .pragma_update(None, "synchronous", "NORMAL")
-            .map_err(sqlite)?;
-        connection.execute_batch(SCHEMA).map_err(sqlite)?;
+    };
+}
+
+/// Memory kept in a PostgreSQL run store's database: each memory file (the spec's `memory.path`) a key
+/// there, so that the memories of different files stay apart as separate files do. Cheap to clone: it
+/// shares the store's connections.
+#[derive(Clone, Debug)]
+pub struct MemoryDatabase(pub(crate) PostgresStore);
+
+impl MemoryDatabase {
+    /// The database of run store `store`, when memory lives there (PostgreSQL).
+    pub fn of(store: &dyn RunStore) -> Option<MemoryDatabase> {
+        store.memory_database().map(MemoryDatabase)
+    }
+
+    /// The records of memory file `file` (relative, without `..`: the key is its normalised form).
+    pub fn open(&self, file: &str) -> Result<MemoryStore, MemoryError> {
+        let key = file_key(file)?;
         Ok(MemoryStore {
-            path: path.to_owned(),
-            connection: Mutex::new(connection),
+            backend: Backend::Postgres(PostgresMemory::new(self.0.clone(), key)),
         })
     }
 
-    fn with<T>(
-        &self,
-        f: impl FnOnce(&mut Connection) -> Result<T, MemoryError>,
-    ) -> Result<T, MemoryError> {
-        let mut connection = self
-            .connection
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        f(&mut connection)
+    /// The store's URL as messages show it (password masked).
+    pub fn shown(&self) -> &str {
+        self.0.shown()
     }
+}
 
-    fn sqlite(&self) -> impl Fn(rusqlite::Error) -> MemoryError + '_ {
-        |source| MemoryError::Sqlite {
-            path: self.path.clone(),
-            source,
-        }
+/// The key memory file `file` is kept under in a database: its path's components, `.` left out, joined
+/// by `/` (`./a//b.db` is `a/b.db`, as both name one file in the state directory).
+pub fn file_key(file: &str) -> Result<String, MemoryError> {
+    let refused = |reason| MemoryError::File {
+        file: file.to_owned(),
+        reason,
+    };
+    if Path::new(file).is_absolute() || file.starts_with(['/', '\\']) {
+        return Err(refused("it must be a relative path"));
+    }
+    let parts: Vec<&str> = file
+        .split(['/', '\\'])
+        .filter(|p| !p.is_empty() && *p != ".")
+        .collect();
+    if parts.contains(&"..") {
+        return Err(refused("it must not contain `..`"));
+    }
+    if parts.is_empty() {
+        return Err(refused("it names no file"));
+    }
+    Ok(parts.join("/"))
+}
+
+impl MemoryStore {
+    /// Opens (creating when needed) the SQLite file at `path`.
+    pub fn open(path: &Path) -> Result<MemoryStore, MemoryError> {
+        Ok(MemoryStore {
+            backend: Backend::Sqlite(SqliteMemory::open(path)?),
+        })
     }
 
     /// Writes a record, unless its text is already remembered, live, in its namespace (as the same kind,
@@ -258,203 +260,13 @@ impl MemoryStore {
             });
         }
         let hash = hash(content);
-        let sqlite = self.sqlite();
-        self.with(|connection| {
-            let tx = connection.transaction().map_err(&sqlite)?;
-            if let Some(old) = new.supersedes {
-                let found = get(&tx, old).map_err(&sqlite)?;
-                let Some(found) = found else {
-                    return Err(MemoryError::NotFound(old));
-                };
-                if found.namespace != new.namespace {
-                    return Err(MemoryError::OtherNamespace {
-                        id: old,
-                        namespace: found.namespace,
-                    });
-                }
-                if found.forgotten_ms.is_some() {
-                    return Err(MemoryError::Forgotten { id: old });
-                }
-                if let Some(by) = found.superseded_by {
-                    return Err(MemoryError::Superseded { id: old, by });
-                }
-            }
-            let duplicate: Option<i64> = tx
-                .query_row(
-                    "SELECT id FROM memories
-                     WHERE namespace = ?1 AND kind = ?2 AND hash = ?3 AND ifnull(agent, '') = ?4
-                       AND (?5 IS NULL OR run = ?5)
-                       AND superseded_by IS NULL AND forgotten_ms IS NULL
-                     ORDER BY id LIMIT 1",
-                    params![
-                        new.namespace,
-                        new.kind.as_str(),
-                        hash,
-                        new.agent.unwrap_or(""),
-                        new.run.filter(|_| new.run_scoped),
-                    ],
-                    |row| row.get(0),
-                )
-                .optional()
-                .map_err(&sqlite)?;
-            let written = match duplicate {
-                Some(id) if Some(id) == new.supersedes => Written::Duplicate(id),
-                Some(id) => {
-                    if let Some(old) = new.supersedes {
-                        tx.execute(
-                            "UPDATE memories SET superseded_by = ?1 WHERE id = ?2",
-                            params![id, old],
-                        )
-                        .map_err(&sqlite)?;
-                    }
-                    Written::Duplicate(id)
-                }
-                None => {
-                    let (model, vector) = match &new.embedding {
-                        Some((model, vector)) => (Some(*model), Some(to_blob(vector))),
-                        None => (None, None),
-                    };
-                    tx.execute(
-                        "INSERT INTO memories (namespace, kind, agent, run, step, content, hash, created_ms,
-                                               supersedes, embedding, embedding_model)
-                         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
-                        params![
-                            new.namespace,
-                            new.kind.as_str(),
-                            new.agent,
-                            new.run,
-                            new.step,
-                            content,
-                            hash,
-                            now_ms(),
-                            new.supersedes,
-                            vector,
-                            model,
-                        ],
-                    )
-                    .map_err(&sqlite)?;
-                    let id = tx.last_insert_rowid();
-                    if let Some(old) = new.supersedes {
-                        tx.execute(
-                            "UPDATE memories SET superseded_by = ?1 WHERE id = ?2",
-                            params![id, old],
-                        )
-                        .map_err(&sqlite)?;
-                    }
-                    Written::New(id)
-                }
-            };
-            tx.commit().map_err(&sqlite)?;
-            Ok(written)
-        })
+        on_backend!(self, b => b.write(new, content, &hash))
     }
 
-    /// The records of `recall.kinds` in its namespace best matching its query, best first: BM25, fused
-    /// with the embedding's ranking when it has one. Without words to look up, the latest.
+    /// The records of `recall.kinds` in its namespace best matching its query, best first: full-text
+    /// ranking, fused with the embedding's ranking when it has one. Without words to look up, the latest.
     pub fn recall(&self, recall: &Recall<'_>) -> Result<Vec<Memory>, MemoryError> {
-        let sqlite = self.sqlite();
-        let kinds: Vec<&str> = recall.kinds.iter().map(|k| k.as_str()).collect();
-        let kinds = kinds.join(",");
-        // Enough candidates that the excluded ones cannot crowd out the rest.
-        let wanted = recall.limit + recall.exclude.len();
-        let wanted_sql = i64::try_from(wanted).unwrap_or(i64::MAX);
-        let query = fts_query(recall.query);
-        self.with(|connection| {
-            let live = "instr(',' || ?2 || ',', ',' || m.kind || ',') > 0
-                        AND m.forgotten_ms IS NULL AND (?3 OR m.superseded_by IS NULL)";
-            let bm25: Vec<i64> = match &query {
-                Some(query) => {
-                    let found = best_of_index(connection, recall, &kinds, query, wanted)
-                        .map_err(&sqlite)?;
-                    match found {
-                        Some(found) => found,
-                        // The namespace is a small part of what matches: filtered before ranking.
-                        None => {
-                            let mut statement = connection
-                                .prepare_cached(&format!(
-                                    "SELECT m.id FROM memories_fts f JOIN memories m ON m.id = f.rowid
-                                     WHERE memories_fts MATCH ?4 AND m.namespace = ?1 AND {live}
-                                     ORDER BY f.rank LIMIT ?5"
-                                ))
-                                .map_err(&sqlite)?;
-                            statement
-                                .query_map(
-                                    params![
-                                        recall.namespace,
-                                        kinds,
-                                        recall.superseded,
-                                        query,
-                                        wanted_sql
-                                    ],
-                                    |row| row.get(0),
-                                )
-                                .map_err(&sqlite)?
-                                .collect::<Result<_, _>>()
-                                .map_err(&sqlite)?
-                        }
-                    }
-                }
-                None => {
-                    let mut statement = connection
-                        .prepare_cached(&format!(
-                            "SELECT m.id FROM memories m WHERE m.namespace = ?1 AND {live}
-                             ORDER BY m.id DESC LIMIT ?4"
-                        ))
-                        .map_err(&sqlite)?;
-                    statement
-                        .query_map(
-                            params![recall.namespace, kinds, recall.superseded, wanted_sql],
-                            |row| row.get(0),
-                        )
-                        .map_err(&sqlite)?
-                        .collect::<Result<_, _>>()
-                        .map_err(&sqlite)?
-                }
-            };
-            let ranked = match recall.embedding {
-                Some((model, wanted_vector)) => {
-                    let mut statement = connection
-                        .prepare_cached(&format!(
-                            "SELECT m.id, m.embedding FROM memories m
-                             WHERE m.namespace = ?1 AND {live} AND m.embedding_model = ?4"
-                        ))
-                        .map_err(&sqlite)?;
-                    let mut rows = statement
-                        .query(params![recall.namespace, kinds, recall.superseded, model])
-                        .map_err(&sqlite)?;
-                    let mut scored: Vec<(f32, i64)> = Vec::new();
-                    while let Some(row) = rows.next().map_err(&sqlite)? {
-                        let id: i64 = row.get(0).map_err(&sqlite)?;
-                        let blob: Vec<u8> = row.get(1).map_err(&sqlite)?;
-                        let score = super::cosine(wanted_vector, &from_blob(&blob));
-                        scored.push((score, id));
-                        // Keeps the best `wanted` (sorted only when the list grows past twice that).
-                        if scored.len() > 2 * wanted.max(1) {
-                            scored.sort_by(|a, b| b.0.total_cmp(&a.0));
-                            scored.truncate(wanted);
-                        }
-                    }
-                    scored.sort_by(|a, b| b.0.total_cmp(&a.0));
-                    scored.truncate(wanted);
-                    let by_vector: Vec<i64> = scored.into_iter().map(|(_, id)| id).collect();
-                    super::fuse(&[bm25, by_vector])
-                }
-                None => bm25,
-            };
-            let mut found = Vec::with_capacity(recall.limit);
-            for id in ranked {
-                if recall.exclude.contains(&id) {
-                    continue;
-                }
-                if let Some(memory) = get(connection, id).map_err(&sqlite)? {
-                    found.push(memory);
-                }
-                if found.len() == recall.limit {
-                    break;
-                }
-            }
-            Ok(found)
-        })
+        on_backend!(self, b => b.recall(recall))
     }
 
     /// Marks record `id` forgotten (in `namespace`, when given): it is kept, and never recalled.
@@ -464,82 +276,23 @@ impl MemoryStore {
         id: i64,
         reason: Option<&str>,
     ) -> Result<Memory, MemoryError> {
-        let sqlite = self.sqlite();
-        self.with(|connection| {
-            let Some(found) = get(connection, id).map_err(&sqlite)? else {
-                return Err(MemoryError::NotFound(id));
-            };
-            if let Some(namespace) = namespace
-                && found.namespace != namespace
-            {
-                // Another namespace's record is as good as unknown to this one.
-                return Err(MemoryError::NotFound(id));
-            }
-            if found.forgotten_ms.is_some() {
-                return Err(MemoryError::Forgotten { id });
-            }
-            connection
-                .execute(
-                    "UPDATE memories SET forgotten_ms = ?1, forgotten_reason = ?2 WHERE id = ?3",
-                    params![now_ms(), reason, id],
-                )
-                .map_err(&sqlite)?;
-            get(connection, id)
-                .map_err(&sqlite)?
-                .ok_or(MemoryError::NotFound(id))
-        })
+        on_backend!(self, b => b.forget(namespace, id, reason))
     }
 
     /// Record `id`.
     pub fn get(&self, id: i64) -> Result<Option<Memory>, MemoryError> {
-        let sqlite = self.sqlite();
-        self.with(|connection| get(connection, id).map_err(&sqlite))
+        on_backend!(self, b => b.get(id))
     }
 
     /// The records of `namespace` (every namespace when `None`), oldest first: live ones only unless
     /// `all`.
     pub fn list(&self, namespace: Option<&str>, all: bool) -> Result<Vec<Memory>, MemoryError> {
-        let sqlite = self.sqlite();
-        self.with(|connection| {
-            let mut statement = connection
-                .prepare(&format!(
-                    "SELECT {COLUMNS} FROM memories m
-                     WHERE (?1 IS NULL OR m.namespace = ?1)
-                       AND (?2 OR (m.superseded_by IS NULL AND m.forgotten_ms IS NULL))
-                     ORDER BY m.namespace, m.id"
-                ))
-                .map_err(&sqlite)?;
-            statement
-                .query_map(params![namespace, all], read)
-                .map_err(&sqlite)?
-                .collect::<Result<_, _>>()
-                .map_err(&sqlite)
-        })
+        on_backend!(self, b => b.list(namespace, all))
     }
 
     /// Each namespace, with how many records it holds.
     pub fn namespaces(&self) -> Result<Vec<Namespace>, MemoryError> {
-        let sqlite = self.sqlite();
-        self.with(|connection| {
-            let mut statement = connection
-                .prepare(
-                    "SELECT namespace,
-                            sum(superseded_by IS NULL AND forgotten_ms IS NULL), count(*)
-                     FROM memories GROUP BY namespace ORDER BY namespace",
-                )
-                .map_err(&sqlite)?;
-            statement
-                .query_map([], |row| {
-                    Ok(Namespace {
-                        name: row.get(0)?,
-                        live: row.get(1)?,
-                        total: row.get(2)?,
-                    })
-                })
-                .map_err(&sqlite)?
-                .collect::<Result<_, _>>()
-                .map_err(&sqlite)
-        })
+        on_backend!(self, b => b.namespaces())
     }
 
     /// The latest `limit` live notes of `agent` in `namespace` (of run `run` only, when given), oldest
@@ -551,33 +304,7 @@ impl MemoryStore {
         run: Option<&str>,
         limit: usize,
     ) -> Result<Vec<Memory>, MemoryError> {
-        let sqlite = self.sqlite();
-        self.with(|connection| {
-            let mut statement = connection
-                .prepare_cached(&format!(
-                    "SELECT {COLUMNS} FROM memories m
-                     WHERE m.namespace = ?1 AND m.kind = 'note' AND m.agent = ?2
-                       AND (?3 IS NULL OR m.run = ?3) AND m.forgotten_ms IS NULL
-                       AND m.superseded_by IS NULL
-                     ORDER BY m.id DESC LIMIT ?4"
-                ))
-                .map_err(&sqlite)?;
-            let mut notes: Vec<Memory> = statement
-                .query_map(
-                    params![
-                        namespace,
-                        agent,
-                        run,
-                        i64::try_from(limit).unwrap_or(i64::MAX)
-                    ],
-                    read,
-                )
-                .map_err(&sqlite)?
-                .collect::<Result<_, _>>()
-                .map_err(&sqlite)?;
-            notes.reverse();
-            Ok(notes)
-        })
+        on_backend!(self, b => b.notes(namespace, agent, run, limit))
     }
 
     /// Imports exported records into their namespaces (`namespace` overrides theirs): each written as a
@@ -609,117 +336,29 @@ impl MemoryStore {
             }
             ids.insert(record.id, written.id());
             if let (Written::New(id), Some(forgotten)) = (written, record.forgotten_ms) {
-                let sqlite = self.sqlite();
-                self.with(|connection| {
-                    connection
-                        .execute(
-                            "UPDATE memories SET forgotten_ms = ?1, forgotten_reason = ?2 WHERE id = ?3",
-                            params![forgotten, record.forgotten_reason, id],
-                        )
-                        .map_err(&sqlite)
-                })?;
+                let reason = record.forgotten_reason.as_deref();
+                on_backend!(self, b => b.set_forgotten(id, forgotten, reason))?;
             }
         }
-        let sqlite = self.sqlite();
         for record in records {
             if let (Some(by), Some(&id)) = (record.superseded_by, ids.get(&record.id))
                 && let Some(&by) = ids.get(&by)
                 && by != id
             {
-                self.with(|connection| {
-                    connection
-                        .execute(
-                            "UPDATE memories SET superseded_by = ?1 WHERE id = ?2 AND superseded_by IS NULL",
-                            params![by, id],
-                        )
-                        .map_err(&sqlite)?;
-                    connection
-                        .execute(
-                            "UPDATE memories SET supersedes = ?1 WHERE id = ?2 AND supersedes IS NULL",
-                            params![id, by],
-                        )
-                        .map_err(&sqlite)
-                })?;
+                on_backend!(self, b => b.link(id, by))?;
             }
         }
         Ok((new, known))
     }
 }
 
-fn get(connection: &Connection, id: i64) -> rusqlite::Result<Option<Memory>> {
-    connection
-        .prepare_cached(&format!("SELECT {COLUMNS} FROM memories m WHERE m.id = ?1"))?
-        .query_row([id], read)
-        .optional()
+/// The words of a free-text query the index looks up (at most 64): runs of letters and digits, so that
+/// nothing in a query is syntax of the index's query language.
+pub(crate) fn query_words(text: &str) -> impl Iterator<Item = &str> {
+    text.split(|c: char| !c.is_alphanumeric())
+        .filter(|w| !w.is_empty())
+        .take(MAX_QUERY_WORDS)
 }
-
-fn read(row: &rusqlite::Row<'_>) -> rusqlite::Result<Memory> {
-    Ok(Memory {
-        id: row.get(0)?,
-        namespace: row.get(1)?,
-        kind: Kind::parse(&row.get::<_, String>(2)?),
-        agent: row.get(3)?,
-        run: row.get(4)?,
-        step: row.get(5)?,
-        content: row.get(6)?,
-        created_ms: row.get(7)?,
-        supersedes: row.get(8)?,
-        superseded_by: row.get(9)?,
-        forgotten_ms: row.get(10)?,
-        forgotten_reason: row.get(11)?,
-    })
-}
-
-/// The best `wanted` records of the recall's namespace and kinds for the FTS5 `query`, best first, read
-/// from the index's best matches of every namespace, each checked in turn; `None` when that many of them
-/// were not enough (the namespace is a small part of what matches). Ranking by `bm25()` under a `LIMIT`
-/// keeps only the best matches while it scores, where `ORDER BY rank` sorts every match, and joining
-/// each match to its record before ranking would look every one of them up: both cost more than the
-/// scoring itself once a query has a common word.
-fn best_of_index(
-    connection: &Connection,
-    recall: &Recall<'_>,
-    kinds: &str,
-    query: &str,
-    wanted: usize,
-) -> rusqlite::Result<Option<Vec<i64>>> {
-    let mut ranked = connection.prepare_cached(
-        "SELECT rowid FROM memories_fts WHERE memories_fts MATCH ?1
-         ORDER BY bm25(memories_fts) LIMIT ?2",
-    )?;
-    let mut wanted_here = connection.prepare_cached(
-        "SELECT 1 FROM memories m
-         WHERE m.id = ?1 AND m.namespace = ?2 AND instr(',' || ?3 || ',', ',' || m.kind || ',') > 0
-           AND m.forgotten_ms IS NULL AND (?4 OR m.superseded_by IS NULL)",
-    )?;
-    let mut limit = (wanted * 4).max(32);
-    while limit <= CANDIDATES_CHECKED {
-        let candidates: Vec<i64> = ranked
-            .query_map(
-                params![query, i64::try_from(limit).unwrap_or(i64::MAX)],
-                |row| row.get(0),
-            )?
-            .collect::<Result<_, _>>()?;
-        let mut found = Vec::with_capacity(wanted);
-        for id in &candidates {
-            if found.len() == wanted {
-                break;
-            }
-            if wanted_here.exists(params![id, recall.namespace, kinds, recall.superseded])? {
-                found.push(*id);
-            }
-        }
-        // Enough, or every match was checked.
-        if found.len() == wanted || candidates.len() < limit {
-            return Ok(Some(found));
-        }
-        limit *= 8;
-    }
-    Ok(None)
-}
-
-/// Most of the index's best matches [`best_of_index`] checks before it filters before ranking.
-const CANDIDATES_CHECKED: usize = 2048;
 
 /// The text's identity for deduplication: SHA-256 of its words, whitespace collapsed.
 fn hash(content: &str) -> String {
@@ -728,34 +367,70 @@ fn hash(content: &str) -> String {
     digest.iter().map(|b| format!("{b:02x}")).collect()
 }
 
-/// The FTS5 query for free text: each word quoted (so that nothing in it is FTS5 syntax), any of them.
-fn fts_query(text: &str) -> Option<String> {
-    let words: Vec<String> = text
-        .split(|c: char| !c.is_alphanumeric())
-        .filter(|w| !w.is_empty())
-        .take(MAX_QUERY_WORDS)
-        .map(|w| format!("\"{w}\""))
-        .collect();
-    (!words.is_empty()).then(|| words.join(" OR "))
-}
-
-fn to_blob(vector: &[f32]) -> Vec<u8> {
-    vector.iter().flat_map(|x| x.to_le_bytes()).collect()
-}
-
-fn from_blob(blob: &[u8]) -> Vec<f32> {
-    blob.chunks_exact(4)
-        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-        .collect()
-}
-
-fn now_ms() -> i64 {
+pub(crate) fn now_ms() -> i64 {
     i64::try_from(crate::store::now_ms()).unwrap_or(i64::MAX)
 }
 
+/// The same behaviour on both backends: each test below runs against a SQLite file (in a temporary
+/// directory) and against a PostgreSQL run store (in a schema of its own, dropped afterwards; skipped
+/// with the reason printed when the server cannot be reached, except under `CI=true`).
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::conformance::{Schema, postgres_reachable};
+
+    /// Where a test's memory files are.
+    trait Files {
+        /// Memory file `name`.
+        fn open(&self, name: &str) -> MemoryStore;
+    }
+
+    struct Sqlite(tempfile::TempDir);
+
+    impl Files for Sqlite {
+        fn open(&self, name: &str) -> MemoryStore {
+            MemoryStore::open(&self.0.path().join(name)).expect("open")
+        }
+    }
+
+    struct Postgres(Schema);
+
+    impl Files for Postgres {
+        fn open(&self, name: &str) -> MemoryStore {
+            let store = self.0.store("host-a", crate::store::postgres::LEASE);
+            MemoryDatabase(store).open(name).expect("open")
+        }
+    }
+
+    /// Each test, once on each backend.
+    macro_rules! on_both {
+        ($($name:ident),* $(,)?) => {
+            mod sqlite {
+                $(#[test]
+                fn $name() {
+                    super::$name(&super::Sqlite(tempfile::tempdir().expect("dir")));
+                })*
+            }
+            mod postgres {
+                $(#[test]
+                fn $name() {
+                    if super::postgres_reachable() {
+                        super::$name(&super::Postgres(super::Schema::new()));
+                    }
+                })*
+            }
+        };
+    }
+
+    on_both!(
+        writes_are_deduplicated_superseded_and_forgotten_without_losing_a_record,
+        recall_ranks_by_relevance_excludes_what_was_shown_and_reads_no_query_syntax,
+        a_small_namespace_is_found_past_the_best_matches_of_a_large_one,
+        export_and_import_keep_links_and_forgotten_records,
+        embeddings_are_fused_with_the_text_ranking,
+        notes_are_the_latest_of_one_agent_oldest_first,
+        memory_files_keep_their_records_apart,
+    );
 
     fn fact<'a>(namespace: &'a str, content: &'a str) -> NewMemory<'a> {
         NewMemory {
@@ -787,10 +462,8 @@ mod tests {
         found.iter().map(|m| m.content.as_str()).collect()
     }
 
-    #[test]
-    fn writes_are_deduplicated_superseded_and_forgotten_without_losing_a_record() {
-        let dir = tempfile::tempdir().expect("dir");
-        let store = MemoryStore::open(&dir.path().join("memory.db")).expect("open");
+    fn writes_are_deduplicated_superseded_and_forgotten_without_losing_a_record(files: &dyn Files) {
+        let store = files.open("memory.db");
         let first = store
             .write(&fact("team", "we deploy on Tuesdays"))
             .expect("write");
@@ -852,10 +525,10 @@ mod tests {
         ));
     }
 
-    #[test]
-    fn recall_ranks_by_bm25_excludes_what_was_shown_and_reads_no_query_syntax() {
-        let dir = tempfile::tempdir().expect("dir");
-        let store = MemoryStore::open(&dir.path().join("memory.db")).expect("open");
+    fn recall_ranks_by_relevance_excludes_what_was_shown_and_reads_no_query_syntax(
+        files: &dyn Files,
+    ) {
+        let store = files.open("memory.db");
         for text in [
             "the staging database is postgres 16",
             "lunch is at noon",
@@ -883,12 +556,11 @@ mod tests {
         assert_eq!(found.iter().map(|m| m.id).collect::<Vec<_>>(), [3, 2, 1]);
     }
 
-    #[test]
-    fn a_small_namespace_is_found_past_the_best_matches_of_a_large_one() {
-        let dir = tempfile::tempdir().expect("dir");
-        let store = MemoryStore::open(&dir.path().join("memory.db")).expect("open");
-        // More of them than the index's best matches checked before the namespace is filtered first.
-        for i in 0..=CANDIDATES_CHECKED {
+    fn a_small_namespace_is_found_past_the_best_matches_of_a_large_one(files: &dyn Files) {
+        let store = files.open("memory.db");
+        // More of them than the SQLite index's best matches checked before the namespace is filtered
+        // first.
+        for i in 0..=super::super::sqlite::CANDIDATES_CHECKED {
             let text = format!("alpha alpha alpha note {i}");
             store.write(&fact("big", &text)).expect("write");
         }
@@ -912,21 +584,19 @@ mod tests {
         );
     }
 
-    #[test]
-    fn export_and_import_keep_links_and_forgotten_records() {
-        let dir = tempfile::tempdir().expect("dir");
-        let store = MemoryStore::open(&dir.path().join("a.db")).expect("open");
-        store.write(&fact("ns", "old")).expect("write");
+    fn export_and_import_keep_links_and_forgotten_records(files: &dyn Files) {
+        let store = files.open("a.db");
+        let old = store.write(&fact("ns", "old")).expect("write").id();
         store
             .write(&NewMemory {
-                supersedes: Some(1),
+                supersedes: Some(old),
                 ..fact("ns", "new")
             })
             .expect("write");
-        store.write(&fact("ns", "gone")).expect("write");
-        store.forget(None, 3, Some("mistake")).expect("forget");
+        let gone = store.write(&fact("ns", "gone")).expect("write").id();
+        store.forget(None, gone, Some("mistake")).expect("forget");
         let exported = store.list(Some("ns"), true).expect("list");
-        let other = MemoryStore::open(&dir.path().join("b.db")).expect("open");
+        let other = files.open("b.db");
         other.write(&fact("ns", "new")).expect("write");
         assert_eq!(other.import(&exported, None).expect("import"), (2, 1));
         let imported = other.list(Some("ns"), true).expect("list");
@@ -938,5 +608,181 @@ mod tests {
             [("new", true), ("old", false), ("gone", false)]
         );
         assert_eq!(imported[1].superseded_by, Some(imported[0].id));
+    }
+
+    fn embeddings_are_fused_with_the_text_ranking(files: &dyn Files) {
+        let store = files.open("memory.db");
+        let none = HashSet::new();
+        let mut ids = Vec::new();
+        for (text, vector) in [
+            ("the cluster runs kubernetes", vec![1.0, 0.0]),
+            ("lunch is at noon", vec![0.0, 1.0]),
+            ("the canteen opens at eleven", vec![0.6, 0.8]),
+        ] {
+            let written = store
+                .write(&NewMemory {
+                    embedding: Some(("small", vector)),
+                    ..fact("ns", text)
+                })
+                .expect("write");
+            ids.push(written.id());
+        }
+        // Written without an embedding: found by its words only.
+        let plain = store
+            .write(&fact("ns", "noon standup"))
+            .expect("write")
+            .id();
+        let by_vector = Recall {
+            embedding: Some(("small", &[0.0, 1.0])),
+            ..recall("ns", "when do we eat", &none)
+        };
+        let found = store.recall(&by_vector).expect("recall");
+        assert_eq!(
+            found.iter().map(|m| m.id).collect::<Vec<_>>(),
+            [ids[1], ids[2], ids[0]]
+        );
+        // Both rankings: the record both hold first, then each ranking's in turn.
+        let both = Recall {
+            embedding: Some(("small", &[0.0, 1.0])),
+            ..recall("ns", "noon", &none)
+        };
+        let found = store.recall(&both).expect("recall");
+        assert_eq!(
+            found.iter().map(|m| m.id).collect::<Vec<_>>(),
+            [ids[1], plain, ids[2], ids[0]]
+        );
+        // Another model's vectors are not compared.
+        let other_model = Recall {
+            embedding: Some(("large", &[0.0, 1.0])),
+            ..recall("ns", "when do we eat", &none)
+        };
+        assert_eq!(store.recall(&other_model).expect("recall"), []);
+    }
+
+    fn notes_are_the_latest_of_one_agent_oldest_first(files: &dyn Files) {
+        let store = files.open("memory.db");
+        let note = |agent, run, text| NewMemory {
+            kind: Kind::Note,
+            agent: Some(agent),
+            run: Some(run),
+            run_scoped: true,
+            ..fact("ns", text)
+        };
+        for (agent, run, text) in [
+            ("ann", "r1", "first"),
+            ("bob", "r1", "not mine"),
+            ("ann", "r2", "second"),
+            ("ann", "r2", "third"),
+        ] {
+            store.write(&note(agent, run, text)).expect("write");
+        }
+        // A run-scoped note is a duplicate only of one of the same run.
+        assert!(matches!(
+            store.write(&note("ann", "r2", "first")).expect("write"),
+            Written::New(_)
+        ));
+        assert!(matches!(
+            store.write(&note("ann", "r2", "first")).expect("write"),
+            Written::Duplicate(_)
+        ));
+        let notes = store.notes("ns", "ann", None, 3).expect("notes");
+        assert_eq!(contents(&notes), ["second", "third", "first"]);
+        let notes = store.notes("ns", "ann", Some("r1"), 50).expect("notes");
+        assert_eq!(contents(&notes), ["first"]);
+        assert_eq!(
+            store.namespaces().expect("namespaces"),
+            [Namespace {
+                name: "ns".to_owned(),
+                live: 5,
+                total: 5
+            }]
+        );
+    }
+
+    fn memory_files_keep_their_records_apart(files: &dyn Files) {
+        let team = files.open("team.db");
+        let other = files.open("other.db");
+        let id = team
+            .write(&fact("ns", "we deploy on Tuesdays"))
+            .expect("write");
+        let none = HashSet::new();
+        assert_eq!(
+            other
+                .recall(&recall("ns", "deploy", &none))
+                .expect("recall"),
+            []
+        );
+        assert_eq!(other.get(id.id()).expect("get"), None);
+        assert!(matches!(
+            other.forget(None, id.id(), None),
+            Err(MemoryError::NotFound(_))
+        ));
+        assert_eq!(other.namespaces().expect("namespaces"), []);
+        // The same file, however its path is written.
+        let again = files.open("./team.db");
+        assert_eq!(
+            contents(&again.list(None, false).expect("list")),
+            ["we deploy on Tuesdays"]
+        );
+    }
+
+    #[test]
+    fn a_file_key_is_the_normalised_relative_path() {
+        assert_eq!(file_key("memory.db").expect("key"), "memory.db");
+        assert_eq!(file_key("./a//b/./c.db").expect("key"), "a/b/c.db");
+        for refused in ["/etc/memory.db", "../memory.db", "a/../../b.db", ".", ""] {
+            assert!(
+                matches!(file_key(refused), Err(MemoryError::File { .. })),
+                "{refused}"
+            );
+        }
+        assert_eq!(
+            file_key("../m.db").map_err(|e| e.to_string()),
+            Err("memory file `../m.db` cannot be kept in the run store's database: it must not contain `..`".to_owned())
+        );
+    }
+
+    /// On PostgreSQL, a query whose words are all stop words (the index keeps none) gives the latest, as
+    /// one without words does; two hosts remembering the same fact at once write it once.
+    #[test]
+    fn postgres_stop_words_and_concurrent_duplicates() {
+        if !postgres_reachable() {
+            return;
+        }
+        let files = Postgres(Schema::new());
+        let store = files.open("memory.db");
+        for text in ["alpha", "beta", "gamma"] {
+            store.write(&fact("ns", text)).expect("write");
+        }
+        let none = HashSet::new();
+        assert_eq!(
+            contents(
+                &store
+                    .recall(&recall("ns", "is it the", &none))
+                    .expect("recall")
+            ),
+            ["gamma", "beta", "alpha"]
+        );
+        let written: Vec<Written> = std::thread::scope(|scope| {
+            let handles: Vec<_> = (0..4)
+                .map(|_| {
+                    let store = files.open("memory.db");
+                    scope.spawn(move || store.write(&fact("ns", "shared fact")).expect("write"))
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| h.join().expect("joined"))
+                .collect()
+        });
+        let new: Vec<i64> = written
+            .iter()
+            .filter_map(|w| match w {
+                Written::New(id) => Some(*id),
+                Written::Duplicate(_) => None,
+            })
+            .collect();
+        assert_eq!(new.len(), 1, "{written:?}");
+        assert!(written.iter().all(|w| w.id() == new[0]), "{written:?}");
     }
 }

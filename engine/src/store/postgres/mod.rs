@@ -9,6 +9,7 @@
 //!
 //! A run's owner is alive while its lease lasts; on this host, while its process lives (as with SQLite).
 //! Tables live in the connection's current schema (`search_path`); `schema.rs` creates and migrates them.
+//! Agents' long-term memory lives there too (`run/memory/postgres.rs`, through [`PostgresStore::call`]).
 
 mod journal;
 mod queries;
@@ -332,6 +333,18 @@ impl PostgresStore {
         outcome
             .recv()
             .unwrap_or_else(|_| Err(StoreError::new("the run store stopped")))
+    }
+
+    /// Runs `work`, given the store's connections, on the store's runtime and waits for its outcome: for
+    /// what keeps its own tables in the store's database (agents' memory, `run::memory`).
+    pub(crate) fn call<T: Send + 'static, F>(
+        &self,
+        work: impl FnOnce(Arc<Inner>) -> F,
+    ) -> Result<T, StoreError>
+    where
+        F: Future<Output = Result<T>> + Send + 'static,
+    {
+        self.run(work(self.inner.clone()))
     }
 
     /// A fresh ownership token for run `id`, remembered for its journal.
@@ -664,6 +677,10 @@ fn lowercase(text: &str) -> String {
 impl RunStore for PostgresStore {
     fn location(&self) -> Option<PathBuf> {
         self.inner.state_dir.clone()
+    }
+
+    fn memory_database(&self) -> Option<PostgresStore> {
+        Some(self.clone())
     }
 
     fn create_run(&self, run: &NewRun) -> Result<(), StoreError> {

@@ -269,6 +269,34 @@ BEGIN
 END
 $claim$;
 "#,
+    r#"
+-- Long-term memory of agents (`run/memory/postgres.rs`): what a memory file holds on the
+-- SQLite store, `file` being the spec's `memory.path` (normalised) that keeps the memories of different
+-- files apart. Append-only: `content` never changes. `search` is the text's lexemes (the `english`
+-- configuration: stemmed, stop words left out) for full-text recall.
+CREATE TABLE memories (
+    id BIGSERIAL PRIMARY KEY,
+    file TEXT NOT NULL,
+    namespace TEXT NOT NULL,
+    kind TEXT NOT NULL,
+    agent TEXT,
+    run TEXT,
+    step TEXT,
+    content TEXT NOT NULL,
+    hash TEXT NOT NULL,
+    created_ms BIGINT NOT NULL,
+    supersedes BIGINT REFERENCES memories (id),
+    superseded_by BIGINT REFERENCES memories (id),
+    forgotten_ms BIGINT,
+    forgotten_reason TEXT,
+    embedding REAL[],
+    embedding_model TEXT,
+    search TSVECTOR GENERATED ALWAYS AS (to_tsvector('english', content)) STORED
+);
+CREATE INDEX memories_by_hash ON memories (file, namespace, kind, hash);
+CREATE INDEX memories_by_namespace ON memories (file, namespace, kind, id);
+CREATE INDEX memories_search ON memories USING GIN (search);
+"#,
 ];
 
 /// The tables whose rows belong to a run (by `run_id`), which `prune` deletes with it.

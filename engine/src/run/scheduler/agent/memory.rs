@@ -8,6 +8,7 @@
 //! conversation an earlier process left.
 
 use std::collections::HashSet;
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
 use serde_json::{Value as Json, json};
@@ -66,35 +67,42 @@ pub(super) async fn open(
     let name = agent_name.unwrap_or(label);
     let spec = &shared.workflow.spec;
     let config = spec.memory.clone().unwrap_or_default();
-    let Some(dir) = &shared.options.memory_dir else {
-        return Err(Failure::fixed(format!(
-            "agent `{name}` keeps memory, and this run has no state directory to keep it in"
-        )));
+    let file = config
+        .path
+        .as_ref()
+        .map_or(DEFAULT_FILE, |p| p.value.as_str());
+    let files = shared.options.memory.clone();
+    // Memory in the run store's database is kept apart by file, as memory files are by path.
+    let key = match (&files.database, &shared.options.memory_dir) {
+        (Some(_), _) => PathBuf::from(
+            crate::run::memory::file_key(file).map_err(|e| Failure::fixed(e.to_string()))?,
+        ),
+        (None, Some(dir)) => dir.join(file),
+        (None, None) => {
+            return Err(Failure::fixed(format!(
+                "agent `{name}` keeps memory, and this run has no state directory to keep it in"
+            )));
+        }
     };
-    let path = dir.join(
-        config
-            .path
-            .as_ref()
-            .map_or(DEFAULT_FILE, |p| p.value.as_str()),
-    );
-    let store = {
-        let files = shared.options.memory.0.clone();
-        let path = path.clone();
-        tokio::task::spawn_blocking(move || {
-            let mut files = files
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
-            if let Some(store) = files.get(&path) {
-                return Ok(store.clone());
-            }
-            let store = Arc::new(MemoryStore::open(&path)?);
-            files.insert(path, store.clone());
-            Ok(store)
-        })
-        .await
-        .map_err(|e| Failure::fixed(format!("memory: {e}")))?
-        .map_err(|e: crate::run::memory::MemoryError| Failure::fixed(e.to_string()))?
-    };
+    let file = file.to_owned();
+    let store = tokio::task::spawn_blocking(move || {
+        let mut opened = files
+            .opened
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(store) = opened.get(&key) {
+            return Ok(store.clone());
+        }
+        let store = match &files.database {
+            Some(database) => Arc::new(database.open(&file)?),
+            None => Arc::new(MemoryStore::open(&key)?),
+        };
+        opened.insert(key, store.clone());
+        Ok(store)
+    })
+    .await
+    .map_err(|e| Failure::fixed(format!("memory: {e}")))?
+    .map_err(|e: crate::run::memory::MemoryError| Failure::fixed(e.to_string()))?;
     let namespace = match &config.namespace {
         Some(template) => {
             let ctx = shared.memory_context();
