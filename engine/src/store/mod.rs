@@ -760,6 +760,14 @@ pub trait Tasks: Send + Sync {
     /// Ends a submitted run that cannot go on without a person (a step in doubt may not be repeated):
     /// interrupted, its tasks removed, to be resumed or resolved as any interrupted run.
     fn interrupt(&self, task: &Task, error: &str) -> Result<(), StoreError>;
+    /// Sets aside a task whose step waits for a person to decide on a call it asked for: `waiting`, until
+    /// `archon approve` decides every call the step asked for (or `archon resume` hands the run back).
+    /// Once no step of the run is ready or running, the run rests `waiting_approval`.
+    fn wait_approval(&self, task: &Task) -> Result<(), StoreError>;
+    /// Hands a submitted run that rests `waiting_approval` back to the workers (`archon resume`): its
+    /// waiting steps become ready again and ask again for whatever is still undecided. False when the
+    /// run is not a submitted run waiting for approval.
+    fn hand_back(&self, run_id: &str) -> Result<bool, StoreError>;
 }
 
 /// A journal that keeps nothing: a run without a store.
