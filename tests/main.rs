@@ -51,6 +51,7 @@ mod support;
 mod triggers;
 mod ux;
 mod validate_fixtures;
+mod worker_approvals;
 mod worker_chaos;
 mod workers;
 mod workers_robust;

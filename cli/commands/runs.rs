@@ -474,6 +474,36 @@ fn describe(session: &Session, run: &StoredRun, paint: Paint) -> String {
         text.push('\n');
         text.push_str(&shown(&outputs_text(&run.outputs)));
     }
+    // The calls nobody decided yet: what the run (or, submitted to workers, some of its steps) waits for.
+    let undecided: Vec<_> = run
+        .approvals
+        .iter()
+        .filter(|a| a.decision.is_none())
+        .collect();
+    if !undecided.is_empty() && matches!(run.status, RunState::WaitingApproval | RunState::Running)
+    {
+        text.push_str("\nwaiting for approval:\n");
+        for a in &undecided {
+            let _ = writeln!(
+                text,
+                "  {}{}",
+                shown(&a.request.step),
+                a.request
+                    .tool
+                    .as_deref()
+                    .map_or_else(String::new, |t| shown(&format!(
+                        ": `{t}` {}",
+                        a.request.arguments
+                    )))
+            );
+        }
+        let _ = writeln!(
+            text,
+            "  hint: `archon approve {}` (or `--deny`) decides; then a run submitted to workers goes on by itself, any other with `archon resume {}`",
+            shown(&run.id),
+            shown(&run.id)
+        );
+    }
     if run.status == RunState::Interrupted {
         text.push('\n');
         text.push_str(&shown(&resume_hint(session, &run.id)));
@@ -679,7 +709,22 @@ pub fn approve(args: &ApproveArgs) -> anyhow::Result<Status> {
                 .map_or_else(String::new, |t| format!(": `{t}` {}", request.arguments))
         );
     }
-    let _ = writeln!(text, "  hint: `archon resume {id}` continues the run");
+    // A step of a run submitted to workers goes on as soon as every call it asked for is decided.
+    let on_workers = session.load_brief(&id).is_ok_and(|run| {
+        run.status == RunState::Running
+            && run
+                .owner
+                .as_ref()
+                .is_some_and(|o| o.host == archon_engine::store::postgres::WORKERS)
+    });
+    if on_workers {
+        let _ = writeln!(
+            text,
+            "  hint: the workers continue the run: `archon show {id}` shows where it stands"
+        );
+    } else {
+        let _ = writeln!(text, "  hint: `archon resume {id}` continues the run");
+    }
     output::stdout(&output::printable(&text));
     Ok(Status::Success)
 }
@@ -876,6 +921,19 @@ fn continue_run(
         allow_changed_spec: options.allow_changed_spec,
         max_parallel: options.max_parallel.map(|m| m as usize),
     };
+    // A submitted run that waits for approval goes on where it ran: on the workers.
+    if how == Continue::Resume {
+        match session.hand_back(&id) {
+            Ok(true) => {
+                output::stdout(&format!(
+                    "run `{id}` goes on on the workers\n  hint: `archon show {id}` shows where it stands\n"
+                ));
+                return Ok(Status::Success);
+            }
+            Ok(false) => {}
+            Err(e) => return Ok(session_error(&e, color)),
+        }
+    }
     match session.continue_run(&id, how, &asked) {
         Ok(prepared) => execute(&session, prepared, None, &options.output, None, color),
         Err(e) => Ok(session_error(&e, color)),

@@ -394,6 +394,19 @@ impl Executor {
                 "run `{run_id}` is already running or queued on this server"
             )));
         }
+        // A run submitted to workers that waits for approval goes on there, as `archon resume` hands it.
+        if matches!(how, How::Resume) {
+            let id = run_id.to_owned();
+            let handed = app
+                .read(move |session| session.hand_back(&id).map_err(|e| ApiError::session(&e)))
+                .await?;
+            if handed {
+                return Ok(Started {
+                    run_id: run_id.to_owned(),
+                    queued: false,
+                });
+            }
+        }
         let (id, checked_how, checked_options) = (run_id.to_owned(), how.clone(), options.clone());
         let workflow = app
             .read(move |session| {
@@ -437,7 +450,7 @@ impl Executor {
     ) -> Result<Decided, ApiError> {
         self.refuse_when_stopping()?;
         let (id, key) = (run_id.to_owned(), key.to_owned());
-        let (request, pending) = app
+        let (request, pending, on_workers) = app
             .read(move |session| {
                 let request = session
                     .decide_call(&id, &key, &decision)
@@ -448,10 +461,16 @@ impl Executor {
                     .iter()
                     .filter(|a| a.decision.is_none())
                     .count();
-                Ok((request, pending))
+                // A run submitted to workers goes on there: the decision made its step ready again.
+                let on_workers = run.status == RunState::Running
+                    && run
+                        .owner
+                        .as_ref()
+                        .is_some_and(|o| o.host == archon_engine::store::postgres::WORKERS);
+                Ok((request, pending, on_workers))
             })
             .await?;
-        let resumed = if pending == 0 {
+        let resumed = if pending == 0 && !on_workers {
             Some(
                 self.continue_run(app, run_id, How::Resume, Options::default())
                     .await?,

@@ -14,6 +14,7 @@ use futures_util::stream::FuturesUnordered;
 use tokio_util::sync::CancellationToken;
 
 use super::{NewRunRequest, Session, SessionError, cached_workflows, spec_files};
+use crate::report::StepStatus;
 use crate::resume;
 use crate::run::{self, RunOptions};
 use crate::store::{
@@ -104,6 +105,8 @@ enum Outcome {
     /// The task was left claimed by a worker that ended its run: nothing to do.
     Ended,
     Released,
+    /// The step waits for a person to decide on a call it asked for.
+    Waiting,
 }
 
 /// The first wait of a worker that cannot reach its store before it tries again; it doubles up to
@@ -205,6 +208,16 @@ impl Session {
             &ready,
         )?;
         Ok(request.id)
+    }
+
+    /// Hands a submitted run that rests `waiting_approval` back to the workers (`archon resume`): its
+    /// waiting steps are ready again, reusing every decision recorded (and the default of requests past
+    /// their timeout). False when the run was not submitted to workers or does not wait.
+    pub fn hand_back(&self, id: &str) -> Result<bool, SessionError> {
+        match self.store.tasks() {
+            Some(tasks) => Ok(tasks.hand_back(id)?),
+            None => Ok(false),
+        }
     }
 
     /// Works on submitted runs until `options.stop` is cancelled: claims ready steps (at most
@@ -347,7 +360,7 @@ impl Session {
                             worked.runs += 1;
                         }
                         Outcome::Lost => worked.lost += 1,
-                        Outcome::Ended => {}
+                        Outcome::Ended | Outcome::Waiting => {}
                         Outcome::Released => worked.released += 1,
                     }
                     if down.is_none() {
@@ -519,10 +532,21 @@ impl Session {
             }
             return Ok(Outcome::Lost);
         }
-        if let Err(e) = stepped {
+        let result = match stepped {
+            Ok(result) => result,
+            Err(e) => {
+                journal.close();
+                tasks.interrupt(task, &e.to_string())?;
+                return Ok(Outcome::Lost);
+            }
+        };
+        // The step waits for a person: it recorded its requests and no result, and waits (its dependents
+        // with it) until `archon approve` decides them; the run rests `waiting_approval` once nothing
+        // else of it can run.
+        if result.status == StepStatus::WaitingApproval {
             journal.close();
-            tasks.interrupt(task, &e.to_string())?;
-            return Ok(Outcome::Lost);
+            tasks.wait_approval(task)?;
+            return Ok(Outcome::Waiting);
         }
         let steps = &workflow.spec.steps;
         let index = steps.iter().position(|s| s.id.value == task.step);

@@ -825,6 +825,14 @@ pub trait Tasks: Send + Sync {
     /// reaped some), and whenever the connection that listens for that is made again: a hint to look,
     /// never the work itself. Idle workers wait for it (or their next look with backoff).
     fn work_signal(&self) -> std::sync::Arc<tokio::sync::Notify>;
+    /// Sets aside a task whose step waits for a person to decide on a call it asked for: `waiting`, until
+    /// `archon approve` decides every call the step asked for (or `archon resume` hands the run back).
+    /// Once no step of the run is ready or running, the run rests `waiting_approval`.
+    fn wait_approval(&self, task: &Task) -> Result<(), StoreError>;
+    /// Hands a submitted run that rests `waiting_approval` back to the workers (`archon resume`): its
+    /// waiting steps become ready again and ask again for whatever is still undecided. False when the
+    /// run is not a submitted run waiting for approval.
+    fn hand_back(&self, run_id: &str) -> Result<bool, StoreError>;
 }
 
 /// A journal that keeps nothing: a run without a store.

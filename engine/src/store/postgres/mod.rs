@@ -393,13 +393,29 @@ impl PostgresStore {
         decision: &ApprovalDecision,
     ) -> Result<Vec<ApprovalRequest>, StoreError> {
         let now = now_ms();
-        let pending = crate::store::pending_approvals(self.load(id)?, id, now, select)?;
+        let mut run = self.load(id)?;
+        // A run submitted to workers takes decisions while its workers run its other steps.
+        if run.status == RunState::Running && run.owner.as_ref().is_some_and(|o| o.host == WORKERS)
+        {
+            run.status = RunState::WaitingApproval;
+        }
+        let expired: Vec<String> = run
+            .approvals
+            .iter()
+            .filter(|a| {
+                a.decision.is_none()
+                    && a.request
+                        .timeout_ms
+                        .is_some_and(|t| now.saturating_sub(a.requested_at) >= t)
+            })
+            .map(|a| a.request.key.clone())
+            .collect();
+        let pending = crate::store::pending_approvals(run, id, now, select)?;
         let inner = self.inner.clone();
         let (id_owned, decided, decision) = (id.to_owned(), pending.clone(), decision.clone());
-        let still_waiting =
-            self.run(
-                async move { queries::decide(&inner, &id_owned, &decided, &decision, now).await },
-            )?;
+        let still_waiting = self.run(async move {
+            queries::decide(&inner, &id_owned, &decided, &decision, now, &expired).await
+        })?;
         if !still_waiting {
             let mut error = StoreError::new(format!(
                 "run `{id}` is no longer waiting for approval: a process took it up"

@@ -260,23 +260,32 @@ pub(super) async fn forget_results(inner: &Inner, id: &str, steps: &[String]) ->
 }
 
 /// Records `decision` on the `pending` requests of a run still waiting for approval, with an event each
-/// in its trail; false when the run is no longer waiting.
+/// in its trail; false when the run is no longer waiting. A run submitted to workers takes decisions
+/// while its other steps run too; each of its waiting steps left with no undecided call (those in
+/// `expired` are past their timeout) is made ready again in the same transaction.
 pub(super) async fn decide(
     inner: &Inner,
     id: &str,
     pending: &[ApprovalRequest],
     decision: &ApprovalDecision,
     now: u64,
+    expired: &[String],
 ) -> Result<bool> {
     let text = record::encode(&record::ApprovalDecision::from(decision));
     let mut client = inner.client().await?;
     let tx = client.transaction().await?;
     // Locked: a process taking the run up waits for the decision, or the decision sees it took it.
-    let status: Option<String> = tx
-        .query_opt("SELECT status FROM runs WHERE id = $1 FOR UPDATE", &[&id])
-        .await?
-        .map(|r| r.get(0));
-    if status.as_deref() != Some(RunState::WaitingApproval.as_str()) {
+    let row = tx
+        .query_opt(
+            "SELECT status, owner_host FROM runs WHERE id = $1 FOR UPDATE",
+            &[&id],
+        )
+        .await?;
+    let (status, host): (Option<String>, Option<String>) =
+        row.map_or((None, None), |r| (r.get(0), r.get(1)));
+    let submitted_running = status.as_deref() == Some(RunState::Running.as_str())
+        && host.as_deref() == Some(super::WORKERS);
+    if status.as_deref() != Some(RunState::WaitingApproval.as_str()) && !submitted_running {
         return Ok(false);
     }
     let mut seq: i64 = tx
@@ -317,6 +326,7 @@ pub(super) async fn decide(
         )
         .await?;
     }
+    super::tasks::release_decided(&tx, id, expired).await?;
     tx.commit().await?;
     bump(&client).await;
     Ok(true)
@@ -366,6 +376,9 @@ pub(super) async fn cancel_idle(inner: &Inner, id: &str) -> Result<bool> {
         &[&id, &ms(now_ms())],
     )
     .await?;
+    // A submitted run's steps that waited for a person are not taken up again.
+    tx.execute("DELETE FROM tasks WHERE run_id = $1", &[&id])
+        .await?;
     tx.commit().await?;
     bump(&client).await;
     Ok(true)

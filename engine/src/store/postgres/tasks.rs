@@ -184,9 +184,114 @@ async fn finish(
     if !ready.is_empty() {
         tx.batch_execute(NOTIFY_WORK).await?;
     }
+    settle(&tx, &task.run_id).await?;
     tx.commit().await?;
     bump(&client).await;
     Ok(Finished::Done(ready))
+}
+
+/// Makes ready again the waiting tasks of run `id` whose step has no call left undecided (requests with
+/// a key in `expired` are past their timeout: their rule's default decides them), and brings the run back
+/// to the workers when it rested `waiting_approval`. In the transaction that decided, or that set the
+/// task aside: the two lock the run's row, so a decision made while the step was still running is seen.
+pub(super) async fn release_decided(
+    tx: &tokio_postgres::Transaction<'_>,
+    id: &str,
+    expired: &[String],
+) -> Result<u64> {
+    let released = tx
+        .execute(
+            "UPDATE tasks t SET state = 'ready', ready_at = $2
+             WHERE t.run_id = $1 AND t.state = 'waiting' AND NOT EXISTS (
+                SELECT 1 FROM approvals a WHERE a.run_id = t.run_id AND a.decision IS NULL
+                    AND NOT (a.key = ANY($3))
+                    AND (a.step = t.step OR left(a.step, length(t.step) + 1) IN (t.step || '/', t.step || '[')))",
+            &[&id, &ms(now_ms()), &expired],
+        )
+        .await?;
+    if released > 0 {
+        tx.batch_execute(NOTIFY_WORK).await?;
+        tx.execute(
+            "UPDATE runs SET status = 'running', finished_at = NULL, owner_pid = 0, owner_host = $2,
+                lease_until = $3, owner_started = NULL, owner_token = NULL, owner_serves = TRUE
+             WHERE id = $1 AND status = 'waiting_approval'",
+            &[&id, &WORKERS, &i64::MAX],
+        )
+        .await?;
+    }
+    Ok(released)
+}
+
+/// Rests a submitted run `waiting_approval` once none of its steps is ready or running and one waits
+/// for a person; the run's row is locked.
+async fn settle(tx: &tokio_postgres::Transaction<'_>, id: &str) -> Result<()> {
+    tx.execute(
+        "UPDATE runs r SET status = 'waiting_approval', finished_at = $2, owner_pid = NULL,
+            owner_host = NULL, lease_until = NULL, owner_started = NULL, owner_token = NULL
+         WHERE r.id = $1 AND r.status = 'running' AND r.owner_host = $3 AND NOT r.cancel_requested
+            AND EXISTS (SELECT 1 FROM tasks t WHERE t.run_id = r.id AND t.state = 'waiting')
+            AND NOT EXISTS (SELECT 1 FROM tasks t WHERE t.run_id = r.id AND t.state IN ('ready', 'claimed'))",
+        &[&id, &ms(now_ms()), &WORKERS],
+    )
+    .await?;
+    Ok(())
+}
+
+async fn wait_approval(inner: &Inner, task: &Task) -> Result<()> {
+    let mut client = inner.client().await?;
+    let tx = client.transaction().await?;
+    tx.query_opt(
+        "SELECT 1 FROM runs WHERE id = $1 FOR UPDATE",
+        &[&task.run_id],
+    )
+    .await?;
+    let changed = tx
+        .execute(
+            "UPDATE tasks SET state = 'waiting', token = NULL, lease_until = NULL, worker = NULL
+             WHERE run_id = $1 AND step = $2 AND token = $3 AND state = 'claimed'",
+            &[&task.run_id, &task.step, &task.token],
+        )
+        .await?;
+    if changed > 0 {
+        // Decided while the step still ran: it goes on at once.
+        release_decided(&tx, &task.run_id, &[]).await?;
+        settle(&tx, &task.run_id).await?;
+    }
+    tx.commit().await?;
+    bump(&client).await;
+    Ok(())
+}
+
+async fn hand_back(inner: &Inner, id: &str) -> Result<bool> {
+    let mut client = inner.client().await?;
+    let tx = client.transaction().await?;
+    let status: Option<String> = tx
+        .query_opt("SELECT status FROM runs WHERE id = $1 FOR UPDATE", &[&id])
+        .await?
+        .map(|r| r.get(0));
+    if status.as_deref() != Some("waiting_approval") {
+        return Ok(false);
+    }
+    let ready = tx
+        .execute(
+            "UPDATE tasks SET state = 'ready', ready_at = $2 WHERE run_id = $1 AND state = 'waiting'",
+            &[&id, &ms(now_ms())],
+        )
+        .await?;
+    if ready == 0 {
+        return Ok(false);
+    }
+    tx.batch_execute(NOTIFY_WORK).await?;
+    tx.execute(
+        "UPDATE runs SET status = 'running', finished_at = NULL, owner_pid = 0, owner_host = $2,
+            lease_until = $3, owner_started = NULL, owner_token = NULL, owner_serves = TRUE
+         WHERE id = $1",
+        &[&id, &WORKERS, &i64::MAX],
+    )
+    .await?;
+    tx.commit().await?;
+    bump(&client).await;
+    Ok(true)
 }
 
 /// Changes the task's state with `sql`; whether it changed. `ready`: it became ready again, which idle
@@ -513,5 +618,17 @@ impl Tasks for PostgresStore {
 
     fn work_signal(&self) -> Arc<tokio::sync::Notify> {
         PostgresStore::work_signal(self)
+    }
+
+    fn wait_approval(&self, task: &Task) -> Result<(), StoreError> {
+        let inner = self.inner.clone();
+        let task = task.clone();
+        self.run(async move { wait_approval(&inner, &task).await })
+    }
+
+    fn hand_back(&self, run_id: &str) -> Result<bool, StoreError> {
+        let inner = self.inner.clone();
+        let id = run_id.to_owned();
+        self.run(async move { hand_back(&inner, &id).await })
     }
 }
