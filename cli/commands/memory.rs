@@ -47,19 +47,8 @@ fn store(args: &MemoryFileArgs, create: bool) -> anyhow::Result<Option<MemorySto
         }
         return Ok(Some(MemoryStore::open(&path)?));
     }
-    let runs = if create {
-        Some(archon_engine::store::open(&at)?)
-    } else {
-        archon_engine::store::open_existing(&at)?
-    };
-    let Some(runs) = runs else {
-        return Ok(None);
-    };
-    let Some(database) = archon_engine::run::memory::MemoryDatabase::of(&*runs) else {
-        anyhow::bail!("run store `{}` keeps no memory", at.shown());
-    };
     let file = args.file.to_string_lossy();
-    Ok(Some(database.open(&file)?))
+    Ok(archon_engine::session::stored_memory(&at, &file, create)?)
 }
 
 /// The memory, when there is any; a note saying there is none otherwise.

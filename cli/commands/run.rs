@@ -916,6 +916,14 @@ impl run::Approver for TerminalApprover {
 pub(super) fn cancel_on_signals(
     token: CancellationToken,
 ) -> std::io::Result<signal_hook::iterator::Handle> {
+    on_signals(move || token.cancel())
+}
+
+/// Calls `heard` on each Ctrl-C, SIGTERM or SIGHUP, on a thread of its own; closing the returned handle
+/// stops watching.
+pub(super) fn on_signals(
+    heard: impl Fn() + Send + 'static,
+) -> std::io::Result<signal_hook::iterator::Handle> {
     let mut signals = signal_hook::iterator::Signals::new([
         signal_hook::consts::SIGINT,
         signal_hook::consts::SIGTERM,
@@ -926,7 +934,7 @@ pub(super) fn cancel_on_signals(
         .name("archon-signals".to_owned())
         .spawn(move || {
             for _ in signals.forever() {
-                token.cancel();
+                heard();
             }
         })?;
     Ok(handle)

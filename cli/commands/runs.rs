@@ -715,7 +715,7 @@ pub fn approve(args: &ApproveArgs) -> anyhow::Result<Status> {
             && run
                 .owner
                 .as_ref()
-                .is_some_and(|o| o.host == archon_engine::store::postgres::WORKERS)
+                .is_some_and(|o| o.host == session::WORKERS)
     });
     if on_workers {
         let _ = writeln!(

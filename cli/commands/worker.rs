@@ -73,22 +73,11 @@ fn stop_on_signals(
     stop: CancellationToken,
     halt: CancellationToken,
 ) -> std::io::Result<signal_hook::iterator::Handle> {
-    let mut signals = signal_hook::iterator::Signals::new([
-        signal_hook::consts::SIGINT,
-        signal_hook::consts::SIGTERM,
-        signal_hook::consts::SIGHUP,
-    ])?;
-    let handle = signals.handle();
-    std::thread::Builder::new()
-        .name("archon-signals".to_owned())
-        .spawn(move || {
-            for _ in signals.forever() {
-                if stop.is_cancelled() {
-                    halt.cancel();
-                } else {
-                    stop.cancel();
-                }
-            }
-        })?;
-    Ok(handle)
+    super::run::on_signals(move || {
+        if stop.is_cancelled() {
+            halt.cancel();
+        } else {
+            stop.cancel();
+        }
+    })
 }

@@ -51,6 +51,36 @@ pub enum RunRef<'a> {
     Last { workflow: Option<&'a str> },
 }
 
+/// The owner's host a run submitted to workers names: no process owns it, the workers do.
+pub use crate::store::postgres::WORKERS;
+
+/// The memory kept under `file` (the spec's `memory.path`) in the PostgreSQL run store at `at`: `None`
+/// when that store does not exist yet, unless `create`.
+pub fn stored_memory(
+    at: &StoreAt,
+    file: &str,
+    create: bool,
+) -> Result<Option<run::memory::MemoryStore>, StoreError> {
+    let runs = if create {
+        Some(crate::store::open(at)?)
+    } else {
+        crate::store::open_existing(at)?
+    };
+    let Some(runs) = runs else {
+        return Ok(None);
+    };
+    let Some(database) = run::memory::MemoryDatabase::of(&*runs) else {
+        return Err(StoreError::new(format!(
+            "run store `{}` keeps no memory",
+            at.shown()
+        )));
+    };
+    database
+        .open(file)
+        .map(Some)
+        .map_err(|e| StoreError::new(e.to_string()))
+}
+
 /// The database file of the run store in `state_dir`.
 pub fn database_path(state_dir: &Path) -> PathBuf {
     state_dir.join(DATABASE)

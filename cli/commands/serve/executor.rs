@@ -466,7 +466,7 @@ impl Executor {
                     && run
                         .owner
                         .as_ref()
-                        .is_some_and(|o| o.host == archon_engine::store::postgres::WORKERS);
+                        .is_some_and(|o| o.host == session::WORKERS);
                 Ok((request, pending, on_workers))
             })
             .await?;
@@ -495,16 +495,7 @@ impl Executor {
         let held = self.0.waiting.lock().remove(run_id);
         if held.is_some() {
             self.wake();
-            let id = run_id.to_owned();
-            app.read(move |session| {
-                session
-                    .skip_unstarted_firing(&id, "cancelled before its run started")
-                    .map_err(|e| ApiError::store(&e))
-            })
-            .await
-            .map_err(|e| {
-                e.with_hint("the run left the queue, but the next `archon serve` starts it")
-            })?;
+            skip_firing(app, run_id).await?;
             return Ok(Cancelled {
                 run_id: run_id.to_owned(),
                 status: "dequeued".to_owned(),
@@ -528,16 +519,7 @@ impl Executor {
             // would start it is recorded as skipped, so that no later start runs it.
             if removed.iter().all(|j| matches!(j.work, Work::Start { .. })) {
                 if removed.iter().any(|j| j.recorded) {
-                    let id = run_id.to_owned();
-                    app.read(move |session| {
-                        session
-                            .skip_unstarted_firing(&id, "cancelled before its run started")
-                            .map_err(|e| ApiError::store(&e))
-                    })
-                    .await
-                    .map_err(|e| {
-                        e.with_hint("the run left the queue, but the next `archon serve` starts it")
-                    })?;
+                    skip_firing(app, run_id).await?;
                 }
                 return Ok(Cancelled {
                     run_id: run_id.to_owned(),
@@ -1153,4 +1135,18 @@ pub fn session_message(error: &SessionError) -> String {
         },
         other => other.to_string(),
     }
+}
+
+/// Records the firing of a run cancelled before it started as skipped, so that no later start of a
+/// server starts it.
+async fn skip_firing(app: &Arc<App>, run_id: &str) -> Result<(), ApiError> {
+    let id = run_id.to_owned();
+    app.read(move |session| {
+        session
+            .skip_unstarted_firing(&id, "cancelled before its run started")
+            .map_err(|e| ApiError::store(&e))
+    })
+    .await
+    .map(|_| ())
+    .map_err(|e| e.with_hint("the run left the queue, but the next `archon serve` starts it"))
 }
