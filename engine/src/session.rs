@@ -159,6 +159,29 @@ pub struct NewRunRequest {
     pub max_parallel: Option<usize>,
 }
 
+impl NewRunRequest {
+    /// The spec's canonical path, and the most steps running at once (the request's, else the spec's
+    /// `defaults.max_parallel`, else the default).
+    fn settled(&self) -> Result<(PathBuf, usize), SessionError> {
+        let spec_path = std::fs::canonicalize(&self.spec_path).map_err(|e| {
+            StoreError::new(format!(
+                "cannot read `{}`: {}",
+                self.spec_path.display(),
+                e.to_string().to_lowercase()
+            ))
+        })?;
+        let max_parallel = self
+            .max_parallel
+            .or_else(|| {
+                let defaults = self.workflow.spec.defaults.as_ref()?;
+                defaults.max_parallel.as_ref().map(|m| m.value as usize)
+            })
+            .unwrap_or(DEFAULT_MAX_PARALLEL)
+            .max(1);
+        Ok((spec_path, max_parallel))
+    }
+}
+
 /// The refusal of a run some of whose steps need labels this process lacks (`None` when none does).
 fn missing_labels_error(missing: &[(String, crate::workflow::Labels)]) -> Option<SessionError> {
     let ticked = |labels: &crate::workflow::Labels| {
@@ -641,21 +664,7 @@ impl Session {
 
     /// Records a new run, owned by this process, and prepares it to execute.
     pub fn start(&self, request: NewRunRequest) -> Result<Prepared, SessionError> {
-        let spec_path = std::fs::canonicalize(&request.spec_path).map_err(|e| {
-            StoreError::new(format!(
-                "cannot read `{}`: {}",
-                request.spec_path.display(),
-                e.to_string().to_lowercase()
-            ))
-        })?;
-        let max_parallel = request
-            .max_parallel
-            .or_else(|| {
-                let defaults = request.workflow.spec.defaults.as_ref()?;
-                defaults.max_parallel.as_ref().map(|m| m.value as usize)
-            })
-            .unwrap_or(DEFAULT_MAX_PARALLEL)
-            .max(1);
+        let (spec_path, max_parallel) = request.settled()?;
         self.store.create_run(&NewRun {
             id: request.id.clone(),
             workflow: request.workflow.name.clone(),

@@ -158,21 +158,7 @@ impl Session {
     /// that need nothing as ready tasks. Returns at once; nobody owns the run.
     pub fn submit(&self, request: NewRunRequest) -> Result<String, SessionError> {
         let tasks = self.task_table()?;
-        let spec_path = std::fs::canonicalize(&request.spec_path).map_err(|e| {
-            StoreError::new(format!(
-                "cannot read `{}`: {}",
-                request.spec_path.display(),
-                e.to_string().to_lowercase()
-            ))
-        })?;
-        let max_parallel = request
-            .max_parallel
-            .or_else(|| {
-                let defaults = request.workflow.spec.defaults.as_ref()?;
-                defaults.max_parallel.as_ref().map(|m| m.value as usize)
-            })
-            .unwrap_or(super::DEFAULT_MAX_PARALLEL)
-            .max(1);
+        let (spec_path, max_parallel) = request.settled()?;
         let workflow = &request.workflow;
         let ready: Vec<String> = workflow
             .spec
