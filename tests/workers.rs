@@ -426,3 +426,40 @@ fn cancel_stops_a_submitted_run_a_worker_is_running_for_good() {
     std::fs::write(db.path().join("go"), "").expect("go");
     assert_eq!(ledger(&db), sorted(&["first"]));
 }
+
+/// Two steps of one run on one worker: `archon cancel` reaches both at once, not one of them at its next
+/// heartbeat (a third of the lease, 20 s here).
+#[test]
+fn cancel_reaches_every_step_of_the_run_a_worker_is_running() {
+    let Some(db) = db() else { return };
+    std::fs::write(
+        db.path().join("pair.yaml"),
+        r#"name: pair
+steps:
+  - { id: left, tool: exec, with: { argv: [sh, -c, "touch started.$$; while [ ! -f go ]; do sleep 0.02; done"] } }
+  - { id: right, tool: exec, with: { argv: [sh, -c, "touch started.$$; while [ ! -f go ]; do sleep 0.02; done"] } }
+"#,
+    )
+    .expect("write");
+    let id = submit(&db, "pair.yaml");
+    let w = worker(&db, 0, "60s");
+    wait_starts(&db, 2);
+    let asked = Instant::now();
+    let Output { code, stderr, .. } = db.archon(&["cancel", &id]);
+    assert_eq!(code, 0, "{stderr}");
+    let run = ended(&db, &id);
+    let took = asked.elapsed();
+    stop(vec![w]);
+    assert_eq!(run["status"], "cancelled", "{run}");
+    for step in ["left", "right"] {
+        let tried: Vec<Json> = attempts(&run, step)
+            .iter()
+            .map(|a| a["status"].clone())
+            .collect();
+        assert_eq!(tried, vec![Json::from("cancelled")], "{step}");
+    }
+    assert!(
+        took < Duration::from_secs(15),
+        "the cancel took {took:?}: a step heard of it only at its heartbeat"
+    );
+}

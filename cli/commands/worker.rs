@@ -47,7 +47,7 @@ pub fn work(args: &WorkerArgs, color: ColorChoice) -> anyhow::Result<Status> {
         args.state.shown(),
         options.concurrency
     ));
-    let worked = runtime.block_on(session.work(&options));
+    let worked = runtime.block_on(Arc::new(session).work(&options));
     signal_handle.close();
     runtime.shutdown_background();
     match worked {

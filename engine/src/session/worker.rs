@@ -9,8 +9,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures_util::StreamExt;
-use futures_util::stream::FuturesUnordered;
+use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 use super::{NewRunRequest, Session, SessionError, cached_workflows, spec_files};
@@ -31,6 +30,9 @@ pub const DEFAULT_DRAIN: Duration = Duration::from_secs(30);
 const MOST_IDLE: Duration = Duration::from_secs(1);
 /// The first wait of an idle worker; it doubles up to [`MOST_IDLE`] while there is no work.
 const LEAST_IDLE: Duration = Duration::from_millis(25);
+
+/// The longest between two looks for leases that lapsed (shorter with a lease under three times this).
+const REAP_EVERY: Duration = Duration::from_secs(1);
 
 /// How many runs' validated workflows a worker keeps at most.
 const KEPT_WORKFLOWS: usize = 64;
@@ -207,13 +209,15 @@ impl Session {
     }
 
     /// Works on submitted runs until `options.stop` is cancelled: claims ready steps (at most
-    /// `options.concurrency` at once), runs each, and returns leases that lapsed elsewhere to ready. An
-    /// idle worker looks again when the store announces work (`Tasks::work_signal`), else with backoff.
+    /// `options.concurrency` at once), runs each as a task of its own (its store calls wait on threads of
+    /// their own, not on the loop that claims), and returns leases that lapsed elsewhere to ready every
+    /// [`REAP_EVERY`] at most. An idle worker looks again when the store announces work
+    /// (`Tasks::work_signal`), else with backoff.
     ///
     /// A store it cannot reach stops it claiming, not working: it says so, tries again with backoff, and
     /// takes steps again once the store is back. The steps it runs meanwhile go on while their journals
     /// can renew their leases, and are stopped before their leases lapse when they cannot.
-    pub async fn work(&self, options: &WorkerOptions) -> Result<Worked, SessionError> {
+    pub async fn work(self: Arc<Self>, options: &WorkerOptions) -> Result<Worked, SessionError> {
         let tasks = self.task_table()?;
         let me = WorkerInfo {
             name: worker_name(),
@@ -227,7 +231,7 @@ impl Session {
         // live worker can take.
         let beating = CancellationToken::new();
         tasks.register_worker(&me, options.lease, beating.clone())?;
-        let worked = self.work_as(tasks, &me.name, options).await;
+        let worked = self.clone().work_as(&me.name, options).await;
         beating.cancel();
         let gone = tasks.deregister_worker(&me.name);
         let worked = worked?;
@@ -245,13 +249,16 @@ impl Session {
     }
 
     async fn work_as(
-        &self,
-        tasks: &dyn Tasks,
+        self: Arc<Self>,
         name: &str,
         options: &WorkerOptions,
     ) -> Result<Worked, SessionError> {
+        let tasks = self.task_table()?;
         let concurrency = options.concurrency.max(1);
-        let mut running = FuturesUnordered::new();
+        let mut running: JoinSet<Outcome> = JoinSet::new();
+        // Lapsed leases are returned at most this often, not before every claim.
+        let reap_every = REAP_EVERY.min(options.lease / 3);
+        let mut reaped: Option<tokio::time::Instant> = None;
         let mut worked = Worked::default();
         let mut idle = LEAST_IDLE;
         let mut workflows: HashMap<String, Arc<Workflow>> = HashMap::new();
@@ -273,9 +280,15 @@ impl Session {
                 }
             }
             if !stopping && running.len() < concurrency {
-                let claimed = tasks.reap().and_then(|_| {
-                    tasks.claim_tasks(name, concurrency - running.len(), options.lease)
-                });
+                let due = reaped.is_none_or(|at| at.elapsed() >= reap_every);
+                let claimed = if due {
+                    tasks
+                        .reap()
+                        .map(|_| reaped = Some(tokio::time::Instant::now()))
+                } else {
+                    Ok(())
+                }
+                .and_then(|()| tasks.claim_tasks(name, concurrency - running.len(), options.lease));
                 match claimed {
                     Ok(claimed) => {
                         if down.take().is_some() {
@@ -299,7 +312,10 @@ impl Session {
                                         workflows.clear();
                                     }
                                     workflows.insert(task.run_id.clone(), workflow.clone());
-                                    running.push(self.work_on(tasks, task, workflow, options));
+                                    let (session, options) = (self.clone(), options.clone());
+                                    running.spawn(async move {
+                                        session.work_on(task, workflow, &options).await
+                                    });
                                 }
                                 Err(SessionError::Store(e)) => {
                                     // Its lease lapses, or it comes back at once when the store is up.
@@ -338,7 +354,13 @@ impl Session {
             let full = running.len() >= concurrency || stopping;
             let most = if down.is_some() { MOST_DOWN } else { MOST_IDLE };
             tokio::select! {
-                Some(outcome) = running.next(), if !running.is_empty() => {
+                Some(joined) = running.join_next(), if !running.is_empty() => {
+                    // A step that panicked is lost to this worker: its lease lapses and another
+                    // worker takes it.
+                    let outcome = joined.unwrap_or_else(|e| {
+                        options.say.line(&format!("worker: a step stopped unexpectedly: {e}"));
+                        Outcome::Lost
+                    });
                     match outcome {
                         Outcome::Done => worked.steps += 1,
                         Outcome::EndedRun => {
@@ -392,11 +414,14 @@ impl Session {
     /// handed back when the store allows (else its lease lapses), for another worker to take.
     async fn work_on(
         &self,
-        tasks: &dyn Tasks,
         task: Task,
         workflow: Arc<Workflow>,
         options: &WorkerOptions,
     ) -> Outcome {
+        let tasks = match self.task_table() {
+            Ok(tasks) => tasks,
+            Err(_) => return Outcome::Lost,
+        };
         match self.step_task(tasks, &task, workflow, options).await {
             Ok(outcome) => outcome,
             Err(e) => {

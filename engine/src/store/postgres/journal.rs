@@ -155,7 +155,7 @@ impl Journal for PgJournal {
             sender.take();
         }
         if let Some(ended) = self.ended.lock().ok().and_then(|mut e| e.take()) {
-            let _ = ended.recv();
+            let _ = super::blocking(move || ended.recv());
         }
     }
 
@@ -406,20 +406,41 @@ impl Writer {
         lease: std::time::Duration,
     ) -> Result<Writer> {
         let client = inner.client().await?;
-        let generation: i64 = client
-            .query_opt("SELECT generation FROM runs WHERE id = $1", &[&run])
-            .await?
-            .ok_or_else(|| Failure::Store(super::queries::unknown_run(&run)))?
-            .get(0);
-        // A task's journal records the attempts of its step (and its `foreach` items) only.
-        let last_attempt: HashMap<String, u32> = client
-            .query(
+        // The reads (and a task's lease renewal) are sent together: one round trip.
+        let started = Instant::now();
+        let now = ms(now_ms());
+        let until = now.saturating_add(lease.as_millis() as i64);
+        let renew = async {
+            match &task {
+                Some(step) => client
+                    .execute(START_TASK, &[&run, step, &until, &token, &now])
+                    .await
+                    .map(Some),
+                None => Ok(None),
+            }
+        };
+        let (generation, attempts, numbers, renewed) = futures_util::future::try_join4(
+            client.query_opt("SELECT generation FROM runs WHERE id = $1", &[&run]),
+            // A task's journal records the attempts of its step (and its `foreach` items) only.
+            client.query(
                 "SELECT step, MAX(attempt) FROM attempts
                  WHERE run_id = $1 AND ($2::text IS NULL OR split_part(step, '[', 1) = $2)
                  GROUP BY step",
                 &[&run, &task],
-            )
-            .await?
+            ),
+            client.query_one(
+                "SELECT (SELECT COALESCE(MAX(seq), 0) FROM events WHERE run_id = $1),
+                    (SELECT COALESCE(MAX(seq), 0) FROM logs WHERE run_id = $1)",
+                &[&run],
+            ),
+            renew,
+        )
+        .await?;
+        drop(client);
+        let generation: i64 = generation
+            .ok_or_else(|| Failure::Store(super::queries::unknown_run(&run)))?
+            .get(0);
+        let last_attempt: HashMap<String, u32> = attempts
             .iter()
             .map(|r| {
                 (
@@ -428,39 +449,22 @@ impl Writer {
                 )
             })
             .collect();
-        let row = client
-            .query_one(
-                "SELECT (SELECT COALESCE(MAX(seq), 0) FROM events WHERE run_id = $1),
-                    (SELECT COALESCE(MAX(seq), 0) FROM logs WHERE run_id = $1)",
-                &[&run],
-            )
-            .await?;
+        let row = numbers;
         // A task's lease is renewed first: the step goes on until it lapses, less a margin, unless
         // renewed again.
-        let guard = match (&task, client) {
-            (Some(step), client) => {
-                let started = Instant::now();
-                let now = ms(now_ms());
-                let until = now.saturating_add(lease.as_millis() as i64);
-                let renewed = client
-                    .execute(START_TASK, &[&run, step, &until, &token, &now])
-                    .await?;
-                if renewed == 0 {
-                    return Err(Failure::Store(StoreError {
-                        taken_over: true,
-                        ..StoreError::new(format!(
-                            "step `{step}` of run `{run}` was taken over by another worker"
-                        ))
-                    }));
-                }
-                Some(Arc::new(LeaseGuard::new(
-                    started + lease - lease_margin(lease),
-                )))
+        let guard = match (&task, renewed) {
+            (Some(step), Some(0)) => {
+                return Err(Failure::Store(StoreError {
+                    taken_over: true,
+                    ..StoreError::new(format!(
+                        "step `{step}` of run `{run}` was taken over by another worker"
+                    ))
+                }));
             }
-            (None, client) => {
-                drop(client);
-                None
-            }
+            (Some(_), Some(_)) => Some(Arc::new(LeaseGuard::new(
+                started + lease - lease_margin(lease),
+            ))),
+            _ => None,
         };
         let cancel_asked = inner.watch(&run).await;
         Ok(Writer {
@@ -628,7 +632,7 @@ impl Writer {
                 () = cancel_asked.notified() => look = true,
             }
         }
-        self.inner.unwatch(&self.run);
+        self.inner.unwatch(&self.run, &cancel_asked);
         // Everything sent has been applied: give the run up, if its end did not.
         if !self.released
             && self.task.is_none()
@@ -717,11 +721,15 @@ impl Writer {
             }
             Some(step) => {
                 // The run's row is locked: the workers recording its other steps take turns with this one.
+                // The three are sent together: the server runs them in order, so the numbers are read
+                // once the run's row is locked.
                 let fence_run = tx.prepare_cached(FENCE_RUN).await?;
                 let fence_task = tx.prepare_cached(FENCE_TASK).await?;
-                let (run, task) = futures_util::future::try_join(
+                let numbers = tx.prepare_cached(NUMBERS).await?;
+                let (run, task, at) = futures_util::future::try_join3(
                     tx.query_opt(&fence_run, &[&self.run]),
                     tx.query_opt(&fence_task, &[&self.run, step]),
+                    tx.query_one(&numbers, &[&self.run]),
                 )
                 .await?;
                 let (Some(run), Some(task)) = (run, task) else {
@@ -736,8 +744,6 @@ impl Writer {
                 {
                     return Ok(None);
                 }
-                let numbers = tx.prepare_cached(NUMBERS).await?;
-                let at = tx.query_one(&numbers, &[&self.run]).await?;
                 self.seq = at.get(0);
                 self.log_seq = at.get(1);
                 run.get::<_, bool>(0)

@@ -122,7 +122,8 @@ pub(crate) struct Inner {
 /// The runs whose journals listen for cancels (`NOTIFY archon_cancel, 'RUN'`), and the listener's state.
 #[derive(Default)]
 struct Cancels {
-    waiting: HashMap<String, Arc<tokio::sync::Notify>>,
+    /// By run id: a worker may record several steps of one run at once, each journal with its own.
+    waiting: HashMap<String, Vec<Arc<tokio::sync::Notify>>>,
     /// Whether the connection that listens is up (`Some(true)`), being set up (`Some(false)`), or not
     /// there (`None`); `None` until the first journal.
     listening: Option<tokio::sync::watch::Sender<bool>>,
@@ -165,6 +166,18 @@ fn runtime() -> Result<&'static tokio::runtime::Runtime, StoreError> {
         })
         .as_ref()
         .map_err(|e| StoreError::new(format!("cannot start the run store's threads: {e}")))
+}
+
+/// Runs `wait`, which blocks its thread until the store's runtime answers. Called from a task of a
+/// multi-threaded runtime (a worker's step, a server's request), the thread's other tasks are given to
+/// another thread first, so that one store call does not hold them up.
+pub(crate) fn blocking<T>(wait: impl FnOnce() -> T) -> T {
+    match tokio::runtime::Handle::try_current() {
+        Ok(handle) if handle.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread => {
+            tokio::task::block_in_place(wait)
+        }
+        _ => wait(),
+    }
 }
 
 /// A failure inside the store's futures: the server's, the pool's, or the store's own.
@@ -330,9 +343,12 @@ impl PostgresStore {
             let result = future.await.map_err(|e| inner.error(e));
             let _ = done.send(result);
         });
-        outcome
-            .recv()
-            .unwrap_or_else(|_| Err(StoreError::new("the run store stopped")))
+        let wait = move || {
+            outcome
+                .recv()
+                .unwrap_or_else(|_| Err(StoreError::new("the run store stopped")))
+        };
+        blocking(wait)
     }
 
     /// Runs `work`, given the store's connections, on the store's runtime and waits for its outcome: for
@@ -435,7 +451,11 @@ impl Inner {
         let notify = Arc::new(tokio::sync::Notify::new());
         let (mut up, start) = match self.cancels.lock() {
             Ok(mut cancels) => {
-                cancels.waiting.insert(id.to_owned(), notify.clone());
+                cancels
+                    .waiting
+                    .entry(id.to_owned())
+                    .or_default()
+                    .push(notify.clone());
                 match &cancels.listening {
                     Some(listening) => (Some(listening.subscribe()), None),
                     None => {
@@ -466,9 +486,15 @@ impl Inner {
         notify
     }
 
-    pub(crate) fn unwatch(&self, id: &str) {
-        if let Ok(mut cancels) = self.cancels.lock() {
-            cancels.waiting.remove(id);
+    /// Stops waking `notify`, which [`Inner::watch`] gave for run `id`.
+    pub(crate) fn unwatch(&self, id: &str, notify: &Arc<tokio::sync::Notify>) {
+        if let Ok(mut cancels) = self.cancels.lock()
+            && let Some(journals) = cancels.waiting.get_mut(id)
+        {
+            journals.retain(|n| !Arc::ptr_eq(n, notify));
+            if journals.is_empty() {
+                cancels.waiting.remove(id);
+            }
         }
     }
 
@@ -599,9 +625,11 @@ async fn listen(
             let Some(inner) = inner.upgrade() else { break };
             if let tokio_postgres::AsyncMessage::Notification(n) = message
                 && let Ok(cancels) = inner.cancels.lock()
-                && let Some(notify) = cancels.waiting.get(n.payload())
+                && let Some(journals) = cancels.waiting.get(n.payload())
             {
-                notify.notify_one();
+                for notify in journals {
+                    notify.notify_one();
+                }
             }
         }
     }

@@ -297,6 +297,69 @@ CREATE INDEX memories_by_hash ON memories (file, namespace, kind, hash);
 CREATE INDEX memories_by_namespace ON memories (file, namespace, kind, id);
 CREATE INDEX memories_search ON memories USING GIN (search);
 "#,
+    r#"
+-- A worker's step finished, in one round trip (`tasks.rs`, `finish`): with the run's row locked (its
+-- finishers take turns, each seeing what the one before marked done), the task still held by `tok`
+-- is marked done and each dependent (`deps`: a JSON array of `{"step", "needs"}`) whose needs are all
+-- done is made ready, unless the run was asked to stop; workers are notified when any became ready, and
+-- the run rests `waiting_approval` when nothing of it is left to run but steps that wait for a person.
+-- The outcome is `lost` (the task is no longer this worker's), `last` (every other step is done: the
+-- caller ends the run; nothing is changed) or `done`, with the steps made ready.
+CREATE FUNCTION archon_finish(p_run TEXT, p_step TEXT, p_token TEXT, p_steps BIGINT, p_deps TEXT,
+    p_now BIGINT, p_owner TEXT)
+RETURNS TABLE (outcome TEXT, made TEXT[])
+LANGUAGE plpgsql VOLATILE AS $finish$
+DECLARE
+    v_cancelled BOOLEAN;
+    v_done BIGINT;
+    v_dep JSONB;
+    v_needs TEXT[];
+    v_made TEXT[] := '{}';
+BEGIN
+    SELECT r.cancel_requested INTO v_cancelled FROM runs r WHERE r.id = p_run FOR UPDATE;
+    IF NOT FOUND THEN
+        RETURN QUERY SELECT 'lost'::TEXT, v_made;
+        RETURN;
+    END IF;
+    PERFORM 1 FROM tasks t
+        WHERE t.run_id = p_run AND t.step = p_step AND t.token = p_token AND t.state = 'claimed';
+    IF NOT FOUND THEN
+        RETURN QUERY SELECT 'lost'::TEXT, v_made;
+        RETURN;
+    END IF;
+    SELECT count(*) INTO v_done FROM tasks t WHERE t.run_id = p_run AND t.state = 'done';
+    IF v_done + 1 >= p_steps THEN
+        RETURN QUERY SELECT 'last'::TEXT, v_made;
+        RETURN;
+    END IF;
+    UPDATE tasks t SET state = 'done', lease_until = NULL WHERE t.run_id = p_run AND t.step = p_step;
+    IF NOT v_cancelled THEN
+        FOR v_dep IN SELECT jsonb_array_elements(p_deps::JSONB) LOOP
+            v_needs := ARRAY(SELECT jsonb_array_elements_text(v_dep -> 'needs'));
+            CONTINUE WHEN (SELECT count(*) FROM tasks t
+                WHERE t.run_id = p_run AND t.step = ANY(v_needs) AND t.state = 'done') <> cardinality(v_needs);
+            INSERT INTO tasks (run_id, step, state, ready_at, labels)
+            VALUES (p_run, v_dep ->> 'step', 'ready', p_now, COALESCE(
+                (SELECT l.labels FROM step_labels l WHERE l.run_id = p_run AND l.step = v_dep ->> 'step'),
+                '{}'))
+            ON CONFLICT (run_id, step) DO NOTHING;
+            IF FOUND THEN
+                v_made := v_made || (v_dep ->> 'step');
+            END IF;
+        END LOOP;
+    END IF;
+    IF cardinality(v_made) > 0 THEN
+        PERFORM pg_notify('archon_work', current_schema());
+    END IF;
+    UPDATE runs r SET status = 'waiting_approval', finished_at = p_now, owner_pid = NULL,
+        owner_host = NULL, lease_until = NULL, owner_started = NULL, owner_token = NULL
+    WHERE r.id = p_run AND r.status = 'running' AND r.owner_host = p_owner AND NOT r.cancel_requested
+        AND EXISTS (SELECT 1 FROM tasks t WHERE t.run_id = r.id AND t.state = 'waiting')
+        AND NOT EXISTS (SELECT 1 FROM tasks t WHERE t.run_id = r.id AND t.state IN ('ready', 'claimed'));
+    RETURN QUERY SELECT 'done'::TEXT, v_made;
+END
+$finish$;
+"#,
 ];
 
 /// The tables whose rows belong to a run (by `run_id`), which `prune` deletes with it.

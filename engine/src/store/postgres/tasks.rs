@@ -116,78 +116,39 @@ async fn finish(
     dependents: &[(String, Vec<String>)],
     steps: usize,
 ) -> Result<Finished> {
-    let mut client = inner.client().await?;
-    let tx = client.transaction().await?;
-    // Finishers of one run take turns: each sees what the one before it marked done.
-    let Some(run) = tx
-        .query_opt(
-            "SELECT cancel_requested FROM runs WHERE id = $1 FOR UPDATE",
-            &[&task.run_id],
-        )
-        .await?
-    else {
-        return Ok(Finished::Lost);
-    };
-    let cancel_requested: bool = run.get(0);
-    let held = tx
-        .query_opt(
-            "SELECT 1 FROM tasks WHERE run_id = $1 AND step = $2 AND token = $3 AND state = 'claimed'",
-            &[&task.run_id, &task.step, &task.token],
+    let client = inner.client().await?;
+    let deps: Vec<serde_json::Value> = dependents
+        .iter()
+        .map(|(step, needs)| serde_json::json!({ "step": step, "needs": needs }))
+        .collect();
+    // One statement, committed on its own: `archon_finish` (schema.rs, migration 6) locks the run's row,
+    // checks the lease, marks the task done and makes its dependents ready.
+    let statement = client
+        .prepare_cached("SELECT outcome, made FROM archon_finish($1, $2, $3, $4, $5, $6, $7)")
+        .await?;
+    let row = client
+        .query_one(
+            &statement,
+            &[
+                &task.run_id,
+                &task.step,
+                &task.token,
+                &(steps as i64),
+                &serde_json::Value::Array(deps).to_string(),
+                &ms(now_ms()),
+                &WORKERS,
+            ],
         )
         .await?;
-    if held.is_none() {
-        return Ok(Finished::Lost);
+    let finished = match row.get::<_, &str>(0) {
+        "lost" => Finished::Lost,
+        "last" => Finished::Last,
+        _ => Finished::Done(row.get(1)),
+    };
+    if let Finished::Done(_) = finished {
+        bump(&client).await;
     }
-    let done: i64 = tx
-        .query_one(
-            "SELECT count(*) FROM tasks WHERE run_id = $1 AND state = 'done'",
-            &[&task.run_id],
-        )
-        .await?
-        .get(0);
-    if done as usize + 1 >= steps {
-        return Ok(Finished::Last);
-    }
-    tx.execute(
-        "UPDATE tasks SET state = 'done', lease_until = NULL WHERE run_id = $1 AND step = $2",
-        &[&task.run_id, &task.step],
-    )
-    .await?;
-    let mut ready = Vec::new();
-    if !cancel_requested {
-        let now = ms(now_ms());
-        for (step, needs) in dependents {
-            let ended: i64 = tx
-                .query_one(
-                    "SELECT count(*) FROM tasks WHERE run_id = $1 AND step = ANY($2) AND state = 'done'",
-                    &[&task.run_id, needs],
-                )
-                .await?
-                .get(0);
-            if ended as usize != needs.len() {
-                continue;
-            }
-            let added = tx
-                .execute(
-                    "INSERT INTO tasks (run_id, step, state, ready_at, labels)
-                     VALUES ($1, $2, 'ready', $3, COALESCE(
-                        (SELECT l.labels FROM step_labels l WHERE l.run_id = $1 AND l.step = $2), '{}'))
-                     ON CONFLICT (run_id, step) DO NOTHING",
-                    &[&task.run_id, step, &now],
-                )
-                .await?;
-            if added > 0 {
-                ready.push(step.clone());
-            }
-        }
-    }
-    if !ready.is_empty() {
-        tx.batch_execute(NOTIFY_WORK).await?;
-    }
-    settle(&tx, &task.run_id).await?;
-    tx.commit().await?;
-    bump(&client).await;
-    Ok(Finished::Done(ready))
+    Ok(finished)
 }
 
 /// Makes ready again the waiting tasks of run `id` whose step has no call left undecided (requests with
