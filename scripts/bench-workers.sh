@@ -5,7 +5,9 @@
 #    workers (`--concurrency CONCURRENCY` each, default 8); steps per second from submission to the run's
 #    end, and each step's latency from ready (its task row's `ready_at`) to started (its attempt's
 #    `started_at`), p50 and p99;
-# 2. sleep-bound scaling: 8 steps of `sleep 0.2` spread over 4 workers taking one step at a time, against
+# 2. latency: a chain of `CHAIN` no-op steps (default 100), each needing the one before, over 4 idle
+#    workers: each step's wait from ready to started when nothing else queues, p50 and p99;
+# 3. sleep-bound scaling: 8 steps of `sleep 0.2` spread over 4 workers taking one step at a time, against
 #    the 1.6 s they take one after another.
 #
 # Each measurement uses a schema of its own in `$ARCHON_BENCH_DB` (default
@@ -19,6 +21,7 @@ archon="$(realpath "${ARCHON:-$root/target/debug/archon}")"
 base="${ARCHON_BENCH_DB:-postgres://postgres@127.0.0.1:5432/test}"
 steps="${STEPS:-2000}"
 concurrency="${CONCURRENCY:-8}"
+chain="${CHAIN:-100}"
 
 work="$(mktemp -d)"
 workers=()
@@ -83,6 +86,12 @@ run_through() {
     for i in $(seq 1 "$steps"); do echo "  - { id: s$i, tool: echo, with: { n: $i } }"; done
 } > "$work/noop.yaml"
 {
+    echo "name: chain"
+    echo "steps:"
+    echo "  - { id: s1, tool: echo, with: { n: 1 } }"
+    for i in $(seq 2 "$chain"); do echo "  - { id: s$i, needs: [s$((i - 1))], tool: echo, with: { n: $i } }"; done
+} > "$work/chain.yaml"
+{
     echo "name: sleepy"
     echo "steps:"
     for i in $(seq 1 8); do echo "  - { id: s$i, tool: exec, with: { argv: [sleep, '0.2'] } }"; done
@@ -104,6 +113,18 @@ for n in 1 2 4; do
         WHERE t.run_id = '$id'")
     printf '%-8s %12.0f %14s %14s\n' "$n" "$(echo "$steps / $seconds" | bc -l)" "${latency%%|*}" "${latency##*|}"
 done
+
+store=$(fresh_store chain)
+ARCHON_STORE="$store" "$archon" runs > /dev/null
+start_workers "$store" 4 "$concurrency"
+read -r id seconds < <(run_through "$store" "$work/chain.yaml")
+stop_workers
+latency=$(sql "$store" "SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY a.started_at - t.ready_at),
+        percentile_cont(0.99) WITHIN GROUP (ORDER BY a.started_at - t.ready_at)
+    FROM tasks t JOIN attempts a ON a.run_id = t.run_id AND a.step = t.step AND a.attempt = 1
+    WHERE t.run_id = '$id' AND t.step <> 's1'")
+printf 'a chain of %s steps over 4 idle workers: %.1f ms a step; ready→start p50 %s ms, p99 %s ms\n' \
+    "$chain" "$(echo "$seconds * 1000 / $chain" | bc -l)" "${latency%%|*}" "${latency##*|}"
 
 store=$(fresh_store sleepy)
 ARCHON_STORE="$store" "$archon" runs > /dev/null

@@ -730,13 +730,49 @@ async fn load_run(
     blobs: bool,
     only: Option<&[String]>,
 ) -> Result<Option<StoredRun>> {
-    let row = client
-        .query_opt(
-            "SELECT id, workflow, spec_path, spec_hash, status, inputs, workdir, max_parallel,
-                started_at, finished_at, outputs, error, owner_pid, owner_host, lease_until,
-                owner_started, generation, format
-             FROM runs WHERE id = $1",
-            &[&id],
+    // The five reads are sent together (one round trip); the server answers them in order, in the
+    // caller's snapshot.
+    let results = if blobs {
+        "SELECT r.step, r.format, r.result, r.output_blob, b.data, r.text_blob, t.data
+         FROM results r LEFT JOIN blobs b ON b.hash = r.output_blob
+            LEFT JOIN blobs t ON t.hash = r.text_blob
+         WHERE r.run_id = $1 AND ($2::text[] IS NULL OR split_part(r.step, '[', 1) = ANY($2))
+         ORDER BY r.ord"
+    } else {
+        "SELECT r.step, r.format, r.result, NULL::text, NULL::bytea, NULL::text, NULL::bytea
+         FROM results r
+         WHERE r.run_id = $1 AND ($2::text[] IS NULL OR split_part(r.step, '[', 1) = ANY($2))
+         ORDER BY r.ord"
+    };
+    let (row, result_rows, attempt_rows, approval_rows, checkpoint_rows) =
+        futures_util::future::try_join5(
+            client.query_opt(
+                "SELECT id, workflow, spec_path, spec_hash, status, inputs, workdir, max_parallel,
+                    started_at, finished_at, outputs, error, owner_pid, owner_host, lease_until,
+                    owner_started, generation, format
+                 FROM runs WHERE id = $1",
+                &[&id],
+            ),
+            client.query(results, &[&id, &only]),
+            client.query(
+                "SELECT step, attempt, generation, fallback, status, error, started_at, ended_at, pgid,
+                    pgid_started, host
+                 FROM attempts
+                 WHERE run_id = $1 AND ($2::text[] IS NULL OR split_part(step, '[', 1) = ANY($2))
+                 ORDER BY started_at, ord",
+                &[&id, &only],
+            ),
+            client.query(
+                "SELECT key, format, request, requested_at, decision, decided_at FROM approvals
+                 WHERE run_id = $1 ORDER BY requested_at, ord",
+                &[&id],
+            ),
+            client.query(
+                "SELECT step, format, state FROM checkpoints
+                 WHERE run_id = $1 AND generation = (SELECT generation FROM runs WHERE id = $1)
+                    AND ($2::text[] IS NULL OR split_part(step, '[', 1) = ANY($2))",
+                &[&id, &only],
+            ),
         )
         .await?;
     let Some(r) = row else {
@@ -796,23 +832,7 @@ async fn load_run(
         owner: owner.filter(|o| inner.is_alive(o)),
     };
 
-    let rows = client
-        .query(
-            if blobs {
-                "SELECT r.step, r.format, r.result, r.output_blob, b.data, r.text_blob, t.data
-                 FROM results r LEFT JOIN blobs b ON b.hash = r.output_blob
-                    LEFT JOIN blobs t ON t.hash = r.text_blob
-                 WHERE r.run_id = $1 AND ($2::text[] IS NULL OR split_part(r.step, '[', 1) = ANY($2))
-                 ORDER BY r.ord"
-            } else {
-                "SELECT r.step, r.format, r.result, NULL::text, NULL::bytea, NULL::text, NULL::bytea
-                 FROM results r
-                 WHERE r.run_id = $1 AND ($2::text[] IS NULL OR split_part(r.step, '[', 1) = ANY($2))
-                 ORDER BY r.ord"
-            },
-            &[&id, &only],
-        )
-        .await?;
+    let rows = result_rows;
     for r in &rows {
         let step: String = r.get(0);
         let at = Row {
@@ -834,16 +854,7 @@ async fn load_run(
         }
     }
 
-    let rows = client
-        .query(
-            "SELECT step, attempt, generation, fallback, status, error, started_at, ended_at, pgid,
-                pgid_started, host
-             FROM attempts
-             WHERE run_id = $1 AND ($2::text[] IS NULL OR split_part(step, '[', 1) = ANY($2))
-             ORDER BY started_at, ord",
-            &[&id, &only],
-        )
-        .await?;
+    let rows = attempt_rows;
     // A process group is this host's to look at and stop only when the attempt ran here.
     let here = |r: &PgRow| r.get::<_, Option<&str>>(10) == Some(inner.options.host.as_str());
     run.attempts = rows
@@ -865,13 +876,7 @@ async fn load_run(
         })
         .collect();
 
-    let rows = client
-        .query(
-            "SELECT key, format, request, requested_at, decision, decided_at FROM approvals
-             WHERE run_id = $1 ORDER BY requested_at, ord",
-            &[&id],
-        )
-        .await?;
+    let rows = approval_rows;
     for r in &rows {
         let key: String = r.get(0);
         let format: i64 = r.get(1);
@@ -896,14 +901,7 @@ async fn load_run(
         }
     }
 
-    let rows = client
-        .query(
-            "SELECT step, format, state FROM checkpoints
-             WHERE run_id = $1 AND generation = $2
-                AND ($3::text[] IS NULL OR split_part(step, '[', 1) = ANY($3))",
-            &[&id, &i64::from(run.generation), &only],
-        )
-        .await?;
+    let rows = checkpoint_rows;
     for r in &rows {
         let step: String = r.get(0);
         let at = Row {
