@@ -56,6 +56,9 @@ pub enum Command {
     /// Run the steps of runs submitted with `archon run --submit` to a PostgreSQL store, until stopped
     /// (SIGTERM or Ctrl-C: no more steps are claimed, the running ones finish).
     Worker(WorkerArgs),
+    /// List the live workers of a PostgreSQL store: each one's host, process, labels, concurrency, the
+    /// steps it holds now, and when it was last seen.
+    Workers(WorkersArgs),
     /// Long-term memory of agents: list, search, show, forget, export and import memories.
     #[command(subcommand)]
     Memory(MemoryCommand),
@@ -208,6 +211,17 @@ pub struct WorkerArgs {
     /// than this many run (on any worker). Default: no limit.
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
     pub global_limit: Option<u32>,
+
+    #[command(flatten)]
+    pub state: StateArgs,
+}
+
+/// `archon workers`.
+#[derive(Debug, clap::Args)]
+pub struct WorkersArgs {
+    /// Print the workers as a JSON array.
+    #[arg(long)]
+    pub json: bool,
 
     #[command(flatten)]
     pub state: StateArgs,
@@ -368,6 +382,12 @@ pub struct ServeArgs {
     /// end of its previous request) before it is closed. For tests.
     #[arg(long, value_name = "MS", default_value_t = 30_000, hide = true, value_parser = clap::value_parser!(u64).range(1..))]
     pub header_timeout_ms: u64,
+
+    /// Labels this server has, comma separated (`gpu,eu`), for every run it starts (API, dashboard,
+    /// triggers): a run whose steps' `runs_on` (or their tools') need one it lacks fails before any step
+    /// starts. Default: none.
+    #[arg(long, value_name = "LABELS", value_delimiter = ',', value_parser = label)]
+    pub labels: Vec<String>,
 
     /// Print the OpenAPI document of the HTTP API and exit (`schemas/openapi.json` is this).
     #[arg(long)]

@@ -284,6 +284,10 @@ fn version_says_what_a_bug_report_needs() {
         json["store_schema"],
         archon_engine::session::STORE_SCHEMA_VERSION
     );
+    assert_eq!(
+        json["postgres_store_schema"],
+        archon_engine::session::POSTGRES_STORE_SCHEMA_VERSION
+    );
     assert_eq!(json["record_format"], archon_engine::record::FORMAT_VERSION);
     assert_eq!(
         json["profile"],
@@ -309,8 +313,8 @@ fn version_says_what_a_bug_report_needs() {
     insta::with_settings!({ filters => vec![
         (r"(?m)^(target|profile|rustc)( +).*$", "$1$2[..]"),
         (r"archon \d+\.\d+\.\d+", "archon [VERSION]"),
-        // Checked above against the engine's own number, which a new migration raises.
-        (r"(?m)^store schema   \d+$", "store schema   [N]"),
+        // Checked above against the engine's own numbers, which a new migration raises.
+        (r"(?m)^store schema   \d+ \(SQLite\), \d+ \(PostgreSQL\)$", "store schema   [N] (SQLite), [M] (PostgreSQL)"),
     ]}, {
         insta::assert_snapshot!("version", text);
     });

@@ -491,3 +491,66 @@ fn a_store_from_before_routing_migrates_and_its_waiting_run_goes_on() {
     assert_eq!(run["status"], "succeeded", "{run}");
     worker.stop();
 }
+
+/// `archon serve --labels`: the runs the server starts have its labels, as `archon run --labels` gives a
+/// local run its own; without them, a run whose steps need labels fails before any step starts.
+#[tokio::test]
+async fn a_served_run_has_the_labels_of_the_server() {
+    let dir = tempfile::TempDir::new().expect("tempdir");
+    std::fs::write(dir.path().join("routed.yaml"), ROUTED).expect("write");
+    let mut server = served(dir.path(), &[]);
+    let id = start_served(&server).await;
+    let run = served_end(&server, &id).await;
+    assert_eq!(
+        (&run["status"], &run["error"], &run["results"]),
+        (
+            &json!("failed"),
+            &json!("step `fit` needs a label this process does not have: `gpu` (and 1 more step)"),
+            &json!({})
+        )
+    );
+    server
+        .wait_said(&format!(
+            "error: run `{id}`: step `fit` needs a label this process does not have: `gpu` (and 1 more step)"
+        ))
+        .await;
+    server
+        .wait_said("  hint: pass `--labels eu,gpu` to run it here, or submit the run to workers that have them (`archon run --submit`)")
+        .await;
+    assert!(server.stop().success(), "{}", server.said());
+    let mut server = served(dir.path(), &["--labels", "gpu,eu"]);
+    let id = start_served(&server).await;
+    let run = served_end(&server, &id).await;
+    assert_eq!(run["status"], "succeeded", "{run}");
+    assert_eq!(
+        ["prepare", "fit", "report"].map(|step| run["results"][step]["status"].clone()),
+        ["succeeded", "succeeded", "succeeded"].map(Json::from)
+    );
+    assert!(server.stop().success(), "{}", server.said());
+}
+
+/// `archon serve . ARGS` in `dir`, its requests sent with an operator's token.
+fn served(dir: &std::path::Path, args: &[&str]) -> crate::support::serve::Server {
+    const TOKEN: &str = "routing-operator-token";
+    let mut server = crate::support::serve::serve(dir, args, &[("ARCHON_SERVE_TOKEN", TOKEN)]);
+    server.token = Some(TOKEN.to_owned());
+    server
+}
+
+/// Starts a run of `routed` on `server`; its id.
+async fn start_served(server: &crate::support::serve::Server) -> String {
+    let (status, body) = server
+        .post("/api/v1/workflows/routed/runs", json!({ "inputs": {} }))
+        .await;
+    assert_eq!(status, 202, "{body}");
+    body["run_id"].as_str().expect("an id").to_owned()
+}
+
+/// The run `id` on `server` once it has ended.
+async fn served_end(server: &crate::support::serve::Server, id: &str) -> Json {
+    server
+        .poll(&format!("/api/v1/runs/{id}"), |run| {
+            run["status"] == "failed" || run["status"] == "succeeded"
+        })
+        .await
+}

@@ -7,7 +7,7 @@
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use serde_json::Value as Json;
+use serde_json::{Value as Json, json};
 
 use crate::postgres::{Db, attempts, db};
 use crate::support::Output;
@@ -462,4 +462,180 @@ steps:
         took < Duration::from_secs(15),
         "the cancel took {took:?}: a step heard of it only at its heartbeat"
     );
+
+/// `slow` of [`SLOW`] needs the label `gpu`: only a worker with it takes that step.
+const SLOW_ON_GPU: &str = r#"name: slow
+steps:
+  - { id: first, tool: exec, with: { argv: [sh, -c, "echo first >> ledger"] } }
+  - id: slow
+    needs: [first]
+    runs_on: [gpu]
+    tool: exec
+    with: { argv: [sh, -c, "touch started.$$; while [ ! -f go ]; do sleep 0.02; done; echo slow >> ledger"] }
+"#;
+
+/// `archon workers --json`, parsed.
+fn listed(db: &Db) -> Vec<Json> {
+    let Output {
+        code,
+        stdout,
+        stderr,
+    } = db.archon(&["workers", "--json"]);
+    assert_eq!(code, 0, "{stderr}");
+    serde_json::from_str::<Json>(&stdout)
+        .expect("JSON")
+        .as_array()
+        .expect("an array")
+        .clone()
+}
+
+/// Polls `archon workers --json` until `done` holds of the list (30 s at most); returns it.
+fn listed_until(db: &Db, what: &str, done: impl Fn(&[Json]) -> bool) -> Vec<Json> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let workers = listed(db);
+        if done(&workers) {
+            return workers;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "timed out waiting: {what}: {workers:?}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// The host name workers register with (the engine reads the same file).
+fn host() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_owned())
+        .ok()
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "localhost".to_owned())
+}
+
+#[test]
+fn workers_lists_the_live_workers_with_the_steps_they_hold() {
+    let Some(db) = db() else { return };
+    let started = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock")
+        .as_millis() as u64;
+    let Output { code, stdout, .. } = db.archon(&["workers"]);
+    assert_eq!(
+        (code, stdout),
+        (0, format!("no live workers on `{}`\n", db.url()))
+    );
+    // One worker without labels, then one with `gpu` and `eu` and a global limit: listed oldest first.
+    let plain = worker_with(&db, 0, &db.url(), &["--lease", "3s"]);
+    listed_until(&db, "the first worker registers", |w| w.len() == 1);
+    let gpu = worker_with(
+        &db,
+        1,
+        &db.url(),
+        &["--lease", "3s", "--labels", "gpu,eu", "--global-limit", "5"],
+    );
+    listed_until(&db, "the second worker registers", |w| w.len() == 2);
+    // `slow` needs `gpu`: the second worker holds it until `go`.
+    std::fs::write(db.path().join("slow.yaml"), SLOW_ON_GPU).expect("write");
+    let id = submit(&db, "slow.yaml");
+    wait_starts(&db, 1);
+    let workers = listed_until(&db, "the second worker holds `slow`", |w| {
+        w.len() == 2 && w[1]["steps"] == 1
+    });
+    let host = host();
+    let pids = [plain.child.id(), gpu.child.id()];
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock")
+        .as_millis() as u64;
+    for (worker, pid) in workers.iter().zip(pids) {
+        let name = worker["name"].as_str().expect("a name");
+        assert!(name.starts_with(&format!("{host}-{pid}-")), "{name}");
+        let seen = worker["last_seen_at"].as_u64().expect("last seen");
+        let (since, until) = (
+            worker["started_at"].as_u64().expect("started"),
+            worker["lease_until"].as_u64().expect("lease"),
+        );
+        assert!(
+            started <= since && since <= seen && seen <= now && seen < until,
+            "{worker}"
+        );
+    }
+    let shape = |w: &Json| {
+        json!({
+            "host": w["host"], "pid": w["pid"], "labels": w["labels"], "concurrency": w["concurrency"],
+            "global_limit": w["global_limit"], "steps": w["steps"],
+        })
+    };
+    assert_eq!(
+        workers.iter().map(shape).collect::<Vec<_>>(),
+        [
+            json!({ "host": host, "pid": pids[0], "labels": [], "concurrency": 2,
+                    "global_limit": null, "steps": 0 }),
+            json!({ "host": host, "pid": pids[1], "labels": ["gpu", "eu"], "concurrency": 2,
+                    "global_limit": 5, "steps": 1 }),
+        ]
+    );
+    let Output {
+        code,
+        stdout,
+        stderr,
+    } = db.archon(&["workers"]);
+    assert_eq!(code, 0, "{stderr}");
+    // The names (host, process, start, a random part), the host, the processes and the times change
+    // from run to run; the columns are padded to the widest name.
+    insta::with_settings!({ filters => vec![
+        (r"\S+-\d+-\d{13}-[0-9a-f]{8}", "[NAME]"),
+        (r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", "[TIME]"),
+        (format!(r"\b{}\b", host.replace('.', r"\.")).as_str(), "[HOST]"),
+        (format!(r"\b{}\b", pids[0]).as_str(), "[PID 0]"),
+        (format!(r"\b{}\b", pids[1]).as_str(), "[PID 1]"),
+        (r" {2,}", "  "),
+    ]}, {
+        insta::assert_snapshot!("workers", stdout);
+    });
+    std::fs::write(db.path().join("go"), "").expect("go");
+    let run = ended(&db, &id);
+    assert_eq!(run["status"], "succeeded", "{run}");
+    listed_until(&db, "no step is held once the run ended", |w| {
+        w.len() == 2 && w.iter().all(|w| w["steps"] == 0)
+    });
+    // A worker that is frozen stops renewing its registration: once it lapses, it is not listed.
+    signal(&plain, rustix::process::Signal::STOP);
+    let left = listed_until(&db, "the frozen worker lapses", |w| w.len() == 1);
+    assert_eq!(left[0]["pid"], pids[1]);
+    signal(&plain, rustix::process::Signal::CONT);
+    listed_until(&db, "the woken worker is back", |w| w.len() == 2);
+    // Stopped workers are gone at once.
+    stop(vec![plain, gpu]);
+    let Output { code, stdout, .. } = db.archon(&["workers"]);
+    assert_eq!(
+        (code, stdout),
+        (0, format!("no live workers on `{}`\n", db.url()))
+    );
+    let Output { code, stdout, .. } = db.archon(&["workers", "--json"]);
+    assert_eq!((code, stdout.as_str()), (0, "[]\n"));
+}
+
+#[test]
+fn workers_need_a_postgresql_store() {
+    let dir = tempfile::TempDir::new().expect("tempdir");
+    for args in [&["workers"][..], &["workers", "--json"]] {
+        let Output {
+            code,
+            stdout,
+            stderr,
+        } = crate::support::archon_with(dir.path(), args, &[("ARCHON_STATE_DIR", ".archon")]);
+        assert_eq!(
+            (code, stdout.as_str(), stderr.as_str()),
+            (
+                1,
+                "",
+                "error: workers exist only on a PostgreSQL run store\n  hint: pass `--store postgres://...` (or set `ARCHON_STORE`)\n"
+            )
+        );
+    }
+    // Nothing was created.
+    assert!(!dir.path().join(".archon").exists());
 }

@@ -25,6 +25,7 @@ mod validate;
 mod version;
 pub mod when;
 mod worker;
+mod workers;
 
 use std::process::ExitCode;
 
@@ -79,6 +80,7 @@ pub fn run(cli: Cli) -> anyhow::Result<Status> {
         Command::Mcp(McpCommand::Serve(args)) => mcp_serve::serve(&args),
         Command::Serve(args) => serve::serve(&args),
         Command::Worker(args) => worker::work(&args, cli.color),
+        Command::Workers(args) => workers::workers(&args),
         Command::Memory(MemoryCommand::Ls(args)) => memory::ls(&args),
         Command::Memory(MemoryCommand::Search(args)) => memory::search(&args),
         Command::Memory(MemoryCommand::Show(args)) => memory::show(&args),

@@ -1,7 +1,7 @@
 //! `archon version [--json]`: the version, and what a bug report needs to say about this build.
 
 use archon_engine::record::FORMAT_VERSION;
-use archon_engine::session::STORE_SCHEMA_VERSION;
+use archon_engine::session::{POSTGRES_STORE_SCHEMA_VERSION, STORE_SCHEMA_VERSION};
 
 use super::Status;
 use crate::args::VersionArgs;
@@ -11,8 +11,11 @@ use crate::output;
 #[derive(Debug, serde::Serialize)]
 struct Build {
     version: &'static str,
-    /// The run store's schema version this build writes (`PRAGMA user_version`).
+    /// The SQLite run store's schema version this build writes (`PRAGMA user_version`).
     store_schema: usize,
+    /// The PostgreSQL run store's schema version this build writes (`archon_schema_version`). Known to
+    /// the build: `version` connects to no store.
+    postgres_store_schema: usize,
     /// The format version of the records the store keeps.
     record_format: u32,
     /// The target triple it was compiled for.
@@ -27,6 +30,7 @@ pub fn version(args: &VersionArgs) -> anyhow::Result<Status> {
     let build = Build {
         version: env!("CARGO_PKG_VERSION"),
         store_schema: STORE_SCHEMA_VERSION,
+        postgres_store_schema: POSTGRES_STORE_SCHEMA_VERSION,
         record_format: FORMAT_VERSION,
         target: env!("ARCHON_TARGET"),
         profile: if cfg!(debug_assertions) {
@@ -41,9 +45,10 @@ pub fn version(args: &VersionArgs) -> anyhow::Result<Status> {
         return Ok(Status::Success);
     }
     output::stdout(&format!(
-        "archon {}\nstore schema   {}\nrecord format  {}\ntarget         {}\nprofile        {}\nrustc          {}\n",
+        "archon {}\nstore schema   {} (SQLite), {} (PostgreSQL)\nrecord format  {}\ntarget         {}\nprofile        {}\nrustc          {}\n",
         build.version,
         build.store_schema,
+        build.postgres_store_schema,
         build.record_format,
         build.target,
         build.profile,

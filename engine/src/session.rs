@@ -32,12 +32,15 @@ pub use crate::store::StoreAt;
 pub use crate::store::new_run_id;
 pub use crate::store::{
     API_TRIGGER, ApprovalRecord, AttemptRecord, CacheFilter, CacheSummary, Firing, FiringFilter,
-    FiringKind, FiringOutcome, LogChunk, Owner, Pruned, RunCursor, RunFilter, RunPage, RunQuery,
-    RunState, RunSummary, StoreError, StoredRun, Waiting,
+    FiringKind, FiringOutcome, LiveWorker, LogChunk, Owner, Pruned, RunCursor, RunFilter, RunPage,
+    RunQuery, RunState, RunSummary, StoreError, StoredRun, Waiting,
 };
 
-/// The version of the run store's schema this build writes (what a bug report names).
+/// The version of the run store's schema this build writes (what a bug report names): the SQLite store's.
 pub const STORE_SCHEMA_VERSION: usize = crate::store::sqlite::SCHEMA_VERSION;
+
+/// The version of the PostgreSQL run store's schema this build writes (and migrates older ones to).
+pub const POSTGRES_STORE_SCHEMA_VERSION: usize = crate::store::postgres::SCHEMA_VERSION;
 
 /// How many runs an ambiguous prefix names at most in its error.
 const CANDIDATES_SHOWN: usize = 5;
@@ -79,6 +82,26 @@ pub fn stored_memory(
         .open(file)
         .map(Some)
         .map_err(|e| StoreError::new(e.to_string()))
+}
+
+/// The live workers (`archon worker`) of the PostgreSQL run store at `at`, oldest first, each with the
+/// steps it holds (none when that store does not exist yet). Workers exist only on a PostgreSQL store:
+/// any other is refused, and nothing is created.
+pub fn live_workers(at: &StoreAt) -> Result<Vec<LiveWorker>, StoreError> {
+    at.check()?;
+    if at.url.is_none() {
+        return Err(
+            StoreError::new("workers exist only on a PostgreSQL run store")
+                .with_hint("pass `--store postgres://...` (or set `ARCHON_STORE`)"),
+        );
+    }
+    let Some(runs) = crate::store::open_existing(at)? else {
+        return Ok(Vec::new());
+    };
+    match runs.tasks() {
+        Some(tasks) => tasks.workers(),
+        None => Ok(Vec::new()),
+    }
 }
 
 /// The database file of the run store in `state_dir`.

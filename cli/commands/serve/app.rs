@@ -58,6 +58,7 @@ impl App {
         max_runs: usize,
         max_queue: usize,
         stopping: CancellationToken,
+        labels: archon_engine::workflow::Labels,
     ) -> anyhow::Result<AppState> {
         let mut readers = Vec::with_capacity(READERS);
         for _ in 0..READERS {
@@ -66,7 +67,7 @@ impl App {
         let secrets = catalog.secret_values();
         let live = Live::new();
         Ok(Arc::new(App {
-            executor: Executor::new(&store, max_runs, max_queue, stopping.clone(), &live),
+            executor: Executor::new(&store, max_runs, max_queue, stopping.clone(), &live, labels),
             live,
             auth: auth::Auth::new(tokens),
             catalog,

@@ -214,6 +214,8 @@ struct Shared {
     changed: tokio::sync::watch::Sender<u64>,
     /// `archon` itself, for the helper processes of runs.
     helper: Option<PathBuf>,
+    /// The labels this server has (`archon serve --labels`), which every run it executes has.
+    labels: archon_engine::workflow::Labels,
 }
 
 /// What starting a run did.
@@ -231,6 +233,7 @@ impl Executor {
         max_queue: usize,
         stopping: CancellationToken,
         live: &Live,
+        labels: archon_engine::workflow::Labels,
     ) -> Self {
         Executor(Arc::new(Shared {
             state_dir: store.state_dir.clone(),
@@ -244,6 +247,7 @@ impl Executor {
             recorded: live.recorder(),
             changed: tokio::sync::watch::channel(0).0,
             helper: std::env::current_exe().ok(),
+            labels,
         }))
     }
 
@@ -1028,6 +1032,7 @@ impl Executor {
             cancel,
             helper: self.0.helper.clone(),
             recorded: Some(self.0.recorded.clone()),
+            labels: self.0.labels.clone(),
             ..Attachments::default()
         };
         let outcome = runtime.block_on(session.execute(prepared, attachments));

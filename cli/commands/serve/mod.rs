@@ -148,6 +148,7 @@ pub fn serve(args: &ServeArgs) -> anyhow::Result<Status> {
             args.max_runs as usize,
             args.max_queue as usize,
             stopping.clone(),
+            args.labels.iter().cloned().collect(),
         )?;
         let listener = tokio::net::TcpListener::bind(address).await.map_err(|e| {
             anyhow::anyhow!(

@@ -746,6 +746,28 @@ pub struct WorkerInfo {
     pub global_limit: Option<u32>,
 }
 
+/// A live worker (its registration has not lapsed), as `archon workers` lists it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct LiveWorker {
+    pub name: String,
+    pub host: String,
+    pub pid: u32,
+    /// It takes only steps whose labels are all among these.
+    pub labels: Vec<String>,
+    /// Most steps it runs at once.
+    pub concurrency: usize,
+    /// Most steps running at once on all workers together, as this worker counts (`--global-limit`).
+    pub global_limit: Option<u32>,
+    /// The steps it holds now: tasks claimed by it whose lease has not lapsed.
+    pub steps: usize,
+    /// When it registered, in milliseconds since the Unix epoch.
+    pub started_at: u64,
+    /// When it last renewed its registration (every third of its lease), in milliseconds since the epoch.
+    pub last_seen_at: u64,
+    /// When its registration lapses unless renewed, in milliseconds since the epoch.
+    pub lease_until: u64,
+}
+
 /// A ready step of a submitted run that no worker has taken, and why.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
 pub struct Waiting {
@@ -782,6 +804,8 @@ pub trait Tasks: Send + Sync {
     ) -> Result<(), StoreError>;
     /// Removes a worker's registration (it stopped).
     fn deregister_worker(&self, name: &str) -> Result<(), StoreError>;
+    /// The live workers (their registration has not lapsed), oldest first, each with the steps it holds.
+    fn workers(&self) -> Result<Vec<LiveWorker>, StoreError>;
     /// The ready steps of a submitted run no worker has taken, each with why it waits.
     fn waiting(&self, run_id: &str) -> Result<Vec<Waiting>, StoreError>;
     /// Claims up to `limit` ready tasks for the registered worker `worker`, leased for `lease`: only

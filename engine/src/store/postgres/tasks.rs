@@ -18,7 +18,8 @@ use super::queries::{bump, ms};
 use super::{Inner, NOTIFY_WORK, PostgresStore, Result};
 use crate::record::{self, FORMAT_VERSION};
 use crate::store::{
-    Finished, Journal, NewRun, Routing, StoreError, Task, Tasks, Waiting, WorkerInfo, now_ms,
+    Finished, Journal, LiveWorker, NewRun, Routing, StoreError, Task, Tasks, Waiting, WorkerInfo,
+    now_ms,
 };
 
 /// The owner's host a submitted run's row names: no process owns it, the workers do.
@@ -345,6 +346,41 @@ async fn register(inner: &Inner, worker: &WorkerInfo, lease: Duration) -> Result
     Ok(())
 }
 
+/// The live workers, oldest first, each with the tasks it holds (claimed by it, lease not lapsed).
+async fn workers(inner: &Inner) -> Result<Vec<LiveWorker>> {
+    let now = ms(now_ms());
+    let client = inner.client().await?;
+    let rows = client
+        .query(
+            "SELECT w.name, w.host, w.pid, w.labels, w.concurrency, w.global_limit, w.started_at,
+                w.heartbeat_at, w.lease_until,
+                (SELECT count(*) FROM tasks t
+                 WHERE t.state = 'claimed' AND t.worker = w.name AND t.lease_until >= $1)
+             FROM workers w WHERE w.lease_until >= $1
+             ORDER BY w.started_at, w.name",
+            &[&now],
+        )
+        .await?;
+    let unsigned = |n: i64| u64::try_from(n).unwrap_or(0);
+    Ok(rows
+        .iter()
+        .map(|r| LiveWorker {
+            name: r.get(0),
+            host: r.get(1),
+            pid: u32::try_from(r.get::<_, i64>(2)).unwrap_or(0),
+            labels: r.get(3),
+            concurrency: usize::try_from(r.get::<_, i64>(4)).unwrap_or(0),
+            global_limit: r
+                .get::<_, Option<i64>>(5)
+                .map(|n| u32::try_from(n).unwrap_or(u32::MAX)),
+            steps: usize::try_from(r.get::<_, i64>(9)).unwrap_or(0),
+            started_at: unsigned(r.get(6)),
+            last_seen_at: unsigned(r.get(7)),
+            lease_until: unsigned(r.get(8)),
+        })
+        .collect())
+}
+
 /// Why each ready task of run `id` waits: no live worker has its labels, or a limit holds it back.
 async fn waiting(inner: &Inner, id: &str) -> Result<Vec<Waiting>> {
     let now = ms(now_ms());
@@ -485,6 +521,11 @@ impl Tasks for PostgresStore {
                 .await?;
             Ok(())
         })
+    }
+
+    fn workers(&self) -> Result<Vec<LiveWorker>, StoreError> {
+        let inner = self.inner.clone();
+        self.run(async move { workers(&inner).await })
     }
 
     fn waiting(&self, run_id: &str) -> Result<Vec<Waiting>, StoreError> {
