@@ -351,13 +351,23 @@ fn a_timed_out_request_of_a_submitted_run_is_decided_by_its_default(default: &st
     let Output { code, stdout, .. } = db.archon(&["show", &id]);
     assert_eq!(code, 0);
     assert!(stdout.contains("status    waiting_approval"), "{stdout}");
+    // When the rule's default decides it, unless someone does first.
+    let due = std::time::UNIX_EPOCH
+        + Duration::from_millis(
+            run["approvals"][0]["requested_at"]
+                .as_u64()
+                .expect("a time")
+                + 2000,
+        );
+    let due = humantime::format_rfc3339_seconds(due);
     assert_eq!(
         stdout
             .split_once("waiting for approval:\n")
             .expect(&stdout)
             .1,
         format!(
-            "  pay: `exec` {{\"argv\":[\"sh\",\"-c\",\"echo paid >> effects.txt\"]}}\n  \
+            "  pay: `exec` {{\"argv\":[\"sh\",\"-c\",\"echo paid >> effects.txt\"]}}\n    \
+             its rule's `default` (`{default}`) decides it if nobody has by `{due}`\n  \
              hint: `archon approve {id}` (or `--deny`) decides; then a run submitted to workers goes on by itself, any other with `archon resume {id}`\n"
         )
     );
