@@ -115,7 +115,7 @@ fn a_multi_line_error_is_one_line_in_progress_and_events_and_whole_in_logs() {
 
 /// `archon ARGS` in `dir` with its standard input and error on a pseudo-terminal (standard output piped),
 /// and what it writes there, read as it comes.
-struct Terminal {
+pub(crate) struct Terminal {
     child: std::process::Child,
     input: std::fs::File,
     bytes: std::sync::mpsc::Receiver<Vec<u8>>,
@@ -125,7 +125,7 @@ struct Terminal {
 }
 
 impl Terminal {
-    fn spawn(dir: &Path, args: &[&str], env: &[(&str, &str)]) -> Terminal {
+    pub(crate) fn spawn(dir: &Path, args: &[&str], env: &[(&str, &str)]) -> Terminal {
         Terminal::spawn_sized(dir, args, env, None)
     }
 
@@ -187,7 +187,7 @@ impl Terminal {
     }
 
     /// Reads until `text` has been written (after byte `from`); returns where it ends.
-    fn until(&mut self, from: usize, text: &str) -> usize {
+    pub(crate) fn until(&mut self, from: usize, text: &str) -> usize {
         loop {
             if let Some(at) = find(&self.seen[from.min(self.seen.len())..], text.as_bytes()) {
                 return from + at + text.len();
@@ -221,7 +221,7 @@ impl Terminal {
 
     /// Waits for archon to exit and for the rest of what it wrote: its exit code, the terminal's text
     /// (line ends as written, `\r\n` made `\n`) and standard output.
-    fn finish(mut self) -> (i32, String, String) {
+    pub(crate) fn finish(mut self) -> (i32, String, String) {
         use std::io::Read as _;
         let mut stdout = String::new();
         if let Some(mut out) = self.child.stdout.take() {

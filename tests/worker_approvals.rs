@@ -268,3 +268,248 @@ fn resume_hands_a_submitted_run_waiting_for_approval_back_to_the_workers() {
     assert_eq!(run["status"], "succeeded", "{run}");
     assert_eq!(effects(&db), "paid 42\n");
 }
+
+/// `pay` asks under a rule with a `timeout` (its `default` deny unless `allow`); `after` needs it.
+fn timed(timeout: &str, default: &str) -> String {
+    format!(
+        r#"name: timed
+rules:
+  - {{ name: ask-pay, on: before_tool, match: {{ step: pay }}, action: ask, timeout: {timeout}, default: {default} }}
+steps:
+  - id: pay
+    tool: exec
+    with: {{ argv: [sh, -c, "echo paid >> effects.txt"] }}
+  - id: after
+    needs: [pay]
+    tool: echo
+    with: {{ done: "{{{{ steps.pay.exit_code }}}}" }}
+"#
+    )
+}
+
+/// What a run recorded of how it ended and of its approvals, without what differs from run to run
+/// (times, the run's id and the keys made from it, attempts' numbers).
+fn settled(run: &Json) -> Json {
+    let step = |id: &str| {
+        let r = &run["results"][id];
+        serde_json::json!({
+            "status": r["status"], "error": r["error"], "output": r["output"],
+        })
+    };
+    let approvals: Vec<Json> = run["approvals"]
+        .as_array()
+        .expect("approvals")
+        .iter()
+        .map(|a| {
+            let mut request = a["request"].clone();
+            request.as_object_mut().expect("a request").remove("key");
+            serde_json::json!({ "request": request, "decision": a["decision"] })
+        })
+        .collect();
+    serde_json::json!({
+        "status": run["status"], "error": run["error"], "outputs": run["outputs"],
+        "pay": step("pay"), "after": step("after"), "approvals": approvals,
+    })
+}
+
+/// The same spec run here, on a terminal nobody answers: its prompt times out and the rule's default
+/// decides. What it recorded, and what its command wrote to `effects.txt`.
+fn local_timed_out(db: &Db, spec: &str) -> (Json, String) {
+    std::fs::remove_file(db.path().join("effects.txt")).ok();
+    let url = db.url();
+    let terminal = crate::ux::Terminal::spawn(
+        db.path(),
+        &["run", spec],
+        &[("NO_COLOR", "1"), ("ARCHON_STORE", &url)],
+    );
+    let (_code, text, _) = terminal.finish();
+    let id = db.sql("SELECT id FROM runs ORDER BY started_at DESC LIMIT 1")[0].clone();
+    assert!(text.contains("approval needed: step `pay`"), "{text}");
+    (db.show(&id), effects(db))
+}
+
+/// A submitted run whose call asks under a rule with a timeout, and nobody decides: once the timeout
+/// passes, a worker's reaper makes the step ready again and the rule's default decides it when it runs,
+/// with no `archon resume`; the run ends recording what a local run records when its prompt times out.
+fn a_timed_out_request_of_a_submitted_run_is_decided_by_its_default(default: &str) -> (Json, Json) {
+    let Some(db) = db() else {
+        return (Json::Null, Json::Null);
+    };
+    // Long enough to see the run rest `waiting_approval` first, short enough for a test.
+    std::fs::write(db.path().join("timed.yaml"), timed("2s", default)).expect("write");
+    let workers = vec![worker(&db, 0, "2s")];
+    let id = submit(&db, "timed.yaml");
+    let run = until(&db, &id, "rested waiting for approval", |r| {
+        r["status"] == "waiting_approval"
+    });
+    assert_eq!(requests(&run), 1, "{run}");
+    assert!(run["approvals"][0]["decision"].is_null(), "{run}");
+    assert_eq!(
+        db.sql("SELECT state FROM tasks"),
+        vec!["waiting".to_owned()]
+    );
+    let Output { code, stdout, .. } = db.archon(&["show", &id]);
+    assert_eq!(code, 0);
+    assert!(stdout.contains("status    waiting_approval"), "{stdout}");
+    // When the rule's default decides it, unless someone does first.
+    let due = std::time::UNIX_EPOCH
+        + Duration::from_millis(
+            run["approvals"][0]["requested_at"]
+                .as_u64()
+                .expect("a time")
+                + 2000,
+        );
+    let due = humantime::format_rfc3339_seconds(due);
+    assert_eq!(
+        stdout
+            .split_once("waiting for approval:\n")
+            .expect(&stdout)
+            .1,
+        format!(
+            "  pay: `exec` {{\"argv\":[\"sh\",\"-c\",\"echo paid >> effects.txt\"]}}\n    \
+             its rule's `default` (`{default}`) decides it if nobody has by `{due}`\n  \
+             hint: `archon approve {id}` (or `--deny`) decides; then a run submitted to workers goes on by itself, any other with `archon resume {id}`\n"
+        )
+    );
+    let Output { code, stdout, .. } = db.archon(&["runs"]);
+    assert_eq!(code, 0);
+    assert!(stdout.contains("waiting_approval"), "{stdout}");
+
+    // Nobody decides: the run ends by itself.
+    let worked = until(&db, &id, "ended", |r| {
+        r["status"] != "waiting_approval" && r["status"] != "running"
+    });
+    stop(workers);
+    let worked_effects = effects(&db);
+    let Output { code, stdout, .. } = db.archon(&["show", &id]);
+    assert_eq!(code, 0);
+    assert!(!stdout.contains("waiting for approval"), "{stdout}");
+    let Output { code, stdout, .. } = db.archon(&["runs"]);
+    assert_eq!(code, 0);
+    assert!(!stdout.contains("waiting_approval"), "{stdout}");
+    assert!(
+        db.sql("SELECT state FROM tasks WHERE state <> 'done'")
+            .is_empty()
+    );
+    // The decision is in the run's trail, as any decision.
+    let decided = decided_events(&db, &id);
+
+    let (local, local_effects) = local_timed_out(&db, "timed.yaml");
+    assert_eq!(settled(&worked), settled(&local));
+    assert_eq!(worked_effects, local_effects);
+    let local_id = local["id"].as_str().expect("an id");
+    assert_eq!(decided, decided_events(&db, local_id));
+    (settled(&worked), Json::from(decided))
+}
+
+/// The decisions in a run's trail (`show --events`), without their times.
+fn decided_events(db: &Db, id: &str) -> Vec<String> {
+    let Output { code, stdout, .. } = db.archon(&["show", id, "--events"]);
+    assert_eq!(code, 0);
+    stdout
+        .lines()
+        .filter_map(|l| {
+            let (_at, event) = l.trim_start().split_once(' ')?;
+            let event = event.trim_start();
+            (event.starts_with("approved ") || event.starts_with("denied "))
+                .then(|| event.to_owned())
+        })
+        .collect()
+}
+
+#[test]
+fn a_submitted_run_applies_a_deny_default_when_its_request_times_out() {
+    let (worked, decided) =
+        a_timed_out_request_of_a_submitted_run_is_decided_by_its_default("deny");
+    if worked.is_null() {
+        return;
+    }
+    assert_eq!(worked["status"], "failed", "{worked}");
+    assert_eq!(worked["pay"]["status"], "failed", "{worked}");
+    assert_eq!(
+        worked["pay"]["error"], "denied by timeout: nobody decided in time",
+        "{worked}"
+    );
+    assert_eq!(
+        worked["approvals"][0]["decision"],
+        serde_json::json!({ "approved": false, "by": "timeout", "reason": "nobody decided in time" })
+    );
+    assert_eq!(
+        decided,
+        serde_json::json!(["denied    pay exec by timeout: nobody decided in time"])
+    );
+}
+
+#[test]
+fn a_submitted_run_applies_an_allow_default_when_its_request_times_out() {
+    let (worked, decided) =
+        a_timed_out_request_of_a_submitted_run_is_decided_by_its_default("allow");
+    if worked.is_null() {
+        return;
+    }
+    assert_eq!(worked["status"], "succeeded", "{worked}");
+    assert_eq!(worked["pay"]["status"], "succeeded", "{worked}");
+    assert_eq!(worked["after"]["output"]["done"], 0, "{worked}");
+    assert_eq!(
+        worked["approvals"][0]["decision"],
+        serde_json::json!({ "approved": true, "by": "timeout", "reason": "nobody decided in time" })
+    );
+    assert_eq!(
+        decided,
+        serde_json::json!(["approved  pay exec by timeout: nobody decided in time"])
+    );
+}
+
+/// Three steps that ask: `soon` under a 1 s timeout, `later` under an hour's, `never` with none.
+const MIXED: &str = r#"name: mixed
+rules:
+  - { name: soon, on: before_tool, match: { step: soon }, action: ask, timeout: 1s, default: allow }
+  - { name: later, on: before_tool, match: { step: later }, action: ask, timeout: 1h, default: allow }
+steps:
+  - { id: soon, tool: echo, with: { v: 1 } }
+  - { id: later, tool: echo, with: { v: 2 } }
+  - { id: never, tool: echo, approval: required, with: { v: 3 } }
+"#;
+
+/// The reaper makes ready again only a waiting step whose requests are past their timeouts: not one whose
+/// request has no timeout, nor one whose timeout has not passed.
+#[test]
+fn the_reaper_leaves_a_request_without_a_timeout_or_within_it_waiting() {
+    use archon_engine::store::RunStore as _;
+    let Some(db) = db() else { return };
+    std::fs::write(db.path().join("mixed.yaml"), MIXED).expect("write");
+    let workers = vec![worker(&db, 0, "2s")];
+    let id = submit(&db, "mixed.yaml");
+    // The worker's reaper took `soon` up again once its second passed; the others still wait.
+    let run = until(&db, &id, "ran `soon`", |r| {
+        r["results"]["soon"]["status"] == "succeeded" && r["status"] == "waiting_approval"
+    });
+    stop(workers);
+    assert_eq!(requests(&run), 3, "{run}");
+    let states = "SELECT step || ' ' || state FROM tasks ORDER BY step";
+    let waiting = vec![
+        "later waiting".to_owned(),
+        "never waiting".to_owned(),
+        "soon done".to_owned(),
+    ];
+    assert_eq!(db.sql(states), waiting);
+    // The reaper, called here, leaves them be.
+    let store =
+        archon_engine::store::postgres::PostgresStore::open(&db.url(), None).expect("store");
+    let tasks = store.tasks().expect("tasks");
+    assert_eq!(tasks.reap().expect("reaped"), 0);
+    assert_eq!(db.sql(states), waiting);
+    assert_eq!(db.show(&id)["status"], "waiting_approval");
+    // An hour later (its request made an hour earlier), `later` is ready again; `never` still waits.
+    db.sql("UPDATE approvals SET requested_at = requested_at - 3600000 WHERE step = 'later'");
+    assert_eq!(tasks.reap().expect("reaped"), 1);
+    assert_eq!(
+        db.sql(states),
+        vec![
+            "later ready".to_owned(),
+            "never waiting".to_owned(),
+            "soon done".to_owned()
+        ]
+    );
+    assert_eq!(db.show(&id)["status"], "running");
+}

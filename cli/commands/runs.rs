@@ -496,6 +496,19 @@ fn describe(session: &Session, run: &StoredRun, paint: Paint) -> String {
                         a.request.arguments
                     )))
             );
+            // Its rule's timeout: then the rule's default decides, by itself on workers, else on resume.
+            if let Some(limit) = a.request.timeout_ms {
+                let _ = writeln!(
+                    text,
+                    "    its rule's `default` (`{}`) decides it if nobody has by `{}`",
+                    if a.request.approve_on_timeout {
+                        "allow"
+                    } else {
+                        "deny"
+                    },
+                    timestamp(a.requested_at.saturating_add(limit))
+                );
+            }
         }
         let _ = writeln!(
             text,

@@ -18,6 +18,19 @@ pub struct ApprovalDecision {
     pub reason: Option<String>,
 }
 
+impl ApprovalDecision {
+    /// What a rule's `default` decides on a request whose `timeout` passed with nobody deciding: recorded
+    /// alike whether a prompt at the terminal timed out, a resume found the request past its timeout, or a
+    /// worker took up a step the reaper made ready again once its requests' timeouts passed.
+    pub fn timed_out(approved: bool) -> Self {
+        ApprovalDecision {
+            approved,
+            by: "timeout".to_owned(),
+            reason: Some("nobody decided in time".to_owned()),
+        }
+    }
+}
+
 /// A call waiting for a person's decision, as shown to them and recorded.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct ApprovalRequest {

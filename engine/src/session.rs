@@ -1259,11 +1259,8 @@ fn decisions(run: &StoredRun) -> HashMap<String, ApprovalDecision> {
         .filter_map(|a| {
             let decision = a.decision.clone().or_else(|| {
                 let limit = a.request.timeout_ms?;
-                (now.saturating_sub(a.requested_at) >= limit).then(|| ApprovalDecision {
-                    approved: a.request.approve_on_timeout,
-                    by: "timeout".to_owned(),
-                    reason: Some("nobody decided in time".to_owned()),
-                })
+                (now.saturating_sub(a.requested_at) >= limit)
+                    .then(|| ApprovalDecision::timed_out(a.request.approve_on_timeout))
             })?;
             Some((a.request.key.clone(), decision))
         })

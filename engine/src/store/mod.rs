@@ -839,8 +839,10 @@ pub trait Tasks: Send + Sync {
     fn complete(&self, task: &Task) -> Result<(), StoreError>;
     /// Gives a claimed task back (ready again at once), when the worker stops before running it.
     fn release_task(&self, task: &Task) -> Result<(), StoreError>;
-    /// Returns tasks whose lease lapsed to ready, and ends as cancelled the submitted runs asked to stop
-    /// that no worker is working on; returns how many tasks came back.
+    /// Returns tasks whose lease lapsed to ready, ends as cancelled the submitted runs asked to stop
+    /// that no worker is working on, and makes ready again the waiting steps whose every undecided
+    /// approval request is past its rule's `timeout` (its `default` decides it when the step runs again);
+    /// returns how many tasks came back.
     fn reap(&self) -> Result<usize, StoreError>;
     /// Ends a submitted run that cannot go on without a person (a step in doubt may not be repeated):
     /// interrupted, its tasks removed, to be resumed or resolved as any interrupted run.

@@ -176,13 +176,16 @@ async fn ask(shared: &Shared, call: &Call<'_>, verdict: Verdict) -> Gate {
         };
         Some(match answer {
             Some(answer) => record(shared, &request, &answer.by, answer.approved, answer.reason),
-            None => record(
-                shared,
-                &request,
-                "timeout",
-                request.approve_on_timeout,
-                Some("nobody answered in time".to_owned()),
-            ),
+            None => {
+                let timed_out = ApprovalDecision::timed_out(request.approve_on_timeout);
+                record(
+                    shared,
+                    &request,
+                    &timed_out.by,
+                    timed_out.approved,
+                    timed_out.reason,
+                )
+            }
         })
     } else {
         None

@@ -360,6 +360,12 @@ BEGIN
 END
 $finish$;
 "#,
+    r#"
+-- The steps of submitted runs set aside for a person's approval: the reaper looks among them, every
+-- second, for those whose requests' timeouts passed (`tasks.rs`, `release_expired`); none waiting, it
+-- reads an empty index.
+CREATE INDEX tasks_waiting ON tasks (run_id, step) WHERE state = 'waiting';
+"#,
 ];
 
 /// The tables whose rows belong to a run (by `run_id`), which `prune` deletes with it.

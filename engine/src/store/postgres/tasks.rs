@@ -319,7 +319,70 @@ async fn reap(inner: &Inner) -> Result<usize> {
     if returned > 0 || !ended.is_empty() {
         bump(&client).await;
     }
-    Ok(returned as usize)
+    let released = release_expired(&mut client).await?;
+    Ok(returned as usize + released)
+}
+
+/// The runs a step of which waits for a person only on requests whose rule's `timeout` has passed at `$1`
+/// (and on one at least): nobody decided in time, so the rule's `default` decides them when the step runs
+/// again. A request's record (`record::ApprovalRequest`, JSON text) holds its `timeout_ms`, null without
+/// one; past it when `requested_at + timeout_ms <= now`, as `session::decisions` counts it for a local
+/// resume. A request belongs to the waiting step when it is the step's own, an item's (`step[i]`) or an
+/// inner step's (`step/...`), as in `release_decided`. Driven by the `tasks_waiting` partial index: an
+/// empty index when nothing waits.
+const EXPIRED_RUNS: &str = "SELECT DISTINCT t.run_id FROM tasks t JOIN runs r ON r.id = t.run_id
+    WHERE t.state = 'waiting' AND NOT r.cancel_requested
+        AND (r.status = 'waiting_approval' OR (r.status = 'running' AND r.owner_host = $2))
+        AND EXISTS (SELECT 1 FROM approvals a WHERE a.run_id = t.run_id AND a.decision IS NULL
+            AND (a.step = t.step OR left(a.step, length(t.step) + 1) IN (t.step || '/', t.step || '['))
+            AND a.requested_at + (a.request::jsonb ->> 'timeout_ms')::numeric <= $1::bigint)
+        AND NOT EXISTS (SELECT 1 FROM approvals a WHERE a.run_id = t.run_id AND a.decision IS NULL
+            AND (a.step = t.step OR left(a.step, length(t.step) + 1) IN (t.step || '/', t.step || '['))
+            AND NOT COALESCE(a.requested_at + (a.request::jsonb ->> 'timeout_ms')::numeric <= $1::bigint, FALSE))";
+
+/// Makes ready again, run by run, the waiting steps whose every undecided request is past its timeout
+/// ([`EXPIRED_RUNS`]): through [`release_decided`] with those requests as expired, in a transaction that
+/// locks the run's row as a decision's does, and announces the work. Returns how many steps it made
+/// ready. One indexed query when nothing waits.
+async fn release_expired(client: &mut deadpool_postgres::Object) -> Result<usize> {
+    let now = now_ms();
+    let statement = client.prepare_cached(EXPIRED_RUNS).await?;
+    let runs: Vec<String> = client
+        .query(&statement, &[&ms(now), &WORKERS])
+        .await?
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    let mut released = 0;
+    for id in runs {
+        let tx = client.transaction().await?;
+        let open = tx
+            .query_opt(
+                "SELECT 1 FROM runs WHERE id = $1 AND NOT cancel_requested
+                    AND (status = 'waiting_approval' OR (status = 'running' AND owner_host = $2))
+                 FOR UPDATE",
+                &[&id, &WORKERS],
+            )
+            .await?;
+        if open.is_none() {
+            continue;
+        }
+        // Read again under the lock: a decision may have come since.
+        let expired: Vec<String> = tx
+            .query(
+                "SELECT a.key FROM approvals a WHERE a.run_id = $1 AND a.decision IS NULL
+                    AND a.requested_at + (a.request::jsonb ->> 'timeout_ms')::numeric <= $2::bigint",
+                &[&id, &ms(now)],
+            )
+            .await?
+            .iter()
+            .map(|r| r.get(0))
+            .collect();
+        released += release_decided(&tx, &id, &expired).await? as usize;
+        tx.commit().await?;
+        bump(client).await;
+    }
+    Ok(released)
 }
 
 async fn register(inner: &Inner, worker: &WorkerInfo, lease: Duration) -> Result<()> {
