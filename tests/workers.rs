@@ -462,6 +462,7 @@ steps:
         took < Duration::from_secs(15),
         "the cancel took {took:?}: a step heard of it only at its heartbeat"
     );
+}
 
 /// `slow` of [`SLOW`] needs the label `gpu`: only a worker with it takes that step.
 const SLOW_ON_GPU: &str = r#"name: slow
