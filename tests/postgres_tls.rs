@@ -273,21 +273,27 @@ fn require_encrypts_and_verify_full_checks_the_chain_and_the_name() {
     );
     std::fs::write(db.path().join("hello.yaml"), HELLO).expect("write");
 
-    // `require`: encrypted, the certificate taken as it is (nothing says which authority to trust).
-    let (_, url) = through(&db, &proxy, "127.0.0.1", "sslmode=require");
+    // The default, `prefer`: TLS, as the server offers it, the certificate taken as it is (nothing says
+    // which authority to trust). Every connection of the run, the pool's and the one that listens for
+    // cancels, asks for TLS: one that did not would come in plain.
+    let (_, url) = through(&db, &proxy, "127.0.0.1", "application_name=archon-test");
     let Output { code, stderr, .. } = archon_with(
         db.path(),
         &["run", "hello.yaml", "--json", "--store", &url],
         &[],
     );
     assert_eq!(code, 0, "{stderr}");
+    let (tls, failed, declined, plain) = proxy.seen.counts();
+    assert!(tls >= 2, "{tls} encrypted connections");
+    assert_eq!((failed, declined, plain), (0, 0, 0));
+    // `require`: the same, or nothing.
+    let (_, url) = through(&db, &proxy, "127.0.0.1", "sslmode=require");
     assert_eq!(
         runs(&db, &url),
         Ok(vec![("hello".to_owned(), "succeeded".to_owned())])
     );
-    let (tls, failed, declined, plain) = proxy.seen.counts();
-    // The pool's connections and the one that listens for cancels: all encrypted, none plain.
-    assert!(tls >= 2, "{tls} encrypted connections");
+    let (more, failed, declined, plain) = proxy.seen.counts();
+    assert!(more > tls, "{more} encrypted connections");
     assert_eq!((failed, declined, plain), (0, 0, 0));
 
     // `verify-full` with the test's authority: by name, and by address (the certificate names both).
@@ -476,11 +482,13 @@ fn workers_listen_for_work_over_tls_too() {
         Some(ca.server(&["localhost"])),
     );
     std::fs::write(db.path().join("hello.yaml"), HELLO).expect("write");
+    // `prefer` (with `sslrootcert`, the chain is checked): a connection that did not ask for TLS would
+    // come in plain, where with `require` or `verify-*` it would fail unseen (and the worker poll instead).
     let (_, url) = through(
         &db,
         &proxy,
         "localhost",
-        &format!("sslmode=verify-full&sslrootcert={ca_file}"),
+        &format!("sslmode=prefer&sslrootcert={ca_file}"),
     );
     let worker = crate::workers::worker_with(&db, 0, &url, &[]);
     worker.wait_ready();
