@@ -48,6 +48,11 @@ impl Ca {
     /// A server's certificate for `names` (host names or IP addresses), signed by this authority, and its
     /// key.
     fn server(&self, names: &[&str]) -> (Vec<CertificateDer<'static>>, PrivateKeyDer<'static>) {
+        self.signed(names)
+    }
+
+    /// A certificate (a server's or a client's) for `names`, signed by this authority, and its key.
+    fn signed(&self, names: &[&str]) -> (Vec<CertificateDer<'static>>, PrivateKeyDer<'static>) {
         let key = KeyPair::generate().expect("key");
         let mut params =
             CertificateParams::new(names.iter().map(|n| (*n).to_owned()).collect::<Vec<_>>())
@@ -98,15 +103,35 @@ impl Proxy {
         upstream: String,
         certificate: Option<(Vec<CertificateDer<'static>>, PrivateKeyDer<'static>)>,
     ) -> Proxy {
+        Proxy::start_with(upstream, certificate, None)
+    }
+
+    /// With `clients`, the proxy also wants a client certificate signed by that authority.
+    fn start_with(
+        upstream: String,
+        certificate: Option<(Vec<CertificateDer<'static>>, PrivateKeyDer<'static>)>,
+        clients: Option<CertificateDer<'static>>,
+    ) -> Proxy {
         let acceptor = certificate.map(|(chain, key)| {
-            let config = rustls::ServerConfig::builder_with_provider(Arc::new(
-                rustls::crypto::ring::default_provider(),
-            ))
-            .with_safe_default_protocol_versions()
-            .expect("protocol versions")
-            .with_no_client_auth()
-            .with_single_cert(chain, key)
-            .expect("server config");
+            let provider = Arc::new(rustls::crypto::ring::default_provider());
+            let builder = rustls::ServerConfig::builder_with_provider(provider.clone())
+                .with_safe_default_protocol_versions()
+                .expect("protocol versions");
+            let builder = match clients {
+                Some(ca) => {
+                    let mut roots = rustls::RootCertStore::empty();
+                    roots.add(ca).expect("client CA");
+                    let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
+                        Arc::new(roots),
+                        provider,
+                    )
+                    .build()
+                    .expect("client verifier");
+                    builder.with_client_cert_verifier(verifier)
+                }
+                None => builder.with_no_client_auth(),
+            };
+            let config = builder.with_single_cert(chain, key).expect("server config");
             tokio_rustls::TlsAcceptor::from(Arc::new(config))
         });
         let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -501,4 +526,66 @@ fn workers_listen_for_work_over_tls_too() {
     // The pool's connection(s) and the listener's: every one encrypted.
     assert!(tls >= 2, "{tls} encrypted connections");
     assert_eq!((failed, declined, plain), (0, 0, 0));
+}
+
+#[test]
+fn a_client_certificate_is_presented_from_sslcert_and_sslkey() {
+    let Some(db) = db() else { return };
+    let ca = Ca::new("archon test ca");
+    let ca_file = ca.write(db.path(), "ca.pem");
+    let proxy = Proxy::start_with(
+        db.url_through("127.0.0.1:1".parse().expect("address")).0,
+        Some(ca.server(&["localhost"])),
+        Some(ca.issuer.der().clone()),
+    );
+    let (chain, key) = ca.signed(&["archon"]);
+    let PrivateKeyDer::Pkcs8(key) = key else {
+        panic!("a PKCS#8 key")
+    };
+    let pem = |label: &str, der: &[u8]| {
+        use base64::Engine;
+        let text = base64::engine::general_purpose::STANDARD.encode(der);
+        let lines: Vec<&str> = text
+            .as_bytes()
+            .chunks(64)
+            .map(|c| std::str::from_utf8(c).expect("base64"))
+            .collect();
+        format!(
+            "-----BEGIN {label}-----\n{}\n-----END {label}-----\n",
+            lines.join("\n")
+        )
+    };
+    let cert_file = db.path().join("client.crt");
+    std::fs::write(&cert_file, pem("CERTIFICATE", &chain[0])).expect("write");
+    let key_file = db.path().join("client.key");
+    std::fs::write(&key_file, pem("PRIVATE KEY", key.secret_pkcs8_der())).expect("write");
+    let (_, url) = through(
+        &db,
+        &proxy,
+        "localhost",
+        &format!(
+            "sslmode=verify-full&sslrootcert={ca_file}&sslcert={}&sslkey={}",
+            cert_file.display(),
+            key_file.display()
+        ),
+    );
+    assert_eq!(runs(&db, &url), Ok(vec![]));
+    let (tls, failed, _, plain) = proxy.seen.counts();
+    assert!(tls >= 1, "{tls} encrypted connections");
+    assert_eq!((failed, plain), (0, 0));
+    // Without one, the server refuses the handshake.
+    let (_, url) = through(
+        &db,
+        &proxy,
+        "localhost",
+        &format!("sslmode=verify-full&sslrootcert={ca_file}"),
+    );
+    assert_eq!(
+        refused(&db, &url),
+        format!(
+            "error: run store `{}`: tls handshake failed: the server wants a client certificate\n  hint: give one, and its key, as PEM files with `sslcert` and `sslkey`\n",
+            shown(&url)
+        )
+    );
+    assert!(proxy.seen.counts().1 >= 1, "the handshake failed");
 }

@@ -463,6 +463,10 @@ pub(crate) fn explain(
                     "tls handshake failed: the server's certificate is not made out to the host connected to".to_owned(),
                     Some("connect by a name the certificate is made out to, or check its chain only with `sslmode=verify-ca`"),
                 ),
+                rustls::Error::AlertReceived(rustls::AlertDescription::CertificateRequired) => (
+                    "tls handshake failed: the server wants a client certificate".to_owned(),
+                    Some("give one, and its key, as PEM files with `sslcert` and `sslkey`"),
+                ),
                 other => (
                     format!("tls handshake failed: {}", lowercase(&other.to_string())),
                     None,
