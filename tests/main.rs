@@ -32,6 +32,7 @@ mod nested;
 mod plan;
 mod planner;
 mod postgres;
+mod postgres_tls;
 mod process;
 mod properties;
 mod retries;

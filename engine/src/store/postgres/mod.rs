@@ -15,6 +15,7 @@ mod journal;
 mod queries;
 mod schema;
 mod tasks;
+mod tls;
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -110,8 +111,10 @@ pub(crate) struct Inner {
     options: Options,
     /// The ownership tokens of the runs this process owns, by run id.
     tokens: Mutex<HashMap<String, String>>,
-    /// How to connect (for the connection that listens for cancels).
+    /// How to connect (for the connections that listen for cancels and work).
     config: tokio_postgres::Config,
+    /// How those connections, and the pool's, make TLS (the URL's `sslmode` and the rest).
+    tls: tls::Tls,
     /// The journals of this process that want to hear of `archon cancel` at once, by run id, and
     /// whether the connection that listens for it is up.
     cancels: Mutex<Cancels>,
@@ -264,13 +267,15 @@ impl PostgresStore {
         if !is_postgres_url(url) {
             return Err(refused_url(url));
         }
+        let (rest, tls) = tls::from_url(url, &shown)?;
         let mut config: tokio_postgres::Config =
-            url.parse().map_err(|e: tokio_postgres::Error| {
+            rest.parse().map_err(|e: tokio_postgres::Error| {
                 StoreError::new(format!(
                     "run store `{shown}` is not a valid PostgreSQL URL: {}",
                     lowercase(&e.to_string())
                 ))
             })?;
+        tls::configure(&mut config, &tls);
         let secret = config
             .get_password()
             .map(|p| String::from_utf8_lossy(p).into_owned())
@@ -294,7 +299,7 @@ impl PostgresStore {
         );
         let manager = deadpool_postgres::Manager::from_config(
             config.clone(),
-            tokio_postgres::NoTls,
+            tls.connector.clone(),
             deadpool_postgres::ManagerConfig {
                 recycling_method: deadpool_postgres::RecyclingMethod::Fast,
             },
@@ -315,6 +320,7 @@ impl PostgresStore {
                 options,
                 tokens: Mutex::new(HashMap::new()),
                 config,
+                tls,
                 cancels: Mutex::default(),
                 work: Mutex::default(),
             }),
@@ -391,6 +397,7 @@ impl PostgresStore {
             runtime.spawn(listen_for_work(
                 Arc::downgrade(&self.inner),
                 self.inner.config.clone(),
+                self.inner.tls.connector.clone(),
                 notify.clone(),
             ));
             *work = Some(notify.clone());
@@ -469,9 +476,9 @@ impl Inner {
         };
         if let Some(listening) = start {
             let inner = Arc::downgrade(self);
-            let config = self.config.clone();
+            let (config, connector) = (self.config.clone(), self.tls.connector.clone());
             tokio::spawn(async move {
-                listen(&inner, &config, &listening).await;
+                listen(&inner, &config, connector, &listening).await;
                 if let Some(inner) = inner.upgrade()
                     && let Ok(mut cancels) = inner.cancels.lock()
                 {
@@ -566,6 +573,13 @@ impl Inner {
                 self.scrub(&lowercase(db.message()))
             ));
         }
+        if let Some((message, hint)) = tls::explain(e, &self.tls) {
+            let error = StoreError::new(format!("run store `{shown}`: {}", self.scrub(&message)));
+            return match hint {
+                Some(hint) => error.with_hint(hint),
+                None => error,
+            };
+        }
         // The cause says what went wrong (`connection refused`); the error itself only that it did.
         let mut detail = e.to_string();
         let mut source = std::error::Error::source(e);
@@ -595,9 +609,10 @@ impl Inner {
 async fn listen(
     inner: &std::sync::Weak<Inner>,
     config: &tokio_postgres::Config,
+    connector: tokio_postgres_rustls::MakeRustlsConnect,
     listening: &tokio::sync::watch::Sender<bool>,
 ) {
-    let Ok((client, mut connection)) = config.connect(tokio_postgres::NoTls).await else {
+    let Ok((client, mut connection)) = config.connect(connector).await else {
         return;
     };
     let (messages, mut received) = tokio::sync::mpsc::unbounded_channel();
@@ -642,11 +657,12 @@ async fn listen(
 async fn listen_for_work(
     inner: std::sync::Weak<Inner>,
     config: tokio_postgres::Config,
+    connector: tokio_postgres_rustls::MakeRustlsConnect,
     notify: Arc<tokio::sync::Notify>,
 ) {
     let mut wait = LEAST_RELISTEN;
     while inner.strong_count() > 0 {
-        if listen_for_work_once(&config, &notify).await {
+        if listen_for_work_once(&config, connector.clone(), &notify).await {
             wait = LEAST_RELISTEN;
         }
         tokio::time::sleep(wait).await;
@@ -657,9 +673,10 @@ async fn listen_for_work(
 /// One connection's listening; whether it got as far as listening.
 async fn listen_for_work_once(
     config: &tokio_postgres::Config,
+    connector: tokio_postgres_rustls::MakeRustlsConnect,
     notify: &tokio::sync::Notify,
 ) -> bool {
-    let Ok((client, mut connection)) = config.connect(tokio_postgres::NoTls).await else {
+    let Ok((client, mut connection)) = config.connect(connector).await else {
         return false;
     };
     let (messages, mut received) = tokio::sync::mpsc::unbounded_channel();
