@@ -1,24 +1,39 @@
-//! Every command the README, docs/cli.md and docs/serve.md show in a shell block runs as shown: for each document, in a
-//! scratch copy of the repository's example files, with `archon` on `PATH` (and `cargo run --` read as `archon`), one block after
-//! another as a reader would type them (with the scratch directory as `HOME`), each command exiting with
-//! status 0 unless its line says otherwise with a trailing `# exit N`, and, in a ```console block, printing
-//! the lines shown below it (`...` standing for any text). Besides `archon` (and the library's
-//! example), a block may only make a directory (`mkdir -p`) and set shell variables (`NAME=value`,
-//! `export NAME=value`: replayed before each later command of the document, as the reader's shell keeps
-//! them). `archon serve ... &` starts the server in the background as a reader's shell would, but on a
-//! free port (`--port 0`, tests/support/serve.rs) with the lines shown below it awaited on its standard
-//! error; the commands after it are `curl` against it too, typed with its address in place of the one
-//! shown (`http://127.0.0.1:8700`); `kill %1` stops it (SIGTERM) and expects it to exit 0.
-//! Without `curl` or `openssl` the commands from the first that needs one are skipped, saying so,
-//! except with `CI=true`.
+//! Every command the README, docs/cli.md, docs/serve.md and docs/scale-out.md show in a shell block runs as
+//! shown: for each document, in a scratch copy of the repository's example files, with `archon` on `PATH`
+//! (and `cargo run --` read as `archon`), one block after another as a reader would type them (with the
+//! scratch directory as `HOME`), each command exiting with status 0 unless its line says otherwise with a
+//! trailing `# exit N`, and, in a ```console block, printing the lines shown below it (`...` standing for
+//! any text; each shown line needs a printed line of its own). Besides `archon` (and the library's
+//! example), a block may only make a directory (`mkdir -p`) and set shell variables (`NAME=value`, `export
+//! NAME=value`: replayed before each later command of the document, as the reader's shell keeps them).
+//! A command ending in `&` is a background job, numbered as a reader's shell numbers them: `archon serve
+//! ... &` starts the server on a free port (`--port 0`, tests/support/serve.rs), and `archon worker ... &`
+//! a worker, each awaited until it has printed the lines shown below it on its standard error (a worker
+//! also its `worker: taking steps` line, once it is ready). The commands after a server are `curl`
+//! against it too, typed with its address in place of the one shown (`http://127.0.0.1:8700`). `kill %1`
+//! (`kill %1 %2 %3`) stops those jobs with SIGTERM, expects each to exit 0 (or the `# exit N` shown), and
+//! their standard errors together to hold the lines shown below it.
+//! docs/scale-out.md runs on a PostgreSQL schema of the test's own (tests/postgres.rs): every PostgreSQL
+//! URL shown (`postgres://...`) is typed as the test's URL, and every one shown in what a command prints
+//! is read as that URL masked; without a PostgreSQL server the guide is skipped, saying so, except with
+//! `CI=true`. Without `curl` or `openssl` the commands from the first that needs one are skipped, saying
+//! so, except with `CI=true`.
+use std::io::BufRead as _;
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use crate::support::root;
 use crate::support::serve::{PATIENCE, Server};
 
 /// The documents whose shell blocks are run, in the order a reader meets them.
-const DOCUMENTS: &[&str] = &["README.md", "docs/cli.md", "docs/serve.md"];
+const DOCUMENTS: &[&str] = &[
+    "README.md",
+    "docs/cli.md",
+    "docs/serve.md",
+    "docs/scale-out.md",
+];
 
 /// Commands shown that this test cannot run, each with the reason. Anything else that is shown runs.
 const NOT_RUN: &[(&str, &str)] = &[
@@ -33,6 +48,26 @@ const NOT_RUN: &[(&str, &str)] = &[
     (
         "cargo install --locked --path .",
         "it builds a release binary into ~/.cargo/bin; `archon` on PATH stands for it here",
+    ),
+    (
+        "archon worker --labels gpu,eu",
+        "a worker in the foreground runs until stopped; tests/routing.rs runs workers with labels",
+    ),
+    (
+        "archon worker",
+        "a worker in the foreground runs until stopped; the walk-through of docs/scale-out.md runs three",
+    ),
+    (
+        "archon run --submit --wait workflows/pay.yaml",
+        "`workflows/pay.yaml` is not a bundled example; tests/worker_approvals.rs runs approvals on workers",
+    ),
+    (
+        "archon show r6b0...",
+        "`r6b0...` stands for the id of the run above; tests/worker_approvals.rs shows such a run",
+    ),
+    (
+        "archon approve r6b0... --step pay",
+        "`r6b0...` stands for the id of the run above; tests/worker_approvals.rs approves such a step",
     ),
 ];
 
@@ -51,7 +86,7 @@ struct Shown {
 /// The commands of the ```sh and ```console blocks of `text`. In a ```sh block every line is a command:
 /// comment lines and blank lines are left out, and a line ending in `\` goes on with the next. In a
 /// ```console block a command starts with `$ `, and the lines below it are what it prints. A trailing
-/// `# exit N` gives the status the command ends with.
+/// `# exit N` (or `# exit N: why`) gives the status the command ends with.
 fn shown(document: &'static str, text: &str) -> Vec<Shown> {
     let mut commands: Vec<Shown> = Vec::new();
     let mut block: Option<&str> = None;
@@ -104,7 +139,10 @@ fn shown(document: &'static str, text: &str) -> Vec<Shown> {
         command.push_str(typed);
         let (command, comment) = split_comment(&command);
         let exit = match comment.and_then(|c| c.strip_prefix("exit ")) {
+            // `# exit 3: why` says why after the status.
             Some(code) => code
+                .split_once(':')
+                .map_or(code, |(code, _)| code)
                 .trim()
                 .parse()
                 .unwrap_or_else(|_| panic!("{document}:{start}: `# exit {code}` is not a status")),
@@ -139,6 +177,26 @@ fn matches(shown: &str, line: &str) -> bool {
         }
     }
     rest.len() >= last.len() && rest.ends_with(last)
+}
+
+/// The first of the `shown` lines that `printed` does not print, each printed line standing for one shown
+/// line at most (the shown lines with the fewest `...` are matched first).
+fn unprinted<'a>(shown: &'a [String], printed: &str) -> Option<&'a str> {
+    let lines: Vec<&str> = printed
+        .lines()
+        .map(|line| line.trim_end_matches('\r'))
+        .collect();
+    let mut used = vec![false; lines.len()];
+    let mut order: Vec<&String> = shown.iter().collect();
+    order.sort_by_key(|line| line.matches("...").count());
+    for expected in order {
+        let found = (0..lines.len()).find(|&i| !used[i] && matches(expected, lines[i]));
+        match found {
+            Some(i) => used[i] = true,
+            None => return Some(expected),
+        }
+    }
+    None
 }
 
 /// A command line and its trailing comment (`# ...` after white space, outside quotes), if any.
@@ -225,30 +283,198 @@ fn example(name: &str) -> Option<PathBuf> {
 /// the commands after it are typed with its address in place of this one.
 const SHOWN_ADDRESS: &str = "http://127.0.0.1:8700";
 
-/// A reader's shell while they follow one document: the variables they set, and the server they
-/// started in the background.
+/// A reader's shell while they follow one document: the variables they set, the jobs they started in
+/// the background, and the store the test gives them.
 #[derive(Default)]
 struct Reader {
     /// The assignments typed so far (`NAME=value`, `export NAME=value`), replayed before each command.
     assignments: Vec<String>,
-    server: Option<Server>,
+    /// The background jobs still running, with the numbers the reader's shell gave them.
+    jobs: Vec<(usize, Job)>,
+    /// The test's own PostgreSQL URL, typed in place of every one shown.
+    store: Option<String>,
 }
 
 impl Reader {
-    /// `typed` as it runs: after the assignments so far, with the server's address for the one shown.
+    /// `typed` as it runs: after the assignments so far, with the server's address for the one shown
+    /// and the test's store for every one shown.
     fn script(&self, typed: &str) -> String {
         let mut script = self.assignments.join("\n");
         script.push('\n');
-        script.push_str(&self.address(typed));
-        script
+        script.push_str(typed);
+        self.typed(&script)
+    }
+
+    /// `text` as typed here: the server's address and the test's store in place of those shown.
+    fn typed(&self, text: &str) -> String {
+        let text = self.address(text);
+        match &self.store {
+            Some(url) => with_store(&text, url),
+            None => text,
+        }
+    }
+
+    /// The lines shown below a command as they read here: the server's address, and the test's store
+    /// masked as archon prints it, in place of those shown.
+    fn expected(&self, shown: &[String]) -> Vec<String> {
+        shown
+            .iter()
+            .map(|line| {
+                let line = self.address(line);
+                match &self.store {
+                    Some(url) => with_store(&line, &archon_engine::store::postgres::masked(url)),
+                    None => line,
+                }
+            })
+            .collect()
     }
 
     /// `text` with the address of the server started in the background in place of the shown one.
     fn address(&self, text: &str) -> String {
-        match &self.server {
+        match self.server() {
             Some(server) => text.replace(SHOWN_ADDRESS, &server.url),
             None => text.to_owned(),
         }
+    }
+
+    fn server(&self) -> Option<&Server> {
+        self.jobs.iter().find_map(|(_, job)| match job {
+            Job::Server(server) => Some(server),
+            Job::Worker(_) => None,
+        })
+    }
+
+    /// The number a shell gives the next background job: one more than the highest still running.
+    fn next_job(&self) -> usize {
+        self.jobs.iter().map(|(n, _)| n + 1).max().unwrap_or(1)
+    }
+}
+
+/// `text` with `url` in place of every PostgreSQL URL in it (`postgres://` or `postgresql://`, up to
+/// white space, a quote or a backquote).
+fn with_store(text: &str, url: &str) -> String {
+    let mut out = String::new();
+    let mut rest = text;
+    loop {
+        let start = ["postgres://", "postgresql://"]
+            .iter()
+            .filter_map(|scheme| rest.find(scheme))
+            .min();
+        let Some(start) = start else {
+            out.push_str(rest);
+            return out;
+        };
+        out.push_str(&rest[..start]);
+        out.push_str(url);
+        rest = &rest[start..];
+        let end = rest
+            .find(|c: char| c.is_whitespace() || matches!(c, '\'' | '"' | '`'))
+            .unwrap_or(rest.len());
+        rest = &rest[end..];
+    }
+}
+
+/// A job a reader started in the background.
+enum Job {
+    Server(Server),
+    Worker(Worker),
+}
+
+impl Job {
+    /// Everything it wrote on standard error so far.
+    fn said(&self) -> String {
+        match self {
+            Job::Server(server) => server.said(),
+            Job::Worker(worker) => worker.said(),
+        }
+    }
+
+    /// Stops it with SIGTERM; how it ended.
+    fn stop(&mut self) -> ExitStatus {
+        match self {
+            Job::Server(server) => server.stop(),
+            Job::Worker(worker) => worker.stop(),
+        }
+    }
+}
+
+/// An `archon worker` a reader started in the background, everything it writes on standard error kept.
+struct Worker {
+    child: Child,
+    said: Arc<Mutex<String>>,
+}
+
+impl Worker {
+    /// Starts `command`, a shell that `exec`s the worker.
+    fn start(mut command: Command) -> Worker {
+        let mut child = command
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("the worker starts");
+        let stderr = child.stderr.take().expect("its standard error");
+        let said = Arc::new(Mutex::new(String::new()));
+        let keep = said.clone();
+        std::thread::spawn(move || {
+            for line in std::io::BufReader::new(stderr)
+                .lines()
+                .map_while(Result::ok)
+            {
+                if let Ok(mut said) = keep.lock() {
+                    said.push_str(&line);
+                    said.push('\n');
+                }
+            }
+        });
+        Worker { child, said }
+    }
+
+    fn said(&self) -> String {
+        self.said.lock().map(|s| s.clone()).unwrap_or_default()
+    }
+
+    /// Stops it with SIGTERM and waits ([`PATIENCE`] at most, then kills it) for it to end.
+    fn stop(&mut self) -> ExitStatus {
+        if let Ok(Some(status)) = self.child.try_wait() {
+            return status;
+        }
+        let _ = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status();
+        let deadline = Instant::now() + PATIENCE;
+        while Instant::now() < deadline {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return status;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = self.child.kill();
+        self.child.wait().expect("it ends")
+    }
+}
+
+impl Drop for Worker {
+    /// A worker a failing test left running is not left behind.
+    fn drop(&mut self) {
+        let _ = self.stop();
+    }
+}
+
+/// Waits ([`PATIENCE`] at most) until the job has printed every line of `expected` on its standard error.
+fn await_lines(at: &str, command: &str, job: &mut Job, expected: &[String]) {
+    let deadline = Instant::now() + PATIENCE;
+    while let Some(missing) = unprinted(expected, &job.said()) {
+        let ended = match job {
+            Job::Worker(worker) => worker.child.try_wait().ok().flatten(),
+            Job::Server(_) => None,
+        };
+        assert!(
+            ended.is_none() && Instant::now() < deadline,
+            "{at}: `{command}` did not print a line like\n  {missing}\n{}it printed:\n{}",
+            ended.map_or_else(String::new, |status| format!("it ended ({status}); ")),
+            job.said()
+        );
+        std::thread::sleep(Duration::from_millis(20));
     }
 }
 
@@ -280,9 +506,14 @@ fn installed(program: &str) -> bool {
     found
 }
 
-/// Runs every command `document` shows, in order, in a scratch directory of its own; returns the
-/// commands of NOT_RUN it met and how many it ran.
-fn follow(document: &'static str, commands: &[Shown]) -> (Vec<&'static str>, usize) {
+/// Runs every command `document` shows, in order, in a scratch directory of its own, with `store` (the
+/// test's PostgreSQL URL) for every store URL shown; returns the commands of NOT_RUN it met and how many
+/// it ran.
+fn follow(
+    document: &'static str,
+    commands: &[Shown],
+    store: Option<&str>,
+) -> (Vec<&'static str>, usize) {
     let mut skipped = Vec::new();
     let mut ran = 0;
     let (dir, bin) = scratch();
@@ -291,7 +522,10 @@ fn follow(document: &'static str, commands: &[Shown]) -> (Vec<&'static str>, usi
         bin.display(),
         std::env::var("PATH").unwrap_or_default()
     );
-    let mut reader = Reader::default();
+    let mut reader = Reader {
+        store: store.map(str::to_owned),
+        ..Reader::default()
+    };
     for shown in commands.iter().filter(|s| s.document == document) {
         if let Some((command, _)) = NOT_RUN.iter().find(|(c, _)| *c == shown.command) {
             skipped.push(*command);
@@ -315,7 +549,7 @@ fn follow(document: &'static str, commands: &[Shown]) -> (Vec<&'static str>, usi
             .env("PATH", &path)
             .env("HOME", dir.path())
             .env("NO_COLOR", "1")
-            .stdin(std::process::Stdio::null());
+            .stdin(Stdio::null());
         for (key, _) in std::env::vars() {
             if key.ends_with("_API_KEY") || key.ends_with("_BASE_URL") || key.starts_with("ARCHON_")
             {
@@ -323,60 +557,69 @@ fn follow(document: &'static str, commands: &[Shown]) -> (Vec<&'static str>, usi
             }
         }
 
-        // `archon serve ... &`: the server a reader starts in the background, here on a free port.
-        if let Some(serve) = typed
-            .strip_suffix('&')
-            .map(str::trim_end)
-            .filter(|c| c.starts_with("archon serve "))
-        {
-            assert!(
-                reader.server.is_none(),
-                "{at}: a second server is started while one runs"
-            );
-            assert_eq!(
-                shown.exit, 0,
-                "{at}: a server in the background has no status"
-            );
-            command
-                .arg("-c")
-                .arg(reader.script(&format!("exec {serve} --port 0")));
-            let server = crate::support::serve::start(command);
-            reader.server = Some(server);
-            let server = reader.server.as_ref().expect("started");
-            for expected in &shown.prints {
-                let expected = reader.address(expected);
-                let deadline = std::time::Instant::now() + PATIENCE;
-                while !server.said().lines().any(|line| matches(&expected, line)) {
-                    assert!(
-                        std::time::Instant::now() < deadline,
-                        "{at}: `{}` did not print a line like\n  {expected}\nit printed:\n{}",
-                        shown.command,
-                        server.said()
-                    );
-                    std::thread::sleep(std::time::Duration::from_millis(20));
-                }
-            }
+        // `archon serve ... &`, `archon worker ... &`: a job in the background, the server on a free port.
+        if let Some(background) = typed.strip_suffix('&').map(str::trim_end) {
+            assert_eq!(shown.exit, 0, "{at}: a job in the background has no status");
+            let job = if background.starts_with("archon serve ") {
+                assert!(
+                    reader.server().is_none(),
+                    "{at}: a second server is started while one runs"
+                );
+                command
+                    .arg("-c")
+                    .arg(reader.script(&format!("exec {background} --port 0")));
+                Job::Server(crate::support::serve::start(command))
+            } else if background == "archon worker" || background.starts_with("archon worker ") {
+                command
+                    .arg("-c")
+                    .arg(reader.script(&format!("exec {background}")));
+                let mut worker = Job::Worker(Worker::start(command));
+                // Its signal handlers are in place once it says so.
+                let ready = ["worker: taking steps ...".to_owned()];
+                await_lines(&at, &shown.command, &mut worker, &ready);
+                worker
+            } else {
+                panic!(
+                    "{at}: `{}` is neither `archon serve` nor `archon worker` in the background",
+                    shown.command
+                );
+            };
+            let number = reader.next_job();
+            reader.jobs.push((number, job));
+            let expected = reader.expected(&shown.prints);
+            let (_, job) = reader.jobs.last_mut().expect("just started");
+            await_lines(&at, &shown.command, job, &expected);
             ran += 1;
             continue;
         }
-        // `kill %1`: the server in the background stops (SIGTERM) and ends as shown.
-        if typed == "kill %1" {
-            let mut server = reader
-                .server
-                .take()
-                .unwrap_or_else(|| panic!("{at}: `kill %1` with no server in the background"));
-            let status = server.stop();
-            assert_eq!(
-                status.code(),
-                Some(shown.exit),
-                "{at}: the server ended with {status}\nit printed:\n{}",
-                server.said()
-            );
-            for expected in &shown.prints {
-                assert!(
-                    server.said().lines().any(|line| matches(expected, line)),
-                    "{at}: the server did not print a line like\n  {expected}\nit printed:\n{}",
-                    server.said()
+        // `kill %1`, `kill %1 %2 %3`: those background jobs stop (SIGTERM) and end as shown.
+        if let Some(jobs) = typed.strip_prefix("kill ") {
+            let mut said = String::new();
+            for job in jobs.split_whitespace() {
+                let number: usize = job
+                    .strip_prefix('%')
+                    .and_then(|n| n.parse().ok())
+                    .unwrap_or_else(|| panic!("{at}: `{job}` is not a job (`%N`)"));
+                let index = reader
+                    .jobs
+                    .iter()
+                    .position(|(n, _)| *n == number)
+                    .unwrap_or_else(|| {
+                        panic!("{at}: there is no job `%{number}` in the background")
+                    });
+                let (_, mut job) = reader.jobs.remove(index);
+                let status = job.stop();
+                assert_eq!(
+                    status.code(),
+                    Some(shown.exit),
+                    "{at}: job `%{number}` ended with {status}\nit printed:\n{}",
+                    job.said()
+                );
+                said.push_str(&job.said());
+            }
+            if let Some(missing) = unprinted(&reader.expected(&shown.prints), &said) {
+                panic!(
+                    "{at}: the jobs did not print a line like\n  {missing}\nthey printed:\n{said}"
                 );
             }
             ran += 1;
@@ -384,7 +627,7 @@ fn follow(document: &'static str, commands: &[Shown]) -> (Vec<&'static str>, usi
         }
 
         let is_assignment = assignment(&typed);
-        let is_curl = typed.starts_with("curl ") && reader.server.is_some();
+        let is_curl = typed.starts_with("curl ") && reader.server().is_some();
         assert!(
             typed.starts_with("archon ")
                 || typed.contains("/examples/")
@@ -392,7 +635,7 @@ fn follow(document: &'static str, commands: &[Shown]) -> (Vec<&'static str>, usi
                 || is_assignment
                 || is_curl,
             "{at}: `{}` is neither an `archon` command, `mkdir -p`, a variable set, `curl` against the \
-             server started before it, nor in NOT_RUN",
+             server started before it, `kill` of a background job, nor in NOT_RUN",
             shown.command
         );
         if (is_curl && !installed("curl")) || (typed.contains("openssl ") && !installed("openssl"))
@@ -419,13 +662,9 @@ fn follow(document: &'static str, commands: &[Shown]) -> (Vec<&'static str>, usi
             String::from_utf8_lossy(&output.stderr),
             String::from_utf8_lossy(&output.stdout)
         );
-        for expected in &shown.prints {
-            let expected = reader.address(expected);
-            assert!(
-                printed
-                    .lines()
-                    .any(|line| matches(&expected, line.trim_end_matches('\r'))),
-                "{at}: `{}` did not print a line like\n  {expected}\nit printed:\n{printed}",
+        if let Some(missing) = unprinted(&reader.expected(&shown.prints), &printed) {
+            panic!(
+                "{at}: `{}` did not print a line like\n  {missing}\nit printed:\n{printed}",
                 shown.command
             );
         }
@@ -442,7 +681,7 @@ fn every_command_in_the_readme_and_the_cli_reference_runs_as_shown() {
     let commands = every_shown_command();
     let mut ran = 0;
     for document in ["README.md", "docs/cli.md"] {
-        ran += follow(document, &commands).1;
+        ran += follow(document, &commands, None).1;
     }
     assert!(
         ran >= 10,
@@ -457,7 +696,7 @@ fn every_command_in_the_readme_and_the_cli_reference_runs_as_shown() {
 #[test]
 fn the_serve_guide_runs_against_the_server_it_starts() {
     let commands = every_shown_command();
-    let (_, ran) = follow("docs/serve.md", &commands);
+    let (_, ran) = follow("docs/serve.md", &commands, None);
     let curls = commands
         .iter()
         .filter(|c| c.document == "docs/serve.md" && c.command.starts_with("curl "))
@@ -478,6 +717,42 @@ fn the_serve_guide_runs_against_the_server_it_starts() {
     }
 }
 
+/// docs/scale-out.md as a reader follows it, on a PostgreSQL schema of the test's own: the example run on
+/// one machine, then again with `ARCHON_STORE` set, three workers started in the background, a run
+/// submitted to them and followed to its end, its logs, the workers stopped; then a run submitted with no
+/// worker left, shown waiting for one, and cancelled. Every command the guide shows runs but those in
+/// NOT_RUN.
+#[test]
+fn the_scale_out_guide_runs_on_a_store_and_workers_of_its_own() {
+    let commands = every_shown_command();
+    let guide: Vec<&Shown> = commands
+        .iter()
+        .filter(|c| c.document == "docs/scale-out.md")
+        .collect();
+    let workers = guide
+        .iter()
+        .filter(|c| c.command.starts_with("archon worker ") && c.command.ends_with('&'))
+        .count();
+    assert_eq!(
+        workers, 3,
+        "docs/scale-out.md starts {workers} workers, not three"
+    );
+    assert!(
+        guide.iter().any(|c| c.command == "kill %1 %2 %3"),
+        "docs/scale-out.md does not stop its workers"
+    );
+    let Some(db) = crate::postgres::db() else {
+        return;
+    };
+    let (skipped, ran) = follow("docs/scale-out.md", &commands, Some(&db.url()));
+    assert_eq!(
+        ran + skipped.len(),
+        guide.len(),
+        "every command of docs/scale-out.md runs but those in NOT_RUN"
+    );
+    assert!(ran >= 15, "only {ran} commands of docs/scale-out.md ran");
+}
+
 /// Every exception is still shown somewhere: a stale one would hide nothing, but says what is not run.
 #[test]
 fn every_command_not_run_is_shown() {
@@ -494,7 +769,7 @@ fn every_command_not_run_is_shown() {
 /// statuses taken from the line.
 #[test]
 fn shell_blocks_are_read_line_by_line() {
-    let text = "text\n```sh\n# a comment\narchon validate \\\n  bad.yaml # exit 2\n\narchon runs  # what ran\narchon run x.yaml --input 'who=a # b'\n```\n```text\narchon not a command\n```\n";
+    let text = "text\n```sh\n# a comment\narchon validate \\\n  bad.yaml # exit 2\n\narchon runs  # what ran\narchon run x.yaml --input 'who=a # b'\narchon run y.yaml # exit 3: waits\n```\n```text\narchon not a command\n```\n";
     let commands: Vec<(usize, String, i32)> = shown("doc.md", text)
         .into_iter()
         .map(|s| (s.line, s.command, s.exit))
@@ -521,12 +796,32 @@ fn shell_blocks_are_read_line_by_line() {
     assert!(matches("a ... b ... c", "a x b y c"));
     assert!(!matches("r... hello", "run hello world"));
     assert!(!matches("abc...abc", "abc"));
+    let shown = |lines: &[&str]| lines.iter().map(|l| (*l).to_owned()).collect::<Vec<_>>();
+    assert_eq!(unprinted(&shown(&["a ...", "a 1"]), "a 1\na 2\n"), None);
+    assert_eq!(
+        unprinted(&shown(&["a ...", "a ...", "a ..."]), "a 1\na 2\n"),
+        Some("a ...")
+    );
+    assert_eq!(
+        with_store(
+            "export S='postgres://u:p@db.internal/a?x=1' `postgresql://h/b` c",
+            "postgres://t@127.0.0.1/test"
+        ),
+        "export S='postgres://t@127.0.0.1/test' `postgres://t@127.0.0.1/test` c"
+    );
+    let mut reader = Reader::default();
+    assert_eq!(reader.next_job(), 1);
+    reader
+        .jobs
+        .push((2, Job::Worker(Worker::start(Command::new("true")))));
+    assert_eq!(reader.next_job(), 3);
     assert_eq!(
         commands,
         vec![
             (4, "archon validate bad.yaml".to_owned(), 2),
             (7, "archon runs".to_owned(), 0),
             (8, "archon run x.yaml --input 'who=a # b'".to_owned(), 0),
+            (9, "archon run y.yaml".to_owned(), 3),
         ]
     );
 }

@@ -778,6 +778,7 @@ fn runnable_bundled_workflows_succeed() {
         "greet-team.yaml",
         "word-stats.yaml",
         "retry-fallback.yaml",
+        "fan-out.yaml",
         "agent-calculator.yaml",
         "agent-notes.yaml",
         "team-review.yaml",
