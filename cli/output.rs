@@ -88,3 +88,8 @@ fn color_for(choice: ColorChoice, terminal: bool) -> bool {
         ColorChoice::Auto => std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty()) && terminal,
     }
 }
+
+/// `n` and the noun `what`, in the plural unless `n` is 1: `1 step`, `2 steps`.
+pub fn plural(n: usize, what: &str) -> String {
+    format!("{n} {what}{}", if n == 1 { "" } else { "s" })
+}

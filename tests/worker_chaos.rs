@@ -669,7 +669,7 @@ fn a_host_cut_off_mid_step_loses_it_and_records_nothing_more() {
     if status.success() {
         assert!(
             said.ends_with(
-                "worker: stopped after 0 steps (0 runs ended here, 1 steps taken over by others)\n"
+                "worker: stopped after 0 steps (0 runs ended here, 1 step taken over by others)\n"
             ),
             "{said}"
         );

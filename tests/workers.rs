@@ -320,7 +320,7 @@ fn a_worker_whose_lease_was_taken_over_records_nothing_more() {
     // It ran `first`; `slow` was taken from it.
     assert!(
         said.ends_with(
-            "worker: stopped after 1 steps (0 runs ended here, 1 steps taken over by others)\n"
+            "worker: stopped after 1 step (0 runs ended here, 1 step taken over by others)\n"
         ),
         "{said}"
     );

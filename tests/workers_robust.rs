@@ -319,8 +319,8 @@ fn sigterm_lets_running_steps_go_on_for_the_drain_then_hands_them_back() {
         first.said().lines().skip(1).collect::<Vec<_>>(),
         vec![
             "worker: stopping: letting 1 running steps finish (at most 500ms)",
-            "worker: handed 1 steps back to the other workers",
-            "worker: stopped after 1 steps (0 runs ended here, 0 steps taken over by others)",
+            "worker: handed 1 step back to the other workers",
+            "worker: stopped after 1 step (0 runs ended here, 0 steps taken over by others)",
         ]
     );
     let second = worker(&db, 1, "60s");
@@ -387,7 +387,7 @@ fn a_second_sigterm_stops_the_running_steps_at_once_and_hands_them_back() {
     assert_eq!(status.code(), Some(0), "{}", w.said());
     assert!(
         w.said().ends_with(
-            "worker: handed 1 steps back to the other workers\nworker: stopped after 1 steps (0 runs ended here, 0 steps taken over by others)\n"
+            "worker: handed 1 step back to the other workers\nworker: stopped after 1 step (0 runs ended here, 0 steps taken over by others)\n"
         ),
         "{}",
         w.said()

@@ -46,18 +46,14 @@ pub fn show(
     Ok(Status::Success)
 }
 
-fn plural(n: usize, what: &str) -> String {
-    format!("{n} {what}{}", if n == 1 { "" } else { "s" })
-}
-
 /// One block per wave, each step with what it would run; values made printable before anything is painted.
 fn text(dry: &DryRun, paint: Paint) -> String {
     let steps = dry.waves.iter().map(Vec::len).sum();
     let mut out = format!(
         "dry run of `{}`: {} in {}; nothing is run\n",
         output::printable(&dry.workflow),
-        plural(steps, "step"),
-        plural(dry.waves.len(), "wave")
+        output::plural(steps, "step"),
+        output::plural(dry.waves.len(), "wave")
     );
     for (number, wave) in dry.waves.iter().enumerate() {
         let _ = writeln!(out, "\n{}", paint.bold(&format!("wave {}", number + 1)));
@@ -116,7 +112,9 @@ fn decided(decision: &Decision, condition: bool) -> String {
             }
         ),
         Decision::Now { expression, value } => match value {
-            Json::Array(items) => format!("`{expression}`: {}", plural(items.len(), "item")),
+            Json::Array(items) => {
+                format!("`{expression}`: {}", output::plural(items.len(), "item"))
+            }
             other => format!("`{expression}` is {other}, not a list: the step fails"),
         },
         Decision::AtRunTime { expression, reads } => format!(
@@ -152,7 +150,7 @@ fn combinations(step: &DryStep) -> Option<String> {
     }
     let most = archon_engine::validate::MAX_COMBINATIONS;
     Some(match total {
-        Some(n) if n <= most => plural(n, "combination"),
+        Some(n) if n <= most => output::plural(n, "combination"),
         Some(n) => format!("{n} combinations, more than {most}: the step fails"),
         None => format!("more than {most} combinations: the step fails"),
     })

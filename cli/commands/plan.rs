@@ -32,17 +32,13 @@ pub fn run(args: &PlanArgs, color: ColorChoice) -> anyhow::Result<Status> {
     Ok(Status::Success)
 }
 
-fn plural(n: usize, what: &str) -> String {
-    format!("{n} {what}{}", if n == 1 { "" } else { "s" })
-}
-
 /// Human-readable: one block per wave, one line per step.
 fn text(plan: &Plan, paint: Paint) -> String {
     let mut out = format!(
         "plan for `{}`: {} in {}\n",
         plan.workflow,
-        plural(plan.steps.len(), "step"),
-        plural(plan.waves.len(), "wave")
+        output::plural(plan.steps.len(), "step"),
+        output::plural(plan.waves.len(), "wave")
     );
     let width = plan.steps.iter().map(|s| s.id.len()).max().unwrap_or(0);
     for (number, wave) in plan.waves.iter().enumerate() {
@@ -84,7 +80,7 @@ fn delegation(plan: &Plan, out: &mut String) {
     let _ = writeln!(
         out,
         "\nagents each step may reach by delegation (at most {} deep, `defaults.max_delegation_depth`):",
-        plural(max_depth as usize, "level")
+        output::plural(max_depth as usize, "level")
     );
     let width = steps.iter().map(|s| s.id.len()).max().unwrap_or(0);
     for step in steps {

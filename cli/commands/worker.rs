@@ -54,13 +54,15 @@ pub fn work(args: &WorkerArgs, color: ColorChoice) -> anyhow::Result<Status> {
         Ok(worked) => {
             if worked.released > 0 {
                 output::stderr(&format!(
-                    "worker: handed {} steps back to the other workers\n",
-                    worked.released
+                    "worker: handed {} back to the other workers\n",
+                    output::plural(worked.released, "step")
                 ));
             }
             output::stderr(&format!(
-                "worker: stopped after {} steps ({} runs ended here, {} steps taken over by others)\n",
-                worked.steps, worked.runs, worked.lost
+                "worker: stopped after {} ({} ended here, {} taken over by others)\n",
+                output::plural(worked.steps, "step"),
+                output::plural(worked.runs, "run"),
+                output::plural(worked.lost, "step")
             ));
             Ok(Status::Success)
         }
