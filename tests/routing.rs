@@ -162,9 +162,9 @@ fn a_step_no_live_worker_can_take_waits_with_the_reason_until_one_can() {
     assert_eq!(run["status"], "succeeded", "{run}");
     assert!(run.get("waiting").is_none(), "{run}");
     for (worker, said) in [
-        (plain, "after 1 steps (0 runs ended here"),
-        (gpu, "after 1 steps (0 runs ended here"),
-        (both, "after 1 steps (1 runs ended here"),
+        (plain, "after 1 step (0 runs ended here"),
+        (gpu, "after 1 step (0 runs ended here"),
+        (both, "after 1 step (1 run ended here"),
     ] {
         let text = worker.stop();
         assert!(text.contains(said), "{text}");

@@ -70,7 +70,7 @@ fn submit_and_wait(db: &Db, spec: &str) -> (String, Output) {
 fn an_approved_call_of_a_submitted_run_runs_once_on_a_worker() {
     let Some(db) = db() else { return };
     std::fs::write(db.path().join("pay.yaml"), PAY).expect("write");
-    let workers = vec![worker(&db, 0, "2s")];
+    let workers = vec![worker(&db, 0, "10s")];
     let (
         id,
         Output {
@@ -154,7 +154,7 @@ fn an_approved_call_of_a_submitted_run_runs_once_on_a_worker() {
 fn a_denied_call_of_a_submitted_run_fails_its_step_on_a_worker() {
     let Some(db) = db() else { return };
     std::fs::write(db.path().join("pay.yaml"), PAY).expect("write");
-    let workers = vec![worker(&db, 0, "2s")];
+    let workers = vec![worker(&db, 0, "10s")];
     let (id, Output { code, .. }) = submit_and_wait(&db, "pay.yaml");
     assert_eq!(code, 3);
     let Output { code, stderr, .. } =
@@ -180,7 +180,7 @@ fn two_asking_steps_of_a_submitted_run_wait_together_and_go_on_when_decided() {
     let Some(db) = db() else { return };
     std::fs::write(db.path().join("two.yaml"), TWO).expect("write");
     std::fs::write(db.path().join("go"), "").expect("write");
-    let workers = vec![worker(&db, 0, "2s"), worker(&db, 1, "2s")];
+    let workers = vec![worker(&db, 0, "10s"), worker(&db, 1, "10s")];
     let (id, Output { code, stdout, .. }) = submit_and_wait(&db, "two.yaml");
     assert_eq!(code, 3, "{stdout}");
     let run = db.show(&id);
@@ -213,7 +213,7 @@ fn two_asking_steps_of_a_submitted_run_wait_together_and_go_on_when_decided() {
 fn a_decision_made_while_a_worker_runs_other_steps_lets_the_step_go_on() {
     let Some(db) = db() else { return };
     std::fs::write(db.path().join("two.yaml"), TWO).expect("write");
-    let workers = vec![worker(&db, 0, "2s")];
+    let workers = vec![worker(&db, 0, "10s")];
     let id = submit(&db, "two.yaml");
     // Both calls asked while `slow` still runs: the run goes on, and takes decisions.
     let run = until(&db, &id, "asked twice", |r| requests(r) == 2);
@@ -240,7 +240,7 @@ fn a_decision_made_while_a_worker_runs_other_steps_lets_the_step_go_on() {
 fn resume_hands_a_submitted_run_waiting_for_approval_back_to_the_workers() {
     let Some(db) = db() else { return };
     std::fs::write(db.path().join("pay.yaml"), PAY).expect("write");
-    let workers = vec![worker(&db, 0, "2s")];
+    let workers = vec![worker(&db, 0, "10s")];
     let (id, Output { code, .. }) = submit_and_wait(&db, "pay.yaml");
     assert_eq!(code, 3);
     // Nothing decided: the workers take the step up, it asks again and rests again; nothing runs here.
@@ -337,7 +337,7 @@ fn a_timed_out_request_of_a_submitted_run_is_decided_by_its_default(default: &st
     };
     // Long enough to see the run rest `waiting_approval` first, short enough for a test.
     std::fs::write(db.path().join("timed.yaml"), timed("2s", default)).expect("write");
-    let workers = vec![worker(&db, 0, "2s")];
+    let workers = vec![worker(&db, 0, "10s")];
     let id = submit(&db, "timed.yaml");
     let run = until(&db, &id, "rested waiting for approval", |r| {
         r["status"] == "waiting_approval"
@@ -478,7 +478,7 @@ fn the_reaper_leaves_a_request_without_a_timeout_or_within_it_waiting() {
     use archon_engine::store::RunStore as _;
     let Some(db) = db() else { return };
     std::fs::write(db.path().join("mixed.yaml"), MIXED).expect("write");
-    let workers = vec![worker(&db, 0, "2s")];
+    let workers = vec![worker(&db, 0, "10s")];
     let id = submit(&db, "mixed.yaml");
     // The worker's reaper took `soon` up again once its second passed; the others still wait.
     let run = until(&db, &id, "ran `soon`", |r| {
