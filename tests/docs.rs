@@ -25,7 +25,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::support::root;
-use crate::support::serve::{PATIENCE, Server};
+use crate::support::serve::{PATIENCE, Server, stop_child};
 
 /// The documents whose shell blocks are run, in the order a reader meets them.
 const DOCUMENTS: &[&str] = &[
@@ -435,21 +435,7 @@ impl Worker {
 
     /// Stops it with SIGTERM and waits ([`PATIENCE`] at most, then kills it) for it to end.
     fn stop(&mut self) -> ExitStatus {
-        if let Ok(Some(status)) = self.child.try_wait() {
-            return status;
-        }
-        let _ = Command::new("kill")
-            .args(["-TERM", &self.child.id().to_string()])
-            .status();
-        let deadline = Instant::now() + PATIENCE;
-        while Instant::now() < deadline {
-            if let Ok(Some(status)) = self.child.try_wait() {
-                return status;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        let _ = self.child.kill();
-        self.child.wait().expect("it ends")
+        stop_child(&mut self.child, PATIENCE)
     }
 }
 

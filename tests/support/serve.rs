@@ -157,23 +157,28 @@ impl Server {
 
     /// Stops it with SIGTERM and waits (10 s at most, then kills it) for it to end; how it ended.
     pub fn stop(&mut self) -> ExitStatus {
-        if let Ok(Some(status)) = self.child.try_wait() {
+        stop_child(&mut self.child, Duration::from_secs(10))
+    }
+}
+
+/// Stops `child` with SIGTERM and waits (`patience` at most, then kills it) for it to end; how it ended.
+/// Never panics: a drop while a test panics calls it.
+pub fn stop_child(child: &mut Child, patience: Duration) -> ExitStatus {
+    if let Ok(Some(status)) = child.try_wait() {
+        return status;
+    }
+    let _ = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status();
+    let deadline = Instant::now() + patience;
+    while Instant::now() < deadline {
+        if let Ok(Some(status)) = child.try_wait() {
             return status;
         }
-        // Not `terminate`: a drop while a test panics must not panic again.
-        let _ = Command::new("kill")
-            .args(["-TERM", &self.child.id().to_string()])
-            .status();
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while Instant::now() < deadline {
-            if let Ok(Some(status)) = self.child.try_wait() {
-                return status;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        let _ = self.child.kill();
-        self.child.wait().expect("it ends")
+        std::thread::sleep(Duration::from_millis(20));
     }
+    let _ = child.kill();
+    child.wait().expect("it ends")
 }
 
 impl Drop for Server {
