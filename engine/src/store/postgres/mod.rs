@@ -120,6 +120,9 @@ pub(crate) struct Inner {
     cancels: Mutex<Cancels>,
     /// Woken when tasks may have become ready (`NOTIFY archon_work`); the listener starts on first use.
     work: Mutex<Option<Arc<tokio::sync::Notify>>>,
+    /// The tasks renewing this process's worker registrations, by worker name (`tasks.rs`): a worker's
+    /// deregistration waits for its renewal to end, so that a renewal under way cannot register it again.
+    pub(crate) renewals: Mutex<HashMap<String, tokio::task::JoinHandle<()>>>,
 }
 
 /// The runs whose journals listen for cancels (`NOTIFY archon_cancel, 'RUN'`), and the listener's state.
@@ -323,6 +326,7 @@ impl PostgresStore {
                 tls,
                 cancels: Mutex::default(),
                 work: Mutex::default(),
+                renewals: Mutex::default(),
             }),
         })
     }

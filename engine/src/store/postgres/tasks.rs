@@ -561,8 +561,9 @@ impl Tasks for PostgresStore {
         // Renewed every third of the lease until the worker stops; a renewal that fails (the database is
         // away) is tried again at the next.
         let inner = self.inner.clone();
+        let name = worker.name.clone();
         let worker = worker.clone();
-        super::runtime()?.spawn(async move {
+        let renewal = super::runtime()?.spawn(async move {
             loop {
                 tokio::select! {
                     () = stop.cancelled() => return,
@@ -571,13 +572,27 @@ impl Tasks for PostgresStore {
                 let _ = register(&inner, &worker, lease).await;
             }
         });
+        if let Ok(mut renewals) = self.inner.renewals.lock() {
+            renewals.insert(name, renewal);
+        }
         Ok(())
     }
 
+    /// Once the worker's renewal has ended (its `stop` was cancelled): a renewal still under way would
+    /// otherwise register the worker again after the delete.
     fn deregister_worker(&self, name: &str) -> Result<(), StoreError> {
         let inner = self.inner.clone();
         let name = name.to_owned();
+        let renewal = self
+            .inner
+            .renewals
+            .lock()
+            .ok()
+            .and_then(|mut r| r.remove(&name));
         self.run(async move {
+            if let Some(renewal) = renewal {
+                let _ = tokio::time::timeout(super::CONNECT_TIMEOUT, renewal).await;
+            }
             let client = inner.client().await?;
             client
                 .execute("DELETE FROM workers WHERE name = $1", &[&name])
