@@ -141,7 +141,8 @@ fn random_dag_runs_once_with(workers: usize) {
     let dag = random_dag(&mut fastrand::Rng::with_seed(seed));
     std::fs::write(db.path().join("dag.yaml"), &dag.yaml).expect("write");
     let id = submit(&db, "dag.yaml");
-    let children: Vec<Worker> = (0..workers).map(|n| worker(&db, n, "2s")).collect();
+    // Leases long enough that a loaded machine does not lose a step (nothing is killed here).
+    let children: Vec<Worker> = (0..workers).map(|n| worker(&db, n, "10s")).collect();
     let run = ended(&db, &id);
     stop(children);
     let context = format!("seed {seed}\n{}", dag.yaml);

@@ -152,7 +152,8 @@ fn dag_runs_once_with(workers: usize) {
     std::fs::write(db.path().join("dag.yaml"), DAG).expect("write");
     let id = submit(&db, "dag.yaml");
     assert_eq!(db.show(&id)["status"], "running");
-    let children: Vec<Worker> = (0..workers).map(|n| worker(&db, n, "2s")).collect();
+    // Leases long enough that a loaded machine does not lose a step (nothing is killed here).
+    let children: Vec<Worker> = (0..workers).map(|n| worker(&db, n, "10s")).collect();
     let run = ended(&db, &id);
     stop(children);
     assert_eq!(run["status"], "succeeded", "{run}");
@@ -365,7 +366,7 @@ fn run_submit_wait_follows_the_run_to_its_end_and_exits_with_its_status() {
     let Some(db) = db() else { return };
     std::fs::write(db.path().join("dag.yaml"), DAG).expect("write");
     // docs/scale-out.md: three workers, and a run submitted and followed.
-    let workers: Vec<Worker> = (0..3).map(|n| worker(&db, n, "2s")).collect();
+    let workers: Vec<Worker> = (0..3).map(|n| worker(&db, n, "10s")).collect();
     let Output {
         code,
         stdout,
