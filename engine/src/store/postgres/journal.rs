@@ -449,9 +449,8 @@ impl Writer {
                 )
             })
             .collect();
-        let row = numbers;
-        // A task's lease is renewed first: the step goes on until it lapses, less a margin, unless
-        // renewed again.
+        // A task's lease was renewed with the reads: the step goes on until it lapses, less a margin,
+        // unless renewed again.
         let guard = match (&task, renewed) {
             (Some(step), Some(0)) => {
                 return Err(Failure::Store(StoreError {
@@ -475,8 +474,8 @@ impl Writer {
             generation: u32::try_from(generation).unwrap_or(0),
             last_attempt,
             open: HashMap::new(),
-            seq: row.get(0),
-            log_seq: row.get(1),
+            seq: numbers.get(0),
+            log_seq: numbers.get(1),
             logged: Default::default(),
             cancel: CancellationToken::new(),
             shared: Arc::default(),
