@@ -303,6 +303,7 @@ CREATE INDEX memories_search ON memories USING GIN (search);
 -- is marked done and each dependent (`deps`: a JSON array of `{"step", "needs"}`) whose needs are all
 -- done is made ready, unless the run was asked to stop; workers are notified when any became ready, and
 -- the run rests `waiting_approval` when nothing of it is left to run but steps that wait for a person.
+-- (That last statement is `settle` of tasks.rs.)
 -- The outcome is `lost` (the task is no longer this worker's), `last` (every other step is done: the
 -- caller ends the run; nothing is changed) or `done`, with the steps made ready.
 CREATE FUNCTION archon_finish(p_run TEXT, p_step TEXT, p_token TEXT, p_steps BIGINT, p_deps TEXT,

@@ -186,6 +186,7 @@ pub(super) async fn release_decided(
 
 /// Rests a submitted run `waiting_approval` once none of its steps is ready or running and one waits
 /// for a person; the run's row is locked.
+/// `archon_finish` (schema.rs, migration 6) ends with the same statement.
 async fn settle(tx: &tokio_postgres::Transaction<'_>, id: &str) -> Result<()> {
     tx.execute(
         "UPDATE runs r SET status = 'waiting_approval', finished_at = $2, owner_pid = NULL,
