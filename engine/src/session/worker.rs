@@ -99,6 +99,27 @@ pub struct Worked {
     pub released: usize,
 }
 
+impl Worked {
+    /// Counts what became of a step's task. A step that panicked is lost to this worker: its lease
+    /// lapses and another worker takes it.
+    fn count(&mut self, joined: Result<Outcome, tokio::task::JoinError>, say: &Say) {
+        let outcome = joined.unwrap_or_else(|e| {
+            say.line(&format!("worker: a step stopped unexpectedly: {e}"));
+            Outcome::Lost
+        });
+        match outcome {
+            Outcome::Done => self.steps += 1,
+            Outcome::EndedRun => {
+                self.steps += 1;
+                self.runs += 1;
+            }
+            Outcome::Lost => self.lost += 1,
+            Outcome::Ended | Outcome::Waiting => {}
+            Outcome::Released => self.released += 1,
+        }
+    }
+}
+
 /// What became of one task.
 enum Outcome {
     Done,
@@ -355,21 +376,10 @@ impl Session {
             let most = if down.is_some() { MOST_DOWN } else { MOST_IDLE };
             tokio::select! {
                 Some(joined) = running.join_next(), if !running.is_empty() => {
-                    // A step that panicked is lost to this worker: its lease lapses and another
-                    // worker takes it.
-                    let outcome = joined.unwrap_or_else(|e| {
-                        options.say.line(&format!("worker: a step stopped unexpectedly: {e}"));
-                        Outcome::Lost
-                    });
-                    match outcome {
-                        Outcome::Done => worked.steps += 1,
-                        Outcome::EndedRun => {
-                            worked.steps += 1;
-                            worked.runs += 1;
-                        }
-                        Outcome::Lost => worked.lost += 1,
-                        Outcome::Ended | Outcome::Waiting => {}
-                        Outcome::Released => worked.released += 1,
+                    worked.count(joined, &options.say);
+                    // The other steps that ended meanwhile too, so that one claim fills their places.
+                    while let Some(joined) = running.try_join_next() {
+                        worked.count(joined, &options.say);
                     }
                     if down.is_none() {
                         idle = LEAST_IDLE;
@@ -590,7 +600,10 @@ impl Session {
                 let run_options = self.task_options(&stored, &workflow, ending, cancel, options);
                 let ended = run::run(workflow, stored.inputs.clone(), run_options).await;
                 journal.close();
-                if journal.failure().is_some() {
+                if let Some(failure) = journal.failure() {
+                    if !failure.taken_over {
+                        options.say.line(&format!("worker: {}", failure.message));
+                    }
                     return Ok(Outcome::Lost);
                 }
                 if let Err(e) = ended {

@@ -16,6 +16,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio_postgres::types::ToSql;
 use tokio_util::sync::CancellationToken;
 
+use super::commit::{Fence, Op, Params, Reply, Unit};
 use super::queries::{bump, ms};
 use super::{Failure, Inner, Result};
 use crate::record::{self, FORMAT_VERSION};
@@ -23,7 +24,7 @@ use crate::report::StepResult;
 use crate::store::sqlite::{
     BATCH, ENCODED_WHERE_RECORDED, GATHERED, INLINE_OUTPUT_BYTES, Measured, WINDOW, json_text,
 };
-use crate::store::{Ack, Entry, Journal, RunState, StoreError, now_ms};
+use crate::store::{Ack, Entry, Journal, StoreError, now_ms};
 
 enum Message {
     Entry(Write),
@@ -256,39 +257,15 @@ fn lease_lost(what: &str) -> StoreError {
     ))
 }
 
-/// Whether a failed write may be tried again: the connection failed or was ended (by the server, an
-/// administrator, the network) before the transaction's commit was sent, so nothing of it was kept.
-fn retryable(failure: &Failure) -> bool {
-    match failure {
-        Failure::Pool(_) => true,
-        Failure::Pg(e) => match e.as_db_error() {
-            None => true,
-            Some(db) => {
-                let code = db.code().code();
-                // Connection exceptions, and the server ending the session (`pg_terminate_backend`, a
-                // shutdown), or the transaction losing a deadlock or serialization race.
-                code.starts_with("08")
-                    || code.starts_with("57P")
-                    || code == "40P01"
-                    || code == "40001"
-            }
-        },
-        Failure::Store(_) => false,
-    }
-}
+use super::commit::retryable;
 
 /// What a write changes in the writer, put back when it failed and is tried again.
 struct Saved {
-    seq: i64,
-    log_seq: i64,
     last_attempt: HashMap<String, u32>,
     open: HashMap<String, u32>,
     logged: crate::store::LogBudget,
     released: bool,
 }
-
-/// A statement's parameters, owned, so that the statements of a batch can be sent together.
-type Params = Vec<Box<dyn ToSql + Sync + Send>>;
 
 /// The state of a journal's writer task.
 pub(super) struct Writer {
@@ -300,8 +277,6 @@ pub(super) struct Writer {
     last_attempt: HashMap<String, u32>,
     /// The attempt of each step still running.
     open: HashMap<String, u32>,
-    seq: i64,
-    log_seq: i64,
     /// Bytes of each step's and stream's output kept for its current attempt: (attempt, bytes).
     logged: crate::store::LogBudget,
     cancel: CancellationToken,
@@ -330,8 +305,10 @@ const PROCESS: &str = "UPDATE attempts SET pgid = $4, pgid_started = $5
     WHERE run_id = $1 AND step = $2 AND attempt = $3";
 const ENDED: &str = "UPDATE attempts SET status = $4, error = $5, ended_at = $6
     WHERE run_id = $1 AND step = $2 AND attempt = $3";
-const INSERT_EVENT: &str =
-    "INSERT INTO events (run_id, seq, at, event, format) VALUES ($1, $2, $3, $4, $5)";
+/// Numbered by the server, one after the run's last: every writer of a run's events and logs holds its
+/// row's lock, so the numbers follow the order of the commits.
+const INSERT_EVENT: &str = "INSERT INTO events (run_id, seq, at, event, format)
+    SELECT $1, COALESCE(MAX(seq), 0) + 1, $2, $3, $4 FROM events WHERE run_id = $1";
 const INSERT_RESULT: &str = "INSERT INTO results (run_id, step, generation, status, result,
     output_blob, text_blob, finished_at, format) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
     ON CONFLICT (run_id, step) DO UPDATE SET generation = excluded.generation, status = excluded.status,
@@ -339,7 +316,7 @@ const INSERT_RESULT: &str = "INSERT INTO results (run_id, step, generation, stat
     finished_at = excluded.finished_at, format = excluded.format, ord = excluded.ord";
 const INSERT_LOG: &str =
     "INSERT INTO logs (run_id, seq, step, attempt, source, stream, text, at, format)
-    VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)";
+    SELECT $1, COALESCE(MAX(seq), 0) + 1, $2, $3, $4, $5, $6, $7, $8 FROM logs WHERE run_id = $1";
 const INSERT_CACHE: &str = "INSERT INTO cache (key, workflow, step, run_id, source, result,
     output_blob, text_blob, size, created_at, expires_at, format)
     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)
@@ -357,22 +334,15 @@ const CHECKPOINT: &str = "INSERT INTO checkpoints (run_id, step, generation, sta
     VALUES ($1, $2, $3, $4, $5, $6)
     ON CONFLICT (run_id, step) DO UPDATE SET generation = excluded.generation, state = excluded.state,
     at = excluded.at, format = excluded.format";
-const RUN_ENDED: &str = "UPDATE runs SET status = $2, outputs = $3, error = $4, finished_at = $5,
+/// Stopped by `archon cancel`, the run is cancelled for good, not interrupted; only an interrupted run
+/// has no end time. The run's end also gives it up: nothing is recorded after it.
+const RUN_ENDED: &str = "UPDATE runs SET
+    status = CASE WHEN $2::text = 'interrupted' AND cancel_requested THEN 'cancelled' ELSE $2 END,
+    outputs = $3, error = $4,
+    finished_at = CASE WHEN $2 = 'interrupted' AND NOT cancel_requested THEN NULL ELSE $5::bigint END,
     owner_pid = NULL, owner_host = NULL, lease_until = NULL, owner_started = NULL, owner_token = NULL,
     format = $6 WHERE id = $1";
 const RENEW: &str = "UPDATE runs SET lease_until = $2 WHERE id = $1 AND owner_token = $3";
-const RENEW_TASK: &str =
-    "UPDATE tasks SET lease_until = $3 WHERE run_id = $1 AND step = $2 AND token = $4";
-const FENCE_RUN: &str = "SELECT cancel_requested FROM runs WHERE id = $1 FOR UPDATE";
-/// The task's row is locked too, so that nobody returns the task to ready (its lease lapsed) while this
-/// transaction commits on the lease it checked.
-const FENCE_TASK: &str = "SELECT token, lease_until FROM tasks
-    WHERE run_id = $1 AND step = $2 AND state = 'claimed' FOR UPDATE";
-const START_TASK: &str = "UPDATE tasks SET lease_until = $3
-    WHERE run_id = $1 AND step = $2 AND token = $4 AND state = 'claimed' AND lease_until >= $5";
-/// Read once the run's row is locked: a statement's own snapshot predates the wait for the lock.
-const NUMBERS: &str = "SELECT (SELECT COALESCE(MAX(seq), 0) FROM events WHERE run_id = $1),
-    (SELECT COALESCE(MAX(seq), 0) FROM logs WHERE run_id = $1)";
 const GIVE_UP: &str = "UPDATE runs SET owner_pid = NULL, owner_host = NULL, lease_until = NULL,
     owner_started = NULL, owner_token = NULL WHERE id = $1 AND owner_token = $2";
 
@@ -406,53 +376,69 @@ impl Writer {
         lease: std::time::Duration,
     ) -> Result<Writer> {
         let client = inner.client().await?;
-        // The reads (and a task's lease renewal) are sent together: one round trip.
+        // The reads are sent together, and a task's lease is renewed meanwhile (with the other
+        // steps' writes, by the committer): one round trip and a share of a commit.
         let started = Instant::now();
         let now = ms(now_ms());
         let until = now.saturating_add(lease.as_millis() as i64);
         let renew = async {
-            match &task {
-                Some(step) => client
-                    .execute(START_TASK, &[&run, step, &until, &token, &now])
-                    .await
-                    .map(Some),
-                None => Ok(None),
+            let Some(step) = &task else {
+                return Ok(None);
+            };
+            // Nothing to write: the fence renews the lease.
+            let unit = Unit {
+                fence: Some(Fence {
+                    run: run.clone(),
+                    step: step.clone(),
+                    token: token.clone(),
+                    until,
+                }),
+                run: run.clone(),
+                ops: Vec::new(),
+            };
+            match inner.committer().commit(unit).await {
+                Reply::Applied { .. } => Ok(Some(true)),
+                Reply::Fenced => Ok(Some(false)),
+                Reply::Failed { error, .. } => Err(Failure::Store(error)),
             }
         };
-        let (generation, attempts, numbers, renewed) = futures_util::future::try_join4(
-            client.query_opt("SELECT generation FROM runs WHERE id = $1", &[&run]),
-            // A task's journal records the attempts of its step (and its `foreach` items) only.
-            client.query(
-                "SELECT step, MAX(attempt) FROM attempts
-                 WHERE run_id = $1 AND ($2::text IS NULL OR split_part(step, '[', 1) = $2)
-                 GROUP BY step",
-                &[&run, &task],
-            ),
-            client.query_one(
-                "SELECT (SELECT COALESCE(MAX(seq), 0) FROM events WHERE run_id = $1),
-                    (SELECT COALESCE(MAX(seq), 0) FROM logs WHERE run_id = $1)",
-                &[&run],
-            ),
-            renew,
-        )
-        .await?;
+        // The run's generation, with the highest attempt of each step it recorded (a task's journal:
+        // of its step and its `foreach` items only); no row when the run is gone.
+        let read = client
+            .prepare_cached(if task.is_some() {
+                "SELECT r.generation, a.step, a.attempt FROM runs r LEFT JOIN LATERAL (
+                    SELECT step, MAX(attempt) AS attempt FROM attempts
+                    WHERE run_id = r.id AND split_part(step, '[', 1) = $2 GROUP BY step) a ON TRUE
+                 WHERE r.id = $1"
+            } else {
+                "SELECT r.generation, a.step, a.attempt FROM runs r LEFT JOIN LATERAL (
+                    SELECT step, MAX(attempt) AS attempt FROM attempts
+                    WHERE run_id = r.id AND $2::text IS NULL GROUP BY step) a ON TRUE
+                 WHERE r.id = $1"
+            })
+            .await?;
+        let (rows, renewed) =
+            futures_util::future::join(client.query(&read, &[&run, &task]), renew).await;
+        let rows = rows?;
+        let renewed = renewed?;
         drop(client);
-        let generation: i64 = generation
+        let generation: i64 = rows
+            .first()
             .ok_or_else(|| Failure::Store(super::queries::unknown_run(&run)))?
             .get(0);
-        let last_attempt: HashMap<String, u32> = attempts
+        let last_attempt: HashMap<String, u32> = rows
             .iter()
-            .map(|r| {
-                (
-                    r.get::<_, String>(0),
-                    u32::try_from(r.get::<_, i64>(1)).unwrap_or(0),
-                )
+            .filter_map(|r| {
+                Some((
+                    r.get::<_, Option<String>>(1)?,
+                    u32::try_from(r.get::<_, Option<i64>>(2)?).unwrap_or(0),
+                ))
             })
             .collect();
         // A task's lease was renewed with the reads: the step goes on until it lapses, less a margin,
         // unless renewed again.
         let guard = match (&task, renewed) {
-            (Some(step), Some(0)) => {
+            (Some(step), Some(false)) => {
                 return Err(Failure::Store(StoreError {
                     taken_over: true,
                     ..StoreError::new(format!(
@@ -474,8 +460,6 @@ impl Writer {
             generation: u32::try_from(generation).unwrap_or(0),
             last_attempt,
             open: HashMap::new(),
-            seq: numbers.get(0),
-            log_seq: numbers.get(1),
             logged: Default::default(),
             cancel: CancellationToken::new(),
             shared: Arc::default(),
@@ -498,8 +482,6 @@ impl Writer {
 
     fn save(&self) -> Saved {
         Saved {
-            seq: self.seq,
-            log_seq: self.log_seq,
             last_attempt: self.last_attempt.clone(),
             open: self.open.clone(),
             logged: self.logged.clone(),
@@ -508,8 +490,6 @@ impl Writer {
     }
 
     fn restore(&mut self, saved: Saved) {
-        self.seq = saved.seq;
-        self.log_seq = saved.log_seq;
         self.last_attempt = saved.last_attempt;
         self.open = saved.open;
         self.logged = saved.logged;
@@ -696,80 +676,108 @@ impl Writer {
     }
 
     /// Applies entries in one transaction; returns whether a cancel was requested, or `None` when the run
-    /// no longer carries this process's token.
+    /// (or a task's step) is no longer this process's. A task's writes go to the store's committer, which
+    /// applies them with the writes of the worker's other steps (`commit.rs`).
     async fn write(&mut self, entries: &[Write], heartbeat: bool) -> Result<Option<bool>> {
         self.committing = false;
         let now = ms(now_ms());
+        let mut ops = self.ops(entries, now);
+        let run = self.run.clone();
+        // A task's lease is renewed with every write (by its fence).
+        if let Some(step) = &self.task {
+            let unit = Unit {
+                fence: Some(Fence {
+                    run: run.clone(),
+                    step: step.clone(),
+                    token: self.token.clone(),
+                    until: now.saturating_add(self.lease.as_millis() as i64),
+                }),
+                run,
+                ops,
+            };
+            return match self.inner.committer().commit(unit).await {
+                Reply::Applied {
+                    cancel_requested, ..
+                } => Ok(Some(cancel_requested)),
+                Reply::Fenced => Ok(None),
+                Reply::Failed {
+                    error,
+                    retryable,
+                    committing,
+                } => {
+                    self.committing = committing;
+                    Err(if retryable {
+                        Failure::Transient(error)
+                    } else {
+                        Failure::Store(error)
+                    })
+                }
+            };
+        }
+        if heartbeat {
+            let until = now.saturating_add(self.lease.as_millis() as i64);
+            ops.push(Op {
+                sql: RENEW,
+                params: vec![boxed(run.clone()), boxed(until), boxed(self.token.clone())],
+            });
+        }
         let mut client = self.inner.client().await?;
         let tx = client.transaction().await?;
-        let cancel_requested = match &self.task {
-            None => {
-                let fence = tx
-                    .prepare_cached(
-                        "SELECT owner_token, cancel_requested FROM runs WHERE id = $1 FOR UPDATE",
-                    )
-                    .await?;
-                let row = tx.query_opt(&fence, &[&self.run]).await?;
-                let Some(row) = row else {
-                    return Ok(None);
-                };
-                if row.get::<_, Option<&str>>(0) != Some(self.token.as_str()) {
-                    return Ok(None);
-                }
-                row.get::<_, bool>(1)
-            }
-            Some(step) => {
-                // The run's row is locked: the workers recording its other steps take turns with this one.
-                // The three are sent together: the server runs them in order, so the numbers are read
-                // once the run's row is locked.
-                let fence_run = tx.prepare_cached(FENCE_RUN).await?;
-                let fence_task = tx.prepare_cached(FENCE_TASK).await?;
-                let numbers = tx.prepare_cached(NUMBERS).await?;
-                let (run, task, at) = futures_util::future::try_join3(
-                    tx.query_opt(&fence_run, &[&self.run]),
-                    tx.query_opt(&fence_task, &[&self.run, step]),
-                    tx.query_one(&numbers, &[&self.run]),
-                )
-                .await?;
-                let (Some(run), Some(task)) = (run, task) else {
-                    return Ok(None);
-                };
-                // The task is still this worker's, and its lease has not lapsed: nobody else may have
-                // taken it.
-                if task.get::<_, Option<&str>>(0) != Some(self.token.as_str())
-                    || task
-                        .get::<_, Option<i64>>(1)
-                        .is_none_or(|until| until < now)
-                {
-                    return Ok(None);
-                }
-                self.seq = at.get(0);
-                self.log_seq = at.get(1);
-                run.get::<_, bool>(0)
-            }
+        let fence = tx
+            .prepare_cached(
+                "SELECT owner_token, cancel_requested FROM runs WHERE id = $1 FOR UPDATE",
+            )
+            .await?;
+        let row = tx.query_opt(&fence, &[&run]).await?;
+        let Some(row) = row else {
+            return Ok(None);
         };
+        if row.get::<_, Option<&str>>(0) != Some(self.token.as_str()) {
+            return Ok(None);
+        }
+        let cancel_requested = row.get::<_, bool>(1);
+        // Each statement prepared once per connection; then all of them sent at once, in order.
+        let mut statements = Vec::with_capacity(ops.len());
+        for op in &ops {
+            statements.push(tx.prepare_cached(op.sql).await?);
+        }
+        futures_util::future::try_join_all(ops.iter().zip(&statements).map(|(op, statement)| {
+            tx.execute_raw(
+                statement,
+                op.params.iter().map(|p| p.as_ref() as &(dyn ToSql + Sync)),
+            )
+        }))
+        .await?;
+        self.committing = true;
+        tx.commit().await?;
+        self.committing = false;
+        bump(&client).await;
+        Ok(Some(cancel_requested))
+    }
+
+    /// The statements that record `entries`, in order.
+    fn ops(&mut self, entries: &[Write], now: i64) -> Vec<Op> {
         let run = self.run.clone();
         let generation = i64::from(self.generation);
         let format = i64::from(FORMAT_VERSION);
-        let mut ops: Vec<(&'static str, Params)> = Vec::with_capacity(entries.len() + 1);
+        let mut ops: Vec<Op> = Vec::with_capacity(entries.len() + 1);
+        let mut push = |sql: &'static str, params: Params| ops.push(Op { sql, params });
         for write in entries {
             let entry = match write {
                 Write::Event { text, at_ms } => {
-                    self.seq += 1;
-                    ops.push((
+                    push(
                         INSERT_EVENT,
                         vec![
                             boxed(run.clone()),
-                            boxed(self.seq),
                             boxed(ms(*at_ms)),
                             boxed(text.clone()),
                             boxed(format),
                         ],
-                    ));
+                    );
                     continue;
                 }
                 Write::Result { step, status, text } => {
-                    ops.push((
+                    push(
                         INSERT_RESULT,
                         vec![
                             boxed(run.clone()),
@@ -782,7 +790,7 @@ impl Writer {
                             boxed(now),
                             boxed(format),
                         ],
-                    ));
+                    );
                     continue;
                 }
                 Write::Other(entry) => &**entry,
@@ -792,7 +800,7 @@ impl Writer {
                     let attempt = self.last_attempt.entry(step.clone()).or_insert(0);
                     *attempt += 1;
                     self.open.insert(step.clone(), *attempt);
-                    ops.push((
+                    push(
                         INSERT_ATTEMPT,
                         vec![
                             boxed(run.clone()),
@@ -803,7 +811,7 @@ impl Writer {
                             boxed(now),
                             boxed(self.inner.options.host.clone()),
                         ],
-                    ));
+                    );
                 }
                 Entry::ProcessStarted {
                     step,
@@ -811,7 +819,7 @@ impl Writer {
                     started,
                 } => {
                     if let Some(attempt) = self.open.get(step) {
-                        ops.push((
+                        push(
                             PROCESS,
                             vec![
                                 boxed(run.clone()),
@@ -820,7 +828,7 @@ impl Writer {
                                 boxed(i64::from(*pgid)),
                                 boxed(started.map(ms)),
                             ],
-                        ));
+                        );
                     }
                 }
                 Entry::AttemptEnded {
@@ -829,7 +837,7 @@ impl Writer {
                     error,
                 } => {
                     if let Some(attempt) = self.open.remove(step) {
-                        ops.push((
+                        push(
                             ENDED,
                             vec![
                                 boxed(run.clone()),
@@ -839,7 +847,7 @@ impl Writer {
                                 boxed(error.clone()),
                                 boxed(now),
                             ],
-                        ));
+                        );
                     }
                 }
                 Entry::Output {
@@ -853,12 +861,10 @@ impl Writer {
                     let Some(text) = self.logged.keep(step, attempt, *stream, text) else {
                         continue;
                     };
-                    self.log_seq += 1;
-                    ops.push((
+                    push(
                         INSERT_LOG,
                         vec![
                             boxed(run.clone()),
-                            boxed(self.log_seq),
                             boxed(step.clone()),
                             boxed(i64::from(attempt)),
                             boxed(source.clone()),
@@ -867,13 +873,13 @@ impl Writer {
                             boxed(ms(*at_ms)),
                             boxed(format),
                         ],
-                    ));
+                    );
                 }
                 // Never here: `Write::of` gives events a variant of their own.
                 Entry::Event { .. } => {}
                 Entry::StepFinished { step, result } => {
-                    let (text, output_blob, text_blob) = put_result(&tx, result).await?;
-                    ops.push((
+                    let (text, output_blob, text_blob) = put_result(&mut push, result);
+                    push(
                         INSERT_RESULT,
                         vec![
                             boxed(run.clone()),
@@ -886,7 +892,7 @@ impl Writer {
                             boxed(now),
                             boxed(format),
                         ],
-                    ));
+                    );
                 }
                 Entry::Cached {
                     key,
@@ -896,13 +902,13 @@ impl Writer {
                     result,
                     ttl_ms,
                 } => {
-                    let (record, output_blob, text_blob) = put_result(&tx, result).await?;
+                    let (record, output_blob, text_blob) = put_result(&mut push, result);
                     let size = result.text.len()
                         + match output_blob {
                             Some(_) => 0,
                             None => json_text(&result.output).len(),
                         };
-                    ops.push((
+                    push(
                         INSERT_CACHE,
                         vec![
                             boxed(key.clone()),
@@ -920,11 +926,11 @@ impl Writer {
                             })),
                             boxed(format),
                         ],
-                    ));
+                    );
                 }
                 Entry::ApprovalRequested(request) => {
                     let text = record::encode(&record::ApprovalRequest::from(request));
-                    ops.push((
+                    push(
                         INSERT_APPROVAL,
                         vec![
                             boxed(run.clone()),
@@ -934,11 +940,11 @@ impl Writer {
                             boxed(now),
                             boxed(format),
                         ],
-                    ));
+                    );
                 }
                 Entry::ApprovalDecided { key, decision } => {
                     let text = record::encode(&record::ApprovalDecision::from(decision));
-                    ops.push((
+                    push(
                         DECIDED,
                         vec![
                             boxed(run.clone()),
@@ -947,10 +953,10 @@ impl Writer {
                             boxed(now),
                             boxed(format),
                         ],
-                    ));
+                    );
                 }
                 Entry::Checkpoint { step, state } => {
-                    ops.push((
+                    push(
                         CHECKPOINT,
                         vec![
                             boxed(run.clone()),
@@ -960,102 +966,59 @@ impl Writer {
                             boxed(now),
                             boxed(format),
                         ],
-                    ));
+                    );
                 }
                 Entry::RunEnded {
                     status,
                     outputs,
                     error,
                 } => {
-                    // Stopped by `archon cancel`, the run is cancelled for good, not interrupted.
-                    let status = match status {
-                        RunState::Interrupted if cancel_requested => RunState::Cancelled,
-                        other => *other,
-                    };
-                    let finished = (status != RunState::Interrupted).then_some(now);
                     // The run's end also gives it up: nothing is recorded after it.
                     self.released = true;
-                    ops.push((
+                    push(
                         RUN_ENDED,
                         vec![
                             boxed(run.clone()),
                             boxed(status.as_str()),
                             boxed(record::encode(outputs)),
                             boxed(error.clone()),
-                            boxed(finished),
+                            boxed(now),
                             boxed(format),
                         ],
-                    ));
+                    );
                 }
             }
         }
-        if heartbeat {
-            let until = now.saturating_add(self.lease.as_millis() as i64);
-            ops.push(match &self.task {
-                None => (
-                    RENEW,
-                    vec![boxed(run.clone()), boxed(until), boxed(self.token.clone())],
-                ),
-                Some(step) => (
-                    RENEW_TASK,
-                    vec![
-                        boxed(run.clone()),
-                        boxed(step.clone()),
-                        boxed(until),
-                        boxed(self.token.clone()),
-                    ],
-                ),
-            });
-        }
-        // Each statement prepared once per connection; then all of them sent at once, in order.
-        let mut statements = Vec::with_capacity(ops.len());
-        for (sql, _) in &ops {
-            statements.push(tx.prepare_cached(sql).await?);
-        }
-        futures_util::future::try_join_all(ops.iter().zip(&statements).map(
-            |((_, params), statement)| {
-                tx.execute_raw(
-                    statement,
-                    params.iter().map(|p| p.as_ref() as &(dyn ToSql + Sync)),
-                )
-            },
-        ))
-        .await?;
-        self.committing = true;
-        tx.commit().await?;
-        self.committing = false;
-        bump(&client).await;
-        Ok(Some(cancel_requested))
+        ops
     }
 }
 
-/// Stores `bytes` as a blob when longer than [`INLINE_OUTPUT_BYTES`], named by their SHA-256, once.
-async fn put_blob(tx: &deadpool_postgres::Transaction<'_>, bytes: &[u8]) -> Result<Option<String>> {
+/// Stores `bytes` as a blob when longer than [`INLINE_OUTPUT_BYTES`], named by their SHA-256, once:
+/// pushes the statement, and gives the name.
+fn put_blob(push: &mut impl FnMut(&'static str, Params), bytes: Vec<u8>) -> Option<String> {
     if bytes.len() <= INLINE_OUTPUT_BYTES {
-        return Ok(None);
+        return None;
     }
     let mut measured = Measured::default();
-    std::io::Write::write_all(&mut measured, bytes)
-        .map_err(|e| Failure::Store(StoreError::new(format!("cannot name a large output: {e}"))))?;
+    // Writing to a hasher fails never.
+    let _ = std::io::Write::write_all(&mut measured, &bytes);
     let name = measured.name();
-    tx.execute(
+    push(
         "INSERT INTO blobs (hash, data) VALUES ($1, $2) ON CONFLICT (hash) DO NOTHING",
-        &[&name, &bytes],
-    )
-    .await?;
-    Ok(Some(name))
+        vec![boxed(name.clone()), boxed(bytes)],
+    );
+    Some(name)
 }
 
 /// A result as a record, its output and text over [`INLINE_OUTPUT_BYTES`] stored in `blobs` and left out
 /// of the record: the record and the names of the blobs.
-async fn put_result(
-    tx: &deadpool_postgres::Transaction<'_>,
+fn put_result(
+    push: &mut impl FnMut(&'static str, Params),
     result: &StepResult,
-) -> Result<(String, Option<String>, Option<String>)> {
+) -> (String, Option<String>, Option<String>) {
     let output = serde_json::to_vec(&result.output).unwrap_or_else(|_| b"null".to_vec());
-    let output_blob = put_blob(tx, &output).await?;
-    drop(output);
-    let text_blob = put_blob(tx, result.text.as_bytes()).await?;
+    let output_blob = put_blob(push, output);
+    let text_blob = put_blob(push, result.text.as_bytes().to_vec());
     let record = record::encode(&record::StepResult::of(
         result,
         match output_blob {
@@ -1067,5 +1030,5 @@ async fn put_result(
             None => result.text.clone(),
         },
     ));
-    Ok((record, output_blob, text_blob))
+    (record, output_blob, text_blob)
 }

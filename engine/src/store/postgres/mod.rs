@@ -11,6 +11,7 @@
 //! Tables live in the connection's current schema (`search_path`); `schema.rs` creates and migrates them.
 //! Agents' long-term memory lives there too (`run/memory/postgres.rs`, through [`PostgresStore::call`]).
 
+mod commit;
 mod journal;
 mod queries;
 mod schema;
@@ -123,6 +124,9 @@ pub(crate) struct Inner {
     /// The tasks renewing this process's worker registrations, by worker name (`tasks.rs`): a worker's
     /// deregistration waits for its renewal to end, so that a renewal under way cannot register it again.
     pub(crate) renewals: Mutex<HashMap<String, tokio::task::JoinHandle<()>>>,
+    /// Applies the writes of this process's task journals and finishes together (`commit.rs`); started
+    /// on first use.
+    committer: OnceLock<commit::Committer>,
 }
 
 /// The runs whose journals listen for cancels (`NOTIFY archon_cancel, 'RUN'`), and the listener's state.
@@ -192,6 +196,9 @@ pub(crate) enum Failure {
     Pg(tokio_postgres::Error),
     Pool(deadpool_postgres::PoolError),
     Store(StoreError),
+    /// A write the committer could not apply because the connection failed before the commit was
+    /// sent: nothing of it was kept, and it may be tried again (`commit.rs`).
+    Transient(StoreError),
 }
 
 impl From<tokio_postgres::Error> for Failure {
@@ -327,6 +334,7 @@ impl PostgresStore {
                 cancels: Mutex::default(),
                 work: Mutex::default(),
                 renewals: Mutex::default(),
+                committer: OnceLock::new(),
             }),
         })
     }
@@ -509,6 +517,12 @@ impl Inner {
         }
     }
 
+    /// The committers of this store, started on first use (on the store's runtime).
+    fn committer(self: &Arc<Self>) -> &commit::Committer {
+        self.committer
+            .get_or_init(|| commit::Committer::spawn(Arc::downgrade(self)))
+    }
+
     /// A connection from the pool.
     pub(crate) async fn client(&self) -> Result<deadpool_postgres::Object> {
         Ok(self.pool.get().await?)
@@ -550,7 +564,7 @@ impl Inner {
     pub(crate) fn error(&self, failure: Failure) -> StoreError {
         let shown = &self.shown;
         match failure {
-            Failure::Store(e) => StoreError {
+            Failure::Store(e) | Failure::Transient(e) => StoreError {
                 message: self.scrub(&e.message),
                 hint: e.hint.map(|h| self.scrub(&h)),
                 ..e

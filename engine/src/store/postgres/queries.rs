@@ -731,48 +731,74 @@ async fn load_run(
     only: Option<&[String]>,
 ) -> Result<Option<StoredRun>> {
     // The five reads are sent together (one round trip); the server answers them in order, in the
-    // caller's snapshot.
-    let results = if blobs {
-        "SELECT r.step, r.format, r.result, r.output_blob, b.data, r.text_blob, t.data
-         FROM results r LEFT JOIN blobs b ON b.hash = r.output_blob
-            LEFT JOIN blobs t ON t.hash = r.text_blob
-         WHERE r.run_id = $1 AND ($2::text[] IS NULL OR split_part(r.step, '[', 1) = ANY($2))
-         ORDER BY r.ord"
-    } else {
-        "SELECT r.step, r.format, r.result, NULL::text, NULL::bytea, NULL::text, NULL::bytea
-         FROM results r
-         WHERE r.run_id = $1 AND ($2::text[] IS NULL OR split_part(r.step, '[', 1) = ANY($2))
-         ORDER BY r.ord"
+    // caller's snapshot. Each is prepared once per connection, with the steps' filter or without it, so
+    // that the server plans it once rather than on every call.
+    let results = format!(
+        "SELECT r.step, r.format, r.result, {} FROM results r {} WHERE r.run_id = $1 {} ORDER BY r.ord",
+        if blobs {
+            "r.output_blob, b.data, r.text_blob, t.data"
+        } else {
+            "NULL::text, NULL::bytea, NULL::text, NULL::bytea"
+        },
+        if blobs {
+            "LEFT JOIN blobs b ON b.hash = r.output_blob LEFT JOIN blobs t ON t.hash = r.text_blob"
+        } else {
+            ""
+        },
+        if only.is_some() {
+            "AND split_part(r.step, '[', 1) = ANY($2)"
+        } else {
+            ""
+        },
+    );
+    let attempts = format!(
+        "SELECT step, attempt, generation, fallback, status, error, started_at, ended_at, pgid,
+            pgid_started, host
+         FROM attempts WHERE run_id = $1 {} ORDER BY started_at, ord",
+        if only.is_some() {
+            "AND split_part(step, '[', 1) = ANY($2)"
+        } else {
+            ""
+        },
+    );
+    let checkpoints = format!(
+        "SELECT step, format, state FROM checkpoints
+         WHERE run_id = $1 AND generation = (SELECT generation FROM runs WHERE id = $1) {}",
+        if only.is_some() {
+            "AND split_part(step, '[', 1) = ANY($2)"
+        } else {
+            ""
+        },
+    );
+    let run = client
+        .prepare_cached(
+            "SELECT id, workflow, spec_path, spec_hash, status, inputs, workdir, max_parallel,
+                started_at, finished_at, outputs, error, owner_pid, owner_host, lease_until,
+                owner_started, generation, format
+             FROM runs WHERE id = $1",
+        )
+        .await?;
+    let results = client.prepare_cached(&results).await?;
+    let attempts = client.prepare_cached(&attempts).await?;
+    let approvals = client
+        .prepare_cached(
+            "SELECT key, format, request, requested_at, decision, decided_at FROM approvals
+             WHERE run_id = $1 ORDER BY requested_at, ord",
+        )
+        .await?;
+    let checkpoints = client.prepare_cached(&checkpoints).await?;
+    let with_steps: [&(dyn ToSql + Sync); 2] = [&id, &only];
+    let steps_params: &[&(dyn ToSql + Sync)] = match only {
+        Some(_) => &with_steps,
+        None => &with_steps[..1],
     };
     let (row, result_rows, attempt_rows, approval_rows, checkpoint_rows) =
         futures_util::future::try_join5(
-            client.query_opt(
-                "SELECT id, workflow, spec_path, spec_hash, status, inputs, workdir, max_parallel,
-                    started_at, finished_at, outputs, error, owner_pid, owner_host, lease_until,
-                    owner_started, generation, format
-                 FROM runs WHERE id = $1",
-                &[&id],
-            ),
-            client.query(results, &[&id, &only]),
-            client.query(
-                "SELECT step, attempt, generation, fallback, status, error, started_at, ended_at, pgid,
-                    pgid_started, host
-                 FROM attempts
-                 WHERE run_id = $1 AND ($2::text[] IS NULL OR split_part(step, '[', 1) = ANY($2))
-                 ORDER BY started_at, ord",
-                &[&id, &only],
-            ),
-            client.query(
-                "SELECT key, format, request, requested_at, decision, decided_at FROM approvals
-                 WHERE run_id = $1 ORDER BY requested_at, ord",
-                &[&id],
-            ),
-            client.query(
-                "SELECT step, format, state FROM checkpoints
-                 WHERE run_id = $1 AND generation = (SELECT generation FROM runs WHERE id = $1)
-                    AND ($2::text[] IS NULL OR split_part(step, '[', 1) = ANY($2))",
-                &[&id, &only],
-            ),
+            client.query_opt(&run, &[&id]),
+            client.query(&results, steps_params),
+            client.query(&attempts, steps_params),
+            client.query(&approvals, &[&id]),
+            client.query(&checkpoints, steps_params),
         )
         .await?;
     let Some(r) = row else {

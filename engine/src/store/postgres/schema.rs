@@ -367,6 +367,72 @@ $finish$;
 -- reads an empty index.
 CREATE INDEX tasks_waiting ON tasks (run_id, step) WHERE state = 'waiting';
 "#,
+    r#"
+-- `archon_finish` of migration 6, but it counts the run's done tasks (which grows with the run, so a
+-- run's finishes took time quadratic in its size) only when no other task of the run is pending; the
+-- index finds a run's claimed tasks.
+CREATE INDEX tasks_claimed_by_run ON tasks (run_id, step) WHERE state = 'claimed';
+CREATE OR REPLACE FUNCTION archon_finish(p_run TEXT, p_step TEXT, p_token TEXT, p_steps BIGINT, p_deps TEXT,
+    p_now BIGINT, p_owner TEXT)
+RETURNS TABLE (outcome TEXT, made TEXT[])
+LANGUAGE plpgsql VOLATILE AS $finish$
+DECLARE
+    v_cancelled BOOLEAN;
+    v_done BIGINT;
+    v_dep JSONB;
+    v_needs TEXT[];
+    v_made TEXT[] := '{}';
+BEGIN
+    SELECT r.cancel_requested INTO v_cancelled FROM runs r WHERE r.id = p_run FOR UPDATE;
+    IF NOT FOUND THEN
+        RETURN QUERY SELECT 'lost'::TEXT, v_made;
+        RETURN;
+    END IF;
+    PERFORM 1 FROM tasks t
+        WHERE t.run_id = p_run AND t.step = p_step AND t.token = p_token AND t.state = 'claimed';
+    IF NOT FOUND THEN
+        RETURN QUERY SELECT 'lost'::TEXT, v_made;
+        RETURN;
+    END IF;
+    -- Counted only when no other task of the run is ready, claimed or waiting: one that is means this
+    -- step is not the last, and the count reads every done task of the run.
+    IF NOT (EXISTS (SELECT 1 FROM tasks t WHERE t.run_id = p_run AND t.state = 'ready')
+        OR EXISTS (SELECT 1 FROM tasks t WHERE t.run_id = p_run AND t.state = 'claimed' AND t.step <> p_step)
+        OR EXISTS (SELECT 1 FROM tasks t WHERE t.run_id = p_run AND t.state = 'waiting')) THEN
+        SELECT count(*) INTO v_done FROM tasks t WHERE t.run_id = p_run AND t.state = 'done';
+        IF v_done + 1 >= p_steps THEN
+            RETURN QUERY SELECT 'last'::TEXT, v_made;
+            RETURN;
+        END IF;
+    END IF;
+    UPDATE tasks t SET state = 'done', lease_until = NULL WHERE t.run_id = p_run AND t.step = p_step;
+    IF NOT v_cancelled THEN
+        FOR v_dep IN SELECT jsonb_array_elements(p_deps::JSONB) LOOP
+            v_needs := ARRAY(SELECT jsonb_array_elements_text(v_dep -> 'needs'));
+            CONTINUE WHEN (SELECT count(*) FROM tasks t
+                WHERE t.run_id = p_run AND t.step = ANY(v_needs) AND t.state = 'done') <> cardinality(v_needs);
+            INSERT INTO tasks (run_id, step, state, ready_at, labels)
+            VALUES (p_run, v_dep ->> 'step', 'ready', p_now, COALESCE(
+                (SELECT l.labels FROM step_labels l WHERE l.run_id = p_run AND l.step = v_dep ->> 'step'),
+                '{}'))
+            ON CONFLICT (run_id, step) DO NOTHING;
+            IF FOUND THEN
+                v_made := v_made || (v_dep ->> 'step');
+            END IF;
+        END LOOP;
+    END IF;
+    IF cardinality(v_made) > 0 THEN
+        PERFORM pg_notify('archon_work', current_schema());
+    END IF;
+    UPDATE runs r SET status = 'waiting_approval', finished_at = p_now, owner_pid = NULL,
+        owner_host = NULL, lease_until = NULL, owner_started = NULL, owner_token = NULL
+    WHERE r.id = p_run AND r.status = 'running' AND r.owner_host = p_owner AND NOT r.cancel_requested
+        AND EXISTS (SELECT 1 FROM tasks t WHERE t.run_id = r.id AND t.state = 'waiting')
+        AND NOT EXISTS (SELECT 1 FROM tasks t WHERE t.run_id = r.id AND t.state IN ('ready', 'claimed'));
+    RETURN QUERY SELECT 'done'::TEXT, v_made;
+END
+$finish$;
+"#,
 ];
 
 /// The tables whose rows belong to a run (by `run_id`), which `prune` deletes with it.

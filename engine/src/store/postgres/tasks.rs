@@ -14,8 +14,9 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
+use super::commit::{Op, Reply, Unit};
 use super::queries::{bump, ms};
-use super::{Inner, NOTIFY_WORK, PostgresStore, Result};
+use super::{Failure, Inner, NOTIFY_WORK, PostgresStore, Result};
 use crate::record::{self, FORMAT_VERSION};
 use crate::store::{
     Finished, Journal, LiveWorker, NewRun, Routing, StoreError, Task, Tasks, Waiting, WorkerInfo,
@@ -112,44 +113,50 @@ async fn claim(inner: &Inner, worker: &str, limit: usize, lease: Duration) -> Re
 }
 
 async fn finish(
-    inner: &Inner,
+    inner: &Arc<Inner>,
     task: &Task,
     dependents: &[(String, Vec<String>)],
     steps: usize,
 ) -> Result<Finished> {
-    let client = inner.client().await?;
     let deps: Vec<serde_json::Value> = dependents
         .iter()
         .map(|(step, needs)| serde_json::json!({ "step": step, "needs": needs }))
         .collect();
-    // One statement, committed on its own: `archon_finish` (schema.rs, migration 6) locks the run's row,
-    // checks the lease, marks the task done and makes its dependents ready.
-    let statement = client
-        .prepare_cached("SELECT outcome, made FROM archon_finish($1, $2, $3, $4, $5, $6, $7)")
-        .await?;
-    let row = client
-        .query_one(
-            &statement,
-            &[
-                &task.run_id,
-                &task.step,
-                &task.token,
-                &(steps as i64),
-                &serde_json::Value::Array(deps).to_string(),
-                &ms(now_ms()),
-                &WORKERS,
+    // One statement, committed with the other steps' writes of this worker (`commit.rs`):
+    // `archon_finish` (schema.rs, migration 6) locks the run's row, checks the lease, marks the task done
+    // and makes its dependents ready.
+    let unit = Unit {
+        fence: None,
+        run: task.run_id.clone(),
+        ops: vec![Op {
+            sql: "SELECT outcome, made FROM archon_finish($1, $2, $3, $4, $5, $6, $7)",
+            params: vec![
+                Box::new(task.run_id.clone()),
+                Box::new(task.step.clone()),
+                Box::new(task.token.clone()),
+                Box::new(steps as i64),
+                Box::new(serde_json::Value::Array(deps).to_string()),
+                Box::new(ms(now_ms())),
+                Box::new(WORKERS),
             ],
-        )
-        .await?;
-    let finished = match row.get::<_, &str>(0) {
+        }],
+    };
+    let rows = match inner.committer().commit(unit).await {
+        Reply::Applied { rows, .. } => rows,
+        // The run is gone.
+        Reply::Fenced => return Ok(Finished::Lost),
+        Reply::Failed { error, .. } => return Err(Failure::Store(error)),
+    };
+    let Some(row) = rows.first().and_then(|rows| rows.first()) else {
+        return Err(Failure::Store(StoreError::new(
+            "the run store did not say how a step finished",
+        )));
+    };
+    Ok(match row.get::<_, &str>(0) {
         "lost" => Finished::Lost,
         "last" => Finished::Last,
         _ => Finished::Done(row.get(1)),
-    };
-    if let Finished::Done(_) = finished {
-        bump(&client).await;
-    }
-    Ok(finished)
+    })
 }
 
 /// Makes ready again the waiting tasks of run `id` whose step has no call left undecided (requests with

@@ -1,0 +1,516 @@
+//! Group commit for the writes of a worker's steps. Each claimed step has a journal of its own (and a
+//! finish), but a worker runs many steps at once, and a commit per write per step costs the server a
+//! WAL flush and a few round trips each. So the journals of a process's steps hand their writes, as
+//! [`Unit`]s, to a few committer tasks of the store, and each committer applies all the units waiting
+//! in one transaction: the runs' rows they touch locked in one statement (in order, so that two
+//! committers never deadlock), the tasks that fence them locked and checked in another, then the
+//! statements of every unit whose task is still its own, sent together, and one commit.
+//!
+//! A unit whose fence no longer holds (its task taken over, its lease lapsed) changes nothing and hears
+//! so; the others go on. A statement that fails fails its transaction: the units that shared it are then
+//! applied one by one, so that the failure is only its own unit's. A connection that fails before the
+//! commit was sent changed nothing: each unit's journal may try again.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Weak};
+
+use futures_util::TryStreamExt;
+use tokio::sync::{Mutex, mpsc, oneshot};
+use tokio_postgres::types::ToSql;
+
+use super::queries::{bump, ms};
+use super::{Failure, Inner};
+use crate::store::{StoreError, now_ms};
+
+/// A statement's parameters, owned, so that the statements of a transaction can be sent together.
+pub(super) type Params = Vec<Box<dyn ToSql + Sync + Send>>;
+
+/// One statement of a unit.
+pub(super) struct Op {
+    pub sql: &'static str,
+    pub params: Params,
+}
+
+/// The claimed task that fences a unit: the unit is applied only while the task is still claimed with
+/// this token and its lease has not lapsed; then the lease is renewed, to `until`.
+pub(super) struct Fence {
+    pub run: String,
+    pub step: String,
+    pub token: String,
+    pub until: i64,
+}
+
+/// Writes that are applied together, or not at all.
+pub(super) struct Unit {
+    pub fence: Option<Fence>,
+    /// The run whose row its statements lock (they record it, or finish its steps).
+    pub run: String,
+    pub ops: Vec<Op>,
+}
+
+/// What became of a unit.
+pub(super) enum Reply {
+    /// Committed: whether the run was asked to stop, and the rows each statement returned.
+    Applied {
+        cancel_requested: bool,
+        rows: Vec<Vec<tokio_postgres::Row>>,
+    },
+    /// Its fence no longer holds (or its run is gone): nothing of it was applied.
+    Fenced,
+    /// Not applied, or not known to be: `retryable` when the connection failed before the commit was
+    /// sent (nothing of it was kept), `committing` when it failed after (whether it was kept is unknown).
+    Failed {
+        error: StoreError,
+        retryable: bool,
+        committing: bool,
+    },
+}
+
+/// How many committers of a store apply units at once: one gathers the units that wait while the
+/// other's transaction is under way.
+const COMMITTERS: usize = 2;
+/// The most units one transaction applies.
+const MOST_UNITS: usize = 64;
+
+type Waiting = (Unit, oneshot::Sender<Reply>);
+
+/// The committers of a store: they end when it is dropped.
+pub(super) struct Committer {
+    sender: mpsc::UnboundedSender<Waiting>,
+}
+
+impl Committer {
+    /// Starts the committers on the current runtime (the store's).
+    pub(super) fn spawn(inner: Weak<Inner>) -> Committer {
+        let (sender, receiver) = mpsc::unbounded_channel();
+        let receiver = Arc::new(Mutex::new(receiver));
+        for _ in 0..COMMITTERS {
+            tokio::spawn(gather(inner.clone(), receiver.clone()));
+        }
+        Committer { sender }
+    }
+
+    /// Applies `unit` with whatever else waits.
+    pub(super) async fn commit(&self, unit: Unit) -> Reply {
+        let (reply, replied) = oneshot::channel();
+        if self.sender.send((unit, reply)).is_err() {
+            return stopped();
+        }
+        replied.await.unwrap_or_else(|_| stopped())
+    }
+}
+
+fn stopped() -> Reply {
+    Reply::Failed {
+        error: StoreError::new("the run store stopped"),
+        retryable: false,
+        committing: false,
+    }
+}
+
+/// Takes every unit that waits (at most [`MOST_UNITS`]) and applies them together, until the store is
+/// dropped.
+async fn gather(inner: Weak<Inner>, receiver: Arc<Mutex<mpsc::UnboundedReceiver<Waiting>>>) {
+    loop {
+        let units = {
+            let mut receiver = receiver.lock().await;
+            let Some(first) = receiver.recv().await else {
+                return;
+            };
+            let mut units = vec![first];
+            while units.len() < MOST_UNITS {
+                match receiver.try_recv() {
+                    Ok(unit) => units.push(unit),
+                    Err(_) => break,
+                }
+            }
+            units
+        };
+        let Some(inner) = inner.upgrade() else {
+            for (_, reply) in units {
+                let _ = reply.send(stopped());
+            }
+            return;
+        };
+        apply(&inner, units).await;
+    }
+}
+
+async fn apply(inner: &Inner, units: Vec<Waiting>) {
+    let (units, replies): (Vec<Unit>, Vec<oneshot::Sender<Reply>>) = units.into_iter().unzip();
+    match transact(inner, &units).await {
+        Ok(outcomes) => {
+            for (reply, outcome) in replies.into_iter().zip(outcomes) {
+                let _ = reply.send(outcome);
+            }
+        }
+        // One unit's statement failed the transaction the others shared: each alone, so that the
+        // failure is only its own.
+        Err((failure, false)) if units.len() > 1 && !retryable(&failure) => {
+            for (unit, reply) in units.iter().zip(replies) {
+                let outcome = match transact(inner, std::slice::from_ref(unit)).await {
+                    Ok(mut outcomes) => outcomes.pop().unwrap_or_else(stopped),
+                    Err((failure, committing)) => failed(inner, failure, committing),
+                };
+                let _ = reply.send(outcome);
+            }
+        }
+        Err((failure, committing)) => {
+            let outcome = failed(inner, failure, committing);
+            for reply in replies {
+                let _ = reply.send(match &outcome {
+                    Reply::Failed {
+                        error,
+                        retryable,
+                        committing,
+                    } => Reply::Failed {
+                        error: error.clone(),
+                        retryable: *retryable,
+                        committing: *committing,
+                    },
+                    _ => stopped(),
+                });
+            }
+        }
+    }
+}
+
+fn failed(inner: &Inner, failure: Failure, committing: bool) -> Reply {
+    let retryable = !committing && retryable(&failure);
+    Reply::Failed {
+        error: inner.error(failure),
+        retryable,
+        committing,
+    }
+}
+
+/// Whether a failed write may be tried again: the connection failed or was ended (by the server, an
+/// administrator, the network) before the transaction's commit was sent, so nothing of it was kept.
+pub(super) fn retryable(failure: &Failure) -> bool {
+    match failure {
+        Failure::Pool(_) => true,
+        Failure::Pg(e) => match e.as_db_error() {
+            None => true,
+            Some(db) => {
+                let code = db.code().code();
+                // Connection exceptions, and the server ending the session (`pg_terminate_backend`, a
+                // shutdown), or the transaction losing a deadlock or serialization race.
+                code.starts_with("08")
+                    || code.starts_with("57P")
+                    || code == "40P01"
+                    || code == "40001"
+            }
+        },
+        Failure::Transient(_) => true,
+        Failure::Store(_) => false,
+    }
+}
+
+/// Locks the runs' rows, in order of their ids.
+const LOCK_RUNS: &str =
+    "SELECT id, cancel_requested FROM runs WHERE id = ANY($1) ORDER BY id FOR UPDATE";
+/// The same for one run (the usual case): a statement the server plans once, not on every call.
+const LOCK_RUN: &str = "SELECT id, cancel_requested FROM runs WHERE id = $1 FOR UPDATE";
+/// Renews the leases of the fencing tasks still claimed with their tokens and not lapsed, which locks
+/// their rows: nobody returns such a task to ready while the transaction commits on the lease it checked.
+/// Gives the tasks that hold. (Their runs' rows are locked first, so two transactions that renew the same
+/// task take turns from the start.)
+const RENEW_TASKS: &str = "UPDATE tasks t SET lease_until = f.until
+    FROM unnest($1::text[], $2::text[], $3::text[], $4::bigint[]) AS f (run_id, step, token, until)
+    WHERE t.run_id = f.run_id AND t.step = f.step AND t.state = 'claimed' AND t.token = f.token
+        AND t.lease_until >= $5
+    RETURNING t.run_id, t.step";
+
+/// Applies `units` in one transaction: what became of each, or the failure and whether the commit had
+/// been sent.
+async fn transact(inner: &Inner, units: &[Unit]) -> Result<Vec<Reply>, (Failure, bool)> {
+    let before = |e: Failure| (e, false);
+    let now = ms(now_ms());
+    let mut client = inner.client().await.map_err(before)?;
+    let tx = client.transaction().await.map_err(|e| before(e.into()))?;
+    let mut runs: Vec<&str> = units.iter().map(|u| u.run.as_str()).collect();
+    runs.sort_unstable();
+    runs.dedup();
+    let fences: Vec<&Fence> = units.iter().filter_map(|u| u.fence.as_ref()).collect();
+    let fenced_runs: Vec<&str> = fences.iter().map(|f| f.run.as_str()).collect();
+    let fenced_steps: Vec<&str> = fences.iter().map(|f| f.step.as_str()).collect();
+    let tokens: Vec<&str> = fences.iter().map(|f| f.token.as_str()).collect();
+    let untils: Vec<i64> = fences.iter().map(|f| f.until).collect();
+    let lock_runs = tx
+        .prepare_cached(if runs.len() == 1 { LOCK_RUN } else { LOCK_RUNS })
+        .await
+        .map_err(|e| before(e.into()))?;
+    let renew_tasks = tx
+        .prepare_cached(RENEW_TASKS)
+        .await
+        .map_err(|e| before(e.into()))?;
+    // Sent together: the server locks the runs first, then the tasks.
+    let (run_rows, task_rows) = futures_util::future::try_join(
+        async {
+            match runs.as_slice() {
+                [run] => tx.query(&lock_runs, &[run]).await,
+                runs => tx.query(&lock_runs, &[&runs]).await,
+            }
+        },
+        tx.query(
+            &renew_tasks,
+            &[&fenced_runs, &fenced_steps, &tokens, &untils, &now],
+        ),
+    )
+    .await
+    .map_err(|e| before(e.into()))?;
+    let cancels: HashMap<String, bool> = run_rows.iter().map(|r| (r.get(0), r.get(1))).collect();
+    let held: std::collections::HashSet<(String, String)> =
+        task_rows.iter().map(|r| (r.get(0), r.get(1))).collect();
+    // Whether each unit holds, and whether its run was asked to stop.
+    let holds: Vec<Option<bool>> = units
+        .iter()
+        .map(|unit| {
+            let cancel = *cancels.get(&unit.run)?;
+            match &unit.fence {
+                None => Some(cancel),
+                Some(fence) => held
+                    .contains(&(fence.run.clone(), fence.step.clone()))
+                    .then_some(cancel),
+            }
+        })
+        .collect();
+    // Each statement prepared once per connection; then all of them sent at once, in order.
+    let mut statements: HashMap<&'static str, tokio_postgres::Statement> = HashMap::new();
+    for (unit, _) in units.iter().zip(&holds).filter(|(_, h)| h.is_some()) {
+        for op in &unit.ops {
+            if !statements.contains_key(op.sql) {
+                let statement = tx
+                    .prepare_cached(op.sql)
+                    .await
+                    .map_err(|e| before(e.into()))?;
+                statements.insert(op.sql, statement);
+            }
+        }
+    }
+    let sent = units
+        .iter()
+        .zip(&holds)
+        .filter(|(_, h)| h.is_some())
+        .flat_map(|(unit, _)| unit.ops.iter())
+        .map(|op| {
+            let statement = &statements[op.sql];
+            let tx = &tx;
+            async move {
+                tx.query_raw(
+                    statement,
+                    op.params.iter().map(|p| p.as_ref() as &(dyn ToSql + Sync)),
+                )
+                .await?
+                .try_collect::<Vec<_>>()
+                .await
+            }
+        });
+    let mut rows = futures_util::future::try_join_all(sent)
+        .await
+        .map_err(|e| before(e.into()))?
+        .into_iter();
+    tx.commit().await.map_err(|e| (e.into(), true))?;
+    bump(&client).await;
+    Ok(units
+        .iter()
+        .zip(holds)
+        .map(|(unit, holds)| match holds {
+            Some(cancel_requested) => Reply::Applied {
+                cancel_requested,
+                rows: rows.by_ref().take(unit.ops.len()).collect(),
+            },
+            None => Reply::Fenced,
+        })
+        .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::postgres::PostgresStore;
+
+    /// A store on a schema of its own in the test database, and a connection to look with; `None` after
+    /// saying why when PostgreSQL cannot be reached (a failure with `CI=true`).
+    fn store() -> Option<(PostgresStore, String)> {
+        let base = std::env::var("ARCHON_TEST_POSTGRES")
+            .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned());
+        let schema = format!(
+            "archon_commit_{}_{:08x}",
+            std::process::id(),
+            fastrand::u32(..)
+        );
+        let made = super::super::runtime().ok()?.block_on(async {
+            let (client, connection) =
+                tokio_postgres::connect(&base, tokio_postgres::NoTls).await?;
+            tokio::spawn(connection);
+            client
+                .batch_execute(&format!("CREATE SCHEMA {schema}"))
+                .await
+        });
+        if let Err(e) = made {
+            assert!(
+                std::env::var("CI").as_deref() != Ok("true"),
+                "PostgreSQL cannot be reached (required with CI=true): {e}"
+            );
+            #[allow(clippy::print_stderr)]
+            {
+                eprintln!("skipped: PostgreSQL cannot be reached: {e}");
+            }
+            return None;
+        }
+        let glue = if base.contains('?') { '&' } else { '?' };
+        let url = format!("{base}{glue}options=-c%20search_path%3D{schema}");
+        Some((
+            PostgresStore::open(&url, None).expect("store opened"),
+            schema,
+        ))
+    }
+
+    const EVENT: &str = "INSERT INTO events (run_id, seq, at, event, format)
+        SELECT $1, COALESCE(MAX(seq), 0) + 1, 0, $2, 1 FROM events WHERE run_id = $1";
+
+    fn unit(step: &str, token: &str, ops: Vec<Op>) -> Unit {
+        Unit {
+            fence: Some(Fence {
+                run: "r".to_owned(),
+                step: step.to_owned(),
+                token: token.to_owned(),
+                until: i64::MAX - 1,
+            }),
+            run: "r".to_owned(),
+            ops,
+        }
+    }
+
+    fn event(text: &str) -> Op {
+        Op {
+            sql: EVENT,
+            params: vec![Box::new("r".to_owned()), Box::new(text.to_owned())],
+        }
+    }
+
+    fn what(reply: &Reply) -> String {
+        match reply {
+            Reply::Applied { .. } => "applied".to_owned(),
+            Reply::Fenced => "fenced".to_owned(),
+            Reply::Failed {
+                error,
+                retryable,
+                committing,
+            } => format!(
+                "failed ({}, retryable {retryable}, committing {committing})",
+                error.message
+            ),
+        }
+    }
+
+    #[test]
+    fn one_transaction_applies_the_units_that_hold_and_a_failing_unit_fails_only_itself() {
+        let Some((store, schema)) = store() else {
+            return;
+        };
+        let inner = store.inner.clone();
+        let shown = inner.shown.clone();
+        let (replies, events, leases) = super::super::runtime()
+            .expect("runtime")
+            .block_on(async move {
+                let client = inner.client().await.expect("connection");
+                client
+                    .batch_execute(
+                        "INSERT INTO runs (id, workflow, spec_path, spec_hash, status, inputs, workdir,
+                            max_parallel, started_at, format)
+                         VALUES ('r', 'w', 'w.yaml', '', 'running', '{}', '/', 4, 0, 1);
+                         INSERT INTO tasks (run_id, step, state, ready_at, token, lease_until)
+                         VALUES ('r', 'a', 'claimed', 0, 'ta', 4000000000000),
+                            ('r', 'b', 'claimed', 0, 'tb', 4000000000000),
+                            ('r', 'c', 'claimed', 0, 'tc', 4000000000000),
+                            ('r', 'd', 'claimed', 0, 'td', 1)",
+                    )
+                    .await
+                    .expect("run and tasks");
+                let units = vec![
+                    unit("a", "ta", vec![event("a1"), event("a2")]),
+                    // Another worker holds `b` now.
+                    unit("b", "not b's", vec![event("b")]),
+                    // The statement fails: the transaction all four shared is given up.
+                    unit(
+                        "c",
+                        "tc",
+                        vec![Op {
+                            sql: "SELECT 1 / $1::int",
+                            params: vec![Box::new(0_i32)],
+                        }],
+                    ),
+                    // The lease lapsed.
+                    unit("d", "td", vec![event("d")]),
+                ];
+                let mut waiting = Vec::new();
+                let mut replied = Vec::new();
+                for unit in units {
+                    let (reply, heard) = oneshot::channel();
+                    waiting.push((unit, reply));
+                    replied.push(heard);
+                }
+                apply(&inner, waiting).await;
+                let mut replies = Vec::new();
+                for heard in replied {
+                    replies.push(what(&heard.await.expect("a reply")).replace(&shown, "URL"));
+                }
+                let events: Vec<String> = client
+                    .query("SELECT seq || ' ' || event FROM events ORDER BY seq", &[])
+                    .await
+                    .expect("events")
+                    .iter()
+                    .map(|r| r.get(0))
+                    .collect();
+                let leases: Vec<String> = client
+                    .query(
+                        "SELECT step || ' ' || lease_until FROM tasks ORDER BY step",
+                        &[],
+                    )
+                    .await
+                    .expect("tasks")
+                    .iter()
+                    .map(|r| r.get(0))
+                    .collect();
+                (replies, events, leases)
+            });
+        assert_eq!(
+            replies,
+            [
+                "applied",
+                "fenced",
+                "failed (run store `URL`: division by zero, retryable false, committing false)",
+                "fenced",
+            ]
+        );
+        // Numbered by the server, in order; nothing of the units that did not hold.
+        assert_eq!(events, ["1 a1", "2 a2"]);
+        // Only the leases that held were renewed.
+        assert_eq!(
+            leases,
+            [
+                "a 9223372036854775806",
+                "b 4000000000000",
+                "c 4000000000000",
+                "d 1"
+            ]
+        );
+        drop(store);
+        let _ = super::super::runtime().map(|r| {
+            r.block_on(async {
+                let base = std::env::var("ARCHON_TEST_POSTGRES")
+                    .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned());
+                if let Ok((client, connection)) =
+                    tokio_postgres::connect(&base, tokio_postgres::NoTls).await
+                {
+                    tokio::spawn(connection);
+                    let _ = client
+                        .batch_execute(&format!("DROP SCHEMA {schema} CASCADE"))
+                        .await;
+                }
+            })
+        });
+    }
+}
