@@ -9,6 +9,8 @@
 #    workers: each step's wait from ready to started when nothing else queues, p50 and p99;
 # 3. sleep-bound scaling: 8 steps of `sleep 0.2` spread over 4 workers taking one step at a time, against
 #    the 1.6 s they take one after another.
+# 4. many runs: as many no-op steps in `RUNS` runs (default 8) submitted one after another, over 4 workers:
+#    the steps of different runs do not take turns on one run's row.
 #
 # Each measurement uses a schema of its own in `$ARCHON_BENCH_DB` (default
 # postgres://postgres@127.0.0.1:5432/test), dropped afterwards. Needs psql and an archon binary: `$ARCHON`
@@ -22,6 +24,7 @@ base="${ARCHON_BENCH_DB:-postgres://postgres@127.0.0.1:5432/test}"
 steps="${STEPS:-2000}"
 concurrency="${CONCURRENCY:-8}"
 chain="${CHAIN:-100}"
+runs="${RUNS:-8}"
 
 work="$(mktemp -d)"
 workers=()
@@ -132,3 +135,23 @@ start_workers "$store" 4 1
 read -r _ seconds < <(run_through "$store" "$work/sleepy.yaml")
 stop_workers
 printf '8 × 200 ms sleep steps over 4 workers (1 step each at once): %.2f s (1.60 s one after another, 0.40 s ideal)\n' "$seconds"
+
+{
+    echo "name: part"
+    echo "steps:"
+    for i in $(seq 1 $((steps / runs))); do echo "  - { id: s$i, tool: echo, with: { n: $i } }"; done
+} > "$work/part.yaml"
+store=$(fresh_store runs)
+ARCHON_STORE="$store" "$archon" runs > /dev/null
+start_workers "$store" 4 "$concurrency"
+start=$(date +%s.%N)
+for _ in $(seq 1 "$runs"); do
+    (cd "$work" && ARCHON_STORE="$store" "$archon" run --submit part.yaml) > /dev/null
+done
+while [ "$(sql "$store" "SELECT count(*) FROM runs WHERE status = 'running'")" != 0 ]; do sleep 0.01; done
+end=$(date +%s.%N)
+stop_workers
+ended=$(sql "$store" "SELECT count(*) FROM runs WHERE status = 'succeeded'")
+[ "$ended" = "$runs" ] || { echo "only $ended of $runs runs succeeded" >&2; exit 1; }
+printf '%s no-op steps in %s runs submitted one after another, over 4 workers: %.0f steps/s\n' \
+    "$(( (steps / runs) * runs ))" "$runs" "$(echo "$(( (steps / runs) * runs )) / ($end - $start)" | bc -l)"

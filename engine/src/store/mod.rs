@@ -719,6 +719,8 @@ pub struct Task {
     pub token: String,
     /// How many times the task has been claimed, this claim included.
     pub claims: u32,
+    /// When the claim was sent: the lease it took runs from then.
+    pub leased_at: std::time::Instant,
 }
 
 /// Where the steps of a run submitted to workers may run, and how many of its workflow's at once.

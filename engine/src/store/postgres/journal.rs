@@ -360,31 +360,45 @@ impl Writer {
     /// The journal of one step of a submitted run, fenced by its task's token.
     pub(super) async fn start_task(
         inner: Arc<Inner>,
-        run: String,
-        step: String,
-        token: String,
+        task: crate::store::Task,
         lease: std::time::Duration,
     ) -> Result<Writer> {
-        Self::begin(inner, run, token, Some(step), lease).await
+        Self::begin(
+            inner,
+            task.run_id,
+            task.token,
+            Some((task.step, task.leased_at)),
+            lease,
+        )
+        .await
     }
 
+    /// With a task (its step and when its lease was taken), the journal of that task.
     async fn begin(
         inner: Arc<Inner>,
         run: String,
         token: String,
-        task: Option<String>,
+        task: Option<(String, Instant)>,
         lease: std::time::Duration,
     ) -> Result<Writer> {
         let client = inner.client().await?;
         // The reads are sent together, and a task's lease is renewed meanwhile (with the other
-        // steps' writes, by the committer): one round trip and a share of a commit.
+        // steps' writes, by the committer) unless it was taken a moment ago: one round trip and a share
+        // of a commit at most. The step's first write renews it anyway, and a step with side effects
+        // records its attempt before it starts any: a task taken over meanwhile starts nothing.
         let started = Instant::now();
         let now = ms(now_ms());
         let until = now.saturating_add(lease.as_millis() as i64);
+        let leased_at = task.as_ref().map(|(_, at)| *at);
+        let task = task.map(|(step, _)| step);
+        let fresh = leased_at.is_some_and(|at| at.elapsed() < lease / 3);
         let renew = async {
             let Some(step) = &task else {
                 return Ok(None);
             };
+            if fresh {
+                return Ok(Some(true));
+            }
             // Nothing to write: the fence renews the lease.
             let unit = Unit {
                 fence: Some(Fence {
@@ -435,8 +449,8 @@ impl Writer {
                 ))
             })
             .collect();
-        // A task's lease was renewed with the reads: the step goes on until it lapses, less a margin,
-        // unless renewed again.
+        // A task's lease was taken or renewed: the step goes on until it lapses, less a margin, unless
+        // renewed again.
         let guard = match (&task, renewed) {
             (Some(step), Some(false)) => {
                 return Err(Failure::Store(StoreError {
@@ -447,7 +461,11 @@ impl Writer {
                 }));
             }
             (Some(_), Some(_)) => Some(Arc::new(LeaseGuard::new(
-                started + lease - lease_margin(lease),
+                match leased_at {
+                    Some(at) if fresh => at,
+                    _ => started,
+                } + lease
+                    - lease_margin(lease),
             ))),
             _ => None,
         };

@@ -87,6 +87,7 @@ async fn claim(inner: &Inner, worker: &str, limit: usize, lease: Duration) -> Re
     let statement = client
         .prepare_cached("SELECT * FROM archon_claim($1, $2, $3, $4)")
         .await?;
+    let leased_at = std::time::Instant::now();
     let rows = client
         .query(
             &statement,
@@ -108,6 +109,7 @@ async fn claim(inner: &Inner, worker: &str, limit: usize, lease: Duration) -> Re
             step: r.get(1),
             token: r.get(2),
             claims: u32::try_from(r.get::<_, i64>(3)).unwrap_or(u32::MAX),
+            leased_at,
         })
         .collect())
 }
@@ -639,10 +641,8 @@ impl Tasks for PostgresStore {
     ) -> Result<Arc<dyn Journal>, StoreError> {
         let inner = self.inner.clone();
         let task = task.clone();
-        let start = self.run(async move {
-            super::journal::Writer::start_task(inner, task.run_id, task.step, task.token, lease)
-                .await
-        })?;
+        let start =
+            self.run(async move { super::journal::Writer::start_task(inner, task, lease).await })?;
         Ok(Arc::new(super::journal::PgJournal::spawn(
             start,
             cancel,
