@@ -228,6 +228,18 @@ async fn serve(
     }
 }
 
+/// The certificate authority the tests trust, and the file it is written to in the test's directory.
+fn authority(db: &Db) -> (Ca, String) {
+    let ca = Ca::new("archon test ca");
+    let file = ca.write(db.path(), "ca.pem");
+    (ca, file)
+}
+
+/// The test's database URL, for a proxy to pass connections on to.
+fn upstream(db: &Db) -> String {
+    db.url_through("127.0.0.1:1".parse().expect("address")).0
+}
+
 /// The test's URL through `proxy`, by `host` (`127.0.0.1` or `localhost`), with `params` added.
 fn through(db: &Db, proxy: &Proxy, host: &str, params: &str) -> (String, String) {
     let (server, url) = db.url_through(proxy.addr);
@@ -290,12 +302,8 @@ fn shown(url: &str) -> String {
 #[test]
 fn require_encrypts_and_verify_full_checks_the_chain_and_the_name() {
     let Some(db) = db() else { return };
-    let ca = Ca::new("archon test ca");
-    let ca_file = ca.write(db.path(), "ca.pem");
-    let proxy = Proxy::start(
-        db.url_through("127.0.0.1:1".parse().expect("address")).0,
-        Some(ca.server(&["localhost", "127.0.0.1"])),
-    );
+    let (ca, ca_file) = authority(&db);
+    let proxy = Proxy::start(upstream(&db), Some(ca.server(&["localhost", "127.0.0.1"])));
     std::fs::write(db.path().join("hello.yaml"), HELLO).expect("write");
 
     // The default, `prefer`: TLS, as the server offers it, the certificate taken as it is (nothing says
@@ -372,13 +380,9 @@ fn require_encrypts_and_verify_full_checks_the_chain_and_the_name() {
 #[test]
 fn verify_ca_checks_the_chain_but_not_the_name() {
     let Some(db) = db() else { return };
-    let ca = Ca::new("archon test ca");
-    let ca_file = ca.write(db.path(), "ca.pem");
+    let (ca, ca_file) = authority(&db);
     // A certificate from the right authority, made out to another host.
-    let proxy = Proxy::start(
-        db.url_through("127.0.0.1:1".parse().expect("address")).0,
-        Some(ca.server(&["db.example"])),
-    );
+    let proxy = Proxy::start(upstream(&db), Some(ca.server(&["db.example"])));
     let (_, url) = through(
         &db,
         &proxy,
@@ -424,7 +428,7 @@ fn verify_ca_checks_the_chain_but_not_the_name() {
 fn disable_never_asks_for_tls_and_prefer_does_without_it_when_the_server_has_none() {
     let Some(db) = db() else { return };
     let ca = Ca::new("archon test ca");
-    let upstream = db.url_through("127.0.0.1:1".parse().expect("address")).0;
+    let upstream = upstream(&db);
     let tls_only = Proxy::start(upstream.clone(), Some(ca.server(&["localhost"])));
     // `disable` talks plain PostgreSQL to a server that requires TLS: it is refused.
     let (_, url) = through(&db, &tls_only, "127.0.0.1", "sslmode=disable");
@@ -500,12 +504,8 @@ fn tls_parameters_that_cannot_be_used_are_refused_before_connecting() {
 #[test]
 fn workers_listen_for_work_over_tls_too() {
     let Some(db) = db() else { return };
-    let ca = Ca::new("archon test ca");
-    let ca_file = ca.write(db.path(), "ca.pem");
-    let proxy = Proxy::start(
-        db.url_through("127.0.0.1:1".parse().expect("address")).0,
-        Some(ca.server(&["localhost"])),
-    );
+    let (ca, ca_file) = authority(&db);
+    let proxy = Proxy::start(upstream(&db), Some(ca.server(&["localhost"])));
     std::fs::write(db.path().join("hello.yaml"), HELLO).expect("write");
     // `prefer` (with `sslrootcert`, the chain is checked): a connection that did not ask for TLS would
     // come in plain, where with `require` or `verify-*` it would fail unseen (and the worker poll instead).
@@ -531,10 +531,9 @@ fn workers_listen_for_work_over_tls_too() {
 #[test]
 fn a_client_certificate_is_presented_from_sslcert_and_sslkey() {
     let Some(db) = db() else { return };
-    let ca = Ca::new("archon test ca");
-    let ca_file = ca.write(db.path(), "ca.pem");
+    let (ca, ca_file) = authority(&db);
     let proxy = Proxy::start_with(
-        db.url_through("127.0.0.1:1".parse().expect("address")).0,
+        upstream(&db),
         Some(ca.server(&["localhost"])),
         Some(ca.issuer.der().clone()),
     );

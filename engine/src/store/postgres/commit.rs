@@ -156,19 +156,13 @@ async fn apply(inner: &Inner, units: Vec<Waiting>) {
             }
         }
         Err((failure, committing)) => {
-            let outcome = failed(inner, failure, committing);
+            let retryable = !committing && retryable(&failure);
+            let error = inner.error(failure);
             for reply in replies {
-                let _ = reply.send(match &outcome {
-                    Reply::Failed {
-                        error,
-                        retryable,
-                        committing,
-                    } => Reply::Failed {
-                        error: error.clone(),
-                        retryable: *retryable,
-                        committing: *committing,
-                    },
-                    _ => stopped(),
+                let _ = reply.send(Reply::Failed {
+                    error: error.clone(),
+                    retryable,
+                    committing,
                 });
             }
         }
@@ -332,22 +326,28 @@ mod tests {
 
     /// A store on a schema of its own in the test database, and a connection to look with; `None` after
     /// saying why when PostgreSQL cannot be reached (a failure with `CI=true`).
+    fn base() -> String {
+        std::env::var("ARCHON_TEST_POSTGRES")
+            .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned())
+    }
+
+    /// Runs `sql` on a connection of its own.
+    async fn admin(sql: &str) -> Result<(), tokio_postgres::Error> {
+        let (client, connection) = tokio_postgres::connect(&base(), tokio_postgres::NoTls).await?;
+        tokio::spawn(connection);
+        client.batch_execute(sql).await
+    }
+
     fn store() -> Option<(PostgresStore, String)> {
-        let base = std::env::var("ARCHON_TEST_POSTGRES")
-            .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned());
+        let base = base();
         let schema = format!(
             "archon_commit_{}_{:08x}",
             std::process::id(),
             fastrand::u32(..)
         );
-        let made = super::super::runtime().ok()?.block_on(async {
-            let (client, connection) =
-                tokio_postgres::connect(&base, tokio_postgres::NoTls).await?;
-            tokio::spawn(connection);
-            client
-                .batch_execute(&format!("CREATE SCHEMA {schema}"))
-                .await
-        });
+        let made = super::super::runtime()
+            .ok()?
+            .block_on(admin(&format!("CREATE SCHEMA {schema}")));
         if let Err(e) = made {
             assert!(
                 std::env::var("CI").as_deref() != Ok("true"),
@@ -498,19 +498,8 @@ mod tests {
             ]
         );
         drop(store);
-        let _ = super::super::runtime().map(|r| {
-            r.block_on(async {
-                let base = std::env::var("ARCHON_TEST_POSTGRES")
-                    .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned());
-                if let Ok((client, connection)) =
-                    tokio_postgres::connect(&base, tokio_postgres::NoTls).await
-                {
-                    tokio::spawn(connection);
-                    let _ = client
-                        .batch_execute(&format!("DROP SCHEMA {schema} CASCADE"))
-                        .await;
-                }
-            })
-        });
+        if let Ok(runtime) = super::super::runtime() {
+            let _ = runtime.block_on(admin(&format!("DROP SCHEMA {schema} CASCADE")));
+        }
     }
 }
