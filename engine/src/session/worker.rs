@@ -505,7 +505,7 @@ impl Session {
         // Cancelled by the journal: `archon cancel`, the task taken over, or its lease about to lapse
         // unrenewed.
         let cancel = CancellationToken::new();
-        let journal = tasks.task_journal(task, options.lease, cancel.clone())?;
+        let journal = tasks.task_journal(task, &stored, options.lease, cancel.clone())?;
         let run_options =
             self.task_options(&stored, &workflow, journal.clone(), cancel.clone(), options);
         // `archon cancel` stops the step as it stops a local run's: its attempt ends cancelled, its

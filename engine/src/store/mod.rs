@@ -821,10 +821,12 @@ pub trait Tasks: Send + Sync {
     ) -> Result<Vec<Task>, StoreError>;
     /// A journal of the task's run, fenced by the task's token (a worker whose lease lapsed and was taken
     /// over writes nothing), renewing the task's lease every third of `lease`; `cancel` is cancelled when
-    /// the run is asked to stop.
+    /// the run is asked to stop. `stored` is the run as read for the task's step once it was claimed
+    /// (`load_steps`): the journal numbers the step's attempts on from the ones it holds.
     fn task_journal(
         &self,
         task: &Task,
+        stored: &StoredRun,
         lease: std::time::Duration,
         cancel: tokio_util::sync::CancellationToken,
     ) -> Result<std::sync::Arc<dyn Journal>, StoreError>;

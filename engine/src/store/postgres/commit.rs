@@ -322,50 +322,7 @@ async fn transact(inner: &Inner, units: &[Unit]) -> Result<Vec<Reply>, (Failure,
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::postgres::PostgresStore;
-
-    /// A store on a schema of its own in the test database, and a connection to look with; `None` after
-    /// saying why when PostgreSQL cannot be reached (a failure with `CI=true`).
-    fn base() -> String {
-        std::env::var("ARCHON_TEST_POSTGRES")
-            .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned())
-    }
-
-    /// Runs `sql` on a connection of its own.
-    async fn admin(sql: &str) -> Result<(), tokio_postgres::Error> {
-        let (client, connection) = tokio_postgres::connect(&base(), tokio_postgres::NoTls).await?;
-        tokio::spawn(connection);
-        client.batch_execute(sql).await
-    }
-
-    fn store() -> Option<(PostgresStore, String)> {
-        let base = base();
-        let schema = format!(
-            "archon_commit_{}_{:08x}",
-            std::process::id(),
-            fastrand::u32(..)
-        );
-        let made = super::super::runtime()
-            .ok()?
-            .block_on(admin(&format!("CREATE SCHEMA {schema}")));
-        if let Err(e) = made {
-            assert!(
-                std::env::var("CI").as_deref() != Ok("true"),
-                "PostgreSQL cannot be reached (required with CI=true): {e}"
-            );
-            #[allow(clippy::print_stderr)]
-            {
-                eprintln!("skipped: PostgreSQL cannot be reached: {e}");
-            }
-            return None;
-        }
-        let glue = if base.contains('?') { '&' } else { '?' };
-        let url = format!("{base}{glue}options=-c%20search_path%3D{schema}");
-        Some((
-            PostgresStore::open(&url, None).expect("store opened"),
-            schema,
-        ))
-    }
+    use crate::store::postgres::testing::{drop_schema, store};
 
     const EVENT: &str = "INSERT INTO events (run_id, seq, at, event, format)
         SELECT $1, COALESCE(MAX(seq), 0) + 1, 0, $2, 1 FROM events WHERE run_id = $1";
@@ -498,8 +455,6 @@ mod tests {
             ]
         );
         drop(store);
-        if let Ok(runtime) = super::super::runtime() {
-            let _ = runtime.block_on(admin(&format!("DROP SCHEMA {schema} CASCADE")));
-        }
+        drop_schema(&schema);
     }
 }

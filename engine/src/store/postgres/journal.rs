@@ -298,6 +298,13 @@ pub(super) struct Writer {
     committing: bool,
 }
 
+/// Where a run's records stand for a task's step: the run's generation, and the highest attempt of the
+/// step and of each of its `foreach` items.
+pub(super) struct Known {
+    pub generation: u32,
+    pub last_attempt: HashMap<String, u32>,
+}
+
 const INSERT_ATTEMPT: &str =
     "INSERT INTO attempts (run_id, step, attempt, generation, fallback, status,
     started_at, host) VALUES ($1, $2, $3, $4, $5, 'running', $6, $7)";
@@ -357,48 +364,88 @@ impl Writer {
         Self::begin(inner, run, token, None, lease).await
     }
 
-    /// The journal of one step of a submitted run, fenced by its task's token.
+    /// The journal of one step of a submitted run, fenced by its task's token. `known` is where the
+    /// run's records stand for the step, as the worker read them after it claimed the task (nobody else
+    /// records the step meanwhile).
     pub(super) async fn start_task(
         inner: Arc<Inner>,
         task: crate::store::Task,
         lease: std::time::Duration,
+        known: Known,
     ) -> Result<Writer> {
         Self::begin(
             inner,
             task.run_id,
             task.token,
-            Some((task.step, task.leased_at)),
+            Some((task.step, task.leased_at, known)),
             lease,
         )
         .await
     }
 
-    /// With a task (its step and when its lease was taken), the journal of that task.
+    /// With a task (its step, when its lease was taken, and where its records stand), the journal of
+    /// that task.
     async fn begin(
         inner: Arc<Inner>,
         run: String,
         token: String,
-        task: Option<(String, Instant)>,
+        task: Option<(String, Instant, Known)>,
         lease: std::time::Duration,
     ) -> Result<Writer> {
-        let client = inner.client().await?;
-        // The reads are sent together, and a task's lease is renewed meanwhile (with the other
-        // steps' writes, by the committer) unless it was taken a moment ago: one round trip and a share
-        // of a commit at most. The step's first write renews it anyway, and a step with side effects
-        // records its attempt before it starts any: a task taken over meanwhile starts nothing.
         let started = Instant::now();
         let now = ms(now_ms());
         let until = now.saturating_add(lease.as_millis() as i64);
-        let leased_at = task.as_ref().map(|(_, at)| *at);
-        let task = task.map(|(step, _)| step);
-        let fresh = leased_at.is_some_and(|at| at.elapsed() < lease / 3);
-        let renew = async {
-            let Some(step) = &task else {
-                return Ok(None);
-            };
-            if fresh {
-                return Ok(Some(true));
-            }
+        let Some((
+            step,
+            leased_at,
+            Known {
+                generation,
+                last_attempt,
+            },
+        )) = task
+        else {
+            // The run's generation, with the highest attempt of each step it recorded; no row when the
+            // run is gone.
+            let client = inner.client().await?;
+            let read = client
+                .prepare_cached(
+                    "SELECT r.generation, a.step, a.attempt FROM runs r LEFT JOIN LATERAL (
+                        SELECT step, MAX(attempt) AS attempt FROM attempts
+                        WHERE run_id = r.id GROUP BY step) a ON TRUE
+                     WHERE r.id = $1",
+                )
+                .await?;
+            let rows = client.query(&read, &[&run]).await?;
+            drop(client);
+            let generation: i64 = rows
+                .first()
+                .ok_or_else(|| Failure::Store(super::queries::unknown_run(&run)))?
+                .get(0);
+            let last_attempt: HashMap<String, u32> = rows
+                .iter()
+                .filter_map(|r| {
+                    Some((
+                        r.get::<_, Option<String>>(1)?,
+                        u32::try_from(r.get::<_, Option<i64>>(2)?).unwrap_or(0),
+                    ))
+                })
+                .collect();
+            return Ok(Self::new(
+                inner,
+                run,
+                token,
+                u32::try_from(generation).unwrap_or(0),
+                last_attempt,
+                lease,
+            )
+            .await);
+        };
+        // A task's lease is renewed now (with the other steps' writes, by the committer) unless it was
+        // taken a moment ago: a share of a commit at most. The step's first write renews it anyway, and
+        // a step with side effects records its attempt before it starts any: a task taken over
+        // meanwhile starts nothing.
+        let fresh = leased_at.elapsed() < lease / 3;
+        if !fresh {
             // Nothing to write: the fence renews the lease.
             let unit = Unit {
                 fence: Some(Fence {
@@ -411,71 +458,45 @@ impl Writer {
                 ops: Vec::new(),
             };
             match inner.committer().commit(unit).await {
-                Reply::Applied { .. } => Ok(Some(true)),
-                Reply::Fenced => Ok(Some(false)),
-                Reply::Failed { error, .. } => Err(Failure::Store(error)),
+                Reply::Applied { .. } => {}
+                Reply::Fenced => {
+                    return Err(Failure::Store(StoreError {
+                        taken_over: true,
+                        ..StoreError::new(format!(
+                            "step `{step}` of run `{run}` was taken over by another worker"
+                        ))
+                    }));
+                }
+                Reply::Failed { error, .. } => return Err(Failure::Store(error)),
             }
-        };
-        // The run's generation, with the highest attempt of each step it recorded (a task's journal:
-        // of its step and its `foreach` items only); no row when the run is gone.
-        let read = client
-            .prepare_cached(if task.is_some() {
-                "SELECT r.generation, a.step, a.attempt FROM runs r LEFT JOIN LATERAL (
-                    SELECT step, MAX(attempt) AS attempt FROM attempts
-                    WHERE run_id = r.id AND split_part(step, '[', 1) = $2 GROUP BY step) a ON TRUE
-                 WHERE r.id = $1"
-            } else {
-                "SELECT r.generation, a.step, a.attempt FROM runs r LEFT JOIN LATERAL (
-                    SELECT step, MAX(attempt) AS attempt FROM attempts
-                    WHERE run_id = r.id AND $2::text IS NULL GROUP BY step) a ON TRUE
-                 WHERE r.id = $1"
-            })
-            .await?;
-        let (rows, renewed) =
-            futures_util::future::join(client.query(&read, &[&run, &task]), renew).await;
-        let rows = rows?;
-        let renewed = renewed?;
-        drop(client);
-        let generation: i64 = rows
-            .first()
-            .ok_or_else(|| Failure::Store(super::queries::unknown_run(&run)))?
-            .get(0);
-        let last_attempt: HashMap<String, u32> = rows
-            .iter()
-            .filter_map(|r| {
-                Some((
-                    r.get::<_, Option<String>>(1)?,
-                    u32::try_from(r.get::<_, Option<i64>>(2)?).unwrap_or(0),
-                ))
-            })
-            .collect();
-        // A task's lease was taken or renewed: the step goes on until it lapses, less a margin, unless
+        }
+        // The lease was taken or renewed: the step goes on until it lapses, less a margin, unless
         // renewed again.
-        let guard = match (&task, renewed) {
-            (Some(step), Some(false)) => {
-                return Err(Failure::Store(StoreError {
-                    taken_over: true,
-                    ..StoreError::new(format!(
-                        "step `{step}` of run `{run}` was taken over by another worker"
-                    ))
-                }));
-            }
-            (Some(_), Some(_)) => Some(Arc::new(LeaseGuard::new(
-                match leased_at {
-                    Some(at) if fresh => at,
-                    _ => started,
-                } + lease
-                    - lease_margin(lease),
-            ))),
-            _ => None,
-        };
+        let guard = Arc::new(LeaseGuard::new(
+            if fresh { leased_at } else { started } + lease - lease_margin(lease),
+        ));
+        let mut writer = Self::new(inner, run, token, generation, last_attempt, lease).await;
+        writer.task = Some(step);
+        writer.guard = Some(guard);
+        Ok(writer)
+    }
+
+    /// A run's journal (a task's gets its step and lease guard after).
+    async fn new(
+        inner: Arc<Inner>,
+        run: String,
+        token: String,
+        generation: u32,
+        last_attempt: HashMap<String, u32>,
+        lease: std::time::Duration,
+    ) -> Writer {
         let cancel_asked = inner.watch(&run).await;
-        Ok(Writer {
+        Writer {
             cancel_asked,
             inner,
             run,
             token,
-            generation: u32::try_from(generation).unwrap_or(0),
+            generation,
             last_attempt,
             open: HashMap::new(),
             logged: Default::default(),
@@ -483,11 +504,11 @@ impl Writer {
             shared: Arc::default(),
             broken: None,
             released: false,
-            task,
+            task: None,
             lease,
-            guard,
+            guard: None,
             committing: false,
-        })
+        }
     }
 
     /// What this journal records, for messages: a task's step, or the run.

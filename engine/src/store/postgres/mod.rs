@@ -16,6 +16,8 @@ mod journal;
 mod queries;
 mod schema;
 mod tasks;
+#[cfg(test)]
+mod testing;
 mod tls;
 
 use std::collections::HashMap;

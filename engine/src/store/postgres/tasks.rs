@@ -9,6 +9,7 @@
 //! A submitted run has no owning process: its row names [`WORKERS`] as its owner's host with a lease that
 //! never lapses, so it shows as running (not interrupted) from submission to its end, whoever works on it.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -19,8 +20,8 @@ use super::queries::{bump, ms};
 use super::{Failure, Inner, NOTIFY_WORK, PostgresStore, Result};
 use crate::record::{self, FORMAT_VERSION};
 use crate::store::{
-    Finished, Journal, LiveWorker, NewRun, Routing, StoreError, Task, Tasks, Waiting, WorkerInfo,
-    now_ms,
+    Finished, Journal, LiveWorker, NewRun, Routing, StoreError, StoredRun, Task, Tasks, Waiting,
+    WorkerInfo, now_ms,
 };
 
 /// The owner's host a submitted run's row names: no process owns it, the workers do.
@@ -636,13 +637,27 @@ impl Tasks for PostgresStore {
     fn task_journal(
         &self,
         task: &Task,
+        stored: &StoredRun,
         lease: Duration,
         cancel: CancellationToken,
     ) -> Result<Arc<dyn Journal>, StoreError> {
         let inner = self.inner.clone();
         let task = task.clone();
-        let start =
-            self.run(async move { super::journal::Writer::start_task(inner, task, lease).await })?;
+        // The highest attempt of the step and of each of its `foreach` items (`step[i]`).
+        let mut last_attempt: HashMap<String, u32> = HashMap::new();
+        for attempt in &stored.attempts {
+            if attempt.step.split('[').next() == Some(task.step.as_str()) {
+                let last = last_attempt.entry(attempt.step.clone()).or_insert(0);
+                *last = (*last).max(attempt.attempt);
+            }
+        }
+        let known = super::journal::Known {
+            generation: stored.generation,
+            last_attempt,
+        };
+        let start = self.run(async move {
+            super::journal::Writer::start_task(inner, task, lease, known).await
+        })?;
         Ok(Arc::new(super::journal::PgJournal::spawn(
             start,
             cancel,
