@@ -36,6 +36,10 @@ const REAP_EVERY: Duration = Duration::from_secs(1);
 
 /// How many runs' validated workflows a worker keeps at most.
 const KEPT_WORKFLOWS: usize = 64;
+/// A worker with most of its places taken waits at most this long, for more of its steps to end, before
+/// it claims for the few places that are free: one claim then fills several places (a claim costs the
+/// server about as much for one step as for ten, and takes turns with every other worker's).
+const GATHER_PLACES: Duration = Duration::from_millis(2);
 
 /// How a worker works.
 #[derive(Clone, Debug)]
@@ -287,6 +291,8 @@ impl Session {
         // The store's failure while it cannot be reached.
         let mut down: Option<StoreError> = None;
         let mut halt_at: Option<tokio::time::Instant> = None;
+        // Since when fewer than a quarter of the places are free (and some are).
+        let mut few_since: Option<tokio::time::Instant> = None;
         loop {
             // Read once: a stop that comes later in this turn wakes the wait below.
             let stopping = options.stop.is_cancelled();
@@ -300,7 +306,15 @@ impl Session {
                     ));
                 }
             }
-            if !stopping && running.len() < concurrency {
+            let free = concurrency.saturating_sub(running.len());
+            if free == 0 || free >= (concurrency / 4).max(1) {
+                few_since = None;
+            } else {
+                few_since.get_or_insert_with(tokio::time::Instant::now);
+            }
+            let gathering = few_since.is_some_and(|since| since.elapsed() < GATHER_PLACES);
+            if !stopping && free > 0 && !gathering {
+                few_since = None;
                 let due = reaped.is_none_or(|at| at.elapsed() >= reap_every);
                 let claimed = if due {
                     tasks
@@ -385,6 +399,9 @@ impl Session {
                         idle = LEAST_IDLE;
                     }
                 }
+                () = tokio::time::sleep_until(
+                    few_since.map_or_else(tokio::time::Instant::now, |since| since + GATHER_PLACES)
+                ), if gathering && !stopping => {}
                 () = tokio::time::sleep(idle), if !full => {
                     idle = (idle * 2).min(most);
                 }

@@ -11,14 +11,14 @@
 //! applied one by one, so that the failure is only its own unit's. A connection that fails before the
 //! commit was sent changed nothing: each unit's journal may try again.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Weak};
 
 use futures_util::TryStreamExt;
 use tokio::sync::{Mutex, mpsc, oneshot};
 use tokio_postgres::types::ToSql;
 
-use super::queries::{bump, ms};
+use super::queries::ms;
 use super::{Failure, Inner};
 use crate::store::{StoreError, now_ms};
 
@@ -200,121 +200,180 @@ pub(super) fn retryable(failure: &Failure) -> bool {
     }
 }
 
-/// Locks the runs' rows, in order of their ids.
+/// Holds the fenced units' runs, in order of their ids, before their tasks are locked: it waits for a
+/// transaction that holds a run's row for update (the reaper, a decision, a hand back: they lock the run,
+/// then its tasks), so that the two never wait for each other, and keeps the run from being deleted. It
+/// does not wait for the other committers, which hold their runs `FOR NO KEY UPDATE`. Gives whether each
+/// run was asked to stop.
+const SHARE_RUNS: &str =
+    "SELECT id, cancel_requested FROM runs WHERE id = ANY($1) ORDER BY id FOR KEY SHARE";
+/// Locks the runs' rows, in order of their ids, for the units' statements: the events and logs of a run
+/// are numbered by the server one after its last, so the writers of a run take turns from here to their
+/// commit. Not `FOR UPDATE`: that would make the key checks of other transactions' rows (every insert of
+/// a run's records checks its run) wait for this commit too.
 const LOCK_RUNS: &str =
-    "SELECT id, cancel_requested FROM runs WHERE id = ANY($1) ORDER BY id FOR UPDATE";
+    "SELECT id, cancel_requested FROM runs WHERE id = ANY($1) ORDER BY id FOR NO KEY UPDATE";
 /// The same for one run (the usual case): a statement the server plans once, not on every call.
-const LOCK_RUN: &str = "SELECT id, cancel_requested FROM runs WHERE id = $1 FOR UPDATE";
+const LOCK_RUN: &str = "SELECT id, cancel_requested FROM runs WHERE id = $1 FOR NO KEY UPDATE";
 /// Renews the leases of the fencing tasks still claimed with their tokens and not lapsed, which locks
 /// their rows: nobody returns such a task to ready while the transaction commits on the lease it checked.
-/// Gives the tasks that hold. (Their runs' rows are locked first, so two transactions that renew the same
-/// task take turns from the start.)
+/// Gives the tasks that hold.
 const RENEW_TASKS: &str = "UPDATE tasks t SET lease_until = f.until
     FROM unnest($1::text[], $2::text[], $3::text[], $4::bigint[]) AS f (run_id, step, token, until)
     WHERE t.run_id = f.run_id AND t.step = f.step AND t.state = 'claimed' AND t.token = f.token
         AND t.lease_until >= $5
     RETURNING t.run_id, t.step";
 
-/// Applies `units` in one transaction: what became of each, or the failure and whether the commit had
-/// been sent.
+/// Sends one statement of a unit, and gives its rows.
+async fn send(
+    client: &deadpool_postgres::Object,
+    statement: &tokio_postgres::Statement,
+    op: &Op,
+) -> Result<Vec<tokio_postgres::Row>, tokio_postgres::Error> {
+    client
+        .query_raw(
+            statement,
+            op.params.iter().map(|p| p.as_ref() as &(dyn ToSql + Sync)),
+        )
+        .await?
+        .try_collect::<Vec<_>>()
+        .await
+}
+
+/// Applies `units` in one transaction, in two round trips: the first renews the fencing tasks' leases
+/// (when a unit has a fence), the second sends the statements of the units that hold, behind the lock on
+/// their runs, with the commit. A run's row is held from its lock to the commit, with nothing to wait for
+/// in between. Gives what became of each unit, or the failure and whether the commit may have been
+/// applied.
 async fn transact(inner: &Inner, units: &[Unit]) -> Result<Vec<Reply>, (Failure, bool)> {
-    let before = |e: Failure| (e, false);
+    let client = inner.client().await.map_err(|e| (e, false))?;
+    let applied = transact_on(&client, units).await;
+    if applied.is_err() {
+        // A transaction a failure left open (or already ended: then the server only warns).
+        let _ = client.batch_execute("ROLLBACK").await;
+    }
+    applied
+}
+
+async fn transact_on(
+    client: &deadpool_postgres::Object,
+    units: &[Unit],
+) -> Result<Vec<Reply>, (Failure, bool)> {
+    let before = |e: tokio_postgres::Error| (Failure::from(e), false);
     let now = ms(now_ms());
-    let mut client = inner.client().await.map_err(before)?;
-    let tx = client.transaction().await.map_err(|e| before(e.into()))?;
-    let mut runs: Vec<&str> = units.iter().map(|u| u.run.as_str()).collect();
-    runs.sort_unstable();
-    runs.dedup();
-    let fences: Vec<&Fence> = units.iter().filter_map(|u| u.fence.as_ref()).collect();
-    let fenced_runs: Vec<&str> = fences.iter().map(|f| f.run.as_str()).collect();
-    let fenced_steps: Vec<&str> = fences.iter().map(|f| f.step.as_str()).collect();
-    let tokens: Vec<&str> = fences.iter().map(|f| f.token.as_str()).collect();
-    let untils: Vec<i64> = fences.iter().map(|f| f.until).collect();
-    let lock_runs = tx
-        .prepare_cached(if runs.len() == 1 { LOCK_RUN } else { LOCK_RUNS })
-        .await
-        .map_err(|e| before(e.into()))?;
-    let renew_tasks = tx
-        .prepare_cached(RENEW_TASKS)
-        .await
-        .map_err(|e| before(e.into()))?;
-    // Sent together: the server locks the runs first, then the tasks.
-    let (run_rows, task_rows) = futures_util::future::try_join(
-        async {
-            match runs.as_slice() {
-                [run] => tx.query(&lock_runs, &[run]).await,
-                runs => tx.query(&lock_runs, &[&runs]).await,
-            }
-        },
-        tx.query(
-            &renew_tasks,
-            &[&fenced_runs, &fenced_steps, &tokens, &untils, &now],
-        ),
-    )
-    .await
-    .map_err(|e| before(e.into()))?;
-    let cancels: HashMap<String, bool> = run_rows.iter().map(|r| (r.get(0), r.get(1))).collect();
-    let held: std::collections::HashSet<(String, String)> =
-        task_rows.iter().map(|r| (r.get(0), r.get(1))).collect();
-    // Whether each unit holds, and whether its run was asked to stop.
-    let holds: Vec<Option<bool>> = units
-        .iter()
-        .map(|unit| {
-            let cancel = *cancels.get(&unit.run)?;
-            match &unit.fence {
-                None => Some(cancel),
-                Some(fence) => held
-                    .contains(&(fence.run.clone(), fence.step.clone()))
-                    .then_some(cancel),
-            }
-        })
-        .collect();
-    // Each statement prepared once per connection; then all of them sent at once, in order.
+    // Each statement prepared once per connection (no round trip once it is).
     let mut statements: HashMap<&'static str, tokio_postgres::Statement> = HashMap::new();
-    for (unit, _) in units.iter().zip(&holds).filter(|(_, h)| h.is_some()) {
-        for op in &unit.ops {
-            if !statements.contains_key(op.sql) {
-                let statement = tx
-                    .prepare_cached(op.sql)
-                    .await
-                    .map_err(|e| before(e.into()))?;
-                statements.insert(op.sql, statement);
-            }
+    let mut sqls = vec![SHARE_RUNS, LOCK_RUNS, LOCK_RUN, RENEW_TASKS];
+    for unit in units {
+        sqls.extend(unit.ops.iter().map(|op| op.sql));
+    }
+    for sql in sqls {
+        if !statements.contains_key(sql) {
+            statements.insert(sql, client.prepare_cached(sql).await.map_err(before)?);
         }
     }
+    let fences: Vec<&Fence> = units.iter().filter_map(|u| u.fence.as_ref()).collect();
+    // Whether each run was asked to stop, and the fenced tasks that hold.
+    let mut cancels: HashMap<String, bool> = HashMap::new();
+    let mut held: HashSet<(String, String)> = HashSet::new();
+    let mut begun = false;
+    if !fences.is_empty() {
+        let mut runs: Vec<&str> = fences.iter().map(|f| f.run.as_str()).collect();
+        runs.sort_unstable();
+        runs.dedup();
+        let fenced_runs: Vec<&str> = fences.iter().map(|f| f.run.as_str()).collect();
+        let fenced_steps: Vec<&str> = fences.iter().map(|f| f.step.as_str()).collect();
+        let tokens: Vec<&str> = fences.iter().map(|f| f.token.as_str()).collect();
+        let untils: Vec<i64> = fences.iter().map(|f| f.until).collect();
+        let (_, run_rows, task_rows) = futures_util::future::try_join3(
+            client.batch_execute("BEGIN"),
+            client.query(&statements[SHARE_RUNS], &[&runs]),
+            client.query(
+                &statements[RENEW_TASKS],
+                &[&fenced_runs, &fenced_steps, &tokens, &untils, &now],
+            ),
+        )
+        .await
+        .map_err(before)?;
+        begun = true;
+        cancels.extend(run_rows.iter().map(|r| (r.get(0), r.get(1))));
+        held.extend(task_rows.iter().map(|r| (r.get(0), r.get(1))));
+    }
+    let holds: Vec<bool> = units
+        .iter()
+        .map(|unit| {
+            unit.fence
+                .as_ref()
+                .is_none_or(|fence| held.contains(&(fence.run.clone(), fence.step.clone())))
+        })
+        .collect();
+    // The runs whose records the units that hold write, locked in order.
+    let mut runs: Vec<&str> = units
+        .iter()
+        .zip(&holds)
+        .filter(|(unit, holds)| **holds && !unit.ops.is_empty())
+        .map(|(unit, _)| unit.run.as_str())
+        .collect();
+    runs.sort_unstable();
+    runs.dedup();
+    let writes = !runs.is_empty();
+    let begin = async {
+        if begun {
+            Ok(())
+        } else {
+            client.batch_execute("BEGIN").await
+        }
+    };
+    let lock = async {
+        match runs.as_slice() {
+            [] => Ok(Vec::new()),
+            [run] => client.query(&statements[LOCK_RUN], &[run]).await,
+            runs => client.query(&statements[LOCK_RUNS], &[&runs]).await,
+        }
+    };
     let sent = units
         .iter()
         .zip(&holds)
-        .filter(|(_, h)| h.is_some())
+        .filter(|(_, holds)| **holds)
         .flat_map(|(unit, _)| unit.ops.iter())
-        .map(|op| {
-            let statement = &statements[op.sql];
-            let tx = &tx;
-            async move {
-                tx.query_raw(
-                    statement,
-                    op.params.iter().map(|p| p.as_ref() as &(dyn ToSql + Sync)),
-                )
-                .await?
-                .try_collect::<Vec<_>>()
-                .await
-            }
-        });
-    let mut rows = futures_util::future::try_join_all(sent)
-        .await
-        .map_err(|e| before(e.into()))?
-        .into_iter();
-    tx.commit().await.map_err(|e| (e.into(), true))?;
-    bump(&client).await;
+        .map(|op| send(client, &statements[op.sql], op))
+        .collect::<Vec<_>>();
+    let ops = futures_util::future::try_join_all(sent);
+    // The server applies the commit after the statements, and only when none failed: a statement that
+    // fails ends the transaction, and its commit is a rollback.
+    let commit = client.batch_execute("COMMIT");
+    // Once the commit is applied, whoever follows the store looks again (`bump`).
+    let bumped = async {
+        if writes {
+            let _ = client
+                .batch_execute("SELECT nextval('archon_changes')")
+                .await;
+        }
+        Ok(())
+    };
+    let (_, lock_rows, rows, _, _) =
+        futures_util::future::try_join5(begin, lock, ops, commit, bumped)
+            .await
+            .map_err(|e| {
+                // A statement the server refused was not applied, nor the commit behind it; a connection
+                // that failed may have failed after the commit was applied.
+                let committing = e.as_db_error().is_none();
+                (Failure::from(e), committing)
+            })?;
+    cancels.extend(lock_rows.iter().map(|r| (r.get(0), r.get(1))));
+    let mut rows = rows.into_iter();
     Ok(units
         .iter()
         .zip(holds)
-        .map(|(unit, holds)| match holds {
-            Some(cancel_requested) => Reply::Applied {
-                cancel_requested,
-                rows: rows.by_ref().take(unit.ops.len()).collect(),
-            },
-            None => Reply::Fenced,
+        .map(|(unit, holds)| {
+            if holds {
+                Reply::Applied {
+                    cancel_requested: cancels.get(&unit.run).copied().unwrap_or(false),
+                    rows: rows.by_ref().take(unit.ops.len()).collect(),
+                }
+            } else {
+                Reply::Fenced
+            }
         })
         .collect())
 }
@@ -322,7 +381,7 @@ async fn transact(inner: &Inner, units: &[Unit]) -> Result<Vec<Reply>, (Failure,
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::postgres::testing::{drop_schema, store};
+    use crate::store::postgres::testing::{connect, drop_schema, store};
 
     const EVENT: &str = "INSERT INTO events (run_id, seq, at, event, format)
         SELECT $1, COALESCE(MAX(seq), 0) + 1, 0, $2, 1 FROM events WHERE run_id = $1";
@@ -362,58 +421,98 @@ mod tests {
         }
     }
 
+    /// Applies `units` as one batch; gives what became of each.
+    async fn applied(inner: &Inner, units: Vec<Unit>) -> Vec<String> {
+        let mut waiting = Vec::new();
+        let mut replied = Vec::new();
+        for unit in units {
+            let (reply, heard) = oneshot::channel();
+            waiting.push((unit, reply));
+            replied.push(heard);
+        }
+        apply(inner, waiting).await;
+        let mut replies = Vec::new();
+        for heard in replied {
+            replies.push(what(&heard.await.expect("a reply")).replace(&inner.shown, "URL"));
+        }
+        replies
+    }
+
+    const RUN_AND_TASKS: &str =
+        "INSERT INTO runs (id, workflow, spec_path, spec_hash, status, inputs,
+            workdir, max_parallel, started_at, format)
+        VALUES ('r', 'w', 'w.yaml', '', 'running', '{}', '/', 4, 0, 1);
+        INSERT INTO tasks (run_id, step, state, ready_at, token, lease_until)
+        VALUES ('r', 'a', 'claimed', 0, 'ta', 4000000000000),
+            ('r', 'b', 'claimed', 0, 'tb', 4000000000000),
+            ('r', 'c', 'claimed', 0, 'tc', 4000000000000),
+            ('r', 'd', 'claimed', 0, 'td', 1)";
+
+    /// While another transaction writes a run's records (it holds the run's row, as a committer of
+    /// another worker does), a step's lease is renewed without waiting for it, and a write of the run's
+    /// records waits, then goes on once that transaction commits.
     #[test]
-    fn one_transaction_applies_the_units_that_hold_and_a_failing_unit_fails_only_itself() {
+    fn a_renewal_does_not_wait_for_the_writers_of_its_run_and_a_write_does() {
         let Some((store, schema)) = store() else {
             return;
         };
         let inner = store.inner.clone();
-        let shown = inner.shown.clone();
-        let (replies, events, leases) = super::super::runtime()
+        let within = schema.clone();
+        let (renewed, written, events) = super::super::runtime()
             .expect("runtime")
             .block_on(async move {
+                let schema = within;
                 let client = inner.client().await.expect("connection");
-                client
+                client.batch_execute(RUN_AND_TASKS).await.expect("run and tasks");
+                let mut other = connect(&schema).await;
+                let writer = other.transaction().await.expect("a transaction");
+                writer
                     .batch_execute(
-                        "INSERT INTO runs (id, workflow, spec_path, spec_hash, status, inputs, workdir,
-                            max_parallel, started_at, format)
-                         VALUES ('r', 'w', 'w.yaml', '', 'running', '{}', '/', 4, 0, 1);
-                         INSERT INTO tasks (run_id, step, state, ready_at, token, lease_until)
-                         VALUES ('r', 'a', 'claimed', 0, 'ta', 4000000000000),
-                            ('r', 'b', 'claimed', 0, 'tb', 4000000000000),
-                            ('r', 'c', 'claimed', 0, 'tc', 4000000000000),
-                            ('r', 'd', 'claimed', 0, 'td', 1)",
+                        "SELECT 1 FROM runs WHERE id = 'r' FOR NO KEY UPDATE;
+                         INSERT INTO events (run_id, seq, at, event, format) VALUES ('r', 1, 0, 'other', 1)",
                     )
                     .await
-                    .expect("run and tasks");
-                let units = vec![
-                    unit("a", "ta", vec![event("a1"), event("a2")]),
-                    // Another worker holds `b` now.
-                    unit("b", "not b's", vec![event("b")]),
-                    // The statement fails: the transaction all four shared is given up.
-                    unit(
-                        "c",
-                        "tc",
-                        vec![Op {
-                            sql: "SELECT 1 / $1::int",
-                            params: vec![Box::new(0_i32)],
-                        }],
-                    ),
-                    // The lease lapsed.
-                    unit("d", "td", vec![event("d")]),
-                ];
-                let mut waiting = Vec::new();
-                let mut replied = Vec::new();
-                for unit in units {
-                    let (reply, heard) = oneshot::channel();
-                    waiting.push((unit, reply));
-                    replied.push(heard);
+                    .expect("the other writer's");
+                let other_xid: String = writer
+                    .query_one("SELECT pg_current_xact_id()::text", &[])
+                    .await
+                    .expect("its transaction")
+                    .get(0);
+                // Would wait for the other transaction, which commits only after.
+                let renewed = tokio::time::timeout(
+                    std::time::Duration::from_secs(30),
+                    applied(&inner, vec![unit("a", "ta", Vec::new())]),
+                )
+                .await
+                .expect("the renewal waited for the other writer");
+                let write = tokio::spawn({
+                    let inner = inner.clone();
+                    async move { applied(&inner, vec![unit("b", "tb", vec![event("b")])]).await }
+                });
+                // The write waits for the other transaction: the server says so.
+                let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+                loop {
+                    let waiting: i64 = client
+                        .query_one(
+                            "SELECT count(*) FROM pg_locks
+                             WHERE NOT granted AND locktype = 'transactionid'
+                                AND transactionid::text = $1",
+                            &[&other_xid],
+                        )
+                        .await
+                        .expect("locks")
+                        .get(0);
+                    if waiting > 0 {
+                        break;
+                    }
+                    assert!(
+                        std::time::Instant::now() < deadline,
+                        "the write never waited for the other writer"
+                    );
+                    tokio::task::yield_now().await;
                 }
-                apply(&inner, waiting).await;
-                let mut replies = Vec::new();
-                for heard in replied {
-                    replies.push(what(&heard.await.expect("a reply")).replace(&shown, "URL"));
-                }
+                writer.commit().await.expect("the other writer commits");
+                let written = write.await.expect("the write");
                 let events: Vec<String> = client
                     .query("SELECT seq || ' ' || event FROM events ORDER BY seq", &[])
                     .await
@@ -421,18 +520,67 @@ mod tests {
                     .iter()
                     .map(|r| r.get(0))
                     .collect();
-                let leases: Vec<String> = client
-                    .query(
-                        "SELECT step || ' ' || lease_until FROM tasks ORDER BY step",
-                        &[],
-                    )
-                    .await
-                    .expect("tasks")
-                    .iter()
-                    .map(|r| r.get(0))
-                    .collect();
-                (replies, events, leases)
+                (renewed, written, events)
             });
+        assert_eq!(renewed, ["applied"]);
+        assert_eq!(written, ["applied"]);
+        // Numbered after the other writer's.
+        assert_eq!(events, ["1 other", "2 b"]);
+        drop(store);
+        drop_schema(&schema);
+    }
+
+    #[test]
+    fn one_transaction_applies_the_units_that_hold_and_a_failing_unit_fails_only_itself() {
+        let Some((store, schema)) = store() else {
+            return;
+        };
+        let inner = store.inner.clone();
+        let (replies, events, leases) =
+            super::super::runtime()
+                .expect("runtime")
+                .block_on(async move {
+                    let client = inner.client().await.expect("connection");
+                    client
+                        .batch_execute(RUN_AND_TASKS)
+                        .await
+                        .expect("run and tasks");
+                    let units = vec![
+                        unit("a", "ta", vec![event("a1"), event("a2")]),
+                        // Another worker holds `b` now.
+                        unit("b", "not b's", vec![event("b")]),
+                        // The statement fails: the transaction all four shared is given up.
+                        unit(
+                            "c",
+                            "tc",
+                            vec![Op {
+                                sql: "SELECT 1 / $1::int",
+                                params: vec![Box::new(0_i32)],
+                            }],
+                        ),
+                        // The lease lapsed.
+                        unit("d", "td", vec![event("d")]),
+                    ];
+                    let replies = applied(&inner, units).await;
+                    let events: Vec<String> = client
+                        .query("SELECT seq || ' ' || event FROM events ORDER BY seq", &[])
+                        .await
+                        .expect("events")
+                        .iter()
+                        .map(|r| r.get(0))
+                        .collect();
+                    let leases: Vec<String> = client
+                        .query(
+                            "SELECT step || ' ' || lease_until FROM tasks ORDER BY step",
+                            &[],
+                        )
+                        .await
+                        .expect("tasks")
+                        .iter()
+                        .map(|r| r.get(0))
+                        .collect();
+                    (replies, events, leases)
+                });
         assert_eq!(
             replies,
             [

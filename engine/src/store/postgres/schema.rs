@@ -433,6 +433,26 @@ BEGIN
 END
 $finish$;
 "#,
+    r#"
+-- `archon_finish` of migration 8 locks the run's row `FOR NO KEY UPDATE`, as the committer of a
+-- worker's writes does (`commit.rs`), not `FOR UPDATE`: finishes still take turns with each other and
+-- with the run's other writers, but the key checks of other transactions' inserts of the run's records,
+-- and the committers holding the runs whose tasks they renew, no longer wait for its commit. The body is
+-- migration 8's with that lock alone changed.
+DO $patch$
+DECLARE
+    v_before TEXT := pg_get_functiondef(
+        'archon_finish(text, text, text, bigint, text, bigint, text)'::regprocedure);
+    v_after TEXT := replace(v_before, 'WHERE r.id = p_run FOR UPDATE;',
+        'WHERE r.id = p_run FOR NO KEY UPDATE;');
+BEGIN
+    IF v_after = v_before THEN
+        RAISE EXCEPTION 'archon_finish does not lock its run as migration 8 wrote it';
+    END IF;
+    EXECUTE v_after;
+END
+$patch$;
+"#,
 ];
 
 /// The tables whose rows belong to a run (by `run_id`), which `prune` deletes with it.

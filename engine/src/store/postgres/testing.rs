@@ -15,6 +15,20 @@ pub(super) async fn admin(sql: &str) -> Result<(), tokio_postgres::Error> {
     client.batch_execute(sql).await
 }
 
+/// A connection of its own to `schema` (without the store's settings: the server does not end it while
+/// it idles in a transaction).
+pub(super) async fn connect(schema: &str) -> tokio_postgres::Client {
+    let (client, connection) = tokio_postgres::connect(&base(), tokio_postgres::NoTls)
+        .await
+        .expect("a connection of its own");
+    tokio::spawn(connection);
+    client
+        .batch_execute(&format!("SET search_path TO {schema}"))
+        .await
+        .expect("its schema");
+    client
+}
+
 /// A store on a schema of its own in the test database, and the schema's name; `None` after saying why
 /// when PostgreSQL cannot be reached (a failure with `CI=true`).
 pub(super) fn store() -> Option<(PostgresStore, String)> {
