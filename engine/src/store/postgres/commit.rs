@@ -2,16 +2,19 @@
 //! finish), but a worker runs many steps at once, and a commit per write per step costs the server a
 //! WAL flush and a few round trips each. So the journals of a process's steps hand their writes, as
 //! [`Unit`]s, to a few committer tasks of the store, and each committer applies all the units waiting
-//! in one transaction: the runs' rows they touch locked in one statement (in order, so that two
-//! committers never deadlock), the tasks that fence them locked and checked in another, then the
-//! statements of every unit whose task is still its own, sent together, and one commit.
+//! in one transaction, sent in one round trip: the rows of the runs they write locked (in order, so that
+//! two committers never deadlock), then the tasks that fence them renewed and checked, then the
+//! statements of every unit, then the commit.
 //!
 //! A unit whose fence no longer holds (its task taken over, its lease lapsed) changes nothing and hears
-//! so; the others go on. A statement that fails fails its transaction: the units that shared it are then
+//! so; the others go on (the check fails the transaction, and the committer applies the units whose
+//! fences hold again). A statement that fails fails its transaction: the units that shared it are then
 //! applied one by one, so that the failure is only its own unit's. A connection that fails before the
-//! commit was sent changed nothing: each unit's journal may try again.
+//! transaction was sent changed nothing: each unit's journal may try again; one that fails after may
+//! have failed after the commit was applied, and is not tried again.
 
 use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
 
 use futures_util::TryStreamExt;
@@ -200,173 +203,255 @@ pub(super) fn retryable(failure: &Failure) -> bool {
     }
 }
 
-/// Holds the fenced units' runs, in order of their ids, before their tasks are locked: it waits for a
-/// transaction that holds a run's row for update (the reaper, a decision, a hand back: they lock the run,
-/// then its tasks), so that the two never wait for each other, and keeps the run from being deleted. It
-/// does not wait for the other committers, which hold their runs `FOR NO KEY UPDATE`. Gives whether each
-/// run was asked to stop.
-const SHARE_RUNS: &str =
-    "SELECT id, cancel_requested FROM runs WHERE id = ANY($1) ORDER BY id FOR KEY SHARE";
 /// Locks the runs' rows, in order of their ids, for the units' statements: the events and logs of a run
 /// are numbered by the server one after its last, so the writers of a run take turns from here to their
-/// commit. Not `FOR UPDATE`: that would make the key checks of other transactions' rows (every insert of
-/// a run's records checks its run) wait for this commit too.
+/// commit. The run is locked before its tasks, as by every transaction that locks both (a finish, the
+/// reaper, a hand back), so that none waits for another in a circle. Not `FOR UPDATE`: that would make
+/// the key checks of other transactions' rows (every insert of a run's records checks its run) wait for
+/// this commit too.
 const LOCK_RUNS: &str =
     "SELECT id, cancel_requested FROM runs WHERE id = ANY($1) ORDER BY id FOR NO KEY UPDATE";
 /// The same for one run (the usual case): a statement the server plans once, not on every call.
 const LOCK_RUN: &str = "SELECT id, cancel_requested FROM runs WHERE id = $1 FOR NO KEY UPDATE";
+/// Whether the runs of units that write nothing were asked to stop, read without a lock.
+const CANCELS: &str = "SELECT id, cancel_requested FROM runs WHERE id = ANY($1)";
 /// Renews the leases of the fencing tasks still claimed with their tokens and not lapsed, which locks
-/// their rows: nobody returns such a task to ready while the transaction commits on the lease it checked.
-/// Gives the tasks that hold.
-const RENEW_TASKS: &str = "UPDATE tasks t SET lease_until = f.until
-    FROM unnest($1::text[], $2::text[], $3::text[], $4::bigint[]) AS f (run_id, step, token, until)
-    WHERE t.run_id = f.run_id AND t.step = f.step AND t.state = 'claimed' AND t.token = f.token
-        AND t.lease_until >= $5
-    RETURNING t.run_id, t.step";
+/// their rows (nobody returns such a task to ready while the transaction commits on the lease it
+/// checked), and fails the transaction, before any unit's statement, unless every one of the `$6` tasks
+/// holds (`archon_fences_hold`, migration 9).
+const RENEW_TASKS: &str = "WITH renewed AS (UPDATE tasks t SET lease_until = f.until
+        FROM unnest($1::text[], $2::text[], $3::text[], $4::bigint[]) AS f (run_id, step, token, until)
+        WHERE t.run_id = f.run_id AND t.step = f.step AND t.state = 'claimed' AND t.token = f.token
+            AND t.lease_until >= $5
+        RETURNING 1)
+    SELECT archon_fences_hold($6, (SELECT count(*) FROM renewed))";
+/// The error `archon_fences_hold` raises.
+const FENCE_LOST: &str = "AR001";
+/// Which of the fencing tasks are still claimed with their tokens and not lapsed (read, not locked).
+const HOLDING: &str = "SELECT t.run_id, t.step FROM tasks t
+    JOIN unnest($1::text[], $2::text[], $3::text[]) AS f (run_id, step, token)
+        ON t.run_id = f.run_id AND t.step = f.step AND t.token = f.token
+    WHERE t.state = 'claimed' AND t.lease_until >= $4";
 
-/// Sends one statement of a unit, and gives its rows.
+/// Applies `units` in one transaction. Should a fence be lost, the units whose fences still hold are
+/// applied again without the others (a few times at most, should fences go on being lost meanwhile).
+/// Gives what became of each unit, or the failure and whether the commit may have been applied.
+async fn transact(inner: &Inner, units: &[Unit]) -> Result<Vec<Reply>, (Failure, bool)> {
+    let client = inner.client().await.map_err(|e| (e, false))?;
+    let mut holds = vec![true; units.len()];
+    let mut tries = 0;
+    loop {
+        tries += 1;
+        let applied = transact_on(&client, units, &holds).await;
+        if applied.is_ok() {
+            return applied;
+        }
+        // A transaction a failure left open (or already ended: then the server only warns).
+        let _ = client.batch_execute("ROLLBACK").await;
+        match applied {
+            Err((Failure::Pg(e), false))
+                if tries < 4 && e.code().is_some_and(|c| c.code() == FENCE_LOST) =>
+            {
+                holds = holding(&client, units)
+                    .await
+                    .map_err(|e| (Failure::from(e), false))?;
+            }
+            applied => return applied,
+        }
+    }
+}
+
+/// Which units' fences hold (a unit without a fence always does).
+async fn holding(
+    client: &deadpool_postgres::Object,
+    units: &[Unit],
+) -> Result<Vec<bool>, tokio_postgres::Error> {
+    let fences: Vec<&Fence> = units.iter().filter_map(|u| u.fence.as_ref()).collect();
+    let runs: Vec<&str> = fences.iter().map(|f| f.run.as_str()).collect();
+    let steps: Vec<&str> = fences.iter().map(|f| f.step.as_str()).collect();
+    let tokens: Vec<&str> = fences.iter().map(|f| f.token.as_str()).collect();
+    let rows = client
+        .query(HOLDING, &[&runs, &steps, &tokens, &ms(now_ms())])
+        .await?;
+    let held: HashSet<(String, String)> = rows.iter().map(|r| (r.get(0), r.get(1))).collect();
+    Ok(units
+        .iter()
+        .map(|unit| {
+            unit.fence
+                .as_ref()
+                .is_none_or(|f| held.contains(&(f.run.clone(), f.step.clone())))
+        })
+        .collect())
+}
+
+/// Sends one statement of a unit, and gives its rows; notes in `failed` a statement that could not be
+/// sent, so that the commit behind it is not sent either.
 async fn send(
     client: &deadpool_postgres::Object,
     statement: &tokio_postgres::Statement,
     op: &Op,
-) -> Result<Vec<tokio_postgres::Row>, tokio_postgres::Error> {
-    client
+    failed: &AtomicBool,
+) -> Result<Vec<tokio_postgres::Row>, Failure> {
+    let sent = client
         .query_raw(
             statement,
             op.params.iter().map(|p| p.as_ref() as &(dyn ToSql + Sync)),
         )
-        .await?
-        .try_collect::<Vec<_>>()
-        .await
-}
-
-/// Applies `units` in one transaction, in two round trips: the first renews the fencing tasks' leases
-/// (when a unit has a fence), the second sends the statements of the units that hold, behind the lock on
-/// their runs, with the commit. A run's row is held from its lock to the commit, with nothing to wait for
-/// in between. Gives what became of each unit, or the failure and whether the commit may have been
-/// applied.
-async fn transact(inner: &Inner, units: &[Unit]) -> Result<Vec<Reply>, (Failure, bool)> {
-    let client = inner.client().await.map_err(|e| (e, false))?;
-    let applied = transact_on(&client, units).await;
-    if applied.is_err() {
-        // A transaction a failure left open (or already ended: then the server only warns).
-        let _ = client.batch_execute("ROLLBACK").await;
+        .await;
+    match sent {
+        Ok(rows) => Ok(rows.try_collect::<Vec<_>>().await?),
+        Err(e) => {
+            failed.store(true, Ordering::SeqCst);
+            Err(e.into())
+        }
     }
-    applied
 }
 
+/// Applies the units that `holds` in one transaction, sent in one round trip: `BEGIN`, the lock on the
+/// runs the units write, the renewal of their fences (which fails the transaction unless every one
+/// holds), their statements, `COMMIT`, and the change counter's bump. A run's row is held from its lock to
+/// the commit, with no round trip in between; a transaction that only renews leases takes no turn on it.
 async fn transact_on(
     client: &deadpool_postgres::Object,
     units: &[Unit],
+    holds: &[bool],
 ) -> Result<Vec<Reply>, (Failure, bool)> {
-    let before = |e: tokio_postgres::Error| (Failure::from(e), false);
+    // Everything is sent at once: a connection known to be closed sends nothing, and the units may be
+    // tried again on another.
+    if client.is_closed() {
+        return Err((
+            Failure::Transient(StoreError::new(
+                "the connection to the run store was closed",
+            )),
+            false,
+        ));
+    }
     let now = ms(now_ms());
     // Each statement prepared once per connection (no round trip once it is).
     let mut statements: HashMap<&'static str, tokio_postgres::Statement> = HashMap::new();
-    let mut sqls = vec![SHARE_RUNS, LOCK_RUNS, LOCK_RUN, RENEW_TASKS];
+    let mut sqls = vec![LOCK_RUNS, LOCK_RUN, CANCELS, RENEW_TASKS];
     for unit in units {
         sqls.extend(unit.ops.iter().map(|op| op.sql));
     }
     for sql in sqls {
         if !statements.contains_key(sql) {
-            statements.insert(sql, client.prepare_cached(sql).await.map_err(before)?);
+            let statement = client
+                .prepare_cached(sql)
+                .await
+                .map_err(|e| (e.into(), false))?;
+            statements.insert(sql, statement);
         }
     }
-    let fences: Vec<&Fence> = units.iter().filter_map(|u| u.fence.as_ref()).collect();
-    // Whether each run was asked to stop, and the fenced tasks that hold.
-    let mut cancels: HashMap<String, bool> = HashMap::new();
-    let mut held: HashSet<(String, String)> = HashSet::new();
-    let mut begun = false;
-    if !fences.is_empty() {
-        let mut runs: Vec<&str> = fences.iter().map(|f| f.run.as_str()).collect();
-        runs.sort_unstable();
-        runs.dedup();
-        let fenced_runs: Vec<&str> = fences.iter().map(|f| f.run.as_str()).collect();
-        let fenced_steps: Vec<&str> = fences.iter().map(|f| f.step.as_str()).collect();
-        let tokens: Vec<&str> = fences.iter().map(|f| f.token.as_str()).collect();
-        let untils: Vec<i64> = fences.iter().map(|f| f.until).collect();
-        let (_, run_rows, task_rows) = futures_util::future::try_join3(
-            client.batch_execute("BEGIN"),
-            client.query(&statements[SHARE_RUNS], &[&runs]),
-            client.query(
-                &statements[RENEW_TASKS],
-                &[&fenced_runs, &fenced_steps, &tokens, &untils, &now],
-            ),
-        )
-        .await
-        .map_err(before)?;
-        begun = true;
-        cancels.extend(run_rows.iter().map(|r| (r.get(0), r.get(1))));
-        held.extend(task_rows.iter().map(|r| (r.get(0), r.get(1))));
-    }
-    let holds: Vec<bool> = units
+    let applying: Vec<&Unit> = units
         .iter()
-        .map(|unit| {
-            unit.fence
-                .as_ref()
-                .is_none_or(|fence| held.contains(&(fence.run.clone(), fence.step.clone())))
-        })
-        .collect();
-    // The runs whose records the units that hold write, locked in order.
-    let mut runs: Vec<&str> = units
-        .iter()
-        .zip(&holds)
-        .filter(|(unit, holds)| **holds && !unit.ops.is_empty())
-        .map(|(unit, _)| unit.run.as_str())
-        .collect();
-    runs.sort_unstable();
-    runs.dedup();
-    let writes = !runs.is_empty();
-    let begin = async {
-        if begun {
-            Ok(())
-        } else {
-            client.batch_execute("BEGIN").await
-        }
-    };
-    let lock = async {
-        match runs.as_slice() {
-            [] => Ok(Vec::new()),
-            [run] => client.query(&statements[LOCK_RUN], &[run]).await,
-            runs => client.query(&statements[LOCK_RUNS], &[&runs]).await,
-        }
-    };
-    let sent = units
-        .iter()
-        .zip(&holds)
+        .zip(holds)
         .filter(|(_, holds)| **holds)
-        .flat_map(|(unit, _)| unit.ops.iter())
-        .map(|op| send(client, &statements[op.sql], op))
+        .map(|(unit, _)| unit)
+        .collect();
+    let fences: Vec<&Fence> = applying.iter().filter_map(|u| u.fence.as_ref()).collect();
+    let fenced_runs: Vec<&str> = fences.iter().map(|f| f.run.as_str()).collect();
+    let fenced_steps: Vec<&str> = fences.iter().map(|f| f.step.as_str()).collect();
+    let tokens: Vec<&str> = fences.iter().map(|f| f.token.as_str()).collect();
+    let untils: Vec<i64> = fences.iter().map(|f| f.until).collect();
+    let expected = fences.len() as i64;
+    // The runs the units write, locked in order; the others' only read.
+    let mut written: Vec<&str> = applying
+        .iter()
+        .filter(|unit| !unit.ops.is_empty())
+        .map(|unit| unit.run.as_str())
+        .collect();
+    written.sort_unstable();
+    written.dedup();
+    let mut read: Vec<&str> = applying
+        .iter()
+        .map(|unit| unit.run.as_str())
+        .filter(|run| written.binary_search(run).is_err())
+        .collect();
+    read.sort_unstable();
+    read.dedup();
+    let failed = AtomicBool::new(false);
+    let begin = async { Ok::<_, Failure>(client.batch_execute("BEGIN").await?) };
+    let lock = async {
+        Ok::<_, Failure>(match written.as_slice() {
+            [] => Vec::new(),
+            [run] => client.query(&statements[LOCK_RUN], &[run]).await?,
+            runs => client.query(&statements[LOCK_RUNS], &[&runs]).await?,
+        })
+    };
+    let cancels = async {
+        Ok::<_, Failure>(if read.is_empty() {
+            Vec::new()
+        } else {
+            client.query(&statements[CANCELS], &[&read]).await?
+        })
+    };
+    let renew = async {
+        if fences.is_empty() {
+            return Ok::<_, Failure>(());
+        }
+        client
+            .query(
+                &statements[RENEW_TASKS],
+                &[
+                    &fenced_runs,
+                    &fenced_steps,
+                    &tokens,
+                    &untils,
+                    &now,
+                    &expected,
+                ],
+            )
+            .await?;
+        Ok(())
+    };
+    let sent = applying
+        .iter()
+        .flat_map(|unit| unit.ops.iter())
+        .map(|op| send(client, &statements[op.sql], op, &failed))
         .collect::<Vec<_>>();
     let ops = futures_util::future::try_join_all(sent);
     // The server applies the commit after the statements, and only when none failed: a statement that
-    // fails ends the transaction, and its commit is a rollback.
-    let commit = client.batch_execute("COMMIT");
+    // fails ends the transaction, and its commit is a rollback. One that could not be sent at all
+    // (checked here, after every statement was first polled, so sent or not) stops the commit.
+    let commit = async {
+        if failed.load(Ordering::SeqCst) {
+            return Err(Failure::Store(StoreError::new(
+                "a statement of the transaction could not be sent",
+            )));
+        }
+        Ok(client.batch_execute("COMMIT").await?)
+    };
     // Once the commit is applied, whoever follows the store looks again (`bump`).
     let bumped = async {
-        if writes {
+        if !written.is_empty() {
             let _ = client
                 .batch_execute("SELECT nextval('archon_changes')")
                 .await;
         }
-        Ok(())
+        Ok::<_, Failure>(())
     };
-    let (_, lock_rows, rows, _, _) =
-        futures_util::future::try_join5(begin, lock, ops, commit, bumped)
-            .await
-            .map_err(|e| {
-                // A statement the server refused was not applied, nor the commit behind it; a connection
-                // that failed may have failed after the commit was applied.
-                let committing = e.as_db_error().is_none();
-                (Failure::from(e), committing)
-            })?;
-    cancels.extend(lock_rows.iter().map(|r| (r.get(0), r.get(1))));
+    let ((_, lock_rows, cancel_rows, _), (rows, _, _)) = futures_util::future::try_join(
+        futures_util::future::try_join4(begin, lock, cancels, renew),
+        futures_util::future::try_join3(ops, commit, bumped),
+    )
+    .await
+    .map_err(|e| {
+        // A statement the server refused was not applied, nor the commit behind it; a connection that
+        // failed may have failed after the commit was applied.
+        let committing = matches!(&e, Failure::Pg(e) if e.as_db_error().is_none());
+        (e, committing)
+    })?;
+    let cancels: HashMap<String, bool> = lock_rows
+        .iter()
+        .chain(&cancel_rows)
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
     let mut rows = rows.into_iter();
     Ok(units
         .iter()
         .zip(holds)
         .map(|(unit, holds)| {
-            if holds {
+            if *holds {
                 Reply::Applied {
                     cancel_requested: cancels.get(&unit.run).copied().unwrap_or(false),
                     rows: rows.by_ref().take(unit.ops.len()).collect(),
@@ -421,6 +506,17 @@ mod tests {
         }
     }
 
+    /// The run's events, each as its number and text.
+    async fn events(client: &deadpool_postgres::Object) -> Vec<String> {
+        client
+            .query("SELECT seq || ' ' || event FROM events ORDER BY seq", &[])
+            .await
+            .expect("events")
+            .iter()
+            .map(|r| r.get(0))
+            .collect()
+    }
+
     /// Applies `units` as one batch; gives what became of each.
     async fn applied(inner: &Inner, units: Vec<Unit>) -> Vec<String> {
         let mut waiting = Vec::new();
@@ -473,10 +569,10 @@ mod tests {
                     )
                     .await
                     .expect("the other writer's");
-                let other_xid: String = writer
-                    .query_one("SELECT pg_current_xact_id()::text", &[])
+                let other_pid: i32 = writer
+                    .query_one("SELECT pg_backend_pid()", &[])
                     .await
-                    .expect("its transaction")
+                    .expect("its session")
                     .get(0);
                 // Would wait for the other transaction, which commits only after.
                 let renewed = tokio::time::timeout(
@@ -494,10 +590,11 @@ mod tests {
                 loop {
                     let waiting: i64 = client
                         .query_one(
-                            "SELECT count(*) FROM pg_locks
-                             WHERE NOT granted AND locktype = 'transactionid'
-                                AND transactionid::text = $1",
-                            &[&other_xid],
+                            "SELECT count(*) FROM pg_locks w JOIN pg_locks h
+                                ON h.locktype = 'transactionid' AND h.transactionid = w.transactionid
+                                AND h.granted AND h.pid = $1
+                             WHERE NOT w.granted AND w.locktype = 'transactionid'",
+                            &[&other_pid],
                         )
                         .await
                         .expect("locks")
@@ -513,13 +610,7 @@ mod tests {
                 }
                 writer.commit().await.expect("the other writer commits");
                 let written = write.await.expect("the write");
-                let events: Vec<String> = client
-                    .query("SELECT seq || ' ' || event FROM events ORDER BY seq", &[])
-                    .await
-                    .expect("events")
-                    .iter()
-                    .map(|r| r.get(0))
-                    .collect();
+                let events = events(&client).await;
                 (renewed, written, events)
             });
         assert_eq!(renewed, ["applied"]);
@@ -562,13 +653,7 @@ mod tests {
                         unit("d", "td", vec![event("d")]),
                     ];
                     let replies = applied(&inner, units).await;
-                    let events: Vec<String> = client
-                        .query("SELECT seq || ' ' || event FROM events ORDER BY seq", &[])
-                        .await
-                        .expect("events")
-                        .iter()
-                        .map(|r| r.get(0))
-                        .collect();
+                    let events = events(&client).await;
                     let leases: Vec<String> = client
                         .query(
                             "SELECT step || ' ' || lease_until FROM tasks ORDER BY step",

@@ -452,6 +452,17 @@ BEGIN
     EXECUTE v_after;
 END
 $patch$;
+-- Fails a worker's group commit (`commit.rs`) before any of its statements unless all `expected` tasks
+-- that fence its writes held and were renewed.
+CREATE FUNCTION archon_fences_hold(expected BIGINT, renewed BIGINT) RETURNS BOOLEAN
+LANGUAGE plpgsql AS $fences$
+BEGIN
+    IF renewed <> expected THEN
+        RAISE EXCEPTION 'a task''s lease no longer holds' USING ERRCODE = 'AR001';
+    END IF;
+    RETURN TRUE;
+END
+$fences$;
 "#,
 ];
 
