@@ -28,7 +28,6 @@ runs="${RUNS:-8}"
 
 work="$(mktemp -d)"
 workers=()
-schemas=()
 stop_workers() {
     for pid in "${workers[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
     for pid in "${workers[@]}"; do wait "$pid" 2>/dev/null || true; done
@@ -36,7 +35,12 @@ stop_workers() {
 }
 cleanup() {
     stop_workers
-    for schema in "${schemas[@]}"; do psql -q "$base" -c "DROP SCHEMA IF EXISTS $schema CASCADE" >/dev/null 2>&1 || true; done
+    # Listed in a file: `fresh_store` runs in a subshell (`$(...)`), whose variables its caller never sees.
+    if [ -f "$work/schemas" ]; then
+        while read -r schema; do
+            psql -q "$base" -c "DROP SCHEMA IF EXISTS $schema CASCADE" >/dev/null 2>&1 || true
+        done < "$work/schemas"
+    fi
     rm -rf "$work"
 }
 trap cleanup EXIT
@@ -45,7 +49,7 @@ trap cleanup EXIT
 fresh_store() {
     local schema="bench_workers_$$_$1"
     psql -q "$base" -c "DROP SCHEMA IF EXISTS $schema CASCADE; CREATE SCHEMA $schema" >/dev/null
-    schemas+=("$schema")
+    echo "$schema" >> "$work/schemas"
     case "$base" in *\?*) glue='&' ;; *) glue='?' ;; esac
     echo "${base}${glue}options=-c%20search_path%3D${schema}"
 }
