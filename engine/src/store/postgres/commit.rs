@@ -21,7 +21,7 @@ use futures_util::TryStreamExt;
 use tokio::sync::{Mutex, mpsc, oneshot};
 use tokio_postgres::types::ToSql;
 
-use super::queries::ms;
+use super::queries::{BUMP, ms};
 use super::{Failure, Inner};
 use crate::store::{StoreError, now_ms};
 
@@ -424,9 +424,7 @@ async fn transact_on(
     // Once the commit is applied, whoever follows the store looks again (`bump`).
     let bumped = async {
         if !written.is_empty() {
-            let _ = client
-                .batch_execute("SELECT nextval('archon_changes')")
-                .await;
+            let _ = client.batch_execute(BUMP).await;
         }
         Ok::<_, Failure>(())
     };

@@ -62,10 +62,11 @@ fn damaged_rows(inner: &Inner, damage: &[RecordError]) -> Failure {
 /// Advances the change counter, once a write has committed (`RunStore::changes`).
 pub(super) async fn bump(client: &deadpool_postgres::Client) {
     // The simple protocol: one round trip, no statement to prepare.
-    let _ = client
-        .batch_execute("SELECT nextval('archon_changes')")
-        .await;
+    let _ = client.batch_execute(BUMP).await;
 }
+
+/// Advances the change counter (`bump`).
+pub(super) const BUMP: &str = "SELECT nextval('archon_changes')";
 
 pub(super) fn owner_of(
     pid: Option<i64>,
