@@ -189,6 +189,51 @@ fn a_submitted_dag_runs_each_step_once_on_four_workers() {
     dag_runs_once_with(4);
 }
 
+/// A step's last records (its attempt's end, its result, its events) and its task's end are one
+/// transaction: a worker stopped between the two leaves neither a result whose task is still claimed
+/// nor a task done without its result. A step that is not safe to repeat has its result made durable
+/// first, as soon as it has one (as in a local run: a worker stopped before the task's end then leaves
+/// a result the next worker reuses, not a step in doubt), then the task's end in a transaction of its
+/// own. The run's last task stays claimed until the run's end is recorded.
+#[test]
+fn a_steps_last_records_and_its_tasks_end_are_one_transaction() {
+    let Some(db) = db() else { return };
+    std::fs::write(
+        db.path().join("mixed.yaml"),
+        r#"name: mixed
+steps:
+  - { id: pure, tool: echo, with: { text: one } }
+  - { id: repeatable, idempotent: true, tool: exec, with: { argv: [sh, -c, "sleep 0.06; echo two"] } }
+  - { id: effect, tool: exec, with: { argv: [sh, -c, "echo three >> ledger"] } }
+  - { id: last, needs: [pure, repeatable, effect], tool: echo, with: { text: end } }
+"#,
+    )
+    .expect("write");
+    let id = submit(&db, "mixed.yaml");
+    let children: Vec<Worker> = (0..2).map(|n| worker(&db, n, "10s")).collect();
+    let run = ended(&db, &id);
+    stop(children);
+    assert_eq!(run["status"], "succeeded", "{run}");
+    // Whether the task's end was written by the transaction that wrote the step's result and ended
+    // its attempt.
+    let rows = db.sql(&format!(
+        "SELECT t.step || ' ' || t.state || ' ' || (t.xmin = r.xmin) || ' ' || (r.xmin = a.xmin)
+         FROM tasks t
+         JOIN results r ON r.run_id = t.run_id AND r.step = t.step
+         JOIN attempts a ON a.run_id = t.run_id AND a.step = t.step
+         WHERE t.run_id = '{id}' ORDER BY t.step"
+    ));
+    assert_eq!(
+        rows,
+        [
+            "effect done false true",
+            "last done false true",
+            "pure done true true",
+            "repeatable done true true"
+        ]
+    );
+}
+
 /// `slow` marks each attempt's start (`started.PID`) and waits for `go` before its effect.
 pub(crate) const SLOW: &str = r#"name: slow
 steps:

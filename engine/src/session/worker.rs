@@ -525,6 +525,7 @@ impl Session {
         let journal = tasks.task_journal(task, &stored, options.lease, cancel.clone())?;
         let run_options =
             self.task_options(&stored, &workflow, journal.clone(), cancel.clone(), options);
+        // The step's records are applied when the journal is closed, or with the task's end (`finish`).
         // `archon cancel` stops the step as it stops a local run's: its attempt ends cancelled, its
         // commands are stopped, nothing after it is made ready, and the run ends cancelled once no
         // worker runs a step of it (`Tasks::reap`).
@@ -600,7 +601,16 @@ impl Session {
                 (s.id.value.clone(), needs)
             })
             .collect();
-        match tasks.finish(task, &dependents, steps.len())? {
+        // The step's last records and the task's end, in one transaction.
+        let finished = journal.finish(&dependents, steps.len());
+        if let Some(failure) = journal.failure() {
+            journal.close();
+            if !failure.taken_over {
+                options.say.line(&format!("worker: {}", failure.message));
+            }
+            return Ok(Outcome::Lost);
+        }
+        match finished? {
             Finished::Done(_) => {
                 journal.close();
                 Ok(Outcome::Done)

@@ -789,6 +789,20 @@ pub enum Finished {
     Lost,
 }
 
+/// The journal of a worker's task ([`Tasks::task_journal`]), which also ends the task.
+pub trait TaskJournal: Journal {
+    /// Marks the task done together with everything recorded so far, in one transaction (the step's
+    /// last records and its end are kept together, or neither is), and in it makes ready each of
+    /// `dependents` (a step and the steps it depends on) whose dependencies are all done; `steps` is how
+    /// many steps the run has. Makes nothing ready once the run was asked to stop. The journal goes on
+    /// recording (the run's end, on the worker that finished its last step).
+    fn finish(
+        &self,
+        dependents: &[(String, Vec<String>)],
+        steps: usize,
+    ) -> Result<Finished, StoreError>;
+}
+
 /// The task table of a store that hands a submitted run's steps to workers (`archon worker`): one row per
 /// top-level step once it is ready, claimed under a lease, done once its result is recorded.
 pub trait Tasks: Send + Sync {
@@ -829,16 +843,7 @@ pub trait Tasks: Send + Sync {
         stored: &StoredRun,
         lease: std::time::Duration,
         cancel: tokio_util::sync::CancellationToken,
-    ) -> Result<std::sync::Arc<dyn Journal>, StoreError>;
-    /// Marks the task done and, in the same transaction, makes ready each of `dependents` (a step and
-    /// the steps it depends on) whose dependencies are all done; `steps` is how many steps the run has.
-    /// Makes nothing ready once the run was asked to stop.
-    fn finish(
-        &self,
-        task: &Task,
-        dependents: &[(String, Vec<String>)],
-        steps: usize,
-    ) -> Result<Finished, StoreError>;
+    ) -> Result<std::sync::Arc<dyn TaskJournal>, StoreError>;
     /// Marks the last task done once the run's end is recorded.
     fn complete(&self, task: &Task) -> Result<(), StoreError>;
     /// Gives a claimed task back (ready again at once), when the worker stops before running it.

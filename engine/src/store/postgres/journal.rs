@@ -24,12 +24,40 @@ use crate::report::StepResult;
 use crate::store::sqlite::{
     BATCH, ENCODED_WHERE_RECORDED, GATHERED, INLINE_OUTPUT_BYTES, Measured, WINDOW, json_text,
 };
-use crate::store::{Ack, Entry, Journal, StoreError, now_ms};
+use crate::store::{Ack, Entry, Finished, Journal, StoreError, TaskJournal, now_ms};
 
 enum Message {
     Entry(Write),
     Flush(oneshot::Sender<Result<(), StoreError>>),
+    /// A task's end, applied with everything recorded before it (`TaskJournal::finish`).
+    Finish(
+        Finish,
+        std::sync::mpsc::SyncSender<Result<Finished, StoreError>>,
+    ),
 }
+
+impl Message {
+    /// Whether this records the result of `step` itself (not of one of its `foreach` items).
+    fn ends(&self, step: &str) -> bool {
+        match self {
+            Message::Entry(Write::Result { step: s, .. }) => s == step,
+            Message::Entry(Write::Other(entry)) => {
+                matches!(&**entry, Entry::StepFinished { step: s, .. } if s == step)
+            }
+            _ => false,
+        }
+    }
+}
+
+/// A task's end: its dependents (each with the steps it needs), as JSON, and how many steps the run has.
+struct Finish {
+    dependents: String,
+    steps: i64,
+}
+
+/// Marks a task done, its dependents ready: `archon_finish` (schema.rs, migration 6) checks the task's
+/// token, marks it done and makes ready the dependents whose dependencies are all done.
+const FINISH: &str = "SELECT outcome, made FROM archon_finish($1, $2, $3, $4, $5, $6, $7)";
 
 /// An entry as recorded, or one whose record the recording thread encoded already (events, results
 /// with small outputs), so that the writer's work is mostly the server's.
@@ -165,6 +193,32 @@ impl Journal for PgJournal {
     }
 }
 
+impl TaskJournal for PgJournal {
+    fn finish(
+        &self,
+        dependents: &[(String, Vec<String>)],
+        steps: usize,
+    ) -> Result<Finished, StoreError> {
+        let dependents: Vec<serde_json::Value> = dependents
+            .iter()
+            .map(|(step, needs)| serde_json::json!({ "step": step, "needs": needs }))
+            .collect();
+        let finish = Finish {
+            dependents: serde_json::Value::Array(dependents).to_string(),
+            steps: i64::try_from(steps).unwrap_or(i64::MAX),
+        };
+        let (done, outcome) = std::sync::mpsc::sync_channel(1);
+        if !self.send(Message::Finish(finish, done)) {
+            return Err(StoreError::new("the run store stopped"));
+        }
+        super::blocking(move || {
+            outcome
+                .recv()
+                .unwrap_or_else(|_| Err(StoreError::new("the run store stopped")))
+        })
+    }
+}
+
 /// How long before a task's lease lapses its worker stops the step when it could not renew the lease:
 /// a fifth of the lease, so that the step's commands are stopped before another worker may take it.
 fn lease_margin(lease: std::time::Duration) -> std::time::Duration {
@@ -258,6 +312,12 @@ fn lease_lost(what: &str) -> StoreError {
 }
 
 use super::commit::retryable;
+
+/// A write applied: whether the run was asked to stop, and the rows of each statement (a task's).
+struct Written {
+    cancel_requested: bool,
+    rows: Vec<Vec<tokio_postgres::Row>>,
+}
 
 /// What a write changes in the writer, put back when it failed and is tried again.
 struct Saved {
@@ -542,9 +602,10 @@ impl Writer {
         &mut self,
         entries: &[Write],
         heartbeat: bool,
-    ) -> Result<Option<bool>> {
+        finish: Option<&Finish>,
+    ) -> Result<Option<Written>> {
         let Some(guard) = self.guard.clone() else {
-            return self.write(entries, heartbeat).await;
+            return self.write(entries, heartbeat, finish).await;
         };
         let mut wait = LEAST_RETRY;
         loop {
@@ -553,7 +614,7 @@ impl Writer {
             }
             let saved = self.save();
             let started = Instant::now();
-            match self.write(entries, true).await {
+            match self.write(entries, true, finish).await {
                 Ok(outcome) => {
                     if outcome.is_some() {
                         guard.renewed(started, self.lease);
@@ -593,20 +654,27 @@ impl Writer {
         let mut closed = false;
         let cancel_asked = self.cancel_asked.clone();
         let mut look = false;
+        // A task's step recorded its result: what waits is held for the task's end (`finish`), so that
+        // the step's last records and its end are one transaction, however long the worker takes to
+        // get there (a flush or the journal's close applies it too).
+        let mut held = false;
+        let task = self.task.clone();
         let take = |message: Message,
                     pending: &mut VecDeque<Message>,
                     since: &mut Option<Instant>,
-                    flush: &mut bool| {
+                    flush: &mut bool,
+                    held: &mut bool| {
             if pending.is_empty() {
                 *since = Some(Instant::now());
             }
-            *flush |= matches!(message, Message::Flush(_));
+            *flush |= matches!(message, Message::Flush(_) | Message::Finish(..));
+            *held |= task.as_deref().is_some_and(|step| message.ends(step));
             pending.push_back(message);
         };
         loop {
             while !closed {
                 match receiver.try_recv() {
-                    Ok(message) => take(message, &mut pending, &mut since, &mut flush),
+                    Ok(message) => take(message, &mut pending, &mut since, &mut flush, &mut held),
                     Err(mpsc::error::TryRecvError::Empty) => break,
                     Err(mpsc::error::TryRecvError::Disconnected) => closed = true,
                 }
@@ -615,13 +683,19 @@ impl Writer {
             let due = flush
                 || closed
                 || pending.len() >= GATHERED
-                || since.is_some_and(|s| s.elapsed() >= WINDOW);
+                || (!held && since.is_some_and(|s| s.elapsed() >= WINDOW));
             if due && !pending.is_empty() {
-                let taken = pending.len().min(BATCH);
+                // A task's end closes its batch: it is applied with what was recorded before it.
+                let taken = pending
+                    .iter()
+                    .position(|m| matches!(m, Message::Finish(..)))
+                    .map_or(pending.len(), |at| at + 1)
+                    .min(BATCH);
                 let batch: Vec<Message> = pending.drain(..taken).collect();
                 if pending.is_empty() {
                     since = None;
                     flush = false;
+                    held = false;
                 }
                 if heartbeat_due {
                     last_heartbeat = Instant::now();
@@ -638,12 +712,13 @@ impl Writer {
                 continue;
             }
             let until_heartbeat = heartbeat.saturating_sub(last_heartbeat.elapsed());
-            let wait = since.map_or(until_heartbeat, |s| {
-                WINDOW.saturating_sub(s.elapsed()).min(until_heartbeat)
-            });
+            let wait = match since {
+                Some(s) if !held => WINDOW.saturating_sub(s.elapsed()).min(until_heartbeat),
+                _ => until_heartbeat,
+            };
             tokio::select! {
                 message = receiver.recv() => match message {
-                    Some(message) => take(message, &mut pending, &mut since, &mut flush),
+                    Some(message) => take(message, &mut pending, &mut since, &mut flush, &mut held),
                     None => closed = true,
                 },
                 () = tokio::time::sleep(wait) => {}
@@ -664,18 +739,31 @@ impl Writer {
     async fn apply(&mut self, batch: Vec<Message>, heartbeat: bool) {
         let mut flushes = Vec::new();
         let mut entries = Vec::new();
+        let mut finish = None;
         for message in batch {
             match message {
                 Message::Entry(entry) => entries.push(entry),
                 Message::Flush(done) => flushes.push(done),
+                Message::Finish(end, done) => finish = Some((end, done)),
             }
         }
+        // What became of the task's end, once known.
+        let mut finished = None;
         // Once the run's end is recorded, the run is no longer this process's: nothing more is written.
-        if self.broken.is_none() && !self.released && (!entries.is_empty() || heartbeat) {
-            match self.write_while_leased(&entries, heartbeat).await {
-                Ok(Some(cancel_requested)) => {
-                    if cancel_requested {
+        if self.broken.is_none()
+            && !self.released
+            && (!entries.is_empty() || heartbeat || finish.is_some())
+        {
+            match self
+                .write_while_leased(&entries, heartbeat, finish.as_ref().map(|(end, _)| end))
+                .await
+            {
+                Ok(Some(written)) => {
+                    if written.cancel_requested {
                         self.cancel.cancel();
+                    }
+                    if finish.is_some() {
+                        finished = Some(Self::finished(&written.rows));
                     }
                 }
                 Ok(None) => {
@@ -687,6 +775,8 @@ impl Writer {
                             self.run
                         ))
                     });
+                    // Nothing of it was applied: the task is another worker's now.
+                    finished = Some(Ok(Finished::Lost));
                 }
                 Err(e) => {
                     let error = self.inner.error(e);
@@ -699,9 +789,31 @@ impl Writer {
             None => Ok(()),
             Some(e) => Err(e.clone()),
         };
+        if let Some((_, done)) = finish {
+            let finished = finished.unwrap_or_else(|| {
+                Err(outcome.clone().err().unwrap_or_else(|| {
+                    StoreError::new("the run store did not record the step's end")
+                }))
+            });
+            let _ = done.send(finished);
+        }
         for done in flushes {
             let _ = done.send(outcome.clone());
         }
+    }
+
+    /// How a task finished, from the rows of its `archon_finish` (the last statement of its unit).
+    fn finished(rows: &[Vec<tokio_postgres::Row>]) -> Result<Finished, StoreError> {
+        let Some(row) = rows.last().and_then(|rows| rows.first()) else {
+            return Err(StoreError::new(
+                "the run store did not say how a step finished",
+            ));
+        };
+        Ok(match row.get::<_, &str>(0) {
+            "lost" => Finished::Lost,
+            "last" => Finished::Last,
+            _ => Finished::Done(row.get(1)),
+        })
     }
 
     /// Stops recording after a failed write: the failure is the journal's before the run is stopped, so
@@ -717,13 +829,33 @@ impl Writer {
     /// Applies entries in one transaction; returns whether a cancel was requested, or `None` when the run
     /// (or a task's step) is no longer this process's. A task's writes go to the store's committer, which
     /// applies them with the writes of the worker's other steps (`commit.rs`).
-    async fn write(&mut self, entries: &[Write], heartbeat: bool) -> Result<Option<bool>> {
+    async fn write(
+        &mut self,
+        entries: &[Write],
+        heartbeat: bool,
+        finish: Option<&Finish>,
+    ) -> Result<Option<Written>> {
         self.committing = false;
         let now = ms(now_ms());
         let mut ops = self.ops(entries, now);
         let run = self.run.clone();
         // A task's lease is renewed with every write (by its fence).
         if let Some(step) = &self.task {
+            // The task's end comes last, in the same transaction as the step's last records.
+            if let Some(finish) = finish {
+                ops.push(Op {
+                    sql: FINISH,
+                    params: vec![
+                        boxed(run.clone()),
+                        boxed(step.clone()),
+                        boxed(self.token.clone()),
+                        boxed(finish.steps),
+                        boxed(finish.dependents.clone()),
+                        boxed(now),
+                        boxed(super::tasks::WORKERS),
+                    ],
+                });
+            }
             let unit = Unit {
                 fence: Some(Fence {
                     run: run.clone(),
@@ -736,8 +868,12 @@ impl Writer {
             };
             return match self.inner.committer().commit(unit).await {
                 Reply::Applied {
-                    cancel_requested, ..
-                } => Ok(Some(cancel_requested)),
+                    cancel_requested,
+                    rows,
+                } => Ok(Some(Written {
+                    cancel_requested,
+                    rows,
+                })),
                 Reply::Fenced => Ok(None),
                 Reply::Failed {
                     error,
@@ -752,6 +888,11 @@ impl Writer {
                     })
                 }
             };
+        }
+        if finish.is_some() {
+            return Err(Failure::Store(StoreError::new(
+                "only a task's journal ends a task",
+            )));
         }
         if heartbeat {
             let until = now.saturating_add(self.lease.as_millis() as i64);
@@ -791,7 +932,10 @@ impl Writer {
         tx.commit().await?;
         self.committing = false;
         bump(&client).await;
-        Ok(Some(cancel_requested))
+        Ok(Some(Written {
+            cancel_requested,
+            rows: Vec::new(),
+        }))
     }
 
     /// The statements that record `entries`, in order.

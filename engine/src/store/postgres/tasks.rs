@@ -15,12 +15,11 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
-use super::commit::{Op, Reply, Unit};
 use super::queries::{bump, ms};
-use super::{Failure, Inner, NOTIFY_WORK, PostgresStore, Result};
+use super::{Inner, NOTIFY_WORK, PostgresStore, Result};
 use crate::record::{self, FORMAT_VERSION};
 use crate::store::{
-    Finished, Journal, LiveWorker, NewRun, Routing, StoreError, StoredRun, Task, Tasks, Waiting,
+    LiveWorker, NewRun, Routing, StoreError, StoredRun, Task, TaskJournal, Tasks, Waiting,
     WorkerInfo, now_ms,
 };
 
@@ -113,53 +112,6 @@ async fn claim(inner: &Inner, worker: &str, limit: usize, lease: Duration) -> Re
             leased_at,
         })
         .collect())
-}
-
-async fn finish(
-    inner: &Arc<Inner>,
-    task: &Task,
-    dependents: &[(String, Vec<String>)],
-    steps: usize,
-) -> Result<Finished> {
-    let deps: Vec<serde_json::Value> = dependents
-        .iter()
-        .map(|(step, needs)| serde_json::json!({ "step": step, "needs": needs }))
-        .collect();
-    // One statement, committed with the other steps' writes of this worker (`commit.rs`):
-    // `archon_finish` (schema.rs, migration 6) locks the run's row, checks the lease, marks the task done
-    // and makes its dependents ready.
-    let unit = Unit {
-        fence: None,
-        run: task.run_id.clone(),
-        ops: vec![Op {
-            sql: "SELECT outcome, made FROM archon_finish($1, $2, $3, $4, $5, $6, $7)",
-            params: vec![
-                Box::new(task.run_id.clone()),
-                Box::new(task.step.clone()),
-                Box::new(task.token.clone()),
-                Box::new(steps as i64),
-                Box::new(serde_json::Value::Array(deps).to_string()),
-                Box::new(ms(now_ms())),
-                Box::new(WORKERS),
-            ],
-        }],
-    };
-    let rows = match inner.committer().commit(unit).await {
-        Reply::Applied { rows, .. } => rows,
-        // The run is gone.
-        Reply::Fenced => return Ok(Finished::Lost),
-        Reply::Failed { error, .. } => return Err(Failure::Store(error)),
-    };
-    let Some(row) = rows.first().and_then(|rows| rows.first()) else {
-        return Err(Failure::Store(StoreError::new(
-            "the run store did not say how a step finished",
-        )));
-    };
-    Ok(match row.get::<_, &str>(0) {
-        "lost" => Finished::Lost,
-        "last" => Finished::Last,
-        _ => Finished::Done(row.get(1)),
-    })
 }
 
 /// Makes ready again the waiting tasks of run `id` whose step has no call left undecided (requests with
@@ -640,7 +592,7 @@ impl Tasks for PostgresStore {
         stored: &StoredRun,
         lease: Duration,
         cancel: CancellationToken,
-    ) -> Result<Arc<dyn Journal>, StoreError> {
+    ) -> Result<Arc<dyn TaskJournal>, StoreError> {
         let inner = self.inner.clone();
         let task = task.clone();
         // The highest attempt of the step and of each of its `foreach` items (`step[i]`).
@@ -663,17 +615,6 @@ impl Tasks for PostgresStore {
             cancel,
             super::runtime()?,
         )))
-    }
-
-    fn finish(
-        &self,
-        task: &Task,
-        dependents: &[(String, Vec<String>)],
-        steps: usize,
-    ) -> Result<Finished, StoreError> {
-        let inner = self.inner.clone();
-        let (task, dependents) = (task.clone(), dependents.to_vec());
-        self.run(async move { finish(&inner, &task, &dependents, steps).await })
     }
 
     fn complete(&self, task: &Task) -> Result<(), StoreError> {
