@@ -35,12 +35,14 @@ pub(super) struct Op {
 }
 
 /// The claimed task that fences a unit: the unit is applied only while the task is still claimed with
-/// this token and its lease has not lapsed; then the lease is renewed, to `until`.
+/// this token and its lease has not lapsed; then the lease is renewed, to `until`, if given (a journal
+/// renews it every third of the lease: a renewal writes a new version of the task's row, with an entry
+/// in each of the table's indexes, which every claim then steps over until the table is vacuumed).
 pub(super) struct Fence {
     pub run: String,
     pub step: String,
     pub token: String,
-    pub until: i64,
+    pub until: Option<i64>,
 }
 
 /// Writes that are applied together, or not at all.
@@ -215,16 +217,21 @@ const LOCK_RUNS: &str =
 const LOCK_RUN: &str = "SELECT id, cancel_requested FROM runs WHERE id = $1 FOR NO KEY UPDATE";
 /// Whether the runs of units that write nothing were asked to stop, read without a lock.
 const CANCELS: &str = "SELECT id, cancel_requested FROM runs WHERE id = ANY($1)";
-/// Renews the leases of the fencing tasks still claimed with their tokens and not lapsed, which locks
-/// their rows (nobody returns such a task to ready while the transaction commits on the lease it
-/// checked), and fails the transaction, before any unit's statement, unless every one of the `$6` tasks
+/// Locks the fencing tasks still claimed with their tokens and not lapsed (nobody returns such a task to
+/// ready while the transaction commits on the lease it checked), renewing the leases of those with an
+/// `until`, and fails the transaction, before any unit's statement, unless every one of the `$6` tasks
 /// holds (`archon_fences_hold`, migration 9).
-const RENEW_TASKS: &str = "WITH renewed AS (UPDATE tasks t SET lease_until = f.until
-        FROM unnest($1::text[], $2::text[], $3::text[], $4::bigint[]) AS f (run_id, step, token, until)
+const RENEW_TASKS: &str = "WITH f AS (
+        SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::bigint[])
+            AS f (run_id, step, token, until)),
+    renewed AS (UPDATE tasks t SET lease_until = f.until FROM f
         WHERE t.run_id = f.run_id AND t.step = f.step AND t.state = 'claimed' AND t.token = f.token
-            AND t.lease_until >= $5
-        RETURNING 1)
-    SELECT archon_fences_hold($6, (SELECT count(*) FROM renewed))";
+            AND t.lease_until >= $5 AND f.until IS NOT NULL
+        RETURNING 1),
+    held AS (SELECT 1 FROM tasks t JOIN f ON t.run_id = f.run_id AND t.step = f.step
+        WHERE t.state = 'claimed' AND t.token = f.token AND t.lease_until >= $5 AND f.until IS NULL
+        FOR NO KEY UPDATE OF t)
+    SELECT archon_fences_hold($6, (SELECT count(*) FROM renewed) + (SELECT count(*) FROM held))";
 /// The error `archon_fences_hold` raises.
 const FENCE_LOST: &str = "AR001";
 /// Which of the fencing tasks are still claimed with their tokens and not lapsed (read, not locked).
@@ -352,7 +359,7 @@ async fn transact_on(
     let fenced_runs: Vec<&str> = fences.iter().map(|f| f.run.as_str()).collect();
     let fenced_steps: Vec<&str> = fences.iter().map(|f| f.step.as_str()).collect();
     let tokens: Vec<&str> = fences.iter().map(|f| f.token.as_str()).collect();
-    let untils: Vec<i64> = fences.iter().map(|f| f.until).collect();
+    let untils: Vec<Option<i64>> = fences.iter().map(|f| f.until).collect();
     let expected = fences.len() as i64;
     // The runs the units write, locked in order; the others' only read.
     let mut written: Vec<&str> = applying
@@ -475,7 +482,7 @@ mod tests {
                 run: "r".to_owned(),
                 step: step.to_owned(),
                 token: token.to_owned(),
-                until: i64::MAX - 1,
+                until: Some(i64::MAX - 1),
             }),
             run: "r".to_owned(),
             ops,
@@ -540,7 +547,9 @@ mod tests {
         VALUES ('r', 'a', 'claimed', 0, 'ta', 4000000000000),
             ('r', 'b', 'claimed', 0, 'tb', 4000000000000),
             ('r', 'c', 'claimed', 0, 'tc', 4000000000000),
-            ('r', 'd', 'claimed', 0, 'td', 1)";
+            ('r', 'd', 'claimed', 0, 'td', 1),
+            ('r', 'e', 'claimed', 0, 'te', 4000000000000),
+            ('r', 'f', 'claimed', 0, 'tf', 1)";
 
     /// While another transaction writes a run's records (it holds the run's row, as a committer of
     /// another worker does), a step's lease is renewed without waiting for it, and a write of the run's
@@ -649,6 +658,22 @@ mod tests {
                         ),
                         // The lease lapsed.
                         unit("d", "td", vec![event("d")]),
+                        // Checked, not renewed.
+                        Unit {
+                            fence: Some(Fence {
+                                until: None,
+                                ..unit("e", "te", Vec::new()).fence.expect("a fence")
+                            }),
+                            ..unit("e", "te", vec![event("e")])
+                        },
+                        // Checked: the lease lapsed.
+                        Unit {
+                            fence: Some(Fence {
+                                until: None,
+                                ..unit("f", "tf", Vec::new()).fence.expect("a fence")
+                            }),
+                            ..unit("f", "tf", vec![event("f")])
+                        },
                     ];
                     let replies = applied(&inner, units).await;
                     let events = events(&client).await;
@@ -671,10 +696,12 @@ mod tests {
                 "fenced",
                 "failed (run store `URL`: division by zero, retryable false, committing false)",
                 "fenced",
+                "applied",
+                "fenced",
             ]
         );
         // Numbered by the server, in order; nothing of the units that did not hold.
-        assert_eq!(events, ["1 a1", "2 a2"]);
+        assert_eq!(events, ["1 a1", "2 a2", "3 e"]);
         // Only the leases that held were renewed.
         assert_eq!(
             leases,
@@ -682,7 +709,9 @@ mod tests {
                 "a 9223372036854775806",
                 "b 4000000000000",
                 "c 4000000000000",
-                "d 1"
+                "d 1",
+                "e 4000000000000",
+                "f 1"
             ]
         );
         drop(store);

@@ -512,7 +512,7 @@ impl Writer {
                     run: run.clone(),
                     step: step.clone(),
                     token: token.clone(),
-                    until,
+                    until: Some(until),
                 }),
                 run: run.clone(),
                 ops: Vec::new(),
@@ -595,8 +595,8 @@ impl Writer {
         self.released = saved.released;
     }
 
-    /// Applies `entries` in one transaction. A task's journal renews the lease with every write, and
-    /// tries a write whose connection failed again (a new connection from the pool) until its lease is
+    /// Applies `entries` in one transaction. A task's journal checks its lease with every write (renews it
+    /// with a `heartbeat`, every third of the lease), and tries a write whose connection failed again (a new connection from the pool) until its lease is
     /// about to lapse; then the guard has stopped the step and nothing more is written.
     async fn write_while_leased(
         &mut self,
@@ -614,9 +614,9 @@ impl Writer {
             }
             let saved = self.save();
             let started = Instant::now();
-            match self.write(entries, true, finish).await {
+            match self.write(entries, heartbeat, finish).await {
                 Ok(outcome) => {
-                    if outcome.is_some() {
+                    if heartbeat && outcome.is_some() {
                         guard.renewed(started, self.lease);
                     }
                     return Ok(outcome);
@@ -839,7 +839,7 @@ impl Writer {
         let now = ms(now_ms());
         let mut ops = self.ops(entries, now);
         let run = self.run.clone();
-        // A task's lease is renewed with every write (by its fence).
+        // A task's lease is checked with every write (by its fence), and renewed with a heartbeat.
         if let Some(step) = &self.task {
             // The task's end comes last, in the same transaction as the step's last records.
             if let Some(finish) = finish {
@@ -861,7 +861,7 @@ impl Writer {
                     run: run.clone(),
                     step: step.clone(),
                     token: self.token.clone(),
-                    until: now.saturating_add(self.lease.as_millis() as i64),
+                    until: heartbeat.then(|| now.saturating_add(self.lease.as_millis() as i64)),
                 }),
                 run,
                 ops,

@@ -219,6 +219,29 @@ async fn hand_back(inner: &Inner, id: &str) -> Result<bool> {
     Ok(true)
 }
 
+/// Marks a claimed task done, and counts it (`run_progress`, migration 10), the run's row locked first, as
+/// by every transaction that locks the run and its tasks.
+async fn complete(inner: &Inner, task: &Task) -> Result<()> {
+    let mut client = inner.client().await?;
+    let tx = client.transaction().await?;
+    tx.execute(
+        "SELECT 1 FROM runs WHERE id = $1 FOR NO KEY UPDATE",
+        &[&task.run_id],
+    )
+    .await?;
+    tx.execute(
+        "WITH done AS (UPDATE tasks SET state = 'done', lease_until = NULL
+            WHERE run_id = $1 AND step = $2 AND token = $3 AND state <> 'done' RETURNING run_id)
+         INSERT INTO run_progress AS p (run_id, tasks_done) SELECT run_id, 1 FROM done
+         ON CONFLICT (run_id) DO UPDATE SET tasks_done = p.tasks_done + 1",
+        &[&task.run_id, &task.step, &task.token],
+    )
+    .await?;
+    tx.commit().await?;
+    bump(&client).await;
+    Ok(())
+}
+
 /// Changes the task's state with `sql`; whether it changed. `ready`: it became ready again, which idle
 /// workers hear of at once.
 async fn set_state(inner: &Inner, task: &Task, sql: &str, ready: bool) -> Result<bool> {
@@ -620,17 +643,7 @@ impl Tasks for PostgresStore {
     fn complete(&self, task: &Task) -> Result<(), StoreError> {
         let inner = self.inner.clone();
         let task = task.clone();
-        self.run(async move {
-            set_state(
-                &inner,
-                &task,
-                "UPDATE tasks SET state = 'done', lease_until = NULL
-                 WHERE run_id = $1 AND step = $2 AND token = $3",
-                false,
-            )
-            .await
-            .map(|_| ())
-        })
+        self.run(async move { complete(&inner, &task).await })
     }
 
     fn release_task(&self, task: &Task) -> Result<(), StoreError> {
@@ -674,5 +687,98 @@ impl Tasks for PostgresStore {
         let inner = self.inner.clone();
         let id = run_id.to_owned();
         self.run(async move { hand_back(&inner, &id).await })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::postgres::testing::{connect, drop_schema, store};
+
+    /// A run of 300 steps: 297 done (through ready and claimed, so that the indexes of ready and claimed
+    /// tasks keep an entry for each until a vacuum), `a` and `b` claimed, `c` ready.
+    const RUN_AND_TASKS: &str =
+        "INSERT INTO runs (id, workflow, spec_path, spec_hash, status, inputs,
+            workdir, max_parallel, started_at, owner_host, format)
+        VALUES ('r', 'w', 'w.yaml', '', 'running', '{}', '/', 4, 0, 'archon workers', 1);
+        INSERT INTO tasks (run_id, step, state, ready_at)
+            SELECT 'r', 's' || n, 'ready', n FROM generate_series(1, 297) AS n;
+        UPDATE tasks SET state = 'claimed', token = 't', lease_until = 4000000000000;
+        UPDATE tasks SET state = 'done', lease_until = NULL;
+        INSERT INTO run_progress (run_id, tasks_done) VALUES ('r', 297);
+        INSERT INTO tasks (run_id, step, state, ready_at, token, lease_until)
+        VALUES ('r', 'a', 'claimed', 1000, 'ta', 4000000000000),
+            ('r', 'b', 'claimed', 1000, 'tb', 4000000000000),
+            ('r', 'c', 'ready', 1000, NULL, NULL);
+        ANALYZE tasks";
+
+    /// A finish tells whether its step is the run's last from the count of done tasks kept for the run
+    /// (`run_progress`): it reads a few rows of the task table whatever the run's size, not the entries the indexes of
+    /// the run's pending tasks keep for every task that left the state (its predecessor read all 297
+    /// here). `complete` counts too, once.
+    #[test]
+    fn a_finish_knows_the_last_step_without_reading_the_runs_pending_tasks() {
+        let Some((store, schema)) = store() else {
+            return;
+        };
+        let inner = store.inner.clone();
+        let within = schema.clone();
+        let (outcomes, read, done) = super::super::runtime()
+            .expect("runtime")
+            .block_on(async move {
+                let client = connect(&within).await;
+                client.batch_execute(RUN_AND_TASKS).await.expect("run and tasks");
+                let finish =
+                    "SELECT outcome FROM archon_finish('r', $1, $2, 300, '[]', 0, 'archon workers')";
+                // Index entries and rows of the task table this session read.
+                let read = "SELECT sum(pg_stat_get_xact_tuples_returned(c.oid))::bigint
+                    FROM pg_class c WHERE c.oid = 'tasks'::regclass
+                        OR c.oid IN (SELECT indexrelid FROM pg_index WHERE indrelid = 'tasks'::regclass)";
+                let mut outcomes: Vec<String> = Vec::new();
+                let mut reads: Vec<i64> = Vec::new();
+                for (step, token) in [("a", "ta"), ("b", "tb"), ("c", "tc")] {
+                    if step == "c" {
+                        client
+                            .batch_execute(
+                                "UPDATE tasks SET state = 'claimed', token = 'tc' WHERE step = 'c'",
+                            )
+                            .await
+                            .expect("c claimed");
+                    }
+                    // The server's counts are the session's, not yet reported: the finish's are the
+                    // difference.
+                    let before: i64 = client.query_one(read, &[]).await.expect("read").get(0);
+                    let row = client.query_one(finish, &[&step, &token]).await.expect("finish");
+                    outcomes.push(row.get(0));
+                    let after: i64 = client.query_one(read, &[]).await.expect("read").get(0);
+                    reads.push(after - before);
+                }
+                let task = Task {
+                    run_id: "r".to_owned(),
+                    step: "c".to_owned(),
+                    token: "tc".to_owned(),
+                    claims: 1,
+                    leased_at: std::time::Instant::now(),
+                };
+                complete(&inner, &task).await.expect("complete");
+                complete(&inner, &task).await.expect("complete again");
+                let done: Vec<String> = client
+                    .query(
+                        "SELECT p.tasks_done || ' ' || count(*) FILTER (WHERE t.state = 'done')
+                         FROM run_progress p JOIN tasks t ON t.run_id = p.run_id GROUP BY p.tasks_done",
+                        &[],
+                    )
+                    .await
+                    .expect("done")
+                    .iter()
+                    .map(|r| r.get(0))
+                    .collect();
+                (outcomes, reads, done)
+            });
+        assert_eq!(outcomes, ["done", "done", "last"]);
+        assert!(read.iter().all(|&n| n <= 8), "{read:?}");
+        assert_eq!(done, ["300 300"]);
+        drop(store);
+        drop_schema(&schema);
     }
 }
