@@ -542,10 +542,7 @@ impl Session {
                 journal.close();
                 // The journal stops the step too when the task was taken over, or when its lease
                 // could not be renewed: nothing more is recorded.
-                if let Some(failure) = journal.failure() {
-                    if !failure.taken_over {
-                        options.say.line(&format!("worker: {}", failure.message));
-                    }
+                if failed(&*journal, &options.say) {
                     return Ok(Outcome::Lost);
                 }
                 tasks.complete(task)?;
@@ -564,17 +561,18 @@ impl Session {
                 return Ok(Outcome::Released);
             }
         };
-        if let Some(failure) = journal.failure() {
+        if journal.failure().is_some() {
             journal.close();
-            if !failure.taken_over {
-                options.say.line(&format!("worker: {}", failure.message));
-            }
+            failed(&*journal, &options.say);
             return Ok(Outcome::Lost);
         }
         let result = match stepped {
             Ok(result) => result,
             Err(e) => {
                 journal.close();
+                if failed(&*journal, &options.say) {
+                    return Ok(Outcome::Lost);
+                }
                 tasks.interrupt(task, &e.to_string())?;
                 return Ok(Outcome::Lost);
             }
@@ -584,6 +582,9 @@ impl Session {
         // else of it can run.
         if result.status == StepStatus::WaitingApproval {
             journal.close();
+            if failed(&*journal, &options.say) {
+                return Ok(Outcome::Lost);
+            }
             tasks.wait_approval(task)?;
             return Ok(Outcome::Waiting);
         }
@@ -602,15 +603,17 @@ impl Session {
             })
             .collect();
         // The step's last records and the task's end, in one transaction.
-        let finished = journal.finish(&dependents, steps.len());
-        if let Some(failure) = journal.failure() {
-            journal.close();
-            if !failure.taken_over {
-                options.say.line(&format!("worker: {}", failure.message));
+        let finished = match journal.finish(&dependents, steps.len()) {
+            Ok(finished) => finished,
+            Err(e) => {
+                journal.close();
+                if failed(&*journal, &options.say) {
+                    return Ok(Outcome::Lost);
+                }
+                return Err(e.into());
             }
-            return Ok(Outcome::Lost);
-        }
-        match finished? {
+        };
+        match finished {
             Finished::Done(_) => {
                 journal.close();
                 Ok(Outcome::Done)
@@ -627,10 +630,7 @@ impl Session {
                 let run_options = self.task_options(&stored, &workflow, ending, cancel, options);
                 let ended = run::run(workflow, stored.inputs.clone(), run_options).await;
                 journal.close();
-                if let Some(failure) = journal.failure() {
-                    if !failure.taken_over {
-                        options.say.line(&format!("worker: {}", failure.message));
-                    }
+                if failed(&*journal, &options.say) {
                     return Ok(Outcome::Lost);
                 }
                 if let Err(e) = ended {
@@ -689,6 +689,18 @@ impl Session {
             memory: run::MemoryFiles::new(run::memory::MemoryDatabase::of(&*self.store)),
         }
     }
+}
+
+/// Whether the step's journal failed (its records were not all kept): says why, unless the task was
+/// taken over by another worker.
+fn failed(journal: &dyn crate::store::Journal, say: &Say) -> bool {
+    let Some(failure) = journal.failure() else {
+        return false;
+    };
+    if !failure.taken_over {
+        say.line(&format!("worker: {}", failure.message));
+    }
+    true
 }
 
 /// This worker's name in the task table: its host, process and start, unique among workers.

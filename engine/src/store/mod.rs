@@ -792,10 +792,12 @@ pub enum Finished {
 /// The journal of a worker's task ([`Tasks::task_journal`]), which also ends the task.
 pub trait TaskJournal: Journal {
     /// Marks the task done together with everything recorded so far, in one transaction (the step's
-    /// last records and its end are kept together, or neither is), and in it makes ready each of
+    /// last records and its end are kept together, or neither is; unless more records wait than one
+    /// transaction takes, when the first are applied before), and in it makes ready each of
     /// `dependents` (a step and the steps it depends on) whose dependencies are all done; `steps` is how
     /// many steps the run has. Makes nothing ready once the run was asked to stop. The journal goes on
-    /// recording (the run's end, on the worker that finished its last step).
+    /// recording (the run's end, on the worker that finished its last step). When every other step of the
+    /// run is done, the task is not marked done ([`Finished::Last`]).
     fn finish(
         &self,
         dependents: &[(String, Vec<String>)],
@@ -844,7 +846,8 @@ pub trait Tasks: Send + Sync {
         lease: std::time::Duration,
         cancel: tokio_util::sync::CancellationToken,
     ) -> Result<std::sync::Arc<dyn TaskJournal>, StoreError>;
-    /// Marks the last task done once the run's end is recorded.
+    /// Marks a claimed task done without making anything ready: the run's last once the run's end is
+    /// recorded, or one stopped by `archon cancel` or whose run had ended.
     fn complete(&self, task: &Task) -> Result<(), StoreError>;
     /// Gives a claimed task back (ready again at once), when the worker stops before running it.
     fn release_task(&self, task: &Task) -> Result<(), StoreError>;

@@ -55,8 +55,9 @@ struct Finish {
     steps: i64,
 }
 
-/// Marks a task done, its dependents ready: `archon_finish` (schema.rs, migration 6) checks the task's
-/// token, marks it done and makes ready the dependents whose dependencies are all done.
+/// Marks a task done, its dependents ready: `archon_finish` (schema.rs, migration 6, as migrations 8 to 10
+/// left it) checks the task's token, tells whether its step is the run's last, and otherwise marks it done
+/// and makes ready the dependents whose dependencies are all done.
 const FINISH: &str = "SELECT outcome, made FROM archon_finish($1, $2, $3, $4, $5, $6, $7)";
 
 /// An entry as recorded, or one whose record the recording thread encoded already (events, results
@@ -261,6 +262,12 @@ impl LeaseGuard {
         if let Ok(mut until) = self.until.lock() {
             *until = (*until).max(started + lease - lease_margin(lease));
         }
+    }
+
+    /// Whether the lease was taken or last renewed more than a third of it ago: a write renews it then.
+    fn due(&self, lease: std::time::Duration) -> bool {
+        self.until().saturating_duration_since(Instant::now()) + lease / 3
+            < lease - lease_margin(lease)
     }
 
     fn expired(&self) -> bool {
@@ -501,9 +508,9 @@ impl Writer {
             .await);
         };
         // A task's lease is renewed now (with the other steps' writes, by the committer) unless it was
-        // taken a moment ago: a share of a commit at most. The step's first write renews it anyway, and
-        // a step with side effects records its attempt before it starts any: a task taken over
-        // meanwhile starts nothing.
+        // taken less than a third of it ago: a share of a commit at most. The journal's heartbeat renews
+        // it a third of it after it was taken, and every write checks it: a step with side effects
+        // records its attempt before it starts any, so a task taken over meanwhile starts nothing.
         let fresh = leased_at.elapsed() < lease / 3;
         if !fresh {
             // Nothing to write: the fence renews the lease.
@@ -595,9 +602,10 @@ impl Writer {
         self.released = saved.released;
     }
 
-    /// Applies `entries` in one transaction. A task's journal checks its lease with every write (renews it
-    /// with a `heartbeat`, every third of the lease), and tries a write whose connection failed again (a new connection from the pool) until its lease is
-    /// about to lapse; then the guard has stopped the step and nothing more is written.
+    /// Applies `entries` in one transaction. A task's journal checks its lease with every write (and
+    /// renews it with a `heartbeat`, every third of the lease), and tries a write whose connection failed
+    /// again (a new connection from the pool) until its lease is about to lapse; then the guard has
+    /// stopped the step and nothing more is written.
     async fn write_while_leased(
         &mut self,
         entries: &[Write],
@@ -614,9 +622,12 @@ impl Writer {
             }
             let saved = self.save();
             let started = Instant::now();
-            match self.write(entries, heartbeat, finish).await {
+            // Renewed with a heartbeat, or by any write once a third of the lease has gone by without
+            // one (a write that waited for the store, say); not by a task's end, which ends the lease.
+            let renew = (heartbeat || guard.due(self.lease)) && finish.is_none();
+            match self.write(entries, renew, finish).await {
                 Ok(outcome) => {
-                    if heartbeat && outcome.is_some() {
+                    if renew && outcome.is_some() {
                         guard.renewed(started, self.lease);
                     }
                     return Ok(outcome);
@@ -647,7 +658,12 @@ impl Writer {
     /// Collects messages and commits them together, renewing the lease every third of it.
     async fn run(mut self, mut receiver: mpsc::UnboundedReceiver<Message>) {
         let heartbeat = self.lease / 3;
-        let mut last_heartbeat = Instant::now();
+        // A task's lease runs from when it was taken (or renewed at the journal's start).
+        let mut last_heartbeat = self
+            .guard
+            .as_ref()
+            .and_then(|g| g.until().checked_sub(self.lease - lease_margin(self.lease)))
+            .unwrap_or_else(Instant::now);
         let mut pending: VecDeque<Message> = VecDeque::new();
         let mut since: Option<Instant> = None;
         let mut flush = false;
@@ -655,8 +671,8 @@ impl Writer {
         let cancel_asked = self.cancel_asked.clone();
         let mut look = false;
         // A task's step recorded its result: what waits is held for the task's end (`finish`), so that
-        // the step's last records and its end are one transaction, however long the worker takes to
-        // get there (a flush or the journal's close applies it too).
+        // the step's last records and its end are one transaction (a flush or the journal's close applies
+        // it too; so does a third of the lease gone by, should the worker take that long to get there).
         let mut held = false;
         let task = self.task.clone();
         let take = |message: Message,
@@ -680,10 +696,12 @@ impl Writer {
                 }
             }
             let heartbeat_due = last_heartbeat.elapsed() >= heartbeat;
+            // Held records wait for the task's end, or at most a third of the lease.
+            let window = if held { heartbeat } else { WINDOW };
             let due = flush
                 || closed
-                || pending.len() >= GATHERED
-                || (!held && since.is_some_and(|s| s.elapsed() >= WINDOW));
+                || (!held && pending.len() >= GATHERED)
+                || since.is_some_and(|s| s.elapsed() >= window);
             if due && !pending.is_empty() {
                 // A task's end closes its batch: it is applied with what was recorded before it.
                 let taken = pending
@@ -712,10 +730,9 @@ impl Writer {
                 continue;
             }
             let until_heartbeat = heartbeat.saturating_sub(last_heartbeat.elapsed());
-            let wait = match since {
-                Some(s) if !held => WINDOW.saturating_sub(s.elapsed()).min(until_heartbeat),
-                _ => until_heartbeat,
-            };
+            let wait = since.map_or(until_heartbeat, |s| {
+                window.saturating_sub(s.elapsed()).min(until_heartbeat)
+            });
             tokio::select! {
                 message = receiver.recv() => match message {
                     Some(message) => take(message, &mut pending, &mut since, &mut flush, &mut held),
@@ -826,20 +843,21 @@ impl Writer {
         self.cancel.cancel();
     }
 
-    /// Applies entries in one transaction; returns whether a cancel was requested, or `None` when the run
-    /// (or a task's step) is no longer this process's. A task's writes go to the store's committer, which
+    /// Applies entries (and a task's end) in one transaction; returns whether a cancel was requested and
+    /// the rows of a task's statements, or `None` when the run (or a task's step) is no longer this
+    /// process's. `renew`: a task's lease is renewed too. A task's writes go to the store's committer, which
     /// applies them with the writes of the worker's other steps (`commit.rs`).
     async fn write(
         &mut self,
         entries: &[Write],
-        heartbeat: bool,
+        renew: bool,
         finish: Option<&Finish>,
     ) -> Result<Option<Written>> {
         self.committing = false;
         let now = ms(now_ms());
         let mut ops = self.ops(entries, now);
         let run = self.run.clone();
-        // A task's lease is checked with every write (by its fence), and renewed with a heartbeat.
+        // A task's lease is checked with every write (by its fence), and renewed when asked.
         if let Some(step) = &self.task {
             // The task's end comes last, in the same transaction as the step's last records.
             if let Some(finish) = finish {
@@ -861,7 +879,7 @@ impl Writer {
                     run: run.clone(),
                     step: step.clone(),
                     token: self.token.clone(),
-                    until: heartbeat.then(|| now.saturating_add(self.lease.as_millis() as i64)),
+                    until: renew.then(|| now.saturating_add(self.lease.as_millis() as i64)),
                 }),
                 run,
                 ops,
@@ -894,7 +912,7 @@ impl Writer {
                 "only a task's journal ends a task",
             )));
         }
-        if heartbeat {
+        if renew {
             let until = now.saturating_add(self.lease.as_millis() as i64);
             ops.push(Op {
                 sql: RENEW,

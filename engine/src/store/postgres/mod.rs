@@ -126,7 +126,7 @@ pub(crate) struct Inner {
     /// The tasks renewing this process's worker registrations, by worker name (`tasks.rs`): a worker's
     /// deregistration waits for its renewal to end, so that a renewal under way cannot register it again.
     pub(crate) renewals: Mutex<HashMap<String, tokio::task::JoinHandle<()>>>,
-    /// Applies the writes of this process's task journals and finishes together (`commit.rs`); started
+    /// Applies the writes of this process's task journals together (`commit.rs`); started
     /// on first use.
     committer: OnceLock<commit::Committer>,
 }

@@ -469,23 +469,37 @@ $fences$;
 -- its step is the run's last from it, rather than by looking for the run's other pending tasks. Those
 -- reads walked the partial indexes of ready and claimed tasks, which keep an entry for every task that
 -- left the state until the table is vacuumed: they grew with the run, and a run's finishes took time
--- quadratic in its size. Counted by `archon_finish` and by a worker's `complete` (the run's last task, or
--- one stopped by `archon cancel`), both holding the run's row. Not a column of `runs`: a row updated on
--- every finish leaves a version behind each time, which every reader of the row then steps over (the key
--- checks of every record a step writes read the run's row).
+-- quadratic in its size. Not a column of `runs`: a row updated on every finish leaves a version behind
+-- each time, which every reader of the row then steps over (the key checks of every record a step
+-- writes read the run's row).
 CREATE TABLE run_progress (
     run_id TEXT PRIMARY KEY REFERENCES runs (id),
     tasks_done BIGINT NOT NULL
 );
+-- Counted by a trigger, whatever marks a task done (a finish, a worker's `complete`, the reaper), and
+-- whichever archon wrote it: a worker of the previous version still finishing steps while this runs is
+-- counted too. Creating the trigger waits for the transactions writing tasks and holds off new ones
+-- until this commits, so the count below misses none.
+CREATE FUNCTION archon_count_done() RETURNS TRIGGER
+LANGUAGE plpgsql AS $count$
+BEGIN
+    INSERT INTO run_progress AS p (run_id, tasks_done) VALUES (NEW.run_id, 1)
+        ON CONFLICT (run_id) DO UPDATE SET tasks_done = p.tasks_done + 1;
+    RETURN NULL;
+END
+$count$;
+CREATE TRIGGER tasks_count_done AFTER UPDATE OF state ON tasks
+    FOR EACH ROW WHEN (NEW.state = 'done' AND OLD.state <> 'done')
+    EXECUTE FUNCTION archon_count_done();
 INSERT INTO run_progress (run_id, tasks_done)
     SELECT run_id, count(*) FILTER (WHERE state = 'done') FROM tasks GROUP BY run_id;
+-- `archon_finish` of migration 9, reading that count. The body is migration 9's, patched.
 DO $patch$
 DECLARE
     v_before TEXT := pg_get_functiondef(
         'archon_finish(text, text, text, bigint, text, bigint, text)'::regprocedure);
-    v_after TEXT := v_before;
-    v_patch TEXT[][] := ARRAY[
-        ['    -- Counted only when no other task of the run is ready, claimed or waiting: one that is means this
+    v_after TEXT := replace(v_before,
+        '    -- Counted only when no other task of the run is ready, claimed or waiting: one that is means this
     -- step is not the last, and the count reads every done task of the run.
     IF NOT (EXISTS (SELECT 1 FROM tasks t WHERE t.run_id = p_run AND t.state = ''ready'')
         OR EXISTS (SELECT 1 FROM tasks t WHERE t.run_id = p_run AND t.state = ''claimed'' AND t.step <> p_step)
@@ -495,25 +509,17 @@ DECLARE
             RETURN QUERY SELECT ''last''::TEXT, v_made;
             RETURN;
         END IF;
-    END IF;
-    UPDATE tasks t SET state = ''done'', lease_until = NULL WHERE t.run_id = p_run AND t.step = p_step;',
-         '    -- Every other step of the run is done (each has one task).
+    END IF;',
+        '    -- Every other step of the run is done (each has one task).
     v_done := COALESCE((SELECT p.tasks_done FROM run_progress p WHERE p.run_id = p_run), 0);
     IF v_done + 1 >= p_steps THEN
         RETURN QUERY SELECT ''last''::TEXT, v_made;
         RETURN;
-    END IF;
-    UPDATE tasks t SET state = ''done'', lease_until = NULL WHERE t.run_id = p_run AND t.step = p_step;
-    INSERT INTO run_progress AS p (run_id, tasks_done) VALUES (p_run, 1)
-        ON CONFLICT (run_id) DO UPDATE SET tasks_done = p.tasks_done + 1;']
-    ];
+    END IF;');
 BEGIN
-    FOR i IN 1 .. array_length(v_patch, 1) LOOP
-        IF position(v_patch[i][1] IN v_after) = 0 THEN
-            RAISE EXCEPTION 'archon_finish is not as migration 9 left it (patch %)', i;
-        END IF;
-        v_after := replace(v_after, v_patch[i][1], v_patch[i][2]);
-    END LOOP;
+    IF v_after = v_before THEN
+        RAISE EXCEPTION '`archon_finish` is not as migration 9 left it';
+    END IF;
     EXECUTE v_after;
 END
 $patch$;
