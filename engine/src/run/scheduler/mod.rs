@@ -111,9 +111,9 @@ pub async fn run(
 /// Runs one step of a run, as the scheduler runs it once its dependencies have ended: their results
 /// come from `options.prior` (an error names the first that has none). The step's attempts and result
 /// go through `options.journal`, which its caller flushes (a worker applies them with the task's end,
-/// in one transaction). This is how a step runs when
-/// steps are handed out one at a time (a worker's task): the run's end — its outputs and its final
-/// status — is left to [`run`] with every step's result in `prior`, which reuses them all. The run's
+/// in one transaction). This is how a step runs when steps are handed out one at a time (a worker's
+/// task): the run's end — its outputs and its final status — is left to [`run`] with every step's
+/// result in `prior`, which reuses them all. The run's
 /// `before_run` rules and its `timeout` are its caller's: they are about the run, not one step.
 pub async fn run_step(
     workflow: Arc<Workflow>,
