@@ -1,11 +1,10 @@
 //! Group commit for the writes of a worker's steps. Each claimed step has a journal of its own (which
-//! also ends its task), but a worker runs many steps at once, and a commit per write per step costs the server a
-//! WAL flush and a few round trips each. So the journals of a process's steps hand their writes, as
-//! [`Unit`]s, to a few committer tasks of the store, and each committer applies all the units waiting
-//! in one transaction, sent in one round trip: the rows of the runs they write locked (in order, so that
-//! two committers never deadlock), then the tasks that fence them checked and locked (their leases
-//! renewed when due), then the
-//! statements of every unit, then the commit.
+//! also ends its task), but a worker runs many steps at once, and a commit per write per step costs the
+//! server a WAL flush and a few round trips each. So the journals of a process's steps hand their
+//! writes, as [`Unit`]s, to a few committer tasks of the store, and each committer applies all the units
+//! waiting in one transaction, sent in one round trip: the rows of the runs they write locked (in order,
+//! so that two committers never deadlock), then the tasks that fence them checked and locked (their
+//! leases renewed when due), then the statements of every unit, then the commit.
 //!
 //! A unit whose fence no longer holds (its task taken over, its lease lapsed) changes nothing and hears
 //! so; the others go on (the check fails the transaction, and the committer applies the units whose

@@ -768,7 +768,6 @@ mod tests {
                     .map(|r| r.get(0))
                     .collect()
             });
-
         assert_eq!(outcomes, ["done", "done", "last"]);
         assert!(read.iter().all(|&n| n <= 8), "{read:?}");
         assert_eq!(done, ["300 300"]);
