@@ -470,6 +470,9 @@ async fn what_a_journal_records_loads_back() {
             ],
             "{name}"
         );
+        // The process's start too (on PostgreSQL, written in the attempt's row when the two are
+        // recorded together).
+        assert_eq!(run.attempts[0].pgid_started, Some(77), "{name}");
         assert_eq!(
             run.results.keys().collect::<Vec<_>>(),
             ["a", "b", "c"],

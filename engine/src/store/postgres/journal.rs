@@ -372,9 +372,17 @@ pub(super) struct Known {
     pub last_attempt: HashMap<String, u32>,
 }
 
+/// An attempt as it started (`running`); when its process or its end comes in the same transaction,
+/// they go in this row rather than in statements of their own (`ATTEMPT_*` are the places of their
+/// parameters).
 const INSERT_ATTEMPT: &str =
-    "INSERT INTO attempts (run_id, step, attempt, generation, fallback, status,
-    started_at, host) VALUES ($1, $2, $3, $4, $5, 'running', $6, $7)";
+    "INSERT INTO attempts (run_id, step, attempt, generation, fallback, status, started_at, host, pgid,
+    pgid_started, error, ended_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)";
+const ATTEMPT_STATUS: usize = 5;
+const ATTEMPT_PGID: usize = 8;
+const ATTEMPT_PGID_STARTED: usize = 9;
+const ATTEMPT_ERROR: usize = 10;
+const ATTEMPT_ENDED_AT: usize = 11;
 const PROCESS: &str = "UPDATE attempts SET pgid = $4, pgid_started = $5
     WHERE run_id = $1 AND step = $2 AND attempt = $3";
 const ENDED: &str = "UPDATE attempts SET status = $4, error = $5, ended_at = $6
@@ -383,6 +391,11 @@ const ENDED: &str = "UPDATE attempts SET status = $4, error = $5, ended_at = $6
 /// row's lock, so the numbers follow the order of the commits.
 const INSERT_EVENT: &str = "INSERT INTO events (run_id, seq, at, event, format)
     SELECT $1, COALESCE(MAX(seq), 0) + 1, $2, $3, $4 FROM events WHERE run_id = $1";
+/// The events of one write, in order, in one statement (`$2` their times, `$3` their records).
+const INSERT_EVENTS: &str = "INSERT INTO events (run_id, seq, at, event, format)
+    SELECT $1, m.last + e.n, e.at, e.event, $4
+    FROM (SELECT COALESCE(MAX(seq), 0) AS last FROM events WHERE run_id = $1) m,
+        unnest($2::bigint[], $3::text[]) WITH ORDINALITY AS e (at, event, n)";
 const INSERT_RESULT: &str = "INSERT INTO results (run_id, step, generation, status, result,
     output_blob, text_blob, finished_at, format) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
     ON CONFLICT (run_id, step) DO UPDATE SET generation = excluded.generation, status = excluded.status,
@@ -956,29 +969,30 @@ impl Writer {
         }))
     }
 
-    /// The statements that record `entries`, in order.
+    /// The statements that record `entries`, in one transaction: each in order, but for two things
+    /// that save the server statements (a step's no-op records are half a dozen rows): the events go
+    /// in one statement, last (numbered in the order they came), and an attempt's process and end go
+    /// in the row that starts it, when that row is written in the same transaction.
     fn ops(&mut self, entries: &[Write], now: i64) -> Vec<Op> {
         let run = self.run.clone();
         let generation = i64::from(self.generation);
         let format = i64::from(FORMAT_VERSION);
         let mut ops: Vec<Op> = Vec::with_capacity(entries.len() + 1);
-        let mut push = |sql: &'static str, params: Params| ops.push(Op { sql, params });
+        let push =
+            |ops: &mut Vec<Op>, sql: &'static str, params: Params| ops.push(Op { sql, params });
+        let (mut event_times, mut event_texts): (Vec<i64>, Vec<String>) = (Vec::new(), Vec::new());
+        // The attempts started by these entries: the place of each one's statement.
+        let mut starts: HashMap<String, usize> = HashMap::new();
         for write in entries {
             let entry = match write {
                 Write::Event { text, at_ms } => {
-                    push(
-                        INSERT_EVENT,
-                        vec![
-                            boxed(run.clone()),
-                            boxed(ms(*at_ms)),
-                            boxed(text.clone()),
-                            boxed(format),
-                        ],
-                    );
+                    event_times.push(ms(*at_ms));
+                    event_texts.push(text.clone());
                     continue;
                 }
                 Write::Result { step, status, text } => {
                     push(
+                        &mut ops,
                         INSERT_RESULT,
                         vec![
                             boxed(run.clone()),
@@ -1001,7 +1015,9 @@ impl Writer {
                     let attempt = self.last_attempt.entry(step.clone()).or_insert(0);
                     *attempt += 1;
                     self.open.insert(step.clone(), *attempt);
+                    starts.insert(step.clone(), ops.len());
                     push(
+                        &mut ops,
                         INSERT_ATTEMPT,
                         vec![
                             boxed(run.clone()),
@@ -1009,8 +1025,13 @@ impl Writer {
                             boxed(i64::from(*attempt)),
                             boxed(generation),
                             boxed(*fallback),
+                            boxed("running"),
                             boxed(now),
                             boxed(self.inner.options.host.clone()),
+                            boxed(None::<i64>),
+                            boxed(None::<i64>),
+                            boxed(None::<String>),
+                            boxed(None::<i64>),
                         ],
                     );
                 }
@@ -1019,8 +1040,13 @@ impl Writer {
                     pgid,
                     started,
                 } => {
-                    if let Some(attempt) = self.open.get(step) {
+                    if let Some(&at) = starts.get(step) {
+                        let params = &mut ops[at].params;
+                        params[ATTEMPT_PGID] = boxed(i64::from(*pgid));
+                        params[ATTEMPT_PGID_STARTED] = boxed(started.map(ms));
+                    } else if let Some(attempt) = self.open.get(step) {
                         push(
+                            &mut ops,
                             PROCESS,
                             vec![
                                 boxed(run.clone()),
@@ -1037,8 +1063,17 @@ impl Writer {
                     status,
                     error,
                 } => {
-                    if let Some(attempt) = self.open.remove(step) {
+                    let Some(attempt) = self.open.remove(step) else {
+                        continue;
+                    };
+                    if let Some(at) = starts.remove(step) {
+                        let params = &mut ops[at].params;
+                        params[ATTEMPT_STATUS] = boxed(status.as_str());
+                        params[ATTEMPT_ERROR] = boxed(error.clone());
+                        params[ATTEMPT_ENDED_AT] = boxed(now);
+                    } else {
                         push(
+                            &mut ops,
                             ENDED,
                             vec![
                                 boxed(run.clone()),
@@ -1063,6 +1098,7 @@ impl Writer {
                         continue;
                     };
                     push(
+                        &mut ops,
                         INSERT_LOG,
                         vec![
                             boxed(run.clone()),
@@ -1079,8 +1115,10 @@ impl Writer {
                 // Never here: `Write::of` gives events a variant of their own.
                 Entry::Event { .. } => {}
                 Entry::StepFinished { step, result } => {
-                    let (text, output_blob, text_blob) = put_result(&mut push, result);
+                    let (text, output_blob, text_blob) =
+                        put_result(&mut |sql, params| push(&mut ops, sql, params), result);
                     push(
+                        &mut ops,
                         INSERT_RESULT,
                         vec![
                             boxed(run.clone()),
@@ -1103,13 +1141,15 @@ impl Writer {
                     result,
                     ttl_ms,
                 } => {
-                    let (record, output_blob, text_blob) = put_result(&mut push, result);
+                    let (record, output_blob, text_blob) =
+                        put_result(&mut |sql, params| push(&mut ops, sql, params), result);
                     let size = result.text.len()
                         + match output_blob {
                             Some(_) => 0,
                             None => json_text(&result.output).len(),
                         };
                     push(
+                        &mut ops,
                         INSERT_CACHE,
                         vec![
                             boxed(key.clone()),
@@ -1132,6 +1172,7 @@ impl Writer {
                 Entry::ApprovalRequested(request) => {
                     let text = record::encode(&record::ApprovalRequest::from(request));
                     push(
+                        &mut ops,
                         INSERT_APPROVAL,
                         vec![
                             boxed(run.clone()),
@@ -1146,6 +1187,7 @@ impl Writer {
                 Entry::ApprovalDecided { key, decision } => {
                     let text = record::encode(&record::ApprovalDecision::from(decision));
                     push(
+                        &mut ops,
                         DECIDED,
                         vec![
                             boxed(run.clone()),
@@ -1158,6 +1200,7 @@ impl Writer {
                 }
                 Entry::Checkpoint { step, state } => {
                     push(
+                        &mut ops,
                         CHECKPOINT,
                         vec![
                             boxed(run.clone()),
@@ -1177,6 +1220,7 @@ impl Writer {
                     // The run's end also gives it up: nothing is recorded after it.
                     self.released = true;
                     push(
+                        &mut ops,
                         RUN_ENDED,
                         vec![
                             boxed(run.clone()),
@@ -1189,6 +1233,29 @@ impl Writer {
                     );
                 }
             }
+        }
+        match event_texts.len() {
+            0 => {}
+            1 => push(
+                &mut ops,
+                INSERT_EVENT,
+                vec![
+                    boxed(run),
+                    boxed(event_times[0]),
+                    boxed(event_texts.swap_remove(0)),
+                    boxed(format),
+                ],
+            ),
+            _ => push(
+                &mut ops,
+                INSERT_EVENTS,
+                vec![
+                    boxed(run),
+                    boxed(event_times),
+                    boxed(event_texts),
+                    boxed(format),
+                ],
+            ),
         }
         ops
     }
