@@ -4,7 +4,9 @@
 # 1. throughput: one submitted run of `STEPS` independent no-op steps (default 2000) taken by 1, 2 and 4
 #    workers (`--concurrency CONCURRENCY` each, default 8); steps per second from submission to the run's
 #    end, and each step's latency from ready (its task row's `ready_at`) to started (its attempt's
-#    `started_at`), p50 and p99;
+#    `started_at`), p50 and p99. The run is submitted with `--max-parallel` the places of all the workers
+#    together, so that what is measured is the store and the workers, not the run's own limit (16 steps
+#    at once unless the spec says otherwise: 4 workers taking 8 each would take turns on 16 places);
 # 2. latency: a chain of `CHAIN` no-op steps (default 100), each needing the one before, over 4 idle
 #    workers: each step's wait from ready to started when nothing else queues, p50 and p99;
 # 3. sleep-bound scaling: 8 steps of `sleep 0.2` spread over 4 workers taking one step at a time, against
@@ -78,11 +80,13 @@ start_workers() {
     done
 }
 
-# Submits `$2` and waits for its end; prints the seconds from submission to the end.
+# Submits `$2` (with the options that follow) and waits for its end; prints the seconds from
+# submission to the end.
 run_through() {
     local store="$1" spec="$2" id start end status
+    shift 2
     start=$(date +%s.%N)
-    id=$(cd "$work" && ARCHON_STORE="$store" "$archon" run --submit "$spec")
+    id=$(cd "$work" && ARCHON_STORE="$store" "$archon" run --submit "$spec" "$@")
     wait_until "$store" "NOT EXISTS (SELECT 1 FROM runs WHERE id = '$id' AND status = 'running')"
     end=$(date +%s.%N)
     status=$(sql "$store" "SELECT status FROM runs WHERE id = '$id'")
@@ -108,14 +112,14 @@ run_through() {
 } > "$work/sleepy.yaml"
 
 echo "archon: $archon"
-echo "no-op steps: $steps in one run, --concurrency $concurrency per worker"
+echo "no-op steps: $steps in one run, --concurrency $concurrency per worker, the run's --max-parallel all their places"
 printf '%-8s %12s %14s %14s\n' workers steps/s "ready→start p50" "p99 (ms)"
 for n in 1 2 4; do
     store=$(fresh_store "noop$n")
     # The first use applies the migrations; not part of the measurement.
     ARCHON_STORE="$store" "$archon" runs > /dev/null
     start_workers "$store" "$n" "$concurrency"
-    read -r id seconds < <(run_through "$store" "$work/noop.yaml")
+    read -r id seconds < <(run_through "$store" "$work/noop.yaml" --max-parallel "$((n * concurrency))")
     stop_workers
     latency=$(sql "$store" "SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY a.started_at - t.ready_at),
             percentile_cont(0.99) WITHIN GROUP (ORDER BY a.started_at - t.ready_at)
