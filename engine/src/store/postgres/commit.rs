@@ -14,11 +14,11 @@
 //! have failed after the commit was applied, and is not tried again.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
 
 use futures_util::TryStreamExt;
-use tokio::sync::{Mutex, mpsc, oneshot};
+use tokio::sync::{Mutex, Notify, mpsc, oneshot};
 use tokio_postgres::types::ToSql;
 
 use super::queries::{BUMP, ms};
@@ -72,8 +72,12 @@ pub(super) enum Reply {
 }
 
 /// How many committers of a store apply units at once: one gathers the units that wait while the
-/// other's transaction is under way.
+/// other's transaction is under way, and applies them once it has ended.
 const COMMITTERS: usize = 2;
+/// How long a committer with units waits for the other's transaction to end before it applies them
+/// anyway: a transaction ends within a few milliseconds unless it waits for a lock (another worker's
+/// transaction on the same run, say), and the units that wait meanwhile need not wait for that.
+const OVERTAKE: std::time::Duration = std::time::Duration::from_millis(10);
 /// The most units one transaction applies.
 const MOST_UNITS: usize = 64;
 
@@ -87,10 +91,20 @@ pub(super) struct Committer {
 impl Committer {
     /// Starts the committers on the current runtime (the store's).
     pub(super) fn spawn(inner: Weak<Inner>) -> Committer {
+        Self::spawn_with(inner, OVERTAKE)
+    }
+
+    /// The committers, waiting at most `overtake` for each other's transactions.
+    fn spawn_with(inner: Weak<Inner>, overtake: std::time::Duration) -> Committer {
         let (sender, receiver) = mpsc::unbounded_channel();
         let receiver = Arc::new(Mutex::new(receiver));
+        let flight = Arc::new(Flight {
+            under_way: AtomicUsize::new(0),
+            ended: Notify::new(),
+            overtake,
+        });
         for _ in 0..COMMITTERS {
-            tokio::spawn(gather(inner.clone(), receiver.clone()));
+            tokio::spawn(gather(inner.clone(), receiver.clone(), flight.clone()));
         }
         Committer { sender }
     }
@@ -113,15 +127,36 @@ fn stopped() -> Reply {
     }
 }
 
+/// The committers' transactions under way.
+struct Flight {
+    under_way: AtomicUsize,
+    ended: Notify,
+    /// How long a committer waits for the others' to end ([`OVERTAKE`]).
+    overtake: std::time::Duration,
+}
+
 /// Takes every unit that waits (at most [`MOST_UNITS`]) and applies them together, until the store is
-/// dropped.
-async fn gather(inner: Weak<Inner>, receiver: Arc<Mutex<mpsc::UnboundedReceiver<Waiting>>>) {
+/// dropped. While the other committer's transaction is under way, the units that come wait for its end
+/// (for [`OVERTAKE`] at most), so that one transaction applies all that came meanwhile: a worker's
+/// steps cost the server fewer transactions, each with its locks, its fence checks and its commit.
+async fn gather(
+    inner: Weak<Inner>,
+    receiver: Arc<Mutex<mpsc::UnboundedReceiver<Waiting>>>,
+    flight: Arc<Flight>,
+) {
     loop {
         let units = {
             let mut receiver = receiver.lock().await;
             let Some(first) = receiver.recv().await else {
                 return;
             };
+            // Listening before looking, so that an end in between is not missed.
+            let ended = flight.ended.notified();
+            tokio::pin!(ended);
+            ended.as_mut().enable();
+            if flight.under_way.load(Ordering::SeqCst) > 0 {
+                let _ = tokio::time::timeout(flight.overtake, ended).await;
+            }
             let mut units = vec![first];
             while units.len() < MOST_UNITS {
                 match receiver.try_recv() {
@@ -129,6 +164,7 @@ async fn gather(inner: Weak<Inner>, receiver: Arc<Mutex<mpsc::UnboundedReceiver<
                     Err(_) => break,
                 }
             }
+            flight.under_way.fetch_add(1, Ordering::SeqCst);
             units
         };
         let Some(inner) = inner.upgrade() else {
@@ -138,6 +174,8 @@ async fn gather(inner: Weak<Inner>, receiver: Arc<Mutex<mpsc::UnboundedReceiver<
             return;
         };
         apply(&inner, units).await;
+        flight.under_way.fetch_sub(1, Ordering::SeqCst);
+        flight.ended.notify_waiters();
     }
 }
 
@@ -539,6 +577,32 @@ mod tests {
         replies
     }
 
+    /// Returns once a transaction waits for one of session `holder`'s (fails after 30 s).
+    async fn waits_for(client: &deadpool_postgres::Object, holder: i32) {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        loop {
+            let waiting: i64 = client
+                .query_one(
+                    "SELECT count(*) FROM pg_locks w JOIN pg_locks h
+                        ON h.locktype = 'transactionid' AND h.transactionid = w.transactionid
+                        AND h.granted AND h.pid = $1
+                     WHERE NOT w.granted AND w.locktype = 'transactionid'",
+                    &[&holder],
+                )
+                .await
+                .expect("locks")
+                .get(0);
+            if waiting > 0 {
+                return;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "no transaction waited for the other writer"
+            );
+            tokio::task::yield_now().await;
+        }
+    }
+
     const RUN_AND_TASKS: &str =
         "INSERT INTO runs (id, workflow, spec_path, spec_hash, status, inputs,
             workdir, max_parallel, started_at, format)
@@ -593,28 +657,7 @@ mod tests {
                     async move { applied(&inner, vec![unit("b", "tb", vec![event("b")])]).await }
                 });
                 // The write waits for the other transaction: the server says so.
-                let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-                loop {
-                    let waiting: i64 = client
-                        .query_one(
-                            "SELECT count(*) FROM pg_locks w JOIN pg_locks h
-                                ON h.locktype = 'transactionid' AND h.transactionid = w.transactionid
-                                AND h.granted AND h.pid = $1
-                             WHERE NOT w.granted AND w.locktype = 'transactionid'",
-                            &[&other_pid],
-                        )
-                        .await
-                        .expect("locks")
-                        .get(0);
-                    if waiting > 0 {
-                        break;
-                    }
-                    assert!(
-                        std::time::Instant::now() < deadline,
-                        "the write never waited for the other writer"
-                    );
-                    tokio::task::yield_now().await;
-                }
+                waits_for(&client, other_pid).await;
                 writer.commit().await.expect("the other writer commits");
                 let written = write.await.expect("the write");
                 let events = events(&client).await;
@@ -714,6 +757,160 @@ mod tests {
                 "f 1"
             ]
         );
+        drop(store);
+        drop_schema(&schema);
+    }
+
+    /// Run `s`, with claimed tasks `g` and `h`, beside run `r` of [`RUN_AND_TASKS`].
+    const OTHER_RUN: &str = "INSERT INTO runs (id, workflow, spec_path, spec_hash, status, inputs,
+            workdir, max_parallel, started_at, format)
+        VALUES ('s', 'w', 'w.yaml', '', 'running', '{}', '/', 4, 0, 1);
+        INSERT INTO tasks (run_id, step, state, ready_at, token, lease_until)
+        VALUES ('s', 'g', 'claimed', 0, 'tg', 4000000000000),
+            ('s', 'h', 'claimed', 0, 'th', 4000000000000)";
+
+    /// A unit of run `s` writing event `text`, fenced by `step`.
+    fn unit_of_s(step: &str, token: &str, text: &str) -> Unit {
+        Unit {
+            fence: Some(Fence {
+                run: "s".to_owned(),
+                ..unit(step, token, Vec::new()).fence.expect("a fence")
+            }),
+            run: "s".to_owned(),
+            ops: vec![Op {
+                sql: EVENT,
+                params: vec![Box::new("s".to_owned()), Box::new(text.to_owned())],
+            }],
+        }
+    }
+
+    /// What became of the units handed to `committer` (and replied to by `replied`), once it is known.
+    async fn heard(replied: Vec<oneshot::Receiver<Reply>>) -> Vec<String> {
+        let mut replies = Vec::new();
+        for reply in replied {
+            replies.push(what(&reply.await.expect("a reply")));
+        }
+        replies
+    }
+
+    /// Hands `units` to `committer` at once, in order; gives where each one's reply comes.
+    fn hand(committer: &Committer, units: Vec<Unit>) -> Vec<oneshot::Receiver<Reply>> {
+        units
+            .into_iter()
+            .map(|unit| {
+                let (reply, replied) = oneshot::channel();
+                committer.sender.send((unit, reply)).expect("committers");
+                replied
+            })
+            .collect()
+    }
+
+    /// Session `other` holds run `r`'s row (as a committer of another worker would), so that a
+    /// transaction writing `r` waits; returns the transaction's client and the session's process.
+    async fn hold_r(schema: &str) -> (tokio_postgres::Client, i32) {
+        let other = connect(schema).await;
+        other
+            .batch_execute("BEGIN; SELECT 1 FROM runs WHERE id = 'r' FOR NO KEY UPDATE")
+            .await
+            .expect("run `r` held");
+        let pid: i32 = other
+            .query_one("SELECT pg_backend_pid()", &[])
+            .await
+            .expect("its session")
+            .get(0);
+        (other, pid)
+    }
+
+    /// The transaction (`xmin`) that wrote each event, numbered in order of the transactions' start:
+    /// `1 a` then `2 g`: event `g` was written by a transaction that began after `a`'s.
+    async fn writers(client: &deadpool_postgres::Object) -> Vec<String> {
+        client
+            .query(
+                "SELECT dense_rank() OVER (ORDER BY xmin::text::bigint) || ' ' || event
+                 FROM events ORDER BY xmin::text::bigint, event",
+                &[],
+            )
+            .await
+            .expect("events")
+            .iter()
+            .map(|r| r.get(0))
+            .collect()
+    }
+
+    /// While one committer's transaction is under way, the units that come wait for its end, and one
+    /// transaction then applies all of them.
+    #[test]
+    fn units_that_come_while_a_transaction_is_under_way_wait_for_it_and_go_together() {
+        let Some((store, schema)) = store() else {
+            return;
+        };
+        let inner = store.inner.clone();
+        let within = schema.clone();
+        let (replies, writers) = super::super::runtime()
+            .expect("runtime")
+            .block_on(async move {
+                let client = inner.client().await.expect("connection");
+                client.batch_execute(RUN_AND_TASKS).await.expect("run r");
+                client.batch_execute(OTHER_RUN).await.expect("run s");
+                // Long enough that only the other transaction's end lets them go.
+                let committer = Committer::spawn_with(
+                    Arc::downgrade(&inner),
+                    std::time::Duration::from_secs(3600),
+                );
+                let (other, pid) = hold_r(&within).await;
+                let first = hand(&committer, vec![unit("a", "ta", vec![event("a")])]);
+                waits_for(&client, pid).await;
+                // Run `s` is free, but `a`'s transaction is under way.
+                let then = hand(
+                    &committer,
+                    vec![unit_of_s("g", "tg", "g"), unit_of_s("h", "th", "h")],
+                );
+                other.batch_execute("COMMIT").await.expect("released");
+                let mut replies = heard(first).await;
+                replies.extend(heard(then).await);
+                (replies, writers(&client).await)
+            });
+        assert_eq!(replies, ["applied", "applied", "applied"]);
+        assert_eq!(writers, ["1 a", "2 g", "2 h"]);
+        drop(store);
+        drop_schema(&schema);
+    }
+
+    /// A transaction that waits (here for a lock another worker holds) holds up the units that come
+    /// after it for a moment only: the other committer applies them while it still waits.
+    #[test]
+    fn a_transaction_that_waits_does_not_hold_up_the_units_after_it() {
+        let Some((store, schema)) = store() else {
+            return;
+        };
+        let inner = store.inner.clone();
+        let within = schema.clone();
+        let (replies, writers) = super::super::runtime()
+            .expect("runtime")
+            .block_on(async move {
+                let client = inner.client().await.expect("connection");
+                client.batch_execute(RUN_AND_TASKS).await.expect("run r");
+                client.batch_execute(OTHER_RUN).await.expect("run s");
+                let committer = Committer::spawn_with(
+                    Arc::downgrade(&inner),
+                    std::time::Duration::from_millis(50),
+                );
+                let (other, pid) = hold_r(&within).await;
+                let first = hand(&committer, vec![unit("a", "ta", vec![event("a")])]);
+                waits_for(&client, pid).await;
+                let then = hand(&committer, vec![unit_of_s("g", "tg", "g")]);
+                // Applied while `a`'s transaction still waits.
+                let mut replies =
+                    tokio::time::timeout(std::time::Duration::from_secs(30), heard(then))
+                        .await
+                        .expect("run `s`'s unit waited for the transaction of run `r`");
+                other.batch_execute("COMMIT").await.expect("released");
+                replies.extend(heard(first).await);
+                (replies, writers(&client).await)
+            });
+        assert_eq!(replies, ["applied", "applied"]);
+        // `g`'s transaction wrote first: `a`'s had not written yet.
+        assert_eq!(writers, ["1 g", "2 a"]);
         drop(store);
         drop_schema(&schema);
     }
