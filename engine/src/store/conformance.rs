@@ -473,6 +473,32 @@ async fn what_a_journal_records_loads_back() {
         // The process's start too (on PostgreSQL, written in the attempt's row when the two are
         // recorded together).
         assert_eq!(run.attempts[0].pgid_started, Some(77), "{name}");
+        // An attempt whose start was made durable before its process and its end (as a step with side
+        // effects makes it): they are recorded in its row after.
+        store.create_run(&new_run("r2", "w")).expect("created");
+        let journal = store
+            .journal("r2", CancellationToken::new())
+            .expect("journal");
+        journal.record(started("x"));
+        journal.flush().wait().await.expect("durable");
+        journal.record(Entry::ProcessStarted {
+            step: "x".into(),
+            pgid: 4343,
+            started: Some(78),
+        });
+        journal.record(Entry::AttemptEnded {
+            step: "x".into(),
+            status: StepStatus::Failed,
+            error: Some("bang".into()),
+        });
+        journal.flush().wait().await.expect("durable");
+        journal.close();
+        let x = &store.load("r2").expect("loads").attempts[0];
+        assert_eq!(
+            (x.status.as_str(), x.pgid, x.pgid_started, x.error.as_deref()),
+            ("failed", Some(4343), Some(78), Some("bang")),
+            "{name}"
+        );
         assert_eq!(
             run.results.keys().collect::<Vec<_>>(),
             ["a", "b", "c"],

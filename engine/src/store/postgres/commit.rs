@@ -100,6 +100,7 @@ impl Committer {
         let receiver = Arc::new(Mutex::new(receiver));
         let flight = Arc::new(Flight {
             under_way: AtomicUsize::new(0),
+            since: std::sync::Mutex::new(None),
             ended: Notify::new(),
             overtake,
         });
@@ -130,15 +131,39 @@ fn stopped() -> Reply {
 /// The committers' transactions under way.
 struct Flight {
     under_way: AtomicUsize,
+    /// When the latest of them began.
+    since: std::sync::Mutex<Option<tokio::time::Instant>>,
     ended: Notify,
-    /// How long a committer waits for the others' to end ([`OVERTAKE`]).
+    /// How long after its start a committer stops waiting for another's transaction ([`OVERTAKE`]).
     overtake: std::time::Duration,
+}
+
+/// A committer's transaction under way, counted until this is dropped: when it ended, or when its task
+/// stopped (the store gone, or a panic).
+struct UnderWay(Arc<Flight>);
+
+impl UnderWay {
+    fn begin(flight: &Arc<Flight>) -> UnderWay {
+        flight.under_way.fetch_add(1, Ordering::SeqCst);
+        if let Ok(mut since) = flight.since.lock() {
+            *since = Some(tokio::time::Instant::now());
+        }
+        UnderWay(flight.clone())
+    }
+}
+
+impl Drop for UnderWay {
+    fn drop(&mut self) {
+        self.0.under_way.fetch_sub(1, Ordering::SeqCst);
+        self.0.ended.notify_waiters();
+    }
 }
 
 /// Takes every unit that waits (at most [`MOST_UNITS`]) and applies them together, until the store is
 /// dropped. While the other committer's transaction is under way, the units that come wait for its end
-/// (for [`OVERTAKE`] at most), so that one transaction applies all that came meanwhile: a worker's
-/// steps cost the server fewer transactions, each with its locks, its fence checks and its commit.
+/// (until [`OVERTAKE`] after it began, and not once a full transaction's worth waits), so that one
+/// transaction applies all that came meanwhile: a worker's steps cost the server fewer transactions,
+/// each with its locks, its fence checks and its commit.
 async fn gather(
     inner: Weak<Inner>,
     receiver: Arc<Mutex<mpsc::UnboundedReceiver<Waiting>>>,
@@ -154,8 +179,14 @@ async fn gather(
             let ended = flight.ended.notified();
             tokio::pin!(ended);
             ended.as_mut().enable();
-            if flight.under_way.load(Ordering::SeqCst) > 0 {
-                let _ = tokio::time::timeout(flight.overtake, ended).await;
+            if flight.under_way.load(Ordering::SeqCst) > 0 && receiver.len() + 1 < MOST_UNITS {
+                let since = flight
+                    .since
+                    .lock()
+                    .ok()
+                    .and_then(|since| *since)
+                    .unwrap_or_else(tokio::time::Instant::now);
+                let _ = tokio::time::timeout_at(since + flight.overtake, ended).await;
             }
             let mut units = vec![first];
             while units.len() < MOST_UNITS {
@@ -164,9 +195,9 @@ async fn gather(
                     Err(_) => break,
                 }
             }
-            flight.under_way.fetch_add(1, Ordering::SeqCst);
-            units
+            (units, UnderWay::begin(&flight))
         };
+        let (units, _under_way) = units;
         let Some(inner) = inner.upgrade() else {
             for (_, reply) in units {
                 let _ = reply.send(stopped());
@@ -174,8 +205,6 @@ async fn gather(
             return;
         };
         apply(&inner, units).await;
-        flight.under_way.fetch_sub(1, Ordering::SeqCst);
-        flight.ended.notify_waiters();
     }
 }
 
@@ -784,7 +813,7 @@ mod tests {
         }
     }
 
-    /// What became of the units handed to `committer` (and replied to by `replied`), once it is known.
+    /// What became of the units whose replies come to `replied`, once it is known.
     async fn heard(replied: Vec<oneshot::Receiver<Reply>>) -> Vec<String> {
         let mut replies = Vec::new();
         for reply in replied {
@@ -821,8 +850,9 @@ mod tests {
         (other, pid)
     }
 
-    /// The transaction (`xmin`) that wrote each event, numbered in order of the transactions' start:
-    /// `1 a` then `2 g`: event `g` was written by a transaction that began after `a`'s.
+    /// The transaction (`xmin`) that wrote each event, numbered in the order of their ids, which the
+    /// server gives a transaction at its first write or row lock (not at `BEGIN`): `1 a` then `2 g`, and
+    /// event `g` was written by a transaction that took no lock before `a`'s had written.
     async fn writers(client: &deadpool_postgres::Object) -> Vec<String> {
         client
             .query(
@@ -867,7 +897,11 @@ mod tests {
                 );
                 other.batch_execute("COMMIT").await.expect("released");
                 let mut replies = heard(first).await;
-                replies.extend(heard(then).await);
+                replies.extend(
+                    tokio::time::timeout(std::time::Duration::from_secs(30), heard(then))
+                        .await
+                        .expect("the units that waited were never applied"),
+                );
                 (replies, writers(&client).await)
             });
         assert_eq!(replies, ["applied", "applied", "applied"]);
