@@ -867,6 +867,33 @@ mod tests {
             .collect()
     }
 
+    /// Committers whose transaction for unit `a` of run `r` waits for session `other`, which holds the
+    /// run's row (commit it to let the unit go), with where `a`'s reply comes and a connection.
+    struct Stuck {
+        committer: Committer,
+        other: tokio_postgres::Client,
+        first: Vec<oneshot::Receiver<Reply>>,
+        client: deadpool_postgres::Object,
+    }
+
+    /// Runs `r` and `s` in the store's schema, committers that wait `overtake` at most for each other,
+    /// and unit `a` of run `r` handed to them and waiting for session `other`.
+    async fn stuck(inner: &Arc<Inner>, schema: &str, overtake: std::time::Duration) -> Stuck {
+        let client = inner.client().await.expect("connection");
+        client.batch_execute(RUN_AND_TASKS).await.expect("run r");
+        client.batch_execute(OTHER_RUN).await.expect("run s");
+        let committer = Committer::spawn_with(Arc::downgrade(inner), overtake);
+        let (other, pid) = hold_r(schema).await;
+        let first = hand(&committer, vec![unit("a", "ta", vec![event("a")])]);
+        waits_for(&client, pid).await;
+        Stuck {
+            committer,
+            other,
+            first,
+            client,
+        }
+    }
+
     /// While one committer's transaction is under way, the units that come wait for its end, and one
     /// transaction then applies all of them.
     #[test]
@@ -879,17 +906,13 @@ mod tests {
         let (replies, writers) = super::super::runtime()
             .expect("runtime")
             .block_on(async move {
-                let client = inner.client().await.expect("connection");
-                client.batch_execute(RUN_AND_TASKS).await.expect("run r");
-                client.batch_execute(OTHER_RUN).await.expect("run s");
                 // Long enough that only the other transaction's end lets them go.
-                let committer = Committer::spawn_with(
-                    Arc::downgrade(&inner),
-                    std::time::Duration::from_secs(3600),
-                );
-                let (other, pid) = hold_r(&within).await;
-                let first = hand(&committer, vec![unit("a", "ta", vec![event("a")])]);
-                waits_for(&client, pid).await;
+                let Stuck {
+                    committer,
+                    other,
+                    first,
+                    client,
+                } = stuck(&inner, &within, std::time::Duration::from_secs(3600)).await;
                 // Run `s` is free, but `a`'s transaction is under way.
                 let then = hand(
                     &committer,
@@ -922,16 +945,12 @@ mod tests {
         let (replies, writers) = super::super::runtime()
             .expect("runtime")
             .block_on(async move {
-                let client = inner.client().await.expect("connection");
-                client.batch_execute(RUN_AND_TASKS).await.expect("run r");
-                client.batch_execute(OTHER_RUN).await.expect("run s");
-                let committer = Committer::spawn_with(
-                    Arc::downgrade(&inner),
-                    std::time::Duration::from_millis(50),
-                );
-                let (other, pid) = hold_r(&within).await;
-                let first = hand(&committer, vec![unit("a", "ta", vec![event("a")])]);
-                waits_for(&client, pid).await;
+                let Stuck {
+                    committer,
+                    other,
+                    first,
+                    client,
+                } = stuck(&inner, &within, std::time::Duration::from_millis(50)).await;
                 let then = hand(&committer, vec![unit_of_s("g", "tg", "g")]);
                 // Applied while `a`'s transaction still waits.
                 let mut replies =
