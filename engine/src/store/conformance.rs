@@ -495,7 +495,12 @@ async fn what_a_journal_records_loads_back() {
         journal.close();
         let x = &store.load("r2").expect("loads").attempts[0];
         assert_eq!(
-            (x.status.as_str(), x.pgid, x.pgid_started, x.error.as_deref()),
+            (
+                x.status.as_str(),
+                x.pgid,
+                x.pgid_started,
+                x.error.as_deref()
+            ),
             ("failed", Some(4343), Some(78), Some("bang")),
             "{name}"
         );
