@@ -74,9 +74,9 @@ pub(super) enum Reply {
 /// How many committers of a store apply units at once: one gathers the units that wait while the
 /// other's transaction is under way, and applies them once it has ended.
 const COMMITTERS: usize = 2;
-/// How long a committer with units waits for the other's transaction to end before it applies them
-/// anyway: a transaction ends within a few milliseconds unless it waits for a lock (another worker's
-/// transaction on the same run, say), and the units that wait meanwhile need not wait for that.
+/// How long after the other's transaction began a committer with units stops waiting for its end and
+/// applies them anyway: a transaction ends within a few milliseconds unless it waits for a lock (another
+/// worker's transaction on the same run, say), and the units that wait meanwhile need not wait for that.
 const OVERTAKE: std::time::Duration = std::time::Duration::from_millis(10);
 /// The most units one transaction applies.
 const MOST_UNITS: usize = 64;
@@ -170,7 +170,7 @@ async fn gather(
     flight: Arc<Flight>,
 ) {
     loop {
-        let units = {
+        let (units, _under_way) = {
             let mut receiver = receiver.lock().await;
             let Some(first) = receiver.recv().await else {
                 return;
@@ -197,7 +197,6 @@ async fn gather(
             }
             (units, UnderWay::begin(&flight))
         };
-        let (units, _under_way) = units;
         let Some(inner) = inner.upgrade() else {
             for (_, reply) in units {
                 let _ = reply.send(stopped());
