@@ -113,8 +113,8 @@ pub async fn run(
 /// go through `options.journal`, which its caller flushes (a worker applies them with the task's end,
 /// in one transaction). This is how a step runs when steps are handed out one at a time (a worker's
 /// task): the run's end — its outputs and its final status — is left to [`run`] with every step's
-/// result in `prior`, which reuses them all. The run's
-/// `before_run` rules and its `timeout` are its caller's: they are about the run, not one step.
+/// result in `prior`, which reuses them all. The run's `before_run` rules and its `timeout` are its
+/// caller's: they are about the run, not one step.
 pub async fn run_step(
     workflow: Arc<Workflow>,
     inputs: Map<String, Json>,

@@ -4,7 +4,8 @@
 //! writes, as [`Unit`]s, to a few committer tasks of the store, and each committer applies all the units
 //! waiting in one transaction, sent in one round trip: the rows of the runs they write locked (in order,
 //! so that two committers never deadlock), then the tasks that fence them checked and locked (their
-//! leases renewed when due), then the statements of every unit, then the commit.
+//! leases renewed when due), then the statements of every unit, then the commit. Units that come while
+//! a transaction is under way wait for its end (for a moment at most), so that the next carries them all.
 //!
 //! A unit whose fence no longer holds (its task taken over, its lease lapsed) changes nothing and hears
 //! so; the others go on (the check fails the transaction, and the committer applies the units whose
