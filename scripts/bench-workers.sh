@@ -59,9 +59,12 @@ fresh_store() {
 sql() { psql -qAtX "$1" -c "$2"; }
 
 # Waits until `$2` holds in store `$1`: one session looks every 5 ms, on the server. (A psql started
-# every 10 ms to look would take a large share of the CPU the measurement is about.)
+# every 10 ms to look would take a large share of the CPU the measurement is about.) Each look is a
+# transaction of its own: one that lasted the whole run would hold back the server's horizon, so that
+# the versions the workers leave behind could not be pruned, nor their index entries skipped, and every
+# claim would step over all of them.
 wait_until() {
-    psql -qAtX "$1" -c "DO \$\$ BEGIN WHILE NOT ($2) LOOP PERFORM pg_sleep(0.005); END LOOP; END \$\$"
+    psql -qAtX "$1" -c "DO \$\$ BEGIN WHILE NOT ($2) LOOP PERFORM pg_sleep(0.005); COMMIT; END LOOP; END \$\$"
 }
 
 # Starts `$2` workers on store `$1`, each taking `$3` steps at once, and waits until each says it works.
