@@ -849,7 +849,7 @@ impl Session {
         };
         // The entries of every workflow of the run are read once, before it starts: a step's lookup is a
         // hash of its call and a map's.
-        let cache = match cached_workflows(&prepared.workflow) {
+        let cache = match prepared.workflow.cached.clone() {
             names if names.is_empty() || attachments.no_cache => run::StepCache::of([], refresh),
             names => match self.store.cache_entries(&names, crate::store::now_ms()) {
                 Ok(entries) => run::StepCache::of(entries, refresh),
@@ -1304,27 +1304,6 @@ fn unknown(message: impl Into<String>, hint: &str) -> StoreError {
         unknown_run: true,
         ..StoreError::new(message).with_hint(hint)
     }
-}
-
-/// The names of the workflows of a run (the workflow and its sub-workflows) that have steps with
-/// `cache`: whose entries the run reads.
-fn cached_workflows(workflow: &Workflow) -> Vec<String> {
-    fn walk(workflow: &Workflow, names: &mut Vec<String>) {
-        let cached = workflow
-            .spec
-            .steps
-            .iter()
-            .any(|s| s.cache.as_ref().is_some_and(|c| c.value.enabled()));
-        if cached && !names.contains(&workflow.name) {
-            names.push(workflow.name.clone());
-        }
-        for inner in workflow.subworkflows.values() {
-            walk(inner, names);
-        }
-    }
-    let mut names = Vec::new();
-    walk(workflow, &mut names);
-    names
 }
 
 /// Writes the one-step workflow of a goal (`archon run --goal`) into the state directory, where a resume

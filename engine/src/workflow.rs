@@ -17,6 +17,14 @@ pub struct Workflow {
     pub spec: Arc<Spec>,
     /// For each step (by index in `spec.steps`), the indexes of the steps it depends on.
     pub dependencies: Vec<Vec<usize>>,
+    /// For each step (by index), the indexes of the steps that depend on it, in step order.
+    pub dependents: Vec<Vec<usize>>,
+    /// Each step's index in `spec.steps`, by id: a worker running one step of a large run finds it,
+    /// and what it needs, without going through all of them.
+    pub(crate) index: std::collections::HashMap<String, usize>,
+    /// The names of the workflows of a run of this one (itself and its sub-workflows) that have steps
+    /// with `cache`: whose entries the run reads.
+    pub cached: Vec<String>,
     /// Step indexes in a topological order.
     pub order: Vec<usize>,
     /// The step graph of each composite tool (`tools.<name>.steps`), by tool name.
@@ -39,6 +47,11 @@ pub struct Workflow {
 }
 
 impl Workflow {
+    /// The index in `spec.steps` of the step `id`.
+    pub fn step_index(&self, id: &str) -> Option<usize> {
+        self.index.get(id).copied()
+    }
+
     /// The host of a request `args` describe when the spec does not name it (`None` when it does, or when
     /// the URL has no host to speak of).
     pub fn unnamed_host(&self, args: &serde_json::Value) -> Option<String> {
@@ -257,6 +270,35 @@ steps:
                 ("saved", &["big-disk"]),
             ])
         );
+    }
+
+    #[test]
+    fn a_workflow_finds_a_step_what_needs_it_and_whether_it_caches_without_a_walk() {
+        let spec = "name: diamond
+steps:
+  - { id: a, tool: echo, with: { n: 1 } }
+  - { id: b, needs: [a, a], tool: echo, with: { n: 2 } }
+  - { id: c, needs: [a], tool: echo, with: { n: 3 }, cache: false }
+  - { id: d, needs: [c, b], tool: echo, with: { n: 4 } }
+";
+        let workflow = crate::validate::validate_source("/nowhere/diamond.yaml", spec)
+            .workflow
+            .expect("valid");
+        let index: Vec<Option<usize>> = ["a", "b", "c", "d", "e"]
+            .iter()
+            .map(|id| workflow.step_index(id))
+            .collect();
+        assert_eq!(index, [Some(0), Some(1), Some(2), Some(3), None]);
+        // Each dependent once, in step order, whatever the order and repeats of its `needs`.
+        assert_eq!(workflow.dependents, [vec![1, 2], vec![3], vec![3], vec![]]);
+        assert!(workflow.cached.is_empty());
+        let cached = crate::validate::validate_source(
+            "/nowhere/cached.yaml",
+            spec.replace("cache: false", "cache: true"),
+        )
+        .workflow
+        .expect("valid");
+        assert_eq!(cached.cached, ["diamond"]);
     }
 
     #[test]

@@ -12,7 +12,7 @@ use std::time::Duration;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
-use super::{NewRunRequest, Session, SessionError, cached_workflows, spec_files};
+use super::{NewRunRequest, Session, SessionError, spec_files};
 use crate::report::StepStatus;
 use crate::resume;
 use crate::run::{self, RunOptions};
@@ -478,12 +478,7 @@ impl Session {
     ) -> Result<Outcome, SessionError> {
         // What running the step needs: its own record and its dependencies' results, not the whole run's.
         let mut names = vec![task.step.clone()];
-        if let Some(index) = workflow
-            .spec
-            .steps
-            .iter()
-            .position(|s| s.id.value == task.step)
-        {
+        if let Some(index) = workflow.step_index(&task.step) {
             names.extend(
                 workflow.dependencies[index]
                     .iter()
@@ -589,17 +584,15 @@ impl Session {
             return Ok(Outcome::Waiting);
         }
         let steps = &workflow.spec.steps;
-        let index = steps.iter().position(|s| s.id.value == task.step);
-        let dependents: Vec<(String, Vec<String>)> = steps
+        let dependents: Vec<(String, Vec<String>)> = (workflow.step_index(&task.step))
+            .map_or(&[][..], |me| &workflow.dependents[me])
             .iter()
-            .enumerate()
-            .filter(|(i, _)| index.is_some_and(|me| workflow.dependencies[*i].contains(&me)))
-            .map(|(i, s)| {
+            .map(|&i| {
                 let needs = workflow.dependencies[i]
                     .iter()
                     .map(|&d| steps[d].id.value.clone())
                     .collect();
-                (s.id.value.clone(), needs)
+                (steps[i].id.value.clone(), needs)
             })
             .collect();
         // The step's last records and the task's end, in one transaction.
@@ -652,12 +645,12 @@ impl Session {
         cancel: CancellationToken,
         options: &WorkerOptions,
     ) -> RunOptions {
-        let names = cached_workflows(workflow);
+        let names = &workflow.cached;
         let entries = if names.is_empty() {
             Vec::new()
         } else {
             self.store
-                .cache_entries(&names, crate::store::now_ms())
+                .cache_entries(names, crate::store::now_ms())
                 .unwrap_or_default()
         };
         RunOptions {

@@ -112,11 +112,39 @@ impl Checked {
                 .collect::<Vec<_>>(),
         ));
         let hosts = Arc::new(crate::workflow::named_hosts(&self.spec));
+        let steps = &self.spec.steps;
+        let mut dependents = vec![Vec::new(); steps.len()];
+        for (i, needs) in self.graph.dependencies.iter().enumerate() {
+            for &d in needs {
+                dependents[d].push(i);
+            }
+        }
+        let index = (steps.iter().enumerate())
+            .map(|(i, s)| (s.id.value.clone(), i))
+            .collect();
+        let name = workflow_name(&self.spec, path);
+        let mut cached = Vec::new();
+        if steps
+            .iter()
+            .any(|s| s.cache.as_ref().is_some_and(|c| c.value.enabled()))
+        {
+            cached.push(name.clone());
+        }
+        for inner in self.subworkflows.values() {
+            for name in &inner.cached {
+                if !cached.contains(name) {
+                    cached.push(name.clone());
+                }
+            }
+        }
         Workflow {
-            name: workflow_name(&self.spec, path),
+            name,
             path: path.to_path_buf(),
             spec: Arc::new(self.spec),
             dependencies: self.graph.dependencies,
+            dependents,
+            index,
+            cached,
             order: self.graph.order,
             composites: self.composites,
             subworkflows: self.subworkflows,

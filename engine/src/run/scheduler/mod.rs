@@ -122,7 +122,7 @@ pub async fn run_step(
     step: &str,
 ) -> Result<Arc<StepResult>, RunError> {
     let steps = &workflow.spec.steps;
-    let Some(index) = steps.iter().position(|s| s.id.value == step) else {
+    let Some(index) = workflow.step_index(step) else {
         return Err(RunError(format!(
             "the workflow `{}` has no step `{step}`",
             workflow.name
