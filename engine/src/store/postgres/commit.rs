@@ -403,7 +403,7 @@ async fn transact_on(
     let now = ms(now_ms());
     // Each statement prepared once per connection (no round trip once it is).
     let mut statements: HashMap<&'static str, tokio_postgres::Statement> = HashMap::new();
-    let mut sqls = vec![LOCK_RUNS, LOCK_RUN, CANCELS, RENEW_TASKS];
+    let mut sqls = vec![LOCK_RUNS, LOCK_RUN, CANCELS, RENEW_TASKS, BUMP];
     for unit in units {
         sqls.extend(unit.ops.iter().map(|op| op.sql));
     }
@@ -498,7 +498,7 @@ async fn transact_on(
     // Once the commit is applied, whoever follows the store looks again (`bump`).
     let bumped = async {
         if !written.is_empty() {
-            let _ = client.batch_execute(BUMP).await;
+            let _ = client.query(&statements[BUMP], &[]).await;
         }
         Ok::<_, Failure>(())
     };
