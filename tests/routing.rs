@@ -485,6 +485,7 @@ fn a_store_from_before_routing_migrates_and_its_waiting_run_goes_on() {
         "DROP FUNCTION archon_fences_hold; DROP INDEX tasks_claimed_by_run; DROP INDEX tasks_waiting; DROP FUNCTION archon_finish; DROP TABLE memories; DROP FUNCTION archon_claim; DROP TABLE workers; DROP TABLE step_labels; DROP INDEX tasks_ready_by_run; DROP INDEX runs_running;
          ALTER TABLE tasks DROP COLUMN labels; ALTER TABLE runs DROP COLUMN workflow_limit;
          DROP TRIGGER tasks_count_done ON tasks; DROP FUNCTION archon_count_done; DROP TABLE run_progress;
+         DROP INDEX cache_by_step; CREATE INDEX cache_by_workflow ON cache (workflow);
          UPDATE archon_schema_version SET version = 3;",
     );
     let worker = Worker::start(&db, 0, &[]);

@@ -686,3 +686,58 @@ fn workers_need_a_postgresql_store() {
     // Nothing was created.
     assert!(!dir.path().join(".archon").exists());
 }
+
+#[test]
+fn a_worker_reuses_the_cached_results_of_its_step_and_of_the_sub_workflows_it_calls() {
+    let Some(db) = db() else { return };
+    std::fs::write(
+        db.path().join("sub.yaml"),
+        r#"name: sub
+steps:
+  - { id: x, tool: exec, cache: { key: x }, with: { argv: [sh, -c, "echo x >> ledger; echo from-x"] } }
+outputs:
+  said: "{{ steps.x.output }}"
+"#,
+    )
+    .expect("write");
+    std::fs::write(
+        db.path().join("cached.yaml"),
+        r#"name: cached
+steps:
+  - { id: a, tool: exec, cache: { key: a }, with: { argv: [sh, -c, "echo a >> ledger; echo from-a"] } }
+  - { id: b, tool: exec, with: { argv: [sh, -c, "echo b >> ledger"] } }
+  - { id: c, tool: exec, cache: { key: c }, with: { argv: [sh, -c, "echo c >> ledger"] } }
+  - { id: s, workflow: sub.yaml }
+outputs:
+  a: "{{ steps.a.output }}"
+  x: "{{ steps.s.output.said }}"
+"#,
+    )
+    .expect("write");
+    let workers = vec![worker(&db, 0, "10s")];
+    let first = submit(&db, "cached.yaml");
+    assert_eq!(ended(&db, &first)["status"], "succeeded");
+    let second = submit(&db, "cached.yaml");
+    let run = ended(&db, &second);
+    stop(workers);
+    assert_eq!(run["status"], "succeeded", "{run}");
+    // The cached steps ran once, in the first run; the step without `cache` ran in both.
+    assert_eq!(ledger(&db), sorted(&["a", "b", "b", "c", "x"]));
+    assert_eq!(
+        run["outputs"],
+        json!({ "a": "from-a", "x": "from-x" }),
+        "{run}"
+    );
+    let from = |result: &Json| result["cached"]["run"].clone();
+    let results = &run["results"];
+    assert_eq!(
+        [
+            from(&results["a"]),
+            from(&results["b"]),
+            from(&results["c"]),
+            from(&results["s"]["steps"]["x"])
+        ],
+        [json!(first), Json::Null, json!(first), json!(first)],
+        "{run}"
+    );
+}

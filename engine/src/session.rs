@@ -849,9 +849,9 @@ impl Session {
         };
         // The entries of every workflow of the run are read once, before it starts: a step's lookup is a
         // hash of its call and a map's.
-        let cache = match prepared.workflow.cached.clone() {
+        let cache = match &prepared.workflow.cached {
             names if names.is_empty() || attachments.no_cache => run::StepCache::of([], refresh),
-            names => match self.store.cache_entries(&names, crate::store::now_ms()) {
+            names => match self.store.cache_entries(names, crate::store::now_ms()) {
                 Ok(entries) => run::StepCache::of(entries, refresh),
                 Err(e) => {
                     journal.record(Entry::RunEnded {

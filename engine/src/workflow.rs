@@ -17,7 +17,7 @@ pub struct Workflow {
     pub spec: Arc<Spec>,
     /// For each step (by index in `spec.steps`), the indexes of the steps it depends on.
     pub dependencies: Vec<Vec<usize>>,
-    /// For each step (by index), the indexes of the steps that depend on it, in step order.
+    /// For each step (by index), the indexes of the steps that depend on it, each once, in step order.
     pub dependents: Vec<Vec<usize>>,
     /// Each step's index in `spec.steps`, by id: a worker running one step of a large run finds it,
     /// and what it needs, without going through all of them.

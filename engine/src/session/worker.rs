@@ -518,8 +518,13 @@ impl Session {
         // unrenewed.
         let cancel = CancellationToken::new();
         let journal = tasks.task_journal(task, &stored, options.lease, cancel.clone())?;
-        let run_options =
-            self.task_options(&stored, &workflow, journal.clone(), cancel.clone(), options);
+        let run_options = self.task_options(
+            &stored,
+            (&workflow, &task.step),
+            journal.clone(),
+            cancel.clone(),
+            options,
+        );
         // The step's records are applied when the journal is closed, or with the task's end (`finish`).
         // `archon cancel` stops the step as it stops a local run's: its attempt ends cancelled, its
         // commands are stopped, nothing after it is made ready, and the run ends cancelled once no
@@ -620,7 +625,8 @@ impl Session {
                 let stored = self.store.load(&task.run_id)?;
                 let cancel = CancellationToken::new();
                 let ending: Arc<dyn crate::store::Journal> = Arc::new(Ending(journal.clone()));
-                let run_options = self.task_options(&stored, &workflow, ending, cancel, options);
+                let run_options =
+                    self.task_options(&stored, (&workflow, &task.step), ending, cancel, options);
                 let ended = run::run(workflow, stored.inputs.clone(), run_options).await;
                 journal.close();
                 if failed(&*journal, &options.say) {
@@ -636,21 +642,29 @@ impl Session {
         }
     }
 
-    /// How a step of a stored run runs on this worker: every result the run has recorded is reused.
+    /// How step `step` of a stored run runs on this worker: every result the run has recorded is
+    /// reused, and the cached results the step may reuse are its own and those of the sub-workflows
+    /// it may call (not every entry of the run's workflow, which a large cached run would read for each
+    /// of its steps).
     fn task_options(
         &self,
         stored: &StoredRun,
-        workflow: &Workflow,
+        (workflow, step): (&Workflow, &str),
         journal: Arc<dyn crate::store::Journal>,
         cancel: CancellationToken,
         options: &WorkerOptions,
     ) -> RunOptions {
-        let names = &workflow.cached;
-        let entries = if names.is_empty() {
+        let entries = if workflow.cached.is_empty() {
             Vec::new()
         } else {
+            let mut others: Vec<String> = Vec::new();
+            for name in workflow.subworkflows.values().flat_map(|w| &w.cached) {
+                if !others.contains(name) {
+                    others.push(name.clone());
+                }
+            }
             self.store
-                .cache_entries(names, crate::store::now_ms())
+                .step_cache_entries(&workflow.name, step, &others, crate::store::now_ms())
                 .unwrap_or_default()
         };
         RunOptions {

@@ -1098,6 +1098,55 @@ async fn forgetting_results_starts_a_new_generation() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn a_steps_cached_results_are_its_own_and_those_of_the_sub_workflows_it_may_call() {
+    for backend in backends() {
+        let name = backend.name();
+        let store = backend.open();
+        store.create_run(&new_run("r1", "w")).expect("created");
+        let cached = |key: &str, workflow: &str, step: &str, ttl_ms: Option<u64>| Entry::Cached {
+            key: key.into(),
+            workflow: workflow.into(),
+            step: step.into(),
+            source: step.into(),
+            result: Arc::new(StepResult::ended(StepStatus::Succeeded, None)),
+            ttl_ms,
+        };
+        record(
+            &*store,
+            "r1",
+            vec![
+                cached("wa", "w", "a", None),
+                cached("wb", "w", "b", Some(1)),
+                cached("sx", "sub", "x", None),
+                cached("sy", "sub", "y", Some(1)),
+                cached("oz", "other", "z", None),
+            ],
+        )
+        .await;
+        let keys_at = |workflow: &str, step: &str, others: &[&str], now: u64| {
+            let others: Vec<String> = others.iter().map(|o| (*o).to_owned()).collect();
+            let mut keys: Vec<String> = store
+                .step_cache_entries(workflow, step, &others, now)
+                .expect("entries")
+                .into_iter()
+                .map(|e| e.summary.key)
+                .collect();
+            keys.sort_unstable();
+            keys
+        };
+        let keys = |workflow: &str, step: &str, others: &[&str]| keys_at(workflow, step, others, 0);
+        assert_eq!(keys("w", "a", &["sub"]), ["sx", "sy", "wa"], "{name}");
+        assert_eq!(keys("w", "b", &[]), ["wb"], "{name}");
+        assert_eq!(keys("w", "c", &[]), Vec::<String>::new(), "{name}");
+        // A sub-workflow of the same name as the run's: every entry of that name may be its.
+        assert_eq!(keys("w", "a", &["w"]), ["wa", "wb"], "{name}");
+        // Expired ones (a one-millisecond lifetime) are not reused.
+        let later = now_ms() + 60_000;
+        assert_eq!(keys_at("w", "b", &["sub"], later), ["sx"], "{name}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn cached_results_are_kept_listed_and_cleared() {
     for backend in backends() {
         let name = backend.name();

@@ -640,6 +640,25 @@ pub trait RunStore: Send + Sync + fmt::Debug {
         let _ = (workflows, now);
         Ok(Vec::new())
     }
+    /// The cached results one step of a run may reuse, unexpired at `now`: those of step `step` of
+    /// workflow `workflow`, and every one of the workflows in `others` (the sub-workflows it may call).
+    /// A worker reads these for each step it runs, rather than every entry of the step's workflow.
+    fn step_cache_entries(
+        &self,
+        workflow: &str,
+        step: &str,
+        others: &[String],
+        now: u64,
+    ) -> Result<Vec<CacheEntry>, StoreError> {
+        let mut names = vec![workflow.to_owned()];
+        names.extend(others.iter().filter(|n| *n != workflow).cloned());
+        let mut entries = self.cache_entries(&names, now)?;
+        entries.retain(|e| {
+            others.contains(&e.summary.workflow)
+                || (e.summary.workflow == workflow && e.summary.step == step)
+        });
+        Ok(entries)
+    }
     /// Every cached result, without its output, newest first.
     fn cache_list(&self) -> Result<Vec<CacheSummary>, StoreError> {
         Ok(Vec::new())

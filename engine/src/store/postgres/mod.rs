@@ -987,6 +987,20 @@ impl RunStore for PostgresStore {
         self.run(async move { queries::cache_entries(&inner, &workflows, now).await })
     }
 
+    fn step_cache_entries(
+        &self,
+        workflow: &str,
+        step: &str,
+        others: &[String],
+        now: u64,
+    ) -> Result<Vec<CacheEntry>, StoreError> {
+        let inner = self.inner.clone();
+        let (workflow, step, others) = (workflow.to_owned(), step.to_owned(), others.to_vec());
+        self.run(async move {
+            queries::step_cache_entries(&inner, (&workflow, &step), &others, now).await
+        })
+    }
+
     fn cache_list(&self) -> Result<Vec<CacheSummary>, StoreError> {
         let inner = self.inner.clone();
         self.run(async move { queries::cache_list(&inner).await })

@@ -59,10 +59,12 @@ fn damaged_rows(inner: &Inner, damage: &[RecordError]) -> Failure {
     ))
 }
 
-/// Advances the change counter, once a write has committed (`RunStore::changes`).
+/// Advances the change counter, once a write has committed (`RunStore::changes`). Prepared once per
+/// connection, as every statement a worker sends for each step (a claim bumps it).
 pub(super) async fn bump(client: &deadpool_postgres::Client) {
-    // The simple protocol: one round trip, no statement to prepare.
-    let _ = client.batch_execute(BUMP).await;
+    if let Ok(statement) = client.prepare_cached(BUMP).await {
+        let _ = client.query(&statement, &[]).await;
+    }
 }
 
 /// Advances the change counter (`bump`).
@@ -741,7 +743,8 @@ fn decode_result(
 /// argument (it would from `unnest`'s): the plan for a few names then costs what the plan for any names
 /// costs, so the server keeps the statement's one generic plan instead of planning it anew on every
 /// call (a custom plan for one or two names always looked cheaper), which took more of its time than
-/// running it.
+/// running it. (Finding the i-th name walks the names before it: a step with thousands of `needs`
+/// would feel that.)
 fn steps_of(table: &str) -> String {
     format!(
         "(SELECT s.* FROM generate_subscripts($2::text[], 1) AS n (i) CROSS JOIN LATERAL
@@ -1070,6 +1073,13 @@ fn cache_summary(r: &PgRow) -> CacheSummary {
     }
 }
 
+/// The columns of a cache entry, its blobs joined; `cache_of` decodes the rows.
+const CACHE_ENTRIES: &str =
+    "SELECT c.key, c.workflow, c.step, c.run_id, c.source, c.created_at, c.expires_at,
+        c.size, c.format, c.result, c.output_blob, b.data, c.text_blob, t.data
+     FROM cache c LEFT JOIN blobs b ON b.hash = c.output_blob
+        LEFT JOIN blobs t ON t.hash = c.text_blob";
+
 pub(super) async fn cache_entries(
     inner: &Inner,
     workflows: &[String],
@@ -1078,17 +1088,43 @@ pub(super) async fn cache_entries(
     let client = inner.client().await?;
     let rows = client
         .query(
-            "SELECT c.key, c.workflow, c.step, c.run_id, c.source, c.created_at, c.expires_at,
-                c.size, c.format, c.result, c.output_blob, b.data, c.text_blob, t.data
-             FROM cache c LEFT JOIN blobs b ON b.hash = c.output_blob
-                LEFT JOIN blobs t ON t.hash = c.text_blob
-             WHERE c.workflow = ANY($1) AND (c.expires_at IS NULL OR c.expires_at > $2)",
+            &format!(
+                "{CACHE_ENTRIES}
+                 WHERE c.workflow = ANY($1) AND (c.expires_at IS NULL OR c.expires_at > $2)"
+            ),
             &[&workflows, &ms(now)],
         )
         .await?;
+    cache_of(inner, &rows)
+}
+
+/// The entries of one step (`RunStore::step_cache_entries`), found in the index on
+/// `(workflow, step)` of migration 11: a worker's step reads its own, not every entry of its workflow.
+pub(super) async fn step_cache_entries(
+    inner: &Inner,
+    (workflow, step): (&str, &str),
+    others: &[String],
+    now: u64,
+) -> Result<Vec<CacheEntry>> {
+    let client = inner.client().await?;
+    let rows = client
+        .query(
+            &format!(
+                "{CACHE_ENTRIES}
+                 WHERE ((c.workflow = $1 AND c.step = $2) OR c.workflow = ANY($3))
+                    AND (c.expires_at IS NULL OR c.expires_at > $4)"
+            ),
+            &[&workflow, &step, &others, &ms(now)],
+        )
+        .await?;
+    cache_of(inner, &rows)
+}
+
+/// Decodes the rows of `CACHE_ENTRIES`; a row that does not decode fails the read, with a hint.
+fn cache_of(inner: &Inner, rows: &[tokio_postgres::Row]) -> Result<Vec<CacheEntry>> {
     let mut entries = Vec::new();
     let mut damage = Vec::new();
-    for r in &rows {
+    for r in rows {
         let summary = cache_summary(r);
         let at = Row {
             run: &summary.run_id,
@@ -1518,7 +1554,8 @@ mod tests {
                 }
                 // Left to choose, the server keeps each read's generic plan after its first five
                 // calls, instead of planning it anew on every call (as it did while a custom plan for
-                // a few names looked cheaper than the generic one).
+                // a few names looked cheaper than the generic one): five custom plans, and six generic
+                // ones with the one explained above.
                 client
                     .batch_execute("SET plan_cache_mode = auto")
                     .await
@@ -1554,9 +1591,9 @@ mod tests {
             ]
         );
         // Each name is looked up in the index, and only the rows of those steps are read. A filter on
-        // the whole array (`= ANY($2)`) may be planned so
-        // too, or as a scan of all of the run's rows with a filter, as the server's estimates of the
-        // run's size go: a benchmark's 2,000-step run was read whole for each step that way.
+        // the whole array (`= ANY($2)`) may be planned so too, or as a scan of all of the run's rows
+        // with a filter, as the server's estimates of the run's size go: a benchmark's 2,000-step run
+        // was read whole for each step that way. The results' blobs are looked up by their hash too.
         let scans = |plan: &str, table: &str| {
             let lines: Vec<&str> = plan.lines().collect();
             lines
@@ -1584,6 +1621,18 @@ mod tests {
                 "{plan}"
             );
         }
+        assert_eq!(
+            plans[0]
+                .lines()
+                .filter(|line| line.contains(" on blobs "))
+                .collect::<Vec<_>>(),
+            [
+                "->  Index Scan using blobs_pkey on blobs b",
+                "->  Index Scan using blobs_pkey on blobs t"
+            ],
+            "{}",
+            plans[0]
+        );
         // And what the worker reads is those steps' records, each once.
         let run = store
             .load_steps("r", &["s7".to_owned(), "m".to_owned(), "s7".to_owned()])

@@ -524,6 +524,13 @@ BEGIN
 END
 $patch$;
 "#,
+    r#"
+-- A worker's step reads the cache entries of that step (and those of the sub-workflows it may call),
+-- not every entry of its workflow (`queries.rs`, `step_cache_entries`): a large cached run's steps would
+-- each read all of its entries. The index on the workflow alone is this one's prefix.
+CREATE INDEX cache_by_step ON cache (workflow, step);
+DROP INDEX cache_by_workflow;
+"#,
 ];
 
 /// The tables whose rows belong to a run (by `run_id`), which `prune` deletes with it.
