@@ -520,7 +520,7 @@ impl Session {
         let journal = tasks.task_journal(task, &stored, options.lease, cancel.clone())?;
         let run_options = self.task_options(
             &stored,
-            (&workflow, &task.step),
+            (&workflow, Some(&task.step)),
             journal.clone(),
             cancel.clone(),
             options,
@@ -626,7 +626,7 @@ impl Session {
                 let cancel = CancellationToken::new();
                 let ending: Arc<dyn crate::store::Journal> = Arc::new(Ending(journal.clone()));
                 let run_options =
-                    self.task_options(&stored, (&workflow, &task.step), ending, cancel, options);
+                    self.task_options(&stored, (&workflow, None), ending, cancel, options);
                 let ended = run::run(workflow, stored.inputs.clone(), run_options).await;
                 journal.close();
                 if failed(&*journal, &options.say) {
@@ -642,30 +642,38 @@ impl Session {
         }
     }
 
-    /// How step `step` of a stored run runs on this worker: every result the run has recorded is
-    /// reused, and the cached results the step may reuse are its own and those of the sub-workflows
-    /// it may call (not every entry of the run's workflow, which a large cached run would read for each
-    /// of its steps).
+    /// How a stored run runs on this worker: every result the run has recorded is reused. Running
+    /// its step `step`, the cached results it may reuse are its workflow's entries for that step and
+    /// every entry of the workflow's sub-workflows (not every entry of the run's workflow, which a
+    /// large cached run would read for each of its steps); ending the run (`None`), none: every step
+    /// has its result by then. A cache that cannot be read is said, and the step runs without it.
     fn task_options(
         &self,
         stored: &StoredRun,
-        (workflow, step): (&Workflow, &str),
+        (workflow, step): (&Workflow, Option<&str>),
         journal: Arc<dyn crate::store::Journal>,
         cancel: CancellationToken,
         options: &WorkerOptions,
     ) -> RunOptions {
-        let entries = if workflow.cached.is_empty() {
-            Vec::new()
-        } else {
-            let mut others: Vec<String> = Vec::new();
-            for name in workflow.subworkflows.values().flat_map(|w| &w.cached) {
-                if !others.contains(name) {
-                    others.push(name.clone());
+        let entries = match step {
+            Some(step) if !workflow.cached.is_empty() => {
+                let mut others: Vec<String> = Vec::new();
+                for name in workflow.subworkflows.values().flat_map(|w| &w.cached) {
+                    if !others.contains(name) {
+                        others.push(name.clone());
+                    }
                 }
+                self.store
+                    .step_cache_entries(&workflow.name, step, &others, crate::store::now_ms())
+                    .unwrap_or_else(|e| {
+                        options.say.line(&format!(
+                            "worker: run `{}`: step `{step}` runs without the cached results: {e}",
+                            stored.id
+                        ));
+                        Vec::new()
+                    })
             }
-            self.store
-                .step_cache_entries(&workflow.name, step, &others, crate::store::now_ms())
-                .unwrap_or_default()
+            _ => Vec::new(),
         };
         RunOptions {
             max_parallel: stored.max_parallel,

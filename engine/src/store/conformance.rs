@@ -1136,6 +1136,11 @@ async fn a_steps_cached_results_are_its_own_and_those_of_the_sub_workflows_it_ma
         };
         let keys = |workflow: &str, step: &str, others: &[&str]| keys_at(workflow, step, others, 0);
         assert_eq!(keys("w", "a", &["sub"]), ["sx", "sy", "wa"], "{name}");
+        assert_eq!(
+            keys("w", "a", &["sub", "sub"]),
+            ["sx", "sy", "wa"],
+            "{name}"
+        );
         assert_eq!(keys("w", "b", &[]), ["wb"], "{name}");
         assert_eq!(keys("w", "c", &[]), Vec::<String>::new(), "{name}");
         // A sub-workflow of the same name as the run's: every entry of that name may be its.

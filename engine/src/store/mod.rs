@@ -651,7 +651,11 @@ pub trait RunStore: Send + Sync + fmt::Debug {
         now: u64,
     ) -> Result<Vec<CacheEntry>, StoreError> {
         let mut names = vec![workflow.to_owned()];
-        names.extend(others.iter().filter(|n| *n != workflow).cloned());
+        for name in others {
+            if !names.contains(name) {
+                names.push(name.clone());
+            }
+        }
         let mut entries = self.cache_entries(&names, now)?;
         entries.retain(|e| {
             others.contains(&e.summary.workflow)
