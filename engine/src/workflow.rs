@@ -273,7 +273,7 @@ steps:
     }
 
     #[test]
-    fn a_workflow_finds_a_step_what_needs_it_and_whether_it_caches_without_a_walk() {
+    fn a_workflow_knows_each_steps_index_what_needs_it_and_whether_it_caches() {
         let spec = "name: diamond
 steps:
   - { id: a, tool: echo, with: { n: 1 } }
