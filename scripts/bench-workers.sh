@@ -13,6 +13,9 @@
 #    the 1.6 s they take one after another.
 # 4. many runs: as many no-op steps in `RUNS` runs (default 8) submitted one after another, over 4 workers:
 #    the steps of different runs do not take turns on one run's row.
+# 5. cached steps: a run of `STEPS` no-op steps with `cache`, twice, over 1 worker (`CONCURRENCY` places):
+#    the first run keeps an entry for each step, the second reuses them all; a step reads the entries it
+#    may reuse, not all of its run's.
 #
 # Each measurement uses a schema of its own in `$ARCHON_BENCH_DB` (default
 # postgres://postgres@127.0.0.1:5432/test), dropped afterwards. Needs psql and an archon binary: `$ARCHON`
@@ -169,3 +172,17 @@ ended=$(sql "$store" "SELECT count(*) FROM runs WHERE status = 'succeeded'")
 [ "$ended" = "$runs" ] || { echo "only $ended of $runs runs succeeded" >&2; exit 1; }
 printf '%s no-op steps in %s runs submitted one after another, over 4 workers: %.0f steps/s\n' \
     "$(( (steps / runs) * runs ))" "$runs" "$(echo "$(( (steps / runs) * runs )) / ($end - $start)" | bc -l)"
+
+{
+    echo "name: cachey"
+    echo "steps:"
+    for i in $(seq 1 "$steps"); do echo "  - { id: s$i, tool: echo, with: { n: $i }, cache: true }"; done
+} > "$work/cached.yaml"
+store=$(fresh_store cached)
+ARCHON_STORE="$store" "$archon" runs > /dev/null
+start_workers "$store" 1 "$concurrency"
+read -r _ first < <(run_through "$store" "$work/cached.yaml" --max-parallel "$concurrency")
+read -r _ second < <(run_through "$store" "$work/cached.yaml" --max-parallel "$concurrency")
+stop_workers
+printf '%s cached no-op steps over 1 worker: %.0f steps/s keeping their results, %.0f reusing them\n' \
+    "$steps" "$(echo "$steps / $first" | bc -l)" "$(echo "$steps / $second" | bc -l)"
