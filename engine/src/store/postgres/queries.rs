@@ -1073,7 +1073,7 @@ fn cache_summary(r: &PgRow) -> CacheSummary {
     }
 }
 
-/// The columns of a cache entry, its blobs joined; `cache_of` decodes the rows.
+/// The columns of a cache entry, its blobs joined; `cache_where` decodes the rows.
 const CACHE_ENTRIES: &str =
     "SELECT c.key, c.workflow, c.step, c.run_id, c.source, c.created_at, c.expires_at,
         c.size, c.format, c.result, c.output_blob, b.data, c.text_blob, t.data
@@ -1085,17 +1085,12 @@ pub(super) async fn cache_entries(
     workflows: &[String],
     now: u64,
 ) -> Result<Vec<CacheEntry>> {
-    let client = inner.client().await?;
-    let rows = client
-        .query(
-            &format!(
-                "{CACHE_ENTRIES}
-                 WHERE c.workflow = ANY($1) AND (c.expires_at IS NULL OR c.expires_at > $2)"
-            ),
-            &[&workflows, &ms(now)],
-        )
-        .await?;
-    cache_of(inner, &rows)
+    cache_where(
+        inner,
+        "c.workflow = ANY($1) AND (c.expires_at IS NULL OR c.expires_at > $2)",
+        &[&workflows, &ms(now)],
+    )
+    .await
 }
 
 /// The entries of one step (`RunStore::step_cache_entries`), found in the index on
@@ -1106,25 +1101,29 @@ pub(super) async fn step_cache_entries(
     others: &[String],
     now: u64,
 ) -> Result<Vec<CacheEntry>> {
-    let client = inner.client().await?;
-    let rows = client
-        .query(
-            &format!(
-                "{CACHE_ENTRIES}
-                 WHERE ((c.workflow = $1 AND c.step = $2) OR c.workflow = ANY($3))
-                    AND (c.expires_at IS NULL OR c.expires_at > $4)"
-            ),
-            &[&workflow, &step, &others, &ms(now)],
-        )
-        .await?;
-    cache_of(inner, &rows)
+    cache_where(
+        inner,
+        "((c.workflow = $1 AND c.step = $2) OR c.workflow = ANY($3))
+            AND (c.expires_at IS NULL OR c.expires_at > $4)",
+        &[&workflow, &step, &others, &ms(now)],
+    )
+    .await
 }
 
-/// Decodes the rows of `CACHE_ENTRIES`; a row that does not decode fails the read, with a hint.
-fn cache_of(inner: &Inner, rows: &[tokio_postgres::Row]) -> Result<Vec<CacheEntry>> {
+/// The cache entries `filter` selects (over `CACHE_ENTRIES`, as `c`), decoded; a row that does not
+/// decode fails the read, with a hint.
+async fn cache_where(
+    inner: &Inner,
+    filter: &str,
+    params: &[&(dyn ToSql + Sync)],
+) -> Result<Vec<CacheEntry>> {
+    let client = inner.client().await?;
+    let rows = client
+        .query(&format!("{CACHE_ENTRIES} WHERE {filter}"), params)
+        .await?;
     let mut entries = Vec::new();
     let mut damage = Vec::new();
-    for r in rows {
+    for r in &rows {
         let summary = cache_summary(r);
         let at = Row {
             run: &summary.run_id,
