@@ -340,6 +340,11 @@ pub struct McpServeArgs {
     #[arg(long, value_name = "N", default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..))]
     pub max_runs: u32,
 
+    /// Labels this server has, comma separated (`gpu,eu`), for the run of every call: a run whose steps'
+    /// `runs_on` (or their tools') need one it lacks fails before any step starts. Default: none.
+    #[arg(long, value_name = "LABELS", value_delimiter = ',', value_parser = label)]
+    pub labels: Vec<String>,
+
     #[command(flatten)]
     pub state: StateArgs,
 }

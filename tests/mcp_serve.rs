@@ -252,6 +252,37 @@ async fn invalid_arguments_are_a_tool_error_naming_each_problem() {
     client.cancel().await.expect("closed");
 }
 
+/// `archon mcp serve --labels`: the run of every call has the server's labels, as `archon run --labels`
+/// gives a local run its own; without them, a run whose steps need labels is a tool error before any step
+/// starts.
+#[tokio::test]
+async fn the_runs_of_calls_have_the_labels_of_the_server() {
+    let dir = TempDir::new().expect("tempdir");
+    std::fs::write(
+        dir.path().join("routed.yaml"),
+        "name: routed\nsteps:\n  - { id: fit, runs_on: [gpu], tool: echo, with: { n: 1 } }\noutputs:\n  n: \"{{ steps.fit.output.n }}\"\n",
+    )
+    .expect("write");
+    let (client, _) = stdio(dir.path()).await;
+    let refused = call(&client, "routed", json!({})).await;
+    client.cancel().await.expect("closed");
+    assert_eq!(
+        (refused.is_error, stable(&text_of(&refused), &run_of(&refused))),
+        (
+            Some(true),
+            "run RUN did not run: step `fit` needs a label this process does not have: `gpu`\nhint: pass `--labels gpu` to run it here, or submit the run to workers that have them (`archon run --submit`)".to_owned()
+        )
+    );
+    let (client, _) = stdio_with(dir.path(), &["--labels", "gpu,eu"], &[]).await;
+    let ran = call(&client, "routed", json!({})).await;
+    client.cancel().await.expect("closed");
+    assert_eq!(
+        (ran.is_error, ran.structured_content.clone()),
+        (Some(false), Some(json!({ "n": 1 })))
+    );
+    assert_eq!(stored(dir.path(), &run_of(&ran))["status"], "succeeded");
+}
+
 #[tokio::test]
 async fn a_failing_workflow_is_a_tool_error_with_the_step_error_and_run_id() {
     let dir = workflows();

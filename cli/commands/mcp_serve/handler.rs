@@ -38,6 +38,8 @@ pub struct Shared {
     pub slots: Arc<tokio::sync::Semaphore>,
     /// `archon` itself, for the jq filters and templates a run evaluates in a process of its own.
     pub helper: Option<PathBuf>,
+    /// The labels this server has (`--labels`), which the run of every call has.
+    pub labels: archon_engine::workflow::Labels,
 }
 
 /// One connection's handler (an MCP session).
@@ -291,6 +293,7 @@ where
         events: Some(events),
         cancel: call.cancel.clone(),
         helper: shared.helper.clone(),
+        labels: shared.labels.clone(),
         ..Attachments::default()
     };
     let store = shared.store.clone();

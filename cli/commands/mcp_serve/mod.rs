@@ -76,6 +76,7 @@ pub fn serve(args: &McpServeArgs) -> anyhow::Result<Status> {
         answering,
         slots: Arc::new(tokio::sync::Semaphore::new(args.max_runs as usize)),
         helper: std::env::current_exe().ok(),
+        labels: args.labels.iter().cloned().collect(),
     });
     let signal_handle = super::run::cancel_on_signals(stopping.clone())?;
     // One thread serves the protocol; each run has a thread of its own.
