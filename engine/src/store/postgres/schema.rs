@@ -535,16 +535,18 @@ DROP INDEX cache_by_workflow;
 -- `archon_claim` of migration 4, its work no longer growing with the tasks claimed since the last vacuum,
 -- nor planned anew on every call.
 -- - A task that leaves `claimed` leaves its entry in `tasks_claimed` (and `tasks_claimed_by_run`) until
---   the table is vacuumed. Counting the claimed tasks by a bitmap scan read every such entry, and each
---   task's row, on every claim: a run of 4,000 steps read 3,500 entries and 110 pages of rows per claim
---   near its end. A plain index scan marks the entries of rows no transaction can see any more, and
---   steps over marked entries without reading their rows: bitmap scans are off within the function.
+--   the table is vacuumed. Counting the claimed tasks by a bitmap scan (the planner's choice on a table
+--   never analysed) read every such entry, and each task's row, on every claim: a run of 4,000 steps
+--   read 3,500 entries and 110 pages of rows per claim near its end. A plain index scan marks the
+--   entries of rows no transaction can see any more, and steps over marked entries without reading
+--   their rows: bitmap scans are off within the function.
 -- - The claimed tasks are updated by their rows' addresses (`ctid`), read in the claim's snapshot: the
 --   planner looked them up by `tasks_ready_by_run`, whose order is not the step's, reading every entry
---   of the run for each. A row changed since by another transaction (none claims while the lock is
---   held) is claimed only if its latest version is still ready: the state is checked again on it.
--- - The plan is generic: planned once per connection, not for each call's values (which a claim's plan
---   does not depend on).
+--   of the run for each. A row another transaction changed since (none claims while the lock is held;
+--   the others only delete ready rows) is skipped, or claimed only if its latest version is still
+--   ready: the state is checked again on it.
+-- - The plan is generic: planned once per connection (and again once the tables are analysed or
+--   altered), not for each call's values.
 CREATE OR REPLACE FUNCTION archon_claim(lim BIGINT, worker_name TEXT, until BIGINT, owner TEXT)
 RETURNS TABLE (run_id TEXT, step TEXT, token TEXT, attempts BIGINT)
 LANGUAGE plpgsql VOLATILE
