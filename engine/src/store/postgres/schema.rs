@@ -661,6 +661,20 @@ fn too_new(inner: &Inner, version: i64) -> Failure {
     )
 }
 
+/// The oldest PostgreSQL the migrations run on (`server_version_num`): 12, for generated columns
+/// (migration 5) and `plan_cache_mode` (migration 12).
+const OLDEST_SERVER: i64 = 120_000;
+
+/// The refusal of a server older than [`OLDEST_SERVER`] (`None` for one as new or newer).
+fn too_old(shown: &str, number: i64, version: &str) -> Option<StoreError> {
+    (number < OLDEST_SERVER).then(|| {
+        StoreError::new(format!(
+            "run store `{shown}` is PostgreSQL `{version}`, older than archon supports"
+        ))
+        .with_hint("use PostgreSQL 12 or newer")
+    })
+}
+
 /// Brings the schema up to date (under the advisory lock, from the version found once holding it).
 pub(super) async fn migrate(inner: &Inner) -> Result<()> {
     let mut client = inner.client().await?;
@@ -669,6 +683,15 @@ pub(super) async fn migrate(inner: &Inner) -> Result<()> {
         Some(v) if v == latest => return Ok(()),
         Some(v) if v > latest => return Err(too_new(inner, v)),
         _ => {}
+    }
+    let server = client
+        .query_one(
+            "SELECT current_setting('server_version_num')::bigint, current_setting('server_version')",
+            &[],
+        )
+        .await?;
+    if let Some(refused) = too_old(&inner.shown, server.get(0), server.get(1)) {
+        return Err(Failure::Store(refused));
     }
     let schema: Option<String> = client
         .query_one("SELECT current_schema()", &[])
@@ -704,4 +727,24 @@ pub(super) async fn migrate(inner: &Inner) -> Result<()> {
     }
     tx.commit().await?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A server too old for the migrations is refused before any is applied, naming its version.
+    #[test]
+    fn a_server_older_than_postgresql_12_is_refused_with_its_version() {
+        let refused = too_old("postgres://h/db", 110_022, "11.22").map(|e| (e.message, e.hint));
+        assert_eq!(
+            refused,
+            Some((
+                "run store `postgres://h/db` is PostgreSQL `11.22`, older than archon supports"
+                    .to_owned(),
+                Some("use PostgreSQL 12 or newer".to_owned())
+            ))
+        );
+        assert!(too_old("postgres://h/db", 120_000, "12.0").is_none());
+    }
 }
