@@ -25,6 +25,9 @@ pub struct Workflow {
     /// The names of the workflows of a run of this one (itself and its sub-workflows) that have steps
     /// with `cache`: whose entries the run reads.
     pub cached: Vec<String>,
+    /// Those of them that its sub-workflows run (each sub-workflow's own `cached`, together): every
+    /// entry of which one step of the run may reuse, as a worker reads them for each step.
+    pub cached_below: Vec<String>,
     /// Step indexes in a topological order.
     pub order: Vec<usize>,
     /// The step graph of each composite tool (`tools.<name>.steps`), by tool name.

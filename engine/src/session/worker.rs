@@ -656,23 +656,21 @@ impl Session {
         options: &WorkerOptions,
     ) -> RunOptions {
         let entries = match step {
-            Some(step) if !workflow.cached.is_empty() => {
-                let mut others: Vec<String> = Vec::new();
-                for name in workflow.subworkflows.values().flat_map(|w| &w.cached) {
-                    if !others.contains(name) {
-                        others.push(name.clone());
-                    }
-                }
-                self.store
-                    .step_cache_entries(&workflow.name, step, &others, crate::store::now_ms())
-                    .unwrap_or_else(|e| {
-                        options.say.line(&format!(
-                            "worker: run `{}`: step `{step}` runs without the cached results: {e}",
-                            stored.id
-                        ));
-                        Vec::new()
-                    })
-            }
+            Some(step) if !workflow.cached.is_empty() => self
+                .store
+                .step_cache_entries(
+                    &workflow.name,
+                    step,
+                    &workflow.cached_below,
+                    crate::store::now_ms(),
+                )
+                .unwrap_or_else(|e| {
+                    options.say.line(&format!(
+                        "worker: run `{}`: step `{step}` runs without the cached results: {e}",
+                        stored.id
+                    ));
+                    Vec::new()
+                }),
             _ => Vec::new(),
         };
         RunOptions {

@@ -123,6 +123,12 @@ impl Checked {
             .map(|(i, s)| (s.id.value.clone(), i))
             .collect();
         let name = workflow_name(&self.spec, path);
+        let mut cached_below: Vec<String> = Vec::new();
+        for name in self.subworkflows.values().flat_map(|w| &w.cached) {
+            if !cached_below.contains(name) {
+                cached_below.push(name.clone());
+            }
+        }
         let mut cached = Vec::new();
         if steps
             .iter()
@@ -130,11 +136,9 @@ impl Checked {
         {
             cached.push(name.clone());
         }
-        for inner in self.subworkflows.values() {
-            for name in &inner.cached {
-                if !cached.contains(name) {
-                    cached.push(name.clone());
-                }
+        for name in &cached_below {
+            if !cached.contains(name) {
+                cached.push(name.clone());
             }
         }
         Workflow {
@@ -145,6 +149,7 @@ impl Checked {
             dependents,
             index,
             cached,
+            cached_below,
             order: self.graph.order,
             composites: self.composites,
             subworkflows: self.subworkflows,
