@@ -316,14 +316,21 @@ impl Session {
             if !stopping && free > 0 && !gathering {
                 few_since = None;
                 let due = reaped.is_none_or(|at| at.elapsed() >= reap_every);
-                let claimed = if due {
+                let reaped_now = if due {
                     tasks
                         .reap()
                         .map(|_| reaped = Some(tokio::time::Instant::now()))
                 } else {
                     Ok(())
-                }
-                .and_then(|()| tasks.claim_tasks(name, concurrency - running.len(), options.lease));
+                };
+                let claimed = match reaped_now {
+                    Ok(()) => {
+                        tasks
+                            .claim_tasks(name, concurrency - running.len(), options.lease)
+                            .await
+                    }
+                    Err(e) => Err(e),
+                };
                 match claimed {
                     Ok(claimed) => {
                         if down.take().is_some() {
@@ -485,7 +492,7 @@ impl Session {
                     .map(|&d| workflow.spec.steps[d].id.value.clone()),
             );
         }
-        let stored = self.store.load_steps(&task.run_id, &names)?;
+        let stored = tasks.load_steps(&task.run_id, &names).await?;
         // The run has ended: the worker that recorded its end stopped before it marked its last task done
         // (killed, or cut off). Nothing is left to run, and nothing is recorded after the run's end.
         if stored.status != RunState::Running {
@@ -517,7 +524,9 @@ impl Session {
         // Cancelled by the journal: `archon cancel`, the task taken over, or its lease about to lapse
         // unrenewed.
         let cancel = CancellationToken::new();
-        let journal = tasks.task_journal(task, &stored, options.lease, cancel.clone())?;
+        let journal = tasks
+            .task_journal(task, &stored, options.lease, cancel.clone())
+            .await?;
         let run_options = self.task_options(
             &stored,
             (&workflow, Some(&task.step)),
@@ -539,7 +548,7 @@ impl Session {
             stepped = &mut step => stepped,
             () = cancel.cancelled() => {
                 drop(step);
-                journal.close();
+                journal.end().await;
                 // The journal stops the step too when the task was taken over, or when its lease
                 // could not be renewed: nothing more is recorded.
                 if failed(&*journal, &options.say) {
@@ -553,7 +562,7 @@ impl Session {
             // handed back, and whoever takes it runs the step anew.
             () = options.halt.cancelled() => {
                 drop(step);
-                journal.close();
+                journal.end().await;
                 if journal.failure().is_some() {
                     return Ok(Outcome::Lost);
                 }
@@ -562,14 +571,14 @@ impl Session {
             }
         };
         if journal.failure().is_some() {
-            journal.close();
+            journal.end().await;
             failed(&*journal, &options.say);
             return Ok(Outcome::Lost);
         }
         let result = match stepped {
             Ok(result) => result,
             Err(e) => {
-                journal.close();
+                journal.end().await;
                 if failed(&*journal, &options.say) {
                     return Ok(Outcome::Lost);
                 }
@@ -581,7 +590,7 @@ impl Session {
         // with it) until `archon approve` decides them; the run rests `waiting_approval` once nothing
         // else of it can run.
         if result.status == StepStatus::WaitingApproval {
-            journal.close();
+            journal.end().await;
             if failed(&*journal, &options.say) {
                 return Ok(Outcome::Lost);
             }
@@ -601,10 +610,10 @@ impl Session {
             })
             .collect();
         // The step's last records and the task's end, in one transaction.
-        let finished = match journal.finish(&dependents, steps.len()) {
+        let finished = match journal.finish(&dependents, steps.len()).await {
             Ok(finished) => finished,
             Err(e) => {
-                journal.close();
+                journal.end().await;
                 if failed(&*journal, &options.say) {
                     return Ok(Outcome::Lost);
                 }
@@ -613,11 +622,11 @@ impl Session {
         };
         match finished {
             Finished::Done(_) => {
-                journal.close();
+                journal.end().await;
                 Ok(Outcome::Done)
             }
             Finished::Lost => {
-                journal.close();
+                journal.end().await;
                 Ok(Outcome::Lost)
             }
             Finished::Last => {
@@ -628,7 +637,7 @@ impl Session {
                 let run_options =
                     self.task_options(&stored, (&workflow, None), ending, cancel, options);
                 let ended = run::run(workflow, stored.inputs.clone(), run_options).await;
-                journal.close();
+                journal.end().await;
                 if failed(&*journal, &options.say) {
                     return Ok(Outcome::Lost);
                 }

@@ -617,12 +617,6 @@ pub trait RunStore: Send + Sync + fmt::Debug {
     fn load_brief(&self, id: &str) -> Result<StoredRun, StoreError> {
         self.load(id)
     }
-    /// One run with the results, attempts and checkpoints of `steps` (and their `foreach` items) only:
-    /// what running one of its steps needs, however many steps the run has.
-    fn load_steps(&self, id: &str, steps: &[String]) -> Result<StoredRun, StoreError> {
-        let _ = steps;
-        self.load(id)
-    }
     /// The spec files a run was started with.
     fn files(&self, id: &str) -> Result<Vec<(String, String)>, StoreError>;
     /// Replaces a run's spec files (continuing with a changed spec).
@@ -821,12 +815,16 @@ pub trait TaskJournal: Journal {
     /// many steps the run has. Makes nothing ready once the run was asked to stop. The journal goes on
     /// recording (the run's end, on the worker that finished its last step). When every other step of the
     /// run is done, the task is not marked done ([`Finished::Last`]).
-    fn finish(
-        &self,
-        dependents: &[(String, Vec<String>)],
-        steps: usize,
-    ) -> Result<Finished, StoreError>;
+    fn finish(&self, dependents: &[(String, Vec<String>)], steps: usize) -> StoreFuture<Finished>;
+    /// [`Journal::close`] without holding up the caller's thread: ready once everything recorded was
+    /// applied (or could not be) and the journal stopped.
+    fn end(&self) -> futures_util::future::BoxFuture<'static, ()>;
 }
+
+/// A store call made by a worker's step: it runs on the store's own threads, and awaiting it does not
+/// hold up the thread the step runs on (nor hand that thread's other steps to another thread, as a call
+/// that blocks must).
+pub type StoreFuture<T> = futures_util::future::BoxFuture<'static, Result<T, StoreError>>;
 
 /// The task table of a store that hands a submitted run's steps to workers (`archon worker`): one row per
 /// top-level step once it is ready, claimed under a lease, done once its result is recorded.
@@ -857,7 +855,10 @@ pub trait Tasks: Send + Sync {
         worker: &str,
         limit: usize,
         lease: std::time::Duration,
-    ) -> Result<Vec<Task>, StoreError>;
+    ) -> StoreFuture<Vec<Task>>;
+    /// Run `id` with the results, attempts and checkpoints of `steps` (and their `foreach` items) only:
+    /// what running one of its steps needs, however many steps the run has.
+    fn load_steps(&self, id: &str, steps: &[String]) -> StoreFuture<StoredRun>;
     /// A journal of the task's run, fenced by the task's token (a worker whose lease lapsed and was taken
     /// over writes nothing), renewing the task's lease every third of `lease`; `cancel` is cancelled when
     /// the run is asked to stop. `stored` is the run as read for the task's step once it was claimed
@@ -868,7 +869,7 @@ pub trait Tasks: Send + Sync {
         stored: &StoredRun,
         lease: std::time::Duration,
         cancel: tokio_util::sync::CancellationToken,
-    ) -> Result<std::sync::Arc<dyn TaskJournal>, StoreError>;
+    ) -> StoreFuture<std::sync::Arc<dyn TaskJournal>>;
     /// Marks a claimed task done without making anything ready: the run's last once the run's end is
     /// recorded, or one stopped by `archon cancel` or whose run had ended.
     fn complete(&self, task: &Task) -> Result<(), StoreError>;

@@ -12,6 +12,7 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
+use futures_util::future::BoxFuture;
 use tokio::sync::{mpsc, oneshot};
 use tokio_postgres::types::ToSql;
 use tokio_util::sync::CancellationToken;
@@ -24,16 +25,13 @@ use crate::report::StepResult;
 use crate::store::sqlite::{
     BATCH, ENCODED_WHERE_RECORDED, GATHERED, INLINE_OUTPUT_BYTES, Measured, WINDOW, json_text,
 };
-use crate::store::{Ack, Entry, Finished, Journal, StoreError, TaskJournal, now_ms};
+use crate::store::{Ack, Entry, Finished, Journal, StoreError, StoreFuture, TaskJournal, now_ms};
 
 enum Message {
     Entry(Write),
     Flush(oneshot::Sender<Result<(), StoreError>>),
     /// A task's end, applied with everything recorded before it (`TaskJournal::finish`).
-    Finish(
-        Finish,
-        std::sync::mpsc::SyncSender<Result<Finished, StoreError>>,
-    ),
+    Finish(Finish, oneshot::Sender<Result<Finished, StoreError>>),
 }
 
 impl Message {
@@ -108,8 +106,10 @@ pub struct PgJournal {
     sender: Mutex<Option<mpsc::UnboundedSender<Message>>>,
     /// The write that failed (`Journal::failure`).
     broken: Arc<Mutex<Option<StoreError>>>,
-    /// Says when the writer has ended.
-    ended: Mutex<Option<std::sync::mpsc::Receiver<()>>>,
+    /// Says when the writer has ended, to a thread that waits for it (`Journal::close`).
+    ended_here: Mutex<Option<std::sync::mpsc::Receiver<()>>>,
+    /// Cancelled once the writer has ended, for a task that waits for it (`TaskJournal::end`).
+    ended: CancellationToken,
     /// A task's lease guard, told of the commands its step starts.
     guard: Option<Arc<LeaseGuard>>,
 }
@@ -132,17 +132,20 @@ impl PgJournal {
             let (shared, ended) = (broken.clone(), ended_writer.clone());
             runtime.spawn(guard.watch(what, cancel, shared, ended));
         }
-        runtime.spawn(async move {
-            writer.run(receiver).await;
-            ended_writer.cancel();
-            let _ = done.send(());
-        });
-        PgJournal {
+        let journal = PgJournal {
             sender: Mutex::new(Some(sender)),
             broken,
-            ended: Mutex::new(Some(ended)),
+            ended_here: Mutex::new(Some(ended)),
+            ended: ended_writer.clone(),
             guard,
-        }
+        };
+        runtime.spawn(async move {
+            // Cancelled once the writer ends, however it ends.
+            let _ended = ended_writer.drop_guard();
+            writer.run(receiver).await;
+            let _ = done.send(());
+        });
+        journal
     }
 
     fn send(&self, message: Message) -> bool {
@@ -184,7 +187,11 @@ impl Journal for PgJournal {
         if let Ok(mut sender) = self.sender.lock() {
             sender.take();
         }
-        if let Some(ended) = self.ended.lock().ok().and_then(|mut e| e.take()) {
+        // Once the writer has ended (`TaskJournal::end`), there is nothing to wait for.
+        if self.ended.is_cancelled() {
+            return;
+        }
+        if let Some(ended) = self.ended_here.lock().ok().and_then(|mut e| e.take()) {
             let _ = super::blocking(move || ended.recv());
         }
     }
@@ -195,11 +202,7 @@ impl Journal for PgJournal {
 }
 
 impl TaskJournal for PgJournal {
-    fn finish(
-        &self,
-        dependents: &[(String, Vec<String>)],
-        steps: usize,
-    ) -> Result<Finished, StoreError> {
+    fn finish(&self, dependents: &[(String, Vec<String>)], steps: usize) -> StoreFuture<Finished> {
         let dependents: Vec<serde_json::Value> = dependents
             .iter()
             .map(|(step, needs)| serde_json::json!({ "step": step, "needs": needs }))
@@ -208,15 +211,24 @@ impl TaskJournal for PgJournal {
             dependents: serde_json::Value::Array(dependents).to_string(),
             steps: i64::try_from(steps).unwrap_or(i64::MAX),
         };
-        let (done, outcome) = std::sync::mpsc::sync_channel(1);
-        if !self.send(Message::Finish(finish, done)) {
-            return Err(StoreError::new("the run store stopped"));
-        }
-        super::blocking(move || {
+        let (done, outcome) = oneshot::channel();
+        let sent = self.send(Message::Finish(finish, done));
+        Box::pin(async move {
+            if !sent {
+                return Err(StoreError::new("the run store stopped"));
+            }
             outcome
-                .recv()
+                .await
                 .unwrap_or_else(|_| Err(StoreError::new("the run store stopped")))
         })
+    }
+
+    fn end(&self) -> BoxFuture<'static, ()> {
+        if let Ok(mut sender) = self.sender.lock() {
+            sender.take();
+        }
+        let ended = self.ended.clone();
+        Box::pin(async move { ended.cancelled().await })
     }
 }
 

@@ -371,6 +371,22 @@ impl PostgresStore {
         blocking(wait)
     }
 
+    /// Runs `future` on the store's runtime, as [`PostgresStore::run`] does, for a caller that awaits
+    /// its outcome rather than blocking its thread.
+    fn spawn<T: Send + 'static>(
+        &self,
+        future: impl Future<Output = Result<T>> + Send + 'static,
+    ) -> crate::store::StoreFuture<T> {
+        let inner = self.inner.clone();
+        let spawned = runtime()
+            .map(|runtime| runtime.spawn(async move { future.await.map_err(|e| inner.error(e)) }));
+        Box::pin(async move {
+            spawned?
+                .await
+                .unwrap_or_else(|_| Err(StoreError::new("the run store stopped")))
+        })
+    }
+
     /// Runs `work`, given the store's connections, on the store's runtime and waits for its outcome: for
     /// what keeps its own tables in the store's database (agents' memory, `run::memory`).
     pub(crate) fn call<T: Send + 'static, F>(
@@ -944,12 +960,6 @@ impl RunStore for PostgresStore {
         let inner = self.inner.clone();
         let id = id.to_owned();
         self.run(async move { queries::load(&inner, &id, false, None).await })
-    }
-
-    fn load_steps(&self, id: &str, steps: &[String]) -> Result<StoredRun, StoreError> {
-        let inner = self.inner.clone();
-        let (id, steps) = (id.to_owned(), steps.to_vec());
-        self.run(async move { queries::load(&inner, &id, true, Some(&steps)).await })
     }
 
     fn files(&self, id: &str) -> Result<Vec<(String, String)>, StoreError> {

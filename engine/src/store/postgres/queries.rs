@@ -1489,7 +1489,7 @@ pub(super) async fn arm_trigger(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::RunStore;
+    use crate::store::Tasks;
     use crate::store::postgres::testing::{connect, drop_schema, store};
 
     /// A run of 3,000 steps, one of them a `foreach` (`m[0]`, `m[1]`), each with a result, an attempt and
@@ -1633,8 +1633,11 @@ mod tests {
             plans[0]
         );
         // And what the worker reads is those steps' records, each once.
-        let run = store
-            .load_steps("r", &["s7".to_owned(), "m".to_owned(), "s7".to_owned()])
+        let read = store.load_steps("r", &["s7".to_owned(), "m".to_owned(), "s7".to_owned()]);
+        let run = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .expect("runtime")
+            .block_on(read)
             .expect("read");
         assert_eq!(
             run.results.keys().collect::<Vec<_>>(),

@@ -16,11 +16,11 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 use super::queries::{bump, ms};
-use super::{Inner, NOTIFY_WORK, PostgresStore, Result};
+use super::{Failure, Inner, NOTIFY_WORK, PostgresStore, Result};
 use crate::record::{self, FORMAT_VERSION};
 use crate::store::{
-    LiveWorker, NewRun, Routing, StoreError, StoredRun, Task, TaskJournal, Tasks, Waiting,
-    WorkerInfo, now_ms,
+    LiveWorker, NewRun, Routing, StoreError, StoreFuture, StoredRun, Task, TaskJournal, Tasks,
+    Waiting, WorkerInfo, now_ms,
 };
 
 /// The owner's host a submitted run's row names: no process owns it, the workers do.
@@ -575,15 +575,16 @@ impl Tasks for PostgresStore {
         self.run(async move { waiting(&inner, &id).await })
     }
 
-    fn claim_tasks(
-        &self,
-        worker: &str,
-        limit: usize,
-        lease: Duration,
-    ) -> Result<Vec<Task>, StoreError> {
+    fn claim_tasks(&self, worker: &str, limit: usize, lease: Duration) -> StoreFuture<Vec<Task>> {
         let inner = self.inner.clone();
         let worker = worker.to_owned();
-        self.run(async move { claim(&inner, &worker, limit, lease).await })
+        self.spawn(async move { claim(&inner, &worker, limit, lease).await })
+    }
+
+    fn load_steps(&self, id: &str, steps: &[String]) -> StoreFuture<StoredRun> {
+        let inner = self.inner.clone();
+        let (id, steps) = (id.to_owned(), steps.to_vec());
+        self.spawn(async move { super::queries::load(&inner, &id, true, Some(&steps)).await })
     }
 
     fn task_journal(
@@ -592,7 +593,7 @@ impl Tasks for PostgresStore {
         stored: &StoredRun,
         lease: Duration,
         cancel: CancellationToken,
-    ) -> Result<Arc<dyn TaskJournal>, StoreError> {
+    ) -> StoreFuture<Arc<dyn TaskJournal>> {
         let inner = self.inner.clone();
         let task = task.clone();
         // The highest attempt of the step and of each of its `foreach` items (`step[i]`).
@@ -607,14 +608,15 @@ impl Tasks for PostgresStore {
             generation: stored.generation,
             last_attempt,
         };
-        let start = self.run(async move {
-            super::journal::Writer::start_task(inner, task, lease, known).await
-        })?;
-        Ok(Arc::new(super::journal::PgJournal::spawn(
-            start,
-            cancel,
-            super::runtime()?,
-        )))
+        self.spawn(async move {
+            let start = super::journal::Writer::start_task(inner, task, lease, known).await?;
+            let journal: Arc<dyn TaskJournal> = Arc::new(super::journal::PgJournal::spawn(
+                start,
+                cancel,
+                super::runtime().map_err(Failure::Store)?,
+            ));
+            Ok(journal)
+        })
     }
 
     fn complete(&self, task: &Task) -> Result<(), StoreError> {
@@ -854,6 +856,64 @@ mod tests {
         assert_eq!(outcomes, ["done", "done", "last"]);
         assert!(read.iter().all(|&n| n <= 8), "{read:?}");
         assert_eq!(done, ["300 300"]);
+        drop(store);
+        drop_schema(&schema);
+    }
+
+    /// Whether a session waits for the claims' lock of the current schema.
+    const CLAIM_WAITS: &str = "SELECT count(*) FROM pg_locks
+        WHERE locktype = 'advisory' AND NOT granted AND classid = 1095910223
+            AND objid::text::bigint = hashtext(current_schema())::bigint & 4294967295";
+
+    /// A worker's claim that waits for the server does not hold up the thread it was made on: here it
+    /// waits for the claims' lock, which a transaction holds until a task on the same (and only)
+    /// thread ends it. A claim that blocked its thread would leave that transaction open until the
+    /// server ended it (`idle_in_transaction_session_timeout`), and its `COMMIT` would fail.
+    #[test]
+    fn a_claim_that_waits_for_the_server_does_not_hold_up_its_thread() {
+        let Some((store, schema)) = store() else {
+            return;
+        };
+        assert_eq!(store.workers().expect("the tables made").len(), 0);
+        let within = schema.clone();
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime")
+            .block_on(async {
+                let holder = connect(&within).await;
+                holder
+                    .batch_execute(
+                        "SET idle_in_transaction_session_timeout = '5s'; BEGIN;
+                        SELECT pg_advisory_xact_lock(1095910223, hashtext(current_schema()))",
+                    )
+                    .await
+                    .expect("the claims' lock held");
+                let watcher = connect(&within).await;
+                let claim = store.claim_tasks("w", 1, Duration::from_secs(30));
+                let release = async {
+                    // Once the claim waits for the lock (or once the server ended the transaction).
+                    while !holder.is_closed() {
+                        let waiting: i64 = watcher
+                            .query_one(CLAIM_WAITS, &[])
+                            .await
+                            .expect("locks")
+                            .get(0);
+                        if waiting > 0 {
+                            break;
+                        }
+                        tokio::task::yield_now().await;
+                    }
+                    holder.batch_execute("COMMIT").await
+                };
+                let (claimed, released) = tokio::join!(claim, release);
+                assert_eq!(
+                    released.map_err(|e| e.to_string()),
+                    Ok(()),
+                    "the holder's transaction was ended by the server, not by its task"
+                );
+                assert_eq!(claimed.expect("claimed").len(), 0);
+            });
         drop(store);
         drop_schema(&schema);
     }
