@@ -4,7 +4,8 @@
 # 1. throughput: one submitted run of `STEPS` independent no-op steps (default 2000) taken by 1, 2 and 4
 #    workers (`--concurrency CONCURRENCY` each, default 8); steps per second from submission to the run's
 #    end, and each step's latency from ready (its task row's `ready_at`) to started (its attempt's
-#    `started_at`), p50 and p99. The run is submitted with `--max-parallel` the places of all the workers
+#    `started_at`), p50 and p99; and the CPU time a step cost meanwhile, the whole machine's (the server's
+#    above all) and the workers' own (less noisy than steps per second when the machine's speed varies). The run is submitted with `--max-parallel` the places of all the workers
 #    together, so that what is measured is the store and the workers, not the run's own limit (16 steps
 #    at once unless the spec says otherwise: 4 workers taking 8 each would take turns on 16 places);
 # 2. latency: a chain of `CHAIN` no-op steps (default 100), each needing the one before, over 4 idle
@@ -60,6 +61,14 @@ fresh_store() {
 }
 
 sql() { psql -qAtX "$1" -c "$2"; }
+
+# CPU time in clock ticks: the whole machine's (user, system and interrupts), and the workers'.
+machine_ticks() { awk '/^cpu /{print $2 + $3 + $4 + $7 + $8}' /proc/stat; }
+worker_ticks() {
+    local pid total=0
+    for pid in "${workers[@]}"; do total=$((total + $(awk '{print $14 + $15}' "/proc/$pid/stat"))); done
+    echo "$total"
+}
 
 # Waits until `$2` holds in store `$1`: one session looks every 5 ms, on the server. (A psql started
 # every 10 ms to look would take a large share of the CPU the measurement is about.) Each look is a
@@ -119,19 +128,25 @@ run_through() {
 
 echo "archon: $archon"
 echo "no-op steps: $steps in one run, --concurrency $concurrency per worker, the run's --max-parallel all their places"
-printf '%-8s %12s %14s %14s\n' workers steps/s "ready→start p50" "p99 (ms)"
+printf '%-8s %12s %14s %14s %16s %16s\n' workers steps/s "ready→start p50" "p99 (ms)" \
+    "CPU ms/step" "of it workers"
+ticks=$(getconf CLK_TCK)
 for n in 1 2 4; do
     store=$(fresh_store "noop$n")
     # The first use applies the migrations; not part of the measurement.
     ARCHON_STORE="$store" "$archon" runs > /dev/null
     start_workers "$store" "$n" "$concurrency"
+    machine_before=$(machine_ticks) workers_before=$(worker_ticks)
     read -r id seconds < <(run_through "$store" "$work/noop.yaml" --max-parallel "$((n * concurrency))")
+    machine_cpu=$(echo "($(machine_ticks) - $machine_before) * 1000 / $ticks / $steps" | bc -l)
+    workers_cpu=$(echo "($(worker_ticks) - $workers_before) * 1000 / $ticks / $steps" | bc -l)
     stop_workers
-    latency=$(sql "$store" "SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY a.started_at - t.ready_at),
-            percentile_cont(0.99) WITHIN GROUP (ORDER BY a.started_at - t.ready_at)
+    latency=$(sql "$store" "SELECT round(percentile_cont(0.5) WITHIN GROUP (ORDER BY a.started_at - t.ready_at)::numeric, 1),
+            round(percentile_cont(0.99) WITHIN GROUP (ORDER BY a.started_at - t.ready_at)::numeric, 1)
         FROM tasks t JOIN attempts a ON a.run_id = t.run_id AND a.step = t.step AND a.attempt = 1
         WHERE t.run_id = '$id'")
-    printf '%-8s %12.0f %14s %14s\n' "$n" "$(echo "$steps / $seconds" | bc -l)" "${latency%%|*}" "${latency##*|}"
+    printf '%-8s %12.0f %14s %14s %16.2f %16.2f\n' "$n" "$(echo "$steps / $seconds" | bc -l)" \
+        "${latency%%|*}" "${latency##*|}" "$machine_cpu" "$workers_cpu"
 done
 
 store=$(fresh_store chain)
@@ -139,8 +154,8 @@ ARCHON_STORE="$store" "$archon" runs > /dev/null
 start_workers "$store" 4 "$concurrency"
 read -r id seconds < <(run_through "$store" "$work/chain.yaml")
 stop_workers
-latency=$(sql "$store" "SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY a.started_at - t.ready_at),
-        percentile_cont(0.99) WITHIN GROUP (ORDER BY a.started_at - t.ready_at)
+latency=$(sql "$store" "SELECT round(percentile_cont(0.5) WITHIN GROUP (ORDER BY a.started_at - t.ready_at)::numeric, 1),
+        round(percentile_cont(0.99) WITHIN GROUP (ORDER BY a.started_at - t.ready_at)::numeric, 1)
     FROM tasks t JOIN attempts a ON a.run_id = t.run_id AND a.step = t.step AND a.attempt = 1
     WHERE t.run_id = '$id' AND t.step <> 's1'")
 printf 'a chain of %s steps over 4 idle workers: %.1f ms a step; ready→start p50 %s ms, p99 %s ms\n' \
