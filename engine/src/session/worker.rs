@@ -234,8 +234,8 @@ impl Session {
     }
 
     /// Works on submitted runs until `options.stop` is cancelled: claims ready steps (at most
-    /// `options.concurrency` at once), runs each as a task of its own (its store calls wait on threads of
-    /// their own, not on the loop that claims), and returns leases that lapsed elsewhere to ready every
+    /// `options.concurrency` at once), runs each as a task of its own (so that its store calls do not hold
+    /// up the loop that claims), and returns leases that lapsed elsewhere to ready every
     /// [`REAP_EVERY`] at most. An idle worker looks again when the store announces work
     /// (`Tasks::work_signal`), else with backoff.
     ///
@@ -534,7 +534,7 @@ impl Session {
             cancel.clone(),
             options,
         );
-        // The step's records are applied when the journal is closed, or with the task's end (`finish`).
+        // The step's records are applied when the journal ends, or with the task's end (`finish`).
         // `archon cancel` stops the step as it stops a local run's: its attempt ends cancelled, its
         // commands are stopped, nothing after it is made ready, and the run ends cancelled once no
         // worker runs a step of it (`Tasks::reap`).

@@ -821,9 +821,10 @@ pub trait TaskJournal: Journal {
     fn end(&self) -> futures_util::future::BoxFuture<'static, ()>;
 }
 
-/// A store call made by a worker's step: it runs on the store's own threads, and awaiting it does not
-/// hold up the thread the step runs on (nor hand that thread's other steps to another thread, as a call
-/// that blocks must).
+/// A call a worker makes of the store for every step: it runs on the store's own threads, and awaiting
+/// it does not hold up the worker's thread (nor hand that thread's other steps to another thread, as a
+/// call that blocks must). The call starts when it is made: dropping the future does not stop it (a
+/// claim whose future is dropped leaves its tasks claimed until their leases lapse).
 pub type StoreFuture<T> = futures_util::future::BoxFuture<'static, Result<T, StoreError>>;
 
 /// The task table of a store that hands a submitted run's steps to workers (`archon worker`): one row per

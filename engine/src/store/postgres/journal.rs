@@ -139,9 +139,10 @@ impl PgJournal {
             ended: ended_writer.clone(),
             guard,
         };
+        // Cancelled once the writer ends, however it ends (even should its task never run).
+        let ended_guard = ended_writer.drop_guard();
         runtime.spawn(async move {
-            // Cancelled once the writer ends, however it ends.
-            let _ended = ended_writer.drop_guard();
+            let _ended = ended_guard;
             writer.run(receiver).await;
             let _ = done.send(());
         });

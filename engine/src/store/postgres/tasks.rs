@@ -862,7 +862,7 @@ mod tests {
 
     /// Whether a session waits for the claims' lock of the current schema.
     const CLAIM_WAITS: &str = "SELECT count(*) FROM pg_locks
-        WHERE locktype = 'advisory' AND NOT granted AND classid = 1095910223
+        WHERE locktype = 'advisory' AND NOT granted AND classid = 1095910223 AND objsubid = 2
             AND objid::text::bigint = hashtext(current_schema())::bigint & 4294967295";
 
     /// A worker's claim that waits for the server does not hold up the thread it was made on: here it
@@ -881,15 +881,15 @@ mod tests {
             .build()
             .expect("runtime")
             .block_on(async {
+                let watcher = connect(&within).await;
                 let holder = connect(&within).await;
                 holder
                     .batch_execute(
-                        "SET idle_in_transaction_session_timeout = '5s'; BEGIN;
+                        "SET idle_in_transaction_session_timeout = '20s'; BEGIN;
                         SELECT pg_advisory_xact_lock(1095910223, hashtext(current_schema()))",
                     )
                     .await
                     .expect("the claims' lock held");
-                let watcher = connect(&within).await;
                 let claim = store.claim_tasks("w", 1, Duration::from_secs(30));
                 let release = async {
                     // Once the claim waits for the lock (or once the server ended the transaction).
@@ -902,7 +902,7 @@ mod tests {
                         if waiting > 0 {
                             break;
                         }
-                        tokio::task::yield_now().await;
+                        tokio::time::sleep(Duration::from_millis(5)).await;
                     }
                     holder.batch_execute("COMMIT").await
                 };
