@@ -316,21 +316,16 @@ impl Session {
             if !stopping && free > 0 && !gathering {
                 few_since = None;
                 let due = reaped.is_none_or(|at| at.elapsed() >= reap_every);
-                let reaped_now = if due {
-                    tasks
-                        .reap()
-                        .map(|_| reaped = Some(tokio::time::Instant::now()))
-                } else {
-                    Ok(())
-                };
-                let claimed = match reaped_now {
-                    Ok(()) => {
-                        tasks
-                            .claim_tasks(name, concurrency - running.len(), options.lease)
-                            .await
+                let claimed = async {
+                    if due {
+                        tasks.reap()?;
+                        reaped = Some(tokio::time::Instant::now());
                     }
-                    Err(e) => Err(e),
-                };
+                    tasks
+                        .claim_tasks(name, concurrency - running.len(), options.lease)
+                        .await
+                }
+                .await;
                 match claimed {
                     Ok(claimed) => {
                         if down.take().is_some() {

@@ -149,6 +149,13 @@ impl PgJournal {
         journal
     }
 
+    /// Sends nothing more: the writer ends once it has applied what it was sent.
+    fn stop_sending(&self) {
+        if let Ok(mut sender) = self.sender.lock() {
+            sender.take();
+        }
+    }
+
     fn send(&self, message: Message) -> bool {
         self.sender
             .lock()
@@ -185,9 +192,7 @@ impl Journal for PgJournal {
 
     /// Stops the writer after it has applied everything sent so far, and releases the run's lease.
     fn close(&self) {
-        if let Ok(mut sender) = self.sender.lock() {
-            sender.take();
-        }
+        self.stop_sending();
         // Once the writer has ended (`TaskJournal::end`), there is nothing to wait for.
         if self.ended.is_cancelled() {
             return;
@@ -225,9 +230,7 @@ impl TaskJournal for PgJournal {
     }
 
     fn end(&self) -> BoxFuture<'static, ()> {
-        if let Ok(mut sender) = self.sender.lock() {
-            sender.take();
-        }
+        self.stop_sending();
         let ended = self.ended.clone();
         Box::pin(async move { ended.cancelled().await })
     }
