@@ -36,10 +36,44 @@ const REAP_EVERY: Duration = Duration::from_secs(1);
 
 /// How many runs' validated workflows a worker keeps at most.
 const KEPT_WORKFLOWS: usize = 64;
-/// A worker with most of its places taken waits at most this long, for more of its steps to end, before
-/// it claims for the few places that are free: one claim then fills several places (a claim costs the
-/// server about as much for one step as for ten, and takes turns with every other worker's).
-const GATHER_PLACES: Duration = Duration::from_millis(2);
+/// A worker with fewer than half of its places free (rounded down), and some, waits at most this long
+/// for more of its steps to end before it claims for them: one claim then fills several places. A claim
+/// costs the server about as much for one step as for ten, and takes turns with every other worker's.
+/// With 4 workers of 8 places taking no-op steps, a claim took 2.3 steps at 2 ms and about 3 at 10 ms
+/// (docs/scale-out.md, Measuring). A place waits 10 ms at most for its next step: a step of a second
+/// loses 1% of its place's time at worst.
+const GATHER_PLACES: Duration = Duration::from_millis(10);
+
+/// Whether a worker claims for its free places now, or waits a moment ([`GATHER_PLACES`]) for more of
+/// its steps to end.
+#[derive(Debug, Default)]
+struct Gathering {
+    /// Since when fewer than half of the places (rounded down) are free, and some are.
+    since: Option<tokio::time::Instant>,
+}
+
+impl Gathering {
+    /// Until when the worker waits before it claims, now that `free` of its `places` are free; `None`:
+    /// it claims now (it has nothing to claim for when no place is free).
+    fn until(
+        &mut self,
+        free: usize,
+        places: usize,
+        now: tokio::time::Instant,
+    ) -> Option<tokio::time::Instant> {
+        if free == 0 || free >= (places / 2).max(1) {
+            self.since = None;
+            return None;
+        }
+        let until = *self.since.get_or_insert(now) + GATHER_PLACES;
+        if now < until {
+            return Some(until);
+        }
+        // Waited enough: the claim now, and a new wait from the next place that frees.
+        self.since = None;
+        None
+    }
+}
 
 /// How a worker works.
 #[derive(Clone, Debug)]
@@ -291,8 +325,7 @@ impl Session {
         // The store's failure while it cannot be reached.
         let mut down: Option<StoreError> = None;
         let mut halt_at: Option<tokio::time::Instant> = None;
-        // Since when fewer than a quarter of the places are free (and some are).
-        let mut few_since: Option<tokio::time::Instant> = None;
+        let mut gathering = Gathering::default();
         loop {
             // Read once: a stop that comes later in this turn wakes the wait below.
             let stopping = options.stop.is_cancelled();
@@ -307,14 +340,8 @@ impl Session {
                 }
             }
             let free = concurrency.saturating_sub(running.len());
-            if free == 0 || free >= (concurrency / 4).max(1) {
-                few_since = None;
-            } else {
-                few_since.get_or_insert_with(tokio::time::Instant::now);
-            }
-            let gathering = few_since.is_some_and(|since| since.elapsed() < GATHER_PLACES);
-            if !stopping && free > 0 && !gathering {
-                few_since = None;
+            let gather_until = gathering.until(free, concurrency, tokio::time::Instant::now());
+            if !stopping && free > 0 && gather_until.is_none() {
                 let due = reaped.is_none_or(|at| at.elapsed() >= reap_every);
                 let claimed = async {
                     if due {
@@ -401,9 +428,8 @@ impl Session {
                         idle = LEAST_IDLE;
                     }
                 }
-                () = tokio::time::sleep_until(
-                    few_since.map_or_else(tokio::time::Instant::now, |since| since + GATHER_PLACES)
-                ), if gathering && !stopping => {}
+                () = tokio::time::sleep_until(gather_until.unwrap_or_else(tokio::time::Instant::now)),
+                    if gather_until.is_some() && !stopping => {}
                 () = tokio::time::sleep(idle), if !full => {
                     idle = (idle * 2).min(most);
                 }
@@ -729,4 +755,56 @@ fn worker_name() -> String {
         crate::store::now_ms(),
         fastrand::u32(..)
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// With fewer than half of its places free (rounded down), a worker waits for more of them to free,
+    /// for [`GATHER_PLACES`] at most from the first; with half or more free, or none, it does not wait.
+    #[test]
+    fn a_worker_with_few_places_free_waits_a_moment_before_it_claims() {
+        let start = tokio::time::Instant::now();
+        let ms = |n: u64| start + Duration::from_millis(n);
+        let mut gathering = Gathering::default();
+        let mut seen = Vec::new();
+        // (milliseconds since the start, free places of 8)
+        for (at, free) in [
+            (0, 0),
+            (1, 1),
+            (4, 3),
+            (9, 2),
+            (11, 3),
+            (12, 2),
+            (13, 4),
+            (14, 1),
+            (30, 8),
+        ] {
+            let until = gathering.until(free, 8, ms(at));
+            seen.push((at, free, until.map(|u| (u - start).as_millis())));
+        }
+        assert_eq!(
+            seen,
+            [
+                (0, 0, None),
+                // The first place freed: wait until 10 ms after it.
+                (1, 1, Some(11)),
+                (4, 3, Some(11)),
+                (9, 2, Some(11)),
+                // Waited enough: claim; the next wait starts afresh.
+                (11, 3, None),
+                (12, 2, Some(22)),
+                // Half free: claim at once.
+                (13, 4, None),
+                (14, 1, Some(24)),
+                (30, 8, None),
+            ]
+        );
+        // A worker of up to three places never waits: one free is half of them (rounded down).
+        assert_eq!(Gathering::default().until(1, 1, start), None);
+        assert_eq!(Gathering::default().until(1, 2, start), None);
+        assert_eq!(Gathering::default().until(1, 3, start), None);
+        assert_eq!(Gathering::default().until(1, 4, start), Some(ms(10)));
+    }
 }

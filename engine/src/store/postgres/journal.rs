@@ -53,9 +53,9 @@ struct Finish {
     steps: i64,
 }
 
-/// Marks a task done, its dependents ready: `archon_finish` (schema.rs, migration 6, as migrations 8 to 10
-/// left it) checks the task's token, tells whether its step is the run's last, and otherwise marks it done
-/// and makes ready the dependents whose dependencies are all done.
+/// Marks a task done, its dependents ready: `archon_finish` (schema.rs, migration 6, as migration 13
+/// rewrote it) checks the task's token, tells whether its step is the run's last, and otherwise marks it
+/// done and makes ready the dependents whose dependencies are all done.
 const FINISH: &str = "SELECT outcome, made FROM archon_finish($1, $2, $3, $4, $5, $6, $7)";
 
 /// An entry as recorded, or one whose record the recording thread encoded already (events, results

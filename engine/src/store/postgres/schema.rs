@@ -599,6 +599,83 @@ BEGIN
 END
 $claim$;
 "#,
+    r#"
+-- `archon_finish` of migration 10, in fewer statements: a worker runs it for every step it finishes,
+-- and each statement of a function costs the server its own start and end, whatever it does. Migration
+-- 10's ran eight for a step with no dependents; this one runs three (four when the run has steps that
+-- wait for a person), and one for all of a step's dependents (not two or three for each). What it does
+-- is unchanged:
+-- - the first statement locks the run's row and reads whether the run was asked to stop; the next ones
+--   start after the lock is held, so they see what the run's finishers before marked done, and every
+--   task marked waiting for a person (`wait_approval` of tasks.rs locks the run's row first);
+-- - the task is marked done only if it is still held by `p_token` and is not the run's last step (which
+--   changes nothing: the caller ends the run), and the same statement reads whether any task waits;
+-- - the dependents whose needs are all done are made ready in one statement;
+-- - the run rests `waiting_approval` (as `settle` of tasks.rs would) only when some task waits.
+CREATE OR REPLACE FUNCTION archon_finish(p_run TEXT, p_step TEXT, p_token TEXT, p_steps BIGINT, p_deps TEXT,
+    p_now BIGINT, p_owner TEXT)
+RETURNS TABLE (outcome TEXT, made TEXT[])
+LANGUAGE plpgsql VOLATILE AS $finish$
+DECLARE
+    v_cancelled BOOLEAN;
+    v_waiting BOOLEAN;
+    v_made TEXT[] := '{}';
+BEGIN
+    SELECT r.cancel_requested INTO v_cancelled FROM runs r WHERE r.id = p_run FOR NO KEY UPDATE;
+    IF NOT FOUND THEN
+        outcome := 'lost';
+        made := v_made;
+        RETURN NEXT;
+        RETURN;
+    END IF;
+    -- Unless every other step of the run is done (each has one task).
+    UPDATE tasks t SET state = 'done', lease_until = NULL
+        WHERE t.run_id = p_run AND t.step = p_step AND t.token = p_token AND t.state = 'claimed'
+            AND COALESCE((SELECT p.tasks_done FROM run_progress p WHERE p.run_id = p_run), 0) + 1 < p_steps
+        RETURNING EXISTS (SELECT 1 FROM tasks w WHERE w.run_id = p_run AND w.state = 'waiting')
+        INTO v_waiting;
+    IF NOT FOUND THEN
+        -- The run's last step, if the task is still this worker's: nothing is changed.
+        PERFORM 1 FROM tasks t
+            WHERE t.run_id = p_run AND t.step = p_step AND t.token = p_token AND t.state = 'claimed';
+        outcome := CASE WHEN FOUND THEN 'last' ELSE 'lost' END;
+        made := v_made;
+        RETURN NEXT;
+        RETURN;
+    END IF;
+    IF NOT v_cancelled AND jsonb_array_length(p_deps::JSONB) > 0 THEN
+        WITH dep AS (
+            SELECT d ->> 'step' AS step, ARRAY(SELECT jsonb_array_elements_text(d -> 'needs')) AS needs
+            FROM jsonb_array_elements(p_deps::JSONB) AS d
+        ),
+        made_ready AS (
+            INSERT INTO tasks (run_id, step, state, ready_at, labels)
+            SELECT p_run, dep.step, 'ready', p_now, COALESCE(
+                (SELECT l.labels FROM step_labels l WHERE l.run_id = p_run AND l.step = dep.step), '{}')
+            FROM dep
+            WHERE (SELECT count(*) FROM tasks t
+                WHERE t.run_id = p_run AND t.step = ANY(dep.needs) AND t.state = 'done') = cardinality(dep.needs)
+            ON CONFLICT (run_id, step) DO NOTHING
+            RETURNING step
+        )
+        SELECT COALESCE(array_agg(made_ready.step), '{}') INTO v_made FROM made_ready;
+        IF cardinality(v_made) > 0 THEN
+            PERFORM pg_notify('archon_work', current_schema());
+        END IF;
+    END IF;
+    IF v_waiting THEN
+        UPDATE runs r SET status = 'waiting_approval', finished_at = p_now, owner_pid = NULL,
+            owner_host = NULL, lease_until = NULL, owner_started = NULL, owner_token = NULL
+        WHERE r.id = p_run AND r.status = 'running' AND r.owner_host = p_owner AND NOT r.cancel_requested
+            AND EXISTS (SELECT 1 FROM tasks t WHERE t.run_id = r.id AND t.state = 'waiting')
+            AND NOT EXISTS (SELECT 1 FROM tasks t WHERE t.run_id = r.id AND t.state IN ('ready', 'claimed'));
+    END IF;
+    outcome := 'done';
+    made := v_made;
+    RETURN NEXT;
+END
+$finish$;
+"#,
 ];
 
 /// The tables whose rows belong to a run (by `run_id`), which `prune` deletes with it.

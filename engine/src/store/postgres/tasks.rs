@@ -148,7 +148,7 @@ pub(super) async fn release_decided(
 
 /// Rests a submitted run `waiting_approval` once none of its steps is ready or running and one waits
 /// for a person; the run's row is locked.
-/// `archon_finish` (schema.rs, migration 6) ends with the same statement.
+/// `archon_finish` (schema.rs, migration 13) ends with the same statement when a task of the run waits.
 async fn settle(tx: &tokio_postgres::Transaction<'_>, id: &str) -> Result<()> {
     tx.execute(
         "UPDATE runs r SET status = 'waiting_approval', finished_at = $2, owner_pid = NULL,
@@ -856,6 +856,94 @@ mod tests {
         assert_eq!(outcomes, ["done", "done", "last"]);
         assert!(read.iter().all(|&n| n <= 8), "{read:?}");
         assert_eq!(done, ["300 300"]);
+        drop(store);
+        drop_schema(&schema);
+    }
+
+    /// A finish that waits for the run's row (another finisher, or a step set aside for a person, holds
+    /// it) sees what that transaction did once it commits: the step it marked done (so that this one is
+    /// the run's last), or the step it set waiting for a person (so that the run rests waiting).
+    #[test]
+    fn a_finish_that_waits_for_its_run_sees_what_the_holder_committed() {
+        let Some((store, schema)) = store() else {
+            return;
+        };
+        let within = schema.clone();
+        let (outcomes, status) = super::super::runtime()
+            .expect("runtime")
+            .block_on(async move {
+                let client = connect(&within).await;
+                client.batch_execute(RUN_AND_TASKS).await.expect("run and tasks");
+                let mut outcomes = Vec::new();
+                // 299 steps: 297 done, `a` and `b` claimed; the holder marks `a` done. Then 301 steps:
+                // the holder marks `c` done, `b` waiting for a person, and adds `d`, claimed.
+                for (holder_does, finish, steps) in [
+                    ("UPDATE tasks SET state = 'done' WHERE step = 'a'", "b", 299_i64),
+                    (
+                        "UPDATE tasks SET state = 'done' WHERE step = 'c';
+                         UPDATE tasks SET state = 'waiting', token = NULL WHERE step = 'b';
+                         INSERT INTO tasks (run_id, step, state, ready_at, token, lease_until)
+                         VALUES ('r', 'd', 'claimed', 1000, 'td', 4000000000000)",
+                        "d",
+                        301,
+                    ),
+                ] {
+                    let holder = connect(&within).await;
+                    holder
+                        .batch_execute(&format!(
+                            "BEGIN; SELECT 1 FROM runs WHERE id = 'r' FOR NO KEY UPDATE; {holder_does}"
+                        ))
+                        .await
+                        .expect("the holder's transaction");
+                    let finisher = connect(&within).await;
+                    let pid: i32 = finisher
+                        .query_one("SELECT pg_backend_pid()", &[])
+                        .await
+                        .expect("the finisher's session")
+                        .get(0);
+                    let token = format!("t{finish}");
+                    let finished = tokio::spawn(async move {
+                        finisher
+                            .query_one(
+                                "SELECT outcome FROM archon_finish('r', $1, $2, $3, '[]', 0, 'archon workers')",
+                                &[&finish, &token, &steps],
+                            )
+                            .await
+                            .map(|row| row.get::<_, String>(0))
+                    });
+                    // Once the server says the finish waits for a lock, the holder commits.
+                    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+                    loop {
+                        let waiting: bool = client
+                            .query_one(
+                                "SELECT EXISTS (SELECT 1 FROM pg_stat_activity
+                                 WHERE pid = $1 AND wait_event_type = 'Lock')",
+                                &[&pid],
+                            )
+                            .await
+                            .expect("activity")
+                            .get(0);
+                        if waiting {
+                            break;
+                        }
+                        assert!(
+                            std::time::Instant::now() < deadline,
+                            "the finish never waited for the holder"
+                        );
+                        tokio::time::sleep(Duration::from_millis(5)).await;
+                    }
+                    holder.batch_execute("COMMIT").await.expect("the holder commits");
+                    outcomes.push(finished.await.expect("the finish").expect("finished"));
+                }
+                let status: String = client
+                    .query_one("SELECT status FROM runs WHERE id = 'r'", &[])
+                    .await
+                    .expect("the run")
+                    .get(0);
+                (outcomes, status)
+            });
+        assert_eq!(outcomes, ["last", "done"]);
+        assert_eq!(status, "waiting_approval");
         drop(store);
         drop_schema(&schema);
     }
