@@ -45,15 +45,11 @@ const KEPT_WORKFLOWS: usize = 64;
 const GATHER_PLACES: Duration = Duration::from_millis(10);
 
 /// Whether a worker claims for its free places now, or waits a moment ([`GATHER_PLACES`]) for more of
-/// its steps to end. It waits only while steps queue: once a claim found fewer ready steps than it had
-/// places for, a wait would gain nothing, and a step made ready then (announced, or found at the
-/// worker's backoff) is claimed at once rather than [`GATHER_PLACES`] later.
+/// its steps to end.
 #[derive(Debug, Default)]
 struct Gathering {
     /// Since when fewer than half of the places (rounded down) are free, and some are.
     since: Option<tokio::time::Instant>,
-    /// The latest claim found fewer ready steps than it asked for.
-    drained: bool,
 }
 
 impl Gathering {
@@ -65,7 +61,7 @@ impl Gathering {
         places: usize,
         now: tokio::time::Instant,
     ) -> Option<tokio::time::Instant> {
-        if free == 0 || free >= (places / 2).max(1) || self.drained {
+        if free == 0 || free >= (places / 2).max(1) {
             self.since = None;
             return None;
         }
@@ -76,11 +72,6 @@ impl Gathering {
         // Waited enough: the claim now, and a new wait from the next place that frees.
         self.since = None;
         None
-    }
-
-    /// A claim asked for `asked` steps and got `got`.
-    fn claimed(&mut self, asked: usize, got: usize) {
-        self.drained = got < asked;
     }
 }
 
@@ -357,12 +348,13 @@ impl Session {
                         tasks.reap()?;
                         reaped = Some(tokio::time::Instant::now());
                     }
-                    tasks.claim_tasks(name, free, options.lease).await
+                    tasks
+                        .claim_tasks(name, concurrency - running.len(), options.lease)
+                        .await
                 }
                 .await;
                 match claimed {
                     Ok(claimed) => {
-                        gathering.claimed(free, claimed.len());
                         if down.take().is_some() {
                             options
                                 .say
@@ -809,13 +801,6 @@ mod tests {
                 (30, 8, None),
             ]
         );
-        // Once a claim found fewer steps than it asked for, the worker does not wait; once one found as
-        // many, it waits again.
-        gathering.claimed(2, 1);
-        assert_eq!(gathering.until(1, 8, ms(40)), None);
-        assert_eq!(gathering.until(2, 8, ms(45)), None);
-        gathering.claimed(2, 2);
-        assert_eq!(gathering.until(1, 8, ms(50)), Some(ms(60)));
         // A worker of up to three places never waits: one free is half of them (rounded down).
         assert_eq!(Gathering::default().until(1, 1, start), None);
         assert_eq!(Gathering::default().until(1, 2, start), None);
