@@ -9,6 +9,8 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures_util::FutureExt;
+use futures_util::future::{BoxFuture, Shared};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
@@ -156,6 +158,24 @@ impl Worked {
             Outcome::Released => self.released += 1,
         }
     }
+}
+
+/// The records of a run that the steps claimed with one claim need ([`Tasks::load_steps`]), read once
+/// for all of them: each of the steps awaits the one read.
+type Records = Shared<BoxFuture<'static, Result<Arc<StoredRun>, StoreError>>>;
+
+/// The steps whose records running step `step` of `workflow` needs: the step's own and its
+/// dependencies' (their results), not the whole run's.
+fn needs(workflow: &Workflow, step: &str) -> Vec<String> {
+    let mut names = vec![step.to_owned()];
+    if let Some(index) = workflow.step_index(step) {
+        names.extend(
+            workflow.dependencies[index]
+                .iter()
+                .map(|&d| workflow.spec.steps[d].id.value.clone()),
+        );
+    }
+    names
 }
 
 /// What became of one task.
@@ -364,7 +384,16 @@ impl Session {
                         if !claimed.is_empty() {
                             idle = LEAST_IDLE;
                         }
+                        // The claimed steps of each run, with its workflow.
+                        let mut runs: Vec<(Arc<Workflow>, Vec<Task>)> = Vec::new();
                         for task in claimed {
+                            if let Some((_, tasks)) = runs
+                                .iter_mut()
+                                .find(|(_, tasks)| tasks[0].run_id == task.run_id)
+                            {
+                                tasks.push(task);
+                                continue;
+                            }
                             let workflow = match workflows.get(&task.run_id) {
                                 Some(w) => Ok(w.clone()),
                                 None => self.stored_workflow(&task.run_id).map(Arc::new),
@@ -376,10 +405,7 @@ impl Session {
                                         workflows.clear();
                                     }
                                     workflows.insert(task.run_id.clone(), workflow.clone());
-                                    let (session, options) = (self.clone(), options.clone());
-                                    running.spawn(async move {
-                                        session.work_on(task, workflow, &options).await
-                                    });
+                                    runs.push((workflow, vec![task]));
                                 }
                                 Err(SessionError::Store(e)) => {
                                     // Its lease lapses, or it comes back at once when the store is up.
@@ -397,6 +423,28 @@ impl Session {
                                         ));
                                     }
                                 }
+                            }
+                        }
+                        for (workflow, claimed) in runs {
+                            // What the run's claimed steps need of its records, read once for all of
+                            // them (a read costs the server about as much for one step as for ten).
+                            let mut names: Vec<String> = Vec::new();
+                            for task in &claimed {
+                                names.extend(needs(&workflow, &task.step));
+                            }
+                            names.sort_unstable();
+                            names.dedup();
+                            let records: Records = tasks
+                                .load_steps(&claimed[0].run_id, &names)
+                                .map(|read| read.map(Arc::new))
+                                .boxed()
+                                .shared();
+                            for task in claimed {
+                                let (session, options) = (self.clone(), options.clone());
+                                let (workflow, records) = (workflow.clone(), records.clone());
+                                running.spawn(async move {
+                                    session.work_on(task, workflow, records, &options).await
+                                });
                             }
                         }
                     }
@@ -471,13 +519,17 @@ impl Session {
         &self,
         task: Task,
         workflow: Arc<Workflow>,
+        records: Records,
         options: &WorkerOptions,
     ) -> Outcome {
         let tasks = match self.task_table() {
             Ok(tasks) => tasks,
             Err(_) => return Outcome::Lost,
         };
-        match self.step_task(tasks, &task, workflow, options).await {
+        match self
+            .step_task(tasks, &task, workflow, records, options)
+            .await
+        {
             Ok(outcome) => outcome,
             Err(e) => {
                 let message = match &e {
@@ -502,18 +554,11 @@ impl Session {
         tasks: &dyn Tasks,
         task: &Task,
         workflow: Arc<Workflow>,
+        records: Records,
         options: &WorkerOptions,
     ) -> Result<Outcome, SessionError> {
-        // What running the step needs: its own record and its dependencies' results, not the whole run's.
-        let mut names = vec![task.step.clone()];
-        if let Some(index) = workflow.step_index(&task.step) {
-            names.extend(
-                workflow.dependencies[index]
-                    .iter()
-                    .map(|&d| workflow.spec.steps[d].id.value.clone()),
-            );
-        }
-        let stored = tasks.load_steps(&task.run_id, &names).await?;
+        // What running the step needs, of the records read for the steps of its run claimed with it.
+        let stored = records.await?.of_steps(&needs(&workflow, &task.step));
         // The run has ended: the worker that recorded its end stopped before it marked its last task done
         // (killed, or cut off). Nothing is left to run, and nothing is recorded after the run's end.
         if stored.status != RunState::Running {
@@ -806,5 +851,96 @@ mod tests {
         assert_eq!(Gathering::default().until(1, 2, start), None);
         assert_eq!(Gathering::default().until(1, 3, start), None);
         assert_eq!(Gathering::default().until(1, 4, start), Some(ms(10)));
+    }
+
+    /// The records read once for several steps claimed together: each step gets those of its own name
+    /// and its `foreach` items (`s1[0]`), not those of a name that only starts like it (`s10`), in the
+    /// order they were read; the run's approvals are every step's.
+    #[test]
+    fn each_step_claimed_with_others_gets_the_records_of_its_own_steps() {
+        let result = |text: &str| crate::report::StepResult {
+            text: text.to_owned(),
+            ..crate::report::StepResult::ended(StepStatus::Succeeded, None)
+        };
+        let attempt = |step: &str, started_at: u64| crate::store::AttemptRecord {
+            step: step.to_owned(),
+            attempt: 1,
+            generation: 0,
+            fallback: false,
+            status: "succeeded".to_owned(),
+            pgid: None,
+            pgid_started: None,
+            error: None,
+            started_at,
+            ended_at: Some(started_at + 1),
+        };
+        let approval = crate::store::ApprovalRecord {
+            request: crate::report::ApprovalRequest {
+                key: "k".to_owned(),
+                step: "x".to_owned(),
+                tool: None,
+                arguments: serde_json::Value::Null,
+                reason: "asked".to_owned(),
+                timeout_ms: None,
+                approve_on_timeout: false,
+            },
+            requested_at: 7,
+            decision: None,
+            decided_at: None,
+        };
+        let read = StoredRun {
+            id: "r".to_owned(),
+            workflow: "w".to_owned(),
+            spec_path: "w.yaml".to_owned(),
+            spec_hash: "h".to_owned(),
+            status: RunState::Running,
+            inputs: serde_json::Map::new(),
+            workdir: ".".to_owned(),
+            max_parallel: 16,
+            started_at: 1,
+            finished_at: None,
+            generation: 0,
+            outputs: serde_json::Map::new(),
+            error: None,
+            results: ["s10", "m[1]", "s1", "x", "m[0]", "s1[0]"]
+                .into_iter()
+                .map(|step| (step.to_owned(), result(step)))
+                .collect(),
+            attempts: vec![
+                attempt("m[0]", 1),
+                attempt("s10", 2),
+                attempt("s1", 3),
+                attempt("x", 4),
+            ],
+            checkpoints: [("s10", 1), ("m[0]", 2)]
+                .into_iter()
+                .map(|(step, n)| (step.to_owned(), serde_json::json!(n)))
+                .collect(),
+            approvals: vec![approval.clone()],
+            owner: None,
+        };
+        let own = read.of_steps(&["s1".to_owned(), "m".to_owned()]);
+        assert_eq!(
+            own.results
+                .values()
+                .map(|r| r.text.as_str())
+                .collect::<Vec<_>>(),
+            ["m[1]", "s1", "m[0]", "s1[0]"]
+        );
+        assert_eq!(
+            own.attempts
+                .iter()
+                .map(|a| a.step.as_str())
+                .collect::<Vec<_>>(),
+            ["m[0]", "s1"]
+        );
+        assert_eq!(own.checkpoints.keys().collect::<Vec<_>>(), ["m[0]"]);
+        assert_eq!(own.approvals, [approval]);
+        assert_eq!(
+            (own.id, own.status, own.generation),
+            ("r".to_owned(), RunState::Running, 0)
+        );
+        let none = read.of_steps(&["s".to_owned()]);
+        assert!(none.results.is_empty() && none.attempts.is_empty() && none.checkpoints.is_empty());
     }
 }

@@ -1156,6 +1156,47 @@ pub struct StoredRun {
     pub owner: Option<Owner>,
 }
 
+impl StoredRun {
+    /// The run with the results, attempts and checkpoints of the steps named in `steps` and of their
+    /// `foreach` items (`step[i]`) alone, as [`Tasks::load_steps`] reads them for those steps: what one
+    /// step needs of a read made for several.
+    pub fn of_steps(&self, steps: &[String]) -> StoredRun {
+        let named = |name: &str| {
+            let step = name.split('[').next().unwrap_or(name);
+            steps.iter().any(|s| s == step)
+        };
+        StoredRun {
+            results: (self.results.iter())
+                .filter(|(name, _)| named(name))
+                .map(|(name, result)| (name.clone(), result.clone()))
+                .collect(),
+            attempts: (self.attempts.iter())
+                .filter(|a| named(&a.step))
+                .cloned()
+                .collect(),
+            checkpoints: (self.checkpoints.iter())
+                .filter(|(name, _)| named(name))
+                .map(|(name, state)| (name.clone(), state.clone()))
+                .collect(),
+            id: self.id.clone(),
+            workflow: self.workflow.clone(),
+            spec_path: self.spec_path.clone(),
+            spec_hash: self.spec_hash.clone(),
+            status: self.status,
+            inputs: self.inputs.clone(),
+            workdir: self.workdir.clone(),
+            max_parallel: self.max_parallel,
+            started_at: self.started_at,
+            finished_at: self.finished_at,
+            generation: self.generation,
+            outputs: self.outputs.clone(),
+            error: self.error.clone(),
+            approvals: self.approvals.clone(),
+            owner: self.owner.clone(),
+        }
+    }
+}
+
 /// A call that asked for a person's approval, and the decision.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct ApprovalRecord {
