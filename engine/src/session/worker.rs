@@ -387,11 +387,11 @@ impl Session {
                         // The claimed steps of each run, with its workflow.
                         let mut runs: Vec<(Arc<Workflow>, Vec<Task>)> = Vec::new();
                         for task in claimed {
-                            if let Some((_, tasks)) = runs
+                            if let Some((_, group)) = runs
                                 .iter_mut()
-                                .find(|(_, tasks)| tasks[0].run_id == task.run_id)
+                                .find(|(_, group)| group[0].run_id == task.run_id)
                             {
-                                tasks.push(task);
+                                group.push(task);
                                 continue;
                             }
                             let workflow = match workflows.get(&task.run_id) {
@@ -558,7 +558,20 @@ impl Session {
         options: &WorkerOptions,
     ) -> Result<Outcome, SessionError> {
         // What running the step needs, of the records read for the steps of its run claimed with it.
-        let stored = records.await?.of_steps(&needs(&workflow, &task.step));
+        let names = needs(&workflow, &task.step);
+        let stored = match records.await {
+            // The last step to take its part takes the read itself.
+            Ok(read) => match Arc::try_unwrap(read) {
+                Ok(mut read) => {
+                    read.keep_steps(&names);
+                    read
+                }
+                Err(read) => read.of_steps(&names),
+            },
+            // A read that failed over another step's records (a damaged row) does not stop this one:
+            // it reads its own.
+            Err(_) => tasks.load_steps(&task.run_id, &names).await?,
+        };
         // The run has ended: the worker that recorded its end stopped before it marked its last task done
         // (killed, or cut off). Nothing is left to run, and nothing is recorded after the run's end.
         if stored.status != RunState::Running {
@@ -851,96 +864,5 @@ mod tests {
         assert_eq!(Gathering::default().until(1, 2, start), None);
         assert_eq!(Gathering::default().until(1, 3, start), None);
         assert_eq!(Gathering::default().until(1, 4, start), Some(ms(10)));
-    }
-
-    /// The records read once for several steps claimed together: each step gets those of its own name
-    /// and its `foreach` items (`s1[0]`), not those of a name that only starts like it (`s10`), in the
-    /// order they were read; the run's approvals are every step's.
-    #[test]
-    fn each_step_claimed_with_others_gets_the_records_of_its_own_steps() {
-        let result = |text: &str| crate::report::StepResult {
-            text: text.to_owned(),
-            ..crate::report::StepResult::ended(StepStatus::Succeeded, None)
-        };
-        let attempt = |step: &str, started_at: u64| crate::store::AttemptRecord {
-            step: step.to_owned(),
-            attempt: 1,
-            generation: 0,
-            fallback: false,
-            status: "succeeded".to_owned(),
-            pgid: None,
-            pgid_started: None,
-            error: None,
-            started_at,
-            ended_at: Some(started_at + 1),
-        };
-        let approval = crate::store::ApprovalRecord {
-            request: crate::report::ApprovalRequest {
-                key: "k".to_owned(),
-                step: "x".to_owned(),
-                tool: None,
-                arguments: serde_json::Value::Null,
-                reason: "asked".to_owned(),
-                timeout_ms: None,
-                approve_on_timeout: false,
-            },
-            requested_at: 7,
-            decision: None,
-            decided_at: None,
-        };
-        let read = StoredRun {
-            id: "r".to_owned(),
-            workflow: "w".to_owned(),
-            spec_path: "w.yaml".to_owned(),
-            spec_hash: "h".to_owned(),
-            status: RunState::Running,
-            inputs: serde_json::Map::new(),
-            workdir: ".".to_owned(),
-            max_parallel: 16,
-            started_at: 1,
-            finished_at: None,
-            generation: 0,
-            outputs: serde_json::Map::new(),
-            error: None,
-            results: ["s10", "m[1]", "s1", "x", "m[0]", "s1[0]"]
-                .into_iter()
-                .map(|step| (step.to_owned(), result(step)))
-                .collect(),
-            attempts: vec![
-                attempt("m[0]", 1),
-                attempt("s10", 2),
-                attempt("s1", 3),
-                attempt("x", 4),
-            ],
-            checkpoints: [("s10", 1), ("m[0]", 2)]
-                .into_iter()
-                .map(|(step, n)| (step.to_owned(), serde_json::json!(n)))
-                .collect(),
-            approvals: vec![approval.clone()],
-            owner: None,
-        };
-        let own = read.of_steps(&["s1".to_owned(), "m".to_owned()]);
-        assert_eq!(
-            own.results
-                .values()
-                .map(|r| r.text.as_str())
-                .collect::<Vec<_>>(),
-            ["m[1]", "s1", "m[0]", "s1[0]"]
-        );
-        assert_eq!(
-            own.attempts
-                .iter()
-                .map(|a| a.step.as_str())
-                .collect::<Vec<_>>(),
-            ["m[0]", "s1"]
-        );
-        assert_eq!(own.checkpoints.keys().collect::<Vec<_>>(), ["m[0]"]);
-        assert_eq!(own.approvals, [approval]);
-        assert_eq!(
-            (own.id, own.status, own.generation),
-            ("r".to_owned(), RunState::Running, 0)
-        );
-        let none = read.of_steps(&["s".to_owned()]);
-        assert!(none.results.is_empty() && none.attempts.is_empty() && none.checkpoints.is_empty());
     }
 }

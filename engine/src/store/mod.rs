@@ -858,12 +858,13 @@ pub trait Tasks: Send + Sync {
         lease: std::time::Duration,
     ) -> StoreFuture<Vec<Task>>;
     /// Run `id` with the results, attempts and checkpoints of `steps` (and their `foreach` items) only:
-    /// what running one of its steps needs, however many steps the run has.
+    /// what running some of its steps needs (a worker reads once for the steps of a run one claim took,
+    /// and gives each its part, [`StoredRun::of_steps`]), however many steps the run has.
     fn load_steps(&self, id: &str, steps: &[String]) -> StoreFuture<StoredRun>;
     /// A journal of the task's run, fenced by the task's token (a worker whose lease lapsed and was taken
     /// over writes nothing), renewing the task's lease every third of `lease`; `cancel` is cancelled when
     /// the run is asked to stop. `stored` is the run as read for the task's step once it was claimed
-    /// (`load_steps`): the journal numbers the step's attempts on from the ones it holds.
+    /// (its part of a `load_steps`): the journal numbers the step's attempts on from the ones it holds.
     fn task_journal(
         &self,
         task: &Task,
@@ -1159,23 +1160,19 @@ pub struct StoredRun {
 impl StoredRun {
     /// The run with the results, attempts and checkpoints of the steps named in `steps` and of their
     /// `foreach` items (`step[i]`) alone, as [`Tasks::load_steps`] reads them for those steps: what one
-    /// step needs of a read made for several.
+    /// step needs of a read made for several. Only those records are copied.
     pub fn of_steps(&self, steps: &[String]) -> StoredRun {
-        let named = |name: &str| {
-            let step = name.split('[').next().unwrap_or(name);
-            steps.iter().any(|s| s == step)
-        };
         StoredRun {
             results: (self.results.iter())
-                .filter(|(name, _)| named(name))
+                .filter(|(name, _)| of_steps(steps, name))
                 .map(|(name, result)| (name.clone(), result.clone()))
                 .collect(),
             attempts: (self.attempts.iter())
-                .filter(|a| named(&a.step))
+                .filter(|a| of_steps(steps, &a.step))
                 .cloned()
                 .collect(),
             checkpoints: (self.checkpoints.iter())
-                .filter(|(name, _)| named(name))
+                .filter(|(name, _)| of_steps(steps, name))
                 .map(|(name, state)| (name.clone(), state.clone()))
                 .collect(),
             id: self.id.clone(),
@@ -1195,6 +1192,19 @@ impl StoredRun {
             owner: self.owner.clone(),
         }
     }
+
+    /// [`StoredRun::of_steps`] in place: the records of other steps are dropped.
+    pub fn keep_steps(&mut self, steps: &[String]) {
+        self.results.retain(|name, _| of_steps(steps, name));
+        self.attempts.retain(|a| of_steps(steps, &a.step));
+        self.checkpoints.retain(|name, _| of_steps(steps, name));
+    }
+}
+
+/// Whether the record of `name` (a step, or a `foreach` item `step[i]`) is one of `steps`'.
+fn of_steps(steps: &[String], name: &str) -> bool {
+    let step = name.split('[').next().unwrap_or(name);
+    steps.iter().any(|s| s == step)
 }
 
 /// A call that asked for a person's approval, and the decision.
@@ -1283,4 +1293,108 @@ pub fn new_run_id() -> String {
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs());
     format!("r{secs:x}{:x}{suffix:06x}", std::process::id())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The records read once for several steps claimed together: each step gets those of its own name
+    /// and its `foreach` items (`s1[0]`), not those of a name that only starts like it (`s10`), in the
+    /// order they were read; the run's approvals are every step's.
+    #[test]
+    fn each_step_claimed_with_others_gets_the_records_of_its_own_steps() {
+        let result = |text: &str| StepResult {
+            text: text.to_owned(),
+            ..StepResult::ended(crate::report::StepStatus::Succeeded, None)
+        };
+        let attempt = |step: &str, started_at: u64| AttemptRecord {
+            step: step.to_owned(),
+            attempt: 1,
+            generation: 0,
+            fallback: false,
+            status: "succeeded".to_owned(),
+            pgid: None,
+            pgid_started: None,
+            error: None,
+            started_at,
+            ended_at: Some(started_at + 1),
+        };
+        let approval = ApprovalRecord {
+            request: crate::report::ApprovalRequest {
+                key: "k".to_owned(),
+                step: "x".to_owned(),
+                tool: None,
+                arguments: serde_json::Value::Null,
+                reason: "asked".to_owned(),
+                timeout_ms: None,
+                approve_on_timeout: false,
+            },
+            requested_at: 7,
+            decision: None,
+            decided_at: None,
+        };
+        let read = StoredRun {
+            id: "r".to_owned(),
+            workflow: "w".to_owned(),
+            spec_path: "w.yaml".to_owned(),
+            spec_hash: "h".to_owned(),
+            status: RunState::Running,
+            inputs: Map::new(),
+            workdir: ".".to_owned(),
+            max_parallel: 16,
+            started_at: 1,
+            finished_at: None,
+            generation: 0,
+            outputs: Map::new(),
+            error: None,
+            results: ["s10", "m[1]", "s1", "x", "m[0]", "s1[0]"]
+                .into_iter()
+                .map(|step| (step.to_owned(), result(step)))
+                .collect(),
+            attempts: vec![
+                attempt("m[0]", 1),
+                attempt("s10", 2),
+                attempt("s1", 3),
+                attempt("x", 4),
+            ],
+            checkpoints: [("s10", 1), ("m[0]", 2)]
+                .into_iter()
+                .map(|(step, n)| (step.to_owned(), serde_json::json!(n)))
+                .collect(),
+            approvals: vec![approval.clone()],
+            owner: None,
+        };
+        let own = read.of_steps(&["s1".to_owned(), "m".to_owned()]);
+        // In place, the same.
+        let mut kept = read.clone();
+        kept.keep_steps(&["s1".to_owned(), "m".to_owned()]);
+        assert_eq!(
+            serde_json::to_value(&kept).expect("serialised"),
+            serde_json::to_value(&own).expect("serialised")
+        );
+        assert_eq!(kept.checkpoints, own.checkpoints);
+        assert_eq!(
+            own.results
+                .values()
+                .map(|r| r.text.as_str())
+                .collect::<Vec<_>>(),
+            ["m[1]", "s1", "m[0]", "s1[0]"]
+        );
+        assert_eq!(
+            own.attempts
+                .iter()
+                .map(|a| a.step.as_str())
+                .collect::<Vec<_>>(),
+            ["m[0]", "s1"]
+        );
+        assert_eq!(own.checkpoints.keys().collect::<Vec<_>>(), ["m[0]"]);
+        assert_eq!(own.approvals, [approval]);
+        assert_eq!(
+            (own.id, own.status, own.generation),
+            ("r".to_owned(), RunState::Running, 0)
+        );
+        let none = read.of_steps(&["s".to_owned()]);
+        assert!(none.results.is_empty() && none.attempts.is_empty() && none.checkpoints.is_empty());
+    }
 }

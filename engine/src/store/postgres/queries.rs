@@ -674,9 +674,9 @@ pub(super) async fn load(
     let mut client = inner.client().await?;
     let mut damage = Vec::new();
     let run = if only.is_some() {
-        // A worker's read of the step it claimed: nobody else writes that step's records while its
-        // task is claimed, and its dependencies' results were final before it was made ready, so the
-        // reads need no snapshot of their own (and no round trips to begin and end one).
+        // A worker's read of the steps it claimed together: nobody else writes their records while
+        // their tasks are claimed, and their dependencies' results were final before they were made
+        // ready, so the reads need no snapshot of their own (and no round trips to begin and end one).
         load_run(inner, &client, id, &mut damage, blobs, only).await?
     } else {
         // One snapshot, even while the run's writer commits.
@@ -743,8 +743,8 @@ fn decode_result(
 /// argument (it would from `unnest`'s): the plan for a few names then costs what the plan for any names
 /// costs, so the server keeps the statement's one generic plan instead of planning it anew on every
 /// call (a custom plan for one or two names always looked cheaper), which took more of its time than
-/// running it. (Finding the i-th name walks the names before it: a step with thousands of `needs`
-/// would feel that.)
+/// running it. (Finding the i-th name walks the names before it: steps claimed together with thousands
+/// of `needs` between them would feel that.)
 fn steps_of(table: &str) -> String {
     format!(
         "(SELECT s.* FROM generate_subscripts($2::text[], 1) AS n (i) CROSS JOIN LATERAL
@@ -1649,6 +1649,20 @@ mod tests {
         let mut checkpoints: Vec<&String> = run.checkpoints.keys().collect();
         checkpoints.sort_unstable();
         assert_eq!(checkpoints, ["m[0]", "m[1]", "s7"]);
+        // A read for more steps (one that starts like `s7`, too), cut to these: what a worker gives
+        // each of several steps it claimed together is what it would have read for that step alone.
+        let wider = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .expect("runtime")
+            .block_on(store.load_steps("r", &["s70".to_owned(), "s7".to_owned(), "m".to_owned()]))
+            .expect("read");
+        assert_eq!(wider.results.len(), 4);
+        let cut = wider.of_steps(&["s7".to_owned(), "m".to_owned()]);
+        assert_eq!(
+            serde_json::to_value(&cut).expect("serialised"),
+            serde_json::to_value(&run).expect("serialised")
+        );
+        assert_eq!(cut.checkpoints, run.checkpoints);
         drop(store);
         drop_schema(&schema);
     }
