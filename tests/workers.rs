@@ -83,13 +83,19 @@ pub(crate) fn worker(db: &Db, n: usize, lease: &str) -> Worker {
     worker_with(db, n, &db.url(), &["--lease", lease])
 }
 
-/// A worker of the store at `store` (the test's, through a proxy, say), with `args` besides
-/// `--concurrency 2`.
+/// A worker of the store at `store` (the test's, through a proxy, say), with `args` (`--concurrency 2`
+/// unless they say).
 pub(crate) fn worker_with(db: &Db, n: usize, store: &str, args: &[&str]) -> Worker {
     let path = db.path().join(format!("worker-{n}.err"));
     let err = std::fs::File::create(&path).expect("err file");
+    let concurrency: &[&str] = if args.contains(&"--concurrency") {
+        &[]
+    } else {
+        &["--concurrency", "2"]
+    };
     let child = Command::new(env!("CARGO_BIN_EXE_archon"))
-        .args(["worker", "--concurrency", "2"])
+        .arg("worker")
+        .args(concurrency)
         .args(args)
         .current_dir(db.path())
         .env("NO_COLOR", "1")
@@ -448,6 +454,38 @@ fn run_submit_wait_follows_the_run_to_its_end_and_exits_with_its_status() {
             assert_eq!(seen, 1, "{label} {step}: {stderr}");
         }
     }
+}
+
+/// A worker runs its steps on the store's threads (`Session::store_runtime`), beside the journals that
+/// renew their leases: with every place running a step that outlives its lease twice over and streams
+/// output all the while, every lease is still renewed in time. No step is stopped or taken over, and each
+/// ran once.
+#[test]
+fn a_worker_busy_in_every_place_still_renews_every_lease() {
+    let Some(db) = db() else { return };
+    let mut spec = String::from("name: busy\nsteps:\n");
+    let names: Vec<String> = (0..8).map(|i| format!("s{i}")).collect();
+    for name in &names {
+        spec.push_str(&format!(
+            "  - {{ id: {name}, tool: exec, with: {{ argv: [sh, -c, \"for n in $(seq 40); do yes | head -c 100000; sleep 0.1; done; echo {name} >> ledger\"] }} }}\n"
+        ));
+    }
+    std::fs::write(db.path().join("busy.yaml"), spec).expect("write");
+    let id = submit(&db, "busy.yaml");
+    let w = worker_with(&db, 0, &db.url(), &["--lease", "2s", "--concurrency", "8"]);
+    let run = ended(&db, &id);
+    let said = w.said();
+    stop(vec![w]);
+    assert_eq!(run["status"], "succeeded", "{run}\n{said}");
+    let names: Vec<&str> = names.iter().map(String::as_str).collect();
+    assert_eq!(ledger(&db), sorted(&names));
+    for name in &names {
+        let tried = attempts(&run, name);
+        assert_eq!(tried.len(), 1, "{name}: {tried:?}");
+        assert_eq!(tried[0]["status"], "succeeded", "{name}: {tried:?}");
+    }
+    // Nothing befell its leases: it said only that it works.
+    assert_eq!(said.lines().count(), 1, "{said}");
 }
 
 #[test]

@@ -32,10 +32,20 @@ pub fn work(args: &WorkerArgs, color: ColorChoice) -> anyhow::Result<Status> {
         labels: args.labels.clone(),
         global_limit: args.global_limit,
     };
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()?;
+    // The store's runtime when it has one (PostgreSQL's): steps and their store calls on the same threads.
+    let mut own = None;
+    let handle = match session.store_runtime() {
+        Some(handle) => handle,
+        None => own
+            .insert(
+                tokio::runtime::Builder::new_multi_thread()
+                    .worker_threads(2)
+                    .enable_all()
+                    .build()?,
+            )
+            .handle()
+            .clone(),
+    };
     let signal_handle = stop_on_signals(stop, halt)?;
     let labels = if options.labels.is_empty() {
         String::new()
@@ -47,9 +57,11 @@ pub fn work(args: &WorkerArgs, color: ColorChoice) -> anyhow::Result<Status> {
         args.state.shown(),
         options.concurrency
     ));
-    let worked = runtime.block_on(Arc::new(session).work(&options));
+    let worked = handle.block_on(Arc::new(session).work(&options));
     signal_handle.close();
-    runtime.shutdown_background();
+    if let Some(runtime) = own {
+        runtime.shutdown_background();
+    }
     match worked {
         Ok(worked) => {
             if worked.released > 0 {

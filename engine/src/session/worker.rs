@@ -318,6 +318,16 @@ impl Session {
         Ok(worked)
     }
 
+    /// The runtime to run [`Session::work`] on: the store's own, when it has one (PostgreSQL's). A step's
+    /// store calls then pass within one runtime instead of between the worker's and the store's: about
+    /// half the thread switches per step (docs/scale-out.md, Measuring). Steps there share threads with
+    /// the store's connections, journals and lease renewals, as a local run's steps share its one thread
+    /// with its scheduler and journal: a step never holds a thread (a store call it waits for hands the
+    /// thread's other tasks on first, `postgres::blocking`).
+    pub fn store_runtime(&self) -> Option<tokio::runtime::Handle> {
+        self.store.tasks().and_then(|tasks| tasks.runtime())
+    }
+
     /// The ready steps of a submitted run that no worker has taken, each with why it waits (none for a
     /// run not submitted to workers, or on a store without them).
     pub fn waiting(&self, id: &str) -> Result<Vec<Waiting>, StoreError> {

@@ -897,6 +897,12 @@ pub trait Tasks: Send + Sync {
     /// waiting steps become ready again and ask again for whatever is still undecided. False when the
     /// run is not a submitted run waiting for approval.
     fn hand_back(&self, run_id: &str) -> Result<bool, StoreError>;
+    /// The runtime the store's own futures run on (its connections, journals and commits), if it has
+    /// one: a worker that runs its steps there too passes each store call within one runtime, not
+    /// between two (`archon worker`, docs/scale-out.md).
+    fn runtime(&self) -> Option<tokio::runtime::Handle> {
+        None
+    }
 }
 
 /// A journal that keeps nothing: a run without a store.

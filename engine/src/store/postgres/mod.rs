@@ -5,7 +5,9 @@
 //! has a small runtime of its own (threads named `archon-postgres`): each call runs its future there and
 //! waits for the answer on a channel, never blocking a caller's runtime on one of its own futures. A run's
 //! journal is a writer task on that runtime (`journal.rs`), which applies entries in order in batches, one
-//! transaction each, fenced by the run's owner token, and renews the run's lease.
+//! transaction each, fenced by the run's owner token, and renews the run's lease. `archon worker` runs
+//! its steps on that runtime too ([`crate::store::Tasks::runtime`]): their store calls then stay on its
+//! threads.
 //!
 //! A run's owner is alive while its lease lasts; on this host, while its process lives (as with SQLite).
 //! Tables live in the connection's current schema (`search_path`); `schema.rs` creates and migrates them.

@@ -506,6 +506,12 @@ async fn interrupt(inner: &Inner, task: &Task, error: &str) -> Result<()> {
 }
 
 impl Tasks for PostgresStore {
+    fn runtime(&self) -> Option<tokio::runtime::Handle> {
+        super::runtime()
+            .ok()
+            .map(|runtime| runtime.handle().clone())
+    }
+
     fn submit(&self, run: &NewRun, routing: &Routing, ready: &[String]) -> Result<(), StoreError> {
         let inner = self.inner.clone();
         let (run, routing, ready) = (run.clone(), routing.clone(), ready.to_vec());
