@@ -140,6 +140,32 @@ impl Db {
         format!("{base}{glue}options=-c%20search_path%3D{}", self.schema)
     }
 
+    /// The test's URL through the server's Unix-domain socket (its host the socket's directory), or
+    /// `None` after saying why when the server has none on this host (a failure with `CI=true`).
+    pub(crate) fn url_at_socket(&self) -> Option<String> {
+        let (server, url) = self.url_through("127.0.0.1:1".parse().expect("address"));
+        let port = server.rsplit_once(':').map_or("5432", |(_, port)| port);
+        let directories = admin_query("SHOW unix_socket_directories").expect("socket directories");
+        let found = directories
+            .iter()
+            .flat_map(|d| d.split(','))
+            .map(str::trim)
+            .find(|d| Path::new(d).join(format!(".s.PGSQL.{port}")).exists());
+        let Some(directory) = found else {
+            let why = format!(
+                "the server at `{server}` has no Unix-domain socket on this host (directories: {directories:?})"
+            );
+            assert!(std::env::var("CI").as_deref() != Ok("true"), "{why}");
+            #[allow(clippy::print_stderr)]
+            {
+                eprintln!("skipped: {why}");
+            }
+            return None;
+        };
+        let host = directory.replace('%', "%25").replace('/', "%2F");
+        Some(url.replacen("127.0.0.1:1", &format!("{host}:{port}"), 1))
+    }
+
     /// The server's address, and the test's URL with `addr` in its place: for a test that reaches the
     /// server through a forwarder of its own.
     pub(crate) fn url_through(&self, addr: std::net::SocketAddr) -> (String, String) {

@@ -468,6 +468,39 @@ fn disable_never_asks_for_tls_and_prefer_does_without_it_when_the_server_has_non
     );
 }
 
+/// As libpq, no TLS over a Unix-domain socket, whatever `sslmode` says (the server speaks none there, and
+/// only processes of its host reach it): a socket URL connects with each mode, and a run goes through it.
+#[test]
+fn a_unix_socket_connects_without_tls_whatever_the_sslmode() {
+    let Some(db) = db() else { return };
+    let Some(url) = db.url_at_socket() else {
+        return;
+    };
+    for params in [
+        "application_name=archon-test",
+        "sslmode=prefer",
+        "sslmode=require",
+        "sslmode=disable",
+    ] {
+        assert_eq!(
+            runs(&db, &format!("{url}&{params}")),
+            Ok(vec![]),
+            "{params}"
+        );
+    }
+    std::fs::write(db.path().join("hello.yaml"), HELLO).expect("write");
+    let Output { code, stderr, .. } = archon_with(
+        db.path(),
+        &["run", "--store", &url, "hello.yaml"],
+        &[("NO_COLOR", "1")],
+    );
+    assert_eq!(code, 0, "{stderr}");
+    assert_eq!(
+        runs(&db, &url),
+        Ok(vec![("hello".to_owned(), "succeeded".to_owned())])
+    );
+}
+
 #[test]
 fn tls_parameters_that_cannot_be_used_are_refused_before_connecting() {
     let dir = tempfile::TempDir::new().expect("tempdir");

@@ -647,7 +647,7 @@ impl Inner {
 async fn listen(
     inner: &std::sync::Weak<Inner>,
     config: &tokio_postgres::Config,
-    connector: tokio_postgres_rustls::MakeRustlsConnect,
+    connector: tls::Connector,
     listening: &tokio::sync::watch::Sender<bool>,
 ) {
     let Ok((client, mut connection)) = config.connect(connector).await else {
@@ -695,7 +695,7 @@ async fn listen(
 async fn listen_for_work(
     inner: std::sync::Weak<Inner>,
     config: tokio_postgres::Config,
-    connector: tokio_postgres_rustls::MakeRustlsConnect,
+    connector: tls::Connector,
     notify: Arc<tokio::sync::Notify>,
 ) {
     let mut wait = LEAST_RELISTEN;
@@ -711,7 +711,7 @@ async fn listen_for_work(
 /// One connection's listening; whether it got as far as listening.
 async fn listen_for_work_once(
     config: &tokio_postgres::Config,
-    connector: tokio_postgres_rustls::MakeRustlsConnect,
+    connector: tls::Connector,
     notify: &tokio::sync::Notify,
 ) -> bool {
     let Ok((client, mut connection)) = config.connect(connector).await else {

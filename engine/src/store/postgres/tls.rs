@@ -91,7 +91,27 @@ pub(crate) enum Check {
 pub(crate) struct Tls {
     pub mode: SslMode,
     pub check: Check,
-    pub connector: MakeRustlsConnect,
+    pub connector: Connector,
+}
+
+/// Makes the TLS of a connection, given the host connected to. tokio-postgres asks for it before it
+/// knows whether TLS is used, naming no host for a Unix-domain socket, which rustls refuses: such a
+/// connection never uses TLS ([`configure`]), so any valid name stands in for the missing one.
+#[derive(Clone)]
+pub(crate) struct Connector(MakeRustlsConnect);
+
+impl<S> tokio_postgres::tls::MakeTlsConnect<S> for Connector
+where
+    MakeRustlsConnect: tokio_postgres::tls::MakeTlsConnect<S>,
+{
+    type Stream = <MakeRustlsConnect as tokio_postgres::tls::MakeTlsConnect<S>>::Stream;
+    type TlsConnect = <MakeRustlsConnect as tokio_postgres::tls::MakeTlsConnect<S>>::TlsConnect;
+    type Error = <MakeRustlsConnect as tokio_postgres::tls::MakeTlsConnect<S>>::Error;
+
+    fn make_tls_connect(&mut self, host: &str) -> Result<Self::TlsConnect, Self::Error> {
+        self.0
+            .make_tls_connect(if host.is_empty() { "localhost" } else { host })
+    }
 }
 
 impl std::fmt::Debug for Tls {
@@ -204,14 +224,26 @@ pub(crate) fn from_url(url: &str, shown: &str) -> Result<(String, Tls), StoreErr
         Tls {
             mode,
             check,
-            connector: MakeRustlsConnect::new(config),
+            connector: Connector(MakeRustlsConnect::new(config)),
         },
     ))
 }
 
-/// Tells tokio-postgres whether to ask for TLS.
+/// Tells tokio-postgres whether to ask for TLS. As libpq, not over Unix-domain sockets, whatever the
+/// `sslmode` (the server never speaks TLS there, and only processes of this host reach them): a URL whose
+/// hosts are all sockets connects without it.
 pub(crate) fn configure(config: &mut tokio_postgres::Config, tls: &Tls) {
-    config.ssl_mode(tls.mode.negotiation());
+    let sockets_only = !config.get_hosts().is_empty()
+        && config.get_hosts().iter().all(|host| match host {
+            #[cfg(unix)]
+            tokio_postgres::config::Host::Unix(_) => true,
+            tokio_postgres::config::Host::Tcp(_) => false,
+        });
+    config.ssl_mode(if sockets_only {
+        tokio_postgres::config::SslMode::Disable
+    } else {
+        tls.mode.negotiation()
+    });
 }
 
 /// `url` without the parameters of [`KEYS`] (the others as they were), and those parameters' values (the
