@@ -2,8 +2,10 @@
 //! ([`super::sqlite`]), kept in a server database that processes on many hosts share.
 //!
 //! The store's traits are synchronous and are called from inside the callers' tokio runtimes, so the store
-//! has a small runtime of its own (threads named `archon-postgres`): each call runs its future there and
-//! waits for the answer on a channel, never blocking a caller's runtime on one of its own futures. A run's
+//! has a runtime of its own (threads named `archon-postgres`, one per core, at least two): each call runs
+//! its future there and waits for the answer on a channel, never blocking a caller's runtime on one of its
+//! own futures (on a multi-threaded runtime the wait is `block_in_place`, which hands the thread's other
+//! tasks to another thread first; so it is when the caller's runtime is the store's own). A run's
 //! journal is a writer task on that runtime (`journal.rs`), which applies entries in order in batches, one
 //! transaction each, fenced by the run's owner token, and renews the run's lease. `archon worker` runs
 //! its steps on that runtime too ([`crate::store::Tasks::runtime`]): their store calls then stay on its
@@ -166,13 +168,18 @@ impl std::fmt::Debug for Inner {
     }
 }
 
-/// The runtime every PostgreSQL store of the process runs its futures on.
+/// Most threads of the store's runtime ([`runtime`]): one per core, at least two (a worker's steps run
+/// there too, `archon worker`), and no more than this.
+const MOST_THREADS: usize = 16;
+
+/// The runtime every PostgreSQL store of the process runs its futures on (and `archon worker` its steps).
 fn runtime() -> Result<&'static tokio::runtime::Runtime, StoreError> {
     static RUNTIME: OnceLock<Result<tokio::runtime::Runtime, String>> = OnceLock::new();
     RUNTIME
         .get_or_init(|| {
+            let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
             tokio::runtime::Builder::new_multi_thread()
-                .worker_threads(2)
+                .worker_threads(cores.clamp(2, MOST_THREADS))
                 .thread_name("archon-postgres")
                 .enable_all()
                 .build()
