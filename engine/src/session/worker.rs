@@ -321,9 +321,9 @@ impl Session {
     /// The runtime to run [`Session::work`] on: the store's own, when it has one (PostgreSQL's). A step's
     /// store calls then pass within one runtime instead of between the worker's and the store's: about
     /// half the thread switches per step (docs/scale-out.md, Measuring). Steps there share threads with
-    /// the store's connections, journals and lease renewals, as a local run's steps share its one thread
-    /// with its scheduler and journal: a step never holds a thread (a store call it waits for hands the
-    /// thread's other tasks on first, `postgres::blocking`).
+    /// the store's connections, journals and lease renewals, and keep none from them: their blocking work
+    /// runs off the runtime's threads (`spawn_blocking`, `tools::off_thread`, helper processes), and a
+    /// store call they wait for hands the thread's other tasks on first (`block_in_place`).
     pub fn store_runtime(&self) -> Option<tokio::runtime::Handle> {
         self.store.tasks().and_then(|tasks| tasks.runtime())
     }
