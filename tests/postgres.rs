@@ -566,6 +566,28 @@ fn a_store_url_that_is_not_postgres_is_refused_and_passwords_are_masked() {
             "error: cannot reach the run store `postgres://ann:***@127.0.0.1:1/runs`: error connecting to server: connection refused (os error 111)\n  hint: check that the PostgreSQL server is up and reachable from here\n"
         )
     );
+    // No socket there: the hint names the socket file looked for (a password with a raw `/` is masked
+    // whole).
+    let Output {
+        code,
+        stdout,
+        stderr,
+    } = archon_with(
+        dir.path(),
+        &["runs"],
+        &[(
+            "ARCHON_STORE",
+            "postgres://ann:s3/cret@%2Fnowhere%2Fsockets:5433/runs",
+        )],
+    );
+    assert_eq!(
+        (code, stdout.as_str(), stderr.as_str()),
+        (
+            1,
+            "",
+            "error: cannot reach the run store `postgres://ann:***@%2Fnowhere%2Fsockets:5433/runs`: error connecting to server: no such file or directory (os error 2)\n  hint: check that the PostgreSQL server is up and listens on `/nowhere/sockets/.s.PGSQL.5433` (the URL's host is the socket's directory)\n"
+        )
+    );
     // `--help` names the variable but never shows its value.
     let Output { stdout, .. } = archon_with(
         dir.path(),

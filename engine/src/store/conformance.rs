@@ -1549,6 +1549,16 @@ fn a_store_url_is_checked_and_its_password_never_shown() {
         postgres::masked("postgresql://ann@db/runs"),
         "postgresql://ann@db/runs"
     );
+    // tokio-postgres takes the credentials up to the first `@`: a raw `/`, `?` or `#` of a password is
+    // masked with the rest of it.
+    assert_eq!(
+        postgres::masked("postgres://ann:Sec/ret@%2Fvar%2Frun%2Fpostgresql/runs"),
+        "postgres://ann:***@%2Fvar%2Frun%2Fpostgresql/runs"
+    );
+    assert_eq!(
+        postgres::masked("postgres://ann:a#b?c@db/runs?sslmode=disable"),
+        "postgres://ann:***@db/runs?sslmode=disable"
+    );
     let at = StoreAt {
         state_dir: "/tmp".into(),
         url: Some("mysql://ann:s3cret@db/runs".into()),

@@ -61,10 +61,9 @@ pub fn is_postgres_url(url: &str) -> bool {
 pub fn masked(url: &str) -> String {
     let mut shown = url.to_owned();
     if let Some(start) = shown.find("://").map(|i| i + 3) {
-        let end = shown[start..]
-            .find(['/', '?', '#'])
-            .map_or(shown.len(), |i| start + i);
-        if let Some(at) = shown[start..end].rfind('@').map(|i| start + i)
+        // As tokio-postgres reads it: the credentials run to the first `@`, wherever it is (a password
+        // may hold a raw `/`, `?` or `#`), and the password from their first `:`.
+        if let Some(at) = shown[start..].find('@').map(|i| start + i)
             && let Some(colon) = shown[start..at].find(':').map(|i| start + i)
         {
             shown.replace_range(colon + 1..at, "***");
@@ -610,6 +609,25 @@ impl Inner {
         }
     }
 
+    /// The Unix-domain sockets the URL names (`DIR/.s.PGSQL.PORT`, as the server names them), if any.
+    fn sockets(&self) -> Vec<String> {
+        let ports = self.config.get_ports();
+        self.config
+            .get_hosts()
+            .iter()
+            .enumerate()
+            .filter_map(|(i, host)| match host {
+                #[cfg(unix)]
+                tokio_postgres::config::Host::Unix(dir) => {
+                    // One port for every host, or one each (tokio-postgres's rule); 5432 by default.
+                    let port = ports.get(i).or(ports.first()).copied().unwrap_or(5432);
+                    Some(dir.join(format!(".s.PGSQL.{port}")).display().to_string())
+                }
+                tokio_postgres::config::Host::Tcp(_) => None,
+            })
+            .collect()
+    }
+
     fn pg_error(&self, e: &tokio_postgres::Error) -> StoreError {
         let shown = &self.shown;
         if let Some(db) = e.as_db_error() {
@@ -641,8 +659,17 @@ impl Inner {
             || detail.contains("error connecting")
             || detail.contains("error communicating")
         {
+            let sockets = self.sockets();
+            let hint = if sockets.is_empty() {
+                "check that the PostgreSQL server is up and reachable from here".to_owned()
+            } else {
+                format!(
+                    "check that the PostgreSQL server is up and listens on `{}` (the URL's host is the socket's directory)",
+                    sockets.join("`, `")
+                )
+            };
             StoreError::new(format!("cannot reach the run store `{shown}`: {detail}"))
-                .with_hint("check that the PostgreSQL server is up and reachable from here")
+                .with_hint(hint)
         } else {
             StoreError::new(format!("run store `{shown}`: {detail}"))
         }
