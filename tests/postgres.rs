@@ -548,44 +548,32 @@ fn a_store_url_that_is_not_postgres_is_refused_and_passwords_are_masked() {
             "error: unsupported run store `mysql://ann:***@db.example/runs`: only PostgreSQL URLs (`postgres://` or `postgresql://`) are supported\n  hint: leave `--store` (and `ARCHON_STORE`) out to keep runs in the state directory\n"
         )
     );
+    // `archon runs` on the store `url`: its status, standard output and standard error.
+    let runs_at = |url: &str| {
+        let Output {
+            code,
+            stdout,
+            stderr,
+        } = archon_with(dir.path(), &["runs"], &[("ARCHON_STORE", url)]);
+        (code, stdout, stderr)
+    };
     // Nothing listens on port 1.
-    let Output {
-        code,
-        stdout,
-        stderr,
-    } = archon_with(
-        dir.path(),
-        &["runs"],
-        &[("ARCHON_STORE", "postgres://ann:s3cret@127.0.0.1:1/runs")],
-    );
     assert_eq!(
-        (code, stdout.as_str(), stderr.as_str()),
+        runs_at("postgres://ann:s3cret@127.0.0.1:1/runs"),
         (
             1,
-            "",
-            "error: cannot reach the run store `postgres://ann:***@127.0.0.1:1/runs`: error connecting to server: connection refused (os error 111)\n  hint: check that the PostgreSQL server is up and reachable from here\n"
+            String::new(),
+            "error: cannot reach the run store `postgres://ann:***@127.0.0.1:1/runs`: error connecting to server: connection refused (os error 111)\n  hint: check that the PostgreSQL server is up and reachable from here\n".to_owned()
         )
     );
     // No socket there: the hint names the socket file looked for (a password with a raw `/` is masked
     // whole).
-    let Output {
-        code,
-        stdout,
-        stderr,
-    } = archon_with(
-        dir.path(),
-        &["runs"],
-        &[(
-            "ARCHON_STORE",
-            "postgres://ann:s3/cret@%2Fnowhere%2Fsockets:5433/runs",
-        )],
-    );
     assert_eq!(
-        (code, stdout.as_str(), stderr.as_str()),
+        runs_at("postgres://ann:s3/cret@%2Fnowhere%2Fsockets:5433/runs"),
         (
             1,
-            "",
-            "error: cannot reach the run store `postgres://ann:***@%2Fnowhere%2Fsockets:5433/runs`: error connecting to server: no such file or directory (os error 2)\n  hint: check that the PostgreSQL server is up and listens on `/nowhere/sockets/.s.PGSQL.5433` (the URL's host is the socket's directory)\n"
+            String::new(),
+            "error: cannot reach the run store `postgres://ann:***@%2Fnowhere%2Fsockets:5433/runs`: error connecting to server: no such file or directory (os error 2)\n  hint: check that the PostgreSQL server is up and listens on `/nowhere/sockets/.s.PGSQL.5433` (the URL's host is the socket's directory)\n".to_owned()
         )
     );
     // `--help` names the variable but never shows its value.
