@@ -609,25 +609,6 @@ impl Inner {
         }
     }
 
-    /// The Unix-domain sockets the URL names (`DIR/.s.PGSQL.PORT`, as the server names them), if any.
-    fn sockets(&self) -> Vec<String> {
-        let ports = self.config.get_ports();
-        self.config
-            .get_hosts()
-            .iter()
-            .enumerate()
-            .filter_map(|(i, host)| match host {
-                #[cfg(unix)]
-                tokio_postgres::config::Host::Unix(dir) => {
-                    // One port for every host, or one each (tokio-postgres's rule); 5432 by default.
-                    let port = ports.get(i).or(ports.first()).copied().unwrap_or(5432);
-                    Some(dir.join(format!(".s.PGSQL.{port}")).display().to_string())
-                }
-                tokio_postgres::config::Host::Tcp(_) => None,
-            })
-            .collect()
-    }
-
     fn pg_error(&self, e: &tokio_postgres::Error) -> StoreError {
         let shown = &self.shown;
         if let Some(db) = e.as_db_error() {
@@ -659,7 +640,7 @@ impl Inner {
             || detail.contains("error connecting")
             || detail.contains("error communicating")
         {
-            let sockets = self.sockets();
+            let sockets = tls::sockets(&self.config);
             let hint = if sockets.is_empty() {
                 "check that the PostgreSQL server is up and reachable from here".to_owned()
             } else {

@@ -233,17 +233,31 @@ pub(crate) fn from_url(url: &str, shown: &str) -> Result<(String, Tls), StoreErr
 /// `sslmode` (the server never speaks TLS there, and only processes of this host reach them): a URL whose
 /// hosts are all sockets connects without it.
 pub(crate) fn configure(config: &mut tokio_postgres::Config, tls: &Tls) {
-    let sockets_only = !config.get_hosts().is_empty()
-        && config.get_hosts().iter().all(|host| match host {
-            #[cfg(unix)]
-            tokio_postgres::config::Host::Unix(_) => true,
-            tokio_postgres::config::Host::Tcp(_) => false,
-        });
-    config.ssl_mode(if sockets_only {
+    let hosts = config.get_hosts().len();
+    config.ssl_mode(if hosts > 0 && sockets(config).len() == hosts {
         tokio_postgres::config::SslMode::Disable
     } else {
         tls.mode.negotiation()
     });
+}
+
+/// The Unix-domain sockets among the hosts of `config`, as the server names them (`DIR/.s.PGSQL.PORT`).
+pub(crate) fn sockets(config: &tokio_postgres::Config) -> Vec<String> {
+    let ports = config.get_ports();
+    config
+        .get_hosts()
+        .iter()
+        .enumerate()
+        .filter_map(|(i, host)| match host {
+            #[cfg(unix)]
+            tokio_postgres::config::Host::Unix(dir) => {
+                // One port for every host, or one each (tokio-postgres's rule); 5432 by default.
+                let port = ports.get(i).or(ports.first()).copied().unwrap_or(5432);
+                Some(dir.join(format!(".s.PGSQL.{port}")).display().to_string())
+            }
+            tokio_postgres::config::Host::Tcp(_) => None,
+        })
+        .collect()
 }
 
 /// `url` without the parameters of [`KEYS`] (the others as they were), and those parameters' values (the
